@@ -1,0 +1,101 @@
+//! The application: open the store, register configured sets, start the workers and serve
+//! until `shutdown` resolves. `main`, the tests and the examples all come in through `run`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::http::{self, AppState};
+use crate::model::{SetName, Timestamp};
+use crate::source::Source;
+use crate::store::Store;
+use crate::workers;
+
+/// Opens the configured store (creating the data directory on first start).
+pub fn open_store(config: &Config) -> anyhow::Result<Store> {
+    std::fs::create_dir_all(&config.server.data_dir).map_err(|e| {
+        anyhow::anyhow!("cannot create data directory {}: {e}", config.server.data_dir.display())
+    })?;
+    Ok(Store::open_embedded(&config.database_path())?)
+}
+
+/// Fills in `server.base_url` from the bound address when it was left empty.
+pub fn resolve_base_url(config: &mut Config, addr: SocketAddr) {
+    if config.server.base_url.is_empty() {
+        config.server.base_url = format!("http://{addr}");
+    }
+}
+
+/// Serves on `listener` until `shutdown` completes, then drains requests in flight (bounded by
+/// `server.shutdown_grace_secs`) and stops the workers.
+pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
+    resolve_base_url(&mut config, addr);
+    let config = Arc::new(config);
+    let store = open_store(&config)?;
+    let now = Timestamp::now();
+    for name in config.sets.keys() {
+        let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
+        if store.ensure_set(&set, now).await? {
+            tracing::info!(set = %set, "configured resource set registered");
+        }
+    }
+    let source = Arc::new(Source::new(config.clone(), store));
+    if config.ingest.token.is_empty() {
+        tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
+    }
+    let cancel = CancellationToken::new();
+    let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
+
+    let app = http::router(AppState { config: config.clone(), source });
+    tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
+
+    let grace = Duration::from_secs(config.server.shutdown_grace_secs);
+    let stop = cancel.clone();
+    let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!("shutting down");
+            stop.cancel();
+        });
+    let mut server = tokio::spawn(async move { server.await });
+    tokio::select! {
+        res = &mut server => {
+            cancel.cancel();
+            res??;
+        }
+        _ = cancel.cancelled() => match tokio::time::timeout(grace, server).await {
+            Ok(res) => res??,
+            Err(_) => tracing::warn!(?grace, "requests still in flight after the grace period; stopping anyway"),
+        },
+    }
+    let _ = rollover.await;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}

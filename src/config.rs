@@ -1,0 +1,301 @@
+//! Layered configuration: compiled-in commented defaults -> `--config` file -> `RSHUB_*`
+//! environment -> command-line flags; validated once at load so the rest of the crate can trust it.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Env, Format, Serialized, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The commented defaults file, the first configuration layer (also the reference docs).
+pub const DEFAULTS_TOML: &str = include_str!("../config.default.toml");
+
+/// The sitemap protocol's hard limit on entries per document.
+pub const SITEMAP_MAX_ITEMS: u32 = 50_000;
+/// The sitemap protocol's 50 MB limit, less a margin for the document's own envelope.
+pub const SITEMAP_MAX_BYTES: u64 = 50 * 1024 * 1024 - 64 * 1024;
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct Config {
+    pub server: ServerConfig,
+    pub store: StoreConfig,
+    pub ingest: IngestConfig,
+    pub source: SourceConfig,
+    pub set_defaults: SetDefaults,
+    #[serde(default)]
+    pub sets: BTreeMap<String, SetOverrides>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ServerConfig {
+    pub listen: String,
+    pub base_url: String,
+    pub data_dir: PathBuf,
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct StoreConfig {
+    pub backend: String,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct IngestConfig {
+    pub token: String,
+    pub max_body_bytes: usize,
+    pub max_future_skew_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct SourceConfig {
+    pub describedby: String,
+    pub cache_max_bytes: usize,
+    pub store_page_size: usize,
+    pub rollover_check_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct SetDefaults {
+    pub url_prefix: String,
+    pub max_items_in_list: u32,
+    pub changelist_rollover_secs: u64,
+}
+
+/// A `[sets.NAME]` table: every key optional, falling back to `[set_defaults]`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SetOverrides {
+    pub url_prefix: Option<String>,
+    pub resource_root_dir: Option<PathBuf>,
+    pub max_items_in_list: Option<u32>,
+    pub changelist_rollover_secs: Option<u64>,
+    #[serde(default)]
+    pub describedby: Vec<DescribedBy>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+pub struct DescribedBy {
+    pub href: String,
+    #[serde(rename = "type", default)]
+    pub mime: Option<String>,
+}
+
+/// Command-line overrides, the last layer.
+#[derive(Debug, Clone, Default)]
+pub struct CliOverrides {
+    pub config_file: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub base_url: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration: {0}")]
+    Load(#[from] Box<figment::Error>),
+    #[error("configuration file {0} does not exist")]
+    MissingFile(PathBuf),
+    #[error("configuration: {0}")]
+    Invalid(String),
+}
+
+/// A resource set's effective configuration (defaults merged with its own table).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetConfig {
+    pub name: String,
+    /// Always ends with '/'.
+    pub url_prefix: String,
+    pub resource_root_dir: Option<PathBuf>,
+    pub max_items_in_list: u32,
+    pub changelist_rollover_secs: u64,
+    pub describedby: Vec<DescribedBy>,
+}
+
+impl Config {
+    /// Loads every layer and validates the result.
+    pub fn load(cli: &CliOverrides) -> Result<Config, ConfigError> {
+        let mut fig = Figment::from(Toml::string(DEFAULTS_TOML));
+        if let Some(file) = &cli.config_file {
+            if !file.exists() {
+                return Err(ConfigError::MissingFile(file.clone()));
+            }
+            fig = fig.merge(Toml::file(file));
+        }
+        fig = fig.merge(env_provider());
+        if let Some(v) = &cli.listen {
+            fig = fig.merge(Serialized::default("server.listen", v));
+        }
+        if let Some(v) = &cli.data_dir {
+            fig = fig.merge(Serialized::default("server.data_dir", v));
+        }
+        if let Some(v) = &cli.base_url {
+            fig = fig.merge(Serialized::default("server.base_url", v));
+        }
+        let cfg: Config = fig.extract().map_err(Box::new)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The defaults alone (tests and examples start from here).
+    pub fn defaults() -> Config {
+        let cfg: Config = Figment::from(Toml::string(DEFAULTS_TOML))
+            .extract()
+            .expect("compiled-in defaults parse");
+        cfg
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.server.listen.parse::<SocketAddr>().is_err() {
+            return bad(format!("server.listen {:?} is not an address like 127.0.0.1:8080", self.server.listen));
+        }
+        if !self.server.base_url.is_empty() {
+            match url::Url::parse(&self.server.base_url) {
+                Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                _ => return bad(format!("server.base_url {:?} is not an http(s) URL", self.server.base_url)),
+            }
+        }
+        if self.store.backend != "embedded" {
+            return bad(format!("store.backend {:?} is not supported (supported: \"embedded\")", self.store.backend));
+        }
+        if self.source.store_page_size == 0 {
+            return bad("source.store_page_size must be at least 1".into());
+        }
+        check_max_items("set_defaults", self.set_defaults.max_items_in_list)?;
+        for (name, set) in &self.sets {
+            if let Err(reason) = crate::model::SetName::parse(name) {
+                return bad(format!("[sets.{name}]: {reason}"));
+            }
+            if let Some(n) = set.max_items_in_list {
+                check_max_items(&format!("sets.{name}"), n)?;
+            }
+            if let Some(root) = &set.resource_root_dir {
+                if !root.is_absolute() {
+                    return bad(format!("sets.{name}.resource_root_dir {root:?} must be an absolute path"));
+                }
+            }
+            let prefix = self.set_config(name).url_prefix;
+            if url::Url::parse(&prefix).map(|u| u.cannot_be_a_base()).unwrap_or(true) {
+                return bad(format!("sets.{name}.url_prefix {prefix:?} is not an absolute URL"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The public base URL, without a trailing slash.
+    pub fn base_url(&self) -> String {
+        if self.server.base_url.is_empty() {
+            format!("http://{}", self.server.listen)
+        } else {
+            self.server.base_url.trim_end_matches('/').to_string()
+        }
+    }
+
+    /// The effective configuration of a set, configured or not.
+    pub fn set_config(&self, name: &str) -> SetConfig {
+        let o = self.sets.get(name).cloned().unwrap_or_default();
+        let template = o.url_prefix.unwrap_or_else(|| self.set_defaults.url_prefix.clone());
+        let mut url_prefix = template.replace("{base_url}", &self.base_url()).replace("{set}", name);
+        if !url_prefix.ends_with('/') {
+            url_prefix.push('/');
+        }
+        SetConfig {
+            name: name.to_string(),
+            url_prefix,
+            resource_root_dir: o.resource_root_dir,
+            max_items_in_list: o.max_items_in_list.unwrap_or(self.set_defaults.max_items_in_list),
+            changelist_rollover_secs: o
+                .changelist_rollover_secs
+                .unwrap_or(self.set_defaults.changelist_rollover_secs),
+            describedby: o.describedby,
+        }
+    }
+
+    pub fn database_path(&self) -> PathBuf {
+        self.server.data_dir.join("rshub.sqlite")
+    }
+}
+
+fn check_max_items(what: &str, n: u32) -> Result<(), ConfigError> {
+    if n == 0 || n > SITEMAP_MAX_ITEMS {
+        return Err(ConfigError::Invalid(format!(
+            "{what}.max_items_in_list = {n}: must be between 1 and {SITEMAP_MAX_ITEMS}"
+        )));
+    }
+    Ok(())
+}
+
+/// `RSHUB_SECTION_KEY` -> `section.key`; a double underscore splits explicitly
+/// (`RSHUB_SETS__papers__URL_PREFIX` -> `sets.papers.url_prefix`).
+fn env_provider() -> Env {
+    Env::prefixed("RSHUB_").map(|k| {
+        let k = k.as_str();
+        if k.contains("__") {
+            k.split("__").collect::<Vec<_>>().join(".").into()
+        } else {
+            k.replacen('_', ".", 1).into()
+        }
+    })
+}
+
+impl SetConfig {
+    /// The path part of `url_prefix` when the prefix lies under `base_url`, i.e. when this
+    /// server can serve the set's files itself.
+    pub fn served_path(&self, base_url: &str) -> Option<String> {
+        let base = format!("{}/", base_url.trim_end_matches('/'));
+        let rest = self.url_prefix.strip_prefix(&base)?;
+        self.resource_root_dir.as_ref()?;
+        Some(format!("/{}", rest.trim_end_matches('/')))
+    }
+
+    pub fn root_dir(&self) -> Option<&Path> {
+        self.resource_root_dir.as_deref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let c = Config::defaults();
+        c.validate().unwrap();
+        assert_eq!(c.base_url(), "http://127.0.0.1:8080");
+        let s = c.set_config("demo");
+        assert_eq!(s.url_prefix, "http://127.0.0.1:8080/files/demo/");
+        assert_eq!(s.max_items_in_list, 50_000);
+        assert_eq!(s.served_path(&c.base_url()), None, "no root dir, nothing to serve");
+    }
+
+    #[test]
+    fn max_items_over_sitemap_limit_is_refused() {
+        let mut c = Config::defaults();
+        c.sets.insert("a".into(), SetOverrides { max_items_in_list: Some(50_001), ..Default::default() });
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("sets.a.max_items_in_list = 50001"), "{e}");
+    }
+
+    #[test]
+    fn served_path_only_under_base_url() {
+        let mut c = Config::defaults();
+        c.server.base_url = "http://h:1/hub".into();
+        c.sets.insert(
+            "a".into(),
+            SetOverrides { resource_root_dir: Some("/srv/a".into()), ..Default::default() },
+        );
+        c.sets.insert(
+            "b".into(),
+            SetOverrides {
+                resource_root_dir: Some("/srv/b".into()),
+                url_prefix: Some("http://other/b".into()),
+                ..Default::default()
+            },
+        );
+        assert_eq!(c.set_config("a").served_path(&c.base_url()).as_deref(), Some("/files/a"), "relative to base_url, like every route");
+        assert_eq!(c.set_config("b").url_prefix, "http://other/b/");
+        assert_eq!(c.set_config("b").served_path(&c.base_url()), None);
+    }
+}

@@ -1,0 +1,34 @@
+//! `serve --demo`: a small `demo` set of real files under the data directory, imported before
+//! the server starts, so a newcomer sees every document and can fetch the resources at once.
+
+use std::path::PathBuf;
+
+use crate::config::{Config, SetOverrides};
+
+pub const DEMO_SET: &str = "demo";
+
+/// Writes the demo files (once) and configures the `demo` set to serve them; returns the folder.
+pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(&config.server.data_dir)?;
+    let dir = std::fs::canonicalize(&config.server.data_dir)?.join("demo-files");
+    if !dir.exists() {
+        std::fs::create_dir_all(dir.join("papers"))?;
+        std::fs::create_dir_all(dir.join("metadata"))?;
+        for i in 1..=12 {
+            std::fs::write(
+                dir.join(format!("papers/paper-{i:03}.txt")),
+                format!("Paper {i}\n\nA demonstration full text, number {i} of 12.\n"),
+            )?;
+            std::fs::write(
+                dir.join(format!("metadata/paper-{i:03}.json")),
+                format!("{{\"title\": \"Paper {i}\", \"year\": {}}}\n", 2000 + i),
+            )?;
+        }
+    }
+    config.sets.entry(DEMO_SET.to_string()).or_insert_with(|| SetOverrides {
+        resource_root_dir: Some(dir.clone()),
+        ..SetOverrides::default()
+    });
+    config.validate()?;
+    Ok(dir)
+}

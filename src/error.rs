@@ -1,0 +1,110 @@
+//! The one mapping from errors to HTTP status.
+//!
+//! Policy: 4xx bodies say in plain words what was wrong with the request; 5xx bodies say
+//! nothing internal (the log has the detail) and only 5xx are logged as errors. A store that
+//! cannot be reached is a 503 with `Retry-After`, never a panic.
+//!
+//! | error                          | status |
+//! |--------------------------------|--------|
+//! | `NotFound`                     | 404    |
+//! | `BadRequest`                   | 400    |
+//! | `Unauthorized` (no token)      | 401    |
+//! | `Forbidden` (wrong token/peer) | 403    |
+//! | `UnsupportedMediaType`         | 415    |
+//! | `Invalid` (bad change events)  | 422    |
+//! | `Unavailable` (store down)     | 503    |
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::json;
+
+use crate::ingest::{IngestError, LineError};
+use crate::source::SourceError;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    #[error("{message}")]
+    Invalid { message: String, lines: Vec<LineError> },
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl AppError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            AppError::NotFound(_) => StatusCode::NOT_FOUND,
+            AppError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            AppError::Forbidden(_) => StatusCode::FORBIDDEN,
+            AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            AppError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl From<StoreError> for AppError {
+    fn from(e: StoreError) -> Self {
+        AppError::Unavailable(e.to_string())
+    }
+}
+
+impl From<SourceError> for AppError {
+    fn from(e: SourceError) -> Self {
+        match e {
+            SourceError::NotFound(m) => AppError::NotFound(m),
+            SourceError::Store(e) => e.into(),
+        }
+    }
+}
+
+impl From<IngestError> for AppError {
+    fn from(e: IngestError) -> Self {
+        match e {
+            IngestError::Invalid(lines) => AppError::Invalid { message: e_msg(&lines), lines },
+            IngestError::Empty => AppError::BadRequest(IngestError::Empty.to_string()),
+            IngestError::Store(e) => e.into(),
+        }
+    }
+}
+
+fn e_msg(lines: &[LineError]) -> String {
+    IngestError::Invalid(lines.to_vec()).to_string()
+}
+
+impl IntoResponse for AppError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() {
+            tracing::error!(error = %self, "request failed");
+        }
+        let mut resp = match &self {
+            AppError::Invalid { message, lines } => {
+                (status, Json(json!({ "error": message, "lines": lines }))).into_response()
+            }
+            AppError::Unavailable(_) => {
+                (status, Json(json!({ "error": "the store is unavailable; try again shortly" }))).into_response()
+            }
+            other => (status, Json(json!({ "error": other.to_string() }))).into_response(),
+        };
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        if status == StatusCode::UNAUTHORIZED {
+            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}

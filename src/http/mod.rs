@@ -1,0 +1,89 @@
+//! HTTP handlers only: extract, call the domain, render. The router is assembled here.
+
+mod documents;
+mod ingest;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use tower_http::compression::CompressionLayer;
+use tower_http::services::ServeDir;
+use tower_http::trace::TraceLayer;
+
+use crate::config::Config;
+use crate::source::Source;
+
+/// What every handler can reach.
+#[derive(Clone)]
+pub struct AppState {
+    pub config: Arc<Config>,
+    pub source: Arc<Source>,
+}
+
+pub fn router(state: AppState) -> Router {
+    let mut app = Router::new()
+        .route("/", get(home))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/.well-known/resourcesync", get(documents::source_description))
+        .route("/sets/{set}/capabilitylist.xml", get(documents::capability_list))
+        .route("/sets/{set}/resourcelist.xml", get(documents::resource_list))
+        .route("/sets/{set}/resourcelist/{part}", get(documents::resource_list_part))
+        .route("/sets/{set}/changelist.xml", get(documents::change_list))
+        .route("/sets/{set}/changelist/{no}", get(documents::change_list_no))
+        .route(
+            "/api/v1/resource-sets/{set}/changes",
+            post(ingest::post_changes).layer(DefaultBodyLimit::max(state.config.ingest.max_body_bytes)),
+        );
+    // Resource files of sets whose url_prefix lies under our own base URL.
+    let base = state.config.base_url();
+    for name in state.config.sets.keys() {
+        let sc = state.config.set_config(name);
+        if let (Some(path), Some(root)) = (sc.served_path(&base), sc.root_dir()) {
+            tracing::info!(set = %name, path = %path, root = %root.display(), "serving resource files");
+            app = app.nest_service(&path, ServeDir::new(root));
+        }
+    }
+    app.fallback(|| async { (StatusCode::NOT_FOUND, "not found: see / for the URL map\n") })
+        .layer(CompressionLayer::new())
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+async fn readyz(State(st): State<AppState>) -> impl IntoResponse {
+    match st.source.store().ping().await {
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+    }
+}
+
+/// A plain-text map of the server for people who open it in a browser.
+async fn home(State(st): State<AppState>) -> impl IntoResponse {
+    let urls = st.source.urls();
+    let mut s = format!(
+        "resourcesync-hub {}\n\nSource Description: {}\n",
+        env!("CARGO_PKG_VERSION"),
+        urls.source_description()
+    );
+    if let Ok(sets) = st.source.store().sets().await {
+        for set in sets {
+            let n = &set.name;
+            s.push_str(&format!(
+                "\nset {n}\n  capability list: {}\n  resource list:   {}\n  change list:     {}\n  ingest (POST):   {}\n",
+                urls.capability_list(n),
+                urls.resource_list(n),
+                urls.change_list(n),
+                urls.ingest(n)
+            ));
+        }
+    }
+    s
+}
+
+/// The peer address, for the loopback-only ingest rule.
+pub type Peer = axum::extract::ConnectInfo<SocketAddr>;

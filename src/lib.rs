@@ -1,0 +1,29 @@
+//! resourcesync-hub: a ResourceSync source (ANSI/NISO Z39.99-2017) and, in later stages, a
+//! change-notification push hub, in one binary.
+//!
+//! # Layout
+//!
+//! - [`config`]: layered configuration (compiled-in commented defaults, `--config`, `RSHUB_*`, flags).
+//! - [`model`]: the seeds' document model: sets, locations, resources, changes, change events.
+//! - [`store`]: the storage contract and its backends (the embedded SQLite store).
+//! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
+//! - [`source`]: the pull side: every document, generated from the store, with a page cache.
+//! - [`ingest`]: the harvester's API: change events in, atomic batches into the store.
+//! - [`import`]: the folder scanner behind `resourcesync-hub import`.
+//! - [`http`]: axum handlers only; [`error`]: the one error-to-status table.
+//! - [`workers`]: background loops (Change List rollover).
+//! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
+//! - [`demo`]: the demo set behind `serve --demo`.
+
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod error;
+pub mod http;
+pub mod import;
+pub mod ingest;
+pub mod model;
+pub mod sitemap;
+pub mod source;
+pub mod store;
+pub mod workers;

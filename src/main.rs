@@ -1,0 +1,115 @@
+//! The `resourcesync-hub` command: parse the CLI, load configuration, start tracing, and hand
+//! over to `app::run` (serve) or `import::import_dir` (import).
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use resourcesync_hub::config::{CliOverrides, Config, DEFAULTS_TOML};
+use resourcesync_hub::{app, demo, import};
+
+#[derive(Parser)]
+#[command(name = "resourcesync-hub", version, about = "A ResourceSync source and change-notification hub")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the server.
+    Serve {
+        #[command(flatten)]
+        common: Common,
+        /// Address to listen on (server.listen).
+        #[arg(long, value_name = "ADDR")]
+        listen: Option<String>,
+        /// Serve a small demo set of real files (set "demo"), imported at start.
+        #[arg(long)]
+        demo: bool,
+    },
+    /// Scan a folder and record created/updated/deleted resources of a set in the store.
+    Import {
+        #[command(flatten)]
+        common: Common,
+        /// The folder to scan; files become rel_path locations relative to it.
+        dir: PathBuf,
+        /// The resource set to record the changes in.
+        #[arg(long)]
+        set: String,
+    },
+    /// Print the commented default configuration.
+    Config,
+}
+
+#[derive(Args)]
+struct Common {
+    /// A TOML configuration file layered over the defaults.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+    /// Data directory for the embedded store (server.data_dir).
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Public base URL (server.base_url).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+}
+
+impl Common {
+    fn overrides(&self, listen: Option<String>) -> CliOverrides {
+        CliOverrides { config_file: self.config.clone(), listen, data_dir: self.data_dir.clone(), base_url: self.base_url.clone() }
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn")))
+        .with_writer(std::io::stderr)
+        .init();
+    let rt = tokio::runtime::Runtime::new().expect("tokio runtime");
+    match rt.block_on(real_main(cli)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn real_main(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Config => {
+            print!("{DEFAULTS_TOML}");
+            Ok(())
+        }
+        Command::Serve { common, listen, demo: with_demo } => {
+            let mut config = Config::load(&common.overrides(listen))?;
+            let listener = tokio::net::TcpListener::bind(&config.server.listen)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.server.listen))?;
+            app::resolve_base_url(&mut config, listener.local_addr()?);
+            if with_demo {
+                let dir = demo::prepare(&mut config)?;
+                let store = app::open_store(&config)?;
+                let set = resourcesync_hub::model::SetName::parse(demo::DEMO_SET).map_err(anyhow::Error::msg)?;
+                let source = resourcesync_hub::source::Source::new(std::sync::Arc::new(config.clone()), store.clone());
+                let r = import::import_dir(&store, &config.set_config(demo::DEMO_SET), source.list_policy(&set), &dir, false).await?;
+                tracing::info!(created = r.created, updated = r.updated, deleted = r.deleted, dir = %dir.display(), "demo set imported");
+                println!("Demo: open {}/.well-known/resourcesync", config.base_url());
+            }
+            app::run(config, listener, app::shutdown_signal()).await
+        }
+        Command::Import { common, dir, set } => {
+            let config = Config::load(&common.overrides(None))?;
+            let store = app::open_store(&config)?;
+            let name = resourcesync_hub::model::SetName::parse(&set).map_err(anyhow::Error::msg)?;
+            let source = resourcesync_hub::source::Source::new(std::sync::Arc::new(config.clone()), store.clone());
+            let report = import::import_dir(&store, &config.set_config(&set), source.list_policy(&name), &dir, std::io::stderr().is_terminal()).await?;
+            println!("{}", serde_json::to_string(&report)?);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,224 @@
+//! The seeds' document model: resource sets, resources (current state), changes (the log),
+//! and the change events a harvester sends, validated before they reach the store.
+
+mod location;
+mod time;
+
+use serde::{Deserialize, Serialize};
+
+pub use location::{bare_media_type, Link, Location, LocationType, ResourceKey};
+pub use time::Timestamp;
+
+use crate::config::SetConfig;
+
+/// A resource set's name: 1-64 of `A-Z a-z 0-9 . _ -`, not starting with `.`. It appears in
+/// URLs and file names, so nothing else is allowed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct SetName(String);
+
+impl SetName {
+    pub fn parse(s: &str) -> Result<SetName, String> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && !s.starts_with('.')
+            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+        if ok {
+            Ok(SetName(s.to_string()))
+        } else {
+            Err(format!(
+                "resource set name {s:?} must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-' and not start with '.'"
+            ))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for SetName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ChangeType {
+    Created,
+    Updated,
+    Deleted,
+}
+
+impl ChangeType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChangeType::Created => "created",
+            ChangeType::Updated => "updated",
+            ChangeType::Deleted => "deleted",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ChangeType> {
+        match s {
+            "created" => Some(ChangeType::Created),
+            "updated" => Some(ChangeType::Updated),
+            "deleted" => Some(ChangeType::Deleted),
+            _ => None,
+        }
+    }
+}
+
+/// The descriptive metadata shared by a resource document and the change that produced it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceMeta {
+    pub length: Option<u64>,
+    pub md5: Option<String>,
+    pub mime: Option<String>,
+    pub lastmod: Option<Timestamp>,
+    pub ln: Vec<Link>,
+}
+
+/// A resource document: the current state of one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resource {
+    pub key: ResourceKey,
+    pub location: Location,
+    pub meta: ResourceMeta,
+    /// When the store last wrote this document.
+    pub timestamp: Timestamp,
+}
+
+/// A change document: one entry of a set's change log. `id` orders changes that share a
+/// `datetime`. Deletions carry no metadata.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub id: i64,
+    pub key: ResourceKey,
+    pub location: Location,
+    pub change: ChangeType,
+    pub datetime: Timestamp,
+    pub meta: ResourceMeta,
+    pub timestamp: Timestamp,
+}
+
+/// A change event as a harvester sends it (one JSON object, or one NDJSON line).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeEvent {
+    pub change: ChangeType,
+    pub location: Location,
+    #[serde(default)]
+    pub length: Option<u64>,
+    #[serde(default)]
+    pub md5: Option<String>,
+    #[serde(default)]
+    pub mime: Option<String>,
+    #[serde(default)]
+    pub lastmod: Option<Timestamp>,
+    #[serde(default)]
+    pub ln: Vec<Link>,
+    #[serde(default)]
+    pub datetime: Option<Timestamp>,
+    /// Accepted for DIT documents that carry it; must name the set of the URL if present.
+    #[serde(default)]
+    pub resource_set: Option<String>,
+    /// Accepted and ignored: the store sets its own write timestamp.
+    #[serde(default)]
+    pub timestamp: Option<serde_json::Value>,
+}
+
+/// A validated change, ready for the store's atomic apply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewChange {
+    pub key: ResourceKey,
+    pub location: Location,
+    pub change: ChangeType,
+    /// `None`: the store records the time of applying.
+    pub datetime: Option<Timestamp>,
+    pub meta: ResourceMeta,
+}
+
+impl ChangeEvent {
+    /// Checks the event against the set and turns it into a `NewChange`.
+    pub fn validate(self, set: &SetConfig) -> Result<NewChange, String> {
+        if let Some(rs) = &self.resource_set {
+            if rs != &set.name {
+                return Err(format!("resource_set {rs:?} does not match the set {:?} of the URL", set.name));
+            }
+        }
+        let key = self.location.key(set)?;
+        let md5 = match self.md5 {
+            None => None,
+            Some(h) => {
+                let h = h.trim().to_ascii_lowercase();
+                let h = h.strip_prefix("md5:").unwrap_or(&h).to_string();
+                if h.len() != 32 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(format!("md5 {h:?} is not 32 hexadecimal digits"));
+                }
+                Some(h)
+            }
+        };
+        if let Some(m) = &self.mime {
+            let bare = bare_media_type(m);
+            let (a, b) = bare.split_once('/').unwrap_or(("", ""));
+            if a.is_empty() || b.is_empty() || bare.contains(char::is_whitespace) {
+                return Err(format!("mime {m:?} is not a media type like application/pdf"));
+            }
+        }
+        for l in &self.ln {
+            l.validate(set)?;
+        }
+        let meta = if self.change == ChangeType::Deleted {
+            ResourceMeta::default()
+        } else {
+            ResourceMeta { length: self.length, md5, mime: self.mime, lastmod: self.lastmod, ln: self.ln }
+        };
+        Ok(NewChange { key, location: self.location, change: self.change, datetime: self.datetime, meta })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set() -> SetConfig {
+        crate::config::Config::defaults().set_config("s")
+    }
+
+    fn event(json: &str) -> Result<NewChange, String> {
+        let e: ChangeEvent = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        e.validate(&set())
+    }
+
+    #[test]
+    fn valid_event() {
+        let c = event(
+            r#"{"change":"created","location":{"type":"rel_path","value":"a.pdf"},"length":3,
+               "md5":"MD5:0CC175B9C0F1B6A831C399E269772661","mime":"application/pdf",
+               "lastmod":"2016-01-01T00:00:00+0000","ln":[{"rel":"describedby","href":{"type":"url","value":"http://x/m"}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(c.key.0, "path:a.pdf");
+        assert_eq!(c.meta.md5.as_deref(), Some("0cc175b9c0f1b6a831c399e269772661"));
+        assert_eq!(c.meta.lastmod.unwrap().to_string(), "2016-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn invalid_events_say_why() {
+        assert!(event(r#"{"change":"moved","location":{"type":"url","value":"http://x/"}}"#)
+            .unwrap_err()
+            .contains("unknown variant `moved`"));
+        assert!(event(r#"{"change":"created","location":{"type":"rel_path","value":"a"},"md5":"xyz"}"#)
+            .unwrap_err()
+            .contains("md5"));
+        assert!(event(r#"{"change":"created","location":{"type":"rel_path","value":"a"},"lenght":1}"#)
+            .unwrap_err()
+            .contains("unknown field `lenght`"));
+        assert!(event(r#"{"change":"created","location":{"type":"rel_path","value":"a"},"resource_set":"t"}"#)
+            .unwrap_err()
+            .contains("does not match"));
+        assert!(SetName::parse("../x").is_err());
+        assert!(SetName::parse("papers_2024.v1").is_ok());
+    }
+}

@@ -1,0 +1,127 @@
+//! `Timestamp`: UTC instants at microsecond precision, parsed from ISO 8601 / RFC 3339 and the
+//! seeds' `yyyy-MM-dd'T'HH:mm:ssZ` (`+0000` offsets), written as W3C Datetime with `Z`.
+
+use std::fmt;
+
+use chrono::{DateTime, Datelike, NaiveDateTime, Timelike, Utc};
+
+/// Microseconds since the Unix epoch, UTC. Ordered, cheap to store, and exactly round-trips.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Timestamp(pub i64);
+
+impl Timestamp {
+    pub fn now() -> Timestamp {
+        Timestamp(Utc::now().timestamp_micros())
+    }
+
+    pub fn from_secs(secs: i64) -> Timestamp {
+        Timestamp(secs * 1_000_000)
+    }
+
+    pub fn micros(self) -> i64 {
+        self.0
+    }
+
+    pub fn plus_secs(self, secs: u64) -> Timestamp {
+        Timestamp(self.0.saturating_add((secs as i64).saturating_mul(1_000_000)))
+    }
+
+    /// Parses RFC 3339 (`2024-01-02T03:04:05Z`, `…+01:00`, fractions), the seeds' format with
+    /// a `+0000` style offset, and a bare date-time without zone, read as UTC.
+    pub fn parse(s: &str) -> Result<Timestamp, String> {
+        let s = s.trim();
+        if let Ok(t) = DateTime::parse_from_rfc3339(s) {
+            return Ok(Timestamp(t.timestamp_micros()));
+        }
+        if let Ok(t) = DateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f%z") {
+            return Ok(Timestamp(t.timestamp_micros()));
+        }
+        if let Ok(t) = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f") {
+            return Ok(Timestamp(t.and_utc().timestamp_micros()));
+        }
+        Err(format!("{s:?} is not a date-time like 2024-01-31T12:00:00Z"))
+    }
+
+    /// Writes `YYYY-MM-DDThh:mm:ssZ`, with `.ffffff` only when the instant has a fraction.
+    pub fn write_w3c(self, out: &mut String) {
+        use std::fmt::Write;
+        let dt = DateTime::<Utc>::from_timestamp_micros(self.0).unwrap_or_default();
+        let _ = write!(
+            out,
+            "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+            dt.year(),
+            dt.month(),
+            dt.day(),
+            dt.hour(),
+            dt.minute(),
+            dt.second()
+        );
+        let frac = self.0.rem_euclid(1_000_000);
+        if frac != 0 {
+            let _ = write!(out, ".{frac:06}");
+        }
+        out.push('Z');
+    }
+
+    pub fn to_http_date(self) -> String {
+        DateTime::<Utc>::from_timestamp_micros(self.0)
+            .unwrap_or_default()
+            .format("%a, %d %b %Y %H:%M:%S GMT")
+            .to_string()
+    }
+
+    pub fn parse_http_date(s: &str) -> Option<Timestamp> {
+        DateTime::parse_from_rfc2822(s).ok().map(|t| Timestamp(t.timestamp_micros()))
+    }
+
+    /// Whole seconds, rounding down (HTTP dates have no fractions).
+    pub fn floor_secs(self) -> Timestamp {
+        Timestamp(self.0 - self.0.rem_euclid(1_000_000))
+    }
+}
+
+impl fmt::Display for Timestamp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut s = String::with_capacity(27);
+        self.write_w3c(&mut s);
+        f.write_str(&s)
+    }
+}
+
+impl serde::Serialize for Timestamp {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Timestamp {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Timestamp::parse(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_iso_and_seed_formats() {
+        let z = Timestamp::parse("2016-03-01T12:30:00Z").unwrap();
+        assert_eq!(Timestamp::parse("2016-03-01T12:30:00+0000").unwrap(), z);
+        assert_eq!(Timestamp::parse("2016-03-01T13:30:00+01:00").unwrap(), z);
+        assert_eq!(Timestamp::parse("2016-03-01T12:30:00").unwrap(), z);
+        assert_eq!(z.to_string(), "2016-03-01T12:30:00Z");
+        assert!(Timestamp::parse("2016-03-01").is_err());
+        assert!(Timestamp::parse("yesterday").unwrap_err().contains("yesterday"));
+    }
+
+    #[test]
+    fn fractions_round_trip() {
+        let t = Timestamp::parse("2016-03-01T12:30:00.000250Z").unwrap();
+        assert_eq!(t.to_string(), "2016-03-01T12:30:00.000250Z");
+        assert_eq!(Timestamp::parse(&t.to_string()).unwrap(), t);
+        assert_eq!(t.to_http_date(), "Tue, 01 Mar 2016 12:30:00 GMT");
+        assert_eq!(Timestamp::parse_http_date(&t.to_http_date()), Some(t.floor_secs()));
+    }
+}

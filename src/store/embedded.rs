@@ -1,0 +1,699 @@
+//! The embedded backend: one SQLite database (WAL, synchronous=FULL) under the data directory.
+//! One writer connection serialises applies; a small pool of readers serves documents. Every
+//! call runs on tokio's blocking pool.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
+
+use super::{
+    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, Page,
+    PartInfo, SetInfo, StoreError,
+};
+use crate::model::{
+    Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey, ResourceMeta, SetName,
+    Timestamp,
+};
+
+const SCHEMA_VERSION: i64 = 1;
+
+const SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sets (name TEXT PRIMARY KEY, created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS resources (
+    rid INTEGER PRIMARY KEY AUTOINCREMENT,
+    set_name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    part INTEGER NOT NULL,
+    loc_type TEXT NOT NULL,
+    loc_value TEXT NOT NULL,
+    length INTEGER, md5 TEXT, mime TEXT, lastmod INTEGER, ln TEXT,
+    timestamp INTEGER NOT NULL,
+    bytes INTEGER NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS resources_key ON resources (set_name, key);
+CREATE INDEX IF NOT EXISTS resources_part ON resources (set_name, part, rid);
+CREATE TABLE IF NOT EXISTS rl_parts (
+    set_name TEXT NOT NULL, part INTEGER NOT NULL,
+    count INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL, last_change INTEGER NOT NULL,
+    PRIMARY KEY (set_name, part)
+);
+CREATE TABLE IF NOT EXISTS changes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    set_name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    loc_type TEXT NOT NULL,
+    loc_value TEXT NOT NULL,
+    change TEXT NOT NULL,
+    datetime INTEGER NOT NULL,
+    length INTEGER, md5 TEXT, mime TEXT, lastmod INTEGER, ln TEXT,
+    timestamp INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS changes_dt ON changes (set_name, datetime, seq);
+CREATE TABLE IF NOT EXISTS changelists (
+    set_name TEXT NOT NULL, no INTEGER NOT NULL,
+    from_ts INTEGER NOT NULL, until_ts INTEGER,
+    count INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    last_seq INTEGER NOT NULL, max_dt INTEGER,
+    PRIMARY KEY (set_name, no)
+);
+"#;
+
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    writer: Mutex<Connection>,
+    readers: Mutex<Vec<Connection>>,
+}
+
+/// The open Change List of a set, as the apply loop tracks it.
+struct OpenList {
+    no: u32,
+    from: i64,
+    count: u64,
+    bytes: u64,
+    last_seq: i64,
+    max_dt: Option<i64>,
+}
+
+/// The last Resource List partition of a set, where new resources go.
+struct LastPart {
+    no: u32,
+    count: u64,
+    bytes: u64,
+}
+
+impl EmbeddedStore {
+    pub fn open(path: &Path) -> Result<EmbeddedStore, StoreError> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = open_conn(path)?;
+        conn.execute_batch(SCHEMA)?;
+        let version: Option<String> =
+            conn.query_row("SELECT value FROM meta WHERE key='schema_version'", [], |r| r.get(0)).optional()?;
+        match version {
+            None => {
+                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
+            }
+            Some(v) if v == SCHEMA_VERSION.to_string() => {}
+            Some(v) => {
+                return Err(StoreError::Corrupt(format!(
+                    "{} has schema version {v}; this build knows version {SCHEMA_VERSION}",
+                    path.display()
+                )))
+            }
+        }
+        Ok(EmbeddedStore {
+            inner: Arc::new(Inner { path: path.to_path_buf(), writer: Mutex::new(conn), readers: Mutex::new(Vec::new()) }),
+        })
+    }
+
+    /// Runs `f` on a pooled reader connection on the blocking pool.
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().expect("reader pool").pop();
+            let conn = match pooled {
+                Some(c) => c,
+                None => open_conn(&inner.path)?,
+            };
+            let out = f(&conn);
+            let mut pool = inner.readers.lock().expect("reader pool");
+            if pool.len() < 8 {
+                pool.push(conn);
+            }
+            out
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
+    }
+
+    async fn write<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut conn = inner.writer.lock().expect("writer");
+            f(&mut conn)
+        })
+        .await
+        .map_err(|e| E::from(StoreError::Unavailable(format!("store task failed: {e}"))))?
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.read(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
+    }
+
+    pub async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
+        let set = set.clone();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let created = ensure_set_tx(&tx, &set, now)?;
+            tx.commit()?;
+            Ok(created)
+        })
+        .await
+    }
+
+    pub async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached("SELECT name, created_at FROM sets ORDER BY name")?;
+            let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (name, created) = row?;
+                let name = SetName::parse(&name).map_err(StoreError::Corrupt)?;
+                out.push(SetInfo { name, created_at: Timestamp(created) });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn apply(
+        &self,
+        set: &SetName,
+        changes: Vec<NewChange>,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let set = set.clone();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
+            let out = apply_tx(&tx, &set, changes, policy, now)?;
+            tx.commit().map_err(StoreError::from)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn rollover_if_due(
+        &self,
+        set: &SetName,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<Option<u32>, StoreError> {
+        let set = set.clone();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let Some(mut open) = load_open_list(&tx, &set)? else { return Ok(None) };
+            if !period_over(&open, policy, now) {
+                return Ok(None);
+            }
+            let closed = open.no;
+            close_list(&tx, &set, &mut open, now)?;
+            tx.commit()?;
+            Ok(Some(closed))
+        })
+        .await
+    }
+
+    pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT part, count, last_seq, last_change FROM rl_parts WHERE set_name = ?1 ORDER BY part",
+            )?;
+            let rows = st.query_map([set.as_str()], |r| {
+                Ok(PartInfo {
+                    no: r.get(0)?,
+                    count: r.get::<_, i64>(1)? as u64,
+                    last_seq: r.get(2)?,
+                    last_change: Timestamp(r.get(3)?),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn resources(
+        &self,
+        set: &SetName,
+        part: Option<u32>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Resource>, StoreError> {
+        let set = set.clone();
+        let after = parse_int_cursor(after)?;
+        self.read(move |c| {
+            let mut items = Vec::with_capacity(limit.min(10_000));
+            let mut last = after;
+            {
+                let sql = match part {
+                    Some(_) => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                                FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
+                    None => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                             FROM resources WHERE set_name = ?1 AND ?2 IS NULL AND rid > ?3 ORDER BY rid LIMIT ?4",
+                };
+                let mut st = c.prepare_cached(sql)?;
+                let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
+                while let Some(r) = rows.next()? {
+                    last = r.get(0)?;
+                    items.push(resource_from_row(r)?);
+                }
+            }
+            let next = (items.len() == limit).then(|| Cursor(last.to_string()));
+            Ok(Page { items, next })
+        })
+        .await
+    }
+
+    pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
+        let (set, key) = (set.clone(), key.clone());
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                 FROM resources WHERE set_name = ?1 AND key = ?2",
+            )?;
+            let mut rows = st.query(params![set.as_str(), key.0])?;
+            match rows.next()? {
+                Some(r) => Ok(Some(resource_from_row(r)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT no, from_ts, until_ts, count, last_seq, max_dt FROM changelists \
+                 WHERE set_name = ?1 ORDER BY no",
+            )?;
+            let rows = st.query_map([set.as_str()], |r| {
+                Ok(ChangeListInfo {
+                    no: r.get(0)?,
+                    from: Timestamp(r.get(1)?),
+                    until: r.get::<_, Option<i64>>(2)?.map(Timestamp),
+                    count: r.get::<_, i64>(3)? as u64,
+                    last_seq: r.get(4)?,
+                    last_change: r.get::<_, Option<i64>>(5)?.map(Timestamp),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn changes(
+        &self,
+        set: &SetName,
+        from: Timestamp,
+        until: Option<Timestamp>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Change>, StoreError> {
+        let set = set.clone();
+        let (after_dt, after_seq) = match after {
+            None => (from.0, 0),
+            Some(Cursor(s)) => {
+                let (a, b) = s.split_once(':').ok_or_else(|| StoreError::Corrupt(format!("bad cursor {s:?}")))?;
+                let p = |x: &str| x.parse::<i64>().map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}")));
+                (p(a)?, p(b)?)
+            }
+        };
+        let until = until.map_or(i64::MAX, |t| t.0);
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp \
+                 FROM changes WHERE set_name = ?1 AND (datetime, seq) > (?2, ?3) AND datetime < ?4 \
+                 ORDER BY datetime, seq LIMIT ?5",
+            )?;
+            let mut rows = st.query(params![set.as_str(), after_dt, after_seq, until, limit as i64])?;
+            let mut items = Vec::new();
+            while let Some(r) = rows.next()? {
+                items.push(change_from_row(r)?);
+            }
+            let next = match items.last() {
+                Some(c) if items.len() == limit => Some(Cursor(format!("{}:{}", c.datetime.0, c.id))),
+                _ => None,
+            };
+            Ok(Page { items, next })
+        })
+        .await
+    }
+
+    pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let resources: i64 = c.query_row(
+                "SELECT COALESCE(SUM(count), 0) FROM rl_parts WHERE set_name = ?1",
+                [set.as_str()],
+                |r| r.get(0),
+            )?;
+            let changes: i64 = c.query_row(
+                "SELECT COALESCE(SUM(count), 0) FROM changelists WHERE set_name = ?1",
+                [set.as_str()],
+                |r| r.get(0),
+            )?;
+            Ok(Counts { resources: resources as u64, changes: changes as u64 })
+        })
+        .await
+    }
+
+    pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp \
+                 FROM changes WHERE set_name = ?1 ORDER BY datetime DESC, seq DESC LIMIT 1",
+            )?;
+            let mut rows = st.query([set.as_str()])?;
+            match rows.next()? {
+                Some(r) => Ok(Some(change_from_row(r)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+}
+
+fn open_conn(path: &Path) -> Result<Connection, StoreError> {
+    let conn = Connection::open(path)
+        .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+    conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+    Ok(conn)
+}
+
+fn parse_int_cursor(c: Option<Cursor>) -> Result<i64, StoreError> {
+    match c {
+        None => Ok(0),
+        Some(Cursor(s)) => s.parse().map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}"))),
+    }
+}
+
+fn ensure_set_tx(tx: &rusqlite::Transaction, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
+    let n = tx.execute("INSERT OR IGNORE INTO sets (name, created_at) VALUES (?1, ?2)", params![set.as_str(), now.0])?;
+    if n == 1 {
+        tx.execute(
+            "INSERT INTO changelists (set_name, no, from_ts, until_ts, count, bytes, last_seq, max_dt) \
+             VALUES (?1, 1, ?2, NULL, 0, 0, 0, NULL)",
+            params![set.as_str(), now.0],
+        )?;
+    }
+    Ok(n == 1)
+}
+
+fn load_open_list(tx: &rusqlite::Transaction, set: &SetName) -> Result<Option<OpenList>, StoreError> {
+    Ok(tx
+        .query_row(
+            "SELECT no, from_ts, count, bytes, last_seq, max_dt FROM changelists \
+             WHERE set_name = ?1 AND until_ts IS NULL",
+            [set.as_str()],
+            |r| {
+                Ok(OpenList {
+                    no: r.get(0)?,
+                    from: r.get(1)?,
+                    count: r.get::<_, i64>(2)? as u64,
+                    bytes: r.get::<_, i64>(3)? as u64,
+                    last_seq: r.get(4)?,
+                    max_dt: r.get(5)?,
+                })
+            },
+        )
+        .optional()?)
+}
+
+fn period_over(open: &OpenList, policy: ListPolicy, now: Timestamp) -> bool {
+    policy.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(policy.rollover_secs)
+}
+
+/// Closes the open list at `max(now, latest entry + 1µs)` so every entry lies inside
+/// `[from, until)`, and opens the next one from there.
+fn close_list(tx: &rusqlite::Transaction, set: &SetName, open: &mut OpenList, now: Timestamp) -> Result<(), StoreError> {
+    let until = open.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(open.from);
+    tx.execute(
+        "UPDATE changelists SET until_ts = ?3, count = ?4, bytes = ?5, last_seq = ?6, max_dt = ?7 \
+         WHERE set_name = ?1 AND no = ?2",
+        params![set.as_str(), open.no, until, open.count as i64, open.bytes as i64, open.last_seq, open.max_dt],
+    )?;
+    *open = OpenList { no: open.no + 1, from: until, count: 0, bytes: 0, last_seq: open.last_seq, max_dt: None };
+    tx.execute(
+        "INSERT INTO changelists (set_name, no, from_ts, until_ts, count, bytes, last_seq, max_dt) \
+         VALUES (?1, ?2, ?3, NULL, 0, 0, ?4, NULL)",
+        params![set.as_str(), open.no, open.from, open.last_seq],
+    )?;
+    Ok(())
+}
+
+fn apply_tx(
+    tx: &rusqlite::Transaction,
+    set: &SetName,
+    changes: Vec<NewChange>,
+    policy: ListPolicy,
+    now: Timestamp,
+) -> Result<ApplyOutcome, ApplyError> {
+    let mut out = ApplyOutcome { set_created: ensure_set_tx(tx, set, now)?, ..Default::default() };
+    let mut open = load_open_list(tx, set)?.ok_or_else(|| StoreError::Corrupt(format!("set {set} has no open change list")))?;
+    let mut last_part: Option<LastPart> = tx
+        .query_row(
+            "SELECT part, count, bytes FROM rl_parts WHERE set_name = ?1 ORDER BY part DESC LIMIT 1",
+            [set.as_str()],
+            |r| Ok(LastPart { no: r.get(0)?, count: r.get::<_, i64>(1)? as u64, bytes: r.get::<_, i64>(2)? as u64 }),
+        )
+        .optional()
+        .map_err(StoreError::from)?;
+    let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
+    let sql_err = |e: rusqlite::Error| ApplyError::Store(e.into());
+
+    for (index, c) in changes.into_iter().enumerate() {
+        let existing: Option<(i64, u32, i64)> = tx
+            .prepare_cached("SELECT rid, part, bytes FROM resources WHERE set_name = ?1 AND key = ?2")
+            .map_err(sql_err)?
+            .query_row(params![set.as_str(), c.key.0], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .optional()
+            .map_err(sql_err)?;
+        if c.change == ChangeType::Deleted && existing.is_none() {
+            out.ignored.push((index, "deleted: no such resource in the set, nothing recorded".into()));
+            continue;
+        }
+        let mut datetime = match c.datetime {
+            Some(d) if d > latest_allowed => {
+                return Err(ApplyError::Rejected {
+                    index,
+                    reason: format!(
+                        "datetime {d} lies more than {}s in the future (server time {now})",
+                        policy.max_future_skew_secs
+                    ),
+                })
+            }
+            Some(d) if d.0 < open.from => {
+                return Err(ApplyError::Rejected {
+                    index,
+                    reason: format!(
+                        "datetime {d} precedes the open Change List, which starts at {}; closed Change Lists never change",
+                        Timestamp(open.from)
+                    ),
+                })
+            }
+            Some(d) => d,
+            None => Timestamp(now.0.max(open.from)),
+        };
+        let eb = entry_bytes_estimate(&c);
+        if open.count >= policy.max_items as u64
+            || (open.count > 0 && open.bytes + eb > policy.max_bytes)
+            || period_over(&open, policy, now)
+        {
+            out.closed_lists.push(open.no);
+            close_list(tx, set, &mut open, now)?;
+            // Only reachable when this change's datetime is older than the newest entry of the
+            // list just closed: it belongs to the new list, so it cannot be earlier than its start.
+            datetime = Timestamp(datetime.0.max(open.from));
+        }
+        let ln = if c.meta.ln.is_empty() {
+            None
+        } else {
+            Some(serde_json::to_string(&c.meta.ln).expect("links serialise"))
+        };
+        tx.prepare_cached(
+            "INSERT INTO changes (set_name, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+        )
+        .map_err(sql_err)?
+        .execute(params![
+            set.as_str(),
+            c.key.0,
+            c.location.kind.as_str(),
+            c.location.value,
+            c.change.as_str(),
+            datetime.0,
+            c.meta.length.map(|l| l as i64),
+            c.meta.md5,
+            c.meta.mime,
+            c.meta.lastmod.map(|t| t.0),
+            ln,
+            now.0
+        ])
+        .map_err(sql_err)?;
+        let seq = tx.last_insert_rowid();
+        open.count += 1;
+        open.bytes += eb;
+        open.last_seq = seq;
+        open.max_dt = Some(open.max_dt.map_or(datetime.0, |m| m.max(datetime.0)));
+        out.applied.push((index, seq));
+
+        let touch_part = |part: u32, dcount: i64, dbytes: i64| -> Result<(), ApplyError> {
+            tx.prepare_cached(
+                "UPDATE rl_parts SET count = count + ?3, bytes = bytes + ?4, last_seq = ?5, last_change = ?6 \
+                 WHERE set_name = ?1 AND part = ?2",
+            )
+            .map_err(sql_err)?
+            .execute(params![set.as_str(), part, dcount, dbytes, seq, datetime.0])
+            .map_err(sql_err)?;
+            Ok(())
+        };
+        match (c.change, existing) {
+            (ChangeType::Deleted, Some((rid, part, bytes))) => {
+                tx.prepare_cached("DELETE FROM resources WHERE rid = ?1")
+                    .map_err(sql_err)?
+                    .execute([rid])
+                    .map_err(sql_err)?;
+                touch_part(part, -1, -bytes)?;
+                if let Some(lp) = last_part.as_mut().filter(|lp| lp.no == part) {
+                    lp.count -= 1;
+                    lp.bytes = lp.bytes.saturating_sub(bytes as u64);
+                }
+            }
+            (ChangeType::Deleted, None) => unreachable!("handled above"),
+            (_, Some((rid, part, bytes))) => {
+                tx.prepare_cached(
+                    "UPDATE resources SET loc_type = ?2, loc_value = ?3, length = ?4, md5 = ?5, mime = ?6, \
+                     lastmod = ?7, ln = ?8, timestamp = ?9, bytes = ?10 WHERE rid = ?1",
+                )
+                .map_err(sql_err)?
+                .execute(params![
+                    rid,
+                    c.location.kind.as_str(),
+                    c.location.value,
+                    c.meta.length.map(|l| l as i64),
+                    c.meta.md5,
+                    c.meta.mime,
+                    c.meta.lastmod.map(|t| t.0),
+                    ln,
+                    now.0,
+                    eb as i64
+                ])
+                .map_err(sql_err)?;
+                touch_part(part, 0, eb as i64 - bytes)?;
+                if let Some(lp) = last_part.as_mut().filter(|lp| lp.no == part) {
+                    lp.bytes = (lp.bytes as i64 + eb as i64 - bytes).max(0) as u64;
+                }
+            }
+            (_, None) => {
+                let part = match &mut last_part {
+                    Some(lp) if lp.count < policy.max_items as u64 && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes) => {
+                        lp.count += 1;
+                        lp.bytes += eb;
+                        lp.no
+                    }
+                    _ => {
+                        let no = last_part.as_ref().map_or(1, |lp| lp.no + 1);
+                        tx.prepare_cached(
+                            "INSERT INTO rl_parts (set_name, part, count, bytes, last_seq, last_change) VALUES (?1, ?2, 0, 0, 0, 0)",
+                        )
+                        .map_err(sql_err)?
+                        .execute(params![set.as_str(), no])
+                        .map_err(sql_err)?;
+                        last_part = Some(LastPart { no, count: 1, bytes: eb });
+                        no
+                    }
+                };
+                tx.prepare_cached(
+                    "INSERT INTO resources (set_name, key, part, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp, bytes) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                )
+                .map_err(sql_err)?
+                .execute(params![
+                    set.as_str(),
+                    c.key.0,
+                    part,
+                    c.location.kind.as_str(),
+                    c.location.value,
+                    c.meta.length.map(|l| l as i64),
+                    c.meta.md5,
+                    c.meta.mime,
+                    c.meta.lastmod.map(|t| t.0),
+                    ln,
+                    now.0,
+                    eb as i64
+                ])
+                .map_err(sql_err)?;
+                touch_part(part, 1, eb as i64)?;
+            }
+        }
+    }
+    tx.execute(
+        "UPDATE changelists SET count = ?3, bytes = ?4, last_seq = ?5, max_dt = ?6 WHERE set_name = ?1 AND no = ?2",
+        params![set.as_str(), open.no, open.count as i64, open.bytes as i64, open.last_seq, open.max_dt],
+    )
+    .map_err(sql_err)?;
+    Ok(out)
+}
+
+fn location_from(kind: &str, value: String) -> rusqlite::Result<Location> {
+    let kind = LocationType::parse(kind).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, format!("location type {kind:?}").into())
+    })?;
+    Ok(Location { kind, value })
+}
+
+fn links_from(ln: Option<String>) -> rusqlite::Result<Vec<Link>> {
+    match ln {
+        None => Ok(Vec::new()),
+        Some(s) => serde_json::from_str(&s)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))),
+    }
+}
+
+/// Columns: rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp.
+fn resource_from_row(r: &Row) -> rusqlite::Result<Resource> {
+    Ok(Resource {
+        key: ResourceKey(r.get(1)?),
+        location: location_from(r.get_ref(2)?.as_str()?, r.get(3)?)?,
+        meta: ResourceMeta {
+            length: r.get::<_, Option<i64>>(4)?.map(|l| l as u64),
+            md5: r.get(5)?,
+            mime: r.get(6)?,
+            lastmod: r.get::<_, Option<i64>>(7)?.map(Timestamp),
+            ln: links_from(r.get(8)?)?,
+        },
+        timestamp: Timestamp(r.get(9)?),
+    })
+}
+
+/// Columns: seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp.
+fn change_from_row(r: &Row) -> rusqlite::Result<Change> {
+    let change = ChangeType::parse(r.get_ref(4)?.as_str()?).ok_or_else(|| {
+        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, "change type".into())
+    })?;
+    Ok(Change {
+        id: r.get(0)?,
+        key: ResourceKey(r.get(1)?),
+        location: location_from(r.get_ref(2)?.as_str()?, r.get(3)?)?,
+        change,
+        datetime: Timestamp(r.get(5)?),
+        meta: ResourceMeta {
+            length: r.get::<_, Option<i64>>(6)?.map(|l| l as u64),
+            md5: r.get(7)?,
+            mime: r.get(8)?,
+            lastmod: r.get::<_, Option<i64>>(9)?.map(Timestamp),
+            ln: links_from(r.get(10)?)?,
+        },
+        timestamp: Timestamp(r.get(11)?),
+    })
+}

@@ -1,0 +1,227 @@
+//! The storage contract every backend fulfils, as a closed enum: resource sets, the current
+//! resources of a set in stable partitions with keyset paging, the change log by (datetime, id)
+//! with keyset paging, Change List bookkeeping, and one atomic *apply* that writes a resource
+//! document and its change document together. No offsets and no in-process joins, so a search
+//! engine backend can implement the same calls.
+
+mod embedded;
+
+use std::path::Path;
+
+pub use embedded::EmbeddedStore;
+
+use crate::model::{Change, NewChange, Resource, ResourceKey, SetName, Timestamp};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("store data is corrupt: {0}")]
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for StoreError {
+    fn from(e: rusqlite::Error) -> Self {
+        StoreError::Unavailable(e.to_string())
+    }
+}
+
+/// Why a batch was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    /// Change number `index` (0-based) of the batch cannot be applied; nothing was written.
+    #[error("change {index}: {reason}")]
+    Rejected { index: usize, reason: String },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// How a set's lists are cut, taken from the set's configuration at apply time.
+#[derive(Debug, Clone, Copy)]
+pub struct ListPolicy {
+    pub max_items: u32,
+    pub max_bytes: u64,
+    /// Close the open Change List once it is this old (0: only when full).
+    pub rollover_secs: u64,
+    /// How far in the future a change's `datetime` may lie.
+    pub max_future_skew_secs: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ApplyOutcome {
+    /// Whether the set did not exist before this batch.
+    pub set_created: bool,
+    /// `(index in batch, change id)` of every recorded change.
+    pub applied: Vec<(usize, i64)>,
+    /// `(index in batch, reason)` of changes that were valid but had nothing to do.
+    pub ignored: Vec<(usize, String)>,
+    /// Change Lists closed by this batch (rollover).
+    pub closed_lists: Vec<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetInfo {
+    pub name: SetName,
+    pub created_at: Timestamp,
+}
+
+/// One partition of a set's Resource List. Boundaries never move: resources join the last
+/// partition when first created and stay in theirs until deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartInfo {
+    pub no: u32,
+    pub count: u64,
+    /// Id of the last change that touched a resource of this part: the cache validator.
+    pub last_seq: i64,
+    pub last_change: Timestamp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChangeListInfo {
+    pub no: u32,
+    pub from: Timestamp,
+    /// `None` for the open list.
+    pub until: Option<Timestamp>,
+    pub count: u64,
+    pub last_seq: i64,
+    pub last_change: Option<Timestamp>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Counts {
+    pub resources: u64,
+    pub changes: u64,
+}
+
+/// An opaque keyset position, only meaningful to the backend that issued it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor(pub String);
+
+#[derive(Debug, Clone)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    /// Where the next page starts; `None` when this was the last.
+    pub next: Option<Cursor>,
+}
+
+/// The store: one of the backends.
+#[derive(Clone)]
+pub enum Store {
+    Embedded(EmbeddedStore),
+}
+
+impl Store {
+    /// Opens (creating on first start) the embedded database at `path`.
+    pub fn open_embedded(path: &Path) -> Result<Store, StoreError> {
+        Ok(Store::Embedded(EmbeddedStore::open(path)?))
+    }
+
+    /// Registers a set if it is new; returns whether it was created.
+    pub async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
+        match self {
+            Store::Embedded(s) => s.ensure_set(set, now).await,
+        }
+    }
+
+    pub async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.sets().await,
+        }
+    }
+
+    /// Applies a batch atomically: every change upserts or deletes its resource document and
+    /// appends its change document, all or nothing.
+    pub async fn apply(
+        &self,
+        set: &SetName,
+        changes: Vec<NewChange>,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        match self {
+            Store::Embedded(s) => s.apply(set, changes, policy, now).await,
+        }
+    }
+
+    /// Closes the open Change List if its period is over; returns the closed list's number.
+    pub async fn rollover_if_due(
+        &self,
+        set: &SetName,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<Option<u32>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.rollover_if_due(set, policy, now).await,
+        }
+    }
+
+    pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.parts(set).await,
+        }
+    }
+
+    /// Resources of a set (one part, or all parts with `None`) in stable order.
+    pub async fn resources(
+        &self,
+        set: &SetName,
+        part: Option<u32>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Resource>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.resources(set, part, after, limit).await,
+        }
+    }
+
+    pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.resource(set, key).await,
+        }
+    }
+
+    pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.changelists(set).await,
+        }
+    }
+
+    /// Changes of a set with `from <= datetime < until`, ordered by (datetime, id).
+    pub async fn changes(
+        &self,
+        set: &SetName,
+        from: Timestamp,
+        until: Option<Timestamp>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Change>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.changes(set, from, until, after, limit).await,
+        }
+    }
+
+    pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
+        match self {
+            Store::Embedded(s) => s.counts(set).await,
+        }
+    }
+
+    pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.latest_change(set).await,
+        }
+    }
+
+    /// Cheap liveness probe for `/readyz`.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.ping().await,
+        }
+    }
+}
+
+/// A conservative estimate of an entry's size in a sitemap, used to stay under 50 MB.
+pub fn entry_bytes_estimate(c: &NewChange) -> u64 {
+    let links: usize = c.meta.ln.iter().map(|l| 96 + 2 * l.href.value.len() + l.rel.len()).sum();
+    (320 + 2 * c.key.0.len() + c.meta.mime.as_deref().map_or(0, str::len) + links) as u64
+}

@@ -1,0 +1,3 @@
+//! Long-running loops, each `async fn run(ctx, cancel)`, racing every sleep against shutdown.
+
+pub mod rollover;
