@@ -183,6 +183,7 @@ impl Source {
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {
                 self.known_set(set).await?;
+                let latest_change = self.store.changelists(set).await?.iter().filter_map(|l| l.last_change).max();
                 let parts: Vec<PartInfo> = self.store.parts(set).await?.into_iter().filter(|p| p.count > 0).collect();
                 let indexed = parts.len() > 1;
                 let part = match kind {
@@ -209,11 +210,12 @@ impl Source {
                         indexed,
                         parts,
                         lists: vec![],
+                        latest_change,
                     }),
                     None => {
                         let nos: Vec<String> = parts.iter().map(|p| p.no.to_string()).collect();
                         let last = parts.iter().map(|p| p.last_change).max().unwrap_or(Timestamp(0));
-                        Ok(Plan { version: format!("index:{}", nos.join(",")), last_modified: last, part: None, indexed, parts, lists: vec![] })
+                        Ok(Plan { version: format!("index:{}", nos.join(",")), last_modified: last, part: None, indexed, parts, lists: vec![], latest_change })
                     }
                 }
             }
@@ -240,13 +242,19 @@ impl Source {
                     Some(l) => l.until.or(l.last_change).unwrap_or(l.from),
                     None => lists.iter().filter_map(|l| l.last_change.or(Some(l.from))).max().unwrap_or(Timestamp(0)),
                 };
-                Ok(Plan { version, last_modified, part: None, indexed, parts: vec![], lists: list.into_iter().chain(if indexed { lists } else { vec![] }).collect() })
+                let lists = list.into_iter().chain(if indexed { lists } else { vec![] }).collect();
+                Ok(Plan { version, last_modified, part: None, indexed, parts: vec![], lists, latest_change: None })
             }
         }
     }
 
     async fn generate(&self, kind: &DocKind, plan: &Plan) -> Result<(String, usize), SourceError> {
-        let at = Timestamp::now();
+        // A Resource List's `at` is just after the newest change it reflects (L + 1µs) when
+        // that is earlier than now. A change stamped before now but committed after this read
+        // is dated after L (the store dates changes strictly increasingly), so it cannot fall
+        // between the list and the Change List a destination reads next.
+        let now = Timestamp::now();
+        let at = plan.latest_change.map_or(now, |l| Timestamp(l.0 + 1).min(now));
         let out = match kind {
             DocKind::SourceDescription => {
                 let describedby = &self.config.source.describedby;
@@ -394,11 +402,13 @@ struct Plan {
     indexed: bool,
     parts: Vec<PartInfo>,
     lists: Vec<ChangeListInfo>,
+    /// Datetime of the newest change of the set visible when planning.
+    latest_change: Option<Timestamp>,
 }
 
 impl Plan {
     fn new(version: String, last_modified: Timestamp) -> Plan {
-        Plan { version, last_modified, part: None, indexed: false, parts: vec![], lists: vec![] }
+        Plan { version, last_modified, part: None, indexed: false, parts: vec![], lists: vec![], latest_change: None }
     }
 }
 

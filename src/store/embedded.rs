@@ -502,8 +502,15 @@ fn apply_tx(
                 })
             }
             Some(d) => d,
-            None => Timestamp(now.0.max(open.from)),
+            // Strictly after everything recorded so far: a reader that saw the newest change
+            // at L can promise that anything it did not see is dated after L.
+            None => Timestamp(now.0.max(open.from).max(open.max_dt.map_or(i64::MIN, |m| m + 1))),
         };
+        let mut c = c;
+        if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
+            // A destination needs a lastmod to audit; the change's own datetime is the best we know.
+            c.meta.lastmod = Some(datetime);
+        }
         let eb = entry_bytes_estimate(&c);
         if open.count >= policy.max_items as u64
             || (open.count > 0 && open.bytes + eb > policy.max_bytes)

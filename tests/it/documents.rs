@@ -1,0 +1,254 @@
+//! Every document type: structure a destination relies on, schema validity, HTTP caching.
+
+use std::collections::BTreeSet;
+
+use reqwest::header;
+use resourcesync_hub::config::DescribedBy;
+
+use crate::support::*;
+
+/// A set with files on disk, links, a url location, updates and deletes, and lists small
+/// enough (3 entries) that both indexes exist.
+async fn populated_app() -> (TestApp, tempfile::TempDir) {
+    let (mut c, dir) = test_config();
+    let root = dir.path().join("files");
+    std::fs::create_dir_all(&root).unwrap();
+    add_file_set(&mut c, "papers", &root, Some(3));
+    c.sets.get_mut("papers").unwrap().describedby =
+        vec![DescribedBy { href: "http://example.org/about-papers".into(), mime: Some("text/html".into()) }];
+    c.source.describedby = "http://example.org/about-hub".into();
+    let app = TestApp::start_with(c).await;
+    let mut lines = Vec::new();
+    for i in 0..7 {
+        let body = format!("paper {i}\n");
+        std::fs::write(root.join(format!("p{i}.txt")), &body).unwrap();
+        lines.push(format!(
+            r#"{{"change":"created","location":{{"type":"abs_path","value":"{}/p{i}.txt"}},"length":{},"md5":"{}","mime":"text/plain; charset=utf-8","lastmod":"2024-01-0{}T10:00:00+0000","ln":[{{"rel":"describedby","href":{{"type":"rel_path","value":"meta/p{i}.xml"}},"mime":"application/xml"}}]}}"#,
+            root.display(),
+            body.len(),
+            md5_hex(body.as_bytes()),
+            i + 1
+        ));
+    }
+    lines.push(r#"{"change":"created","location":{"type":"url","value":"http://mirror.example.org/x?a=1&b=2"},"mime":"application/pdf"}"#.into());
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    app.ingest_ok("papers", &change_line("updated", "p1.txt", &md5_hex(b"paper 1\n"), 8)).await;
+    app.ingest_ok("papers", &change_line("deleted", "p2.txt", "", 0)).await;
+    (app, dir)
+}
+
+#[tokio::test]
+async fn every_document_validates_and_links_up_and_to_its_index() {
+    let (app, _dir) = populated_app().await;
+    let mut docs: Vec<(String, String)> = Vec::new();
+
+    let (sd_body, sd) = app.get_doc("/.well-known/resourcesync").await;
+    assert_eq!(sd.md["capability"], "description");
+    assert_eq!(sd.link("describedby"), Some("http://example.org/about-hub"));
+    assert_eq!(sd.entries.len(), 1);
+    let cap_url = sd.entries[0].loc.clone();
+    assert_eq!(sd.entries[0].md["capability"], "capabilitylist");
+    assert_eq!(sd.entries[0].links[0]["href"], "http://example.org/about-papers");
+    docs.push(("sd".into(), sd_body));
+
+    let (cap_body, cap) = app.get_doc("/sets/papers/capabilitylist.xml").await;
+    assert_eq!(cap.md["capability"], "capabilitylist");
+    assert_eq!(cap.link("up"), Some(app.config.base_url() + "/.well-known/resourcesync").as_deref());
+    assert_eq!(cap.link("describedby"), Some("http://example.org/about-papers"));
+    let caps: Vec<_> = cap.entries.iter().map(|e| e.md["capability"].as_str()).collect();
+    assert_eq!(caps, ["resourcelist", "changelist"]);
+    docs.push(("cap".into(), cap_body));
+
+    // Resource List Index: 8 created, 1 deleted -> 7 resources over parts of at most 3.
+    let (rli_body, rli) = app.get_doc("/sets/papers/resourcelist.xml").await;
+    assert!(rli.is_index);
+    assert_eq!(rli.md["capability"], "resourcelist");
+    assert!(rli.md.contains_key("at"));
+    assert_eq!(rli.link("up"), Some(cap_url.as_str()));
+    docs.push(("rli".into(), rli_body));
+    let mut locs = Vec::new();
+    for part in &rli.entries {
+        let (body, doc) = app.get_doc(&app.real(&part.loc)[app.url("").len()..]).await;
+        assert!(!doc.is_index);
+        assert_eq!(doc.md["capability"], "resourcelist");
+        assert!(doc.md.contains_key("at") && doc.md.contains_key("completed"), "{body}");
+        assert_eq!(doc.link("up"), Some(cap_url.as_str()));
+        assert_eq!(doc.link("index"), Some((app.config.base_url() + "/sets/papers/resourcelist.xml").as_str()));
+        assert!(doc.entries.len() <= 3);
+        for e in &doc.entries {
+            locs.push(e.loc.clone());
+            if e.loc.ends_with(".txt") {
+                assert!(e.md["hash"].starts_with("md5:"), "{e:?}");
+                assert_eq!(e.md["type"], "text/plain", "parameters stripped");
+                assert!(e.lastmod.is_some());
+                if e.loc.ends_with("/p0.txt") {
+                    assert_eq!(e.links[0]["rel"], "describedby");
+                    assert_eq!(e.links[0]["href"], app.config.base_url() + "/files/papers/meta/p0.xml");
+                    assert_eq!(e.links[0]["type"], "application/xml");
+                }
+            }
+        }
+        docs.push((part.loc.clone(), body));
+    }
+    let unique: BTreeSet<_> = locs.iter().cloned().collect();
+    assert_eq!(locs.len(), 7);
+    assert_eq!(unique.len(), 7);
+    assert!(!locs.iter().any(|l| l.ends_with("p2.txt")), "deleted resource listed");
+    assert!(locs.contains(&"http://mirror.example.org/x?a=1&b=2".to_string()));
+
+    // Change List Index over 10 changes with 3 per list: 3 closed lists and an open one.
+    let (cli_body, cli) = app.get_doc("/sets/papers/changelist.xml").await;
+    assert!(cli.is_index);
+    assert_eq!(cli.md["capability"], "changelist");
+    assert_eq!(cli.link("up"), Some(cap_url.as_str()));
+    docs.push(("cli".into(), cli_body));
+    assert_eq!(cli.entries.len(), 4);
+    let mut all = Vec::new();
+    let mut prev_until: Option<String> = None;
+    for (i, l) in cli.entries.iter().enumerate() {
+        let closed = i < 3;
+        assert_eq!(l.md.contains_key("until"), closed, "{l:?}");
+        if let Some(u) = &prev_until {
+            assert_eq!(&l.md["from"], u, "consecutive intervals");
+        }
+        prev_until = l.md.get("until").cloned();
+        let (body, doc) = app.get_doc(&app.real(&l.loc)[app.url("").len()..]).await;
+        assert_eq!(doc.md["capability"], "changelist");
+        assert_eq!(doc.md["from"], l.md["from"]);
+        assert_eq!(doc.md.get("until"), l.md.get("until"));
+        assert_eq!(doc.link("index"), Some((app.config.base_url() + "/sets/papers/changelist.xml").as_str()));
+        assert_eq!(doc.link("up"), Some(cap_url.as_str()));
+        for e in &doc.entries {
+            let dt = &e.md["datetime"];
+            assert!(dt >= &doc.md["from"], "{dt} before from");
+            if let Some(u) = doc.md.get("until") {
+                assert!(dt < u, "{dt} not before until {u}");
+            }
+            assert_eq!(e.lastmod.is_some(), e.md["change"] != "deleted", "lastmod on created/updated only: {e:?}");
+            all.push((dt.clone(), e.md["change"].clone(), e.loc.clone()));
+        }
+        docs.push((l.loc.clone(), body));
+    }
+    assert_eq!(all.len(), 10);
+    let mut sorted = all.clone();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(all, sorted, "forward chronological order");
+    assert_eq!(all[8].1, "updated");
+    assert_eq!(all[9].1, "deleted");
+
+    let refs: Vec<(&str, &str)> = docs.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    assert_valid(&refs);
+
+    // A served resource is the bytes its entry describes.
+    let f = app.client.get(app.url("/files/papers/p1.txt")).send().await.unwrap();
+    assert_eq!(f.status(), 200);
+    assert_eq!(f.text().await.unwrap(), "paper 1\n");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn single_lists_are_plain_urlsets_and_empty_sets_validate() {
+    let app = TestApp::start().await;
+    app.ingest_ok("fresh", &change_line("created", "a.txt", &md5_hex(b"a"), 1)).await;
+    let (rl_body, rl) = app.get_doc("/sets/fresh/resourcelist.xml").await;
+    assert!(!rl.is_index);
+    assert_eq!(rl.link("index"), None);
+    let (cl_body, cl) = app.get_doc("/sets/fresh/changelist.xml").await;
+    assert!(!cl.is_index);
+    assert!(!cl.md.contains_key("until"), "the only list is open");
+    assert_eq!(cl.entries.len(), 1);
+    let (sd_body, sd) = app.get_doc("/.well-known/resourcesync").await;
+    assert_eq!(sd.entries.len(), 1, "the set was created by its first change");
+    // A set with everything deleted still serves valid (empty) lists.
+    app.ingest_ok("fresh", &change_line("deleted", "a.txt", "", 0)).await;
+    let (empty_rl, doc) = app.get_doc("/sets/fresh/resourcelist.xml").await;
+    assert!(doc.entries.is_empty());
+    assert_valid(&[("rl", &rl_body), ("cl", &cl_body), ("sd", &sd_body), ("empty", &empty_rl)]);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn conditional_get_gzip_and_not_found() {
+    let (app, _dir) = populated_app().await;
+    let plain = reqwest::Client::builder().no_proxy().no_gzip().build().unwrap();
+    let url = app.url("/sets/papers/changelist/1.xml");
+    let r = plain.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.headers()[header::CONTENT_TYPE], "application/xml");
+    let etag = r.headers()[header::ETAG].to_str().unwrap().to_string();
+    let lm = r.headers()[header::LAST_MODIFIED].to_str().unwrap().to_string();
+    let r = plain.get(&url).header(header::IF_NONE_MATCH, &etag).send().await.unwrap();
+    assert_eq!(r.status(), 304);
+    assert!(r.bytes().await.unwrap().is_empty());
+    let r = plain.get(&url).header(header::IF_MODIFIED_SINCE, &lm).send().await.unwrap();
+    assert_eq!(r.status(), 304);
+    let r = plain.get(&url).header(header::IF_NONE_MATCH, "\"other\"").send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    // The open list changes when a change arrives: the old ETag no longer matches.
+    let open = app.url("/sets/papers/changelist/4.xml");
+    let etag = plain.get(&open).send().await.unwrap().headers()[header::ETAG].to_str().unwrap().to_string();
+    app.ingest_ok("papers", &change_line("updated", "p3.txt", &md5_hex(b"x"), 1)).await;
+    let r = plain.get(&open).header(header::IF_NONE_MATCH, &etag).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+
+    let r = plain.get(&url).header(header::ACCEPT_ENCODING, "gzip").send().await.unwrap();
+    assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+
+    for path in ["/sets/nope/resourcelist.xml", "/sets/papers/resourcelist/99.xml", "/sets/papers/changelist/x.xml", "/nothing"] {
+        let r = plain.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{path}");
+    }
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_change_regenerates_only_the_part_under_it() {
+    let (app, _dir) = populated_app().await;
+    let get = |p: &'static str| {
+        let app = &app;
+        async move {
+            let r = app.client.get(app.url(p)).send().await.unwrap();
+            let etag = r.headers()[header::ETAG].to_str().unwrap().to_string();
+            (etag, r.text().await.unwrap())
+        }
+    };
+    let (e1, b1) = get("/sets/papers/resourcelist/1.xml").await;
+    let (e2, b2) = get("/sets/papers/resourcelist/2.xml").await;
+    // p1.txt lives in part 1 (insertion order); update it.
+    app.ingest_ok("papers", &change_line("updated", "p1.txt", &md5_hex(b"new"), 3)).await;
+    let (e1b, b1b) = get("/sets/papers/resourcelist/1.xml").await;
+    let (e2b, b2b) = get("/sets/papers/resourcelist/2.xml").await;
+    assert_ne!(e1, e1b);
+    assert_ne!(b1, b1b);
+    assert!(b1b.contains(&md5_hex(b"new")));
+    assert_eq!(e2, e2b, "part 2 was not regenerated");
+    assert_eq!(b2, b2b, "part 2 is byte-identical, `at` included");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_open_change_list_closes_when_its_period_is_over() {
+    let (mut c, _dir) = test_config();
+    c.set_defaults.changelist_rollover_secs = 1;
+    c.source.rollover_check_secs = 1;
+    let app = TestApp::start_with(c).await;
+    app.ingest_ok("s", &change_line("created", "a.txt", &md5_hex(b"a"), 1)).await;
+    let mut closed = false;
+    for _ in 0..40 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let (_, doc) = app.get_doc("/sets/s/changelist.xml").await;
+        if doc.is_index {
+            assert_eq!(doc.entries.len(), 2);
+            assert!(doc.entries[0].md.contains_key("until"));
+            closed = true;
+            break;
+        }
+    }
+    assert!(closed, "the list was not closed within 4 s of a 1 s period");
+    // An empty open list is not closed again.
+    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    let (_, doc) = app.get_doc("/sets/s/changelist.xml").await;
+    assert_eq!(doc.entries.len(), 2);
+    app.stop().await;
+}

@@ -1,0 +1,10 @@
+//! The integration tests: one binary, the real server in-process (see `support`).
+
+mod support;
+
+mod documents;
+mod ingest;
+mod resync;
+mod restart;
+mod scale;
+mod store_contract;

@@ -1,0 +1,163 @@
+//! The test harness: `TestApp` runs the real server in-process on 127.0.0.1:0 with its own
+//! data directory, and can be stopped and started again on the same data.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use resourcesync_hub::config::{Config, SetOverrides};
+use resourcesync_hub::sitemap::{self, Document};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub struct TestApp {
+    /// Where the server really listens (documents may advertise another base URL).
+    pub addr: String,
+    pub config: Config,
+    pub client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<JoinHandle<anyhow::Result<()>>>,
+    _data: Option<tempfile::TempDir>,
+}
+
+/// A configuration on a fresh temporary data directory.
+pub fn test_config() -> (Config, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = Config::defaults();
+    c.server.listen = "127.0.0.1:0".into();
+    c.server.data_dir = dir.path().join("data");
+    c.server.shutdown_grace_secs = 2;
+    (c, dir)
+}
+
+/// Adds a set whose files live in `root` and are served by the hub itself.
+pub fn add_file_set(c: &mut Config, name: &str, root: &Path, max_items: Option<u32>) {
+    c.sets.insert(
+        name.into(),
+        SetOverrides { resource_root_dir: Some(root.to_path_buf()), max_items_in_list: max_items, ..Default::default() },
+    );
+}
+
+impl TestApp {
+    pub async fn start() -> TestApp {
+        let (c, dir) = test_config();
+        let mut app = TestApp::start_with(c).await;
+        app._data = Some(dir);
+        app
+    }
+
+    /// Starts on a given configuration (its data directory is the caller's).
+    pub async fn start_with(config: Config) -> TestApp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let mut effective = config.clone();
+        resourcesync_hub::app::resolve_base_url(&mut effective, listener.local_addr().unwrap());
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(resourcesync_hub::app::run(config, listener, async move {
+            let _ = rx.await;
+        }));
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let app = TestApp { addr, config: effective, client, stop: Some(tx), handle: Some(handle), _data: None };
+        // Wait until it answers.
+        for _ in 0..100 {
+            if app.client.get(app.url("/healthz")).send().await.is_ok() {
+                return app;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        panic!("server did not come up");
+    }
+
+    /// Stops the server and waits for it to finish; returns the temp dir to keep it alive.
+    pub async fn stop(mut self) -> Option<tempfile::TempDir> {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(h) = self.handle.take() {
+            h.await.unwrap().unwrap();
+        }
+        self._data.take()
+    }
+
+    /// A URL on the real listening address.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    /// Maps an advertised URL (under the configured base URL) to the real address.
+    pub fn real(&self, advertised: &str) -> String {
+        let base = self.config.base_url();
+        match advertised.strip_prefix(&base) {
+            Some(path) => self.url(path),
+            None => advertised.to_string(),
+        }
+    }
+
+    pub async fn get_text(&self, path: &str) -> String {
+        let r = self.client.get(self.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "GET {path}");
+        r.text().await.unwrap()
+    }
+
+    pub async fn get_doc(&self, path: &str) -> (String, Document) {
+        let body = self.get_text(path).await;
+        let doc = sitemap::parse(body.as_bytes()).unwrap_or_else(|e| panic!("{path}: {e}\n{body}"));
+        (body, doc)
+    }
+
+    pub async fn ingest(&self, set: &str, ndjson: &str) -> reqwest::Response {
+        self.client
+            .post(self.url(&format!("/api/v1/resource-sets/{set}/changes")))
+            .header("content-type", "application/x-ndjson")
+            .body(ndjson.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Ingests and insists on success; returns the report.
+    pub async fn ingest_ok(&self, set: &str, ndjson: &str) -> serde_json::Value {
+        let r = self.ingest(set, ndjson).await;
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "ingest failed: {body}");
+        body
+    }
+}
+
+/// One NDJSON change line for a rel_path resource.
+pub fn change_line(change: &str, rel: &str, md5: &str, length: u64) -> String {
+    if change == "deleted" {
+        return format!(r#"{{"change":"deleted","location":{{"type":"rel_path","value":"{rel}"}}}}"#);
+    }
+    format!(
+        r#"{{"change":"{change}","location":{{"type":"rel_path","value":"{rel}"}},"length":{length},"md5":"{md5}","mime":"text/plain","lastmod":"2024-01-01T00:00:00Z"}}"#
+    )
+}
+
+pub fn md5_hex(data: &[u8]) -> String {
+    use md5::{Digest, Md5};
+    resourcesync_hub::source::hex_digest(Md5::digest(data))
+}
+
+/// `shared/` beside the repository (CI clones it there), or `RSHUB_SHARED_DIR`.
+pub fn shared_dir() -> PathBuf {
+    std::env::var_os("RSHUB_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
+}
+
+/// Validates documents with shared/tools/validate-rs-xml; panics with its report otherwise.
+pub fn assert_valid(docs: &[(&str, &str)]) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut paths = Vec::new();
+    for (i, (name, body)) in docs.iter().enumerate() {
+        let p = dir.path().join(format!("{i:03}-{}.xml", name.replace(['/', ':'], "_")));
+        std::fs::write(&p, body).unwrap();
+        paths.push(p);
+    }
+    let tool = shared_dir().join("tools/validate-rs-xml");
+    let out = Command::new("python3").arg(&tool).args(&paths).output().expect("run validate-rs-xml");
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "validate-rs-xml failed:\n{report}{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(report.lines().filter(|l| l.contains(": VALID")).count(), docs.len(), "{report}");
+}
