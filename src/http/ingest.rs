@@ -49,3 +49,32 @@ pub fn authorize(token: &str, headers: &HeaderMap, peer: Peer) -> Result<(), App
         Err(AppError::Forbidden("the ingest token is wrong".into()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::extract::ConnectInfo;
+
+    fn peer(ip: &str) -> Peer {
+        ConnectInfo(format!("{ip}:5000").parse().unwrap())
+    }
+
+    #[test]
+    fn without_a_token_only_loopback_may_ingest() {
+        let h = HeaderMap::new();
+        assert!(authorize("", &h, peer("127.0.0.1")).is_ok());
+        assert!(authorize("", &h, peer("[::1]")).is_ok());
+        let e = authorize("", &h, peer("192.0.2.7")).unwrap_err();
+        assert!(matches!(e, AppError::Forbidden(ref m) if m.contains("RSHUB_INGEST_TOKEN")), "{e}");
+    }
+
+    #[test]
+    fn with_a_token_every_peer_needs_it() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(authorize("t0k", &h, peer("127.0.0.1")), Err(AppError::Unauthorized(_))));
+        h.insert(header::AUTHORIZATION, "Bearer t0k".parse().unwrap());
+        assert!(authorize("t0k", &h, peer("192.0.2.7")).is_ok());
+        h.insert(header::AUTHORIZATION, "Bearer t0".parse().unwrap());
+        assert!(matches!(authorize("t0k", &h, peer("127.0.0.1")), Err(AppError::Forbidden(_))));
+    }
+}

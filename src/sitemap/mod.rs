@@ -148,11 +148,13 @@ impl SitemapWriter {
         self.entries == 0
     }
 
+    /// The document. The small header is inserted in front of the body in place, so a large
+    /// page is never held twice.
     pub fn finish(self) -> String {
         let close = self.root.tags().0;
-        let mut out = String::with_capacity(self.head.len() + self.body.len() + close.len() + 4);
-        out.push_str(&self.head);
-        out.push_str(&self.body);
+        let mut out = self.body;
+        out.reserve(self.head.len() + close.len() + 4);
+        out.insert_str(0, &self.head);
         out.push_str("</");
         out.push_str(close);
         out.push_str(">\n");

@@ -2,6 +2,7 @@
 
 mod support;
 
+mod cli;
 mod documents;
 mod ingest;
 mod resync;

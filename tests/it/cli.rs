@@ -1,0 +1,108 @@
+//! The binary itself: `import` scans a folder, `serve` starts and stops on SIGTERM, bad
+//! configuration fails with a clear message.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_resourcesync-hub");
+
+fn import(dir: &std::path::Path, data: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(BIN).args(["import"]).arg(dir).args(["--set", "docs", "--data-dir"]).arg(data).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn import_records_created_updated_deleted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, data) = (tmp.path().join("docs"), tmp.path().join("data"));
+    std::fs::create_dir_all(dir.join("sub")).unwrap();
+    for i in 0..5 {
+        std::fs::write(dir.join(format!("sub/f{i}.txt")), format!("file {i}")).unwrap();
+    }
+    let r = import(&dir, &data);
+    assert_eq!((r["created"].as_u64(), r["scanned"].as_u64()), (Some(5), Some(5)), "{r}");
+    let r = import(&dir, &data);
+    assert_eq!(r["unchanged"], 5, "a second scan finds nothing new: {r}");
+
+    std::fs::write(dir.join("sub/f1.txt"), "changed").unwrap();
+    std::fs::remove_file(dir.join("sub/f2.txt")).unwrap();
+    std::fs::write(dir.join("new.pdf"), "pdf").unwrap();
+    let r = import(&dir, &data);
+    assert_eq!((r["created"].as_u64(), r["updated"].as_u64(), r["deleted"].as_u64(), r["unchanged"].as_u64()), (Some(1), Some(1), Some(1), Some(3)), "{r}");
+
+    let out = Command::new(BIN).args(["import", "/nonexistent/dir", "--set", "docs", "--data-dir"]).arg(&data).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory"));
+}
+
+#[test]
+fn serve_answers_and_stops_on_sigterm() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["serve", "--demo", "--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(tmp.path())
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut addr = None;
+    let mut log = String::new();
+    for _ in 0..50 {
+        let mut line = String::new();
+        if stderr.read_line(&mut line).unwrap() == 0 {
+            break;
+        }
+        log.push_str(&line);
+        if let Some(i) = line.find("addr=") {
+            addr = Some(line[i + 5..].split_whitespace().next().unwrap().to_string());
+            break;
+        }
+    }
+    let addr = addr.unwrap_or_else(|| panic!("no listening line in:\n{log}"));
+    assert!(log.contains("answers only loopback clients"), "startup log warns about ingest: {log}");
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = reqwest::Client::builder().no_proxy().build().unwrap();
+        assert_eq!(c.get(format!("http://{addr}/readyz")).send().await.unwrap().status(), 200);
+        let sd = c.get(format!("http://{addr}/.well-known/resourcesync")).send().await.unwrap().text().await.unwrap();
+        assert!(sd.contains("/sets/demo/capabilitylist.xml"), "{sd}");
+        let rl = c.get(format!("http://{addr}/sets/demo/resourcelist.xml")).send().await.unwrap().text().await.unwrap();
+        assert_eq!(rl.matches("<url>").count(), 24, "the demo set's 24 files");
+        let file = c.get(format!("http://{addr}/files/demo/papers/paper-001.txt")).send().await.unwrap();
+        assert_eq!(file.status(), 200);
+    });
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    assert!(status.success(), "graceful shutdown exits 0, got {status}");
+}
+
+#[test]
+fn bad_configuration_is_a_clear_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let out = Command::new(BIN).args(args).arg("--data-dir").arg(tmp.path()).envs(env.iter().copied()).output().unwrap();
+        assert!(!out.status.success(), "{args:?} should fail");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    assert!(run(&["serve", "--config", "/nonexistent.toml"], &[]).contains("/nonexistent.toml does not exist"));
+    let e = run(&["serve", "--listen", "127.0.0.1:0"], &[("RSHUB_SET_DEFAULTS__MAX_ITEMS_IN_LIST", "60000")]);
+    assert!(e.contains("max_items_in_list = 60000: must be between 1 and 50000"), "{e}");
+    let cfg = tmp.path().join("c.toml");
+    std::fs::write(&cfg, "[sets.papers]\nurl_prefx = \"http://x/\"\n").unwrap();
+    let e = run(&["serve", "--config", cfg.to_str().unwrap()], &[]);
+    assert!(e.contains("url_prefx"), "unknown keys in a set are named: {e}");
+    let e = run(&["serve", "--listen", "nonsense"], &[]);
+    assert!(e.contains("server.listen"), "{e}");
+}
+
+#[test]
+fn config_prints_the_commented_defaults() {
+    let out = Command::new(BIN).arg("config").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("[set_defaults]") && text.contains("max_items_in_list = 50000"));
+}
