@@ -577,52 +577,40 @@ fn apply_tx(
                 }
             }
             (ChangeType::Deleted, None) => unreachable!("handled above"),
-            (_, Some((rid, part, bytes))) => {
-                tx.prepare_cached(
-                    "UPDATE resources SET loc_type = ?2, loc_value = ?3, length = ?4, md5 = ?5, mime = ?6, \
-                     lastmod = ?7, ln = ?8, timestamp = ?9, bytes = ?10 WHERE rid = ?1",
-                )
-                .map_err(sql_err)?
-                .execute(params![
-                    rid,
-                    c.location.kind.as_str(),
-                    c.location.value,
-                    c.meta.length.map(|l| l as i64),
-                    c.meta.md5,
-                    c.meta.mime,
-                    c.meta.lastmod.map(|t| t.0),
-                    ln,
-                    now.0,
-                    eb as i64
-                ])
-                .map_err(sql_err)?;
-                touch_part(part, 0, eb as i64 - bytes)?;
-                if let Some(lp) = last_part.as_mut().filter(|lp| lp.no == part) {
-                    lp.bytes = (lp.bytes as i64 + eb as i64 - bytes).max(0) as u64;
-                }
-            }
-            (_, None) => {
-                let part = match &mut last_part {
-                    Some(lp) if lp.count < policy.max_items as u64 && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes) => {
-                        lp.count += 1;
-                        lp.bytes += eb;
-                        lp.no
+            (_, existing) => {
+                let (part, dcount, old_bytes) = match existing {
+                    Some((_, part, bytes)) => {
+                        if let Some(lp) = last_part.as_mut().filter(|lp| lp.no == part) {
+                            lp.bytes = (lp.bytes as i64 + eb as i64 - bytes).max(0) as u64;
+                        }
+                        (part, 0, bytes)
                     }
-                    _ => {
-                        let no = last_part.as_ref().map_or(1, |lp| lp.no + 1);
-                        tx.prepare_cached(
-                            "INSERT INTO rl_parts (set_name, part, count, bytes, last_seq, last_change) VALUES (?1, ?2, 0, 0, 0, 0)",
-                        )
-                        .map_err(sql_err)?
-                        .execute(params![set.as_str(), no])
-                        .map_err(sql_err)?;
-                        last_part = Some(LastPart { no, count: 1, bytes: eb });
-                        no
-                    }
+                    None => match &mut last_part {
+                        Some(lp) if lp.count < policy.max_items as u64 && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes) => {
+                            lp.count += 1;
+                            lp.bytes += eb;
+                            (lp.no, 1, 0)
+                        }
+                        _ => {
+                            let no = last_part.as_ref().map_or(1, |lp| lp.no + 1);
+                            tx.prepare_cached(
+                                "INSERT INTO rl_parts (set_name, part, count, bytes, last_seq, last_change) VALUES (?1, ?2, 0, 0, 0, 0)",
+                            )
+                            .map_err(sql_err)?
+                            .execute(params![set.as_str(), no])
+                            .map_err(sql_err)?;
+                            last_part = Some(LastPart { no, count: 1, bytes: eb });
+                            (no, 1, 0)
+                        }
+                    },
                 };
+                // One upsert for both: an existing resource keeps its part.
                 tx.prepare_cached(
                     "INSERT INTO resources (set_name, key, part, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp, bytes) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+                     ON CONFLICT (set_name, key) DO UPDATE SET loc_type = excluded.loc_type, loc_value = excluded.loc_value, \
+                     length = excluded.length, md5 = excluded.md5, mime = excluded.mime, lastmod = excluded.lastmod, \
+                     ln = excluded.ln, timestamp = excluded.timestamp, bytes = excluded.bytes",
                 )
                 .map_err(sql_err)?
                 .execute(params![
@@ -640,7 +628,7 @@ fn apply_tx(
                     eb as i64
                 ])
                 .map_err(sql_err)?;
-                touch_part(part, 1, eb as i64)?;
+                touch_part(part, dcount, eb as i64 - old_bytes)?;
             }
         }
     }

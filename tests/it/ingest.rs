@@ -22,7 +22,7 @@ async fn a_bad_line_refuses_the_whole_batch_with_every_reason() {
         change_line("created", "ok.txt", &md5_hex(b"o"), 1),
         "{not json".into(),
         r#"{"change":"created","location":{"type":"rel_path","value":"../../etc/passwd"}}"#.into(),
-        format!(r#"{{"change":"created","location":{{"type":"abs_path","value":"/etc/passwd"}}}}"#),
+        r#"{"change":"created","location":{"type":"abs_path","value":"/etc/passwd"}}"#.to_string(),
         r#"{"change":"created","location":{"type":"rel_path","value":"x"},"md5":"nothex"}"#.into(),
         r#"{"change":"created","location":{"type":"rel_path","value":"x"},"ln":[{"rel":"described by","href":{"type":"url","value":"http://x/"}}]}"#.into(),
     ]
