@@ -6,8 +6,9 @@ use std::process::Command;
 
 use crate::support::*;
 
-fn resync(args: &[&str]) -> String {
-    let out = Command::new("resync-sync").args(args).output().expect("resync-sync on PATH (pip install resync)");
+/// Runs resync-sync in `cwd` (where it keeps its `.resync-client-status.cfg`).
+fn resync(cwd: &Path, args: &[&str]) -> String {
+    let out = Command::new("resync-sync").current_dir(cwd).args(args).output().expect("resync-sync on PATH (pip install resync)");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(!text.contains("Traceback") && !text.contains("FatalError"), "resync-sync {args:?} failed:\n{text}");
     text
@@ -42,16 +43,14 @@ async fn resync_client_baseline_incremental_audit() {
 
     let cap = format!("{}/sets/s/capabilitylist.xml", app.config.base_url());
     let mapping = format!("{}/files/s/={}", app.config.base_url(), dest.display());
-    let dest_s = dest.display().to_string();
     let run = |mode: &str, extra: &[&str]| {
         let mut args = vec![mode, "--capabilitylist", &cap, "--delete", "--verbose"];
         args.extend_from_slice(extra);
         args.push(&mapping);
         let args: Vec<String> = args.into_iter().map(String::from).collect();
-        let dest_s = dest_s.clone();
+        let cwd = dir.path().to_path_buf();
         async move {
-            let _ = dest_s;
-            tokio::task::spawn_blocking(move || resync(&args.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap()
+            tokio::task::spawn_blocking(move || resync(&cwd, &args.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap()
         }
     };
     let out = run("--baseline", &[]).await;
