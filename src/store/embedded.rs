@@ -471,7 +471,7 @@ fn apply_tx(
     let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
     let sql_err = |e: rusqlite::Error| ApplyError::Store(e.into());
 
-    for (index, c) in changes.into_iter().enumerate() {
+    for (index, mut c) in changes.into_iter().enumerate() {
         let existing: Option<(i64, u32, i64)> = tx
             .prepare_cached("SELECT rid, part, bytes FROM resources WHERE set_name = ?1 AND key = ?2")
             .map_err(sql_err)?
@@ -506,7 +506,6 @@ fn apply_tx(
             // at L can promise that anything it did not see is dated after L.
             None => Timestamp(now.0.max(open.from).max(open.max_dt.map_or(i64::MIN, |m| m + 1))),
         };
-        let mut c = c;
         if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
             // A destination needs a lastmod to audit; the change's own datetime is the best we know.
             c.meta.lastmod = Some(datetime);

@@ -68,7 +68,7 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
     docs.push(("rli".into(), rli_body));
     let mut locs = Vec::new();
     for part in &rli.entries {
-        let (body, doc) = app.get_doc(&app.real(&part.loc)[app.url("").len()..]).await;
+        let (body, doc) = app.get_doc(&app.path_of(&part.loc)).await;
         assert!(!doc.is_index);
         assert_eq!(doc.md["capability"], "resourcelist");
         assert!(doc.md.contains_key("at") && doc.md.contains_key("completed"), "{body}");
@@ -112,7 +112,7 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
             assert_eq!(&l.md["from"], u, "consecutive intervals");
         }
         prev_until = l.md.get("until").cloned();
-        let (body, doc) = app.get_doc(&app.real(&l.loc)[app.url("").len()..]).await;
+        let (body, doc) = app.get_doc(&app.path_of(&l.loc)).await;
         assert_eq!(doc.md["capability"], "changelist");
         assert_eq!(doc.md["from"], l.md["from"]);
         assert_eq!(doc.md.get("until"), l.md.get("until"));

@@ -21,7 +21,7 @@ async fn all_documents(app: &TestApp) -> Vec<(String, String)> {
     for index in ["/sets/s/resourcelist.xml", "/sets/s/changelist.xml"] {
         let (_, doc) = app.get_doc(index).await;
         for e in doc.entries {
-            paths.push(app.real(&e.loc)[app.url("").len()..].to_string());
+            paths.push(app.path_of(&e.loc));
         }
     }
     let mut out = Vec::new();
@@ -67,7 +67,7 @@ async fn restart_serves_the_same_documents() {
     // And it carries on where it stopped.
     app.ingest_ok("s", &change_line("created", "after.txt", &md5_hex(b"a"), 1)).await;
     let (_, cl) = app.get_doc("/sets/s/changelist.xml").await;
-    let (_, open) = app.get_doc(&app.real(&cl.entries.last().unwrap().loc)[app.url("").len()..]).await;
+    let (_, open) = app.get_doc(&app.path_of(&cl.entries.last().unwrap().loc)).await;
     assert!(open.entries.iter().any(|e| e.loc.ends_with("/after.txt")));
     app.stop().await;
 }

@@ -83,13 +83,11 @@ impl TestApp {
         format!("http://{}{}", self.addr, path)
     }
 
-    /// Maps an advertised URL (under the configured base URL) to the real address.
-    pub fn real(&self, advertised: &str) -> String {
+    /// The request path of a URL the server advertises under its base URL (which may differ
+    /// from the address it really listens on).
+    pub fn path_of(&self, advertised: &str) -> String {
         let base = self.config.base_url();
-        match advertised.strip_prefix(&base) {
-            Some(path) => self.url(path),
-            None => advertised.to_string(),
-        }
+        advertised.strip_prefix(&base).unwrap_or_else(|| panic!("{advertised} is not under {base}")).to_string()
     }
 
     pub async fn get_text(&self, path: &str) -> String {
