@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
+use crate::hub::Hub;
 use crate::model::{SetName, Timestamp};
 use crate::source::Source;
 use crate::store::Store;
@@ -45,6 +46,7 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
             tracing::info!(set = %set, "configured resource set registered");
         }
     }
+    let hub = Hub::start(&config, store.clone()).await?;
     let source = Arc::new(Source::new(config.clone(), store));
     if config.ingest.token.is_empty() {
         tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
@@ -52,7 +54,10 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     let cancel = CancellationToken::new();
     let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
 
-    let app = http::router(AppState { config: config.clone(), source });
+    if config.hub.publisher_token.is_empty() {
+        tracing::info!("hub.publisher_token is not set: fat pings (POSTed payloads) are refused");
+    }
+    let app = http::router(AppState { config: config.clone(), source, hub: hub.clone() });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
@@ -75,6 +80,7 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
         },
     }
     let _ = rollover.await;
+    hub.shutdown().await;
     Ok(())
 }
 

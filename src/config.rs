@@ -23,6 +23,7 @@ pub struct Config {
     pub store: StoreConfig,
     pub ingest: IngestConfig,
     pub source: SourceConfig,
+    pub hub: HubConfig,
     pub set_defaults: SetDefaults,
     #[serde(default)]
     pub sets: BTreeMap<String, SetOverrides>,
@@ -54,6 +55,27 @@ pub struct SourceConfig {
     pub cache_max_bytes: usize,
     pub store_page_size: usize,
     pub rollover_check_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct HubConfig {
+    pub path: String,
+    pub topic_path: String,
+    pub publisher_token: String,
+    pub signature_algorithm: String,
+    pub lease_default_secs: u64,
+    pub lease_min_secs: u64,
+    pub lease_max_secs: u64,
+    pub topic_prefixes: Vec<String>,
+    pub allow_networks: Vec<String>,
+    pub retry_schedule_secs: Vec<u64>,
+    pub retry_jitter: f64,
+    pub max_retry_after_secs: u64,
+    pub request_timeout_secs: u64,
+    pub max_concurrent_deliveries: usize,
+    pub max_body_bytes: usize,
+    pub requests_per_callback_per_minute: u32,
+    pub history_days: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -163,6 +185,7 @@ impl Config {
         if self.source.store_page_size == 0 {
             return bad("source.store_page_size must be at least 1".into());
         }
+        self.validate_hub()?;
         check_max_items("set_defaults", self.set_defaults.max_items_in_list)?;
         for (name, set) in &self.sets {
             if let Err(reason) = crate::model::SetName::parse(name) {
@@ -182,6 +205,62 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    fn validate_hub(&self) -> Result<(), ConfigError> {
+        let h = &self.hub;
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        for (key, p) in [("hub.path", &h.path), ("hub.topic_path", &h.topic_path)] {
+            if !p.starts_with('/') || p.len() < 2 || p.ends_with('/') || p.contains(['?', '#', '{', '}']) {
+                return bad(format!("{key} {p:?} must be a path like \"/hub\" (leading '/', no trailing '/')"));
+            }
+        }
+        if crate::hub::SignatureAlg::parse(&h.signature_algorithm).is_none() {
+            return bad(format!(
+                "hub.signature_algorithm {:?} must be one of sha1, sha256, sha384, sha512",
+                h.signature_algorithm
+            ));
+        }
+        if h.lease_min_secs == 0 || h.lease_min_secs > h.lease_max_secs {
+            return bad(format!(
+                "hub leases: need 0 < lease_min_secs ({}) <= lease_max_secs ({})",
+                h.lease_min_secs, h.lease_max_secs
+            ));
+        }
+        if !(h.lease_min_secs..=h.lease_max_secs).contains(&h.lease_default_secs) {
+            return bad(format!(
+                "hub.lease_default_secs ({}) must lie between lease_min_secs and lease_max_secs",
+                h.lease_default_secs
+            ));
+        }
+        for net in &h.allow_networks {
+            if net.parse::<ipnet::IpNet>().is_err() {
+                return bad(format!("hub.allow_networks: {net:?} is not a network like 10.0.0.0/8 or ::1/128"));
+            }
+        }
+        for p in &h.topic_prefixes {
+            match url::Url::parse(p) {
+                Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+                _ => return bad(format!("hub.topic_prefixes: {p:?} is not an http(s) URL prefix")),
+            }
+        }
+        if !(0.0..=1.0).contains(&h.retry_jitter) {
+            return bad(format!("hub.retry_jitter {} must lie between 0 and 1", h.retry_jitter));
+        }
+        if h.request_timeout_secs == 0 || h.max_concurrent_deliveries == 0 || h.requests_per_callback_per_minute == 0 {
+            return bad("hub.request_timeout_secs, max_concurrent_deliveries and requests_per_callback_per_minute must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// The hub URL (`base_url` + `hub.path`).
+    pub fn hub_url(&self) -> String {
+        format!("{}{}", self.base_url(), self.hub.path)
+    }
+
+    /// The URL prefix of the topics this hub serves (no trailing slash).
+    pub fn topic_base(&self) -> String {
+        format!("{}{}", self.base_url(), self.hub.topic_path)
     }
 
     /// The public base URL, without a trailing slash.

@@ -13,12 +13,16 @@
 //! | `UnsupportedMediaType`         | 415    |
 //! | `Invalid` (bad change events)  | 422    |
 //! | `Unavailable` (store down)     | 503    |
+//!
+//! The hub's errors ([`HubError`]) follow the same table, as plain text (WebSub §5.1.2), plus
+//! `TooManyRequests` → 429 with `Retry-After`.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
+use crate::hub::HubError;
 use crate::ingest::{IngestError, LineError};
 use crate::source::SourceError;
 use crate::store::StoreError;
@@ -104,6 +108,48 @@ impl IntoResponse for AppError {
         }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        resp
+    }
+}
+
+impl HubError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            HubError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            HubError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            HubError::Forbidden(_) => StatusCode::FORBIDDEN,
+            HubError::NotFound(_) => StatusCode::NOT_FOUND,
+            HubError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            HubError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+}
+
+impl IntoResponse for HubError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let body = match &self {
+            HubError::Store(e) => {
+                tracing::error!(error = %e, "hub request failed");
+                "the hub's store is unavailable; try again shortly\n".to_string()
+            }
+            other => format!("{other}\n"),
+        };
+        let mut resp = (status, body).into_response();
+        let h = resp.headers_mut();
+        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        match status {
+            StatusCode::SERVICE_UNAVAILABLE => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            }
+            StatusCode::UNAUTHORIZED => {
+                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
         }
         resp
     }

@@ -19,6 +19,7 @@ pub mod app;
 pub mod config;
 pub mod demo;
 pub mod error;
+pub mod hub;
 pub mod http;
 pub mod import;
 pub mod ingest;

@@ -38,12 +38,9 @@ pub fn authorize(token: &str, headers: &HeaderMap, peer: Peer) -> Result<(), App
             "ingest has no token configured and so answers only loopback clients; set ingest.token (RSHUB_INGEST_TOKEN)".into(),
         ));
     }
-    let given = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+    let given = super::bearer_token(headers)
         .ok_or_else(|| AppError::Unauthorized("ingest needs an Authorization: Bearer <token> header".into()))?;
-    if bool::from(given.trim().as_bytes().ct_eq(token.as_bytes())) {
+    if bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
         Ok(())
     } else {
         Err(AppError::Forbidden("the ingest token is wrong".into()))

@@ -1,6 +1,7 @@
 //! HTTP handlers only: extract, call the domain, render. The router is assembled here.
 
 mod documents;
+mod hub;
 mod ingest;
 
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
+use crate::hub::Hub;
 use crate::source::Source;
 
 /// What every handler can reach.
@@ -23,6 +25,7 @@ use crate::source::Source;
 pub struct AppState {
     pub config: Arc<Config>,
     pub source: Arc<Source>,
+    pub hub: Arc<Hub>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -39,7 +42,12 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/api/v1/resource-sets/{set}/changes",
             post(ingest::post_changes).layer(DefaultBodyLimit::max(state.config.ingest.max_body_bytes)),
-        );
+        )
+        .route(
+            &state.config.hub.path,
+            post(hub::post_hub).layer(DefaultBodyLimit::max(state.config.hub.max_body_bytes)),
+        )
+        .route(&format!("{}/{{*topic}}", state.config.hub.topic_path), get(hub::get_topic));
     // Resource files of sets whose url_prefix lies under our own base URL.
     let base = state.config.base_url();
     for name in state.config.sets.keys() {
@@ -62,11 +70,12 @@ async fn readyz(State(st): State<AppState>) -> impl IntoResponse {
     }
 }
 
-/// A plain-text map of the server for people who open it in a browser.
+/// A plain-text map of the server for people who open it in a browser. Advertises the hub.
 async fn home(State(st): State<AppState>) -> impl IntoResponse {
     let urls = st.source.urls();
+    let hub_url = st.config.hub_url();
     let mut s = format!(
-        "resourcesync-hub {}\n\nSource Description: {}\n",
+        "resourcesync-hub {}\n\nSource Description: {}\nWebSub hub (POST):  {hub_url}\n",
         env!("CARGO_PKG_VERSION"),
         urls.source_description()
     );
@@ -82,7 +91,16 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
             ));
         }
     }
-    s
+    ([(axum::http::header::LINK, format!("<{hub_url}>; rel=\"hub\""))], s)
+}
+
+/// The token of an `Authorization: Bearer <token>` header.
+pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim)
 }
 
 /// The peer address, for the loopback-only ingest rule.

@@ -7,6 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
+mod hub;
+
 use super::{
     entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, Page,
     PartInfo, SetInfo, StoreError,
@@ -61,6 +63,38 @@ CREATE TABLE IF NOT EXISTS changelists (
 );
 "#;
 
+/// Additive: a database from an earlier build gains these tables on open.
+const HUB_SCHEMA: &str = r#"
+CREATE TABLE IF NOT EXISTS hub_intents (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    mode TEXT NOT NULL, topic TEXT NOT NULL, callback TEXT NOT NULL,
+    lease_secs INTEGER NOT NULL, secret TEXT, alg TEXT NOT NULL, reason TEXT, verify_token TEXT,
+    requested_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hub_subscriptions (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL, callback TEXT NOT NULL, secret TEXT, alg TEXT NOT NULL,
+    lease_secs INTEGER NOT NULL, lease_start INTEGER NOT NULL, expires_at INTEGER NOT NULL,
+    verified_at INTEGER NOT NULL, created_at INTEGER NOT NULL,
+    UNIQUE (topic, callback)
+);
+CREATE TABLE IF NOT EXISTS hub_topics (
+    topic TEXT PRIMARY KEY, last_message INTEGER, published_at INTEGER, created_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hub_messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL, content_type TEXT NOT NULL, body BLOB NOT NULL, published_at INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS hub_deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    subscription_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
+    state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER,
+    last_status INTEGER, last_error TEXT, created_at INTEGER NOT NULL, finished_at INTEGER
+);
+CREATE INDEX IF NOT EXISTS hub_deliveries_pending ON hub_deliveries (state, subscription_id, id);
+CREATE INDEX IF NOT EXISTS hub_deliveries_message ON hub_deliveries (message_id);
+"#;
+
 #[derive(Clone)]
 pub struct EmbeddedStore {
     inner: Arc<Inner>,
@@ -97,6 +131,7 @@ impl EmbeddedStore {
         }
         let conn = open_conn(path)?;
         conn.execute_batch(SCHEMA)?;
+        conn.execute_batch(HUB_SCHEMA)?;
         let version: Option<String> =
             conn.query_row("SELECT value FROM meta WHERE key='schema_version'", [], |r| r.get(0)).optional()?;
         match version {

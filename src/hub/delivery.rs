@@ -1,0 +1,311 @@
+//! Content distribution (WebSub §7): one lane per subscription delivering its queue in order,
+//! retries on the configured schedule, and a writer that records outcomes in batches.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
+use reqwest::StatusCode;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::model::{Outcome, PendingDelivery, Subscription, Topic};
+use super::{random_unit, signature, Hub};
+use crate::model::Timestamp;
+use crate::store::Store;
+
+enum LaneMsg {
+    Job(PendingDelivery),
+    /// The subscription was renewed or changed (secret, lease).
+    Update(Subscription),
+}
+
+/// The handle of a subscription's delivery task. Dropping it ends the task.
+pub(super) struct Lane {
+    tx: mpsc::UnboundedSender<LaneMsg>,
+}
+
+impl Lane {
+    pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, queue: Vec<PendingDelivery>) -> Lane {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
+        let queue = queue.into_iter().map(Job::restored).collect();
+        hub.tasks.spawn(run_lane(hub.clone(), sub, queue, rx).instrument(span));
+        Lane { tx }
+    }
+
+    pub(super) fn push(&self, d: PendingDelivery) {
+        let _ = self.tx.send(LaneMsg::Job(d));
+    }
+
+    pub(super) fn update(&self, sub: Subscription) {
+        let _ = self.tx.send(LaneMsg::Update(sub));
+    }
+}
+
+struct Job {
+    d: PendingDelivery,
+    /// Not before this instant (tokio time, so that tests can pause it).
+    due: Option<Instant>,
+}
+
+impl Job {
+    fn restored(d: PendingDelivery) -> Job {
+        let due = d.not_before.map(|nb| {
+            let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
+            Instant::now() + Duration::from_micros(wait)
+        });
+        Job { d, due }
+    }
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Delivered(u16),
+    Gone,
+    Failed { status: Option<u16>, error: String, retry_after: Option<Duration> },
+}
+
+/// Applies a lane message; `false` when the lane's handle is gone (unsubscribed).
+fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job>) -> bool {
+    match msg {
+        Some(LaneMsg::Job(d)) => queue.push_back(Job { d, due: None }),
+        Some(LaneMsg::Update(s)) => *sub = s,
+        None => return false,
+    }
+    true
+}
+
+async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>, mut rx: mpsc::UnboundedReceiver<LaneMsg>) {
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(m) => {
+                    absorb(Some(m), &mut sub, &mut queue);
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+            }
+        }
+        let Some(head) = queue.front() else {
+            tokio::select! {
+                biased;
+                _ = hub.cancel.cancelled() => return,
+                m = rx.recv() => if !absorb(m, &mut sub, &mut queue) { return },
+            }
+            continue;
+        };
+        if let Some(due) = head.due.filter(|d| *d > Instant::now()) {
+            tokio::select! {
+                biased;
+                _ = hub.cancel.cancelled() => return,
+                m = rx.recv() => if !absorb(m, &mut sub, &mut queue) { return },
+                _ = tokio::time::sleep_until(due) => {}
+            }
+            continue;
+        }
+        let now = Timestamp::now();
+        if sub.expires_at <= now {
+            for j in queue.drain(..) {
+                hub.record(Outcome::Expired { id: j.d.id, at: now });
+            }
+            tracing::info!("lease expired; queued deliveries dropped");
+            continue;
+        }
+        let d = head.d.clone();
+        let attempt = tokio::select! {
+            biased;
+            _ = hub.cancel.cancelled() => return,
+            a = async {
+                let _permit = hub.permits.acquire().await;
+                deliver(&hub, &sub, &d).await
+            } => a,
+        };
+        let job = queue.front_mut().expect("the job is still at the head");
+        let attempts = job.d.attempts + 1;
+        let at = Timestamp::now();
+        match attempt {
+            Attempt::Delivered(status) => {
+                hub.record(Outcome::Delivered { id: job.d.id, attempts, at, status });
+                queue.pop_front();
+            }
+            Attempt::Gone => {
+                tracing::info!("callback answered 410 Gone: subscription removed");
+                hub.remove_gone(sub.id).await;
+                return;
+            }
+            Attempt::Failed { status, error, retry_after } => {
+                match hub.settings.retry_delay(attempts, retry_after, random_unit()) {
+                    Some(wait) => {
+                        tracing::info!(delivery = job.d.id, attempts, ?status, %error, retry_in = ?wait, "delivery failed; will retry");
+                        let next_at = Timestamp(at.micros() + wait.as_micros() as i64);
+                        hub.record(Outcome::Retry { id: job.d.id, attempts, next_at, status, error });
+                        job.d.attempts = attempts;
+                        job.due = Some(Instant::now() + wait);
+                    }
+                    None => {
+                        tracing::warn!(delivery = job.d.id, attempts, ?status, %error, "delivery failed; retry schedule exhausted");
+                        hub.record(Outcome::Failed { id: job.d.id, attempts, at, status, error });
+                        queue.pop_front();
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Hub {
+    fn record(&self, o: Outcome) {
+        let _ = self.outcomes.send(o);
+    }
+
+    /// 410 Gone: the subscription ends (WebSub §7).
+    async fn remove_gone(&self, id: i64) {
+        let mut lanes = self.lanes.lock().await;
+        if let Err(e) = self.store.hub_remove_subscription(id, Timestamp::now()).await {
+            tracing::error!(subscription = id, error = %e, "could not remove a gone subscription");
+        }
+        lanes.remove(&id);
+    }
+
+    pub(super) async fn lane_update(self: &Arc<Self>, sub: Subscription, lanes: &mut std::collections::HashMap<i64, Lane>) {
+        match lanes.get(&sub.id) {
+            Some(lane) => lane.update(sub),
+            None => {
+                let id = sub.id;
+                lanes.insert(id, Lane::spawn(self, sub, Vec::new()));
+            }
+        }
+    }
+}
+
+async fn deliver(hub: &Hub, sub: &Subscription, d: &PendingDelivery) -> Attempt {
+    let url = sub.callback.url();
+    if let Err(e) = hub.policy.check_url(&url, "callback") {
+        return Attempt::Failed { status: None, error: e, retry_after: None };
+    }
+    let m = &d.message;
+    let mut req = hub
+        .client
+        .post(url)
+        .header(CONTENT_TYPE, &m.content_type)
+        .header(LINK, format!("<{}>; rel=\"hub\", <{}>; rel=\"self\"", hub.settings.hub_url, m.topic))
+        .body(m.body.clone());
+    if let Some(secret) = &sub.secret {
+        req = req.header("X-Hub-Signature", signature(sub.alg, secret.as_bytes(), &m.body));
+    }
+    match req.send().await {
+        Ok(mut resp) => {
+            let status = resp.status();
+            let retry_after = resp.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+            // Read (and ignore) a little of the body so the connection can be reused.
+            let mut read = 0usize;
+            while read < 64 * 1024 {
+                match resp.chunk().await {
+                    Ok(Some(c)) => read += c.len(),
+                    _ => break,
+                }
+            }
+            if status.is_success() {
+                Attempt::Delivered(status.as_u16())
+            } else if status == StatusCode::GONE {
+                Attempt::Gone
+            } else {
+                Attempt::Failed { status: Some(status.as_u16()), error: format!("callback answered {status}"), retry_after }
+            }
+        }
+        Err(e) => Attempt::Failed { status: None, error: error_chain(&e), retry_after: None },
+    }
+}
+
+/// `Retry-After`: delay-seconds or an HTTP date.
+pub fn parse_retry_after(v: &str) -> Option<Duration> {
+    let v = v.trim();
+    if let Ok(secs) = v.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = Timestamp::parse_http_date(v)?;
+    Some(Duration::from_micros((at.micros() - Timestamp::now().micros()).max(0) as u64))
+}
+
+/// An error and its sources on one line (reqwest's own message is terse).
+pub fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(c) = src {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        src = c.source();
+    }
+    s
+}
+
+/// GETs a topic for a thin ping: its Content-Type (kept exactly) and body.
+pub(super) async fn fetch(client: &reqwest::Client, topic: &Topic, max_bytes: usize) -> Result<(String, Bytes), String> {
+    let mut resp = client.get(topic.url()).send().await.map_err(|e| error_chain(&e))?;
+    if !resp.status().is_success() {
+        return Err(format!("topic answered {}", resp.status()));
+    }
+    let ct = resp
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_string();
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| error_chain(&e))? {
+        if body.len() + chunk.len() > max_bytes {
+            return Err(format!("topic body is larger than hub.max_body_bytes ({max_bytes})"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((ct, Bytes::from(body)))
+}
+
+/// Records outcomes in batches (one transaction each) until stopped, then drains.
+pub(super) async fn run_writer(store: Store, mut rx: mpsc::UnboundedReceiver<Outcome>, stop: CancellationToken) {
+    loop {
+        let first = tokio::select! {
+            biased;
+            m = rx.recv() => match m { Some(m) => m, None => return },
+            _ = stop.cancelled() => match rx.try_recv() { Ok(m) => m, Err(_) => return },
+        };
+        let mut batch = vec![first];
+        while batch.len() < 2000 {
+            match rx.try_recv() {
+                Ok(m) => batch.push(m),
+                Err(_) => break,
+            }
+        }
+        loop {
+            match store.hub_record(batch.clone()).await {
+                Ok(()) => break,
+                Err(e) => {
+                    tracing::error!(error = %e, outcomes = batch.len(), "recording delivery outcomes failed; retrying");
+                    if stop.is_cancelled() {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
+        let later = Timestamp::from_secs(Timestamp::now().micros() / 1_000_000 + 300).to_http_date();
+        let d = parse_retry_after(&later).unwrap();
+        assert!(d > Duration::from_secs(290) && d <= Duration::from_secs(300), "{d:?}");
+        assert_eq!(parse_retry_after("soon"), None);
+    }
+}

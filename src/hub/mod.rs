@@ -1,0 +1,415 @@
+//! The WebSub hub: subscription requests and verification of intent, publishing (thin and fat
+//! pings, and internal publishes), signed distribution with per-subscriber ordered queues,
+//! retries and leases. Everything that must survive a crash lives in the store; this module
+//! holds only queues that are rebuilt from it at start. It never imports axum.
+//!
+//! Concurrency: every subscription has one *lane*, a task delivering its queue in order, so a
+//! failing subscriber holds up only itself. The lane map is behind one async mutex that is held
+//! across a publish's store write and the hand-off to the lanes, and across every change to the
+//! set of subscriptions, so lanes receive deliveries in publish order.
+
+pub mod model;
+mod delivery;
+mod policy;
+mod request;
+mod signature;
+mod verify;
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use lru::LruCache;
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use policy::{is_internal, AddressPolicy};
+pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest};
+pub use signature::{signature, SignatureAlg};
+
+use crate::config::Config;
+use crate::model::Timestamp;
+use crate::store::{Store, StoreError};
+use delivery::Lane;
+use model::{Intent, IntentMode, PendingDelivery, SubscriptionId, Topic, TopicInfo};
+
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    TooManyRequests(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The hub's settings, taken from `[hub]` and `[server]` once at start.
+#[derive(Debug, Clone)]
+pub struct HubSettings {
+    pub hub_url: String,
+    pub topic_base: String,
+    pub base_url: String,
+    pub alg: SignatureAlg,
+    pub lease_default: u64,
+    pub lease_min: u64,
+    pub lease_max: u64,
+    pub topic_prefixes: Vec<String>,
+    pub retry_schedule: Vec<Duration>,
+    pub retry_jitter: f64,
+    pub max_retry_after: Duration,
+    pub request_timeout: Duration,
+    pub max_concurrent: usize,
+    pub max_body_bytes: usize,
+    pub requests_per_minute: u32,
+    pub history: Duration,
+}
+
+impl HubSettings {
+    pub fn from_config(c: &Config) -> HubSettings {
+        let h = &c.hub;
+        HubSettings {
+            hub_url: c.hub_url(),
+            topic_base: c.topic_base(),
+            base_url: c.base_url(),
+            alg: SignatureAlg::parse(&h.signature_algorithm).unwrap_or(SignatureAlg::Sha256),
+            lease_default: h.lease_default_secs,
+            lease_min: h.lease_min_secs,
+            lease_max: h.lease_max_secs,
+            topic_prefixes: h.topic_prefixes.clone(),
+            retry_schedule: h.retry_schedule_secs.iter().map(|s| Duration::from_secs(*s)).collect(),
+            retry_jitter: h.retry_jitter,
+            max_retry_after: Duration::from_secs(h.max_retry_after_secs),
+            request_timeout: Duration::from_secs(h.request_timeout_secs),
+            max_concurrent: h.max_concurrent_deliveries,
+            max_body_bytes: h.max_body_bytes,
+            requests_per_minute: h.requests_per_callback_per_minute,
+            history: Duration::from_secs(h.history_days * 86_400),
+        }
+    }
+
+    /// The lease granted for a requested one: the default when none, else clamped.
+    pub fn lease(&self, requested: Option<u64>) -> u64 {
+        requested.unwrap_or(self.lease_default).clamp(self.lease_min, self.lease_max)
+    }
+
+    /// Whether the topic is one this hub serves itself.
+    pub fn is_own_topic(&self, topic: &Topic) -> bool {
+        topic.as_str().starts_with(&format!("{}/", self.topic_base))
+    }
+
+    /// Why a subscription to `topic` is refused by policy, if it is.
+    pub fn topic_refusal(&self, topic: &Topic) -> Option<String> {
+        if self.topic_prefixes.is_empty() || self.is_own_topic(topic) {
+            return None;
+        }
+        if self.topic_prefixes.iter().any(|p| topic.as_str().starts_with(p.as_str())) {
+            return None;
+        }
+        Some("this hub does not relay that topic".into())
+    }
+
+    /// The wait before retry number `attempt` (1-based), stretched by `random` in [0, 1)
+    /// through the jitter, and at least the subscriber's `Retry-After` (capped). `None` when
+    /// the schedule is exhausted.
+    pub fn retry_delay(&self, attempt: u32, retry_after: Option<Duration>, random: f64) -> Option<Duration> {
+        let base = *self.retry_schedule.get(attempt.checked_sub(1)? as usize)?;
+        let factor = 1.0 + self.retry_jitter * (2.0 * random - 1.0);
+        let wait = base.mul_f64(factor.max(0.0));
+        Some(match retry_after {
+            Some(ra) => wait.max(ra.min(self.max_retry_after)),
+            None => wait,
+        })
+    }
+}
+
+/// A uniformly random number in [0, 1).
+pub fn random_unit() -> f64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    (u64::from_le_bytes(b) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// A random single-use challenge: 32 hex digits from the OS random source.
+pub fn challenge() -> String {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    crate::source::hex_digest(b)
+}
+
+/// Subscribe requests per callback per minute, in fixed one-minute windows.
+struct RateLimiter {
+    per_minute: u32,
+    windows: Mutex<LruCache<String, (Instant, u32)>>,
+}
+
+impl RateLimiter {
+    fn new(per_minute: u32) -> RateLimiter {
+        RateLimiter { per_minute, windows: Mutex::new(LruCache::new(NonZeroUsize::new(100_000).expect("nonzero"))) }
+    }
+
+    /// Counts a request; `Err(seconds until the window ends)` when over the limit.
+    fn check(&self, key: &str) -> Result<(), u64> {
+        let mut w = self.windows.lock().expect("rate limiter");
+        let now = Instant::now();
+        let entry = w.get_or_insert_mut(key.to_string(), || (now, 0));
+        if now.duration_since(entry.0) >= Duration::from_secs(60) {
+            *entry = (now, 0);
+        }
+        if entry.1 >= self.per_minute {
+            return Err(60u64.saturating_sub(now.duration_since(entry.0).as_secs()).max(1));
+        }
+        entry.1 += 1;
+        Ok(())
+    }
+}
+
+pub struct Hub {
+    settings: HubSettings,
+    store: Store,
+    policy: Arc<AddressPolicy>,
+    client: reqwest::Client,
+    lanes: tokio::sync::Mutex<HashMap<SubscriptionId, Lane>>,
+    outcomes: mpsc::UnboundedSender<model::Outcome>,
+    permits: Arc<Semaphore>,
+    limiter: RateLimiter,
+    /// Stops lanes, verifications and fetches.
+    cancel: CancellationToken,
+    tasks: TaskTracker,
+    writer_stop: CancellationToken,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Hub {
+    /// Builds the hub, restores every subscription's queue from the store and restarts
+    /// verifications that were under way.
+    pub async fn start(config: &Config, store: Store) -> anyhow::Result<Arc<Hub>> {
+        let settings = HubSettings::from_config(config);
+        let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks));
+        let client = reqwest::Client::builder()
+            .user_agent(concat!("resourcesync-hub/", env!("CARGO_PKG_VERSION"), " (WebSub hub)"))
+            .dns_resolver(Arc::new(policy::SafeResolver { policy: policy.clone() }))
+            .redirect(reqwest::redirect::Policy::none())
+            .no_proxy()
+            .timeout(settings.request_timeout)
+            .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build()?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let writer_stop = CancellationToken::new();
+        let writer = tokio::spawn(delivery::run_writer(store.clone(), rx, writer_stop.clone()));
+        let hub = Arc::new(Hub {
+            permits: Arc::new(Semaphore::new(settings.max_concurrent)),
+            limiter: RateLimiter::new(settings.requests_per_minute),
+            settings,
+            store,
+            policy,
+            client,
+            lanes: tokio::sync::Mutex::new(HashMap::new()),
+            outcomes: tx,
+            cancel: CancellationToken::new(),
+            tasks: TaskTracker::new(),
+            writer_stop,
+            writer: Mutex::new(Some(writer)),
+        });
+        hub.restore().await?;
+        let pruner = hub.clone();
+        hub.tasks.spawn(async move { pruner.run_pruner().await });
+        Ok(hub)
+    }
+
+    async fn restore(self: &Arc<Self>) -> Result<(), StoreError> {
+        let subs = self.store.hub_subscriptions().await?;
+        let mut pending: HashMap<SubscriptionId, Vec<PendingDelivery>> = HashMap::new();
+        let mut queued = 0usize;
+        for d in self.store.hub_pending().await? {
+            queued += 1;
+            pending.entry(d.subscription_id).or_default().push(d);
+        }
+        let mut lanes = self.lanes.lock().await;
+        for sub in subs {
+            let q = pending.remove(&sub.id).unwrap_or_default();
+            lanes.insert(sub.id, Lane::spawn(self, sub, q));
+        }
+        let subscriptions = lanes.len();
+        drop(lanes);
+        let intents = self.store.hub_intents().await?;
+        tracing::info!(
+            subscriptions,
+            pending_deliveries = queued,
+            verifications = intents.len(),
+            hub = %self.settings.hub_url,
+            "hub started"
+        );
+        for intent in intents {
+            self.spawn_verification(intent);
+        }
+        Ok(())
+    }
+
+    pub fn settings(&self) -> &HubSettings {
+        &self.settings
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Handles a subscribe or unsubscribe request: checks it, records the intent and starts
+    /// verification (or a denial) in the background. The caller answers 202.
+    pub async fn request(self: &Arc<Self>, mode: IntentMode, req: SubscribeRequest) -> Result<(), HubError> {
+        let cb_url = req.callback.url();
+        self.policy.check_url(&cb_url, "hub.callback").map_err(HubError::BadRequest)?;
+        if !self.settings.is_own_topic(&req.topic) {
+            self.policy.check_url(&req.topic.url(), "hub.topic").map_err(HubError::BadRequest)?;
+        }
+        if let Err(wait) = self.limiter.check(req.callback.as_str()) {
+            return Err(HubError::TooManyRequests(format!(
+                "too many requests for this callback; try again in {wait} seconds"
+            )));
+        }
+        let (mode, reason) = match (mode, self.settings.topic_refusal(&req.topic)) {
+            (IntentMode::Subscribe, Some(reason)) => (IntentMode::Denied, Some(reason)),
+            (m, _) => (m, None),
+        };
+        let mut intent = Intent {
+            id: 0,
+            mode,
+            lease_secs: self.settings.lease(req.lease_seconds),
+            alg: if req.legacy { SignatureAlg::Sha1 } else { self.settings.alg },
+            topic: req.topic,
+            callback: req.callback,
+            secret: req.secret,
+            reason,
+            requested_at: Timestamp::now(),
+            verify_token: req.verify_token,
+        };
+        intent.id = self.store.hub_add_intent(intent.clone()).await?;
+        tracing::info!(mode = mode.as_str(), topic = %intent.topic, callback = %intent.callback, "hub request accepted");
+        self.spawn_verification(intent);
+        Ok(())
+    }
+
+    fn spawn_verification(self: &Arc<Self>, intent: Intent) {
+        let hub = self.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = hub.cancel.cancelled() => {}
+                _ = verify::verify(&hub, intent) => {}
+            }
+        });
+    }
+
+    /// Publishes a payload to a topic: stores it as the topic's latest and queues it, in
+    /// order, for every subscription whose lease has not ended. Returns the number queued.
+    pub async fn publish(&self, topic: Topic, content_type: String, body: Bytes) -> Result<usize, StoreError> {
+        let lanes = self.lanes.lock().await;
+        let (message, deliveries) = self.store.hub_publish(topic, content_type, body, Timestamp::now()).await?;
+        let message = Arc::new(message);
+        for (sub, id) in &deliveries {
+            let job = PendingDelivery {
+                id: *id,
+                subscription_id: *sub,
+                message: message.clone(),
+                attempts: 0,
+                not_before: None,
+            };
+            match lanes.get(sub) {
+                Some(lane) => lane.push(job),
+                None => tracing::error!(subscription = sub, "no delivery lane for a live subscription; delivered after restart"),
+            }
+        }
+        tracing::debug!(topic = %message.topic, message = message.id, deliveries = deliveries.len(), "published");
+        Ok(deliveries.len())
+    }
+
+    /// A WebSub ping: fetches each topic that has subscribers, in the background, and
+    /// publishes what it got with its Content-Type.
+    pub fn ping(self: &Arc<Self>, topics: Vec<Topic>) -> Result<(), HubError> {
+        for t in &topics {
+            if !self.settings.is_own_topic(t) {
+                self.policy.check_url(&t.url(), "hub.topic").map_err(HubError::BadRequest)?;
+            }
+        }
+        for topic in topics {
+            let hub = self.clone();
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    _ = hub.cancel.cancelled() => {}
+                    _ = hub.fetch_and_publish(topic) => {}
+                }
+            });
+        }
+        Ok(())
+    }
+
+    async fn fetch_and_publish(&self, topic: Topic) {
+        match self.store.hub_topic(&topic).await {
+            Ok(Some(info)) if info.subscribers > 0 => {}
+            Ok(_) => {
+                tracing::info!(topic = %topic, "ping for a topic without subscribers: nothing to do");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(topic = %topic, error = %e, "ping not handled");
+                return;
+            }
+        }
+        match delivery::fetch(&self.client, &topic, self.settings.max_body_bytes).await {
+            Ok((content_type, body)) => {
+                if let Err(e) = self.publish(topic.clone(), content_type, body).await {
+                    tracing::error!(topic = %topic, error = %e, "ping not published");
+                }
+            }
+            Err(e) => tracing::warn!(topic = %topic, error = %e, "ping: fetching the topic failed"),
+        }
+    }
+
+    /// Makes one of the hub's own topics known so that its URI answers before a publish.
+    pub async fn register_topic(&self, topic: Topic) -> Result<(), StoreError> {
+        self.store.hub_register_topic(topic, Timestamp::now()).await
+    }
+
+    pub async fn topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
+        self.store.hub_topic(topic).await
+    }
+
+    /// Removes finished deliveries older than `hub.history_days`, hourly.
+    async fn run_pruner(&self) {
+        loop {
+            let before = Timestamp::now().micros() - self.settings.history.as_micros() as i64;
+            match self.store.hub_prune(Timestamp(before)).await {
+                Ok(n) if n > 0 => tracing::info!(removed = n, "old deliveries pruned"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "pruning deliveries failed"),
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(3600)) => {}
+            }
+        }
+    }
+
+    /// Stops taking work, lets lanes and verifications end (a delivery in flight is dropped
+    /// and stays pending), then writes the outcomes still buffered.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        self.lanes.lock().await.clear();
+        self.writer_stop.cancel();
+        let writer = self.writer.lock().expect("writer handle").take();
+        if let Some(w) = writer {
+            let _ = w.await;
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! The hub's records: topics, callbacks, intents awaiting verification, subscriptions,
+//! published messages and their deliveries, as the store keeps them.
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+use super::SignatureAlg;
+use crate::model::Timestamp;
+
+macro_rules! url_newtype {
+    ($(#[$m:meta])* $name:ident) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Parses an absolute http(s) URL (the caller names it in errors).
+            pub fn parse(s: &str) -> Result<$name, String> {
+                let what = stringify!($name).to_ascii_lowercase();
+                let u = url::Url::parse(s.trim()).map_err(|e| format!("{what} {s:?} is not a URL: {e}"))?;
+                if u.scheme() != "http" && u.scheme() != "https" {
+                    return Err(format!("{what} {s:?} must be an http or https URL"));
+                }
+                if u.host().is_none() {
+                    return Err(format!("{what} {s:?} has no host"));
+                }
+                let mut u = u;
+                u.set_fragment(None);
+                Ok($name(u.to_string()))
+            }
+
+            /// A value read back from the store (already parsed once).
+            pub fn from_stored(s: String) -> $name {
+                $name(s)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+
+            pub fn url(&self) -> url::Url {
+                url::Url::parse(&self.0).expect("stored URLs parse")
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+url_newtype!(
+    /// A topic URL (WebSub's topic, ResourceSync's channel).
+    Topic
+);
+url_newtype!(
+    /// A subscriber's callback URL.
+    Callback
+);
+
+pub type SubscriptionId = i64;
+pub type MessageId = i64;
+pub type DeliveryId = i64;
+
+/// What a subscriber asked for, or what the hub decided to tell it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IntentMode {
+    Subscribe,
+    Unsubscribe,
+    /// The hub refuses the subscription by policy and tells the callback so.
+    Denied,
+}
+
+impl IntentMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IntentMode::Subscribe => "subscribe",
+            IntentMode::Unsubscribe => "unsubscribe",
+            IntentMode::Denied => "denied",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<IntentMode> {
+        match s {
+            "subscribe" => Some(IntentMode::Subscribe),
+            "unsubscribe" => Some(IntentMode::Unsubscribe),
+            "denied" => Some(IntentMode::Denied),
+            _ => None,
+        }
+    }
+}
+
+/// A (un)subscription request waiting for verification of intent (or a denial to send).
+#[derive(Clone)]
+pub struct Intent {
+    pub id: i64,
+    pub mode: IntentMode,
+    pub topic: Topic,
+    pub callback: Callback,
+    /// Granted lease (already clamped).
+    pub lease_secs: u64,
+    pub secret: Option<String>,
+    pub alg: SignatureAlg,
+    /// Why a denial is sent.
+    pub reason: Option<String>,
+    pub requested_at: Timestamp,
+    /// PubSubHubbub 0.3's `hub.verify_token`, echoed in the verification request.
+    pub verify_token: Option<String>,
+}
+
+impl fmt::Debug for Intent {
+    /// Never prints the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Intent")
+            .field("id", &self.id)
+            .field("mode", &self.mode)
+            .field("topic", &self.topic)
+            .field("callback", &self.callback)
+            .field("lease_secs", &self.lease_secs)
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .finish()
+    }
+}
+
+/// A verified subscription.
+#[derive(Clone)]
+pub struct Subscription {
+    pub id: SubscriptionId,
+    pub topic: Topic,
+    pub callback: Callback,
+    pub secret: Option<String>,
+    pub alg: SignatureAlg,
+    pub lease_secs: u64,
+    pub lease_start: Timestamp,
+    pub expires_at: Timestamp,
+    pub verified_at: Timestamp,
+    pub created_at: Timestamp,
+}
+
+impl fmt::Debug for Subscription {
+    /// Never prints the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("id", &self.id)
+            .field("topic", &self.topic)
+            .field("callback", &self.callback)
+            .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field("alg", &self.alg)
+            .field("expires_at", &self.expires_at)
+            .finish()
+    }
+}
+
+/// A published payload.
+#[derive(Debug, Clone)]
+pub struct Message {
+    pub id: MessageId,
+    pub topic: Topic,
+    pub content_type: String,
+    pub body: Bytes,
+    pub published_at: Timestamp,
+}
+
+/// A delivery still to be made: one message to one subscription. `attempts` counts the
+/// attempts made so far (all failed).
+#[derive(Debug, Clone)]
+pub struct PendingDelivery {
+    pub id: DeliveryId,
+    pub subscription_id: SubscriptionId,
+    pub message: Arc<Message>,
+    pub attempts: u32,
+    /// Not before this time (after a failure).
+    pub not_before: Option<Timestamp>,
+}
+
+/// What one delivery attempt came to, recorded by the store in batches.
+#[derive(Debug, Clone)]
+pub enum Outcome {
+    /// `attempts` counts this one.
+    Delivered { id: DeliveryId, attempts: u32, at: Timestamp, status: u16 },
+    /// Failed; will be tried again at `next_at`.
+    Retry { id: DeliveryId, attempts: u32, next_at: Timestamp, status: Option<u16>, error: String },
+    /// Failed and the retry schedule is exhausted.
+    Failed { id: DeliveryId, attempts: u32, at: Timestamp, status: Option<u16>, error: String },
+    /// Not attempted: the subscription's lease ended.
+    Expired { id: DeliveryId, at: Timestamp },
+}
+
+/// How a verification ended.
+#[derive(Debug, Clone)]
+pub enum Resolution {
+    /// Verified subscribe: create or update the (topic, callback) subscription.
+    Subscribed { verified_at: Timestamp },
+    /// Verified unsubscribe (or 410 Gone): remove the subscription, cancel its deliveries.
+    Unsubscribed,
+    /// Verification failed or a denial was sent: drop the intent, change nothing else.
+    Dropped,
+}
+
+/// What a topic looks like to its GET/HEAD and to admins.
+#[derive(Debug, Clone)]
+pub struct TopicInfo {
+    pub topic: Topic,
+    pub latest: Option<Message>,
+    pub subscribers: u64,
+}

@@ -1,0 +1,101 @@
+//! Verification of intent (WebSub §5.3) and denials (§5.2): a GET to the callback with the
+//! hub's parameters appended to its own query string. A subscription changes only after the
+//! callback echoed the single-use challenge with a 2xx.
+
+use std::sync::Arc;
+
+use tracing::Instrument;
+
+use super::delivery::error_chain;
+use super::model::{Intent, IntentMode, Resolution};
+use super::{challenge, Hub};
+use crate::model::Timestamp;
+
+/// The most of a verification answer that is read (a challenge is short).
+const MAX_ANSWER: usize = 4096;
+
+pub(super) async fn verify(hub: &Arc<Hub>, intent: Intent) {
+    let span = tracing::info_span!("verify", mode = intent.mode.as_str(), topic = %intent.topic, callback = %intent.callback);
+    async move {
+        let resolution = match check(hub, &intent).await {
+            Ok(r) => r,
+            Err(why) => {
+                tracing::info!(reason = %why, "verification failed; nothing changed");
+                Resolution::Dropped
+            }
+        };
+        let mut lanes = hub.lanes.lock().await;
+        match hub.store.hub_resolve(intent.clone(), resolution.clone()).await {
+            Ok(Some(sub)) => match resolution {
+                Resolution::Subscribed { .. } => {
+                    tracing::info!(subscription = sub.id, lease_secs = sub.lease_secs, "subscription verified");
+                    hub.lane_update(sub, &mut lanes).await;
+                }
+                _ => {
+                    tracing::info!(subscription = sub.id, "unsubscribed");
+                    lanes.remove(&sub.id);
+                }
+            },
+            Ok(None) => {}
+            Err(e) => tracing::error!(error = %e, "recording the verification failed; it is redone at the next start"),
+        }
+    }
+    .instrument(span)
+    .await
+}
+
+/// Sends the verification (or denial) request; `Err(reason)` when the intent is not confirmed.
+async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
+    let mut url = intent.callback.url();
+    hub.policy.check_url(&url, "callback")?;
+    let token = challenge();
+    {
+        let mut q = url.query_pairs_mut();
+        q.append_pair("hub.mode", intent.mode.as_str());
+        q.append_pair("hub.topic", intent.topic.as_str());
+        match intent.mode {
+            IntentMode::Denied => {
+                if let Some(r) = &intent.reason {
+                    q.append_pair("hub.reason", r);
+                }
+            }
+            IntentMode::Subscribe | IntentMode::Unsubscribe => {
+                q.append_pair("hub.challenge", &token);
+                if intent.mode == IntentMode::Subscribe {
+                    q.append_pair("hub.lease_seconds", &intent.lease_secs.to_string());
+                }
+                if let Some(vt) = &intent.verify_token {
+                    q.append_pair("hub.verify_token", vt);
+                }
+            }
+        }
+    }
+    let sent_at = Timestamp::now();
+    let resp = hub.client.get(url).send().await.map_err(|e| format!("callback unreachable: {}", error_chain(&e)));
+    if intent.mode == IntentMode::Denied {
+        match resp {
+            Ok(r) => tracing::info!(status = r.status().as_u16(), reason = ?intent.reason, "denial sent"),
+            Err(e) => tracing::info!(error = %e, "denial could not be sent"),
+        }
+        return Ok(Resolution::Dropped);
+    }
+    let mut resp = resp?;
+    let status = resp.status();
+    if !status.is_success() {
+        return Err(format!("callback answered {status}"));
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| error_chain(&e))? {
+        body.extend_from_slice(&chunk);
+        if body.len() > MAX_ANSWER {
+            return Err("callback's answer is not the challenge (too long)".into());
+        }
+    }
+    if body != token.as_bytes() {
+        return Err("callback's answer is not the challenge".into());
+    }
+    Ok(match intent.mode {
+        IntentMode::Subscribe => Resolution::Subscribed { verified_at: sent_at },
+        _ => Resolution::Unsubscribed,
+    })
+}

@@ -1,0 +1,98 @@
+//! The hub's part of the storage contract: subscriptions, intents awaiting verification,
+//! topics, messages and per-subscription delivery queues, kept durable by every backend.
+
+use bytes::Bytes;
+
+use super::{Store, StoreError};
+use crate::hub::model::{
+    Callback, DeliveryId, Intent, Message, Outcome, PendingDelivery, Resolution, Subscription, SubscriptionId,
+    Topic, TopicInfo,
+};
+use crate::model::Timestamp;
+
+impl Store {
+    /// Records a request awaiting verification (or a denial to send); returns its id.
+    pub async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_add_intent(intent).await,
+        }
+    }
+
+    /// Intents not yet resolved (after a restart: verifications to redo).
+    pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_intents().await,
+        }
+    }
+
+    /// Ends an intent; returns the subscription created/updated or removed.
+    pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_resolve(intent, res).await,
+        }
+    }
+
+    pub async fn hub_remove_subscription(&self, id: SubscriptionId, now: Timestamp) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_remove_subscription(id, now).await,
+        }
+    }
+
+    /// Every subscription, expired ones included.
+    pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_subscriptions().await,
+        }
+    }
+
+    pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_subscription(topic, callback).await,
+        }
+    }
+
+    /// Atomically stores the message as the topic's latest and queues one delivery per live
+    /// subscription; returns `(subscription, delivery)` pairs in subscription order.
+    pub async fn hub_publish(
+        &self,
+        topic: Topic,
+        content_type: String,
+        body: Bytes,
+        now: Timestamp,
+    ) -> Result<(Message, Vec<(SubscriptionId, DeliveryId)>), StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_publish(topic, content_type, body, now).await,
+        }
+    }
+
+    /// Pending deliveries of existing subscriptions, grouped by subscription in queue order.
+    pub async fn hub_pending(&self) -> Result<Vec<PendingDelivery>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_pending().await,
+        }
+    }
+
+    pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_record(outcomes).await,
+        }
+    }
+
+    pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_register_topic(topic, now).await,
+        }
+    }
+
+    pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_topic(topic).await,
+        }
+    }
+
+    pub async fn hub_prune(&self, before: Timestamp) -> Result<u64, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_prune(before).await,
+        }
+    }
+}
