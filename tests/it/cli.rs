@@ -1,10 +1,11 @@
 //! The binary itself: `import` scans a folder, `serve` starts and stops on SIGTERM, bad
 //! configuration fails with a clear message.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_resourcesync-hub");
+use crate::support::ChildServer;
+
+const BIN: &str = ChildServer::BIN;
 
 fn import(dir: &std::path::Path, data: &std::path::Path) -> serde_json::Value {
     let out = Command::new(BIN).args(["import"]).arg(dir).args(["--set", "docs", "--data-dir"]).arg(data).output().unwrap();
@@ -39,29 +40,9 @@ fn import_records_created_updated_deleted() {
 #[test]
 fn serve_answers_and_stops_on_sigterm() {
     let tmp = tempfile::tempdir().unwrap();
-    let mut child = Command::new(BIN)
-        .args(["serve", "--demo", "--listen", "127.0.0.1:0", "--data-dir"])
-        .arg(tmp.path())
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let mut addr = None;
-    let mut log = String::new();
-    for _ in 0..50 {
-        let mut line = String::new();
-        if stderr.read_line(&mut line).unwrap() == 0 {
-            break;
-        }
-        log.push_str(&line);
-        if let Some(i) = line.find("addr=") {
-            addr = Some(line[i + 5..].split_whitespace().next().unwrap().to_string());
-            break;
-        }
-    }
-    let addr = addr.unwrap_or_else(|| panic!("no listening line in:\n{log}"));
+    let server = ChildServer::serve(&["--demo", "--data-dir", tmp.path().to_str().unwrap()], &[]);
+    let addr = server.addr.clone();
+    let log = server.log();
     assert!(log.contains("answers only loopback clients"), "startup log warns about ingest: {log}");
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
@@ -74,9 +55,7 @@ fn serve_answers_and_stops_on_sigterm() {
         let file = c.get(format!("http://{addr}/files/demo/papers/paper-001.txt")).send().await.unwrap();
         assert_eq!(file.status(), 200);
     });
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
-    let status = child.wait().unwrap();
+    let status = server.signal("TERM");
     assert!(status.success(), "graceful shutdown exits 0, got {status}");
 }
 

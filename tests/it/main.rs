@@ -1,9 +1,12 @@
 //! The integration tests: one binary, the real server in-process (see `support`).
 
+mod subscriber;
 mod support;
 
 mod cli;
 mod documents;
+mod hub;
+mod hub_crash;
 mod ingest;
 mod resync;
 mod restart;

@@ -159,3 +159,74 @@ pub fn assert_valid(docs: &[(&str, &str)]) {
     assert!(out.status.success(), "validate-rs-xml failed:\n{report}{}", String::from_utf8_lossy(&out.stderr));
     assert_eq!(report.lines().filter(|l| l.contains(": VALID")).count(), docs.len(), "{report}");
 }
+
+/// The real binary as a child process (`serve` on 127.0.0.1:0), its log drained in the
+/// background so it never blocks on a full pipe.
+pub struct ChildServer {
+    pub child: std::process::Child,
+    pub addr: String,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ChildServer {
+    pub const BIN: &'static str = env!("CARGO_BIN_EXE_resourcesync-hub");
+
+    /// Starts `serve --listen 127.0.0.1:0 <args>` and waits for its "listening" log line.
+    pub fn serve(args: &[&str], envs: &[(&str, &str)]) -> ChildServer {
+        use std::io::{BufRead, BufReader};
+        let mut child = Command::new(Self::BIN)
+            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .env("RUST_LOG", "info")
+            .envs(envs.iter().copied())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stderr = child.stderr.take().unwrap();
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if !sent {
+                    if let Some(i) = line.find("addr=") {
+                        let _ = tx.send(line[i + 5..].split_whitespace().next().unwrap_or("").to_string());
+                        sent = true;
+                    }
+                }
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        let addr = rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("no listening line in:\n{}", log.lock().unwrap()));
+        ChildServer { child, addr, log }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Sends a signal (`"TERM"`, `"KILL"`) and waits for the process to end.
+    pub fn signal(mut self, sig: &str) -> std::process::ExitStatus {
+        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap();
+        assert!(ok.success());
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for ChildServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,459 @@
+//! The WebSub hub against real callback servers: subscribe and verification of intent,
+//! leases, denial, publishing (fat and thin pings), signed distribution, 410, retries on the
+//! configured schedule (paused time), ordering, safety and the topic URIs.
+
+use std::time::Duration;
+
+use hmac::{Hmac, KeyInit, Mac};
+use resourcesync_hub::config::Config;
+use resourcesync_hub::hub::model::{Callback, Topic};
+use resourcesync_hub::model::Timestamp;
+use resourcesync_hub::store::Store;
+
+use crate::subscriber::{TestSubscriber, Verify};
+use crate::support::{test_config, TestApp};
+
+const TOKEN: &str = "pub-token";
+
+fn hub_config() -> (Config, tempfile::TempDir) {
+    let (mut c, dir) = test_config();
+    c.hub.allow_networks = vec!["127.0.0.0/8".into(), "::1/128".into()];
+    c.hub.publisher_token = TOKEN.into();
+    (c, dir)
+}
+
+async fn start(c: Config) -> TestApp {
+    TestApp::start_with(c).await
+}
+
+fn topic(app: &TestApp, name: &str) -> String {
+    format!("{}/{name}", app.config.topic_base())
+}
+
+async fn form(app: &TestApp, pairs: &[(&str, &str)]) -> (u16, String) {
+    let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+    let r = app
+        .client
+        .post(app.url("/hub"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+async fn subscribe(app: &TestApp, topic: &str, callback: &str, extra: &[(&str, &str)]) -> (u16, String) {
+    let mut p = vec![("hub.mode", "subscribe"), ("hub.topic", topic), ("hub.callback", callback)];
+    p.extend_from_slice(extra);
+    form(app, &p).await
+}
+
+async fn fat_ping(app: &TestApp, topic: &str, body: &str) -> (u16, String) {
+    let r = app
+        .client
+        .post(app.url("/hub"))
+        .header("content-type", "application/xml")
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("link", format!("<{topic}>; rel=\"self\", <{}>; rel=\"hub\"", app.config.hub_url()))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+/// Subscribes and waits until the hub recorded the verified subscription.
+pub async fn subscribed(app: &TestApp, sub: &TestSubscriber, topic: &str, path: &str, extra: &[(&str, &str)]) {
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    let (t, cb) = (Topic::parse(topic).unwrap(), Callback::parse(&sub.url(path)).unwrap());
+    let before = Timestamp::now();
+    let (status, text) = subscribe(app, topic, &sub.url(path), extra).await;
+    assert_eq!(status, 202, "{text}");
+    for _ in 0..500 {
+        if store.hub_subscription(&t, &cb).await.unwrap().is_some_and(|s| s.verified_at >= before) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("subscription of {path} not recorded");
+}
+
+/// Subscribers of a topic, read from the store.
+async fn subscriber_count(app: &TestApp, topic: &str) -> u64 {
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    store.hub_topic(&Topic::parse(topic).unwrap()).await.unwrap().map_or(0, |i| i.subscribers)
+}
+
+fn hmac_hex<M: Mac + KeyInit>(key: &[u8], body: &[u8]) -> String {
+    let mut m = <M as KeyInit>::new_from_slice(key).unwrap();
+    m.update(body);
+    m.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[tokio::test]
+async fn subscribe_is_accepted_at_once_then_verified_and_deliveries_are_signed_iff_a_secret_was_given() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "papers/changes");
+
+    let (status, text) = subscribe(&app, &t, &sub.url("/signed?id=7&hub.mode=keep"), &[("hub.secret", "s3cret"), ("hub.lease_seconds", "3600"), ("x.other", "ignored")]).await;
+    assert_eq!(status, 202, "{text}");
+    let v = &sub.wait_verifications("/signed", 1).await[0];
+    assert_eq!(v["id"], "7", "the callback's own query string is kept");
+    assert_eq!(v["hub.topic"], t);
+    assert_eq!(v["hub.lease_seconds"], "3600");
+    assert!(v["hub.challenge"].len() >= 32, "a random challenge: {v:?}");
+    subscribed(&app, &sub, &t, "/plain", &[]).await;
+    let v2 = &sub.verifications("/plain")[0];
+    assert_ne!(v["hub.challenge"], v2["hub.challenge"], "challenges are single-use");
+
+    let payload = r#"<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"/>"#;
+    let (status, text) = fat_ping(&app, &t, payload).await;
+    assert_eq!((status, text.as_str()), (200, "published to 2 subscriber(s)\n"));
+
+    let d = &sub.wait_deliveries("/signed", 1).await[0];
+    assert_eq!(d.text(), payload);
+    assert_eq!(d.header("content-type"), Some("application/xml"));
+    let link = d.header("link").unwrap();
+    assert!(link.contains(&format!("<{}>; rel=\"hub\"", app.config.hub_url())) && link.contains(&format!("<{t}>; rel=\"self\"")), "{link}");
+    let expected = format!("sha256={}", hmac_hex::<Hmac<sha2::Sha256>>(b"s3cret", payload.as_bytes()));
+    assert_eq!(d.header("x-hub-signature"), Some(expected.as_str()));
+    let d = &sub.wait_deliveries("/plain", 1).await[0];
+    assert_eq!(d.header("x-hub-signature"), None, "no secret, no signature");
+    assert_eq!(d.text(), payload);
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn configured_algorithms_and_pubsubhubbub_clients_get_their_signatures() {
+    for alg in ["sha1", "sha384", "sha512"] {
+        let (mut c, _d) = hub_config();
+        c.hub.signature_algorithm = alg.into();
+        let app = start(c).await;
+        let sub = TestSubscriber::start().await;
+        let t = topic(&app, "t");
+        subscribed(&app, &sub, &t, "/cb", &[("hub.secret", "k")]).await;
+        subscribed(&app, &sub, &t, "/legacy", &[("hub.secret", "k"), ("hub.verify", "async"), ("hub.verify_token", "vt")]).await;
+        assert_eq!(sub.verifications("/legacy")[0]["hub.verify_token"], "vt", "0.3's verify_token is echoed");
+        fat_ping(&app, &t, "<x/>").await;
+        let got = sub.wait_deliveries("/cb", 1).await[0].header("x-hub-signature").unwrap().to_string();
+        let want = match alg {
+            "sha1" => format!("sha1={}", hmac_hex::<Hmac<sha1::Sha1>>(b"k", b"<x/>")),
+            "sha384" => format!("sha384={}", hmac_hex::<Hmac<sha2::Sha384>>(b"k", b"<x/>")),
+            _ => format!("sha512={}", hmac_hex::<Hmac<sha2::Sha512>>(b"k", b"<x/>")),
+        };
+        assert_eq!(got, want);
+        let legacy = sub.wait_deliveries("/legacy", 1).await[0].header("x-hub-signature").unwrap().to_string();
+        assert_eq!(legacy, format!("sha1={}", hmac_hex::<Hmac<sha1::Sha1>>(b"k", b"<x/>")), "PubSubHubbub 0.3 subscribers get sha1");
+        app.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_failed_verification_leaves_no_subscription() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    sub.set_verify("/wrong", Verify::WrongChallenge);
+    sub.set_verify("/refuses", Verify::NotFound);
+    assert_eq!(subscribe(&app, &t, &sub.url("/wrong"), &[]).await.0, 202);
+    assert_eq!(subscribe(&app, &t, &sub.url("/refuses"), &[]).await.0, 202);
+    sub.wait_verifications("/wrong", 1).await;
+    sub.wait_verifications("/refuses", 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(subscriber_count(&app, &t).await, 0);
+    assert_eq!(fat_ping(&app, &t, "<x/>").await.1, "published to 0 subscriber(s)\n");
+
+    // A failed re-subscription leaves the existing one as it was (secret included).
+    subscribed(&app, &sub, &t, "/ok", &[("hub.secret", "first")]).await;
+    sub.set_verify("/ok", Verify::WrongChallenge);
+    assert_eq!(subscribe(&app, &t, &sub.url("/ok"), &[("hub.secret", "second")]).await.0, 202);
+    sub.wait_verifications("/ok", 2).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    fat_ping(&app, &t, "<y/>").await;
+    let d = &sub.wait_deliveries("/ok", 1).await[0];
+    let want = format!("sha256={}", hmac_hex::<Hmac<sha2::Sha256>>(b"first", b"<y/>"));
+    assert_eq!(d.header("x-hub-signature"), Some(want.as_str()));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn resubscribing_updates_in_place_and_unsubscribing_stops_deliveries() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    subscribed(&app, &sub, &t, "/cb", &[("hub.lease_seconds", "1000")]).await;
+    subscribed(&app, &sub, &t, "/cb", &[("hub.lease_seconds", "2000")]).await;
+    assert_eq!(sub.verifications("/cb")[1]["hub.lease_seconds"], "2000");
+    assert_eq!(subscriber_count(&app, &t).await, 1, "one subscription per (topic, callback)");
+    fat_ping(&app, &t, "<one/>").await;
+    sub.wait_deliveries("/cb", 1).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(sub.deliveries("/cb").len(), 1, "exactly one delivery per publish");
+
+    let (status, _) = form(&app, &[("hub.mode", "unsubscribe"), ("hub.topic", &t), ("hub.callback", &sub.url("/cb"))]).await;
+    assert_eq!(status, 202);
+    let v = sub.wait_verifications("/cb", 3).await;
+    assert_eq!(v[2]["hub.mode"], "unsubscribe");
+    for _ in 0..100 {
+        if subscriber_count(&app, &t).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fat_ping(&app, &t, "<two/>").await.1, "published to 0 subscriber(s)\n");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(sub.deliveries("/cb").len(), 1, "nothing after unsubscribing");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn leases_are_clamped_and_enforced() {
+    let (mut c, _d) = hub_config();
+    c.hub.lease_min_secs = 1;
+    c.hub.lease_default_secs = 600;
+    c.hub.lease_max_secs = 7200;
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    subscribed(&app, &sub, &t, "/default", &[]).await;
+    subscribed(&app, &sub, &t, "/long", &[("hub.lease_seconds", "999999999")]).await;
+    subscribed(&app, &sub, &t, "/short", &[("hub.lease_seconds", "1")]).await;
+    assert_eq!(sub.verifications("/default")[0]["hub.lease_seconds"], "600");
+    assert_eq!(sub.verifications("/long")[0]["hub.lease_seconds"], "7200");
+    assert_eq!(sub.verifications("/short")[0]["hub.lease_seconds"], "1");
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert_eq!(fat_ping(&app, &t, "<x/>").await.1, "published to 2 subscriber(s)\n", "the 1-second lease has ended");
+    sub.wait_deliveries("/long", 1).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(sub.deliveries("/short").is_empty());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn topics_outside_the_policy_are_denied_to_the_callback() {
+    let (mut c, _d) = hub_config();
+    c.hub.topic_prefixes = vec!["https://allowed.example.org/".into()];
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let (status, _) = subscribe(&app, "https://elsewhere.example.net/feed", &sub.url("/cb"), &[]).await;
+    assert_eq!(status, 202, "policy is decided after the answer");
+    let v = &sub.wait_verifications("/cb", 1).await[0];
+    assert_eq!(v["hub.mode"], "denied");
+    assert_eq!(v["hub.topic"], "https://elsewhere.example.net/feed");
+    assert!(v.contains_key("hub.reason") && !v.contains_key("hub.challenge"), "{v:?}");
+    // Allowed prefixes and the hub's own topics are verified as usual.
+    subscribed(&app, &sub, "https://allowed.example.org/a", "/ok", &[]).await;
+    assert_eq!(sub.verifications("/ok")[0]["hub.mode"], "subscribe");
+    subscribed(&app, &sub, &topic(&app, "own"), "/own", &[]).await;
+    assert_eq!(sub.verifications("/own")[0]["hub.mode"], "subscribe");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn private_callbacks_are_refused_unless_allow_listed() {
+    let (mut c, _d) = hub_config();
+    c.hub.allow_networks.clear();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    for cb in [sub.url("/cb"), "http://10.1.2.3/cb".into(), "http://[::1]:9/cb".into(), "http://localhost:9/cb".into(), "http://169.254.169.254/latest".into()] {
+        let (status, text) = subscribe(&app, &t, &cb, &[]).await;
+        assert_eq!(status, 400, "{cb}: {text}");
+        assert!(text.contains("hub.allow_networks"), "{text}");
+    }
+    let (status, text) = subscribe(&app, "http://192.168.1.1/feed", "https://subscriber.example.org/cb", &[]).await;
+    assert_eq!(status, 400, "private topics too: {text}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(sub.verifications("/cb").is_empty(), "the refused callback was never called");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_requests_get_a_plain_text_4xx() {
+    let (mut c, _d) = hub_config();
+    c.hub.max_body_bytes = 4096;
+    c.hub.requests_per_callback_per_minute = 2;
+    let app = start(c).await;
+    let t = topic(&app, "t");
+    let cases: &[(&[(&str, &str)], &str)] = &[
+        (&[("hub.topic", &t)], "hub.mode is required"),
+        (&[("hub.mode", "subscribe"), ("hub.topic", &t)], "hub.callback is required"),
+        (&[("hub.mode", "subscribe"), ("hub.topic", &t), ("hub.callback", "not a url")], "not a URL"),
+        (&[("hub.mode", "subscribe"), ("hub.topic", &t), ("hub.callback", "http://127.0.0.1:1/"), ("hub.lease_seconds", "soon")], "hub.lease_seconds"),
+        (&[("hub.mode", "publish")], "needs hub.topic or hub.url"),
+    ];
+    for (pairs, want) in cases {
+        let r = app
+            .client
+            .post(app.url("/hub"))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs.iter()).finish())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 400);
+        assert_eq!(r.headers()["content-type"], "text/plain; charset=utf-8");
+        let text = r.text().await.unwrap();
+        assert!(text.contains(want), "{pairs:?}: {text}");
+    }
+    let secret = "s".repeat(200);
+    let (s, text) = subscribe(&app, &t, "http://127.0.0.1:1/cb", &[("hub.secret", &secret)]).await;
+    assert_eq!(s, 400, "{text}");
+    assert!(text.contains("less than 200 bytes"));
+
+    let big = "x".repeat(5000);
+    assert_eq!(subscribe(&app, &t, "http://127.0.0.1:1/cb", &[("pad", &big)]).await.0, 413);
+
+    // Rate limit per callback.
+    assert_eq!(subscribe(&app, &t, "http://127.0.0.1:1/rl", &[]).await.0, 202);
+    assert_eq!(subscribe(&app, &t, "http://127.0.0.1:1/rl", &[]).await.0, 202);
+    let r = app
+        .client
+        .post(app.url("/hub"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("hub.mode=subscribe&hub.topic={t}&hub.callback=http://127.0.0.1:1/rl"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429);
+    assert!(r.headers().contains_key("retry-after"));
+
+    // Fat pings: token, Link rel=self, a body.
+    let post = |auth: Option<&'static str>, link: Option<String>, body: &'static str| {
+        let mut rb = app.client.post(app.url("/hub")).header("content-type", "application/xml").body(body);
+        if let Some(a) = auth {
+            rb = rb.header("authorization", a);
+        }
+        if let Some(l) = link {
+            rb = rb.header("link", l);
+        }
+        async move {
+            let r = rb.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let self_link = Some(format!("<{t}>; rel=\"self\""));
+    assert_eq!(post(None, self_link.clone(), "<x/>").await.0, 401);
+    assert_eq!(post(Some("Bearer nope"), self_link.clone(), "<x/>").await.0, 403);
+    let (s, text) = post(Some("Bearer pub-token"), None, "<x/>").await;
+    assert_eq!(s, 400);
+    assert!(text.contains("rel=\"self\""), "{text}");
+    assert_eq!(post(Some("Bearer pub-token"), self_link.clone(), "").await.0, 400);
+    app.stop().await;
+
+    let (c, _d2) = test_config();
+    let app = start(c).await;
+    let (s, text) = fat_ping(&app, &topic(&app, "t"), "<x/>").await;
+    assert_eq!(s, 403);
+    assert!(text.contains("hub.publisher_token"), "{text}");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn a_thin_ping_fetches_the_topic_and_keeps_its_content_type() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let feed = sub.url("/topic");
+    sub.serve_topic("application/atom+xml; charset=utf-8", "<feed>v1</feed>");
+    subscribed(&app, &sub, &feed, "/cb", &[]).await;
+    let (status, _) = form(&app, &[("hub.mode", "publish"), ("hub.url", &feed)]).await;
+    assert_eq!(status, 202);
+    let d = &sub.wait_deliveries("/cb", 1).await[0];
+    assert_eq!(d.text(), "<feed>v1</feed>");
+    assert_eq!(d.header("content-type"), Some("application/atom+xml; charset=utf-8"));
+    assert!(d.header("link").unwrap().contains(&format!("<{feed}>; rel=\"self\"")));
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn topic_uris_answer_get_and_head_with_the_latest_payload() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let t = topic(&app, "set1/changes");
+    let path = app.path_of(&t);
+    assert_eq!(app.client.get(app.url(&path)).send().await.unwrap().status(), 404, "unknown before any publish");
+    fat_ping(&app, &t, "<first/>").await;
+    fat_ping(&app, &t, "<latest/>").await;
+    for head in [false, true] {
+        let rb = if head { app.client.head(app.url(&path)) } else { app.client.get(app.url(&path)) };
+        let r = rb.send().await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(r.headers()["content-type"], "application/xml");
+        let link = r.headers()["link"].to_str().unwrap().to_string();
+        assert!(link.contains(&format!("<{t}>; rel=\"self\"")) && link.contains(&format!("<{}>; rel=\"hub\"", app.config.hub_url())), "{link}");
+        let body = r.text().await.unwrap();
+        assert_eq!(body, if head { "" } else { "<latest/>" });
+    }
+    let home = app.client.get(app.url("/")).send().await.unwrap();
+    assert_eq!(home.headers()["link"], format!("<{}>; rel=\"hub\"", app.config.hub_url()).as_str(), "the hub is advertised");
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn gone_ends_the_subscription() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    subscribed(&app, &sub, &t, "/gone", &[]).await;
+    sub.answer("/gone", 410);
+    fat_ping(&app, &t, "<a/>").await;
+    sub.wait_deliveries("/gone", 1).await;
+    for _ in 0..100 {
+        if subscriber_count(&app, &t).await == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fat_ping(&app, &t, "<b/>").await.1, "published to 0 subscriber(s)\n");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(sub.deliveries("/gone").len(), 1);
+    app.stop().await;
+}
+
+/// Paused time: the waits between attempts are the schedule's (jitter off), stretched to a
+/// subscriber's Retry-After; a failing subscriber holds up only its own queue, in order; an
+/// exhausted schedule fails the delivery and keeps the subscription.
+#[tokio::test(start_paused = true)]
+async fn retries_follow_the_schedule_and_honour_retry_after() {
+    let (mut c, _d) = hub_config();
+    c.hub.retry_schedule_secs = vec![10, 60, 300];
+    c.hub.retry_jitter = 0.0;
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    subscribed(&app, &sub, &t, "/flaky", &[]).await;
+    subscribed(&app, &sub, &t, "/healthy", &[]).await;
+    subscribed(&app, &sub, &t, "/down", &[]).await;
+    sub.script("/flaky", &[(500, None), (503, Some("120")), (502, None)]);
+    sub.answer("/down", 500);
+
+    fat_ping(&app, &t, "<m1/>").await;
+    fat_ping(&app, &t, "<m2/>").await;
+    let healthy = sub.wait_deliveries("/healthy", 2).await;
+    assert_eq!(healthy.iter().map(|d| d.text()).collect::<Vec<_>>(), ["<m1/>", "<m2/>"]);
+
+    let flaky = sub.wait_deliveries("/flaky", 5).await;
+    let bodies: Vec<String> = flaky.iter().map(|d| d.text()).collect();
+    assert_eq!(bodies, ["<m1/>", "<m1/>", "<m1/>", "<m1/>", "<m2/>"], "m2 waits behind m1");
+    let gaps: Vec<u64> = flaky.windows(2).map(|w| (w[1].at - w[0].at).as_secs()).collect();
+    assert_eq!(&gaps[..3], &[10, 120, 300], "schedule 10, 60 (Retry-After 120 wins), 300");
+    assert!(healthy[1].at < flaky[1].at, "the healthy subscriber was not held up");
+
+    // /down: 1 attempt + 3 retries, then m1 is marked failed and m2 gets its own attempts.
+    let down = sub.wait_deliveries("/down", 5).await;
+    assert_eq!(down.iter().take(4).filter(|d| d.text() == "<m1/>").count(), 4);
+    assert_eq!(down[4].text(), "<m2/>", "after the schedule is exhausted the queue moves on");
+    sub.answer("/down", 200);
+    assert_eq!(fat_ping(&app, &t, "<m3/>").await.1, "published to 3 subscriber(s)\n", "the failing subscription stays active");
+    sub.wait_until("m3 at /down", |s| s.deliveries("/down").iter().any(|d| d.text() == "<m3/>")).await;
+    app.stop().await;
+}
