@@ -13,13 +13,13 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::model::{Outcome, PendingDelivery, Subscription, Topic};
+use super::model::{Message, Outcome, Subscription, Topic};
 use super::{random_unit, signature, Hub};
 use crate::model::Timestamp;
 use crate::store::Store;
 
 enum LaneMsg {
-    Job(PendingDelivery),
+    Job(Arc<Message>),
     /// The subscription was renewed or changed (secret, lease).
     Update(Subscription),
 }
@@ -27,40 +27,49 @@ enum LaneMsg {
 /// The handle of a subscription's delivery task. Dropping it ends the task.
 pub(super) struct Lane {
     tx: mpsc::UnboundedSender<LaneMsg>,
+    topic: Topic,
+    expires_at: Timestamp,
 }
 
 impl Lane {
-    pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, queue: Vec<PendingDelivery>) -> Lane {
+    pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, backlog: Vec<Arc<Message>>) -> Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
-        let queue = queue.into_iter().map(Job::restored).collect();
+        // Only the head can have been in retry.
+        let mut queue: VecDeque<Job> = backlog.into_iter().map(|message| Job { message, attempts: 0, due: None }).collect();
+        if let Some(head) = queue.front_mut() {
+            head.attempts = sub.attempts;
+            head.due = sub.next_attempt_at.map(|nb| {
+                let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
+                Instant::now() + Duration::from_micros(wait)
+            });
+        }
+        let lane = Lane { tx, topic: sub.topic.clone(), expires_at: sub.expires_at };
         hub.tasks.spawn(run_lane(hub.clone(), sub, queue, rx).instrument(span));
-        Lane { tx }
+        lane
     }
 
-    pub(super) fn push(&self, d: PendingDelivery) {
-        let _ = self.tx.send(LaneMsg::Job(d));
+    /// Whether a message on `topic` published at `now` is for this subscription.
+    pub(super) fn wants(&self, topic: &Topic, now: Timestamp) -> bool {
+        &self.topic == topic && self.expires_at > now
     }
 
-    pub(super) fn update(&self, sub: Subscription) {
+    pub(super) fn push(&self, m: Arc<Message>) {
+        let _ = self.tx.send(LaneMsg::Job(m));
+    }
+
+    pub(super) fn update(&mut self, sub: Subscription) {
+        self.expires_at = sub.expires_at;
         let _ = self.tx.send(LaneMsg::Update(sub));
     }
 }
 
 struct Job {
-    d: PendingDelivery,
+    message: Arc<Message>,
+    /// Failed attempts so far.
+    attempts: u32,
     /// Not before this instant (tokio time, so that tests can pause it).
     due: Option<Instant>,
-}
-
-impl Job {
-    fn restored(d: PendingDelivery) -> Job {
-        let due = d.not_before.map(|nb| {
-            let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
-            Instant::now() + Duration::from_micros(wait)
-        });
-        Job { d, due }
-    }
 }
 
 /// What one attempt came to.
@@ -73,7 +82,7 @@ enum Attempt {
 /// Applies a lane message; `false` when the lane's handle is gone (unsubscribed).
 fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job>) -> bool {
     match msg {
-        Some(LaneMsg::Job(d)) => queue.push_back(Job { d, due: None }),
+        Some(LaneMsg::Job(message)) => queue.push_back(Job { message, attempts: 0, due: None }),
         Some(LaneMsg::Update(s)) => *sub = s,
         None => return false,
     }
@@ -81,7 +90,11 @@ fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job
 }
 
 async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>, mut rx: mpsc::UnboundedReceiver<LaneMsg>) {
+    let mut target = target(&hub, &sub);
     loop {
+        if target.as_ref().map_or(true, |u| u.as_str() != sub.callback.as_str()) {
+            target = self::target(&hub, &sub);
+        }
         loop {
             match rx.try_recv() {
                 Ok(m) => {
@@ -110,27 +123,28 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
         }
         let now = Timestamp::now();
         if sub.expires_at <= now {
-            for j in queue.drain(..) {
-                hub.record(Outcome::Expired { id: j.d.id, at: now });
-            }
-            tracing::info!("lease expired; queued deliveries dropped");
+            let through = queue.back().map_or(0, |j| j.message.id);
+            tracing::info!(skipped = queue.len(), "lease ended; queued deliveries dropped");
+            queue.clear();
+            hub.record(Outcome::Skipped { sub: sub.id, through });
             continue;
         }
-        let d = head.d.clone();
+        let message = head.message.clone();
         let attempt = tokio::select! {
             biased;
             _ = hub.cancel.cancelled() => return,
             a = async {
                 let _permit = hub.permits.acquire().await;
-                deliver(&hub, &sub, &d).await
+                deliver(&hub, &sub, &target, &message).await
             } => a,
         };
         let job = queue.front_mut().expect("the job is still at the head");
-        let attempts = job.d.attempts + 1;
+        let attempts = job.attempts + 1;
         let at = Timestamp::now();
+        let (sub_id, msg) = (sub.id, message.id);
         match attempt {
             Attempt::Delivered(status) => {
-                hub.record(Outcome::Delivered { id: job.d.id, attempts, at, status });
+                hub.record(Outcome::Delivered { sub: sub_id, message: msg, attempts, at, status });
                 queue.pop_front();
             }
             Attempt::Gone => {
@@ -141,15 +155,15 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
             Attempt::Failed { status, error, retry_after } => {
                 match hub.settings.retry_delay(attempts, retry_after, random_unit()) {
                     Some(wait) => {
-                        tracing::info!(delivery = job.d.id, attempts, ?status, %error, retry_in = ?wait, "delivery failed; will retry");
+                        tracing::info!(message = msg, attempts, ?status, %error, retry_in = ?wait, "delivery failed; will retry");
                         let next_at = Timestamp(at.micros() + wait.as_micros() as i64);
-                        hub.record(Outcome::Retry { id: job.d.id, attempts, next_at, status, error });
-                        job.d.attempts = attempts;
+                        hub.record(Outcome::Retry { sub: sub_id, message: msg, attempts, at, next_at, status, error });
+                        job.attempts = attempts;
                         job.due = Some(Instant::now() + wait);
                     }
                     None => {
-                        tracing::warn!(delivery = job.d.id, attempts, ?status, %error, "delivery failed; retry schedule exhausted");
-                        hub.record(Outcome::Failed { id: job.d.id, attempts, at, status, error });
+                        tracing::warn!(message = msg, attempts, ?status, %error, "delivery failed; retry schedule exhausted");
+                        hub.record(Outcome::Failed { sub: sub_id, message: msg, attempts, at, status, error });
                         queue.pop_front();
                     }
                 }
@@ -166,14 +180,14 @@ impl Hub {
     /// 410 Gone: the subscription ends (WebSub §7).
     async fn remove_gone(&self, id: i64) {
         let mut lanes = self.lanes.lock().await;
-        if let Err(e) = self.store.hub_remove_subscription(id, Timestamp::now()).await {
+        if let Err(e) = self.store.hub_remove_subscription(id).await {
             tracing::error!(subscription = id, error = %e, "could not remove a gone subscription");
         }
         lanes.remove(&id);
     }
 
     pub(super) async fn lane_update(self: &Arc<Self>, sub: Subscription, lanes: &mut std::collections::HashMap<i64, Lane>) {
-        match lanes.get(&sub.id) {
+        match lanes.get_mut(&sub.id) {
             Some(lane) => lane.update(sub),
             None => {
                 let id = sub.id;
@@ -183,12 +197,17 @@ impl Hub {
     }
 }
 
-async fn deliver(hub: &Hub, sub: &Subscription, d: &PendingDelivery) -> Attempt {
+/// The callback URL, parsed and checked against the address policy once per subscription.
+fn target(hub: &Hub, sub: &Subscription) -> Result<url::Url, String> {
     let url = sub.callback.url();
-    if let Err(e) = hub.policy.check_url(&url, "callback") {
-        return Attempt::Failed { status: None, error: e, retry_after: None };
-    }
-    let m = &d.message;
+    hub.policy.check_url(&url, "callback").map(|()| url)
+}
+
+async fn deliver(hub: &Hub, sub: &Subscription, target: &Result<url::Url, String>, m: &Message) -> Attempt {
+    let url = match target {
+        Ok(u) => u.clone(),
+        Err(e) => return Attempt::Failed { status: None, error: e.clone(), retry_after: None },
+    };
     let mut req = hub
         .client
         .post(url)
@@ -266,6 +285,8 @@ pub(super) async fn fetch(client: &reqwest::Client, topic: &Topic, max_bytes: us
     Ok((ct, Bytes::from(body)))
 }
 
+const WRITER_GATHER: Duration = Duration::from_millis(50);
+
 /// Records outcomes in batches (one transaction each) until stopped, then drains.
 pub(super) async fn run_writer(store: Store, mut rx: mpsc::UnboundedReceiver<Outcome>, stop: CancellationToken) {
     loop {
@@ -274,8 +295,16 @@ pub(super) async fn run_writer(store: Store, mut rx: mpsc::UnboundedReceiver<Out
             m = rx.recv() => match m { Some(m) => m, None => return },
             _ = stop.cancelled() => match rx.try_recv() { Ok(m) => m, Err(_) => return },
         };
+        // Outcomes are not urgent: gather for a moment so that one transaction (one fsync,
+        // one hold of the writer lock that publishes also need) records many.
+        if !stop.is_cancelled() {
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = tokio::time::sleep(WRITER_GATHER) => {}
+            }
+        }
         let mut batch = vec![first];
-        while batch.len() < 2000 {
+        while batch.len() < 20_000 {
             match rx.try_recv() {
                 Ok(m) => batch.push(m),
                 Err(_) => break,

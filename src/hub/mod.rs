@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::model::Timestamp;
 use crate::store::{Store, StoreError};
 use delivery::Lane;
-use model::{Intent, IntentMode, PendingDelivery, SubscriptionId, Topic, TopicInfo};
+use model::{Intent, IntentMode, SubscriptionId, Topic, TopicInfo};
 
 #[derive(Debug, thiserror::Error)]
 pub enum HubError {
@@ -200,6 +200,7 @@ impl Hub {
             .dns_resolver(Arc::new(policy::SafeResolver { policy: policy.clone() }))
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
+            .no_gzip()
             .timeout(settings.request_timeout)
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
             .pool_idle_timeout(Duration::from_secs(60))
@@ -229,15 +230,11 @@ impl Hub {
 
     async fn restore(self: &Arc<Self>) -> Result<(), StoreError> {
         let subs = self.store.hub_subscriptions().await?;
-        let mut pending: HashMap<SubscriptionId, Vec<PendingDelivery>> = HashMap::new();
-        let mut queued = 0usize;
-        for d in self.store.hub_pending().await? {
-            queued += 1;
-            pending.entry(d.subscription_id).or_default().push(d);
-        }
+        let mut backlog = self.store.hub_backlog().await?;
+        let queued: usize = backlog.values().map(Vec::len).sum();
         let mut lanes = self.lanes.lock().await;
         for sub in subs {
-            let q = pending.remove(&sub.id).unwrap_or_default();
+            let q = backlog.remove(&sub.id).unwrap_or_default();
             lanes.insert(sub.id, Lane::spawn(self, sub, q));
         }
         let subscriptions = lanes.len();
@@ -309,27 +306,21 @@ impl Hub {
         });
     }
 
-    /// Publishes a payload to a topic: stores it as the topic's latest and queues it, in
-    /// order, for every subscription whose lease has not ended. Returns the number queued.
+    /// Publishes a payload to a topic: appends it to the log as the topic's latest and hands
+    /// it, in order, to every subscription whose lease has not ended. Returns how many.
     pub async fn publish(&self, topic: Topic, content_type: String, body: Bytes) -> Result<usize, StoreError> {
         let lanes = self.lanes.lock().await;
-        let (message, deliveries) = self.store.hub_publish(topic, content_type, body, Timestamp::now()).await?;
-        let message = Arc::new(message);
-        for (sub, id) in &deliveries {
-            let job = PendingDelivery {
-                id: *id,
-                subscription_id: *sub,
-                message: message.clone(),
-                attempts: 0,
-                not_before: None,
-            };
-            match lanes.get(sub) {
-                Some(lane) => lane.push(job),
-                None => tracing::error!(subscription = sub, "no delivery lane for a live subscription; delivered after restart"),
+        let now = Timestamp::now();
+        let message = Arc::new(self.store.hub_publish(topic, content_type, body, now).await?);
+        let mut n = 0;
+        for lane in lanes.values() {
+            if lane.wants(&message.topic, now) {
+                lane.push(message.clone());
+                n += 1;
             }
         }
-        tracing::debug!(topic = %message.topic, message = message.id, deliveries = deliveries.len(), "published");
-        Ok(deliveries.len())
+        tracing::debug!(topic = %message.topic, message = message.id, subscribers = n, "published");
+        Ok(n)
     }
 
     /// A WebSub ping: fetches each topic that has subscribers, in the background, and
@@ -383,12 +374,12 @@ impl Hub {
         self.store.hub_topic(topic).await
     }
 
-    /// Removes finished deliveries older than `hub.history_days`, hourly.
+    /// Removes delivered messages and failure records older than `hub.history_days`, hourly.
     async fn run_pruner(&self) {
         loop {
             let before = Timestamp::now().micros() - self.settings.history.as_micros() as i64;
-            match self.store.hub_prune(Timestamp(before)).await {
-                Ok(n) if n > 0 => tracing::info!(removed = n, "old deliveries pruned"),
+            match self.store.hub_prune(Timestamp(before), Timestamp::now()).await {
+                Ok(n) if n > 0 => tracing::info!(removed = n, "old messages pruned"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "pruning deliveries failed"),
             }

@@ -2,7 +2,6 @@
 //! published messages and their deliveries, as the store keeps them.
 
 use std::fmt;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -64,8 +63,8 @@ url_newtype!(
 );
 
 pub type SubscriptionId = i64;
+/// Messages are numbered in publish order over all topics.
 pub type MessageId = i64;
-pub type DeliveryId = i64;
 
 /// What a subscriber asked for, or what the hub decided to tell it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,7 +126,11 @@ impl fmt::Debug for Intent {
     }
 }
 
-/// A verified subscription.
+/// A verified subscription, with where its delivery queue stands.
+///
+/// The queue is not stored per delivery: it is every message of the topic after `cursor`
+/// (the last message delivered, failed for good, or skipped because the lease had ended).
+/// Only the head of the queue can be in retry, so its attempts live here too.
 #[derive(Clone)]
 pub struct Subscription {
     pub id: SubscriptionId,
@@ -140,6 +143,10 @@ pub struct Subscription {
     pub expires_at: Timestamp,
     pub verified_at: Timestamp,
     pub created_at: Timestamp,
+    pub cursor: MessageId,
+    /// Failed attempts at the head of the queue.
+    pub attempts: u32,
+    pub next_attempt_at: Option<Timestamp>,
 }
 
 impl fmt::Debug for Subscription {
@@ -166,29 +173,18 @@ pub struct Message {
     pub published_at: Timestamp,
 }
 
-/// A delivery still to be made: one message to one subscription. `attempts` counts the
-/// attempts made so far (all failed).
-#[derive(Debug, Clone)]
-pub struct PendingDelivery {
-    pub id: DeliveryId,
-    pub subscription_id: SubscriptionId,
-    pub message: Arc<Message>,
-    pub attempts: u32,
-    /// Not before this time (after a failure).
-    pub not_before: Option<Timestamp>,
-}
-
-/// What one delivery attempt came to, recorded by the store in batches.
+/// What one delivery attempt (or the end of a lease) came to, recorded by the store in
+/// batches. Each moves the subscription's cursor or its retry state.
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// `attempts` counts this one.
-    Delivered { id: DeliveryId, attempts: u32, at: Timestamp, status: u16 },
+    Delivered { sub: SubscriptionId, message: MessageId, attempts: u32, at: Timestamp, status: u16 },
     /// Failed; will be tried again at `next_at`.
-    Retry { id: DeliveryId, attempts: u32, next_at: Timestamp, status: Option<u16>, error: String },
-    /// Failed and the retry schedule is exhausted.
-    Failed { id: DeliveryId, attempts: u32, at: Timestamp, status: Option<u16>, error: String },
-    /// Not attempted: the subscription's lease ended.
-    Expired { id: DeliveryId, at: Timestamp },
+    Retry { sub: SubscriptionId, message: MessageId, attempts: u32, at: Timestamp, next_at: Timestamp, status: Option<u16>, error: String },
+    /// Failed and the retry schedule is exhausted: recorded as a failed delivery, queue moves on.
+    Failed { sub: SubscriptionId, message: MessageId, attempts: u32, at: Timestamp, status: Option<u16>, error: String },
+    /// Not attempted: the lease had ended when these (up to `through`) were due.
+    Skipped { sub: SubscriptionId, through: MessageId },
 }
 
 /// How a verification ended.

@@ -387,11 +387,14 @@ impl Source {
 
 /// Lower-case hex of a digest.
 pub fn hex_digest(d: impl AsRef<[u8]>) -> String {
-    use std::fmt::Write;
-    d.as_ref().iter().fold(String::with_capacity(32), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let d = d.as_ref();
+    let mut s = String::with_capacity(d.len() * 2);
+    for b in d {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
 }
 
 /// What a document is generated from (computed before deciding whether to regenerate).

@@ -1,12 +1,14 @@
 //! The hub's part of the storage contract: subscriptions, intents awaiting verification,
 //! topics, messages and per-subscription delivery queues, kept durable by every backend.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use bytes::Bytes;
 
 use super::{Store, StoreError};
 use crate::hub::model::{
-    Callback, DeliveryId, Intent, Message, Outcome, PendingDelivery, Resolution, Subscription, SubscriptionId,
-    Topic, TopicInfo,
+    Callback, Intent, Message, Outcome, Resolution, Subscription, SubscriptionId, Topic, TopicInfo,
 };
 use crate::model::Timestamp;
 
@@ -32,9 +34,9 @@ impl Store {
         }
     }
 
-    pub async fn hub_remove_subscription(&self, id: SubscriptionId, now: Timestamp) -> Result<(), StoreError> {
+    pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_remove_subscription(id, now).await,
+            Store::Embedded(s) => s.hub_remove_subscription(id).await,
         }
     }
 
@@ -51,27 +53,28 @@ impl Store {
         }
     }
 
-    /// Atomically stores the message as the topic's latest and queues one delivery per live
-    /// subscription; returns `(subscription, delivery)` pairs in subscription order.
+    /// Appends a message to the log as the topic's latest (one write, whatever the number of
+    /// subscribers: their queues are the messages after their cursors).
     pub async fn hub_publish(
         &self,
         topic: Topic,
         content_type: String,
         body: Bytes,
         now: Timestamp,
-    ) -> Result<(Message, Vec<(SubscriptionId, DeliveryId)>), StoreError> {
+    ) -> Result<Message, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_publish(topic, content_type, body, now).await,
         }
     }
 
-    /// Pending deliveries of existing subscriptions, grouped by subscription in queue order.
-    pub async fn hub_pending(&self) -> Result<Vec<PendingDelivery>, StoreError> {
+    /// Every subscription's queue: its topic's messages after its cursor, in order.
+    pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_pending().await,
+            Store::Embedded(s) => s.hub_backlog().await,
         }
     }
 
+    /// Records delivery outcomes: cursors, retry state, counters, failed deliveries.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_record(outcomes).await,
@@ -90,9 +93,10 @@ impl Store {
         }
     }
 
-    pub async fn hub_prune(&self, before: Timestamp) -> Result<u64, StoreError> {
+    /// Drops history older than `before` that nothing needs any more.
+    pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_prune(before).await,
+            Store::Embedded(s) => s.hub_prune(before, now).await,
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The hub's tables in the embedded store: intents, subscriptions, topics, messages and the
-//! per-subscription delivery queue. Publishing writes the message and one pending delivery per
-//! live subscription in one transaction, so a crash after the publisher got its answer can
-//! only lead to a delivery made twice, never to one not made.
+//! The hub's tables in the embedded store: intents, subscriptions (with their queue cursor and
+//! retry state), topics, the message log, and failed deliveries. Publishing appends one
+//! message, whatever the number of subscribers; a subscription's queue is the topic's messages
+//! after its cursor, so a crash after the publisher got its answer can only lead to a delivery
+//! made twice, never to one not made.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -11,15 +12,15 @@ use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::EmbeddedStore;
 use crate::hub::model::{
-    Callback, DeliveryId, Intent, IntentMode, Message, Outcome, PendingDelivery, Resolution, Subscription,
-    SubscriptionId, Topic, TopicInfo,
+    Callback, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription, SubscriptionId, Topic,
+    TopicInfo,
 };
 use crate::hub::SignatureAlg;
 use crate::model::Timestamp;
 use crate::store::StoreError;
 
-const SUB_COLS: &str =
-    "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, created_at";
+const SUB_COLS: &str = "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
+     created_at, cursor, attempts, next_attempt_at";
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
@@ -39,6 +40,9 @@ fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
         expires_at: Timestamp(r.get(7)?),
         verified_at: Timestamp(r.get(8)?),
         created_at: Timestamp(r.get(9)?),
+        cursor: r.get(10)?,
+        attempts: r.get::<_, i64>(11)? as u32,
+        next_attempt_at: r.get::<_, Option<i64>>(12)?.map(Timestamp),
     })
 }
 
@@ -52,11 +56,23 @@ fn message_from_row(r: &Row) -> rusqlite::Result<Message> {
     })
 }
 
-fn cancel_pending(tx: &rusqlite::Transaction, sub: SubscriptionId, now: Timestamp) -> rusqlite::Result<usize> {
-    tx.execute(
-        "UPDATE hub_deliveries SET state = 'cancelled', finished_at = ?2 WHERE subscription_id = ?1 AND state = 'pending'",
-        params![sub, now.0],
-    )
+fn delete_subscription(tx: &rusqlite::Transaction, sub: SubscriptionId) -> rusqlite::Result<()> {
+    tx.execute("DELETE FROM hub_subscriptions WHERE id = ?1", [sub])?;
+    tx.execute("DELETE FROM hub_failures WHERE subscription_id = ?1", [sub])?;
+    Ok(())
+}
+
+/// A subscription's state after a batch of outcomes, folded in order.
+#[derive(Default)]
+struct Fold {
+    cursor: MessageId,
+    attempts: u32,
+    next_at: Option<i64>,
+    delivered: i64,
+    failed: i64,
+    success: Option<(i64, u16)>,
+    failure: Option<(i64, Option<u16>, String)>,
+    failures: Vec<(MessageId, u32, Option<u16>, String, i64)>,
 }
 
 impl EmbeddedStore {
@@ -118,15 +134,20 @@ impl EmbeddedStore {
                 Resolution::Dropped => None,
                 Resolution::Subscribed { verified_at } => {
                     let expires = verified_at.plus_secs(intent.lease_secs);
+                    // A new subscription starts after the newest message; a renewal of one whose
+                    // lease had ended skips what was published meanwhile.
                     let sub = tx.query_row(
                         &format!(
                             "INSERT INTO hub_subscriptions
-                               (topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, created_at)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?6)
+                               (topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, created_at, cursor)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?6, (SELECT coalesce(max(id), 0) FROM hub_messages))
                              ON CONFLICT (topic, callback) DO UPDATE SET
                                secret = excluded.secret, alg = excluded.alg, lease_secs = excluded.lease_secs,
                                lease_start = excluded.lease_start, expires_at = excluded.expires_at,
-                               verified_at = excluded.verified_at
+                               verified_at = excluded.verified_at,
+                               cursor = CASE WHEN hub_subscriptions.expires_at <= excluded.verified_at
+                                        THEN max(hub_subscriptions.cursor, excluded.cursor)
+                                        ELSE hub_subscriptions.cursor END
                              RETURNING {SUB_COLS}"
                         ),
                         params![
@@ -151,8 +172,7 @@ impl EmbeddedStore {
                         )
                         .optional()?;
                     if let Some(s) = &sub {
-                        tx.execute("DELETE FROM hub_subscriptions WHERE id = ?1", [s.id])?;
-                        cancel_pending(&tx, s.id, Timestamp::now())?;
+                        delete_subscription(&tx, s.id)?;
                     }
                     sub
                 }
@@ -163,12 +183,11 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Removes a subscription (the subscriber answered 410 Gone) and cancels its deliveries.
-    pub async fn hub_remove_subscription(&self, id: SubscriptionId, now: Timestamp) -> Result<(), StoreError> {
+    /// Removes a subscription (the subscriber answered 410 Gone) and its failure records.
+    pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute("DELETE FROM hub_subscriptions WHERE id = ?1", [id])?;
-            cancel_pending(&tx, id, now)?;
+            delete_subscription(&tx, id)?;
             tx.commit()?;
             Ok(())
         })
@@ -197,15 +216,14 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Stores a message as the topic's latest and queues it for every subscription whose
-    /// lease has not ended. Returns the message and `(subscription, delivery)` pairs.
+    /// Appends a message to the log as the topic's latest.
     pub async fn hub_publish(
         &self,
         topic: Topic,
         content_type: String,
         body: Bytes,
         now: Timestamp,
-    ) -> Result<(Message, Vec<(SubscriptionId, DeliveryId)>), StoreError> {
+    ) -> Result<Message, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute(
@@ -218,90 +236,117 @@ impl EmbeddedStore {
                  ON CONFLICT (topic) DO UPDATE SET last_message = excluded.last_message, published_at = excluded.published_at",
                 params![topic.as_str(), id, now.0],
             )?;
-            let deliveries = {
-                let mut st = tx.prepare(
-                    "INSERT INTO hub_deliveries (subscription_id, message_id, state, attempts, created_at)
-                     SELECT id, ?1, 'pending', 0, ?2 FROM hub_subscriptions WHERE topic = ?3 AND expires_at > ?2
-                     ORDER BY id
-                     RETURNING subscription_id, id",
-                )?;
-                let rows = st.query_map(params![id, now.0, topic.as_str()], |r| Ok((r.get(0)?, r.get(1)?)))?;
-                rows.collect::<Result<Vec<(i64, i64)>, _>>()?
-            };
             tx.commit()?;
-            Ok((Message { id, topic, content_type, body, published_at: now }, deliveries))
+            Ok(Message { id, topic, content_type, body, published_at: now })
         })
         .await
     }
 
-    /// Every pending delivery of an existing subscription, per subscription in queue order.
-    pub async fn hub_pending(&self) -> Result<Vec<PendingDelivery>, StoreError> {
+    /// Every subscription's queue: the messages of its topic after its cursor, in order.
+    pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         self.read(|c| {
             let mut messages: HashMap<i64, Arc<Message>> = HashMap::new();
             let mut st = c.prepare(
-                "SELECT id, topic, content_type, body, published_at FROM hub_messages
-                 WHERE id IN (SELECT message_id FROM hub_deliveries WHERE state = 'pending')",
+                "SELECT id, topic, content_type, body, published_at FROM hub_messages m
+                 WHERE EXISTS (SELECT 1 FROM hub_subscriptions s WHERE s.topic = m.topic AND s.cursor < m.id)",
             )?;
             for m in st.query_map([], message_from_row)? {
                 let m = m?;
                 messages.insert(m.id, Arc::new(m));
             }
             let mut st = c.prepare(
-                "SELECT d.id, d.subscription_id, d.message_id, d.attempts, d.next_attempt_at
-                 FROM hub_deliveries d JOIN hub_subscriptions s ON s.id = d.subscription_id
-                 WHERE d.state = 'pending' ORDER BY d.subscription_id, d.id",
+                "SELECT s.id, m.id FROM hub_subscriptions s JOIN hub_messages m ON m.topic = s.topic AND m.id > s.cursor
+                 ORDER BY s.id, m.id",
             )?;
-            let rows = st.query_map([], |r| {
-                Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?, r.get::<_, i64>(2)?, r.get::<_, i64>(3)?, r.get::<_, Option<i64>>(4)?))
-            })?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (id, sub, msg, attempts, next) = row?;
-                let message = messages
-                    .get(&msg)
-                    .cloned()
-                    .ok_or_else(|| StoreError::Corrupt(format!("delivery {id} refers to missing message {msg}")))?;
-                out.push(PendingDelivery {
-                    id,
-                    subscription_id: sub,
-                    message,
-                    attempts: attempts as u32,
-                    not_before: next.map(Timestamp),
-                });
+            let mut out: HashMap<SubscriptionId, Vec<Arc<Message>>> = HashMap::new();
+            for row in st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
+                let (sub, msg) = row?;
+                let m = messages.get(&msg).cloned().ok_or_else(|| StoreError::Corrupt(format!("message {msg} vanished")))?;
+                out.entry(sub).or_default().push(m);
             }
             Ok(out)
         })
         .await
     }
 
-    /// Records a batch of delivery outcomes in one transaction.
+    /// Records a batch of outcomes in one transaction: one update per subscription, plus a row
+    /// per delivery that failed for good.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
+        let mut folds: Vec<(SubscriptionId, Fold)> = Vec::new();
+        let mut index: HashMap<SubscriptionId, usize> = HashMap::new();
+        for o in outcomes {
+            let sub = match &o {
+                Outcome::Delivered { sub, .. }
+                | Outcome::Retry { sub, .. }
+                | Outcome::Failed { sub, .. }
+                | Outcome::Skipped { sub, .. } => *sub,
+            };
+            let i = *index.entry(sub).or_insert_with(|| {
+                folds.push((sub, Fold::default()));
+                folds.len() - 1
+            });
+            let f = &mut folds[i].1;
+            match o {
+                Outcome::Delivered { message, at, status, .. } => {
+                    f.cursor = f.cursor.max(message);
+                    (f.attempts, f.next_at) = (0, None);
+                    f.delivered += 1;
+                    f.success = Some((at.0, status));
+                }
+                Outcome::Retry { attempts, at, next_at, status, error, .. } => {
+                    (f.attempts, f.next_at) = (attempts, Some(next_at.0));
+                    f.failure = Some((at.0, status, error));
+                }
+                Outcome::Failed { message, attempts, at, status, error, .. } => {
+                    f.cursor = f.cursor.max(message);
+                    (f.attempts, f.next_at) = (0, None);
+                    f.failed += 1;
+                    f.failures.push((message, attempts, status, error.clone(), at.0));
+                    f.failure = Some((at.0, status, error));
+                }
+                Outcome::Skipped { through, .. } => {
+                    f.cursor = f.cursor.max(through);
+                    (f.attempts, f.next_at) = (0, None);
+                }
+            }
+        }
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             {
-                let mut done = tx.prepare(
-                    "UPDATE hub_deliveries SET state = ?2, attempts = coalesce(?3, attempts), last_status = ?4,
-                       last_error = ?5, finished_at = ?6, next_attempt_at = NULL
-                     WHERE id = ?1 AND state = 'pending'",
+                let mut up = tx.prepare(
+                    "UPDATE hub_subscriptions SET cursor = max(cursor, ?2), attempts = ?3, next_attempt_at = ?4,
+                       delivered = delivered + ?5, failed = failed + ?6,
+                       last_success_at = coalesce(?7, last_success_at),
+                       last_success_status = coalesce(?8, last_success_status),
+                       last_failure_at = coalesce(?9, last_failure_at),
+                       last_failure_status = CASE WHEN ?9 IS NULL THEN last_failure_status ELSE ?10 END,
+                       last_failure_error = coalesce(?11, last_failure_error)
+                     WHERE id = ?1",
                 )?;
-                let mut retry = tx.prepare(
-                    "UPDATE hub_deliveries SET attempts = ?2, next_attempt_at = ?3, last_status = ?4, last_error = ?5
-                     WHERE id = ?1 AND state = 'pending'",
+                let mut fail = tx.prepare(
+                    "INSERT INTO hub_failures (subscription_id, message_id, attempts, status, error, at)
+                     SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM hub_subscriptions WHERE id = ?1)",
                 )?;
-                for o in &outcomes {
-                    match o {
-                        Outcome::Delivered { id, attempts, at, status } => {
-                            done.execute(params![id, "delivered", attempts, status, Option::<String>::None, at.0])?;
-                        }
-                        Outcome::Retry { id, attempts, next_at, status, error } => {
-                            retry.execute(params![id, attempts, next_at.0, status, error])?;
-                        }
-                        Outcome::Failed { id, attempts, at, status, error } => {
-                            done.execute(params![id, "failed", attempts, status, error, at.0])?;
-                        }
-                        Outcome::Expired { id, at } => {
-                            done.execute(params![id, "expired", Option::<u32>::None, Option::<u16>::None, "lease expired", at.0])?;
-                        }
+                for (sub, f) in &folds {
+                    let (fat, fstatus, ferr) = match &f.failure {
+                        Some((at, st, e)) => (Some(*at), *st, Some(e.as_str())),
+                        None => (None, None, None),
+                    };
+                    up.execute(params![
+                        sub,
+                        f.cursor,
+                        f.attempts,
+                        f.next_at,
+                        f.delivered,
+                        f.failed,
+                        f.success.map(|s| s.0),
+                        f.success.map(|s| s.1),
+                        fat,
+                        fstatus,
+                        ferr
+                    ])?;
+                    for (msg, attempts, status, error, at) in &f.failures {
+                        fail.execute(params![sub, msg, attempts, status, error, at])?;
                     }
                 }
             }
@@ -350,19 +395,18 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Removes finished deliveries and unreferenced messages older than `before`.
-    pub async fn hub_prune(&self, before: Timestamp) -> Result<u64, StoreError> {
+    /// Removes failure records older than `before`, and messages older than `before` that no
+    /// live subscription still has to deliver (a topic's latest message is kept).
+    pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute("DELETE FROM hub_failures WHERE at < ?1", [before.0])?;
             let n = tx.execute(
-                "DELETE FROM hub_deliveries WHERE state <> 'pending' AND finished_at < ?1",
-                [before.0],
-            )?;
-            tx.execute(
                 "DELETE FROM hub_messages WHERE published_at < ?1
-                   AND NOT EXISTS (SELECT 1 FROM hub_deliveries d WHERE d.message_id = hub_messages.id)
-                   AND id NOT IN (SELECT last_message FROM hub_topics WHERE last_message IS NOT NULL)",
-                [before.0],
+                   AND id NOT IN (SELECT last_message FROM hub_topics WHERE last_message IS NOT NULL)
+                   AND NOT EXISTS (SELECT 1 FROM hub_subscriptions s
+                                   WHERE s.topic = hub_messages.topic AND s.cursor < hub_messages.id AND s.expires_at > ?2)",
+                params![before.0, now.0],
             )?;
             tx.commit()?;
             Ok(n as u64)

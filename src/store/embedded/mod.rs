@@ -76,6 +76,10 @@ CREATE TABLE IF NOT EXISTS hub_subscriptions (
     topic TEXT NOT NULL, callback TEXT NOT NULL, secret TEXT, alg TEXT NOT NULL,
     lease_secs INTEGER NOT NULL, lease_start INTEGER NOT NULL, expires_at INTEGER NOT NULL,
     verified_at INTEGER NOT NULL, created_at INTEGER NOT NULL,
+    cursor INTEGER NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER,
+    delivered INTEGER NOT NULL DEFAULT 0, failed INTEGER NOT NULL DEFAULT 0,
+    last_success_at INTEGER, last_success_status INTEGER,
+    last_failure_at INTEGER, last_failure_status INTEGER, last_failure_error TEXT,
     UNIQUE (topic, callback)
 );
 CREATE TABLE IF NOT EXISTS hub_topics (
@@ -85,14 +89,13 @@ CREATE TABLE IF NOT EXISTS hub_messages (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     topic TEXT NOT NULL, content_type TEXT NOT NULL, body BLOB NOT NULL, published_at INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS hub_deliveries (
+CREATE INDEX IF NOT EXISTS hub_messages_topic ON hub_messages (topic, id);
+CREATE TABLE IF NOT EXISTS hub_failures (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
-    subscription_id INTEGER NOT NULL, message_id INTEGER NOT NULL,
-    state TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 0, next_attempt_at INTEGER,
-    last_status INTEGER, last_error TEXT, created_at INTEGER NOT NULL, finished_at INTEGER
+    subscription_id INTEGER NOT NULL, message_id INTEGER NOT NULL, attempts INTEGER NOT NULL,
+    status INTEGER, error TEXT NOT NULL, at INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS hub_deliveries_pending ON hub_deliveries (state, subscription_id, id);
-CREATE INDEX IF NOT EXISTS hub_deliveries_message ON hub_deliveries (message_id);
+CREATE INDEX IF NOT EXISTS hub_failures_sub ON hub_failures (subscription_id, id);
 "#;
 
 #[derive(Clone)]

@@ -1,0 +1,163 @@
+//! Benchmark: fan-out of signed deliveries on loopback.
+//!
+//! ```text
+//! cargo run --release --example bench_hub -- [--subscribers 100,500,1000] [--notifications 20]
+//! ```
+//!
+//! Runs the real server (embedded store in a temporary directory) and one receiver in this
+//! process, subscribes N callbacks with secrets (so every delivery is HMAC-signed), then
+//! publishes the notifications back to back as fat pings. Prints, per N: deliveries/s from
+//! the first publish to the last receipt, and publish-to-receipt latency p50/p99/max (from
+//! sending the publish request to the receiver reading the delivery).
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::routing::get;
+use axum::Router;
+use resourcesync_hub::config::Config;
+use resourcesync_hub::store::Store;
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+/// Receipts: (notification number, when).
+type Receipts = Arc<Mutex<Vec<(usize, Instant)>>>;
+
+async fn verify(Query(q): Query<std::collections::HashMap<String, String>>) -> String {
+    q.get("hub.challenge").cloned().unwrap_or_default()
+}
+
+async fn receive(State(r): State<Receipts>, body: Bytes) -> &'static str {
+    let at = Instant::now();
+    // Body: <n i="K" .../>
+    let s = std::str::from_utf8(&body).unwrap_or("");
+    let n = s.split('"').nth(1).and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
+    r.lock().unwrap().push((n, at));
+    ""
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let rounds: Vec<usize> = arg("--subscribers")
+        .unwrap_or_else(|| "100,500,1000".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("--subscribers N[,N...]"))
+        .collect();
+    let notifications: usize = arg("--notifications").map_or(20, |s| s.parse().expect("--notifications N"));
+
+    let tmp = std::env::temp_dir().join(format!("rshub-bench-hub-{}", std::process::id()));
+    let mut config = Config::defaults();
+    config.server.listen = "127.0.0.1:0".into();
+    config.server.data_dir = tmp.clone();
+    config.hub.allow_networks = vec!["127.0.0.0/8".into()];
+    config.hub.publisher_token = "bench".into();
+    config.hub.requests_per_callback_per_minute = 1000;
+    let db = config.database_path();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let hub_addr = listener.local_addr()?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(resourcesync_hub::app::run(config, listener, async move {
+        let _ = stop_rx.await;
+    }));
+
+    let receipts: Receipts = Arc::new(Mutex::new(Vec::new()));
+    let recv_app = Router::new().route("/cb/{id}", get(verify).post(receive)).with_state(receipts.clone());
+    let recv_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let recv_addr = recv_listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(recv_listener, recv_app).await });
+
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let hub_url = format!("http://{hub_addr}/hub");
+    for _ in 0..100 {
+        if client.get(format!("http://{hub_addr}/healthz")).send().await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let store = Store::open_embedded(&db)?;
+    println!("signed fan-out on loopback, {notifications} notifications per round, sha256 signatures");
+    println!(
+        "{:>11} {:>11} {:>13} {:>9} {:>9} {:>9} {:>14}",
+        "subscribers", "deliveries", "deliveries/s", "p50 ms", "p99 ms", "max ms", "publishing ms"
+    );
+    let mut base = 0usize;
+    for n in rounds {
+        let topic = format!("http://{hub_addr}/topics/bench-{n}");
+        for i in 0..n {
+            let r = client
+                .post(&hub_url)
+                .form(&[
+                    ("hub.mode", "subscribe"),
+                    ("hub.topic", topic.as_str()),
+                    ("hub.callback", &format!("http://{recv_addr}/cb/{}", base + i)),
+                    ("hub.secret", &format!("secret-{i}")),
+                ])
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 202, "subscribe answered {}", r.status());
+        }
+        base += n;
+        let t = resourcesync_hub::hub::model::Topic::parse(&topic).map_err(anyhow::Error::msg)?;
+        loop {
+            let subs = store.hub_topic(&t).await?.map_or(0, |i| i.subscribers);
+            if subs as usize == n {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        receipts.lock().unwrap().clear();
+        let mut sent = Vec::with_capacity(notifications);
+        let start = Instant::now();
+        for k in 0..notifications {
+            sent.push(Instant::now());
+            let payload = format!(
+                "<n i=\"{k}\" xmlns=\"http://www.sitemaps.org/schemas/sitemap/0.9\">{}</n>",
+                "<url><loc>http://example.org/res</loc></url>".repeat(30)
+            );
+            let r = client
+                .post(&hub_url)
+                .header("content-type", "application/xml")
+                .header("authorization", "Bearer bench")
+                .header("link", format!("<{topic}>; rel=\"self\""))
+                .body(payload)
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 200, "publish answered {}", r.status());
+        }
+        let published = start.elapsed();
+        let want = n * notifications;
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while receipts.lock().unwrap().len() < want {
+            anyhow::ensure!(Instant::now() < deadline, "only {} of {want} deliveries arrived", receipts.lock().unwrap().len());
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let got = receipts.lock().unwrap().clone();
+        let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
+        let mut lat: Vec<Duration> = got.iter().map(|(k, at)| at.duration_since(sent[*k])).collect();
+        lat.sort();
+        let secs = last.duration_since(start).as_secs_f64();
+        println!(
+            "{:>11} {:>11} {:>13.0} {:>9.1} {:>9.1} {:>9.1} {:>14.1}",
+            n,
+            want,
+            want as f64 / secs,
+            percentile(&lat, 0.50).as_secs_f64() * 1e3,
+            percentile(&lat, 0.99).as_secs_f64() * 1e3,
+            lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+            published.as_secs_f64() * 1e3
+        );
+    }
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
