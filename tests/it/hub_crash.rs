@@ -13,6 +13,7 @@ use crate::support::ChildServer;
 const SUBSCRIBERS: usize = 50;
 const NOTIFICATIONS: usize = 20;
 
+/// Debug logging, so that the check that no secret reaches the log means something.
 fn start_hub(dir: &std::path::Path) -> ChildServer {
     let cfg = dir.join("hub.toml");
     std::fs::write(
@@ -20,7 +21,10 @@ fn start_hub(dir: &std::path::Path) -> ChildServer {
         "[hub]\nallow_networks = [\"127.0.0.0/8\"]\npublisher_token = \"t\"\nretry_schedule_secs = [1, 1, 1]\n",
     )
     .unwrap();
-    ChildServer::serve(&["--config", cfg.to_str().unwrap(), "--data-dir", dir.join("data").to_str().unwrap()], &[])
+    ChildServer::serve(
+        &["--config", cfg.to_str().unwrap(), "--data-dir", dir.join("data").to_str().unwrap()],
+        &[("RUST_LOG", "debug,hyper=info,hyper_util=info,reqwest=info")],
+    )
 }
 
 /// Per callback path, the notification numbers received, in arrival order.
@@ -45,7 +49,12 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
     for i in 0..SUBSCRIBERS {
         let r = client
             .post(hub.url("/hub"))
-            .form(&[("hub.mode", "subscribe"), ("hub.topic", topic.as_str()), ("hub.callback", &sub.url(&format!("/cb/{i}")))])
+            .form(&[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic.as_str()),
+                ("hub.callback", &sub.url(&format!("/cb/{i}"))),
+                ("hub.secret", &format!("SeCrEt-{i}")),
+            ])
             .send()
             .await
             .unwrap();
@@ -74,6 +83,7 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
     }
     let total = SUBSCRIBERS * NOTIFICATIONS;
     sub.wait_until("a third of the fan-out", |s| s.all_deliveries().len() >= total / 3).await;
+    let first_log = hub.log();
     let status = hub.signal("KILL");
     assert!(!status.success());
     let at_kill = sub.all_deliveries().len();
@@ -104,5 +114,10 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
     println!("killed after {at_kill} of {total} deliveries; {dupes} redelivered after the restart");
     assert_eq!(store.hub_subscriptions().await.unwrap().len(), SUBSCRIBERS, "no subscription lost");
     assert!(hub.log().contains("pending_deliveries="), "{}", hub.log());
+    assert!(sub.all_deliveries().iter().all(|d| d.header("x-hub-signature").is_some()), "every delivery is signed");
+    assert!(first_log.contains("DEBUG") && first_log.contains("published"), "debug logging was on");
+    for log in [&first_log, &hub.log()] {
+        assert!(!log.contains("SeCrEt"), "a secret reached the log");
+    }
     drop(hub);
 }
