@@ -87,6 +87,16 @@ async fn subscriber_count(app: &TestApp, topic: &str) -> u64 {
     store.hub_topic(&Topic::parse(topic).unwrap()).await.unwrap().map_or(0, |i| i.subscribers)
 }
 
+async fn wait_subscribers(app: &TestApp, topic: &str, n: u64) {
+    for _ in 0..200 {
+        if subscriber_count(app, topic).await == n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{topic} never got to {n} subscriber(s)");
+}
+
 fn hmac_hex<M: Mac + KeyInit>(key: &[u8], body: &[u8]) -> String {
     let mut m = <M as KeyInit>::new_from_slice(key).unwrap();
     m.update(body);
@@ -201,12 +211,7 @@ async fn resubscribing_updates_in_place_and_unsubscribing_stops_deliveries() {
     assert_eq!(status, 202);
     let v = sub.wait_verifications("/cb", 3).await;
     assert_eq!(v[2]["hub.mode"], "unsubscribe");
-    for _ in 0..100 {
-        if subscriber_count(&app, &t).await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_subscribers(&app, &t, 0).await;
     assert_eq!(fat_ping(&app, &t, "<two/>").await.1, "published to 0 subscriber(s)\n");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(sub.deliveries("/cb").len(), 1, "nothing after unsubscribing");
@@ -407,12 +412,7 @@ async fn gone_ends_the_subscription() {
     sub.answer("/gone", 410);
     fat_ping(&app, &t, "<a/>").await;
     sub.wait_deliveries("/gone", 1).await;
-    for _ in 0..100 {
-        if subscriber_count(&app, &t).await == 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_subscribers(&app, &t, 0).await;
     assert_eq!(fat_ping(&app, &t, "<b/>").await.1, "published to 0 subscriber(s)\n");
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(sub.deliveries("/gone").len(), 1);
