@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::hub::Hub;
+use crate::notify::Notifier;
 use crate::model::{SetName, Timestamp};
 use crate::source::Source;
 use crate::store::Store;
@@ -53,11 +54,13 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     }
     let cancel = CancellationToken::new();
     let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
+    let notifier = config.notify.enabled.then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
+    let poller = notifier.clone().map(|n| tokio::spawn(n.run(cancel.clone())));
 
     if config.hub.publisher_token.is_empty() {
         tracing::info!("hub.publisher_token is not set: fat pings (POSTed payloads) are refused");
     }
-    let app = http::router(AppState { config: config.clone(), source, hub: hub.clone() });
+    let app = http::router(AppState { config: config.clone(), source, hub: hub.clone(), notifier });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
@@ -80,6 +83,9 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
         },
     }
     let _ = rollover.await;
+    if let Some(p) = poller {
+        let _ = p.await;
+    }
     hub.shutdown().await;
     Ok(())
 }

@@ -24,6 +24,7 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub source: SourceConfig,
     pub hub: HubConfig,
+    pub notify: NotifyConfig,
     pub set_defaults: SetDefaults,
     #[serde(default)]
     pub sets: BTreeMap<String, SetOverrides>,
@@ -76,6 +77,15 @@ pub struct HubConfig {
     pub max_body_bytes: usize,
     pub requests_per_callback_per_minute: u32,
     pub history_days: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct NotifyConfig {
+    pub enabled: bool,
+    pub poll_interval_ms: u64,
+    pub max_entries: usize,
+    pub max_delay_ms: u64,
+    pub hold_back_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -186,6 +196,12 @@ impl Config {
             return bad("source.store_page_size must be at least 1".into());
         }
         self.validate_hub()?;
+        let n = &self.notify;
+        if n.poll_interval_ms == 0 || n.max_entries == 0 || n.max_entries > SITEMAP_MAX_ITEMS as usize {
+            return bad(format!(
+                "notify: poll_interval_ms must be at least 1 and max_entries between 1 and {SITEMAP_MAX_ITEMS}"
+            ));
+        }
         check_max_items("set_defaults", self.set_defaults.max_items_in_list)?;
         for (name, set) in &self.sets {
             if let Err(reason) = crate::model::SetName::parse(name) {
@@ -261,6 +277,16 @@ impl Config {
     /// The URL prefix of the topics this hub serves (no trailing slash).
     pub fn topic_base(&self) -> String {
         format!("{}{}", self.base_url(), self.hub.topic_path)
+    }
+
+    /// The topic of a set's change notifications.
+    pub fn change_topic(&self, set: &str) -> String {
+        format!("{}/{set}/changes", self.topic_base())
+    }
+
+    /// The topic of a set's framework notifications.
+    pub fn framework_topic(&self, set: &str) -> String {
+        format!("{}/{set}/framework", self.topic_base())
     }
 
     /// The public base URL, without a trailing slash.

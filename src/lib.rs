@@ -24,6 +24,7 @@ pub mod http;
 pub mod import;
 pub mod ingest;
 pub mod model;
+pub mod notify;
 pub mod sitemap;
 pub mod source;
 pub mod store;

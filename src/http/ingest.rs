@@ -24,6 +24,9 @@ pub async fn post_changes(
     let framing = Framing::from_content_type(ct).map_err(AppError::UnsupportedMediaType)?;
     let events = ingest::parse_body(&body, framing)?;
     let report = ingest::ingest(&st.source, &set, events).await?;
+    if let Some(n) = &st.notifier {
+        n.poke(report.applied);
+    }
     Ok(Json(report))
 }
 

@@ -18,6 +18,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
 use crate::hub::Hub;
+use crate::notify::Notifier;
 use crate::source::Source;
 
 /// What every handler can reach.
@@ -26,6 +27,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub source: Arc<Source>,
     pub hub: Arc<Hub>,
+    /// The notification poller, when `notify.enabled`.
+    pub notifier: Option<Arc<Notifier>>,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -33,7 +33,7 @@ pub use signature::{signature, SignatureAlg};
 
 use crate::config::Config;
 use crate::model::Timestamp;
-use crate::store::{Store, StoreError};
+use crate::store::{NotifyState, Store, StoreError};
 use delivery::Lane;
 use model::{Intent, IntentMode, SubscriptionId, Topic, TopicInfo};
 
@@ -309,18 +309,34 @@ impl Hub {
     /// Publishes a payload to a topic: appends it to the log as the topic's latest and hands
     /// it, in order, to every subscription whose lease has not ended. Returns how many.
     pub async fn publish(&self, topic: Topic, content_type: String, body: Bytes) -> Result<usize, StoreError> {
+        let counts = self.publish_all(vec![(topic, content_type, body)], None).await?;
+        Ok(counts[0])
+    }
+
+    /// Publishes several payloads in one store transaction (with a notifier state update, see
+    /// [`Store::hub_publish`]); returns the subscribers reached per payload.
+    pub async fn publish_all(
+        &self,
+        payloads: Vec<(Topic, String, Bytes)>,
+        state: Option<(i64, NotifyState)>,
+    ) -> Result<Vec<usize>, StoreError> {
         let lanes = self.lanes.lock().await;
         let now = Timestamp::now();
-        let message = Arc::new(self.store.hub_publish(topic, content_type, body, now).await?);
-        let mut n = 0;
-        for lane in lanes.values() {
-            if lane.wants(&message.topic, now) {
-                lane.push(message.clone());
-                n += 1;
+        let messages = self.store.hub_publish(payloads, state, now).await?;
+        let mut counts = Vec::with_capacity(messages.len());
+        for message in messages {
+            let message = Arc::new(message);
+            let mut n = 0;
+            for lane in lanes.values() {
+                if lane.wants(&message.topic, now) {
+                    lane.push(message.clone());
+                    n += 1;
+                }
             }
+            tracing::debug!(topic = %message.topic, message = message.id, subscribers = n, "published");
+            counts.push(n);
         }
-        tracing::debug!(topic = %message.topic, message = message.id, subscribers = n, "published");
-        Ok(n)
+        Ok(counts)
     }
 
     /// A WebSub ping: fetches each topic that has subscribers, in the background, and

@@ -278,6 +278,15 @@ impl Source {
                 let mut w = SitemapWriter::new(Root::Urlset, &Md { capability: Some("capabilitylist"), ..Md::default() }, &links);
                 w.entry(&self.urls.resource_list(set), None, &Md { capability: Some("resourcelist"), ..Md::default() }, &[]);
                 w.entry(&self.urls.change_list(set), None, &Md { capability: Some("changelist"), ..Md::default() }, &[]);
+                if self.config.notify.enabled {
+                    // The notification channels: the topic is the <loc>, the hub an rs:ln.
+                    let hub = self.config.hub_url();
+                    let hub_ln = [Ln { rel: "hub", href: &hub, mime: None }];
+                    let change = self.config.change_topic(set.as_str());
+                    let framework = self.config.framework_topic(set.as_str());
+                    w.entry(&change, None, &Md { capability: Some("change-notification"), ..Md::default() }, &hub_ln);
+                    w.entry(&framework, None, &Md { capability: Some("framework-notification"), ..Md::default() }, &hub_ln);
+                }
                 (w.entries(), w.finish())
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{Store, StoreError};
+use super::{NotifyState, Store, StoreError};
 use crate::hub::model::{
     Callback, Intent, Message, Outcome, Resolution, Subscription, SubscriptionId, Topic, TopicInfo,
 };
@@ -53,17 +53,18 @@ impl Store {
         }
     }
 
-    /// Appends a message to the log as the topic's latest (one write, whatever the number of
-    /// subscribers: their queues are the messages after their cursors).
+    /// Appends messages to the log, each as its topic's latest (one write per message, whatever
+    /// the number of subscribers: their queues are the messages after their cursors). With
+    /// `state`, a set's notifier state moves from version `.0` to `.1` in the same transaction,
+    /// or nothing is written and the answer is [`StoreError::Conflict`].
     pub async fn hub_publish(
         &self,
-        topic: Topic,
-        content_type: String,
-        body: Bytes,
+        messages: Vec<(Topic, String, Bytes)>,
+        state: Option<(i64, NotifyState)>,
         now: Timestamp,
-    ) -> Result<Message, StoreError> {
+    ) -> Result<Vec<Message>, StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_publish(topic, content_type, body, now).await,
+            Store::Embedded(s) => s.hub_publish(messages, state, now).await,
         }
     }
 

@@ -19,6 +19,9 @@ pub enum StoreError {
     Unavailable(String),
     #[error("store data is corrupt: {0}")]
     Corrupt(String),
+    /// An optimistic write lost: someone else changed the record first.
+    #[error("conflict: {0}")]
+    Conflict(String),
 }
 
 impl From<rusqlite::Error> for StoreError {
@@ -217,6 +220,35 @@ impl Store {
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.ping().await,
+        }
+    }
+}
+
+/// Where a set's notifications stand: change notifications cover every change dated before
+/// `watermark`; framework notifications have covered Resource List parts up to `parts_seen`,
+/// Change Lists up to `lists_seen`, and the set's creation once `announced`. `version` makes
+/// updates optimistic, so several notifier processes never publish the same thing twice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NotifyState {
+    pub set: SetName,
+    pub watermark: Timestamp,
+    pub parts_seen: u32,
+    pub lists_seen: u32,
+    pub announced: bool,
+    pub version: i64,
+}
+
+impl Store {
+    pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.notify_state(set).await,
+        }
+    }
+
+    /// Creates the state of a set that predates the notifier (nothing is replayed).
+    pub async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(s) => s.notify_init(state).await,
         }
     }
 }

@@ -56,7 +56,12 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
     assert_eq!(cap.link("up"), Some(app.config.base_url() + "/.well-known/resourcesync").as_deref());
     assert_eq!(cap.link("describedby"), Some("http://example.org/about-papers"));
     let caps: Vec<_> = cap.entries.iter().map(|e| e.md["capability"].as_str()).collect();
-    assert_eq!(caps, ["resourcelist", "changelist"]);
+    assert_eq!(caps, ["resourcelist", "changelist", "change-notification", "framework-notification"]);
+    for (e, topic) in cap.entries[2..].iter().zip([app.config.change_topic("papers"), app.config.framework_topic("papers")]) {
+        assert_eq!(e.loc, topic, "the channel's topic is the <loc>");
+        assert_eq!(e.links[0]["rel"], "hub");
+        assert_eq!(e.links[0]["href"], app.config.hub_url());
+    }
     docs.push(("cap".into(), cap_body));
 
     // Resource List Index: 8 created, 1 deleted -> 7 resources over parts of at most 3.

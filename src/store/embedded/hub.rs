@@ -17,7 +17,7 @@ use crate::hub::model::{
 };
 use crate::hub::SignatureAlg;
 use crate::model::Timestamp;
-use crate::store::StoreError;
+use crate::store::{NotifyState, StoreError};
 
 const SUB_COLS: &str = "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
      created_at, cursor, attempts, next_attempt_at";
@@ -216,28 +216,37 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Appends a message to the log as the topic's latest.
+    /// Appends messages to the log (each its topic's latest), and, when given, moves a set's
+    /// notifier state from version `expected` to `state` in the same transaction.
     pub async fn hub_publish(
         &self,
-        topic: Topic,
-        content_type: String,
-        body: Bytes,
+        messages: Vec<(Topic, String, Bytes)>,
+        state: Option<(i64, NotifyState)>,
         now: Timestamp,
-    ) -> Result<Message, StoreError> {
+    ) -> Result<Vec<Message>, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            tx.execute(
-                "INSERT INTO hub_messages (topic, content_type, body, published_at) VALUES (?1, ?2, ?3, ?4)",
-                params![topic.as_str(), content_type, &body[..], now.0],
-            )?;
-            let id = tx.last_insert_rowid();
-            tx.execute(
-                "INSERT INTO hub_topics (topic, last_message, published_at, created_at) VALUES (?1, ?2, ?3, ?3)
-                 ON CONFLICT (topic) DO UPDATE SET last_message = excluded.last_message, published_at = excluded.published_at",
-                params![topic.as_str(), id, now.0],
-            )?;
+            if let Some((expected, new)) = &state {
+                if !super::notify::swap_state(&tx, *expected, new)? {
+                    return Err(StoreError::Conflict(format!("notifier state of set {} moved", new.set)));
+                }
+            }
+            let mut out = Vec::with_capacity(messages.len());
+            for (topic, content_type, body) in messages {
+                tx.execute(
+                    "INSERT INTO hub_messages (topic, content_type, body, published_at) VALUES (?1, ?2, ?3, ?4)",
+                    params![topic.as_str(), content_type, &body[..], now.0],
+                )?;
+                let id = tx.last_insert_rowid();
+                tx.execute(
+                    "INSERT INTO hub_topics (topic, last_message, published_at, created_at) VALUES (?1, ?2, ?3, ?3)
+                     ON CONFLICT (topic) DO UPDATE SET last_message = excluded.last_message, published_at = excluded.published_at",
+                    params![topic.as_str(), id, now.0],
+                )?;
+                out.push(Message { id, topic, content_type, body, published_at: now });
+            }
             tx.commit()?;
-            Ok(Message { id, topic, content_type, body, published_at: now })
+            Ok(out)
         })
         .await
     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 mod hub;
+mod notify;
 
 use super::{
     entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, Page,
@@ -96,6 +97,11 @@ CREATE TABLE IF NOT EXISTS hub_failures (
     status INTEGER, error TEXT NOT NULL, at INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS hub_failures_sub ON hub_failures (subscription_id, id);
+CREATE TABLE IF NOT EXISTS notify_state (
+    set_name TEXT PRIMARY KEY,
+    watermark INTEGER NOT NULL, parts_seen INTEGER NOT NULL, lists_seen INTEGER NOT NULL,
+    announced INTEGER NOT NULL, version INTEGER NOT NULL
+);
 "#;
 
 #[derive(Clone)]
@@ -443,6 +449,12 @@ fn ensure_set_tx(tx: &rusqlite::Transaction, set: &SetName, now: Timestamp) -> R
              VALUES (?1, 1, ?2, NULL, 0, 0, 0, NULL)",
             params![set.as_str(), now.0],
         )?;
+        // The notifier announces the new set and notifies its changes from its first one on.
+        tx.execute(
+            "INSERT OR IGNORE INTO notify_state (set_name, watermark, parts_seen, lists_seen, announced, version) \
+             VALUES (?1, ?2, 0, 1, 0, 0)",
+            params![set.as_str(), now.0],
+        )?;
     }
     Ok(n == 1)
 }
@@ -507,6 +519,11 @@ fn apply_tx(
         .optional()
         .map_err(StoreError::from)?;
     let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
+    // Change notifications have been sent for everything dated before this.
+    let notified: Option<i64> = tx
+        .query_row("SELECT watermark FROM notify_state WHERE set_name = ?1", [set.as_str()], |r| r.get(0))
+        .optional()
+        .map_err(StoreError::from)?;
     let sql_err = |e: rusqlite::Error| ApplyError::Store(e.into());
 
     for (index, mut c) in changes.into_iter().enumerate() {
@@ -536,6 +553,16 @@ fn apply_tx(
                     reason: format!(
                         "datetime {d} precedes the open Change List, which starts at {}; closed Change Lists never change",
                         Timestamp(open.from)
+                    ),
+                })
+            }
+            Some(d) if notified.is_some_and(|w| d.0 < w) => {
+                return Err(ApplyError::Rejected {
+                    index,
+                    reason: format!(
+                        "datetime {d} precedes {}, up to which change notifications for this set have been sent; \
+                         changes may arrive at most notify.hold_back_secs late (omit datetime to use the time of arrival)",
+                        Timestamp(notified.unwrap_or_default())
                     ),
                 })
             }
