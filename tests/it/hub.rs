@@ -15,7 +15,7 @@ use crate::support::{test_config, TestApp};
 
 const TOKEN: &str = "pub-token";
 
-fn hub_config() -> (Config, tempfile::TempDir) {
+pub fn hub_config() -> (Config, tempfile::TempDir) {
     let (mut c, dir) = test_config();
     c.hub.allow_networks = vec!["127.0.0.0/8".into(), "::1/128".into()];
     c.hub.publisher_token = TOKEN.into();

@@ -8,6 +8,7 @@ mod documents;
 mod hub;
 mod hub_crash;
 mod ingest;
+mod notify;
 mod resync;
 mod restart;
 mod scale;
