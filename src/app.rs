@@ -57,6 +57,9 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     let notifier = config.notify.enabled.then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
     let poller = notifier.clone().map(|n| tokio::spawn(n.run(cancel.clone())));
 
+    if config.admin.token.is_empty() {
+        tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");
+    }
     if config.hub.publisher_token.is_empty() {
         tracing::info!("hub.publisher_token is not set: fat pings (POSTed payloads) are refused");
     }

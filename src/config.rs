@@ -24,6 +24,7 @@ pub struct Config {
     pub ingest: IngestConfig,
     pub source: SourceConfig,
     pub hub: HubConfig,
+    pub admin: AdminConfig,
     pub notify: NotifyConfig,
     pub set_defaults: SetDefaults,
     #[serde(default)]
@@ -77,6 +78,11 @@ pub struct HubConfig {
     pub max_body_bytes: usize,
     pub requests_per_callback_per_minute: u32,
     pub history_days: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct AdminConfig {
+    pub token: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

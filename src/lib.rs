@@ -23,6 +23,7 @@ pub mod hub;
 pub mod http;
 pub mod import;
 pub mod ingest;
+pub mod metrics;
 pub mod model;
 pub mod notify;
 pub mod sitemap;

@@ -1,5 +1,6 @@
 //! HTTP handlers only: extract, call the domain, render. The router is assembled here.
 
+mod admin;
 mod documents;
 mod hub;
 mod ingest;
@@ -50,7 +51,9 @@ pub fn router(state: AppState) -> Router {
             &state.config.hub.path,
             post(hub::post_hub).layer(DefaultBodyLimit::max(state.config.hub.max_body_bytes)),
         )
-        .route(&format!("{}/{{*topic}}", state.config.hub.topic_path), get(hub::get_topic));
+        .route(&format!("{}/{{*topic}}", state.config.hub.topic_path), get(hub::get_topic))
+        .route("/metrics", get(admin::metrics))
+        .merge(admin::routes(&state));
     // Resource files of sets whose url_prefix lies under our own base URL.
     let base = state.config.base_url();
     for name in state.config.sets.keys() {
@@ -61,9 +64,23 @@ pub fn router(state: AppState) -> Router {
         }
     }
     app.fallback(|| async { (StatusCode::NOT_FOUND, "not found: see / for the URL map\n") })
+        .layer(axum::middleware::from_fn_with_state(state.clone(), count_unavailable))
         .layer(CompressionLayer::new())
         .layer(TraceLayer::new_for_http())
         .with_state(state)
+}
+
+/// Every 503 is the store being unavailable: count it for `/metrics`.
+async fn count_unavailable(
+    State(st): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let resp = next.run(req).await;
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+        st.hub.metrics().store_errors.inc();
+    }
+    resp
 }
 
 async fn readyz(State(st): State<AppState>) -> impl IntoResponse {

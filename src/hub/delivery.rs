@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::model::{Message, Outcome, Subscription, Topic};
+use super::admin::AttemptRecord;
 use super::{random_unit, signature, Hub};
 use crate::model::Timestamp;
 use crate::store::Store;
@@ -22,6 +23,8 @@ enum LaneMsg {
     Job(Arc<Message>),
     /// The subscription was renewed or changed (secret, lease).
     Update(Subscription),
+    /// An admin asked: queue these failed messages again, and stop waiting for a retry.
+    RetryNow(Vec<Arc<Message>>),
 }
 
 /// The handle of a subscription's delivery task. Dropping it ends the task.
@@ -58,6 +61,10 @@ impl Lane {
         let _ = self.tx.send(LaneMsg::Job(m));
     }
 
+    pub(super) fn retry_now(&self, failed: Vec<Arc<Message>>) {
+        let _ = self.tx.send(LaneMsg::RetryNow(failed));
+    }
+
     pub(super) fn update(&mut self, sub: Subscription) {
         self.expires_at = sub.expires_at;
         let _ = self.tx.send(LaneMsg::Update(sub));
@@ -84,6 +91,12 @@ fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job
     match msg {
         Some(LaneMsg::Job(message)) => queue.push_back(Job { message, attempts: 0, due: None }),
         Some(LaneMsg::Update(s)) => *sub = s,
+        Some(LaneMsg::RetryNow(failed)) => {
+            if let Some(head) = queue.front_mut() {
+                head.due = None;
+            }
+            queue.extend(failed.into_iter().map(|message| Job { message, attempts: 0, due: None }));
+        }
         None => return false,
     }
     true
@@ -130,6 +143,7 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
             continue;
         }
         let message = head.message.clone();
+        let started = std::time::Instant::now();
         let attempt = tokio::select! {
             biased;
             _ = hub.cancel.cancelled() => return,
@@ -142,6 +156,26 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
         let attempts = job.attempts + 1;
         let at = Timestamp::now();
         let (sub_id, msg) = (sub.id, message.id);
+        let mut record = AttemptRecord {
+            at,
+            subscription_id: sub_id,
+            topic: message.topic.clone(),
+            message_id: msg,
+            outcome: "delivered",
+            status: None,
+            error: None,
+            duration_ms: started.elapsed().as_secs_f64() * 1e3,
+        };
+        match &attempt {
+            Attempt::Delivered(s) => record.status = Some(*s),
+            Attempt::Gone => (record.outcome, record.status) = ("gone", Some(410)),
+            Attempt::Failed { status, error, .. } => {
+                let exhausted = hub.settings.retry_delay(attempts, None, 0.5).is_none();
+                record.outcome = if exhausted { "failed" } else { "retry" };
+                (record.status, record.error) = (*status, Some(error.clone()));
+            }
+        }
+        hub.log_attempt(record);
         match attempt {
             Attempt::Delivered(status) => {
                 hub.record(Outcome::Delivered { sub: sub_id, message: msg, attempts, at, status });
@@ -288,7 +322,12 @@ pub(super) async fn fetch(client: &reqwest::Client, topic: &Topic, max_bytes: us
 const WRITER_GATHER: Duration = Duration::from_millis(50);
 
 /// Records outcomes in batches (one transaction each) until stopped, then drains.
-pub(super) async fn run_writer(store: Store, mut rx: mpsc::UnboundedReceiver<Outcome>, stop: CancellationToken) {
+pub(super) async fn run_writer(
+    store: Store,
+    mut rx: mpsc::UnboundedReceiver<Outcome>,
+    stop: CancellationToken,
+    metrics: Arc<crate::metrics::Metrics>,
+) {
     loop {
         let first = tokio::select! {
             biased;
@@ -314,6 +353,7 @@ pub(super) async fn run_writer(store: Store, mut rx: mpsc::UnboundedReceiver<Out
             match store.hub_record(batch.clone()).await {
                 Ok(()) => break,
                 Err(e) => {
+                    metrics.store_errors.inc();
                     tracing::error!(error = %e, outcomes = batch.len(), "recording delivery outcomes failed; retrying");
                     if stop.is_cancelled() {
                         return;

@@ -8,6 +8,7 @@
 //! across a publish's store write and the hand-off to the lanes, and across every change to the
 //! set of subscriptions, so lanes receive deliveries in publish order.
 
+pub mod admin;
 pub mod model;
 mod delivery;
 mod policy;
@@ -32,6 +33,7 @@ pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest};
 pub use signature::{signature, SignatureAlg};
 
 use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::model::Timestamp;
 use crate::store::{NotifyState, Store, StoreError};
 use delivery::Lane;
@@ -187,6 +189,8 @@ pub struct Hub {
     tasks: TaskTracker,
     writer_stop: CancellationToken,
     writer: Mutex<Option<JoinHandle<()>>>,
+    metrics: Arc<Metrics>,
+    attempts: admin::AttemptLog,
 }
 
 impl Hub {
@@ -207,7 +211,8 @@ impl Hub {
             .build()?;
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_stop = CancellationToken::new();
-        let writer = tokio::spawn(delivery::run_writer(store.clone(), rx, writer_stop.clone()));
+        let metrics = Arc::new(Metrics::default());
+        let writer = tokio::spawn(delivery::run_writer(store.clone(), rx, writer_stop.clone(), metrics.clone()));
         let hub = Arc::new(Hub {
             permits: Arc::new(Semaphore::new(settings.max_concurrent)),
             limiter: RateLimiter::new(settings.requests_per_minute),
@@ -221,6 +226,8 @@ impl Hub {
             tasks: TaskTracker::new(),
             writer_stop,
             writer: Mutex::new(Some(writer)),
+            metrics,
+            attempts: Mutex::new(std::collections::VecDeque::new()),
         });
         hub.restore().await?;
         let pruner = hub.clone();
@@ -259,6 +266,10 @@ impl Hub {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     /// Handles a subscribe or unsubscribe request: checks it, records the intent and starts

@@ -205,3 +205,72 @@ pub struct TopicInfo {
     pub latest: Option<Message>,
     pub subscribers: u64,
 }
+
+/// How a subscription is doing, as admins see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SubState {
+    /// Requested, verification of intent not yet answered.
+    PendingVerification,
+    Active,
+    /// Its queue's head is being retried, or its last attempt failed.
+    Failing,
+    /// The lease ended.
+    Expired,
+}
+
+impl SubState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubState::PendingVerification => "pending_verification",
+            SubState::Active => "active",
+            SubState::Failing => "failing",
+            SubState::Expired => "expired",
+        }
+    }
+}
+
+/// A subscription's delivery record.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionStats {
+    pub state: Option<SubState>,
+    pub delivered: u64,
+    pub failed: u64,
+    pub last_success_at: Option<Timestamp>,
+    pub last_success_status: Option<u16>,
+    pub last_failure_at: Option<Timestamp>,
+    pub last_failure_status: Option<u16>,
+    pub last_failure_error: Option<String>,
+    /// Messages still to deliver.
+    pub pending: u64,
+}
+
+/// Which subscriptions to list; `after` is the last id of the previous page.
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionFilter {
+    pub topic: Option<String>,
+    pub callback_contains: Option<String>,
+    pub state: Option<SubState>,
+    pub after: Option<SubscriptionId>,
+    pub limit: usize,
+}
+
+#[derive(Debug, Clone)]
+pub struct TopicSummary {
+    pub topic: Topic,
+    pub subscribers: u64,
+    pub last_publish: Option<Timestamp>,
+}
+
+/// Totals for the stats endpoint and the metrics.
+#[derive(Debug, Clone, Default)]
+pub struct HubTotals {
+    pub active: u64,
+    pub failing: u64,
+    pub expired: u64,
+    pub pending_verification: u64,
+    pub delivered: u64,
+    pub failed: u64,
+    /// Messages still to deliver, over all subscriptions.
+    pub queue_depth: u64,
+}

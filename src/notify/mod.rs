@@ -79,6 +79,7 @@ impl Notifier {
         let delay = Duration::from_millis(n.max_delay_ms);
         loop {
             if let Err(e) = self.sweep().await {
+                self.hub.metrics().store_errors.inc();
                 tracing::warn!(error = %e, "notifier: store unavailable; retrying");
             }
             tokio::select! {

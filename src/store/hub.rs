@@ -8,7 +8,8 @@ use bytes::Bytes;
 
 use super::{NotifyState, Store, StoreError};
 use crate::hub::model::{
-    Callback, Intent, Message, Outcome, Resolution, Subscription, SubscriptionId, Topic, TopicInfo,
+    Callback, HubTotals, Intent, Message, Outcome, Resolution, Subscription, SubscriptionFilter, SubscriptionId,
+    SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
 
@@ -98,6 +99,47 @@ impl Store {
     pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_prune(before, now).await,
+        }
+    }
+
+    /// One page of subscriptions with their delivery record (admin).
+    pub async fn hub_list(
+        &self,
+        filter: SubscriptionFilter,
+        now: Timestamp,
+    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_list(filter, now).await,
+        }
+    }
+
+    pub async fn hub_detail(
+        &self,
+        id: SubscriptionId,
+        now: Timestamp,
+    ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_detail(id, now).await,
+        }
+    }
+
+    /// Every topic known (published to, registered, or subscribed to).
+    pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_topics().await,
+        }
+    }
+
+    /// Removes a subscription's failure records, returning their messages (to try again).
+    pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_take_failures(id).await,
+        }
+    }
+
+    pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_totals(now).await,
         }
     }
 }

@@ -12,8 +12,8 @@ use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::EmbeddedStore;
 use crate::hub::model::{
-    Callback, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription, SubscriptionId, Topic,
-    TopicInfo,
+    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, SubState, Subscription,
+    SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::hub::SignatureAlg;
 use crate::model::Timestamp;
@@ -422,4 +422,141 @@ impl EmbeddedStore {
         })
         .await
     }
+
+    /// Subscriptions with their delivery record, filtered, in id order, one page.
+    pub async fn hub_list(
+        &self,
+        f: SubscriptionFilter,
+        now: Timestamp,
+    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+        self.read(move |c| {
+            let sql = format!(
+                "SELECT {SUB_COLS}, {STATS_COLS} FROM hub_subscriptions s
+                 WHERE id > ?1 AND (?2 IS NULL OR topic = ?2) AND (?3 IS NULL OR instr(callback, ?3) > 0)
+                   AND (?4 IS NULL OR {STATE_SQL} = ?4)
+                 ORDER BY id LIMIT ?5"
+            );
+            let mut st = c.prepare(&sql)?;
+            let rows = st.query_map(
+                params![f.after.unwrap_or(0), f.topic, f.callback_contains, f.state.map(SubState::as_str), f.limit as i64, now.0],
+                |r| Ok((sub_from_row(r)?, stats_from_row(r)?)),
+            )?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn hub_detail(
+        &self,
+        id: SubscriptionId,
+        now: Timestamp,
+    ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
+        self.read(move |c| {
+            let sql = format!("SELECT {SUB_COLS}, {STATS_COLS} FROM hub_subscriptions s WHERE id = ?1 AND ?6 = ?6");
+            Ok(c.query_row(&sql, params![id, 0, 0, 0, 0, now.0], |r| Ok((sub_from_row(r)?, stats_from_row(r)?)))
+                .optional()?)
+        })
+        .await
+    }
+
+    pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare(
+                "SELECT t.topic, (SELECT count(*) FROM hub_subscriptions s WHERE s.topic = t.topic), t.published_at
+                 FROM (SELECT topic, published_at FROM hub_topics
+                       UNION SELECT DISTINCT topic, NULL FROM hub_subscriptions
+                       WHERE topic NOT IN (SELECT topic FROM hub_topics)) t
+                 ORDER BY t.topic",
+            )?;
+            let rows = st.query_map([], |r| {
+                Ok(TopicSummary {
+                    topic: Topic::from_stored(r.get(0)?),
+                    subscribers: r.get::<_, i64>(1)? as u64,
+                    last_publish: r.get::<_, Option<i64>>(2)?.map(Timestamp),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    /// Takes a subscription's failed deliveries (to try again): their messages, oldest first.
+    pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let out = {
+                let mut st = tx.prepare(
+                    "SELECT m.id, m.topic, m.content_type, m.body, m.published_at FROM hub_failures f
+                     JOIN hub_messages m ON m.id = f.message_id WHERE f.subscription_id = ?1 ORDER BY m.id",
+                )?;
+                let rows = st.query_map([id], message_from_row)?;
+                rows.map(|m| m.map(Arc::new)).collect::<Result<Vec<_>, _>>()?
+            };
+            tx.execute("DELETE FROM hub_failures WHERE subscription_id = ?1", [id])?;
+            tx.commit()?;
+            Ok(out)
+        })
+        .await
+    }
+
+    pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
+        self.read(move |c| {
+            let mut t = HubTotals::default();
+            let mut st = c.prepare(&format!(
+                "SELECT {STATE_SQL}, count(*), sum(delivered), sum(failed),
+                        sum((SELECT count(*) FROM hub_messages m WHERE m.topic = s.topic AND m.id > s.cursor))
+                 FROM hub_subscriptions s WHERE ?6 = ?6 GROUP BY 1"
+            ))?;
+            let mut rows = st.query(params![0, 0, 0, 0, 0, now.0])?;
+            while let Some(r) = rows.next()? {
+                let (state, n): (String, i64) = (r.get(0)?, r.get(1)?);
+                match state.as_str() {
+                    "active" => t.active = n as u64,
+                    "failing" => t.failing = n as u64,
+                    _ => t.expired = n as u64,
+                }
+                t.delivered += r.get::<_, Option<i64>>(2)?.unwrap_or(0) as u64;
+                t.failed += r.get::<_, Option<i64>>(3)?.unwrap_or(0) as u64;
+                if state != "expired" {
+                    t.queue_depth += r.get::<_, Option<i64>>(4)?.unwrap_or(0) as u64;
+                }
+            }
+            t.pending_verification =
+                c.query_row("SELECT count(*) FROM hub_intents WHERE mode <> 'denied'", [], |r| r.get::<_, i64>(0))? as u64;
+            Ok(t)
+        })
+        .await
+    }
+}
+
+/// A subscription's state; `?6` is now.
+const STATE_SQL: &str = "(CASE WHEN s.expires_at <= ?6 THEN 'expired' \
+     WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
+     ELSE 'active' END)";
+
+/// Columns 13.. of a listing (after SUB_COLS).
+const STATS_COLS: &str = "s.delivered, s.failed, s.last_success_at, s.last_success_status, s.last_failure_at, \
+     s.last_failure_status, s.last_failure_error, \
+     (SELECT count(*) FROM hub_messages m WHERE m.topic = s.topic AND m.id > s.cursor), \
+     (CASE WHEN s.expires_at <= ?6 THEN 'expired' \
+      WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
+      ELSE 'active' END)";
+
+fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
+    let state: String = r.get(21)?;
+    Ok(SubscriptionStats {
+        state: Some(match state.as_str() {
+            "expired" => SubState::Expired,
+            "failing" => SubState::Failing,
+            _ => SubState::Active,
+        }),
+        delivered: r.get::<_, i64>(13)? as u64,
+        failed: r.get::<_, i64>(14)? as u64,
+        last_success_at: r.get::<_, Option<i64>>(15)?.map(Timestamp),
+        last_success_status: r.get(16)?,
+        last_failure_at: r.get::<_, Option<i64>>(17)?.map(Timestamp),
+        last_failure_status: r.get(18)?,
+        last_failure_error: r.get(19)?,
+        pending: r.get::<_, i64>(20)? as u64,
+    })
 }

@@ -1,0 +1,538 @@
+//! The admin API (`/admin/v1/…`, bearer `admin.token`), its OpenAPI document, and `/metrics`.
+//! JSON in and out; every error is `{"error": "..."}` with the status from `error.rs`.
+
+use std::collections::BTreeMap;
+
+use axum::extract::rejection::{PathRejection, QueryRejection};
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use subtle::ConstantTimeEq;
+use utoipa::{IntoParams, OpenApi, ToSchema};
+
+use super::AppState;
+use crate::error::AppError;
+use crate::hub::admin::{AttemptFilter, AttemptRecord};
+use crate::hub::model::{Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic};
+use crate::metrics::{SetLabel, StateLabel};
+use crate::model::Timestamp;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
+    paths(list_subscriptions, show_subscription, delete_subscription, reverify, retry, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, SubState)),
+    modifiers(&Bearer),
+    security(("bearer" = []))
+)]
+pub struct AdminApi;
+
+struct Bearer;
+
+impl utoipa::Modify for Bearer {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// Routes under `/admin/v1`; when no token is configured, every one answers 404 saying so.
+pub fn routes(state: &AppState) -> Router<AppState> {
+    if state.config.admin.token.is_empty() {
+        return Router::new().route(
+            "/admin/{*rest}",
+            axum::routing::any(|| async {
+                AppError::NotFound("the admin API is disabled: set admin.token (RSHUB_ADMIN_TOKEN)".into())
+            }),
+        );
+    }
+    Router::new()
+        .route("/admin/v1/openapi.json", get(|| async { Json(AdminApi::openapi()) }))
+        .route("/admin/v1/subscriptions", get(list_subscriptions))
+        .route("/admin/v1/subscriptions/{id}", get(show_subscription).delete(delete_subscription))
+        .route("/admin/v1/subscriptions/{id}/verify", post(reverify))
+        .route("/admin/v1/subscriptions/{id}/retry", post(retry))
+        .route("/admin/v1/topics", get(list_topics))
+        .route("/admin/v1/topics/latest", get(latest_payload))
+        .route("/admin/v1/deliveries", get(list_deliveries))
+        .route("/admin/v1/stats", get(stats))
+}
+
+fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {
+    let given = super::bearer_token(headers)
+        .ok_or_else(|| AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into()))?;
+    if bool::from(given.as_bytes().ct_eq(st.config.admin.token.as_bytes())) {
+        Ok(())
+    } else {
+        Err(AppError::Forbidden("the admin token is wrong".into()))
+    }
+}
+
+fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, AppError> {
+    q.map(|Query(t)| t).map_err(|e| AppError::BadRequest(e.body_text()))
+}
+
+fn sub_id(p: Result<Path<String>, PathRejection>) -> Result<i64, AppError> {
+    let Path(id) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
+    id.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| AppError::NotFound(format!("no subscription {id:?}")))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LastSuccess {
+    pub at: String,
+    pub status: Option<u16>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct LastFailure {
+    pub at: String,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+}
+
+/// A subscription (or, with `state` = `pending_verification`, a request awaiting verification,
+/// whose id is `pending-<n>`). The secret itself is never shown.
+#[derive(Serialize, ToSchema)]
+pub struct SubscriptionView {
+    pub id: String,
+    pub state: SubState,
+    pub topic: String,
+    pub callback: String,
+    pub lease_seconds: u64,
+    pub lease_start: Option<String>,
+    pub lease_expires: Option<String>,
+    pub verified_at: Option<String>,
+    pub created_at: String,
+    pub secret_set: bool,
+    pub signature_algorithm: String,
+    pub delivered: u64,
+    pub failed: u64,
+    /// Messages still to deliver.
+    pub pending: u64,
+    /// Failed attempts at the message now at the head of the queue.
+    pub retry_attempts: u32,
+    pub next_attempt_at: Option<String>,
+    pub last_success: Option<LastSuccess>,
+    pub last_failure: Option<LastFailure>,
+}
+
+fn ts(t: Timestamp) -> String {
+    t.to_string()
+}
+
+fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
+    SubscriptionView {
+        id: s.id.to_string(),
+        state: st.state.unwrap_or(SubState::Active),
+        topic: s.topic.to_string(),
+        callback: s.callback.to_string(),
+        lease_seconds: s.lease_secs,
+        lease_start: Some(ts(s.lease_start)),
+        lease_expires: Some(ts(s.expires_at)),
+        verified_at: Some(ts(s.verified_at)),
+        created_at: ts(s.created_at),
+        secret_set: s.secret.is_some(),
+        signature_algorithm: s.alg.to_string(),
+        delivered: st.delivered,
+        failed: st.failed,
+        pending: st.pending,
+        retry_attempts: s.attempts,
+        next_attempt_at: s.next_attempt_at.map(ts),
+        last_success: st.last_success_at.map(|at| LastSuccess { at: ts(at), status: st.last_success_status }),
+        last_failure: st.last_failure_at.map(|at| LastFailure {
+            at: ts(at),
+            status: st.last_failure_status,
+            error: st.last_failure_error.clone(),
+        }),
+    }
+}
+
+fn pending_view(i: Intent) -> SubscriptionView {
+    SubscriptionView {
+        id: format!("pending-{}", i.id),
+        state: SubState::PendingVerification,
+        topic: i.topic.to_string(),
+        callback: i.callback.to_string(),
+        lease_seconds: i.lease_secs,
+        lease_start: None,
+        lease_expires: None,
+        verified_at: None,
+        created_at: ts(i.requested_at),
+        secret_set: i.secret.is_some(),
+        signature_algorithm: i.alg.to_string(),
+        delivered: 0,
+        failed: 0,
+        pending: 0,
+        retry_attempts: 0,
+        next_attempt_at: None,
+        last_success: None,
+        last_failure: None,
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SubscriptionPage {
+    pub items: Vec<SubscriptionView>,
+    /// Pass as `cursor` for the next page; absent on the last.
+    pub next_cursor: Option<String>,
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListParams {
+    /// Exact topic URL.
+    pub topic: Option<String>,
+    /// Part of the callback URL.
+    pub callback: Option<String>,
+    pub state: Option<SubState>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+fn limit(l: Option<u32>, default: u32) -> Result<usize, AppError> {
+    match l.unwrap_or(default) {
+        n @ 1..=1000 => Ok(n as usize),
+        n => Err(AppError::BadRequest(format!("limit {n} must lie between 1 and 1000"))),
+    }
+}
+
+/// Lists subscriptions, filtered, in id order. Pending verifications appear only with
+/// `state=pending_verification`.
+#[utoipa::path(get, path = "/admin/v1/subscriptions", params(ListParams), responses(
+    (status = 200, body = SubscriptionPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn list_subscriptions(State(st): State<AppState>, headers: HeaderMap, q: Result<Query<ListParams>, QueryRejection>) -> Result<Json<SubscriptionPage>, AppError> {
+    authorize(&st, &headers)?;
+    let p = query(q)?;
+    let limit = limit(p.limit, 100)?;
+    let after = match p.cursor.as_deref() {
+        None | Some("") => 0,
+        Some(c) => c.parse::<i64>().map_err(|_| AppError::BadRequest(format!("cursor {c:?} is not one this API gave")))?,
+    };
+    let store = st.hub.store();
+    if p.state == Some(SubState::PendingVerification) {
+        let mut items: Vec<Intent> = store
+            .hub_intents()
+            .await?
+            .into_iter()
+            .filter(|i| i.mode != crate::hub::model::IntentMode::Denied && i.id > after)
+            .filter(|i| p.topic.as_deref().is_none_or(|t| i.topic.as_str() == t))
+            .filter(|i| p.callback.as_deref().is_none_or(|c| i.callback.as_str().contains(c)))
+            .collect();
+        let more = items.len() > limit;
+        items.truncate(limit);
+        let next_cursor = more.then(|| items.last().map(|i| i.id.to_string())).flatten();
+        return Ok(Json(SubscriptionPage { items: items.into_iter().map(pending_view).collect(), next_cursor }));
+    }
+    let filter = SubscriptionFilter {
+        topic: p.topic,
+        callback_contains: p.callback,
+        state: p.state,
+        after: Some(after),
+        limit: limit + 1,
+    };
+    let mut rows = store.hub_list(filter, Timestamp::now()).await?;
+    let more = rows.len() > limit;
+    rows.truncate(limit);
+    let next_cursor = more.then(|| rows.last().map(|(s, _)| s.id.to_string())).flatten();
+    Ok(Json(SubscriptionPage { items: rows.into_iter().map(|(s, x)| view(s, x)).collect(), next_cursor }))
+}
+
+/// One subscription: lease, verification, whether a secret is set, counters, queue, last
+/// success and failure.
+#[utoipa::path(get, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")), responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn show_subscription(State(st): State<AppState>, headers: HeaderMap, p: Result<Path<String>, PathRejection>) -> Result<Json<SubscriptionView>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let (s, x) = st.hub.store().hub_detail(id, Timestamp::now()).await?.ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    Ok(Json(view(s, x)))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeleteParams {
+    /// Also tell the subscriber (a `hub.mode=denied` GET to its callback).
+    pub deny: Option<bool>,
+    /// The `hub.reason` of the denial.
+    pub reason: Option<String>,
+}
+
+/// Deletes a subscription, optionally sending the subscriber a denial.
+#[utoipa::path(delete, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id"), DeleteParams), responses(
+    (status = 204, description = "Deleted"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn delete_subscription(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+    q: Result<Query<DeleteParams>, QueryRejection>,
+) -> Result<StatusCode, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let q = query(q)?;
+    let deny = q.deny.unwrap_or(false).then(|| q.reason.unwrap_or_else(|| "the hub's administrator ended this subscription".into()));
+    if st.hub.delete_subscription(id, deny).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(AppError::NotFound(format!("no subscription {id}")))
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Accepted {
+    pub message: String,
+}
+
+/// Verifies the subscriber's intent again (a renewal with its current lease and secret).
+#[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/verify", params(("id" = String, Path, description = "Subscription id")), responses(
+    (status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn reverify(State(st): State<AppState>, headers: HeaderMap, p: Result<Path<String>, PathRejection>) -> Result<(StatusCode, Json<Accepted>), AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    if st.hub.reverify(id).await? {
+        Ok((StatusCode::ACCEPTED, Json(Accepted { message: "verification of intent sent".into() })))
+    } else {
+        Err(AppError::NotFound(format!("no subscription {id}")))
+    }
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Requeued {
+    /// Failed deliveries queued again.
+    pub requeued: usize,
+}
+
+/// Retries now: queues the subscription's failed deliveries again and ends the wait before
+/// the next retry of its current one.
+#[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/retry", params(("id" = String, Path, description = "Subscription id")), responses(
+    (status = 200, body = Requeued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn retry(State(st): State<AppState>, headers: HeaderMap, p: Result<Path<String>, PathRejection>) -> Result<Json<Requeued>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let n = st.hub.retry_now(id).await?.ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    Ok(Json(Requeued { requeued: n }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TopicView {
+    pub topic: String,
+    pub subscribers: u64,
+    pub last_publish: Option<String>,
+}
+
+/// Every topic the hub knows, with subscriber counts and the last publish time.
+#[utoipa::path(get, path = "/admin/v1/topics", responses(
+    (status = 200, body = Vec<TopicView>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn list_topics(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<TopicView>>, AppError> {
+    authorize(&st, &headers)?;
+    let topics = st.hub.store().hub_topics().await?;
+    Ok(Json(
+        topics
+            .into_iter()
+            .map(|t| TopicView { topic: t.topic.to_string(), subscribers: t.subscribers, last_publish: t.last_publish.map(ts) })
+            .collect(),
+    ))
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TopicParams {
+    /// The topic URL.
+    pub topic: String,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct TopicPayload {
+    pub topic: String,
+    pub subscribers: u64,
+    pub content_type: Option<String>,
+    pub published_at: Option<String>,
+    /// The latest payload as text (absent before the first publish).
+    pub payload: Option<String>,
+}
+
+/// A topic's latest payload.
+#[utoipa::path(get, path = "/admin/v1/topics/latest", params(TopicParams), responses(
+    (status = 200, body = TopicPayload), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn latest_payload(State(st): State<AppState>, headers: HeaderMap, q: Result<Query<TopicParams>, QueryRejection>) -> Result<Json<TopicPayload>, AppError> {
+    authorize(&st, &headers)?;
+    let q = query(q)?;
+    let topic = Topic::parse(&q.topic).map_err(AppError::BadRequest)?;
+    let info = st.hub.topic(&topic).await?.ok_or_else(|| AppError::NotFound(format!("no topic {topic}")))?;
+    Ok(Json(TopicPayload {
+        topic: topic.to_string(),
+        subscribers: info.subscribers,
+        content_type: info.latest.as_ref().map(|m| m.content_type.clone()),
+        published_at: info.latest.as_ref().map(|m| ts(m.published_at)),
+        payload: info.latest.as_ref().map(|m| String::from_utf8_lossy(&m.body).into_owned()),
+    }))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct AttemptView {
+    pub at: String,
+    pub subscription_id: String,
+    pub topic: String,
+    pub message_id: i64,
+    /// delivered, retry, failed or gone.
+    pub outcome: String,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub duration_ms: f64,
+}
+
+impl From<AttemptRecord> for AttemptView {
+    fn from(a: AttemptRecord) -> Self {
+        AttemptView {
+            at: ts(a.at),
+            subscription_id: a.subscription_id.to_string(),
+            topic: a.topic.to_string(),
+            message_id: a.message_id,
+            outcome: a.outcome.to_string(),
+            status: a.status,
+            error: a.error,
+            duration_ms: a.duration_ms,
+        }
+    }
+}
+
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DeliveryParams {
+    pub subscription: Option<String>,
+    pub topic: Option<String>,
+    /// delivered, retry, failed or gone.
+    pub outcome: Option<String>,
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+}
+
+/// Recent delivery attempts (the last 10,000 since the server started), newest first.
+#[utoipa::path(get, path = "/admin/v1/deliveries", params(DeliveryParams), responses(
+    (status = 200, body = Vec<AttemptView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn list_deliveries(State(st): State<AppState>, headers: HeaderMap, q: Result<Query<DeliveryParams>, QueryRejection>) -> Result<Json<Vec<AttemptView>>, AppError> {
+    authorize(&st, &headers)?;
+    let q = query(q)?;
+    let subscription_id = match q.subscription.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(s.parse::<i64>().map_err(|_| AppError::BadRequest(format!("subscription {s:?} is not an id")))?),
+    };
+    let f = AttemptFilter { subscription_id, topic: q.topic, outcome: q.outcome, limit: limit(q.limit, 100)? };
+    Ok(Json(st.hub.attempts(&f).into_iter().map(AttemptView::from).collect()))
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct SubscriptionCounts {
+    pub active: u64,
+    pub failing: u64,
+    pub expired: u64,
+    pub pending_verification: u64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct PollerView {
+    pub set: String,
+    /// Change notifications cover every change dated before this.
+    pub watermark: Option<String>,
+    /// The oldest change not yet notified, if any.
+    pub oldest_pending: Option<String>,
+    /// Its age in seconds (0 when none is waiting).
+    pub lag_seconds: f64,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct StatsView {
+    pub subscriptions: SubscriptionCounts,
+    /// Delivered and failed (retry schedule exhausted) over all time.
+    pub delivered: u64,
+    pub failed: u64,
+    /// Attempts since the server started, by outcome.
+    pub attempts_by_outcome: BTreeMap<String, u64>,
+    /// Messages waiting for delivery over all live subscriptions.
+    pub queue_depth: u64,
+    pub pollers: Vec<PollerView>,
+}
+
+/// Totals by outcome, queue depth, subscriptions by state, and each set's poller position and lag.
+#[utoipa::path(get, path = "/admin/v1/stats", responses(
+    (status = 200, body = StatsView), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+async fn stats(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<StatsView>, AppError> {
+    authorize(&st, &headers)?;
+    Ok(Json(collect_stats(&st).await?))
+}
+
+async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
+    let store = st.hub.store();
+    let now = Timestamp::now();
+    let t = store.hub_totals(now).await?;
+    let mut attempts_by_outcome = BTreeMap::new();
+    for a in st.hub.attempts(&AttemptFilter { limit: usize::MAX, ..Default::default() }) {
+        *attempts_by_outcome.entry(a.outcome.to_string()).or_insert(0) += 1;
+    }
+    let mut pollers = Vec::new();
+    if st.config.notify.enabled {
+        for set in store.sets().await? {
+            let state = store.notify_state(&set.name).await?;
+            let oldest = match &state {
+                Some(s) => store.changes(&set.name, s.watermark, None, None, 1).await?.items.first().map(|c| c.datetime),
+                None => None,
+            };
+            let lag = oldest.map_or(0.0, |o| ((now.micros() - o.micros()).max(0) as f64) / 1e6);
+            pollers.push(PollerView {
+                set: set.name.to_string(),
+                watermark: state.map(|s| ts(s.watermark)),
+                oldest_pending: oldest.map(ts),
+                lag_seconds: lag,
+            });
+        }
+    }
+    Ok(StatsView {
+        subscriptions: SubscriptionCounts {
+            active: t.active,
+            failing: t.failing,
+            expired: t.expired,
+            pending_verification: t.pending_verification,
+        },
+        delivered: t.delivered,
+        failed: t.failed,
+        attempts_by_outcome,
+        queue_depth: t.queue_depth,
+        pollers,
+    })
+}
+
+/// `GET /metrics`: Prometheus text format, gauges read from the store now.
+pub async fn metrics(State(st): State<AppState>) -> Response {
+    let m = st.hub.metrics();
+    match collect_stats(&st).await {
+        Ok(s) => {
+            m.queue_depth.set(s.queue_depth as i64);
+            for (state, n) in [
+                ("active", s.subscriptions.active),
+                ("failing", s.subscriptions.failing),
+                ("expired", s.subscriptions.expired),
+                ("pending_verification", s.subscriptions.pending_verification),
+            ] {
+                m.subscriptions.get_or_create(&StateLabel { state }).set(n as i64);
+            }
+            for p in s.pollers {
+                m.poller_lag_seconds.get_or_create(&SetLabel { set: p.set }).set(p.lag_seconds);
+            }
+        }
+        Err(_) => {
+            m.store_errors.inc();
+        }
+    }
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.encode()).into_response()
+}

@@ -1,0 +1,126 @@
+//! What admins see and steer: the recent delivery attempts, and deleting, re-verifying and
+//! retrying a subscription.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use super::model::{Intent, IntentMode, MessageId, SubscriptionId, Topic};
+use super::Hub;
+use crate::model::Timestamp;
+use crate::store::StoreError;
+
+/// Attempts kept in memory for the admin API.
+pub const ATTEMPT_LOG: usize = 10_000;
+
+/// One delivery attempt, as the admin API shows it.
+#[derive(Debug, Clone)]
+pub struct AttemptRecord {
+    pub at: Timestamp,
+    pub subscription_id: SubscriptionId,
+    pub topic: Topic,
+    pub message_id: MessageId,
+    /// `delivered`, `retry`, `failed` or `gone`.
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub duration_ms: f64,
+}
+
+/// Which attempts to show.
+#[derive(Debug, Clone, Default)]
+pub struct AttemptFilter {
+    pub subscription_id: Option<SubscriptionId>,
+    pub topic: Option<String>,
+    pub outcome: Option<String>,
+    pub limit: usize,
+}
+
+impl Hub {
+    pub(super) fn log_attempt(&self, a: AttemptRecord) {
+        let m = &self.metrics;
+        m.deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: a.outcome }).inc();
+        m.delivery_seconds.observe(a.duration_ms / 1000.0);
+        let mut log = self.attempts.lock().expect("attempt log");
+        if log.len() == ATTEMPT_LOG {
+            log.pop_front();
+        }
+        log.push_back(a);
+    }
+
+    /// The most recent attempts matching `f`, newest first.
+    pub fn attempts(&self, f: &AttemptFilter) -> Vec<AttemptRecord> {
+        let log = self.attempts.lock().expect("attempt log");
+        log.iter()
+            .rev()
+            .filter(|a| f.subscription_id.is_none_or(|id| a.subscription_id == id))
+            .filter(|a| f.topic.as_deref().is_none_or(|t| a.topic.as_str() == t))
+            .filter(|a| f.outcome.as_deref().is_none_or(|o| a.outcome == o))
+            .take(f.limit)
+            .cloned()
+            .collect()
+    }
+
+    /// Removes a subscription; with `deny`, tells the subscriber with a `hub.mode=denied` GET.
+    /// `false` when there is no such subscription.
+    pub async fn delete_subscription(self: &Arc<Self>, id: SubscriptionId, deny: Option<String>) -> Result<bool, StoreError> {
+        let now = Timestamp::now();
+        let Some((sub, _)) = self.store.hub_detail(id, now).await? else { return Ok(false) };
+        {
+            let mut lanes = self.lanes.lock().await;
+            self.store.hub_remove_subscription(id).await?;
+            lanes.remove(&id);
+        }
+        tracing::info!(subscription = id, topic = %sub.topic, callback = %sub.callback, denied = deny.is_some(), "subscription deleted by an admin");
+        if let Some(reason) = deny {
+            let mut intent = Intent {
+                id: 0,
+                mode: IntentMode::Denied,
+                topic: sub.topic,
+                callback: sub.callback,
+                lease_secs: 0,
+                secret: None,
+                alg: sub.alg,
+                reason: Some(reason),
+                requested_at: now,
+                verify_token: None,
+            };
+            intent.id = self.store.hub_add_intent(intent.clone()).await?;
+            self.spawn_verification(intent);
+        }
+        Ok(true)
+    }
+
+    /// Verifies a subscription's intent again (as a renewal with its current lease and secret).
+    pub async fn reverify(self: &Arc<Self>, id: SubscriptionId) -> Result<bool, StoreError> {
+        let Some((sub, _)) = self.store.hub_detail(id, Timestamp::now()).await? else { return Ok(false) };
+        let mut intent = Intent {
+            id: 0,
+            mode: IntentMode::Subscribe,
+            topic: sub.topic,
+            callback: sub.callback,
+            lease_secs: sub.lease_secs,
+            secret: sub.secret,
+            alg: sub.alg,
+            reason: None,
+            requested_at: Timestamp::now(),
+            verify_token: None,
+        };
+        intent.id = self.store.hub_add_intent(intent.clone()).await?;
+        self.spawn_verification(intent);
+        Ok(true)
+    }
+
+    /// Queues a subscription's failed deliveries again and ends any wait before its next retry.
+    /// Returns how many failed deliveries were queued, or `None` for no such subscription.
+    pub async fn retry_now(&self, id: SubscriptionId) -> Result<Option<usize>, StoreError> {
+        let lanes = self.lanes.lock().await;
+        let Some(lane) = lanes.get(&id) else { return Ok(None) };
+        let messages = self.store.hub_take_failures(id).await?;
+        let n = messages.len();
+        lane.retry_now(messages);
+        Ok(Some(n))
+    }
+}
+
+/// `VecDeque` is what the log is; re-exported for the hub's constructor.
+pub(super) type AttemptLog = std::sync::Mutex<VecDeque<AttemptRecord>>;

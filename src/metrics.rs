@@ -1,0 +1,66 @@
+//! Prometheus metrics (`GET /metrics`): counters and a histogram fed as things happen, gauges
+//! filled from the store when scraped.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabel {
+    pub state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SetLabel {
+    pub set: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    /// Delivery attempts by outcome: delivered, retry, failed, gone.
+    pub deliveries: Family<OutcomeLabel, Counter>,
+    /// Duration of delivery attempts.
+    pub delivery_seconds: Histogram,
+    /// Requests answered 503 because the store was unavailable, and failed background writes.
+    pub store_errors: Counter,
+    pub queue_depth: Gauge,
+    pub subscriptions: Family<StateLabel, Gauge>,
+    /// Age in seconds of the oldest change not yet notified (0 when none), per set.
+    pub poller_lag_seconds: Family<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("rshub");
+        let deliveries = Family::<OutcomeLabel, Counter>::default();
+        registry.register("deliveries", "Delivery attempts by outcome", deliveries.clone());
+        let delivery_seconds = Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
+        registry.register("delivery_seconds", "Duration of delivery attempts", delivery_seconds.clone());
+        let store_errors = Counter::default();
+        registry.register("store_errors", "Store operations that failed (503 answers, failed background writes)", store_errors.clone());
+        let queue_depth = Gauge::default();
+        registry.register("queue_depth", "Messages waiting for delivery, over all live subscriptions", queue_depth.clone());
+        let subscriptions = Family::<StateLabel, Gauge>::default();
+        registry.register("subscriptions", "Subscriptions by state", subscriptions.clone());
+        let poller_lag_seconds = Family::<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register("poller_lag_seconds", "Age of the oldest change not yet notified, per set", poller_lag_seconds.clone());
+        Metrics { registry, deliveries, delivery_seconds, store_errors, queue_depth, subscriptions, poller_lag_seconds }
+    }
+}
+
+impl Metrics {
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        out
+    }
+}

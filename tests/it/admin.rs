@@ -1,0 +1,261 @@
+//! The admin API, `/metrics` and the OpenAPI document, against a live server with real
+//! subscribers; schemathesis fuzzes the API from its own OpenAPI document.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::hub::{hub_config, subscribed};
+use crate::subscriber::TestSubscriber;
+use crate::support::*;
+
+const ADMIN: &str = "admin-token";
+
+async fn admin_app(tweak: impl FnOnce(&mut resourcesync_hub::config::Config)) -> (TestApp, tempfile::TempDir) {
+    let (mut c, d) = hub_config();
+    c.admin.token = ADMIN.into();
+    tweak(&mut c);
+    (TestApp::start_with(c).await, d)
+}
+
+/// An admin request; returns (status, body text).
+async fn admin(app: &TestApp, method: &str, path: &str) -> (u16, String) {
+    let rb = match method {
+        "GET" => app.client.get(app.url(path)),
+        "POST" => app.client.post(app.url(path)),
+        "DELETE" => app.client.delete(app.url(path)),
+        _ => unreachable!(),
+    };
+    let r = rb.header("authorization", format!("Bearer {ADMIN}")).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn admin_json(app: &TestApp, path: &str) -> Value {
+    let (s, t) = admin(app, "GET", path).await;
+    assert_eq!(s, 200, "{path}: {t}");
+    serde_json::from_str(&t).unwrap()
+}
+
+async fn fat_ping(app: &TestApp, topic: &str, body: &str) {
+    let r = app
+        .client
+        .post(app.url("/hub"))
+        .header("content-type", "application/xml")
+        .header("authorization", "Bearer pub-token")
+        .header("link", format!("<{topic}>; rel=\"self\""))
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn the_admin_api_needs_its_token_and_is_off_without_one() {
+    let (c, _d) = hub_config();
+    let app = TestApp::start_with(c).await;
+    let r = app.client.get(app.url("/admin/v1/stats")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.unwrap().contains("admin.token"), "says why");
+    app.stop().await;
+
+    let (app, _d) = admin_app(|_| {}).await;
+    let r = app.client.get(app.url("/admin/v1/stats")).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = app.client.get(app.url("/admin/v1/stats")).header("authorization", "Bearer wrong").send().await.unwrap();
+    assert_eq!(r.status(), 403);
+    let r = app.client.get(app.url("/admin/v1/openapi.json")).send().await.unwrap();
+    assert_eq!(r.status(), 200, "the API description is public");
+    let doc: Value = r.json().await.unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    assert!(doc["paths"]["/admin/v1/subscriptions/{id}"]["delete"].is_object());
+    app.stop().await;
+}
+
+#[tokio::test]
+async fn every_endpoint_answers_and_no_secret_ever_appears() {
+    let (app, _d) = admin_app(|_| {}).await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/news";
+    subscribed(&app, &sub, &t, "/secret-one", &[("hub.secret", "TOPSECRET-42")]).await;
+    subscribed(&app, &sub, &t, "/plain", &[]).await;
+    // A callback that never answers keeps its verification pending.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_cb = format!("http://{}/cb", silent.local_addr().unwrap());
+    let r = app
+        .client
+        .post(app.url("/hub"))
+        .form(&[("hub.mode", "subscribe"), ("hub.topic", t.as_str()), ("hub.callback", silent_cb.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202);
+    fat_ping(&app, &t, "<n/>").await;
+    sub.wait_deliveries("/secret-one", 1).await;
+    sub.wait_deliveries("/plain", 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await; // outcomes are written in batches
+
+    let mut bodies = Vec::new();
+    let page = admin_json(&app, "/admin/v1/subscriptions").await;
+    bodies.push(page.to_string());
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.len(), 2);
+    let secret = items.iter().find(|i| i["callback"].as_str().unwrap().ends_with("/secret-one")).unwrap();
+    assert_eq!(secret["secret_set"], true);
+    assert_eq!(secret["state"], "active");
+    assert_eq!(secret["delivered"], 1);
+    let id = secret["id"].as_str().unwrap().to_string();
+
+    let page = admin_json(&app, "/admin/v1/subscriptions?limit=1").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1);
+    let next = page["next_cursor"].as_str().unwrap().to_string();
+    let page2 = admin_json(&app, &format!("/admin/v1/subscriptions?limit=1&cursor={next}")).await;
+    assert_eq!(page2["items"].as_array().unwrap().len(), 1);
+    assert_ne!(page2["items"][0]["id"], page["items"][0]["id"], "cursor paging");
+    assert!(page2["next_cursor"].is_null());
+    let filtered = admin_json(&app, "/admin/v1/subscriptions?callback=plain").await;
+    assert_eq!(filtered["items"].as_array().unwrap().len(), 1);
+    let by_topic = admin_json(&app, &format!("/admin/v1/subscriptions?topic={}", urlencode(&t))).await;
+    assert_eq!(by_topic["items"].as_array().unwrap().len(), 2);
+    let pending = admin_json(&app, "/admin/v1/subscriptions?state=pending_verification").await;
+    assert_eq!(pending["items"][0]["callback"], silent_cb.as_str());
+    assert!(pending["items"][0]["id"].as_str().unwrap().starts_with("pending-"));
+    assert_eq!(admin_json(&app, "/admin/v1/subscriptions?state=expired").await["items"].as_array().unwrap().len(), 0);
+    assert_eq!(admin(&app, "GET", "/admin/v1/subscriptions?state=bogus").await.0, 400);
+    assert_eq!(admin(&app, "GET", "/admin/v1/subscriptions?limit=0").await.0, 400);
+
+    let detail = admin_json(&app, &format!("/admin/v1/subscriptions/{id}")).await;
+    bodies.push(detail.to_string());
+    assert!(detail["lease_expires"].is_string() && detail["verified_at"].is_string());
+    assert_eq!(detail["last_success"]["status"], 200);
+    assert_eq!(detail["pending"], 0);
+    assert_eq!(admin(&app, "GET", "/admin/v1/subscriptions/999999").await.0, 404);
+
+    let topics = admin_json(&app, "/admin/v1/topics").await;
+    bodies.push(topics.to_string());
+    let news = topics.as_array().unwrap().iter().find(|x| x["topic"] == t.as_str()).unwrap();
+    assert_eq!(news["subscribers"], 2);
+    assert!(news["last_publish"].is_string());
+    let latest = admin_json(&app, &format!("/admin/v1/topics/latest?topic={}", urlencode(&t))).await;
+    assert_eq!(latest["payload"], "<n/>");
+
+    let deliveries = admin_json(&app, &format!("/admin/v1/deliveries?subscription={id}")).await;
+    bodies.push(deliveries.to_string());
+    assert_eq!(deliveries.as_array().unwrap().len(), 1);
+    assert_eq!(deliveries[0]["outcome"], "delivered");
+    assert_eq!(admin_json(&app, "/admin/v1/deliveries?outcome=failed").await.as_array().unwrap().len(), 0);
+
+    let stats = admin_json(&app, "/admin/v1/stats").await;
+    bodies.push(stats.to_string());
+    assert_eq!(stats["subscriptions"]["active"], 2);
+    assert_eq!(stats["subscriptions"]["pending_verification"], 1);
+    assert_eq!(stats["delivered"], 2);
+    assert_eq!(stats["attempts_by_outcome"]["delivered"], 2);
+
+    let (s, text) = admin(&app, "POST", &format!("/admin/v1/subscriptions/{id}/verify")).await;
+    assert_eq!(s, 202, "{text}");
+    sub.wait_verifications("/secret-one", 2).await;
+    let (s, text) = admin(&app, "POST", &format!("/admin/v1/subscriptions/{id}/retry")).await;
+    assert_eq!((s, text.as_str()), (200, r#"{"requeued":0}"#));
+
+    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    for want in [
+        "rshub_deliveries_total{outcome=\"delivered\"} 2",
+        "rshub_subscriptions{state=\"active\"} 2",
+        "rshub_queue_depth 0",
+        "rshub_delivery_seconds_bucket",
+        "rshub_store_errors_total 0",
+    ] {
+        assert!(metrics.contains(want), "{want} in\n{metrics}");
+    }
+    bodies.push(metrics);
+
+    let (s, _) = admin(&app, "DELETE", &format!("/admin/v1/subscriptions/{id}?deny=true&reason=bye")).await;
+    assert_eq!(s, 204);
+    let v = sub.wait_verifications("/secret-one", 3).await;
+    assert_eq!((v[2]["hub.mode"].as_str(), v[2]["hub.reason"].as_str()), ("denied", "bye"));
+    assert_eq!(admin(&app, "DELETE", &format!("/admin/v1/subscriptions/{id}")).await.0, 404);
+    for b in bodies {
+        assert!(!b.contains("TOPSECRET"), "a secret in a response: {b}");
+    }
+    app.stop().await;
+}
+
+fn urlencode(s: &str) -> String {
+    url::form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+#[tokio::test]
+async fn a_failing_subscriber_shows_failing_then_active_after_a_retry() {
+    let (app, _d) = admin_app(|c| {
+        c.hub.retry_schedule_secs = vec![1, 1, 3600];
+        c.hub.retry_jitter = 0.0;
+    })
+    .await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/t";
+    subscribed(&app, &sub, &t, "/flaky", &[]).await;
+    sub.answer("/flaky", 500);
+    fat_ping(&app, &t, "<a/>").await;
+    sub.wait_deliveries("/flaky", 3).await;
+    let id = admin_json(&app, "/admin/v1/subscriptions").await["items"][0]["id"].as_str().unwrap().to_string();
+    let mut detail = Value::Null;
+    for _ in 0..100 {
+        detail = admin_json(&app, &format!("/admin/v1/subscriptions/{id}")).await;
+        if detail["retry_attempts"] == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(detail["state"], "failing", "{detail}");
+    assert_eq!(detail["retry_attempts"], 3);
+    assert_eq!(detail["last_failure"]["status"], 500);
+    assert_eq!(detail["last_failure"]["error"], "callback answered 500 Internal Server Error");
+    assert_eq!(detail["pending"], 1);
+    assert!(detail["next_attempt_at"].is_string(), "the next retry is an hour away");
+    assert_eq!(admin_json(&app, "/admin/v1/subscriptions?state=failing").await["items"].as_array().unwrap().len(), 1);
+
+    sub.answer("/flaky", 200);
+    let (s, _) = admin(&app, "POST", &format!("/admin/v1/subscriptions/{id}/retry")).await;
+    assert_eq!(s, 200);
+    sub.wait_deliveries("/flaky", 4).await;
+    for _ in 0..100 {
+        detail = admin_json(&app, &format!("/admin/v1/subscriptions/{id}")).await;
+        if detail["state"] == "active" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(detail["state"], "active", "{detail}");
+    assert_eq!(detail["last_success"]["status"], 200);
+    assert_eq!(detail["delivered"], 1);
+    assert_eq!(detail["pending"], 0);
+    let attempts = admin_json(&app, &format!("/admin/v1/deliveries?subscription={id}")).await;
+    let outcomes: Vec<&str> = attempts.as_array().unwrap().iter().map(|a| a["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["delivered", "retry", "retry", "retry"], "newest first");
+    app.stop().await;
+}
+
+/// schemathesis (PyPI, installed by .ci/run) generates requests from /admin/v1/openapi.json:
+/// no 5xx, and every response conforms to the schema it documents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
+    let (app, _d) = admin_app(|_| {}).await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/fuzz";
+    subscribed(&app, &sub, &t, "/cb", &[("hub.secret", "s")]).await;
+    fat_ping(&app, &t, "<x/>").await;
+    let url = app.url("/admin/v1/openapi.json");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("st")
+            .args(["run", &url, "--header", &format!("Authorization: Bearer {ADMIN}")])
+            .args(["--checks", "not_a_server_error,response_schema_conformance", "--max-examples", "25", "--no-color"])
+            .output()
+            .expect("schemathesis (`st`) is installed: python3 -m pip install schemathesis")
+    })
+    .await
+    .unwrap();
+    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "schemathesis failed:\n{report}");
+    app.stop().await;
+}
