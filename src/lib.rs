@@ -15,6 +15,7 @@
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
 //! - [`demo`]: the demo set behind `serve --demo`.
 
+pub mod admin_cli;
 pub mod app;
 pub mod config;
 pub mod demo;

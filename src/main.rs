@@ -42,6 +42,8 @@ enum Command {
     },
     /// Print the commented default configuration.
     Config,
+    /// Inspect and steer a running server's hub (its admin API).
+    Admin(resourcesync_hub::admin_cli::AdminArgs),
 }
 
 #[derive(Args)]
@@ -86,6 +88,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             print!("{DEFAULTS_TOML}");
             Ok(())
         }
+        Command::Admin(args) => resourcesync_hub::admin_cli::run(args).await,
         Command::Serve { common, listen, demo: with_demo } => {
             let mut config = Config::load(&common.overrides(listen))?;
             let listener = tokio::net::TcpListener::bind(&config.server.listen)

@@ -1,0 +1,223 @@
+//! `resourcesync-hub admin …`: the admin API of a running server, as readable tables.
+
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+#[derive(Args)]
+pub struct AdminArgs {
+    /// Base URL of the running server.
+    #[arg(long, env = "RSHUB_ADMIN_URL", default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// The server's admin.token.
+    #[arg(long, env = "RSHUB_ADMIN_TOKEN", hide_env_values = true)]
+    pub token: String,
+    #[command(subcommand)]
+    pub command: AdminCommand,
+}
+
+#[derive(Subcommand)]
+pub enum AdminCommand {
+    /// Subscriptions: list, show, delete.
+    #[command(subcommand)]
+    Subscriptions(SubscriptionsCommand),
+    /// Topics with subscriber counts and last publish time.
+    Topics,
+    /// Totals, queue depth, and the poller's position per set.
+    Stats,
+}
+
+#[derive(Subcommand)]
+pub enum SubscriptionsCommand {
+    List {
+        #[arg(long)]
+        topic: Option<String>,
+        /// Part of the callback URL.
+        #[arg(long)]
+        callback: Option<String>,
+        /// pending_verification, active, failing or expired.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    Show { id: String },
+    Delete {
+        id: String,
+        /// Tell the subscriber with a hub.mode=denied request, giving this reason.
+        #[arg(long, value_name = "REASON")]
+        deny: Option<String>,
+    },
+}
+
+struct Api {
+    client: reqwest::Client,
+    base: String,
+    token: String,
+}
+
+impl Api {
+    async fn call(&self, method: reqwest::Method, path: &str, query: &[(&str, String)]) -> anyhow::Result<Option<Value>> {
+        let r = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .query(query)
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+        let status = r.status();
+        let text = r.text().await?;
+        if !status.is_success() {
+            let msg = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(str::to_string))
+                .unwrap_or(text);
+            anyhow::bail!("{status}: {}", msg.trim());
+        }
+        Ok(if text.is_empty() { None } else { Some(serde_json::from_str(&text)?) })
+    }
+
+    async fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
+        Ok(self.call(reqwest::Method::GET, path, query).await?.unwrap_or(Value::Null))
+    }
+}
+
+/// A value as a table cell.
+fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Left-aligned columns, two spaces apart.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut s = String::new();
+        for (i, (c, w)) in cells.iter().zip(&widths).enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                s.push_str(&format!("{c:<w$}  "));
+            }
+        }
+        s.trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for r in rows {
+        out.push_str(&line(r.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
+    let api = Api {
+        client: reqwest::Client::builder().no_proxy().build()?,
+        base: args.url.trim_end_matches('/').to_string(),
+        token: args.token,
+    };
+    match args.command {
+        AdminCommand::Subscriptions(SubscriptionsCommand::List { topic, callback, state, limit }) => {
+            let mut q = vec![("limit", limit.to_string())];
+            q.extend(topic.map(|t| ("topic", t)));
+            q.extend(callback.map(|c| ("callback", c)));
+            q.extend(state.map(|s| ("state", s)));
+            let page = api.get("/admin/v1/subscriptions", &q).await?;
+            let rows: Vec<Vec<String>> = page["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|s| {
+                    ["id", "state", "topic", "callback", "lease_expires", "delivered", "failed", "pending"]
+                        .iter()
+                        .map(|k| cell(&s[*k]))
+                        .collect()
+                })
+                .collect();
+            print!("{}", table(&["ID", "STATE", "TOPIC", "CALLBACK", "EXPIRES", "DELIVERED", "FAILED", "PENDING"], &rows));
+            if let Some(next) = page["next_cursor"].as_str() {
+                println!("(more: the API's cursor is {next})");
+            }
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Show { id }) => {
+            let s = api.get(&format!("/admin/v1/subscriptions/{id}"), &[]).await?;
+            let mut rows = Vec::new();
+            for k in [
+                "id", "state", "topic", "callback", "lease_seconds", "lease_start", "lease_expires", "verified_at",
+                "created_at", "secret_set", "signature_algorithm", "delivered", "failed", "pending", "retry_attempts",
+                "next_attempt_at",
+            ] {
+                rows.push(vec![k.to_string(), cell(&s[k])]);
+            }
+            rows.push(vec!["last_success".into(), format!("{} {}", cell(&s["last_success"]["at"]), cell(&s["last_success"]["status"]))]);
+            rows.push(vec![
+                "last_failure".into(),
+                format!("{} {} {}", cell(&s["last_failure"]["at"]), cell(&s["last_failure"]["status"]), cell(&s["last_failure"]["error"])),
+            ]);
+            print!("{}", table(&["FIELD", "VALUE"], &rows));
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Delete { id, deny }) => {
+            let mut q = Vec::new();
+            if let Some(reason) = &deny {
+                q.push(("deny", "true".to_string()));
+                q.push(("reason", reason.clone()));
+            }
+            api.call(reqwest::Method::DELETE, &format!("/admin/v1/subscriptions/{id}"), &q).await?;
+            println!("subscription {id} deleted{}", if deny.is_some() { "; the subscriber was told" } else { "" });
+        }
+        AdminCommand::Topics => {
+            let topics = api.get("/admin/v1/topics", &[]).await?;
+            let rows: Vec<Vec<String>> = topics
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|t| vec![cell(&t["topic"]), cell(&t["subscribers"]), cell(&t["last_publish"])])
+                .collect();
+            print!("{}", table(&["TOPIC", "SUBSCRIBERS", "LAST PUBLISH"], &rows));
+        }
+        AdminCommand::Stats => {
+            let s = api.get("/admin/v1/stats", &[]).await?;
+            let subs = &s["subscriptions"];
+            let mut rows: Vec<Vec<String>> = ["active", "failing", "expired", "pending_verification"]
+                .iter()
+                .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
+                .collect();
+            for k in ["delivered", "failed", "queue_depth"] {
+                rows.push(vec![k.to_string(), cell(&s[k])]);
+            }
+            if let Some(m) = s["attempts_by_outcome"].as_object() {
+                for (k, v) in m {
+                    rows.push(vec![format!("attempts {k} (since start)"), cell(v)]);
+                }
+            }
+            print!("{}", table(&["WHAT", "COUNT"], &rows));
+            let pollers: Vec<Vec<String>> = s["pollers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|p| vec![cell(&p["set"]), cell(&p["watermark"]), cell(&p["oldest_pending"]), format!("{:.1}", p["lag_seconds"].as_f64().unwrap_or(0.0))])
+                .collect();
+            if !pollers.is_empty() {
+                println!();
+                print!("{}", table(&["SET", "NOTIFIED UP TO", "OLDEST PENDING", "LAG S"], &pollers));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn tables_align_columns() {
+        let t = super::table(&["A", "BB"], &[vec!["long".into(), "x".into()], vec!["s".into(), "yy".into()]]);
+        assert_eq!(t, "A     BB\nlong  x\ns     yy\n");
+    }
+}
