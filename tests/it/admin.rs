@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::hub::{hub_config, subscribed};
+use crate::hub::{fat_ping, hub_config, subscribed};
 use crate::subscriber::TestSubscriber;
 use crate::support::*;
 
@@ -34,20 +34,6 @@ async fn admin_json(app: &TestApp, path: &str) -> Value {
     let (s, t) = admin(app, "GET", path).await;
     assert_eq!(s, 200, "{path}: {t}");
     serde_json::from_str(&t).unwrap()
-}
-
-async fn fat_ping(app: &TestApp, topic: &str, body: &str) {
-    let r = app
-        .client
-        .post(app.url("/hub"))
-        .header("content-type", "application/xml")
-        .header("authorization", "Bearer pub-token")
-        .header("link", format!("<{topic}>; rel=\"self\""))
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 200);
 }
 
 #[tokio::test]
@@ -90,7 +76,7 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
         .await
         .unwrap();
     assert_eq!(r.status(), 202);
-    fat_ping(&app, &t, "<n/>").await;
+    assert_eq!(fat_ping(&app, &t, "<n/>").await.0, 200);
     sub.wait_deliveries("/secret-one", 1).await;
     sub.wait_deliveries("/plain", 1).await;
     tokio::time::sleep(Duration::from_millis(150)).await; // outcomes are written in batches
@@ -196,7 +182,7 @@ async fn a_failing_subscriber_shows_failing_then_active_after_a_retry() {
     let t = app.config.topic_base() + "/t";
     subscribed(&app, &sub, &t, "/flaky", &[]).await;
     sub.answer("/flaky", 500);
-    fat_ping(&app, &t, "<a/>").await;
+    assert_eq!(fat_ping(&app, &t, "<a/>").await.0, 200);
     sub.wait_deliveries("/flaky", 3).await;
     let id = admin_json(&app, "/admin/v1/subscriptions").await["items"][0]["id"].as_str().unwrap().to_string();
     let mut detail = Value::Null;
@@ -244,7 +230,7 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     let sub = TestSubscriber::start().await;
     let t = app.config.topic_base() + "/fuzz";
     subscribed(&app, &sub, &t, "/cb", &[("hub.secret", "s")]).await;
-    fat_ping(&app, &t, "<x/>").await;
+    assert_eq!(fat_ping(&app, &t, "<x/>").await.0, 200);
     let url = app.url("/admin/v1/openapi.json");
     let out = tokio::task::spawn_blocking(move || {
         // The interpreter pip installed into (like validate-rs-xml), not whatever `st` is on PATH.
@@ -268,7 +254,7 @@ async fn the_admin_cli_prints_tables_from_a_running_server() {
     let sub = TestSubscriber::start().await;
     let t = app.config.topic_base() + "/cli";
     subscribed(&app, &sub, &t, "/cb", &[("hub.secret", "HIDDEN-SECRET")]).await;
-    fat_ping(&app, &t, "<x/>").await;
+    assert_eq!(fat_ping(&app, &t, "<x/>").await.0, 200);
     sub.wait_deliveries("/cb", 1).await;
     let base = format!("http://{}", app.addr);
     let cli = move |args: Vec<String>, token: &'static str| {

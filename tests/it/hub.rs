@@ -50,7 +50,7 @@ async fn subscribe(app: &TestApp, topic: &str, callback: &str, extra: &[(&str, &
     form(app, &p).await
 }
 
-async fn fat_ping(app: &TestApp, topic: &str, body: &str) -> (u16, String) {
+pub async fn fat_ping(app: &TestApp, topic: &str, body: &str) -> (u16, String) {
     let r = app
         .client
         .post(app.url("/hub"))

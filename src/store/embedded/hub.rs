@@ -431,10 +431,11 @@ impl EmbeddedStore {
     ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
         self.read(move |c| {
             let sql = format!(
-                "SELECT {SUB_COLS}, {STATS_COLS} FROM hub_subscriptions s
+                "SELECT {SUB_COLS}, {} FROM hub_subscriptions s
                  WHERE id > ?1 AND (?2 IS NULL OR topic = ?2) AND (?3 IS NULL OR instr(callback, ?3) > 0)
                    AND (?4 IS NULL OR {STATE_SQL} = ?4)
-                 ORDER BY id LIMIT ?5"
+                 ORDER BY id LIMIT ?5",
+                stats_cols()
             );
             let mut st = c.prepare(&sql)?;
             let rows = st.query_map(
@@ -452,7 +453,7 @@ impl EmbeddedStore {
         now: Timestamp,
     ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
         self.read(move |c| {
-            let sql = format!("SELECT {SUB_COLS}, {STATS_COLS} FROM hub_subscriptions s WHERE id = ?1 AND ?6 = ?6");
+            let sql = format!("SELECT {SUB_COLS}, {} FROM hub_subscriptions s WHERE id = ?1 AND ?6 = ?6", stats_cols());
             Ok(c.query_row(&sql, params![id, 0, 0, 0, 0, now.0], |r| Ok((sub_from_row(r)?, stats_from_row(r)?)))
                 .optional()?)
         })
@@ -534,13 +535,15 @@ const STATE_SQL: &str = "(CASE WHEN s.expires_at <= ?6 THEN 'expired' \
      WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
      ELSE 'active' END)";
 
-/// Columns 13.. of a listing (after SUB_COLS).
-const STATS_COLS: &str = "s.delivered, s.failed, s.last_success_at, s.last_success_status, s.last_failure_at, \
-     s.last_failure_status, s.last_failure_error, \
-     (SELECT count(*) FROM hub_messages m WHERE m.topic = s.topic AND m.id > s.cursor), \
-     (CASE WHEN s.expires_at <= ?6 THEN 'expired' \
-      WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
-      ELSE 'active' END)";
+/// Columns 13.. of a listing (after SUB_COLS): counters, last success/failure, queue depth,
+/// state.
+fn stats_cols() -> String {
+    format!(
+        "s.delivered, s.failed, s.last_success_at, s.last_success_status, s.last_failure_at, \
+         s.last_failure_status, s.last_failure_error, \
+         (SELECT count(*) FROM hub_messages m WHERE m.topic = s.topic AND m.id > s.cursor), {STATE_SQL}"
+    )
+}
 
 fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
     let state: String = r.get(21)?;
