@@ -42,6 +42,39 @@ pub struct ServerConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct StoreConfig {
     pub backend: String,
+    pub elasticsearch: ElasticConfig,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct ElasticConfig {
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    pub username: String,
+    pub password: String,
+    pub index: String,
+    pub resource_doc_type: String,
+    pub change_doc_type: String,
+    pub request_timeout_secs: u64,
+}
+
+impl ElasticConfig {
+    /// The server URL: `http://host:port` when `host` is set, else `url`.
+    pub fn server_url(&self) -> String {
+        if self.host.is_empty() {
+            self.url.trim_end_matches('/').to_string()
+        } else {
+            format!("http://{}:{}", self.host, self.port)
+        }
+    }
+
+    pub fn resource_index(&self) -> String {
+        format!("{}-{}", self.index, self.resource_doc_type)
+    }
+
+    pub fn change_index(&self) -> String {
+        format!("{}-{}", self.index, self.change_doc_type)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -196,7 +229,10 @@ impl Config {
             }
         }
         if self.store.backend != "embedded" {
-            return bad(format!("store.backend {:?} is not supported (supported: \"embedded\")", self.store.backend));
+            return bad(format!(
+                "store.backend {:?} is not supported (supported: \"embedded\"; \"elasticsearch\" is being built)",
+                self.store.backend
+            ));
         }
         if self.source.store_page_size == 0 {
             return bad("source.store_page_size must be at least 1".into());

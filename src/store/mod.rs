@@ -5,6 +5,7 @@
 //! engine backend can implement the same calls.
 
 mod embedded;
+pub mod elastic;
 mod hub;
 
 use std::path::Path;

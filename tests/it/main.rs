@@ -6,6 +6,7 @@ mod support;
 
 mod cli;
 mod documents;
+mod elastic;
 mod hub;
 mod hub_crash;
 mod ingest;

@@ -230,3 +230,52 @@ impl Drop for ChildServer {
         let _ = self.child.wait();
     }
 }
+
+/// osmem-server (PyPI), the in-memory OpenSearch-compatible server: started once per test
+/// process on 127.0.0.1:0 (it exits when our end of its stdin closes, i.e. with us); each test
+/// gets its own copy-on-write clone.
+pub struct Osmem;
+
+impl Osmem {
+    fn root() -> &'static str {
+        static ROOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        ROOT.get_or_init(|| {
+            use std::io::{BufRead, BufReader};
+            let bin = Command::new("python3")
+                .args(["-c", "import osmem_server;print(osmem_server.resolve_binary())"])
+                .output()
+                .expect("python3 runs");
+            assert!(bin.status.success(), "osmem-server is installed (python3 -m pip install osmem-server)");
+            let bin = String::from_utf8_lossy(&bin.stdout).trim().to_string();
+            let mut child = Command::new(bin)
+                .args(["-addr", "127.0.0.1:0"])
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .expect("osmem-server starts");
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+            // Keep its stdin open for the life of the test process.
+            std::mem::forget(child);
+            v["url"].as_str().unwrap().to_string()
+        })
+    }
+
+    /// A fresh clone's URL.
+    pub async fn clone_url() -> String {
+        let root = Self::root().to_string();
+        let v: serde_json::Value = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .post(format!("{root}/_osmem/clones"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v["url"].as_str().unwrap().to_string()
+    }
+}

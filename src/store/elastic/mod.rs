@@ -1,0 +1,133 @@
+//! The Elasticsearch backend (Elasticsearch 8/9, OpenSearch), **under construction**: this
+//! version connects, detects the distribution (for the point-in-time API), and creates or
+//! checks the indices and their mappings. The store contract on top is the next step.
+//!
+//! Design for the contract (so that documents written straight into the indices by a
+//! harvester following the DIT-ES protocol are served and notified like ingested ones):
+//! engines cannot sort on `_id` or `_seq_no`, and external documents carry no unique sortable
+//! field, so the server *adopts* them: a worker finds change documents without `seq` and
+//! resource documents without `key`/`part`, and stamps them (optimistic concurrency with
+//! `if_seq_no`/`if_primary_term`, counters in a meta index) with a strictly increasing `seq`,
+//! the normalised resource `key`, and the insertion-ordered Resource List `part` — the
+//! embedded store's model. Change Lists and notifications then read by `seq`/(`datetime`,
+//! `seq`) with `search_after` inside a point in time, part N is a term query on `part`, and a
+//! document that becomes visible late is simply adopted late.
+
+pub mod mapping;
+
+use std::time::Duration;
+
+use elasticsearch::auth::Credentials;
+use elasticsearch::http::headers::HeaderMap;
+use elasticsearch::http::transport::{SingleNodeConnectionPool, TransportBuilder};
+use elasticsearch::http::Method;
+use elasticsearch::Elasticsearch;
+use serde_json::Value;
+
+use super::StoreError;
+use crate::config::ElasticConfig;
+
+/// Which engine answers: they differ in the point-in-time API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Distribution {
+    Elasticsearch,
+    OpenSearch,
+}
+
+/// The few calls the backend makes, over the `elasticsearch` crate's transport.
+#[derive(Clone)]
+pub struct Es {
+    client: Elasticsearch,
+    url: String,
+    pub distribution: Distribution,
+    pub version: String,
+}
+
+impl Es {
+    /// Connects and identifies the server; a clear error when it cannot be reached.
+    pub async fn connect(cfg: &ElasticConfig) -> Result<Es, StoreError> {
+        let url = cfg.server_url();
+        let parsed = url::Url::parse(&url).map_err(|e| StoreError::Unavailable(format!("store.elasticsearch url {url:?}: {e}")))?;
+        let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(parsed))
+            .timeout(Duration::from_secs(cfg.request_timeout_secs))
+            .disable_proxy();
+        if !cfg.username.is_empty() {
+            builder = builder.auth(Credentials::Basic(cfg.username.clone(), cfg.password.clone()));
+        }
+        let transport = builder.build().map_err(|e| StoreError::Unavailable(format!("elasticsearch client: {e}")))?;
+        let mut es = Es { client: Elasticsearch::new(transport), url, distribution: Distribution::Elasticsearch, version: String::new() };
+        let root = es.ok(Method::Get, "/", None).await?;
+        es.version = root["version"]["number"].as_str().unwrap_or("?").to_string();
+        if root["version"]["distribution"].as_str() == Some("opensearch") {
+            es.distribution = Distribution::OpenSearch;
+        }
+        Ok(es)
+    }
+
+    /// One request: `(status, JSON body)`; transport failures are `Unavailable`.
+    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<(u16, Value), StoreError> {
+        let resp = match body {
+            Some(b) => self.client.send(method, path, HeaderMap::new(), Option::<&()>::None, Some(b.to_string()), None).await,
+            None => self.client.send::<String, ()>(method, path, HeaderMap::new(), None, None, None).await,
+        }
+        .map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
+        let status = resp.status_code().as_u16();
+        let text = resp.text().await.map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
+        let value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        Ok((status, value))
+    }
+
+    /// A request that must succeed (2xx).
+    pub async fn ok(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, StoreError> {
+        let (status, v) = self.call(method, path, body).await?;
+        if (200..300).contains(&status) {
+            Ok(v)
+        } else if status >= 500 {
+            Err(StoreError::Unavailable(format!("elasticsearch {path}: {status} {}", reason(&v))))
+        } else {
+            Err(StoreError::Corrupt(format!("elasticsearch {path}: {status} {}", reason(&v))))
+        }
+    }
+
+    /// Creates the index with `mapping` when missing; otherwise checks its mapping and adds
+    /// what is missing, or fails naming the incompatible field.
+    pub async fn ensure_index(&self, index: &str, mapping: &Value) -> Result<bool, StoreError> {
+        let (status, existing) = self.call(Method::Get, &format!("/{index}/_mapping"), None).await?;
+        if status == 404 {
+            let body = serde_json::json!({"settings": {"number_of_shards": 1}, "mappings": mapping});
+            let (status, v) = self.call(Method::Put, &format!("/{index}"), Some(body)).await?;
+            // Another process may have created it in between.
+            if (200..300).contains(&status) || v["error"]["type"] == "resource_already_exists_exception" {
+                return Ok(true);
+            }
+            return Err(StoreError::Corrupt(format!("cannot create index {index}: {status} {}", reason(&v))));
+        }
+        if !(200..300).contains(&status) {
+            return Err(StoreError::Unavailable(format!("reading the mapping of {index}: {status} {}", reason(&existing))));
+        }
+        // {"<index or its alias target>": {"mappings": {...}}}
+        let have = existing.as_object().and_then(|o| o.values().next()).map(|v| v["mappings"].clone()).unwrap_or(Value::Null);
+        match mapping::reconcile(index, &have, mapping).map_err(StoreError::Corrupt)? {
+            None => Ok(false),
+            Some(add) => {
+                self.ok(Method::Put, &format!("/{index}/_mapping"), Some(add)).await?;
+                Ok(false)
+            }
+        }
+    }
+}
+
+fn reason(v: &Value) -> String {
+    v["error"]["reason"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+}
+
+/// Connects and makes sure both indices exist with compatible mappings.
+pub async fn open(cfg: &ElasticConfig) -> Result<Es, StoreError> {
+    let es = Es::connect(cfg).await?;
+    for (index, m) in [(cfg.resource_index(), mapping::resource_mapping()), (cfg.change_index(), mapping::change_mapping())] {
+        if es.ensure_index(&index, &m).await? {
+            tracing::info!(index = %index, "index created");
+        }
+    }
+    Ok(es)
+}

@@ -1,0 +1,68 @@
+//! The Elasticsearch backend against osmem-server: index creation, mapping checks, and a
+//! clear error when the server cannot be reached. (The store contract on it is next.)
+
+use resourcesync_hub::config::Config;
+use resourcesync_hub::store::elastic::{self, mapping, Distribution};
+use serde_json::json;
+
+use crate::support::Osmem;
+
+fn cfg(url: &str) -> resourcesync_hub::config::ElasticConfig {
+    let mut c = Config::defaults().store.elasticsearch;
+    c.url = url.into();
+    c
+}
+
+async fn put(url: &str, path: &str, body: serde_json::Value) -> u16 {
+    reqwest::Client::builder().no_proxy().build().unwrap().put(format!("{url}{path}")).json(&body).send().await.unwrap().status().as_u16()
+}
+
+async fn get(url: &str, path: &str) -> serde_json::Value {
+    reqwest::Client::builder().no_proxy().build().unwrap().get(format!("{url}{path}")).send().await.unwrap().json().await.unwrap()
+}
+
+#[tokio::test]
+async fn indices_are_created_with_the_translated_mappings_and_checked_on_the_next_start() {
+    let url = Osmem::clone_url().await;
+    let es = elastic::open(&cfg(&url)).await.unwrap();
+    assert_eq!(es.distribution, Distribution::OpenSearch, "osmem reports OpenSearch: PIT via /_search/point_in_time");
+    let m = get(&url, "/omtd-resourcesync-resource/_mapping").await;
+    let props = &m["omtd-resourcesync-resource"]["mappings"]["properties"];
+    assert_eq!(props["location"]["type"], "nested");
+    assert_eq!(props["md5"]["type"], "keyword");
+    assert_eq!(props["ln"]["properties"]["href"]["type"], "nested");
+    assert_eq!(props["lastmod"]["format"], mapping::DATE_FORMAT);
+    let m = get(&url, "/omtd-resourcesync-change/_mapping").await;
+    assert_eq!(m["omtd-resourcesync-change"]["mappings"]["properties"]["datetime"]["type"], "date");
+    // Again: nothing to do.
+    elastic::open(&cfg(&url)).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_dit_index_gains_our_fields_and_an_incompatible_one_is_refused_by_name() {
+    let url = Osmem::clone_url().await;
+    let mut dit = mapping::resource_mapping();
+    for f in ["key", "part", "seq"] {
+        dit["properties"].as_object_mut().unwrap().remove(f);
+    }
+    assert_eq!(put(&url, "/omtd-resourcesync-resource", json!({"mappings": dit})).await, 200);
+    elastic::open(&cfg(&url)).await.unwrap();
+    let m = get(&url, "/omtd-resourcesync-resource/_mapping").await;
+    assert_eq!(m["omtd-resourcesync-resource"]["mappings"]["properties"]["part"]["type"], "integer");
+
+    let url = Osmem::clone_url().await;
+    let mut bad = mapping::change_mapping();
+    bad["properties"]["change"] = json!({"type": "text"});
+    assert_eq!(put(&url, "/omtd-resourcesync-change", json!({"mappings": bad})).await, 200);
+    let e = elastic::open(&cfg(&url)).await.err().expect("refused").to_string();
+    assert!(e.contains("index omtd-resourcesync-change: field change is mapped as text, but the server needs keyword"), "{e}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_clear_error() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let e = elastic::open(&cfg(&url)).await.err().expect("unreachable").to_string();
+    assert!(e.starts_with("store unavailable") && e.contains(&url), "{e}");
+}
