@@ -109,6 +109,13 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
                 urls.change_list(n),
                 urls.ingest(n)
             ));
+            if st.config.notify.enabled {
+                s.push_str(&format!(
+                    "  change notifications (WebSub topic):    {}\n  framework notifications (WebSub topic): {}\n",
+                    st.config.change_topic(n.as_str()),
+                    st.config.framework_topic(n.as_str())
+                ));
+            }
         }
     }
     ([(axum::http::header::LINK, format!("<{hub_url}>; rel=\"hub\""))], s)
