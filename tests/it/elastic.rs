@@ -66,3 +66,43 @@ async fn an_unreachable_server_is_a_clear_error() {
     let e = elastic::open(&cfg(&url)).await.err().expect("unreachable").to_string();
     assert!(e.starts_with("store unavailable") && e.contains(&url), "{e}");
 }
+
+#[tokio::test]
+async fn a_point_in_time_scan_sees_every_document_once_in_order_past_any_depth() {
+    let url = Osmem::clone_url().await;
+    let es = elastic::open(&cfg(&url)).await.unwrap();
+    let index = "omtd-resourcesync-change";
+    let mut bulk = String::new();
+    // Written out of order, as writers do.
+    for seq in (0..30).rev() {
+        bulk.push_str(&format!("{{\"index\":{{\"_index\":\"{index}\"}}}}\n"));
+        bulk.push_str(&json!({"resource_set": "s", "seq": seq, "change": "created", "datetime": "2024-01-01T00:00:00Z"}).to_string());
+        bulk.push('\n');
+    }
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .post(format!("{url}/_bulk?refresh=true"))
+        .header("content-type", "application/x-ndjson")
+        .body(bulk)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let pit = es.open_pit(index, "1m").await.unwrap();
+    let query = json!({"term": {"resource_set": "s"}});
+    let sort = json!([{"datetime": "asc"}, {"seq": "asc"}]);
+    let mut seen = Vec::new();
+    let mut after = None;
+    loop {
+        let page = es.scan(&pit, &query, &sort, after.as_ref(), 7).await.unwrap();
+        seen.extend(page.hits.iter().map(|h| h["_source"]["seq"].as_i64().unwrap()));
+        match page.after {
+            Some(a) => after = Some(a),
+            None => break,
+        }
+    }
+    es.close_pit(&pit).await.unwrap();
+    assert_eq!(seen, (0..30).collect::<Vec<i64>>());
+}

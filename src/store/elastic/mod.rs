@@ -117,6 +117,54 @@ impl Es {
     }
 }
 
+/// One page of a point-in-time scan.
+#[derive(Debug, Clone)]
+pub struct ScanPage {
+    pub hits: Vec<Value>,
+    /// The sort values of the last hit: where the next page starts.
+    pub after: Option<Value>,
+}
+
+impl Es {
+    /// Opens a point in time on `index` (Elasticsearch `/_pit`, OpenSearch
+    /// `/_search/point_in_time`); returns its id.
+    pub async fn open_pit(&self, index: &str, keep_alive: &str) -> Result<String, StoreError> {
+        let (path, field) = match self.distribution {
+            Distribution::Elasticsearch => (format!("/{index}/_pit?keep_alive={keep_alive}"), "id"),
+            Distribution::OpenSearch => (format!("/{index}/_search/point_in_time?keep_alive={keep_alive}"), "pit_id"),
+        };
+        let v = self.ok(Method::Post, &path, None).await?;
+        v[field].as_str().map(str::to_string).ok_or_else(|| StoreError::Corrupt(format!("{path}: no point-in-time id in {v}")))
+    }
+
+    pub async fn close_pit(&self, id: &str) -> Result<(), StoreError> {
+        let (path, body) = match self.distribution {
+            Distribution::Elasticsearch => ("/_pit", serde_json::json!({"id": id})),
+            Distribution::OpenSearch => ("/_search/point_in_time", serde_json::json!({"pit_id": [id]})),
+        };
+        self.ok(Method::Delete, path, Some(body)).await.map(|_| ())
+    }
+
+    /// A page of `query` sorted by `sort` (which must end in a unique field) inside the point
+    /// in time `pit`, after the sort values `after`. Never `from`: any depth costs the same.
+    pub async fn scan(&self, pit: &str, query: &Value, sort: &Value, after: Option<&Value>, size: usize) -> Result<ScanPage, StoreError> {
+        let mut body = serde_json::json!({
+            "size": size,
+            "query": query,
+            "sort": sort,
+            "pit": {"id": pit, "keep_alive": "1m"},
+            "track_total_hits": false
+        });
+        if let Some(a) = after {
+            body["search_after"] = a.clone();
+        }
+        let v = self.ok(Method::Post, "/_search", Some(body)).await?;
+        let hits = v["hits"]["hits"].as_array().cloned().unwrap_or_default();
+        let after = if hits.len() == size { hits.last().map(|h| h["sort"].clone()) } else { None };
+        Ok(ScanPage { hits, after })
+    }
+}
+
 fn reason(v: &Value) -> String {
     v["error"]["reason"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
