@@ -1,17 +1,32 @@
 //! The Elasticsearch backend (Elasticsearch 8/9, OpenSearch), **under construction**: this
-//! version connects, detects the distribution (for the point-in-time API), and creates or
-//! checks the indices and their mappings. The store contract on top is the next step.
+//! version connects, detects the distribution, creates or checks the indices and their
+//! mappings, and scans with points in time. The store contract on top is the next step, and
+//! until it lands `store.backend = "elasticsearch"` is refused at configuration load.
 //!
 //! Design for the contract (so that documents written straight into the indices by a
 //! harvester following the DIT-ES protocol are served and notified like ingested ones):
-//! engines cannot sort on `_id` or `_seq_no`, and external documents carry no unique sortable
-//! field, so the server *adopts* them: a worker finds change documents without `seq` and
-//! resource documents without `key`/`part`, and stamps them (optimistic concurrency with
-//! `if_seq_no`/`if_primary_term`, counters in a meta index) with a strictly increasing `seq`,
-//! the normalised resource `key`, and the insertion-ordered Resource List `part` — the
-//! embedded store's model. Change Lists and notifications then read by `seq`/(`datetime`,
-//! `seq`) with `search_after` inside a point in time, part N is a term query on `part`, and a
-//! document that becomes visible late is simply adopted late.
+//!
+//! - Engines cannot sort on `_id` or `_seq_no` (measured on osmem-server; Elasticsearch 8
+//!   disables `_id` fielddata), and external documents carry no unique sortable field, so the
+//!   server gives every change a `seq` and every resource its `key` and Resource List `part`.
+//! - A per-set document in a meta index (`<index>-meta`) holds `next_seq`, `applied_seq`, the
+//!   open Change List (`no`, `from`, count, bytes, newest datetime), closed lists, and per-part
+//!   counts/validators — the embedded store's bookkeeping — and is only ever replaced with
+//!   `if_seq_no`/`if_primary_term`, so it serialises writers across processes.
+//! - Ingest: validate the whole batch (rejections write nothing), claim `seq`s and update the
+//!   bookkeeping in one conditional write of the set document, bulk-write the change documents
+//!   (ids `<set>:<seq>`, idempotent), then the resource documents, then advance `applied_seq`.
+//!   A crash in between leaves change documents past `applied_seq`; the next writer replays them
+//!   onto the resources first (a resource is the last change to its key), so resource and
+//!   change log never disagree for long and never lose a change.
+//! - External writers: an adoption worker finds change documents without `seq` and resource
+//!   documents without `key`/`part` and stamps them the same way (conditional updates per
+//!   document), so a document that becomes visible late (refresh, skewed clock) is adopted late
+//!   and notified then; notifications follow `seq` with the hold-back for datetimes.
+//! - Reads: Change Lists and notifications by (`datetime`, `seq`) and part N by a term query on
+//!   `part` sorted by `key`, all with `search_after` inside a point in time ([`Es::scan`]).
+//! - The hub's storage maps the same way: subscriptions as documents replaced conditionally,
+//!   the message log as documents with a claimed `seq`, cursors on the subscription.
 
 pub mod mapping;
 
