@@ -75,6 +75,11 @@ impl ElasticConfig {
     pub fn change_index(&self) -> String {
         format!("{}-{}", self.index, self.change_doc_type)
     }
+
+    /// The server's own bookkeeping index.
+    pub fn meta_index(&self) -> String {
+        format!("{}-meta", self.index)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -106,3 +106,34 @@ async fn a_point_in_time_scan_sees_every_document_once_in_order_past_any_depth()
     es.close_pit(&pit).await.unwrap();
     assert_eq!(seen, (0..30).collect::<Vec<i64>>());
 }
+
+#[tokio::test]
+async fn sets_are_registered_once_even_by_concurrent_processes() {
+    use resourcesync_hub::model::{SetName, Timestamp};
+    use resourcesync_hub::store::elastic::ElasticStore;
+    let url = Osmem::clone_url().await;
+    let (a, b) = (ElasticStore::open(&cfg(&url)).await.unwrap(), ElasticStore::open(&cfg(&url)).await.unwrap());
+    let set = SetName::parse("papers").unwrap();
+    let now = Timestamp::now();
+    let (ra, rb) = tokio::join!(a.ensure_set(&set, now), b.ensure_set(&set, now));
+    assert_eq!([ra.unwrap(), rb.unwrap()].iter().filter(|c| **c).count(), 1, "exactly one creates it");
+    assert!(!a.ensure_set(&set, now).await.unwrap());
+    a.ensure_set(&SetName::parse("data").unwrap(), now).await.unwrap();
+    let names: Vec<String> = b.sets().await.unwrap().into_iter().map(|s| s.name.to_string()).collect();
+    assert_eq!(names, ["data", "papers"]);
+    assert_eq!(b.sets().await.unwrap()[1].created_at, now);
+}
+
+#[tokio::test]
+async fn a_conditional_replace_loses_to_a_writer_that_came_first() {
+    let url = Osmem::clone_url().await;
+    let es = elastic::open(&cfg(&url)).await.unwrap();
+    let idx = "omtd-resourcesync-meta";
+    assert!(es.put_doc_if(idx, "counter", &json!({"kind": "counter", "state": {"n": 1}}), None).await.unwrap());
+    assert!(!es.put_doc_if(idx, "counter", &json!({"kind": "counter"}), None).await.unwrap(), "create twice: 409");
+    let v1 = es.get_doc(idx, "counter").await.unwrap().unwrap();
+    assert!(es.put_doc_if(idx, "counter", &json!({"kind": "counter", "state": {"n": 2}}), Some(&v1)).await.unwrap());
+    assert!(!es.put_doc_if(idx, "counter", &json!({"kind": "counter", "state": {"n": 3}}), Some(&v1)).await.unwrap(), "stale version");
+    assert_eq!(es.get_doc(idx, "counter").await.unwrap().unwrap().source["state"]["n"], 2);
+    assert!(es.get_doc(idx, "missing/with space").await.unwrap().is_none());
+}

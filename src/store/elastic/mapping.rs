@@ -61,6 +61,18 @@ pub fn change_mapping() -> Value {
     }})
 }
 
+/// The server's own bookkeeping (sets, Change Lists, parts, counters): searched by `kind` and
+/// `set`, the rest is stored, not indexed.
+pub fn meta_mapping() -> Value {
+    json!({"properties": {
+        "kind": {"type": "keyword"},
+        "set": {"type": "keyword"},
+        "created_at": date(),
+        "created_at_us": {"type": "long"},
+        "state": {"type": "object", "enabled": false}
+    }})
+}
+
 /// Compares an index's existing mapping (`properties` level) with the wanted one. Returns the
 /// fields to add (a mapping fragment) when compatible, or a message naming the first field
 /// whose type differs.

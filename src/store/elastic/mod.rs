@@ -132,6 +132,59 @@ impl Es {
     }
 }
 
+/// A document with the version it was read at (for a conditional replace).
+#[derive(Debug, Clone)]
+pub struct Versioned {
+    pub source: Value,
+    pub seq_no: i64,
+    pub primary_term: i64,
+}
+
+impl Es {
+    /// Reads a document; `None` when absent.
+    pub async fn get_doc(&self, index: &str, id: &str) -> Result<Option<Versioned>, StoreError> {
+        let path = format!("/{index}/_doc/{}", encode_id(id));
+        let (status, v) = self.call(Method::Get, &path, None).await?;
+        match status {
+            404 => Ok(None),
+            200..=299 if v["found"] == Value::Bool(false) => Ok(None),
+            200..=299 => Ok(Some(Versioned {
+                source: v["_source"].clone(),
+                seq_no: v["_seq_no"].as_i64().unwrap_or(-1),
+                primary_term: v["_primary_term"].as_i64().unwrap_or(-1),
+            })),
+            s if s >= 500 => Err(StoreError::Unavailable(format!("GET {path}: {s} {}", reason(&v)))),
+            s => Err(StoreError::Corrupt(format!("GET {path}: {s} {}", reason(&v)))),
+        }
+    }
+
+    /// Writes a document only if it is still at `version` (or, with `None`, does not exist
+    /// yet). `false` when someone else wrote first (409). Visible to searches on return.
+    pub async fn put_doc_if(&self, index: &str, id: &str, source: &Value, version: Option<&Versioned>) -> Result<bool, StoreError> {
+        let path = match version {
+            Some(v) => format!(
+                "/{index}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true",
+                encode_id(id),
+                v.seq_no,
+                v.primary_term
+            ),
+            None => format!("/{index}/_create/{}?refresh=true", encode_id(id)),
+        };
+        let (status, v) = self.call(Method::Put, &path, Some(source.clone())).await?;
+        match status {
+            200..=299 => Ok(true),
+            409 => Ok(false),
+            s if s >= 500 => Err(StoreError::Unavailable(format!("PUT {path}: {s} {}", reason(&v)))),
+            s => Err(StoreError::Corrupt(format!("PUT {path}: {s} {}", reason(&v)))),
+        }
+    }
+}
+
+/// Document ids go into the URL path.
+fn encode_id(id: &str) -> String {
+    percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
 /// One page of a point-in-time scan.
 #[derive(Debug, Clone)]
 pub struct ScanPage {
@@ -184,13 +237,68 @@ fn reason(v: &Value) -> String {
     v["error"]["reason"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
 
-/// Connects and makes sure both indices exist with compatible mappings.
+/// Connects and makes sure the indices exist with compatible mappings.
 pub async fn open(cfg: &ElasticConfig) -> Result<Es, StoreError> {
     let es = Es::connect(cfg).await?;
-    for (index, m) in [(cfg.resource_index(), mapping::resource_mapping()), (cfg.change_index(), mapping::change_mapping())] {
+    for (index, m) in [
+        (cfg.resource_index(), mapping::resource_mapping()),
+        (cfg.change_index(), mapping::change_mapping()),
+        (cfg.meta_index(), mapping::meta_mapping()),
+    ] {
         if es.ensure_index(&index, &m).await? {
             tracing::info!(index = %index, "index created");
         }
     }
     Ok(es)
+}
+
+/// The backend's own view of sets: one bookkeeping document per set in the meta index.
+#[derive(Clone)]
+pub struct ElasticStore {
+    pub es: Es,
+    meta: String,
+}
+
+impl ElasticStore {
+    pub async fn open(cfg: &ElasticConfig) -> Result<ElasticStore, StoreError> {
+        Ok(ElasticStore { es: open(cfg).await?, meta: cfg.meta_index() })
+    }
+
+    /// Registers a set if it is new; `true` for exactly one of several concurrent callers.
+    pub async fn ensure_set(&self, set: &crate::model::SetName, now: crate::model::Timestamp) -> Result<bool, StoreError> {
+        let doc = serde_json::json!({
+            "kind": "set",
+            "set": set.as_str(),
+            "created_at": now.micros() / 1000,
+            "created_at_us": now.micros(),
+            "state": {"next_seq": 1, "applied_seq": 0, "open_list": {"no": 1, "from": now.micros(), "count": 0, "bytes": 0}}
+        });
+        self.es.put_doc_if(&self.meta, &format!("set:{set}"), &doc, None).await
+    }
+
+    pub async fn sets(&self) -> Result<Vec<super::SetInfo>, StoreError> {
+        let pit = self.es.open_pit(&self.meta, "1m").await?;
+        let query = serde_json::json!({"term": {"kind": "set"}});
+        let sort = serde_json::json!([{"set": "asc"}]);
+        let mut out = Vec::new();
+        let mut after = None;
+        let res = loop {
+            let page = match self.es.scan(&pit, &query, &sort, after.as_ref(), 1000).await {
+                Ok(p) => p,
+                Err(e) => break Err(e),
+            };
+            for h in &page.hits {
+                let s = &h["_source"];
+                let name = s["set"].as_str().unwrap_or_default();
+                let Ok(name) = crate::model::SetName::parse(name) else { continue };
+                out.push(super::SetInfo { name, created_at: crate::model::Timestamp(s["created_at_us"].as_i64().unwrap_or(0)) });
+            }
+            match page.after {
+                Some(a) => after = Some(a),
+                None => break Ok(()),
+            }
+        };
+        let _ = self.es.close_pit(&pit).await;
+        res.map(|()| out)
+    }
 }
