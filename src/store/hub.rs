@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{NotifyState, Store, StoreError};
+use super::{elastic, NotifyState, Store, StoreError};
 use crate::hub::model::{
     Callback, HubTotals, Intent, Message, Outcome, Resolution, Subscription, SubscriptionFilter, SubscriptionId,
     SubscriptionStats, Topic, TopicInfo, TopicSummary,
@@ -18,6 +18,7 @@ impl Store {
     pub async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_add_intent(intent).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_add_intent").into()),
         }
     }
 
@@ -25,6 +26,7 @@ impl Store {
     pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_intents().await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_intents").into()),
         }
     }
 
@@ -32,12 +34,14 @@ impl Store {
     pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_resolve(intent, res).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_resolve").into()),
         }
     }
 
     pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_remove_subscription(id).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_remove_subscription").into()),
         }
     }
 
@@ -45,12 +49,14 @@ impl Store {
     pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscriptions().await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscriptions").into()),
         }
     }
 
     pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscription(topic, callback).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscription").into()),
         }
     }
 
@@ -66,6 +72,7 @@ impl Store {
     ) -> Result<Vec<Message>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_publish(messages, state, now).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_publish").into()),
         }
     }
 
@@ -73,6 +80,7 @@ impl Store {
     pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_backlog().await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_backlog").into()),
         }
     }
 
@@ -80,18 +88,21 @@ impl Store {
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_record(outcomes).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_record").into()),
         }
     }
 
     pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_register_topic(topic, now).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_register_topic").into()),
         }
     }
 
     pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_topic(topic).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topic").into()),
         }
     }
 
@@ -99,6 +110,7 @@ impl Store {
     pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_prune(before, now).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_prune").into()),
         }
     }
 
@@ -110,6 +122,7 @@ impl Store {
     ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_list(filter, now).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_list").into()),
         }
     }
 
@@ -120,6 +133,7 @@ impl Store {
     ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_detail(id, now).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_detail").into()),
         }
     }
 
@@ -127,6 +141,7 @@ impl Store {
     pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_topics().await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topics").into()),
         }
     }
 
@@ -134,12 +149,14 @@ impl Store {
     pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_take_failures(id).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_take_failures").into()),
         }
     }
 
     pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_totals(now).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_totals").into()),
         }
     }
 }

@@ -113,6 +113,8 @@ pub struct Page<T> {
 #[derive(Clone)]
 pub enum Store {
     Embedded(EmbeddedStore),
+    /// Under construction: not selectable by configuration yet (see [`elastic`]).
+    Elasticsearch(elastic::ElasticStore),
 }
 
 impl Store {
@@ -125,12 +127,14 @@ impl Store {
     pub async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
         match self {
             Store::Embedded(s) => s.ensure_set(set, now).await,
+            Store::Elasticsearch(s) => s.ensure_set(set, now).await,
         }
     }
 
     pub async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
         match self {
             Store::Embedded(s) => s.sets().await,
+            Store::Elasticsearch(s) => s.sets().await,
         }
     }
 
@@ -145,6 +149,7 @@ impl Store {
     ) -> Result<ApplyOutcome, ApplyError> {
         match self {
             Store::Embedded(s) => s.apply(set, changes, policy, now).await,
+            Store::Elasticsearch(s) => s.apply(set, changes, policy, now).await,
         }
     }
 
@@ -157,12 +162,14 @@ impl Store {
     ) -> Result<Option<u32>, StoreError> {
         match self {
             Store::Embedded(s) => s.rollover_if_due(set, policy, now).await,
+            Store::Elasticsearch(s) => s.rollover_if_due(set, policy, now).await,
         }
     }
 
     pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
         match self {
             Store::Embedded(s) => s.parts(set).await,
+            Store::Elasticsearch(s) => s.parts(set).await,
         }
     }
 
@@ -176,18 +183,21 @@ impl Store {
     ) -> Result<Page<Resource>, StoreError> {
         match self {
             Store::Embedded(s) => s.resources(set, part, after, limit).await,
+            Store::Elasticsearch(s) => s.resources(set, part, after, limit).await,
         }
     }
 
     pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
         match self {
             Store::Embedded(s) => s.resource(set, key).await,
+            Store::Elasticsearch(s) => s.resource(set, key).await,
         }
     }
 
     pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
         match self {
             Store::Embedded(s) => s.changelists(set).await,
+            Store::Elasticsearch(s) => s.changelists(set).await,
         }
     }
 
@@ -202,18 +212,21 @@ impl Store {
     ) -> Result<Page<Change>, StoreError> {
         match self {
             Store::Embedded(s) => s.changes(set, from, until, after, limit).await,
+            Store::Elasticsearch(s) => s.changes(set, from, until, after, limit).await,
         }
     }
 
     pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
         match self {
             Store::Embedded(s) => s.counts(set).await,
+            Store::Elasticsearch(s) => s.counts(set).await,
         }
     }
 
     pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
         match self {
             Store::Embedded(s) => s.latest_change(set).await,
+            Store::Elasticsearch(s) => s.latest_change(set).await,
         }
     }
 
@@ -221,6 +234,7 @@ impl Store {
     pub async fn ping(&self) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.ping().await,
+            Store::Elasticsearch(s) => s.ping().await,
         }
     }
 }
@@ -243,6 +257,7 @@ impl Store {
     pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
         match self {
             Store::Embedded(s) => s.notify_state(set).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("notify_state").into()),
         }
     }
 
@@ -250,6 +265,7 @@ impl Store {
     pub async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.notify_init(state).await,
+            Store::Elasticsearch(_) => Err(elastic::not_built("notify_init").into()),
         }
     }
 }

@@ -146,3 +146,11 @@ async fn embedded_store_fulfils_the_contract() {
     let store = Store::open_embedded(&dir.path().join("db.sqlite")).unwrap();
     contract_suite(store).await;
 }
+
+#[tokio::test]
+async fn elasticsearch_store_fulfils_the_contract() {
+    let mut cfg = resourcesync_hub::config::Config::defaults().store.elasticsearch;
+    cfg.url = crate::support::Osmem::clone_url().await;
+    let store = Store::Elasticsearch(resourcesync_hub::store::elastic::ElasticStore::open(&cfg).await.unwrap());
+    contract_suite(store).await;
+}

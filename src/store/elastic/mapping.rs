@@ -35,7 +35,8 @@ pub fn resource_mapping() -> Value {
         "timestamp": date(),
         "key": {"type": "keyword"},
         "part": {"type": "integer"},
-        "seq": {"type": "long"}
+        "seq": {"type": "long"},
+        "bytes": {"type": "long"}
     }})
 }
 
@@ -57,7 +58,8 @@ pub fn change_mapping() -> Value {
             "mime": {"type": "keyword"}
         }},
         "key": {"type": "keyword"},
-        "seq": {"type": "long"}
+        "seq": {"type": "long"},
+        "datetime_us": {"type": "long"}
     }})
 }
 
@@ -129,12 +131,12 @@ mod tests {
     fn an_identical_mapping_needs_nothing_and_a_dit_index_gains_our_fields() {
         assert_eq!(reconcile("r", &resource_mapping(), &resource_mapping()).unwrap(), None);
         let mut dit = resource_mapping();
-        for f in ["key", "part", "seq"] {
+        for f in ["key", "part", "seq", "bytes"] {
             dit["properties"].as_object_mut().unwrap().remove(f);
         }
         let add = reconcile("r", &dit, &resource_mapping()).unwrap().unwrap();
         let added: Vec<&String> = add["properties"].as_object().unwrap().keys().collect();
-        assert_eq!(added, ["key", "part", "seq"]);
+        assert_eq!(added, ["bytes", "key", "part", "seq"]);
     }
 
     #[test]

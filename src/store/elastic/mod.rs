@@ -28,6 +28,7 @@
 //! - The hub's storage maps the same way: subscriptions as documents replaced conditionally,
 //!   the message log as documents with a claimed `seq`, cursors on the subscription.
 
+mod contract;
 pub mod mapping;
 
 use std::time::Duration;
@@ -41,6 +42,11 @@ use serde_json::Value;
 
 use super::StoreError;
 use crate::config::ElasticConfig;
+
+/// The error of a contract call the Elasticsearch backend does not implement yet.
+pub fn not_built(call: &str) -> StoreError {
+    StoreError::Unavailable(format!("{call} is not built on the Elasticsearch backend yet"))
+}
 
 /// Which engine answers: they differ in the point-in-time API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -233,6 +239,28 @@ impl Es {
     }
 }
 
+impl Es {
+    /// A `_bulk` request (NDJSON), visible to searches on return.
+    pub async fn bulk(&self, ndjson: String) -> Result<Value, StoreError> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            elasticsearch::http::headers::CONTENT_TYPE,
+            elasticsearch::http::headers::HeaderValue::from_static("application/x-ndjson"),
+        );
+        let resp = self
+            .client
+            .send(Method::Post, "/_bulk", headers, Some(&[("refresh", "true")]), Some(ndjson), None)
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
+        let status = resp.status_code().as_u16();
+        let v: Value = resp.json().await.map_err(|e| StoreError::Unavailable(format!("elasticsearch bulk: {e}")))?;
+        if status >= 300 {
+            return Err(StoreError::Unavailable(format!("elasticsearch bulk: {status} {}", reason(&v))));
+        }
+        Ok(v)
+    }
+}
+
 fn reason(v: &Value) -> String {
     v["error"]["reason"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
 }
@@ -257,11 +285,18 @@ pub async fn open(cfg: &ElasticConfig) -> Result<Es, StoreError> {
 pub struct ElasticStore {
     pub es: Es,
     meta: String,
+    resources: String,
+    changes: String,
 }
 
 impl ElasticStore {
     pub async fn open(cfg: &ElasticConfig) -> Result<ElasticStore, StoreError> {
-        Ok(ElasticStore { es: open(cfg).await?, meta: cfg.meta_index() })
+        Ok(ElasticStore {
+            es: open(cfg).await?,
+            meta: cfg.meta_index(),
+            resources: cfg.resource_index(),
+            changes: cfg.change_index(),
+        })
     }
 
     /// Registers a set if it is new; `true` for exactly one of several concurrent callers.
@@ -271,7 +306,7 @@ impl ElasticStore {
             "set": set.as_str(),
             "created_at": now.micros() / 1000,
             "created_at_us": now.micros(),
-            "state": {"next_seq": 1, "applied_seq": 0, "open_list": {"no": 1, "from": now.micros(), "count": 0, "bytes": 0}}
+            "state": contract::fresh_state(now)
         });
         self.es.put_doc_if(&self.meta, &format!("set:{set}"), &doc, None).await
     }

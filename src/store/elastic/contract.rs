@@ -1,0 +1,491 @@
+//! The store contract on Elasticsearch, for changes that come through this server (adoption of
+//! external writers' documents is the next step). A set's bookkeeping document is the lock:
+//! a writer claims it (conditional replace with a lease), writes change and resource
+//! documents, then releases it with `applied_seq` advanced; a claim found expired means a
+//! writer died, and its changes past `applied_seq` are replayed onto the resources first.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use elasticsearch::http::Method;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use super::{ElasticStore, Versioned};
+use crate::model::{Change, ChangeType, Location, NewChange, Resource, ResourceKey, ResourceMeta, SetName, Timestamp};
+use crate::store::{
+    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, Page, PartInfo, StoreError,
+};
+
+/// How long a writer's claim on a set lasts before others treat it as dead.
+const CLAIM: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct ListState {
+    no: u32,
+    from: i64,
+    until: Option<i64>,
+    count: u64,
+    bytes: u64,
+    last_seq: i64,
+    max_dt: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct PartState {
+    no: u32,
+    count: u64,
+    bytes: u64,
+    last_seq: i64,
+    last_change: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+struct SetState {
+    next_seq: i64,
+    applied_seq: i64,
+    /// Closed lists, then the open one (last).
+    lists: Vec<ListState>,
+    parts: Vec<PartState>,
+    /// A writer's claim: until when (µs).
+    claimed_until: Option<i64>,
+}
+
+impl SetState {
+    fn fresh(now: Timestamp) -> SetState {
+        SetState {
+            next_seq: 1,
+            applied_seq: 0,
+            lists: vec![ListState { no: 1, from: now.0, ..Default::default() }],
+            parts: vec![],
+            claimed_until: None,
+        }
+    }
+    fn open(&mut self) -> &mut ListState {
+        self.lists.last_mut().expect("a set always has an open list")
+    }
+}
+
+/// The bookkeeping of a new set, as stored in its meta document.
+pub(super) fn fresh_state(now: Timestamp) -> Value {
+    serde_json::to_value(SetState::fresh(now)).expect("serialisable")
+}
+
+fn store_err(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn set_doc_id(set: &SetName) -> String {
+    format!("set:{set}")
+}
+
+/// Document id of a resource: the set and its key.
+fn resource_id(set: &SetName, key: &ResourceKey) -> String {
+    format!("{set}:{}", key.0)
+}
+
+fn iso(t: Timestamp) -> String {
+    t.to_string()
+}
+
+fn change_doc(set: &SetName, c: &NewChange, seq: i64, datetime: Timestamp, now: Timestamp) -> Value {
+    json!({
+        "resource_set": set.as_str(), "location": c.location, "change": c.change.as_str(),
+        "datetime": iso(datetime), "datetime_us": datetime.0, "lastmod": c.meta.lastmod.map(iso),
+        "length": c.meta.length, "md5": c.meta.md5, "mime": c.meta.mime, "ln": c.meta.ln,
+        "timestamp": iso(now), "key": c.key.0, "seq": seq
+    })
+}
+
+fn resource_doc(set: &SetName, c: &NewChange, part: u32, seq: i64, now: Timestamp) -> Value {
+    json!({
+        "resource_set": set.as_str(), "location": c.location, "length": c.meta.length, "md5": c.meta.md5,
+        "mime": c.meta.mime, "lastmod": c.meta.lastmod.map(iso), "ln": c.meta.ln,
+        "timestamp": iso(now), "key": c.key.0, "part": part, "seq": seq
+    })
+}
+
+fn ts_field(v: &Value) -> Option<Timestamp> {
+    v.as_str().and_then(|s| Timestamp::parse(s).ok())
+}
+
+fn meta_from(s: &Value) -> Result<ResourceMeta, StoreError> {
+    Ok(ResourceMeta {
+        length: s["length"].as_u64(),
+        md5: s["md5"].as_str().map(str::to_string),
+        mime: s["mime"].as_str().map(str::to_string),
+        lastmod: ts_field(&s["lastmod"]),
+        ln: if s["ln"].is_null() { vec![] } else { serde_json::from_value(s["ln"].clone()).map_err(store_err)? },
+    })
+}
+
+fn location_from(s: &Value) -> Result<Location, StoreError> {
+    serde_json::from_value(s["location"].clone()).map_err(store_err)
+}
+
+fn change_from(s: &Value) -> Result<Change, StoreError> {
+    let change = match s["change"].as_str() {
+        Some("created") => ChangeType::Created,
+        Some("updated") => ChangeType::Updated,
+        Some("deleted") => ChangeType::Deleted,
+        other => return Err(StoreError::Corrupt(format!("change document with change {other:?}"))),
+    };
+    Ok(Change {
+        id: s["seq"].as_i64().unwrap_or(0),
+        key: ResourceKey(s["key"].as_str().unwrap_or_default().to_string()),
+        location: location_from(s)?,
+        change,
+        datetime: Timestamp(s["datetime_us"].as_i64().unwrap_or(0)),
+        meta: meta_from(s)?,
+        timestamp: ts_field(&s["timestamp"]).unwrap_or(Timestamp(0)),
+    })
+}
+
+fn resource_from(s: &Value) -> Result<Resource, StoreError> {
+    Ok(Resource {
+        key: ResourceKey(s["key"].as_str().unwrap_or_default().to_string()),
+        location: location_from(s)?,
+        meta: meta_from(s)?,
+        timestamp: ts_field(&s["timestamp"]).unwrap_or(Timestamp(0)),
+    })
+}
+
+impl ElasticStore {
+    async fn load(&self, set: &SetName) -> Result<Option<(SetState, Versioned)>, StoreError> {
+        match self.es.get_doc(&self.meta, &set_doc_id(set)).await? {
+            None => Ok(None),
+            Some(v) => {
+                let st: SetState = serde_json::from_value(v.source["state"].clone()).map_err(store_err)?;
+                Ok(Some((st, v)))
+            }
+        }
+    }
+
+    async fn save(&self, set: &SetName, st: &SetState, prev: &Versioned) -> Result<bool, StoreError> {
+        let mut doc = prev.source.clone();
+        doc["state"] = serde_json::to_value(st).map_err(store_err)?;
+        self.es.put_doc_if(&self.meta, &set_doc_id(set), &doc, Some(prev)).await
+    }
+
+    /// Claims the set for writing: waits for a live claim, recovers from a dead one.
+    async fn claim(&self, set: &SetName, now: Timestamp) -> Result<(SetState, Versioned, bool), StoreError> {
+        // The claim's expiry doubles as its owner's token.
+        let mut created = false;
+        for _ in 0..3000 {
+            let Some((mut st, v)) = self.load(set).await? else {
+                created |= self.ensure_set(set, now).await?;
+                continue;
+            };
+            let t = Timestamp::now();
+            if st.claimed_until.is_some_and(|u| u > t.0) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                continue;
+            }
+            st.claimed_until = Some(t.0 + CLAIM.as_micros() as i64);
+            if self.save(set, &st, &v).await? {
+                let v = self.es.get_doc(&self.meta, &set_doc_id(set)).await?.ok_or_else(|| StoreError::Corrupt("set vanished".into()))?;
+                if st.applied_seq + 1 < st.next_seq {
+                    self.replay(set, st.applied_seq, st.next_seq).await?;
+                    st.applied_seq = st.next_seq - 1;
+                }
+                return Ok((st, v, created));
+            }
+        }
+        Err(StoreError::Unavailable(format!("set {set} stayed claimed by another writer")))
+    }
+
+    /// Re-applies changes (applied_seq, next_seq) onto the resources after a writer died.
+    async fn replay(&self, set: &SetName, applied: i64, next: i64) -> Result<(), StoreError> {
+        tracing::warn!(set = %set, from = applied + 1, to = next - 1, "replaying changes of a writer that stopped mid-batch");
+        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"range": {"seq": {"gt": applied, "lt": next}}}]}});
+        let body = json!({"size": 10000, "query": q, "sort": [{"seq": "asc"}]});
+        let v = self.es.ok(Method::Post, &format!("/{}/_search", self.changes), Some(body)).await?;
+        let mut ops = String::new();
+        for h in v["hits"]["hits"].as_array().into_iter().flatten() {
+            let c = change_from(&h["_source"])?;
+            let id = resource_id(set, &c.key);
+            if c.change == ChangeType::Deleted {
+                ops.push_str(&json!({"delete": {"_index": self.resources, "_id": id}}).to_string());
+                ops.push('\n');
+            } else if let Some(existing) = self.es.get_doc(&self.resources, &id).await? {
+                let mut doc = existing.source;
+                for f in ["location", "length", "md5", "mime", "lastmod", "ln"] {
+                    doc[f] = h["_source"][f].clone();
+                }
+                doc["seq"] = json!(c.id);
+                ops.push_str(&json!({"index": {"_index": self.resources, "_id": id}}).to_string());
+                ops.push('\n');
+                ops.push_str(&doc.to_string());
+                ops.push('\n');
+            }
+        }
+        self.bulk(ops).await
+    }
+
+    async fn bulk(&self, ops: String) -> Result<(), StoreError> {
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let v = self.es.bulk(ops).await?;
+        if v["errors"] == json!(true) {
+            let first = v["items"].as_array().into_iter().flatten().find_map(|i| {
+                let r = i.as_object()?.values().next()?;
+                r.get("error").map(|e| e.to_string())
+            });
+            return Err(StoreError::Unavailable(format!("bulk write failed: {}", first.unwrap_or_default())));
+        }
+        Ok(())
+    }
+
+    pub async fn apply(&self, set: &SetName, changes: Vec<NewChange>, policy: ListPolicy, now: Timestamp) -> Result<ApplyOutcome, ApplyError> {
+        let (mut st, _, set_created) = self.claim(set, now).await?;
+        let token = st.claimed_until;
+        let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
+        // Release the claim, with the new state when the batch was written.
+        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished")).into()) };
+        if current.claimed_until != token {
+            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
+        }
+        let mut release = if result.is_ok() { st } else { current };
+        release.claimed_until = None;
+        if !self.save(set, &release, &v).await? {
+            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
+        }
+        let mut out = result?;
+        out.set_created = set_created;
+        Ok(out)
+    }
+
+    async fn apply_claimed(
+        &self,
+        set: &SetName,
+        st: &mut SetState,
+        changes: Vec<NewChange>,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let mut out = ApplyOutcome::default();
+        // Existing resources: part and bytes, by key (later changes in the batch see earlier ones).
+        let ids: Vec<String> = changes.iter().map(|c| resource_id(set, &c.key)).collect();
+        let mut known: HashMap<String, Option<(u32, u64)>> = HashMap::new();
+        if !ids.is_empty() {
+            let v = self.es.ok(Method::Post, &format!("/{}/_mget", self.resources), Some(json!({"ids": ids}))).await?;
+            for d in v["docs"].as_array().into_iter().flatten() {
+                let id = d["_id"].as_str().unwrap_or_default().to_string();
+                let found = d["found"] == json!(true);
+                let entry = found.then(|| (d["_source"]["part"].as_u64().unwrap_or(1) as u32, d["_source"]["bytes"].as_u64().unwrap_or(0)));
+                known.insert(id, entry);
+            }
+        }
+        let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
+        let mut ops = String::new();
+        for (index, mut c) in changes.into_iter().enumerate() {
+            let id = resource_id(set, &c.key);
+            let existing = known.get(&id).cloned().flatten();
+            if c.change == ChangeType::Deleted && existing.is_none() {
+                out.ignored.push((index, "deleted: no such resource in the set, nothing recorded".into()));
+                continue;
+            }
+            let open_from = st.open().from;
+            let mut datetime = match c.datetime {
+                Some(d) if d > latest_allowed => {
+                    return Err(ApplyError::Rejected {
+                        index,
+                        reason: format!("datetime {d} lies more than {}s in the future (server time {now})", policy.max_future_skew_secs),
+                    })
+                }
+                Some(d) if d.0 < open_from => {
+                    return Err(ApplyError::Rejected {
+                        index,
+                        reason: format!(
+                            "datetime {d} precedes the open Change List, which starts at {}; closed Change Lists never change",
+                            Timestamp(open_from)
+                        ),
+                    })
+                }
+                Some(d) => d,
+                None => Timestamp(now.0.max(open_from).max(st.open().max_dt.map_or(i64::MIN, |m| m + 1))),
+            };
+            if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
+                c.meta.lastmod = Some(datetime);
+            }
+            let eb = entry_bytes_estimate(&c);
+            let open = st.open();
+            let period_over = policy.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(policy.rollover_secs);
+            if open.count >= policy.max_items as u64 || (open.count > 0 && open.bytes + eb > policy.max_bytes) || period_over {
+                out.closed_lists.push(open.no);
+                let until = open.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(open.from);
+                open.until = Some(until);
+                let next = ListState { no: open.no + 1, from: until, last_seq: open.last_seq, ..Default::default() };
+                st.lists.push(next);
+                datetime = Timestamp(datetime.0.max(until));
+            }
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            let open = st.open();
+            open.count += 1;
+            open.bytes += eb;
+            open.last_seq = seq;
+            open.max_dt = Some(open.max_dt.map_or(datetime.0, |m| m.max(datetime.0)));
+            out.applied.push((index, seq));
+            ops.push_str(&json!({"index": {"_index": self.changes, "_id": format!("{set}:{seq}")}}).to_string());
+            ops.push('\n');
+            ops.push_str(&change_doc(set, &c, seq, datetime, now).to_string());
+            ops.push('\n');
+
+            let touch = |st: &mut SetState, part: u32, dcount: i64, dbytes: i64| {
+                if let Some(p) = st.parts.iter_mut().find(|p| p.no == part) {
+                    p.count = (p.count as i64 + dcount).max(0) as u64;
+                    p.bytes = (p.bytes as i64 + dbytes).max(0) as u64;
+                    p.last_seq = seq;
+                    p.last_change = datetime.0;
+                }
+            };
+            match (c.change, existing) {
+                (ChangeType::Deleted, Some((part, bytes))) => {
+                    ops.push_str(&json!({"delete": {"_index": self.resources, "_id": id}}).to_string());
+                    ops.push('\n');
+                    touch(st, part, -1, -(bytes as i64));
+                    known.insert(id, None);
+                }
+                (ChangeType::Deleted, None) => unreachable!("handled above"),
+                (_, existing) => {
+                    let (part, dcount, old) = match existing {
+                        Some((part, bytes)) => (part, 0, bytes as i64),
+                        None => {
+                            let fits = st.parts.last().is_some_and(|lp| {
+                                lp.count < policy.max_items as u64 && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes)
+                            });
+                            if !fits {
+                                let no = st.parts.last().map_or(1, |lp| lp.no + 1);
+                                st.parts.push(PartState { no, ..Default::default() });
+                            }
+                            (st.parts.last().expect("a part").no, 1, 0)
+                        }
+                    };
+                    let mut doc = resource_doc(set, &c, part, seq, now);
+                    doc["bytes"] = json!(eb);
+                    ops.push_str(&json!({"index": {"_index": self.resources, "_id": id}}).to_string());
+                    ops.push('\n');
+                    ops.push_str(&doc.to_string());
+                    ops.push('\n');
+                    touch(st, part, dcount, eb as i64 - old);
+                    known.insert(id, Some((part, eb)));
+                }
+            }
+        }
+        // Claim the seqs durably before writing, so a crash is replayed, never reused.
+        let Some((mut saved, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished")).into()) };
+        saved.next_seq = st.next_seq;
+        if !self.save(set, &saved, &v).await? {
+            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
+        }
+        self.bulk(ops).await?;
+        st.applied_seq = st.next_seq - 1;
+        Ok(out)
+    }
+
+    pub async fn rollover_if_due(&self, set: &SetName, policy: ListPolicy, now: Timestamp) -> Result<Option<u32>, StoreError> {
+        let Some((mut st, v)) = self.load(set).await? else { return Ok(None) };
+        let claimed = st.claimed_until.is_some_and(|u| u > Timestamp::now().0);
+        let open = st.open();
+        if claimed
+            || !(policy.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(policy.rollover_secs))
+        {
+            return Ok(None);
+        }
+        let closed = open.no;
+        let until = open.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(open.from);
+        open.until = Some(until);
+        let next = ListState { no: closed + 1, from: until, last_seq: open.last_seq, ..Default::default() };
+        st.lists.push(next);
+        Ok(self.save(set, &st, &v).await?.then_some(closed))
+    }
+
+    pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
+        let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
+        Ok(st
+            .parts
+            .iter()
+            .map(|p| PartInfo { no: p.no, count: p.count, last_seq: p.last_seq, last_change: Timestamp(p.last_change) })
+            .collect())
+    }
+
+    pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
+        let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
+        Ok(st
+            .lists
+            .iter()
+            .map(|l| ChangeListInfo {
+                no: l.no,
+                from: Timestamp(l.from),
+                until: l.until.map(Timestamp),
+                count: l.count,
+                last_seq: l.last_seq,
+                last_change: l.max_dt.map(Timestamp),
+            })
+            .collect())
+    }
+
+    /// One page of a search sorted by `sort`, after the cursor (JSON sort values).
+    async fn page(&self, index: &str, query: Value, sort: Value, after: Option<Cursor>, limit: usize) -> Result<(Vec<Value>, Option<Cursor>), StoreError> {
+        let mut body = json!({"size": limit, "query": query, "sort": sort, "track_total_hits": false});
+        if let Some(Cursor(c)) = after {
+            body["search_after"] = serde_json::from_str(&c).map_err(|_| StoreError::Corrupt(format!("bad cursor {c:?}")))?;
+        }
+        let v = self.es.ok(Method::Post, &format!("/{index}/_search"), Some(body)).await?;
+        let hits = v["hits"]["hits"].as_array().cloned().unwrap_or_default();
+        let next = (hits.len() == limit).then(|| hits.last().map(|h| Cursor(h["sort"].to_string()))).flatten();
+        Ok((hits.into_iter().map(|h| h["_source"].clone()).collect(), next))
+    }
+
+    pub async fn resources(&self, set: &SetName, part: Option<u32>, after: Option<Cursor>, limit: usize) -> Result<Page<Resource>, StoreError> {
+        let mut filter = vec![json!({"term": {"resource_set": set.as_str()}})];
+        if let Some(p) = part {
+            filter.push(json!({"term": {"part": p}}));
+        }
+        let (docs, next) = self.page(&self.resources, json!({"bool": {"filter": filter}}), json!([{"part": "asc"}, {"key": "asc"}]), after, limit).await?;
+        Ok(Page { items: docs.iter().map(resource_from).collect::<Result<_, _>>()?, next })
+    }
+
+    pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
+        match self.es.get_doc(&self.resources, &resource_id(set, key)).await? {
+            Some(v) => Ok(Some(resource_from(&v.source)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn changes(
+        &self,
+        set: &SetName,
+        from: Timestamp,
+        until: Option<Timestamp>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Change>, StoreError> {
+        let mut range = json!({"gte": from.0});
+        if let Some(u) = until {
+            range["lt"] = json!(u.0);
+        }
+        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}]}});
+        let (docs, next) = self.page(&self.changes, q, json!([{"datetime_us": "asc"}, {"seq": "asc"}]), after, limit).await?;
+        Ok(Page { items: docs.iter().map(change_from).collect::<Result<_, _>>()?, next })
+    }
+
+    pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
+        let q = json!({"query": {"term": {"resource_set": set.as_str()}}});
+        let r = self.es.ok(Method::Post, &format!("/{}/_count", self.resources), Some(q.clone())).await?;
+        let c = self.es.ok(Method::Post, &format!("/{}/_count", self.changes), Some(q)).await?;
+        Ok(Counts { resources: r["count"].as_u64().unwrap_or(0), changes: c["count"].as_u64().unwrap_or(0) })
+    }
+
+    pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
+        let q = json!({"term": {"resource_set": set.as_str()}});
+        let (docs, _) = self.page(&self.changes, q, json!([{"datetime_us": "desc"}, {"seq": "desc"}]), None, 1).await?;
+        docs.first().map(change_from).transpose()
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        self.es.ok(Method::Get, "/", None).await.map(|_| ())
+    }
+}
