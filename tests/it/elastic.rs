@@ -137,3 +137,61 @@ async fn a_conditional_replace_loses_to_a_writer_that_came_first() {
     assert_eq!(es.get_doc(idx, "counter").await.unwrap().unwrap().source["state"]["n"], 2);
     assert!(es.get_doc(idx, "missing/with space").await.unwrap().is_none());
 }
+
+/// A writer that died mid-batch: before its commit its change documents stay invisible and are
+/// overwritten; after it, the next writer replays them onto the resources.
+#[tokio::test]
+async fn a_writer_that_died_mid_batch_neither_shows_half_a_batch_nor_loses_a_committed_one() {
+    use resourcesync_hub::model::{ChangeType, Location, NewChange, ResourceKey, ResourceMeta, SetName, Timestamp};
+    use resourcesync_hub::store::elastic::ElasticStore;
+    use resourcesync_hub::store::{ListPolicy, Store};
+    let url = Osmem::clone_url().await;
+    let c = cfg(&url);
+    let es = ElasticStore::open(&c).await.unwrap();
+    let raw = es.es.clone();
+    let store = Store::Elasticsearch(es);
+    let set = SetName::parse("papers").unwrap();
+    let policy = ListPolicy { max_items: 100, max_bytes: 50 << 20, rollover_secs: 0, max_future_skew_secs: 60 };
+    let created = |u: &str, len: u64| NewChange {
+        key: ResourceKey(format!("url:{u}")),
+        location: Location::url(u),
+        change: ChangeType::Created,
+        datetime: None,
+        meta: ResourceMeta { length: Some(len), ..Default::default() },
+    };
+    store.apply(&set, vec![created("http://x/1", 1)], policy, Timestamp::now()).await.unwrap();
+    let set_doc = |raw: elastic::Es| async move { raw.get_doc(&c.meta_index(), "set:papers").await.unwrap().unwrap() };
+    let v = set_doc(raw.clone()).await;
+    assert_eq!(v.source["state"]["next_seq"], 2);
+
+    // Died before its commit: a change document at seq 2, state untouched.
+    let orphan = json!({"resource_set": "papers", "location": {"type": "url", "value": "http://x/ghost"}, "change": "created",
+        "datetime": Timestamp::now().to_string(), "datetime_us": Timestamp::now().micros(), "key": "url:http://x/ghost", "seq": 2});
+    assert!(raw.put_doc_if("omtd-resourcesync-change", "papers:2", &orphan, None).await.unwrap());
+    assert_eq!(store.counts(&set).await.unwrap().changes, 1, "an uncommitted change is not there");
+    assert_eq!(store.latest_change(&set).await.unwrap().unwrap().location.value, "http://x/1");
+
+    // Died after its commit: seq 2 is an update of x/1 recorded in the bookkeeping, the
+    // resource was not written, and the claim has lapsed.
+    let update = json!({"resource_set": "papers", "location": {"type": "url", "value": "http://x/1"}, "change": "updated",
+        "datetime": Timestamp::now().to_string(), "datetime_us": Timestamp::now().micros(), "key": "url:http://x/1", "length": 99, "seq": 2, "part": 1});
+    let cur = raw.get_doc("omtd-resourcesync-change", "papers:2").await.unwrap().unwrap();
+    assert!(raw.put_doc_if("omtd-resourcesync-change", "papers:2", &update, Some(&cur)).await.unwrap());
+    let mut doc = v.source.clone();
+    doc["state"]["next_seq"] = json!(4);
+    // ... and seq 3 created x/3, whose resource was never written.
+    let create = json!({"resource_set": "papers", "location": {"type": "url", "value": "http://x/3"}, "change": "created",
+        "datetime": Timestamp::now().to_string(), "datetime_us": Timestamp::now().micros(), "key": "url:http://x/3", "length": 3, "seq": 3, "part": 1});
+    assert!(raw.put_doc_if("omtd-resourcesync-change", "papers:3", &create, None).await.unwrap());
+    doc["state"]["claimed_until"] = json!(Timestamp::now().micros() - 1);
+    assert!(raw.put_doc_if(&cfg(&url).meta_index(), "set:papers", &doc, Some(&v)).await.unwrap());
+    let out = store.apply(&set, vec![created("http://x/2", 2)], policy, Timestamp::now()).await.unwrap();
+    assert_eq!(out.applied[0].1, 4, "seqs are never reused");
+    let r1 = store.resource(&set, &ResourceKey("url:http://x/1".into())).await.unwrap().unwrap();
+    assert_eq!(r1.meta.length, Some(99), "the committed update was replayed onto the resource");
+    let r3 = store.resource(&set, &ResourceKey("url:http://x/3".into())).await.unwrap().expect("recreated");
+    assert_eq!(r3.meta.length, Some(3));
+    let page = store.resources(&set, Some(1), None, 10).await.unwrap();
+    assert_eq!(page.items.len(), 3, "x/1, x/2 and the replayed x/3 in part 1");
+    assert_eq!(store.counts(&set).await.unwrap().changes, 4);
+}

@@ -1,8 +1,11 @@
 //! The store contract on Elasticsearch, for changes that come through this server (adoption of
 //! external writers' documents is the next step). A set's bookkeeping document is the lock:
-//! a writer claims it (conditional replace with a lease), writes change and resource
-//! documents, then releases it with `applied_seq` advanced; a claim found expired means a
-//! writer died, and its changes past `applied_seq` are replayed onto the resources first.
+//! a writer claims it (conditional replace with a lease), writes the batch's change documents,
+//! commits by saving the bookkeeping with `next_seq` past them, writes the resource documents,
+//! and releases the claim with `applied_seq` advanced. Readers ignore change documents at or
+//! past `next_seq` (a batch that died before its commit; the next batch overwrites them). A
+//! claim found expired means a writer died after its commit: its changes past `applied_seq`
+//! are replayed onto the resources before anything else.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -198,19 +201,27 @@ impl ElasticStore {
     async fn replay(&self, set: &SetName, applied: i64, next: i64) -> Result<(), StoreError> {
         tracing::warn!(set = %set, from = applied + 1, to = next - 1, "replaying changes of a writer that stopped mid-batch");
         let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"range": {"seq": {"gt": applied, "lt": next}}}]}});
-        let body = json!({"size": 10000, "query": q, "sort": [{"seq": "asc"}]});
-        let v = self.es.ok(Method::Post, &format!("/{}/_search", self.changes), Some(body)).await?;
+        let mut hits = Vec::new();
+        let mut after = None;
+        loop {
+            let (docs, next_page) = self.page(&self.changes, q.clone(), json!([{"seq": "asc"}]), after, 5000).await?;
+            hits.extend(docs);
+            match next_page {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+        }
         let mut ops = String::new();
-        for h in v["hits"]["hits"].as_array().into_iter().flatten() {
-            let c = change_from(&h["_source"])?;
+        for src in &hits {
+            let c = change_from(src)?;
             let id = resource_id(set, &c.key);
             if c.change == ChangeType::Deleted {
                 ops.push_str(&json!({"delete": {"_index": self.resources, "_id": id}}).to_string());
                 ops.push('\n');
-            } else if let Some(existing) = self.es.get_doc(&self.resources, &id).await? {
-                let mut doc = existing.source;
-                for f in ["location", "length", "md5", "mime", "lastmod", "ln"] {
-                    doc[f] = h["_source"][f].clone();
+            } else {
+                let mut doc = json!({"resource_set": set.as_str(), "key": c.key.0, "timestamp": src["timestamp"]});
+                for f in ["location", "length", "md5", "mime", "lastmod", "ln", "part", "bytes"] {
+                    doc[f] = src[f].clone();
                 }
                 doc["seq"] = json!(c.id);
                 ops.push_str(&json!({"index": {"_index": self.resources, "_id": id}}).to_string());
@@ -278,7 +289,7 @@ impl ElasticStore {
             }
         }
         let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
-        let mut ops = String::new();
+        let (mut change_ops, mut ops) = (String::new(), String::new());
         for (index, mut c) in changes.into_iter().enumerate() {
             let id = resource_id(set, &c.key);
             let existing = known.get(&id).cloned().flatten();
@@ -328,10 +339,9 @@ impl ElasticStore {
             open.last_seq = seq;
             open.max_dt = Some(open.max_dt.map_or(datetime.0, |m| m.max(datetime.0)));
             out.applied.push((index, seq));
-            ops.push_str(&json!({"index": {"_index": self.changes, "_id": format!("{set}:{seq}")}}).to_string());
-            ops.push('\n');
-            ops.push_str(&change_doc(set, &c, seq, datetime, now).to_string());
-            ops.push('\n');
+            change_ops.push_str(&json!({"index": {"_index": self.changes, "_id": format!("{set}:{seq}")}}).to_string());
+            change_ops.push('\n');
+            let mut cdoc = change_doc(set, &c, seq, datetime, now);
 
             let touch = |st: &mut SetState, part: u32, dcount: i64, dbytes: i64| {
                 if let Some(p) = st.parts.iter_mut().find(|p| p.no == part) {
@@ -371,15 +381,24 @@ impl ElasticStore {
                     ops.push('\n');
                     touch(st, part, dcount, eb as i64 - old);
                     known.insert(id, Some((part, eb)));
+                    // Replay after a crash recreates the resource in its part.
+                    (cdoc["part"], cdoc["bytes"]) = (json!(part), json!(eb));
                 }
             }
+            change_ops.push_str(&cdoc.to_string());
+            change_ops.push('\n');
         }
-        // Claim the seqs durably before writing, so a crash is replayed, never reused.
-        let Some((mut saved, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished")).into()) };
-        saved.next_seq = st.next_seq;
-        if !self.save(set, &saved, &v).await? {
+        // 1. The change documents. Until the state below is saved they lie at or past
+        //    `next_seq`, which readers ignore and the next batch overwrites.
+        self.bulk(change_ops).await?;
+        // 2. The commit point: the new bookkeeping with `next_seq` past this batch.
+        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished")).into()) };
+        let mut commit = st.clone();
+        (commit.applied_seq, commit.claimed_until) = (current.applied_seq, current.claimed_until);
+        if !self.save(set, &commit, &v).await? {
             return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
         }
+        // 3. The resource documents; a crash here is replayed from the change documents.
         self.bulk(ops).await?;
         st.applied_seq = st.next_seq - 1;
         Ok(out)
@@ -467,20 +486,29 @@ impl ElasticStore {
         if let Some(u) = until {
             range["lt"] = json!(u.0);
         }
-        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}]}});
+        let q = json!({"bool": {"filter": [
+            {"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}, self.committed(set).await?
+        ]}});
         let (docs, next) = self.page(&self.changes, q, json!([{"datetime_us": "asc"}, {"seq": "asc"}]), after, limit).await?;
         Ok(Page { items: docs.iter().map(change_from).collect::<Result<_, _>>()?, next })
     }
 
+    /// The filter that hides change documents of a batch not (yet) committed.
+    async fn committed(&self, set: &SetName) -> Result<Value, StoreError> {
+        let next = self.load(set).await?.map_or(1, |(s, _)| s.next_seq);
+        Ok(json!({"range": {"seq": {"lt": next}}}))
+    }
+
     pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
         let q = json!({"query": {"term": {"resource_set": set.as_str()}}});
-        let r = self.es.ok(Method::Post, &format!("/{}/_count", self.resources), Some(q.clone())).await?;
+        let r = self.es.ok(Method::Post, &format!("/{}/_count", self.resources), Some(q)).await?;
+        let q = json!({"query": {"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}}});
         let c = self.es.ok(Method::Post, &format!("/{}/_count", self.changes), Some(q)).await?;
         Ok(Counts { resources: r["count"].as_u64().unwrap_or(0), changes: c["count"].as_u64().unwrap_or(0) })
     }
 
     pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
-        let q = json!({"term": {"resource_set": set.as_str()}});
+        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}});
         let (docs, _) = self.page(&self.changes, q, json!([{"datetime_us": "desc"}, {"seq": "desc"}]), None, 1).await?;
         docs.first().map(change_from).transpose()
     }

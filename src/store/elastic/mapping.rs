@@ -59,7 +59,9 @@ pub fn change_mapping() -> Value {
         }},
         "key": {"type": "keyword"},
         "seq": {"type": "long"},
-        "datetime_us": {"type": "long"}
+        "datetime_us": {"type": "long"},
+        "part": {"type": "integer"},
+        "bytes": {"type": "long"}
     }})
 }
 
