@@ -1,13 +1,17 @@
-//! resourcesync-hub: a ResourceSync source (ANSI/NISO Z39.99-2017) and, in later stages, a
-//! change-notification push hub, in one binary.
+//! resourcesync-hub: a ResourceSync source (ANSI/NISO Z39.99-2017) and a change-notification
+//! push hub (WebSub), in one binary.
 //!
 //! # Layout
 //!
 //! - [`config`]: layered configuration (compiled-in commented defaults, `--config`, `RSHUB_*`, flags).
 //! - [`model`]: the seeds' document model: sets, locations, resources, changes, change events.
-//! - [`store`]: the storage contract and its backends (the embedded SQLite store).
+//! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch
+//!   under construction).
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
 //! - [`source`]: the pull side: every document, generated from the store, with a page cache.
+//! - [`hub`]: the WebSub hub: requests, verification, signatures, address policy, delivery lanes.
+//! - [`notify`]: the poller turning store changes into change and framework notifications.
+//! - [`metrics`]: Prometheus metrics; [`admin_cli`]: the `admin` commands.
 //! - [`ingest`]: the harvester's API: change events in, atomic batches into the store.
 //! - [`import`]: the folder scanner behind `resourcesync-hub import`.
 //! - [`http`]: axum handlers only; [`error`]: the one error-to-status table.
