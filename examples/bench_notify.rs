@@ -129,8 +129,11 @@ async fn main() -> anyhow::Result<()> {
         anyhow::ensure!(Instant::now() < deadline, "only {} of {changes} changes notified", received.lock().unwrap().at.len());
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let r = received.lock().unwrap();
-    let mut lat: Vec<Duration> = committed.iter().map(|(i, c)| r.at[i].saturating_duration_since(*c)).collect();
+    let (at, notifications) = {
+        let r = received.lock().unwrap();
+        (r.at.clone(), r.notifications)
+    };
+    let mut lat: Vec<Duration> = committed.iter().map(|(i, c)| at[i].saturating_duration_since(*c)).collect();
     lat.sort();
     println!(
         "embedded store: {changes} changes in batches of {batch} every {} ms; notify.max_delay_ms = {max_delay}, hold_back_secs = {hold}",
@@ -141,9 +144,8 @@ async fn main() -> anyhow::Result<()> {
         pct(&lat, 0.5),
         pct(&lat, 0.99),
         lat.last().unwrap().as_secs_f64() * 1e3,
-        r.notifications
+        notifications
     );
-    drop(r);
     let _ = stop_tx.send(());
     let _ = server.await;
     let _ = std::fs::remove_dir_all(&tmp);

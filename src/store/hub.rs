@@ -18,7 +18,7 @@ impl Store {
     pub async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_add_intent(intent).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_add_intent").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_add_intent")),
         }
     }
 
@@ -26,7 +26,7 @@ impl Store {
     pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_intents().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_intents").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_intents")),
         }
     }
 
@@ -34,14 +34,14 @@ impl Store {
     pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_resolve(intent, res).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_resolve").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_resolve")),
         }
     }
 
     pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_remove_subscription(id).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_remove_subscription").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_remove_subscription")),
         }
     }
 
@@ -49,14 +49,14 @@ impl Store {
     pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscriptions().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscriptions").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscriptions")),
         }
     }
 
     pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscription(topic, callback).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscription").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscription")),
         }
     }
 
@@ -72,7 +72,7 @@ impl Store {
     ) -> Result<Vec<Message>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_publish(messages, state, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_publish").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_publish")),
         }
     }
 
@@ -80,7 +80,7 @@ impl Store {
     pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_backlog().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_backlog").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_backlog")),
         }
     }
 
@@ -88,21 +88,21 @@ impl Store {
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_record(outcomes).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_record").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_record")),
         }
     }
 
     pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_register_topic(topic, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_register_topic").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_register_topic")),
         }
     }
 
     pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_topic(topic).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topic").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topic")),
         }
     }
 
@@ -110,7 +110,7 @@ impl Store {
     pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_prune(before, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_prune").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_prune")),
         }
     }
 
@@ -122,7 +122,7 @@ impl Store {
     ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_list(filter, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_list").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_list")),
         }
     }
 
@@ -133,7 +133,7 @@ impl Store {
     ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_detail(id, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_detail").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_detail")),
         }
     }
 
@@ -141,7 +141,7 @@ impl Store {
     pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_topics().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topics").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topics")),
         }
     }
 
@@ -149,14 +149,14 @@ impl Store {
     pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_take_failures(id).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_take_failures").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_take_failures")),
         }
     }
 
     pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_totals(now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_totals").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("hub_totals")),
         }
     }
 }

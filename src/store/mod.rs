@@ -52,6 +52,64 @@ pub struct ListPolicy {
     pub max_future_skew_secs: u64,
 }
 
+/// The open Change List's running totals, as every backend tracks them while applying.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OpenTotals {
+    pub from: i64,
+    pub count: u64,
+    pub bytes: u64,
+    pub max_dt: Option<i64>,
+}
+
+impl OpenTotals {
+    /// When the list closes: after its newest entry, not before now nor its own start, so
+    /// every entry lies inside `[from, until)`.
+    pub fn close_time(&self, now: Timestamp) -> i64 {
+        self.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(self.from)
+    }
+}
+
+impl ListPolicy {
+    /// Whether a non-empty open list has outlived its period.
+    pub(crate) fn period_over(&self, open: &OpenTotals, now: Timestamp) -> bool {
+        self.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(self.rollover_secs)
+    }
+
+    /// Whether an entry of `entry_bytes` must go into a new list (full, too large, or too old).
+    pub(crate) fn must_roll(&self, open: &OpenTotals, entry_bytes: u64, now: Timestamp) -> bool {
+        open.count >= self.max_items as u64 || (open.count > 0 && open.bytes + entry_bytes > self.max_bytes) || self.period_over(open, now)
+    }
+
+    /// The datetime a change is recorded at: its own, checked against the clock, the open
+    /// list and (when given) what has been notified; or, with none, strictly after everything
+    /// recorded so far — a reader that saw the newest change at L can promise that anything it
+    /// did not see is dated after L. `Err` is the reason for refusing the change.
+    pub(crate) fn change_datetime(
+        &self,
+        given: Option<Timestamp>,
+        open: &OpenTotals,
+        notified: Option<i64>,
+        now: Timestamp,
+    ) -> Result<Timestamp, String> {
+        match given {
+            Some(d) if d > now.plus_secs(self.max_future_skew_secs) => {
+                Err(format!("datetime {d} lies more than {}s in the future (server time {now})", self.max_future_skew_secs))
+            }
+            Some(d) if d.0 < open.from => Err(format!(
+                "datetime {d} precedes the open Change List, which starts at {}; closed Change Lists never change",
+                Timestamp(open.from)
+            )),
+            Some(d) if notified.is_some_and(|w| d.0 < w) => Err(format!(
+                "datetime {d} precedes {}, up to which change notifications for this set have been sent; \
+                 changes may arrive at most notify.hold_back_secs late (omit datetime to use the time of arrival)",
+                Timestamp(notified.unwrap_or_default())
+            )),
+            Some(d) => Ok(d),
+            None => Ok(Timestamp(now.0.max(open.from).max(open.max_dt.map_or(i64::MIN, |m| m + 1)))),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct ApplyOutcome {
     /// Whether the set did not exist before this batch.
@@ -257,7 +315,7 @@ impl Store {
     pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
         match self {
             Store::Embedded(s) => s.notify_state(set).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("notify_state").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("notify_state")),
         }
     }
 
@@ -265,7 +323,7 @@ impl Store {
     pub async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.notify_init(state).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("notify_init").into()),
+            Store::Elasticsearch(_) => Err(elastic::not_built("notify_init")),
         }
     }
 }

@@ -17,7 +17,8 @@ use serde_json::{json, Value};
 use super::{ElasticStore, Versioned};
 use crate::model::{Change, ChangeType, Location, NewChange, Resource, ResourceKey, ResourceMeta, SetName, Timestamp};
 use crate::store::{
-    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, Page, PartInfo, StoreError,
+    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, OpenTotals, Page, PartInfo,
+    StoreError,
 };
 
 /// How long a writer's claim on a set lasts before others treat it as dead.
@@ -66,6 +67,22 @@ impl SetState {
     }
     fn open(&mut self) -> &mut ListState {
         self.lists.last_mut().expect("a set always has an open list")
+    }
+
+    /// Closes the open list and opens the next; returns the closed list's number and `until`.
+    fn close_open(&mut self, now: Timestamp) -> (u32, i64) {
+        let open = self.open();
+        let until = open.totals().close_time(now);
+        open.until = Some(until);
+        let (no, last_seq) = (open.no, open.last_seq);
+        self.lists.push(ListState { no: no + 1, from: until, last_seq, ..Default::default() });
+        (no, until)
+    }
+}
+
+impl ListState {
+    fn totals(&self) -> OpenTotals {
+        OpenTotals { from: self.from, count: self.count, bytes: self.bytes, max_dt: self.max_dt }
     }
 }
 
@@ -288,7 +305,6 @@ impl ElasticStore {
                 known.insert(id, entry);
             }
         }
-        let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
         let (mut change_ops, mut ops) = (String::new(), String::new());
         for (index, mut c) in changes.into_iter().enumerate() {
             let id = resource_id(set, &c.key);
@@ -297,38 +313,16 @@ impl ElasticStore {
                 out.ignored.push((index, "deleted: no such resource in the set, nothing recorded".into()));
                 continue;
             }
-            let open_from = st.open().from;
-            let mut datetime = match c.datetime {
-                Some(d) if d > latest_allowed => {
-                    return Err(ApplyError::Rejected {
-                        index,
-                        reason: format!("datetime {d} lies more than {}s in the future (server time {now})", policy.max_future_skew_secs),
-                    })
-                }
-                Some(d) if d.0 < open_from => {
-                    return Err(ApplyError::Rejected {
-                        index,
-                        reason: format!(
-                            "datetime {d} precedes the open Change List, which starts at {}; closed Change Lists never change",
-                            Timestamp(open_from)
-                        ),
-                    })
-                }
-                Some(d) => d,
-                None => Timestamp(now.0.max(open_from).max(st.open().max_dt.map_or(i64::MIN, |m| m + 1))),
-            };
+            let mut datetime = policy
+                .change_datetime(c.datetime, &st.open().totals(), None, now)
+                .map_err(|reason| ApplyError::Rejected { index, reason })?;
             if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
                 c.meta.lastmod = Some(datetime);
             }
             let eb = entry_bytes_estimate(&c);
-            let open = st.open();
-            let period_over = policy.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(policy.rollover_secs);
-            if open.count >= policy.max_items as u64 || (open.count > 0 && open.bytes + eb > policy.max_bytes) || period_over {
-                out.closed_lists.push(open.no);
-                let until = open.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(open.from);
-                open.until = Some(until);
-                let next = ListState { no: open.no + 1, from: until, last_seq: open.last_seq, ..Default::default() };
-                st.lists.push(next);
+            if policy.must_roll(&st.open().totals(), eb, now) {
+                let (closed, until) = st.close_open(now);
+                out.closed_lists.push(closed);
                 datetime = Timestamp(datetime.0.max(until));
             }
             let seq = st.next_seq;
@@ -407,17 +401,10 @@ impl ElasticStore {
     pub async fn rollover_if_due(&self, set: &SetName, policy: ListPolicy, now: Timestamp) -> Result<Option<u32>, StoreError> {
         let Some((mut st, v)) = self.load(set).await? else { return Ok(None) };
         let claimed = st.claimed_until.is_some_and(|u| u > Timestamp::now().0);
-        let open = st.open();
-        if claimed
-            || !(policy.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(policy.rollover_secs))
-        {
+        if claimed || !policy.period_over(&st.open().totals(), now) {
             return Ok(None);
         }
-        let closed = open.no;
-        let until = open.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(open.from);
-        open.until = Some(until);
-        let next = ListState { no: closed + 1, from: until, last_seq: open.last_seq, ..Default::default() };
-        st.lists.push(next);
+        let (closed, _) = st.close_open(now);
         Ok(self.save(set, &st, &v).await?.then_some(closed))
     }
 

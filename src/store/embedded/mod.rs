@@ -11,7 +11,7 @@ mod hub;
 mod notify;
 
 use super::{
-    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, Page,
+    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, OpenTotals, Page,
     PartInfo, SetInfo, StoreError,
 };
 use crate::model::{
@@ -253,7 +253,7 @@ impl EmbeddedStore {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let Some(mut open) = load_open_list(&tx, &set)? else { return Ok(None) };
-            if !period_over(&open, policy, now) {
+            if !policy.period_over(&open.totals(), now) {
                 return Ok(None);
             }
             let closed = open.no;
@@ -479,14 +479,15 @@ fn load_open_list(tx: &rusqlite::Transaction, set: &SetName) -> Result<Option<Op
         .optional()?)
 }
 
-fn period_over(open: &OpenList, policy: ListPolicy, now: Timestamp) -> bool {
-    policy.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(policy.rollover_secs)
+impl OpenList {
+    fn totals(&self) -> OpenTotals {
+        OpenTotals { from: self.from, count: self.count, bytes: self.bytes, max_dt: self.max_dt }
+    }
 }
 
-/// Closes the open list at `max(now, latest entry + 1µs)` so every entry lies inside
-/// `[from, until)`, and opens the next one from there.
+/// Closes the open list (see [`OpenTotals::close_time`]) and opens the next one from there.
 fn close_list(tx: &rusqlite::Transaction, set: &SetName, open: &mut OpenList, now: Timestamp) -> Result<(), StoreError> {
-    let until = open.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(open.from);
+    let until = open.totals().close_time(now);
     tx.execute(
         "UPDATE changelists SET until_ts = ?3, count = ?4, bytes = ?5, last_seq = ?6, max_dt = ?7 \
          WHERE set_name = ?1 AND no = ?2",
@@ -518,7 +519,6 @@ fn apply_tx(
         )
         .optional()
         .map_err(StoreError::from)?;
-    let latest_allowed = now.plus_secs(policy.max_future_skew_secs);
     // Change notifications have been sent for everything dated before this.
     let notified: Option<i64> = tx
         .query_row("SELECT watermark FROM notify_state WHERE set_name = ?1", [set.as_str()], |r| r.get(0))
@@ -537,49 +537,15 @@ fn apply_tx(
             out.ignored.push((index, "deleted: no such resource in the set, nothing recorded".into()));
             continue;
         }
-        let mut datetime = match c.datetime {
-            Some(d) if d > latest_allowed => {
-                return Err(ApplyError::Rejected {
-                    index,
-                    reason: format!(
-                        "datetime {d} lies more than {}s in the future (server time {now})",
-                        policy.max_future_skew_secs
-                    ),
-                })
-            }
-            Some(d) if d.0 < open.from => {
-                return Err(ApplyError::Rejected {
-                    index,
-                    reason: format!(
-                        "datetime {d} precedes the open Change List, which starts at {}; closed Change Lists never change",
-                        Timestamp(open.from)
-                    ),
-                })
-            }
-            Some(d) if notified.is_some_and(|w| d.0 < w) => {
-                return Err(ApplyError::Rejected {
-                    index,
-                    reason: format!(
-                        "datetime {d} precedes {}, up to which change notifications for this set have been sent; \
-                         changes may arrive at most notify.hold_back_secs late (omit datetime to use the time of arrival)",
-                        Timestamp(notified.unwrap_or_default())
-                    ),
-                })
-            }
-            Some(d) => d,
-            // Strictly after everything recorded so far: a reader that saw the newest change
-            // at L can promise that anything it did not see is dated after L.
-            None => Timestamp(now.0.max(open.from).max(open.max_dt.map_or(i64::MIN, |m| m + 1))),
-        };
+        let mut datetime = policy
+            .change_datetime(c.datetime, &open.totals(), notified, now)
+            .map_err(|reason| ApplyError::Rejected { index, reason })?;
         if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
             // A destination needs a lastmod to audit; the change's own datetime is the best we know.
             c.meta.lastmod = Some(datetime);
         }
         let eb = entry_bytes_estimate(&c);
-        if open.count >= policy.max_items as u64
-            || (open.count > 0 && open.bytes + eb > policy.max_bytes)
-            || period_over(&open, policy, now)
-        {
+        if policy.must_roll(&open.totals(), eb, now) {
             out.closed_lists.push(open.no);
             close_list(tx, set, &mut open, now)?;
             // Only reachable when this change's datetime is older than the newest entry of the
