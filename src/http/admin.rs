@@ -476,10 +476,7 @@ async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
     let store = st.hub.store();
     let now = Timestamp::now();
     let t = store.hub_totals(now).await?;
-    let mut attempts_by_outcome = BTreeMap::new();
-    for a in st.hub.attempts(&AttemptFilter { limit: usize::MAX, ..Default::default() }) {
-        *attempts_by_outcome.entry(a.outcome.to_string()).or_insert(0) += 1;
-    }
+    let attempts_by_outcome: BTreeMap<String, u64> = st.hub.attempt_counts().into_iter().map(|(k, n)| (k.to_string(), n)).collect();
     let mut pollers = Vec::new();
     if st.config.notify.enabled {
         for set in store.sets().await? {

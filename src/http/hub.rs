@@ -32,7 +32,7 @@ pub async fn post_hub(State(st): State<AppState>, headers: HeaderMap, body: Byte
             }
         };
     }
-    fat_ping(&st, &headers, essence, body).await
+    fat_ping(&st, &headers, ct, body).await
 }
 
 fn accepted(msg: &str) -> Response {
@@ -41,7 +41,8 @@ fn accepted(msg: &str) -> Response {
 
 /// ResourceSync change-notification §4.1: the notification is the body, the topic is the
 /// `rel="self"` link. Needs the publisher token.
-async fn fat_ping(st: &AppState, headers: &HeaderMap, content_type: String, body: Bytes) -> Result<Response, HubError> {
+/// The payload is distributed with its Content-Type exactly as given.
+async fn fat_ping(st: &AppState, headers: &HeaderMap, content_type: &str, body: Bytes) -> Result<Response, HubError> {
     let token = &st.config.hub.publisher_token;
     if token.is_empty() {
         return Err(HubError::Forbidden(
@@ -65,11 +66,10 @@ async fn fat_ping(st: &AppState, headers: &HeaderMap, content_type: String, body
     if body.is_empty() {
         return Err(HubError::BadRequest("the published payload is empty".into()));
     }
-    if content_type.is_empty() {
+    if content_type.trim().is_empty() {
         return Err(HubError::BadRequest("a published payload needs a Content-Type (application/xml)".into()));
     }
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/xml").to_string();
-    let n = st.hub.publish(topic, ct, body).await?;
+    let n = st.hub.publish(topic, content_type.to_string(), body).await?;
     Ok((StatusCode::OK, format!("published to {n} subscriber(s)\n")).into_response())
 }
 

@@ -60,6 +60,15 @@ impl Hub {
             .collect()
     }
 
+    /// Attempts in the log by outcome.
+    pub fn attempt_counts(&self) -> std::collections::BTreeMap<&'static str, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for a in self.attempts.lock().expect("attempt log").iter() {
+            *out.entry(a.outcome).or_insert(0) += 1;
+        }
+        out
+    }
+
     /// Removes a subscription; with `deny`, tells the subscriber with a `hub.mode=denied` GET.
     /// `false` when there is no such subscription.
     pub async fn delete_subscription(self: &Arc<Self>, id: SubscriptionId, deny: Option<String>) -> Result<bool, StoreError> {
@@ -122,5 +131,5 @@ impl Hub {
     }
 }
 
-/// `VecDeque` is what the log is; re-exported for the hub's constructor.
+/// The last [`ATTEMPT_LOG`] attempts, oldest first.
 pub(super) type AttemptLog = std::sync::Mutex<VecDeque<AttemptRecord>>;

@@ -103,11 +103,9 @@ fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job
 }
 
 async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>, mut rx: mpsc::UnboundedReceiver<LaneMsg>) {
-    let mut target = target(&hub, &sub);
+    // A subscription's callback never changes (a new callback is a new subscription).
+    let target = target(&hub, &sub);
     loop {
-        if target.as_ref().map_or(true, |u| u.as_str() != sub.callback.as_str()) {
-            target = self::target(&hub, &sub);
-        }
         loop {
             match rx.try_recv() {
                 Ok(m) => {
@@ -166,28 +164,26 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
             error: None,
             duration_ms: started.elapsed().as_secs_f64() * 1e3,
         };
-        match &attempt {
-            Attempt::Delivered(s) => record.status = Some(*s),
-            Attempt::Gone => (record.outcome, record.status) = ("gone", Some(410)),
-            Attempt::Failed { status, error, .. } => {
-                let exhausted = hub.settings.retry_delay(attempts, None, 0.5).is_none();
-                record.outcome = if exhausted { "failed" } else { "retry" };
-                (record.status, record.error) = (*status, Some(error.clone()));
-            }
-        }
-        hub.log_attempt(record);
         match attempt {
             Attempt::Delivered(status) => {
+                record.status = Some(status);
+                hub.log_attempt(record);
                 hub.record(Outcome::Delivered { sub: sub_id, message: msg, attempts, at, status });
                 queue.pop_front();
             }
             Attempt::Gone => {
+                (record.outcome, record.status) = ("gone", Some(410));
+                hub.log_attempt(record);
                 tracing::info!("callback answered 410 Gone: subscription removed");
                 hub.remove_gone(sub.id).await;
                 return;
             }
             Attempt::Failed { status, error, retry_after } => {
-                match hub.settings.retry_delay(attempts, retry_after, random_unit()) {
+                let wait = hub.settings.retry_delay(attempts, retry_after, random_unit());
+                record.outcome = if wait.is_some() { "retry" } else { "failed" };
+                (record.status, record.error) = (status, Some(error.clone()));
+                hub.log_attempt(record);
+                match wait {
                     Some(wait) => {
                         tracing::info!(message = msg, attempts, ?status, %error, retry_in = ?wait, "delivery failed; will retry");
                         let next_at = Timestamp(at.micros() + wait.as_micros() as i64);
@@ -220,7 +216,8 @@ impl Hub {
         lanes.remove(&id);
     }
 
-    pub(super) async fn lane_update(self: &Arc<Self>, sub: Subscription, lanes: &mut std::collections::HashMap<i64, Lane>) {
+    /// Hands a verified subscription to its lane, starting one for a new subscription.
+    pub(super) fn lane_update(self: &Arc<Self>, sub: Subscription, lanes: &mut std::collections::HashMap<i64, Lane>) {
         match lanes.get_mut(&sub.id) {
             Some(lane) => lane.update(sub),
             None => {

@@ -29,7 +29,7 @@ pub(super) async fn verify(hub: &Arc<Hub>, intent: Intent) {
             Ok(Some(sub)) => match resolution {
                 Resolution::Subscribed { .. } => {
                     tracing::info!(subscription = sub.id, lease_secs = sub.lease_secs, "subscription verified");
-                    hub.lane_update(sub, &mut lanes).await;
+                    hub.lane_update(sub, &mut lanes);
                 }
                 _ => {
                     tracing::info!(subscription = sub.id, "unsubscribed");

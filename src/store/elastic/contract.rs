@@ -188,7 +188,7 @@ impl ElasticStore {
     }
 
     /// Claims the set for writing: waits for a live claim, recovers from a dead one.
-    async fn claim(&self, set: &SetName, now: Timestamp) -> Result<(SetState, Versioned, bool), StoreError> {
+    async fn claim(&self, set: &SetName, now: Timestamp) -> Result<(SetState, bool), StoreError> {
         // The claim's expiry doubles as its owner's token.
         let mut created = false;
         for _ in 0..3000 {
@@ -203,12 +203,11 @@ impl ElasticStore {
             }
             st.claimed_until = Some(t.0 + CLAIM.as_micros() as i64);
             if self.save(set, &st, &v).await? {
-                let v = self.es.get_doc(&self.meta, &set_doc_id(set)).await?.ok_or_else(|| StoreError::Corrupt("set vanished".into()))?;
                 if st.applied_seq + 1 < st.next_seq {
                     self.replay(set, st.applied_seq, st.next_seq).await?;
                     st.applied_seq = st.next_seq - 1;
                 }
-                return Ok((st, v, created));
+                return Ok((st, created));
             }
         }
         Err(StoreError::Unavailable(format!("set {set} stayed claimed by another writer")))
@@ -266,7 +265,7 @@ impl ElasticStore {
     }
 
     pub async fn apply(&self, set: &SetName, changes: Vec<NewChange>, policy: ListPolicy, now: Timestamp) -> Result<ApplyOutcome, ApplyError> {
-        let (mut st, _, set_created) = self.claim(set, now).await?;
+        let (mut st, set_created) = self.claim(set, now).await?;
         let token = st.claimed_until;
         let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
         // Release the claim, with the new state when the batch was written.
