@@ -18,8 +18,18 @@ use crate::source::Source;
 use crate::store::Store;
 use crate::workers;
 
-/// Opens the configured store (creating the data directory on first start).
-pub fn open_store(config: &Config) -> anyhow::Result<Store> {
+/// Opens the configured store: the embedded database (creating the data directory on first
+/// start) or Elasticsearch (creating or checking its indices). Fails with a message naming
+/// what could not be reached.
+pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
+    if config.store.backend == "elasticsearch" {
+        let es = &config.store.elasticsearch;
+        let store = crate::store::elastic::ElasticStore::open(es).await.map_err(|e| {
+            anyhow::anyhow!("cannot open the Elasticsearch store at {} (store.elasticsearch): {e}", es.server_url())
+        })?;
+        tracing::info!(url = %es.server_url(), index = %es.index, version = %store.es.version, "Elasticsearch store opened");
+        return Ok(Store::Elasticsearch(store));
+    }
     std::fs::create_dir_all(&config.server.data_dir).map_err(|e| {
         anyhow::anyhow!("cannot create data directory {}: {e}", config.server.data_dir.display())
     })?;
@@ -39,7 +49,7 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     let addr = listener.local_addr()?;
     resolve_base_url(&mut config, addr);
     let config = Arc::new(config);
-    let store = open_store(&config)?;
+    let store = open_store(&config).await?;
     let now = Timestamp::now();
     for name in config.sets.keys() {
         let set = SetName::parse(name).map_err(anyhow::Error::msg)?;

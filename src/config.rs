@@ -80,6 +80,11 @@ impl ElasticConfig {
     pub fn meta_index(&self) -> String {
         format!("{}-meta", self.index)
     }
+
+    /// The hub's subscriptions, message log and notifier state, shared by every process.
+    pub fn hub_index(&self) -> String {
+        format!("{}-hub", self.index)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -233,11 +238,18 @@ impl Config {
                 _ => return bad(format!("server.base_url {:?} is not an http(s) URL", self.server.base_url)),
             }
         }
-        if self.store.backend != "embedded" {
-            return bad(format!(
-                "store.backend {:?} is not supported (supported: \"embedded\"; \"elasticsearch\" is being built)",
-                self.store.backend
-            ));
+        match self.store.backend.as_str() {
+            "embedded" => {}
+            "elasticsearch" => {
+                let es = &self.store.elasticsearch;
+                if let Err(e) = url::Url::parse(&es.server_url()) {
+                    return bad(format!("store.elasticsearch: {:?} is not a URL ({e}); set url, or host and port", es.server_url()));
+                }
+                if es.index.is_empty() || es.index.chars().any(|c| c.is_ascii_uppercase() || "\\/*?\"<>| ,#:".contains(c)) {
+                    return bad(format!("store.elasticsearch.index {:?} is not a valid index name (lowercase, no \\/*?\"<>| ,#:)", es.index));
+                }
+            }
+            other => return bad(format!("store.backend {other:?} is not supported (supported: \"embedded\", \"elasticsearch\")")),
         }
         if self.source.store_page_size == 0 {
             return bad("source.store_page_size must be at least 1".into());

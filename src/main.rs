@@ -97,7 +97,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             app::resolve_base_url(&mut config, listener.local_addr()?);
             if with_demo {
                 let dir = demo::prepare(&mut config)?;
-                let store = app::open_store(&config)?;
+                let store = app::open_store(&config).await?;
                 let set = resourcesync_hub::model::SetName::parse(demo::DEMO_SET).map_err(anyhow::Error::msg)?;
                 let source = resourcesync_hub::source::Source::new(std::sync::Arc::new(config.clone()), store.clone());
                 let r = import::import_dir(&store, &config.set_config(demo::DEMO_SET), source.list_policy(&set), &dir, false).await?;
@@ -108,7 +108,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Import { common, dir, set } => {
             let config = Config::load(&common.overrides(None))?;
-            let store = app::open_store(&config)?;
+            let store = app::open_store(&config).await?;
             let name = resourcesync_hub::model::SetName::parse(&set).map_err(anyhow::Error::msg)?;
             let source = resourcesync_hub::source::Source::new(std::sync::Arc::new(config.clone()), store.clone());
             let report = import::import_dir(&store, &config.set_config(&set), source.list_policy(&name), &dir, std::io::stderr().is_terminal()).await?;

@@ -123,6 +123,11 @@ impl Hub {
     /// Returns how many failed deliveries were queued, or `None` for no such subscription.
     pub async fn retry_now(&self, id: SubscriptionId) -> Result<Option<usize>, StoreError> {
         let lanes = self.lanes.lock().await;
+        if !self.is_delivering() {
+            return Err(StoreError::Unavailable(
+                "this process is on standby (another process holds the delivery lease): retry through the delivering process".into(),
+            ));
+        }
         let Some(lane) = lanes.get(&id) else { return Ok(None) };
         let messages = self.store.hub_take_failures(id).await?;
         let n = messages.len();

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::model::{Message, Outcome, Subscription, Topic};
+use super::model::{Message, MessageId, Outcome, Subscription, Topic};
 use super::admin::AttemptRecord;
 use super::{random_unit, signature, Hub};
 use crate::model::Timestamp;
@@ -32,6 +32,10 @@ pub(super) struct Lane {
     tx: mpsc::UnboundedSender<LaneMsg>,
     topic: Topic,
     expires_at: Timestamp,
+    verified_at: Timestamp,
+    /// The newest message handed to the lane: older ones are not queued twice.
+    last: MessageId,
+    pub(super) born: Instant,
 }
 
 impl Lane {
@@ -47,7 +51,8 @@ impl Lane {
                 Instant::now() + Duration::from_micros(wait)
             });
         }
-        let lane = Lane { tx, topic: sub.topic.clone(), expires_at: sub.expires_at };
+        let last = queue.back().map_or(sub.cursor, |j| j.message.id.max(sub.cursor));
+        let lane = Lane { tx, topic: sub.topic.clone(), expires_at: sub.expires_at, verified_at: sub.verified_at, last, born: Instant::now() };
         hub.tasks.spawn(run_lane(hub.clone(), sub, queue, rx).instrument(span));
         lane
     }
@@ -57,8 +62,16 @@ impl Lane {
         &self.topic == topic && self.expires_at > now
     }
 
-    pub(super) fn push(&self, m: Arc<Message>) {
-        let _ = self.tx.send(LaneMsg::Job(m));
+    pub(super) fn push(&mut self, m: Arc<Message>) {
+        if m.id > self.last {
+            self.last = m.id;
+            let _ = self.tx.send(LaneMsg::Job(m));
+        }
+    }
+
+    /// Whether `sub` is a newer verification than the lane's.
+    pub(super) fn renewed(&self, sub: &Subscription) -> bool {
+        sub.verified_at != self.verified_at || sub.expires_at != self.expires_at
     }
 
     pub(super) fn retry_now(&self, failed: Vec<Arc<Message>>) {
@@ -67,6 +80,7 @@ impl Lane {
 
     pub(super) fn update(&mut self, sub: Subscription) {
         self.expires_at = sub.expires_at;
+        self.verified_at = sub.verified_at;
         let _ = self.tx.send(LaneMsg::Update(sub));
     }
 }
@@ -218,6 +232,9 @@ impl Hub {
 
     /// Hands a verified subscription to its lane, starting one for a new subscription.
     pub(super) fn lane_update(self: &Arc<Self>, sub: Subscription, lanes: &mut std::collections::HashMap<i64, Lane>) {
+        if !self.is_delivering() {
+            return; // the delivering process picks it up from the store
+        }
         match lanes.get_mut(&sub.id) {
             Some(lane) => lane.update(sub),
             None => {

@@ -16,8 +16,9 @@ mod request;
 mod signature;
 mod verify;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -191,7 +192,20 @@ pub struct Hub {
     writer: Mutex<Option<JoinHandle<()>>>,
     metrics: Arc<Metrics>,
     attempts: admin::AttemptLog,
+    /// Whether this process delivers (always on the embedded store; on a shared store, while
+    /// it holds the delivery lease).
+    delivering: AtomicBool,
+    /// This process's name in leases.
+    owner: String,
 }
+
+/// On a shared store one process at a time delivers and notifies: the holder of this lease.
+const DELIVERY_LEASE: &str = "delivery";
+/// How long the lease lasts unrenewed: a dead holder is replaced after at most this.
+const LEASE_SECS: u64 = 10;
+const RENEW_EVERY: Duration = Duration::from_secs(2);
+/// How often the delivering process picks up subscriptions and messages other processes wrote.
+const SYNC_EVERY: Duration = Duration::from_millis(250);
 
 impl Hub {
     /// Builds the hub, restores every subscription's queue from the store and restarts
@@ -228,14 +242,29 @@ impl Hub {
             writer: Mutex::new(Some(writer)),
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
+            delivering: AtomicBool::new(false),
+            owner: format!("{}-{}", std::process::id(), challenge()),
         });
-        hub.restore().await?;
+        if hub.store.is_shared() {
+            let leader = hub.clone();
+            hub.tasks.spawn(async move { leader.run_leadership().await });
+        } else {
+            hub.delivering.store(true, Ordering::SeqCst);
+            hub.restore(None).await?;
+        }
         let pruner = hub.clone();
         hub.tasks.spawn(async move { pruner.run_pruner().await });
         Ok(hub)
     }
 
-    async fn restore(self: &Arc<Self>) -> Result<(), StoreError> {
+    /// Whether this process delivers and notifies (see [`DELIVERY_LEASE`]).
+    pub fn is_delivering(&self) -> bool {
+        self.delivering.load(Ordering::SeqCst)
+    }
+
+    /// Starts lanes for every subscription and redoes verifications (on a shared store, only
+    /// those older than `intents_older_than`: younger ones are under way in another process).
+    async fn restore(self: &Arc<Self>, intents_older_than: Option<Duration>) -> Result<(), StoreError> {
         let subs = self.store.hub_subscriptions().await?;
         let mut backlog = self.store.hub_backlog().await?;
         let queued: usize = backlog.values().map(Vec::len).sum();
@@ -246,7 +275,11 @@ impl Hub {
         }
         let subscriptions = lanes.len();
         drop(lanes);
-        let intents = self.store.hub_intents().await?;
+        let mut intents = self.store.hub_intents().await?;
+        if let Some(age) = intents_older_than {
+            let cut = Timestamp::now().micros() - age.as_micros() as i64;
+            intents.retain(|i| i.requested_at.micros() < cut);
+        }
         tracing::info!(
             subscriptions,
             pending_deliveries = queued,
@@ -256,6 +289,100 @@ impl Hub {
         );
         for intent in intents {
             self.spawn_verification(intent);
+        }
+        Ok(())
+    }
+
+    /// On a shared store: holds or waits for the delivery lease, and while holding it keeps
+    /// the lanes in step with what other processes wrote (subscriptions verified there,
+    /// messages published there).
+    async fn run_leadership(self: Arc<Self>) {
+        let mut last_renewal: Option<Instant> = None;
+        let mut tick = tokio::time::interval(SYNC_EVERY);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if last_renewal.is_none_or(|t| t.elapsed() >= RENEW_EVERY) || !self.is_delivering() {
+                match self.store.lease(DELIVERY_LEASE, &self.owner, LEASE_SECS).await {
+                    Ok(true) => {
+                        last_renewal = Some(Instant::now());
+                        if !self.is_delivering() {
+                            self.take_over().await;
+                        }
+                    }
+                    Ok(false) => {
+                        last_renewal = None;
+                        if self.is_delivering() {
+                            tracing::warn!("the delivery lease passed to another process: standing by");
+                            self.stand_down().await;
+                        }
+                    }
+                    Err(e) => {
+                        self.metrics.store_errors.inc();
+                        tracing::warn!(error = %e, "renewing the delivery lease failed");
+                        // Stop before another process may have taken over.
+                        if self.is_delivering() && last_renewal.is_none_or(|t| t.elapsed() >= Duration::from_secs(LEASE_SECS) - 2 * RENEW_EVERY) {
+                            tracing::warn!("delivery lease about to lapse: standing by");
+                            self.stand_down().await;
+                        }
+                    }
+                }
+            }
+            if self.is_delivering() {
+                if let Err(e) = self.sync().await {
+                    self.metrics.store_errors.inc();
+                    tracing::warn!(error = %e, "hub: reading subscriptions and messages failed");
+                }
+            }
+        }
+    }
+
+    async fn take_over(self: &Arc<Self>) {
+        let _lanes = self.lanes.lock().await;
+        self.delivering.store(true, Ordering::SeqCst);
+        drop(_lanes);
+        tracing::info!(owner = %self.owner, "this process holds the delivery lease: delivering and notifying");
+        if let Err(e) = self.restore(Some(Duration::from_secs(30))).await {
+            tracing::warn!(error = %e, "hub: restoring queues failed; the next sync retries");
+        }
+    }
+
+    async fn stand_down(&self) {
+        let mut lanes = self.lanes.lock().await;
+        self.delivering.store(false, Ordering::SeqCst);
+        lanes.clear();
+    }
+
+    /// Brings the lanes in line with the store: lanes for new subscriptions, none for removed
+    /// ones, renewals handed over, messages from other processes queued (a lane skips what it
+    /// already has).
+    async fn sync(self: &Arc<Self>) -> Result<(), StoreError> {
+        let started = tokio::time::Instant::now();
+        let subs = self.store.hub_subscriptions().await?;
+        let mut backlog = self.store.hub_backlog().await?;
+        let mut lanes = self.lanes.lock().await;
+        if !self.is_delivering() {
+            return Ok(());
+        }
+        let ids: HashSet<SubscriptionId> = subs.iter().map(|s| s.id).collect();
+        lanes.retain(|id, lane| ids.contains(id) || lane.born > started);
+        for sub in subs {
+            let queue = backlog.remove(&sub.id).unwrap_or_default();
+            match lanes.get_mut(&sub.id) {
+                Some(lane) => {
+                    if lane.renewed(&sub) {
+                        lane.update(sub);
+                    }
+                    for m in queue {
+                        lane.push(m);
+                    }
+                }
+                None => {
+                    lanes.insert(sub.id, Lane::spawn(self, sub, queue));
+                }
+            }
         }
         Ok(())
     }
@@ -331,14 +458,14 @@ impl Hub {
         payloads: Vec<(Topic, String, Bytes)>,
         state: Option<(i64, NotifyState)>,
     ) -> Result<Vec<usize>, StoreError> {
-        let lanes = self.lanes.lock().await;
+        let mut lanes = self.lanes.lock().await;
         let now = Timestamp::now();
         let messages = self.store.hub_publish(payloads, state, now).await?;
         let mut counts = Vec::with_capacity(messages.len());
         for message in messages {
             let message = Arc::new(message);
             let mut n = 0;
-            for lane in lanes.values() {
+            for lane in lanes.values_mut() {
                 if lane.wants(&message.topic, now) {
                     lane.push(message.clone());
                     n += 1;
@@ -423,11 +550,17 @@ impl Hub {
         self.cancel.cancel();
         self.tasks.close();
         self.tasks.wait().await;
-        self.lanes.lock().await.clear();
+        self.stand_down().await;
         self.writer_stop.cancel();
         let writer = self.writer.lock().expect("writer handle").take();
         if let Some(w) = writer {
             let _ = w.await;
+        }
+        // Outcomes are written: another process may take over at once.
+        if self.store.is_shared() {
+            if let Err(e) = self.store.release(DELIVERY_LEASE, &self.owner).await {
+                tracing::warn!(error = %e, "releasing the delivery lease failed; it lapses by itself");
+            }
         }
     }
 }

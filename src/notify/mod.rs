@@ -78,7 +78,9 @@ impl Notifier {
         let poll = Duration::from_millis(n.poll_interval_ms);
         let delay = Duration::from_millis(n.max_delay_ms);
         loop {
-            if let Err(e) = self.sweep().await {
+            // On a shared store only the process holding the delivery lease notifies.
+            let sweep = if self.hub.is_delivering() { self.sweep().await } else { Ok(()) };
+            if let Err(e) = sweep {
                 self.hub.metrics().store_errors.inc();
                 tracing::warn!(error = %e, "notifier: store unavailable; retrying");
             }

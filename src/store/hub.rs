@@ -6,19 +6,39 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{elastic, NotifyState, Store, StoreError};
+use super::{NotifyState, Store, StoreError};
 use crate::hub::model::{
-    Callback, HubTotals, Intent, Message, Outcome, Resolution, Subscription, SubscriptionFilter, SubscriptionId,
+    Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, SubState, Subscription, SubscriptionFilter, SubscriptionId,
     SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
 
 impl Store {
+    /// Whether several server processes may share this store (then one at a time delivers).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, Store::Elasticsearch(_))
+    }
+
+    /// Takes or renews a lease for `owner`; always held on an unshared store.
+    pub async fn lease(&self, name: &str, owner: &str, secs: u64) -> Result<bool, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(true),
+            Store::Elasticsearch(s) => s.lease(name, owner, secs).await,
+        }
+    }
+
+    pub async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(()),
+            Store::Elasticsearch(s) => s.release(name, owner).await,
+        }
+    }
+
     /// Records a request awaiting verification (or a denial to send); returns its id.
     pub async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_add_intent(intent).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_add_intent")),
+            Store::Elasticsearch(s) => s.hub_add_intent(intent).await,
         }
     }
 
@@ -26,7 +46,7 @@ impl Store {
     pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_intents().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_intents")),
+            Store::Elasticsearch(s) => s.hub_intents().await,
         }
     }
 
@@ -34,14 +54,14 @@ impl Store {
     pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_resolve(intent, res).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_resolve")),
+            Store::Elasticsearch(s) => s.hub_resolve(intent, res).await,
         }
     }
 
     pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_remove_subscription(id).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_remove_subscription")),
+            Store::Elasticsearch(s) => s.hub_remove_subscription(id).await,
         }
     }
 
@@ -49,14 +69,14 @@ impl Store {
     pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscriptions().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscriptions")),
+            Store::Elasticsearch(s) => s.hub_subscriptions().await,
         }
     }
 
     pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscription(topic, callback).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_subscription")),
+            Store::Elasticsearch(s) => s.hub_subscription(topic, callback).await,
         }
     }
 
@@ -72,7 +92,7 @@ impl Store {
     ) -> Result<Vec<Message>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_publish(messages, state, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_publish")),
+            Store::Elasticsearch(s) => s.hub_publish(messages, state, now).await,
         }
     }
 
@@ -80,7 +100,7 @@ impl Store {
     pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_backlog().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_backlog")),
+            Store::Elasticsearch(s) => s.hub_backlog().await,
         }
     }
 
@@ -88,21 +108,21 @@ impl Store {
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_record(outcomes).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_record")),
+            Store::Elasticsearch(s) => s.hub_record(outcomes).await,
         }
     }
 
     pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.hub_register_topic(topic, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_register_topic")),
+            Store::Elasticsearch(s) => s.hub_register_topic(topic, now).await,
         }
     }
 
     pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_topic(topic).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topic")),
+            Store::Elasticsearch(s) => s.hub_topic(topic).await,
         }
     }
 
@@ -110,7 +130,7 @@ impl Store {
     pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_prune(before, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_prune")),
+            Store::Elasticsearch(s) => s.hub_prune(before, now).await,
         }
     }
 
@@ -122,7 +142,7 @@ impl Store {
     ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_list(filter, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_list")),
+            Store::Elasticsearch(s) => s.hub_list(filter, now).await,
         }
     }
 
@@ -133,7 +153,7 @@ impl Store {
     ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_detail(id, now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_detail")),
+            Store::Elasticsearch(s) => s.hub_detail(id, now).await,
         }
     }
 
@@ -141,7 +161,7 @@ impl Store {
     pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_topics().await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_topics")),
+            Store::Elasticsearch(s) => s.hub_topics().await,
         }
     }
 
@@ -149,14 +169,81 @@ impl Store {
     pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_take_failures(id).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_take_failures")),
+            Store::Elasticsearch(s) => s.hub_take_failures(id).await,
         }
     }
 
     pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_totals(now).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("hub_totals")),
+            Store::Elasticsearch(s) => s.hub_totals(now).await,
         }
+    }
+}
+
+/// A subscription's state after a batch of outcomes, folded in order (every backend writes
+/// one update per subscription per batch from this).
+#[derive(Default, Debug)]
+pub(crate) struct Fold {
+    pub cursor: MessageId,
+    pub attempts: u32,
+    pub next_at: Option<i64>,
+    pub delivered: i64,
+    pub failed: i64,
+    pub success: Option<(i64, u16)>,
+    pub failure: Option<(i64, Option<u16>, String)>,
+    /// `(message, attempts, status, error, at)` of deliveries that failed for good.
+    pub failures: Vec<(MessageId, u32, Option<u16>, String, i64)>,
+}
+
+/// Folds outcomes per subscription, in the order the subscriptions first appear.
+pub(crate) fn fold(outcomes: Vec<Outcome>) -> Vec<(SubscriptionId, Fold)> {
+    let mut folds: Vec<(SubscriptionId, Fold)> = Vec::new();
+    let mut index: HashMap<SubscriptionId, usize> = HashMap::new();
+    for o in outcomes {
+        let sub = match &o {
+            Outcome::Delivered { sub, .. } | Outcome::Retry { sub, .. } | Outcome::Failed { sub, .. } | Outcome::Skipped { sub, .. } => *sub,
+        };
+        let i = *index.entry(sub).or_insert_with(|| {
+            folds.push((sub, Fold::default()));
+            folds.len() - 1
+        });
+        let f = &mut folds[i].1;
+        match o {
+            Outcome::Delivered { message, at, status, .. } => {
+                f.cursor = f.cursor.max(message);
+                (f.attempts, f.next_at) = (0, None);
+                f.delivered += 1;
+                f.success = Some((at.0, status));
+            }
+            Outcome::Retry { attempts, at, next_at, status, error, .. } => {
+                (f.attempts, f.next_at) = (attempts, Some(next_at.0));
+                f.failure = Some((at.0, status, error));
+            }
+            Outcome::Failed { message, attempts, at, status, error, .. } => {
+                f.cursor = f.cursor.max(message);
+                (f.attempts, f.next_at) = (0, None);
+                f.failed += 1;
+                f.failures.push((message, attempts, status, error.clone(), at.0));
+                f.failure = Some((at.0, status, error));
+            }
+            Outcome::Skipped { through, .. } => {
+                f.cursor = f.cursor.max(through);
+                (f.attempts, f.next_at) = (0, None);
+            }
+        }
+    }
+    folds
+}
+
+/// A subscription's state as the admin API reports it: expired once the lease is over,
+/// failing while the head is in retry or the last attempt failed, else active.
+pub(crate) fn sub_state(expires_at: i64, attempts: u32, last_failure_at: Option<i64>, last_success_at: Option<i64>, now: Timestamp) -> SubState {
+    if expires_at <= now.0 {
+        SubState::Expired
+    } else if attempts > 0 || last_failure_at.unwrap_or(0) > last_success_at.unwrap_or(0) {
+        SubState::Failing
+    } else {
+        SubState::Active
     }
 }

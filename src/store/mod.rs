@@ -6,7 +6,7 @@
 
 mod embedded;
 pub mod elastic;
-mod hub;
+pub(crate) mod hub;
 
 use std::path::Path;
 
@@ -315,7 +315,7 @@ impl Store {
     pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
         match self {
             Store::Embedded(s) => s.notify_state(set).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("notify_state")),
+            Store::Elasticsearch(s) => s.notify_state(set).await,
         }
     }
 
@@ -323,7 +323,7 @@ impl Store {
     pub async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
         match self {
             Store::Embedded(s) => s.notify_init(state).await,
-            Store::Elasticsearch(_) => Err(elastic::not_built("notify_init")),
+            Store::Elasticsearch(s) => s.notify_init(state).await,
         }
     }
 }

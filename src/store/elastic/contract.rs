@@ -249,7 +249,7 @@ impl ElasticStore {
         self.bulk(ops).await
     }
 
-    async fn bulk(&self, ops: String) -> Result<(), StoreError> {
+    pub(super) async fn bulk(&self, ops: String) -> Result<(), StoreError> {
         if ops.is_empty() {
             return Ok(());
         }
@@ -433,7 +433,7 @@ impl ElasticStore {
     }
 
     /// One page of a search sorted by `sort`, after the cursor (JSON sort values).
-    async fn page(&self, index: &str, query: Value, sort: Value, after: Option<Cursor>, limit: usize) -> Result<(Vec<Value>, Option<Cursor>), StoreError> {
+    pub(super) async fn page(&self, index: &str, query: Value, sort: Value, after: Option<Cursor>, limit: usize) -> Result<(Vec<Value>, Option<Cursor>), StoreError> {
         let mut body = json!({"size": limit, "query": query, "sort": sort, "track_total_hits": false});
         if let Some(Cursor(c)) = after {
             body["search_after"] = serde_json::from_str(&c).map_err(|_| StoreError::Corrupt(format!("bad cursor {c:?}")))?;

@@ -29,6 +29,7 @@
 //!   the message log as documents with a claimed `seq`, cursors on the subscription.
 
 mod contract;
+mod hub;
 pub mod mapping;
 
 use std::time::Duration;
@@ -187,7 +188,7 @@ impl Es {
 }
 
 /// Document ids go into the URL path.
-fn encode_id(id: &str) -> String {
+pub(super) fn encode_id(id: &str) -> String {
     percent_encoding::utf8_percent_encode(id, percent_encoding::NON_ALPHANUMERIC).to_string()
 }
 
@@ -272,6 +273,7 @@ pub async fn open(cfg: &ElasticConfig) -> Result<Es, StoreError> {
         (cfg.resource_index(), mapping::resource_mapping()),
         (cfg.change_index(), mapping::change_mapping()),
         (cfg.meta_index(), mapping::meta_mapping()),
+        (cfg.hub_index(), hub::hub_mapping()),
     ] {
         if es.ensure_index(&index, &m).await? {
             tracing::info!(index = %index, "index created");
@@ -287,6 +289,7 @@ pub struct ElasticStore {
     meta: String,
     resources: String,
     changes: String,
+    hub: String,
 }
 
 impl ElasticStore {
@@ -296,6 +299,7 @@ impl ElasticStore {
             meta: cfg.meta_index(),
             resources: cfg.resource_index(),
             changes: cfg.change_index(),
+            hub: cfg.hub_index(),
         })
     }
 

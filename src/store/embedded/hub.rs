@@ -12,7 +12,7 @@ use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::EmbeddedStore;
 use crate::hub::model::{
-    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, SubState, Subscription,
+    Callback, HubTotals, Intent, IntentMode, Message, Outcome, Resolution, SubState, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::hub::SignatureAlg;
@@ -60,19 +60,6 @@ fn delete_subscription(tx: &rusqlite::Transaction, sub: SubscriptionId) -> rusql
     tx.execute("DELETE FROM hub_subscriptions WHERE id = ?1", [sub])?;
     tx.execute("DELETE FROM hub_failures WHERE subscription_id = ?1", [sub])?;
     Ok(())
-}
-
-/// A subscription's state after a batch of outcomes, folded in order.
-#[derive(Default)]
-struct Fold {
-    cursor: MessageId,
-    attempts: u32,
-    next_at: Option<i64>,
-    delivered: i64,
-    failed: i64,
-    success: Option<(i64, u16)>,
-    failure: Option<(i64, Option<u16>, String)>,
-    failures: Vec<(MessageId, u32, Option<u16>, String, i64)>,
 }
 
 impl EmbeddedStore {
@@ -281,44 +268,7 @@ impl EmbeddedStore {
     /// Records a batch of outcomes in one transaction: one update per subscription, plus a row
     /// per delivery that failed for good.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
-        let mut folds: Vec<(SubscriptionId, Fold)> = Vec::new();
-        let mut index: HashMap<SubscriptionId, usize> = HashMap::new();
-        for o in outcomes {
-            let sub = match &o {
-                Outcome::Delivered { sub, .. }
-                | Outcome::Retry { sub, .. }
-                | Outcome::Failed { sub, .. }
-                | Outcome::Skipped { sub, .. } => *sub,
-            };
-            let i = *index.entry(sub).or_insert_with(|| {
-                folds.push((sub, Fold::default()));
-                folds.len() - 1
-            });
-            let f = &mut folds[i].1;
-            match o {
-                Outcome::Delivered { message, at, status, .. } => {
-                    f.cursor = f.cursor.max(message);
-                    (f.attempts, f.next_at) = (0, None);
-                    f.delivered += 1;
-                    f.success = Some((at.0, status));
-                }
-                Outcome::Retry { attempts, at, next_at, status, error, .. } => {
-                    (f.attempts, f.next_at) = (attempts, Some(next_at.0));
-                    f.failure = Some((at.0, status, error));
-                }
-                Outcome::Failed { message, attempts, at, status, error, .. } => {
-                    f.cursor = f.cursor.max(message);
-                    (f.attempts, f.next_at) = (0, None);
-                    f.failed += 1;
-                    f.failures.push((message, attempts, status, error.clone(), at.0));
-                    f.failure = Some((at.0, status, error));
-                }
-                Outcome::Skipped { through, .. } => {
-                    f.cursor = f.cursor.max(through);
-                    (f.attempts, f.next_at) = (0, None);
-                }
-            }
-        }
+        let folds = crate::store::hub::fold(outcomes);
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             {

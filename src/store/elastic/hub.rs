@@ -1,0 +1,786 @@
+//! The hub's storage and the notifier's state on Elasticsearch, in one index (`<index>-hub`),
+//! shared by every server process on the store:
+//!
+//! - `msg:<n>`: the message log. A message's number is claimed by creating its document
+//!   (`_create`, 409 → the number is taken, try the next), so numbers have no gaps and, with
+//!   one shard and `refresh=true`, a reader that sees message n+1 also sees n.
+//! - `sub:<sha256(topic, callback)>`: a subscription with its cursor, retry state and counters,
+//!   changed only by read-modify-write with `if_seq_no`/`if_primary_term`.
+//! - `intent:<id>`, `topic:<sha256>`, `fail:<sub>:<msg>`: verifications under way, topics,
+//!   deliveries that failed for good.
+//! - `notify:<set>`: a set's notifier state. Publishing with a state change first replaces
+//!   the state conditionally *with the messages in an outbox* (the commit point), then appends
+//!   them (each tagged with its origin, so a retry does not append twice) and empties the
+//!   outbox. A process that dies in between leaves the outbox to whoever reads the state next.
+//! - `lease:<name>`: leases (see [`ElasticStore::lease`]).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use base64::Engine;
+use bytes::Bytes;
+use elasticsearch::http::Method;
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+use sha2::Digest;
+
+use super::{ElasticStore, Versioned};
+use crate::hub::model::{
+    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription, SubscriptionFilter,
+    SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
+};
+use crate::hub::SignatureAlg;
+use crate::model::{SetName, Timestamp};
+use crate::store::hub::{fold, sub_state};
+use crate::store::{NotifyState, StoreError};
+
+/// The hub index's mapping: what is searched is indexed, the rest is kept under `doc`.
+pub fn hub_mapping() -> Value {
+    json!({"properties": {
+        "kind": {"type": "keyword"},
+        "topic": {"type": "keyword"},
+        "callback": {"type": "keyword"},
+        "id": {"type": "long"},
+        "seq": {"type": "long"},
+        "sub": {"type": "long"},
+        "at": {"type": "long"},
+        "set": {"type": "keyword"},
+        "origin": {"type": "keyword"},
+        "doc": {"type": "object", "enabled": false}
+    }})
+}
+
+fn corrupt(e: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt(e.to_string())
+}
+
+fn digest(parts: &[&str]) -> String {
+    let mut h = sha2::Sha256::new();
+    for p in parts {
+        h.update(p.as_bytes());
+        h.update([0u8]);
+    }
+    h.finalize().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sub_doc_id(topic: &Topic, callback: &Callback) -> String {
+    format!("sub:{}", digest(&[topic.as_str(), callback.as_str()]))
+}
+
+fn topic_doc_id(topic: &Topic) -> String {
+    format!("topic:{}", digest(&[topic.as_str()]))
+}
+
+/// A positive id that fits a JSON number exactly.
+fn random_id() -> i64 {
+    let mut b = [0u8; 8];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    (u64::from_le_bytes(b) >> 11).max(1) as i64
+}
+
+/// A subscription as stored: the subscription and its delivery record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct SubDoc {
+    id: i64,
+    topic: String,
+    callback: String,
+    secret: Option<String>,
+    alg: String,
+    lease_secs: u64,
+    lease_start: i64,
+    expires_at: i64,
+    verified_at: i64,
+    created_at: i64,
+    cursor: i64,
+    attempts: u32,
+    next_attempt_at: Option<i64>,
+    delivered: u64,
+    failed: u64,
+    last_success_at: Option<i64>,
+    last_success_status: Option<u16>,
+    last_failure_at: Option<i64>,
+    last_failure_status: Option<u16>,
+    last_failure_error: Option<String>,
+}
+
+impl SubDoc {
+    fn subscription(&self) -> Result<Subscription, StoreError> {
+        Ok(Subscription {
+            id: self.id,
+            topic: Topic::from_stored(self.topic.clone()),
+            callback: Callback::from_stored(self.callback.clone()),
+            secret: self.secret.clone(),
+            alg: SignatureAlg::parse(&self.alg).ok_or_else(|| corrupt(format!("subscription {}: alg {}", self.id, self.alg)))?,
+            lease_secs: self.lease_secs,
+            lease_start: Timestamp(self.lease_start),
+            expires_at: Timestamp(self.expires_at),
+            verified_at: Timestamp(self.verified_at),
+            created_at: Timestamp(self.created_at),
+            cursor: self.cursor,
+            attempts: self.attempts,
+            next_attempt_at: self.next_attempt_at.map(Timestamp),
+        })
+    }
+
+    fn stats(&self, pending: u64, now: Timestamp) -> SubscriptionStats {
+        SubscriptionStats {
+            state: Some(sub_state(self.expires_at, self.attempts, self.last_failure_at, self.last_success_at, now)),
+            delivered: self.delivered,
+            failed: self.failed,
+            last_success_at: self.last_success_at.map(Timestamp),
+            last_success_status: self.last_success_status,
+            last_failure_at: self.last_failure_at.map(Timestamp),
+            last_failure_status: self.last_failure_status,
+            last_failure_error: self.last_failure_error.clone(),
+            pending,
+        }
+    }
+
+    fn source(&self) -> Value {
+        json!({"kind": "sub", "id": self.id, "topic": self.topic, "callback": self.callback, "doc": self})
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct IntentDoc {
+    id: i64,
+    mode: String,
+    topic: String,
+    callback: String,
+    lease_secs: u64,
+    secret: Option<String>,
+    alg: String,
+    reason: Option<String>,
+    requested_at: i64,
+    verify_token: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct OutboxEntry {
+    topic: String,
+    content_type: String,
+    body: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct NotifyDoc {
+    watermark: i64,
+    parts_seen: u32,
+    lists_seen: u32,
+    announced: bool,
+    version: i64,
+    /// Messages committed with this version and not yet known to be in the log.
+    #[serde(default)]
+    outbox: Vec<OutboxEntry>,
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn message_from(src: &Value) -> Result<Message, StoreError> {
+    let d = &src["doc"];
+    let body = base64::engine::general_purpose::STANDARD
+        .decode(d["body"].as_str().unwrap_or_default())
+        .map_err(|e| corrupt(format!("message {}: {e}", src["seq"])))?;
+    Ok(Message {
+        id: src["seq"].as_i64().ok_or_else(|| corrupt("message without seq"))?,
+        topic: Topic::from_stored(src["topic"].as_str().unwrap_or_default().to_string()),
+        content_type: d["content_type"].as_str().unwrap_or_default().to_string(),
+        body: Bytes::from(body),
+        published_at: Timestamp(src["at"].as_i64().unwrap_or(0)),
+    })
+}
+
+impl ElasticStore {
+    /// Every document of a query, sorted by `sort` (unique), paged with `search_after`.
+    async fn all(&self, query: Value, sort: Value) -> Result<Vec<Value>, StoreError> {
+        let mut out = Vec::new();
+        let mut after = None;
+        loop {
+            let (docs, next) = self.page(&self.hub, query.clone(), sort.clone(), after, 2000).await?;
+            out.extend(docs);
+            match next {
+                Some(c) => after = Some(c),
+                None => return Ok(out),
+            }
+        }
+    }
+
+    async fn subs(&self, query: Value) -> Result<Vec<(SubDoc, Value)>, StoreError> {
+        let docs = self.all(json!({"bool": {"filter": [{"term": {"kind": "sub"}}, query]}}), json!([{"id": "asc"}])).await?;
+        docs.into_iter().map(|d| Ok((serde_json::from_value(d["doc"].clone()).map_err(corrupt)?, d))).collect()
+    }
+
+    async fn sub_by_id(&self, id: SubscriptionId) -> Result<Option<SubDoc>, StoreError> {
+        Ok(self.subs(json!({"term": {"id": id}})).await?.into_iter().next().map(|(s, _)| s))
+    }
+
+    async fn get_sub(&self, doc_id: &str) -> Result<Option<(SubDoc, Versioned)>, StoreError> {
+        match self.es.get_doc(&self.hub, doc_id).await? {
+            Some(v) => Ok(Some((serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?, v))),
+            None => Ok(None),
+        }
+    }
+
+    /// Changes a subscription by read-modify-write until no one else wrote in between.
+    /// `f` returns `false` to leave it alone; the answer is the subscription as written.
+    async fn update_sub(&self, doc_id: &str, mut f: impl FnMut(&mut SubDoc) -> bool) -> Result<Option<SubDoc>, StoreError> {
+        for _ in 0..100 {
+            let Some((mut s, v)) = self.get_sub(doc_id).await? else { return Ok(None) };
+            if !f(&mut s) {
+                return Ok(Some(s));
+            }
+            if self.es.put_doc_if(&self.hub, doc_id, &s.source(), Some(&v)).await? {
+                return Ok(Some(s));
+            }
+        }
+        Err(StoreError::Unavailable(format!("subscription {doc_id} kept changing under us")))
+    }
+
+    async fn delete_query(&self, query: Value) -> Result<u64, StoreError> {
+        let v = self
+            .es
+            .ok(Method::Post, &format!("/{}/_delete_by_query?refresh=true&conflicts=proceed", self.hub), Some(json!({"query": query})))
+            .await?;
+        Ok(v["deleted"].as_u64().unwrap_or(0))
+    }
+
+    async fn delete_doc(&self, id: &str) -> Result<(), StoreError> {
+        let path = format!("/{}/_doc/{}?refresh=true", self.hub, super::encode_id(id));
+        let (status, v) = self.es.call(Method::Delete, &path, None).await?;
+        match status {
+            200..=299 | 404 => Ok(()),
+            s => Err(StoreError::Unavailable(format!("DELETE {path}: {s} {v}"))),
+        }
+    }
+
+    /// The newest message number (0 when the log is empty).
+    async fn max_seq(&self) -> Result<MessageId, StoreError> {
+        let (docs, _) = self.page(&self.hub, json!({"term": {"kind": "msg"}}), json!([{"seq": "desc"}]), None, 1).await?;
+        Ok(docs.first().and_then(|d| d["seq"].as_i64()).unwrap_or(0))
+    }
+
+    /// Appends one message, claiming the next free number.
+    async fn append(&self, topic: &Topic, content_type: &str, body: &Bytes, origin: Option<String>, now: Timestamp) -> Result<Message, StoreError> {
+        let mut n = self.max_seq().await? + 1;
+        let src = |n: i64| {
+            json!({"kind": "msg", "seq": n, "topic": topic.as_str(), "at": now.0, "origin": origin,
+                   "doc": {"content_type": content_type, "body": b64(body)}})
+        };
+        for _ in 0..1000 {
+            if self.es.put_doc_if(&self.hub, &format!("msg:{n}"), &src(n), None).await? {
+                let message = Message { id: n, topic: topic.clone(), content_type: content_type.to_string(), body: body.clone(), published_at: now };
+                self.note_topic(topic, Some(n), now).await?;
+                return Ok(message);
+            }
+            n += 1;
+        }
+        Err(StoreError::Unavailable("could not claim a message number (1000 tries)".into()))
+    }
+
+    /// Creates the topic's document, or moves its latest message forward.
+    async fn note_topic(&self, topic: &Topic, message: Option<MessageId>, now: Timestamp) -> Result<(), StoreError> {
+        let id = topic_doc_id(topic);
+        for _ in 0..100 {
+            match self.es.get_doc(&self.hub, &id).await? {
+                None => {
+                    let doc = json!({"kind": "topic", "topic": topic.as_str(), "seq": message, "at": message.map(|_| now.0),
+                                     "doc": {"created_at": now.0}});
+                    if self.es.put_doc_if(&self.hub, &id, &doc, None).await? {
+                        return Ok(());
+                    }
+                }
+                Some(v) => {
+                    let Some(m) = message else { return Ok(()) };
+                    if v.source["seq"].as_i64().is_some_and(|s| s >= m) {
+                        return Ok(());
+                    }
+                    let mut doc = v.source.clone();
+                    doc["seq"] = json!(m);
+                    doc["at"] = json!(now.0);
+                    if self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        Err(StoreError::Unavailable(format!("topic {topic} kept changing under us")))
+    }
+
+    /// Message numbers of a topic after `after`, ascending (for queue depths).
+    async fn topic_seqs(&self, topic: &str, after: MessageId) -> Result<Vec<MessageId>, StoreError> {
+        let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"topic": topic}}, {"range": {"seq": {"gt": after}}}]}});
+        Ok(self.all(q, json!([{"seq": "asc"}])).await?.iter().filter_map(|d| d["seq"].as_i64()).collect())
+    }
+
+    /// Queue depth per subscription: its topic's messages after its cursor.
+    async fn pending(&self, subs: &[&SubDoc]) -> Result<HashMap<SubscriptionId, u64>, StoreError> {
+        let mut low: BTreeMap<&str, i64> = BTreeMap::new();
+        for s in subs {
+            let e = low.entry(s.topic.as_str()).or_insert(s.cursor);
+            *e = (*e).min(s.cursor);
+        }
+        let mut seqs = HashMap::new();
+        for (topic, after) in low {
+            seqs.insert(topic, self.topic_seqs(topic, after).await?);
+        }
+        Ok(subs
+            .iter()
+            .map(|s| {
+                let list = &seqs[s.topic.as_str()];
+                (s.id, (list.len() - list.partition_point(|&m| m <= s.cursor)) as u64)
+            })
+            .collect())
+    }
+
+    pub async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
+        let doc = IntentDoc {
+            id: random_id(),
+            mode: i.mode.as_str().into(),
+            topic: i.topic.as_str().into(),
+            callback: i.callback.as_str().into(),
+            lease_secs: i.lease_secs,
+            secret: i.secret,
+            alg: i.alg.as_str().into(),
+            reason: i.reason,
+            requested_at: i.requested_at.0,
+            verify_token: i.verify_token,
+        };
+        let src = json!({"kind": "intent", "id": doc.id, "doc": doc});
+        if !self.es.put_doc_if(&self.hub, &format!("intent:{}", doc.id), &src, None).await? {
+            return Err(StoreError::Conflict(format!("intent id {} taken", doc.id)));
+        }
+        Ok(doc.id)
+    }
+
+    pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
+        let docs = self.all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}])).await?;
+        docs.iter()
+            .map(|d| {
+                let i: IntentDoc = serde_json::from_value(d["doc"].clone()).map_err(corrupt)?;
+                Ok(Intent {
+                    id: i.id,
+                    mode: IntentMode::parse(&i.mode).unwrap_or(IntentMode::Denied),
+                    topic: Topic::from_stored(i.topic),
+                    callback: Callback::from_stored(i.callback),
+                    lease_secs: i.lease_secs,
+                    secret: i.secret,
+                    alg: SignatureAlg::parse(&i.alg).ok_or_else(|| corrupt(format!("intent {}: alg {}", i.id, i.alg)))?,
+                    reason: i.reason,
+                    requested_at: Timestamp(i.requested_at),
+                    verify_token: i.verify_token,
+                })
+            })
+            .collect()
+    }
+
+    pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
+        let doc_id = sub_doc_id(&intent.topic, &intent.callback);
+        let out = match res {
+            Resolution::Dropped => None,
+            Resolution::Subscribed { verified_at } => {
+                let expires = verified_at.plus_secs(intent.lease_secs);
+                let newest = self.max_seq().await?;
+                let mut written = None;
+                for _ in 0..100 {
+                    match self.get_sub(&doc_id).await? {
+                        None => {
+                            let s = SubDoc {
+                                id: random_id(),
+                                topic: intent.topic.as_str().into(),
+                                callback: intent.callback.as_str().into(),
+                                secret: intent.secret.clone(),
+                                alg: intent.alg.as_str().into(),
+                                lease_secs: intent.lease_secs,
+                                lease_start: verified_at.0,
+                                expires_at: expires.0,
+                                verified_at: verified_at.0,
+                                created_at: verified_at.0,
+                                cursor: newest,
+                                attempts: 0,
+                                next_attempt_at: None,
+                                delivered: 0,
+                                failed: 0,
+                                last_success_at: None,
+                                last_success_status: None,
+                                last_failure_at: None,
+                                last_failure_status: None,
+                                last_failure_error: None,
+                            };
+                            if self.es.put_doc_if(&self.hub, &doc_id, &s.source(), None).await? {
+                                written = Some(s);
+                                break;
+                            }
+                        }
+                        Some((mut s, v)) => {
+                            // A renewal of a lapsed subscription skips what was published meanwhile.
+                            if s.expires_at <= verified_at.0 {
+                                s.cursor = s.cursor.max(newest);
+                            }
+                            s.secret = intent.secret.clone();
+                            s.alg = intent.alg.as_str().into();
+                            s.lease_secs = intent.lease_secs;
+                            s.lease_start = verified_at.0;
+                            s.expires_at = expires.0;
+                            s.verified_at = verified_at.0;
+                            if self.es.put_doc_if(&self.hub, &doc_id, &s.source(), Some(&v)).await? {
+                                written = Some(s);
+                                break;
+                            }
+                        }
+                    }
+                }
+                let s = written.ok_or_else(|| StoreError::Unavailable(format!("subscription {doc_id} kept changing under us")))?;
+                Some(s.subscription()?)
+            }
+            Resolution::Unsubscribed => match self.get_sub(&doc_id).await? {
+                Some((s, _)) => {
+                    self.remove_sub(&doc_id, s.id).await?;
+                    Some(s.subscription()?)
+                }
+                None => None,
+            },
+        };
+        self.delete_doc(&format!("intent:{}", intent.id)).await?;
+        Ok(out)
+    }
+
+    async fn remove_sub(&self, doc_id: &str, id: SubscriptionId) -> Result<(), StoreError> {
+        self.delete_doc(doc_id).await?;
+        self.delete_query(json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}})).await?;
+        Ok(())
+    }
+
+    pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
+        if let Some(s) = self.sub_by_id(id).await? {
+            let doc_id = sub_doc_id(&Topic::from_stored(s.topic), &Callback::from_stored(s.callback));
+            self.remove_sub(&doc_id, id).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+        self.subs(json!({"match_all": {}})).await?.iter().map(|(s, _)| s.subscription()).collect()
+    }
+
+    pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
+        self.get_sub(&sub_doc_id(topic, callback)).await?.map(|(s, _)| s.subscription()).transpose()
+    }
+
+    /// Appends messages; with `state`, commits the set's notifier state and the messages
+    /// together through the state document's outbox (see the module doc).
+    pub async fn hub_publish(
+        &self,
+        messages: Vec<(Topic, String, Bytes)>,
+        state: Option<(i64, NotifyState)>,
+        now: Timestamp,
+    ) -> Result<Vec<Message>, StoreError> {
+        let Some((expected, new)) = state else {
+            let mut out = Vec::with_capacity(messages.len());
+            for (topic, ct, body) in messages {
+                out.push(self.append(&topic, &ct, &body, None, now).await?);
+            }
+            return Ok(out);
+        };
+        let id = format!("notify:{}", new.set);
+        let v = self.es.get_doc(&self.hub, &id).await?.ok_or_else(|| StoreError::Conflict(format!("notifier state of set {} is missing", new.set)))?;
+        let current: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        if current.version != expected || !current.outbox.is_empty() {
+            return Err(StoreError::Conflict(format!("notifier state of set {} moved", new.set)));
+        }
+        let doc = NotifyDoc {
+            watermark: new.watermark.0,
+            parts_seen: new.parts_seen,
+            lists_seen: new.lists_seen,
+            announced: new.announced,
+            version: new.version,
+            outbox: messages.iter().map(|(t, ct, b)| OutboxEntry { topic: t.as_str().into(), content_type: ct.clone(), body: b64(b) }).collect(),
+        };
+        let src = json!({"kind": "notify", "set": new.set.as_str(), "doc": doc});
+        if !self.es.put_doc_if(&self.hub, &id, &src, Some(&v)).await? {
+            return Err(StoreError::Conflict(format!("notifier state of set {} moved", new.set)));
+        }
+        self.flush_outbox(&new.set).await
+    }
+
+    /// Appends a committed outbox to the log (skipping what an earlier attempt appended) and
+    /// empties it. Returns the messages appended now.
+    async fn flush_outbox(&self, set: &SetName) -> Result<Vec<Message>, StoreError> {
+        let id = format!("notify:{set}");
+        let Some(v) = self.es.get_doc(&self.hub, &id).await? else { return Ok(vec![]) };
+        let mut doc: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        if doc.outbox.is_empty() {
+            return Ok(vec![]);
+        }
+        let now = Timestamp::now();
+        let mut out = Vec::new();
+        for (i, e) in doc.outbox.iter().enumerate() {
+            let origin = format!("{set}#{}#{i}", doc.version);
+            let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"origin": origin}}]}});
+            if !self.page(&self.hub, q, json!([{"seq": "asc"}]), None, 1).await?.0.is_empty() {
+                continue;
+            }
+            let body = base64::engine::general_purpose::STANDARD.decode(&e.body).map_err(corrupt)?;
+            out.push(self.append(&Topic::from_stored(e.topic.clone()), &e.content_type, &Bytes::from(body), Some(origin), now).await?);
+        }
+        doc.outbox.clear();
+        let src = json!({"kind": "notify", "set": set.as_str(), "doc": doc});
+        // Losing this race means another process emptied it: the messages are in the log.
+        self.es.put_doc_if(&self.hub, &id, &src, Some(&v)).await?;
+        Ok(out)
+    }
+
+    pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
+        let id = format!("notify:{set}");
+        let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else { return Ok(None) };
+        if v.source["doc"]["outbox"].as_array().is_some_and(|o| !o.is_empty()) {
+            tracing::warn!(set = %set, "notifications committed by a process that stopped before logging them: logging them now");
+            self.flush_outbox(set).await?;
+            v = self.es.get_doc(&self.hub, &id).await?.ok_or_else(|| corrupt(format!("notifier state of {set} vanished")))?;
+        }
+        let d: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        Ok(Some(NotifyState {
+            set: set.clone(),
+            watermark: Timestamp(d.watermark),
+            parts_seen: d.parts_seen,
+            lists_seen: d.lists_seen,
+            announced: d.announced,
+            version: d.version,
+        }))
+    }
+
+    pub async fn notify_init(&self, s: NotifyState) -> Result<(), StoreError> {
+        let doc = NotifyDoc {
+            watermark: s.watermark.0,
+            parts_seen: s.parts_seen,
+            lists_seen: s.lists_seen,
+            announced: s.announced,
+            version: 0,
+            outbox: vec![],
+        };
+        self.es.put_doc_if(&self.hub, &format!("notify:{}", s.set), &json!({"kind": "notify", "set": s.set.as_str(), "doc": doc}), None).await?;
+        Ok(())
+    }
+
+    pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
+        let subs = self.subs(json!({"match_all": {}})).await?;
+        let mut low: BTreeMap<String, i64> = BTreeMap::new();
+        for (s, _) in &subs {
+            let e = low.entry(s.topic.clone()).or_insert(s.cursor);
+            *e = (*e).min(s.cursor);
+        }
+        let mut by_topic: HashMap<String, Vec<Arc<Message>>> = HashMap::new();
+        for (topic, after) in low {
+            let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"topic": topic}}, {"range": {"seq": {"gt": after}}}]}});
+            let docs = self.all(q, json!([{"seq": "asc"}])).await?;
+            by_topic.insert(topic, docs.iter().map(|d| message_from(d).map(Arc::new)).collect::<Result<_, _>>()?);
+        }
+        let mut out = HashMap::new();
+        for (s, _) in subs {
+            let q: Vec<Arc<Message>> = by_topic[&s.topic].iter().filter(|m| m.id > s.cursor).cloned().collect();
+            if !q.is_empty() {
+                out.insert(s.id, q);
+            }
+        }
+        Ok(out)
+    }
+
+    pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
+        let folds = fold(outcomes);
+        if folds.is_empty() {
+            return Ok(());
+        }
+        let ids: Vec<i64> = folds.iter().map(|(id, _)| *id).collect();
+        let docs: HashMap<i64, String> = self
+            .subs(json!({"terms": {"id": ids}}))
+            .await?
+            .into_iter()
+            .map(|(s, _)| (s.id, sub_doc_id(&Topic::from_stored(s.topic), &Callback::from_stored(s.callback))))
+            .collect();
+        let mut failures = String::new();
+        for (id, f) in folds {
+            let Some(doc_id) = docs.get(&id) else { continue };
+            self.update_sub(doc_id, |s| {
+                s.cursor = s.cursor.max(f.cursor);
+                s.attempts = f.attempts;
+                s.next_attempt_at = f.next_at;
+                s.delivered += f.delivered as u64;
+                s.failed += f.failed as u64;
+                if let Some((at, status)) = f.success {
+                    (s.last_success_at, s.last_success_status) = (Some(at), Some(status));
+                }
+                if let Some((at, status, error)) = &f.failure {
+                    (s.last_failure_at, s.last_failure_status, s.last_failure_error) = (Some(*at), *status, Some(error.clone()));
+                }
+                true
+            })
+            .await?;
+            for (msg, attempts, status, error, at) in &f.failures {
+                failures.push_str(&json!({"index": {"_index": self.hub, "_id": format!("fail:{id}:{msg}")}}).to_string());
+                failures.push('\n');
+                let doc = json!({"kind": "fail", "sub": id, "seq": msg, "at": at,
+                                 "doc": {"attempts": attempts, "status": status, "error": error}});
+                failures.push_str(&doc.to_string());
+                failures.push('\n');
+            }
+        }
+        self.bulk(failures).await
+    }
+
+    pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
+        self.note_topic(&topic, None, now).await
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<Message>, StoreError> {
+        match self.es.get_doc(&self.hub, &format!("msg:{id}")).await? {
+            Some(v) => Ok(Some(message_from(&v.source)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
+        let t = self.es.get_doc(&self.hub, &topic_doc_id(topic)).await?;
+        let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"term": {"topic": topic.as_str()}}]}}});
+        let subscribers = self.es.ok(Method::Post, &format!("/{}/_count", self.hub), Some(q)).await?["count"].as_u64().unwrap_or(0);
+        if t.is_none() && subscribers == 0 {
+            return Ok(None);
+        }
+        let latest = match t.as_ref().and_then(|t| t.source["seq"].as_i64()) {
+            Some(id) => self.message(id).await?,
+            None => None,
+        };
+        Ok(Some(TopicInfo { topic: topic.clone(), latest, subscribers }))
+    }
+
+    pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
+        self.delete_query(json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"range": {"at": {"lt": before.0}}}]}})).await?;
+        let subs = self.subs(json!({"match_all": {}})).await?;
+        let topics = self.all(json!({"term": {"kind": "topic"}}), json!([{"topic": "asc"}])).await?;
+        let mut removed = 0;
+        for t in topics {
+            let (Some(name), Some(latest)) = (t["topic"].as_str(), t["seq"].as_i64()) else { continue };
+            // Keep the latest and whatever a live subscription has still to deliver.
+            let keep_from = subs
+                .iter()
+                .filter(|(s, _)| s.topic == name && s.expires_at > now.0)
+                .map(|(s, _)| s.cursor + 1)
+                .min()
+                .unwrap_or(latest)
+                .min(latest);
+            let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"topic": name}},
+                                               {"range": {"seq": {"lt": keep_from}}}, {"range": {"at": {"lt": before.0}}}]}});
+            removed += self.delete_query(q).await?;
+        }
+        Ok(removed)
+    }
+
+    async fn listing(&self, query: Value, now: Timestamp) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+        let subs = self.subs(query).await?;
+        let refs: Vec<&SubDoc> = subs.iter().map(|(s, _)| s).collect();
+        let pending = self.pending(&refs).await?;
+        subs.iter().map(|(s, _)| Ok((s.subscription()?, s.stats(pending[&s.id], now)))).collect()
+    }
+
+    pub async fn hub_list(&self, f: SubscriptionFilter, now: Timestamp) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+        let mut filter = vec![json!({"range": {"id": {"gt": f.after.unwrap_or(0)}}})];
+        if let Some(t) = &f.topic {
+            filter.push(json!({"term": {"topic": t}}));
+        }
+        let mut subs: Vec<SubDoc> = self.subs(json!({"bool": {"filter": filter}})).await?.into_iter().map(|(s, _)| s).collect();
+        if let Some(c) = &f.callback_contains {
+            subs.retain(|s| s.callback.contains(c.as_str()));
+        }
+        if let Some(state) = f.state {
+            subs.retain(|s| sub_state(s.expires_at, s.attempts, s.last_failure_at, s.last_success_at, now) == state);
+        }
+        subs.truncate(f.limit);
+        let refs: Vec<&SubDoc> = subs.iter().collect();
+        let pending = self.pending(&refs).await?;
+        subs.iter().map(|s| Ok((s.subscription()?, s.stats(pending[&s.id], now)))).collect()
+    }
+
+    pub async fn hub_detail(&self, id: SubscriptionId, now: Timestamp) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
+        Ok(self.listing(json!({"term": {"id": id}}), now).await?.into_iter().next())
+    }
+
+    pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
+        let mut out: BTreeMap<String, TopicSummary> = BTreeMap::new();
+        for t in self.all(json!({"term": {"kind": "topic"}}), json!([{"topic": "asc"}])).await? {
+            let name = t["topic"].as_str().unwrap_or_default().to_string();
+            let last_publish = t["at"].as_i64().map(Timestamp);
+            out.insert(name.clone(), TopicSummary { topic: Topic::from_stored(name), subscribers: 0, last_publish });
+        }
+        for (s, _) in self.subs(json!({"match_all": {}})).await? {
+            out.entry(s.topic.clone())
+                .or_insert_with(|| TopicSummary { topic: Topic::from_stored(s.topic.clone()), subscribers: 0, last_publish: None })
+                .subscribers += 1;
+        }
+        Ok(out.into_values().collect())
+    }
+
+    pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
+        let q = json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}});
+        let fails = self.all(q.clone(), json!([{"seq": "asc"}])).await?;
+        let mut out = Vec::new();
+        for f in &fails {
+            if let Some(m) = self.message(f["seq"].as_i64().unwrap_or(0)).await? {
+                out.push(Arc::new(m));
+            }
+        }
+        self.delete_query(q).await?;
+        Ok(out)
+    }
+
+    pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
+        let mut t = HubTotals::default();
+        for (_, s) in self.listing(json!({"match_all": {}}), now).await? {
+            match s.state {
+                Some(crate::hub::model::SubState::Expired) => t.expired += 1,
+                Some(crate::hub::model::SubState::Failing) => {
+                    t.failing += 1;
+                    t.queue_depth += s.pending;
+                }
+                _ => {
+                    t.active += 1;
+                    t.queue_depth += s.pending;
+                }
+            }
+            t.delivered += s.delivered;
+            t.failed += s.failed;
+        }
+        let intents = self.all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}])).await?;
+        t.pending_verification = intents.iter().filter(|d| d["doc"]["mode"] != "denied").count() as u64;
+        Ok(t)
+    }
+
+    /// Takes or renews the lease `name` for `owner` for `secs` seconds; `true` while held.
+    /// A lease is one document replaced conditionally, so at most one owner holds it at a time.
+    pub async fn lease(&self, name: &str, owner: &str, secs: u64) -> Result<bool, StoreError> {
+        let id = format!("lease:{name}");
+        let now = Timestamp::now();
+        let doc = json!({"kind": "lease", "doc": {"owner": owner, "until": now.plus_secs(secs).0}});
+        match self.es.get_doc(&self.hub, &id).await? {
+            None => self.es.put_doc_if(&self.hub, &id, &doc, None).await,
+            Some(v) => {
+                let held_by_other = v.source["doc"]["owner"].as_str() != Some(owner) && v.source["doc"]["until"].as_i64().is_some_and(|u| u > now.0);
+                if held_by_other {
+                    return Ok(false);
+                }
+                self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await
+            }
+        }
+    }
+
+    /// Gives the lease up at once (a clean stop), if `owner` holds it.
+    pub async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let id = format!("lease:{name}");
+        if let Some(v) = self.es.get_doc(&self.hub, &id).await? {
+            if v.source["doc"]["owner"].as_str() == Some(owner) {
+                let doc = json!({"kind": "lease", "doc": {"owner": "", "until": 0}});
+                self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await?;
+            }
+        }
+        Ok(())
+    }
+}
