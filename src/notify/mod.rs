@@ -107,7 +107,10 @@ impl Notifier {
                 match self.step(&set.name).await {
                     Ok(s) if s.more => continue,
                     Ok(_) => break,
-                    Err(StoreError::Conflict(_)) => continue,
+                    Err(StoreError::Conflict(why)) => {
+                        tracing::debug!(set = %set.name, %why, "notifier: another step won; stepping again");
+                        continue;
+                    }
                     Err(e) => return Err(e),
                 }
             }

@@ -67,7 +67,7 @@ pub async fn fat_ping(app: &TestApp, topic: &str, body: &str) -> (u16, String) {
 
 /// Subscribes and waits until the hub recorded the verified subscription.
 pub async fn subscribed(app: &TestApp, sub: &TestSubscriber, topic: &str, path: &str, extra: &[(&str, &str)]) {
-    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    let store = resourcesync_hub::app::open_store(&app.config).await.unwrap();
     let (t, cb) = (Topic::parse(topic).unwrap(), Callback::parse(&sub.url(path)).unwrap());
     let before = Timestamp::now();
     let (status, text) = subscribe(app, topic, &sub.url(path), extra).await;

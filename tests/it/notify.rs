@@ -83,7 +83,18 @@ async fn wait_entries(sub: &TestSubscriber, path: &str, n: usize) {
 
 #[tokio::test]
 async fn every_change_is_notified_once_in_consecutive_validated_batches() {
+    let (c, _d) = hub_config();
+    every_change_once(c).await;
+}
+
+#[tokio::test]
+async fn every_change_is_notified_once_on_elasticsearch() {
     let (mut c, _d) = hub_config();
+    use_elasticsearch(&mut c).await;
+    every_change_once(c).await;
+}
+
+async fn every_change_once(mut c: Config) {
     with_set(&mut c, "papers", None);
     c.notify.max_entries = 7;
     let app = TestApp::start_with(c).await;

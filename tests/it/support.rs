@@ -47,6 +47,8 @@ impl TestApp {
 
     /// Starts on a given configuration (its data directory is the caller's).
     pub async fn start_with(config: Config) -> TestApp {
+        // `RUST_LOG=info cargo test -- --nocapture` shows the server's log.
+        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let mut effective = config.clone();
@@ -229,6 +231,12 @@ impl Drop for ChildServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Points `c` at a fresh osmem-server clone (the Elasticsearch backend).
+pub async fn use_elasticsearch(c: &mut Config) {
+    c.store.backend = "elasticsearch".into();
+    c.store.elasticsearch.url = Osmem::clone_url().await;
 }
 
 /// osmem-server (PyPI), the in-memory OpenSearch-compatible server: started once per test

@@ -292,6 +292,7 @@ impl ElasticStore {
         now: Timestamp,
     ) -> Result<ApplyOutcome, ApplyError> {
         let mut out = ApplyOutcome::default();
+        let notified = self.notify_state(set).await?.map(|n| n.watermark.0);
         // Existing resources: part and bytes, by key (later changes in the batch see earlier ones).
         let ids: Vec<String> = changes.iter().map(|c| resource_id(set, &c.key)).collect();
         let mut known: HashMap<String, Option<(u32, u64)>> = HashMap::new();
@@ -313,7 +314,7 @@ impl ElasticStore {
                 continue;
             }
             let mut datetime = policy
-                .change_datetime(c.datetime, &st.open().totals(), None, now)
+                .change_datetime(c.datetime, &st.open().totals(), notified, now)
                 .map_err(|reason| ApplyError::Rejected { index, reason })?;
             if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
                 c.meta.lastmod = Some(datetime);

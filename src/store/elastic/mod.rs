@@ -312,6 +312,20 @@ impl ElasticStore {
             "created_at_us": now.micros(),
             "state": contract::fresh_state(now)
         });
+        if self.es.get_doc(&self.meta, &format!("set:{set}")).await?.is_some() {
+            return Ok(false);
+        }
+        // The notifier announces a new set and notifies its changes from its first one on:
+        // its state exists before the set does.
+        self.notify_init(super::NotifyState {
+            set: set.clone(),
+            watermark: now,
+            parts_seen: 0,
+            lists_seen: 1,
+            announced: false,
+            version: 0,
+        })
+        .await?;
         self.es.put_doc_if(&self.meta, &format!("set:{set}"), &doc, None).await
     }
 
