@@ -156,13 +156,15 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
         }
         let message = head.message.clone();
         let started = std::time::Instant::now();
-        let attempt = tokio::select! {
-            biased;
-            _ = hub.cancel.cancelled() => return,
-            a = async {
-                let _permit = hub.permits.acquire().await;
-                deliver(&hub, &sub, &target, &message).await
-            } => a,
+        // A delivery under way is finished even when the hub stops (it is bounded by
+        // hub.request_timeout_secs): cut off, it would be made again by whoever delivers next.
+        let attempt = {
+            let _permit = tokio::select! {
+                biased;
+                _ = hub.cancel.cancelled() => return,
+                p = hub.permits.acquire() => p,
+            };
+            deliver(&hub, &sub, &target, &message).await
         };
         let job = queue.front_mut().expect("the job is still at the head");
         let attempts = job.attempts + 1;
@@ -212,6 +214,9 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
                     }
                 }
             }
+        }
+        if hub.cancel.is_cancelled() {
+            return;
         }
     }
 }

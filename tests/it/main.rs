@@ -9,6 +9,7 @@ mod documents;
 mod elastic;
 mod hub;
 mod hub_crash;
+mod multi;
 mod ingest;
 mod notify;
 mod resync;

@@ -15,7 +15,7 @@ fn with_set(c: &mut Config, name: &str, max_items: Option<u32>) {
     c.sets.insert(name.into(), SetOverrides { max_items_in_list: max_items, ..Default::default() });
 }
 
-fn url_line(change: &str, n: usize, datetime: Option<&str>) -> String {
+pub(crate) fn url_line(change: &str, n: usize, datetime: Option<&str>) -> String {
     let dt = datetime.map(|d| format!(r#","datetime":"{d}""#)).unwrap_or_default();
     if change == "deleted" {
         return format!(r#"{{"change":"deleted","location":{{"type":"url","value":"http://example.org/r/{n}"}}{dt}}}"#);
@@ -27,7 +27,7 @@ fn url_line(change: &str, n: usize, datetime: Option<&str>) -> String {
 }
 
 /// The notifications received at `path`, parsed, in arrival order.
-fn docs(sub: &TestSubscriber, path: &str) -> Vec<(String, Document)> {
+pub(crate) fn docs(sub: &TestSubscriber, path: &str) -> Vec<(String, Document)> {
     sub.deliveries(path)
         .into_iter()
         .map(|d| {
@@ -46,7 +46,7 @@ fn entries(docs: &[(String, Document)]) -> Vec<(String, String, String)> {
 }
 
 /// Asserts the change-notification contract over consecutive payloads; returns the entries.
-fn check_change_notifications(docs: &[(String, Document)]) -> Vec<(String, String, String)> {
+pub(crate) fn check_change_notifications(docs: &[(String, Document)]) -> Vec<(String, String, String)> {
     let mut prev_until: Option<String> = None;
     for (text, d) in docs {
         assert_eq!(d.md["capability"], "change-notification", "{text}");

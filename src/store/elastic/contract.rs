@@ -292,7 +292,7 @@ impl ElasticStore {
         now: Timestamp,
     ) -> Result<ApplyOutcome, ApplyError> {
         let mut out = ApplyOutcome::default();
-        let notified = self.notify_state(set).await?.map(|n| n.watermark.0);
+        let notified = self.notified_until(set).await?.map(|t| t.0);
         // Existing resources: part and bytes, by key (later changes in the batch see earlier ones).
         let ids: Vec<String> = changes.iter().map(|c| resource_id(set, &c.key)).collect();
         let mut known: HashMap<String, Option<(u32, u64)>> = HashMap::new();

@@ -531,6 +531,15 @@ impl ElasticStore {
         Ok(out)
     }
 
+    /// Up to when a set's changes have been notified, without touching the state (for
+    /// writers, which must not date changes before it).
+    pub(super) async fn notified_until(&self, set: &SetName) -> Result<Option<Timestamp>, StoreError> {
+        let v = self.es.get_doc(&self.hub, &format!("notify:{set}")).await?;
+        Ok(v.and_then(|v| v.source["doc"]["watermark"].as_i64()).map(Timestamp))
+    }
+
+    /// The notifier's state of a set. A committed outbox left by a notifier that stopped is
+    /// logged first: only the notifier (the process holding the delivery lease) calls this.
     pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
         let id = format!("notify:{set}");
         let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else { return Ok(None) };

@@ -1,0 +1,154 @@
+//! Several server processes on one Elasticsearch store (osmem-server): each notification is
+//! published once between them, each subscriber receives each change exactly once, and when
+//! the process that delivers stops, another takes over.
+
+use std::time::Duration;
+
+use resourcesync_hub::hub::model::{Callback, Topic};
+
+use crate::notify::{check_change_notifications, docs, url_line};
+use crate::subscriber::TestSubscriber;
+use crate::support::{ChildServer, Osmem};
+
+const CHANGES: usize = 500;
+const BATCH: usize = 10;
+const CALLBACKS: [&str; 3] = ["/a", "/b", "/c"];
+
+fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
+    let cfg = dir.join("hub.toml");
+    // Topics are named by the public base URL, which every process shares.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nbase_url = \"http://hub.test\"\n\
+             [store]\nbackend = \"elasticsearch\"\n[store.elasticsearch]\nurl = \"{es}\"\n\
+             [hub]\nallow_networks = [\"127.0.0.0/8\"]\n\
+             [notify]\npoll_interval_ms = 200\nmax_entries = 25\n\
+             [sets.papers]\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn serve(dir: &std::path::Path, name: &str, cfg: &std::path::Path) -> ChildServer {
+    ChildServer::serve(
+        &["--config", cfg.to_str().unwrap(), "--data-dir", dir.join(name).to_str().unwrap()],
+        &[("RUST_LOG", "info,hyper=warn,reqwest=warn,elasticsearch=warn")],
+    )
+}
+
+async fn ingest(client: &reqwest::Client, server: &ChildServer, from: usize) {
+    let lines: Vec<String> = (from..from + BATCH).map(|n| url_line(if n % 7 == 3 && n > 20 { "updated" } else { "created" }, n % 400, None)).collect();
+    let r = client
+        .post(server.url("/api/v1/resource-sets/papers/changes"))
+        .header("content-type", "application/x-ndjson")
+        .body(lines.join("\n"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    assert_eq!(status, 200, "{}", r.text().await.unwrap());
+}
+
+/// Which of the two holds the delivery lease (its log says so last).
+fn delivering(a: &ChildServer, b: &ChildServer) -> Option<usize> {
+    let holds = |s: &ChildServer| s.log().contains("holds the delivery lease");
+    match (holds(a), holds(b)) {
+        (true, false) => Some(0),
+        (false, true) => Some(1),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_store_notify_each_change_once_and_survive_one_stopping() {
+    two_processes("TERM").await;
+}
+
+/// SIGKILL leaves no time to hand over: the other process takes over when the lease lapses
+/// (10 s) and nothing is lost; a notification whose delivery was under way, or delivered but
+/// not yet recorded, is delivered again (at least once, as WebSub specifies).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_on_one_store_lose_nothing_when_the_delivering_one_is_killed() {
+    two_processes("KILL").await;
+}
+
+async fn two_processes(signal: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let es = Osmem::clone_url().await;
+    let cfg = config(tmp.path(), &es);
+    let servers = vec![serve(tmp.path(), "a", &cfg), serve(tmp.path(), "b", &cfg)];
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let sub = TestSubscriber::start().await;
+    let topic = "http://hub.test/topics/papers/changes";
+
+    // Subscribe through either process.
+    for (i, path) in CALLBACKS.iter().enumerate() {
+        let r = client
+            .post(servers[i % 2].url("/hub"))
+            .form(&[("hub.mode", "subscribe"), ("hub.topic", topic), ("hub.callback", &sub.url(path))])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    let mut c = resourcesync_hub::config::Config::defaults();
+    c.store.backend = "elasticsearch".into();
+    c.store.elasticsearch.url = es.clone();
+    let store = resourcesync_hub::app::open_store(&c).await.unwrap();
+    for path in CALLBACKS {
+        let cb = Callback::parse(&sub.url(path)).unwrap();
+        let mut ok = false;
+        for _ in 0..500 {
+            if store.hub_subscription(&Topic::parse(topic).unwrap(), &cb).await.unwrap().is_some() {
+                ok = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(ok, "subscription of {path} recorded");
+    }
+    let leader = delivering(&servers[0], &servers[1]).expect("exactly one process delivers");
+
+    // Half the changes through both processes, alternately.
+    for (i, from) in (0..CHANGES / 2).step_by(BATCH).enumerate() {
+        ingest(&client, &servers[i % 2], from).await;
+    }
+    // Stop the delivering process (SIGTERM: it finishes deliveries under way and hands over).
+    let mut servers = servers;
+    let stopped = servers.remove(leader);
+    let survivor = servers.pop().unwrap();
+    let status = stopped.signal(signal);
+    assert_eq!(status.success(), signal == "TERM", "{status}");
+    for from in (CHANGES / 2..CHANGES).step_by(BATCH) {
+        ingest(&client, &survivor, from).await;
+    }
+
+    let all = |s: &TestSubscriber| CALLBACKS.iter().all(|p| docs(s, p).iter().map(|(_, d)| d.entries.len()).sum::<usize>() >= CHANGES);
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !all(&sub) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(survivor.log().contains("holds the delivery lease"), "the survivor took over:\n{}", survivor.log());
+
+    // The Change List, read from the survivor: every change document, in order.
+    let cl = client.get(survivor.url("/sets/papers/changelist.xml")).send().await.unwrap().text().await.unwrap();
+    let cl = resourcesync_hub::sitemap::parse(cl.as_bytes()).unwrap();
+    assert!(!cl.is_index);
+    let expected: Vec<(String, String, String)> =
+        cl.entries.iter().map(|e| (e.loc.clone(), e.md["change"].clone(), e.md["datetime"].clone())).collect();
+    assert_eq!(expected.len(), CHANGES);
+    for path in CALLBACKS {
+        let mut received = docs(&sub, path);
+        if signal == "KILL" {
+            // Repeats are whole notifications, made again: keep the first of each.
+            let mut seen = std::collections::HashSet::new();
+            received.retain(|(text, _)| seen.insert(text.clone()));
+        }
+        let got = check_change_notifications(&received);
+        assert_eq!(got.len(), CHANGES, "{path}: each change exactly once");
+        assert_eq!(got, expected, "{path}: one to one with the change documents, in order");
+    }
+}
