@@ -83,10 +83,12 @@ async fn count_unavailable(
     resp
 }
 
-async fn readyz(State(st): State<AppState>) -> impl IntoResponse {
+async fn readyz(State(st): State<AppState>) -> axum::response::Response {
     match st.source.store().ping().await {
-        Ok(()) => (StatusCode::OK, "ready\n".to_string()),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {e}\n")),
+        Ok(()) => (StatusCode::OK, "ready\n".to_string()).into_response(),
+        Err(e) => {
+            (StatusCode::SERVICE_UNAVAILABLE, [(axum::http::header::RETRY_AFTER, "5")], format!("not ready: {e}\n")).into_response()
+        }
     }
 }
 

@@ -1,5 +1,6 @@
-//! The Elasticsearch backend against osmem-server: index creation, mapping checks, and a
-//! clear error when the server cannot be reached. (The store contract on it is next.)
+//! The Elasticsearch backend against osmem-server: index creation, mapping checks, scans,
+//! concurrency, a clear error when the server cannot be reached at start, and 503 + recovery
+//! when it goes away while serving.
 
 use resourcesync_hub::config::Config;
 use resourcesync_hub::store::elastic::{self, mapping, Distribution};
@@ -194,4 +195,102 @@ async fn a_writer_that_died_mid_batch_neither_shows_half_a_batch_nor_loses_a_com
     let page = store.resources(&set, Some(1), None, 10).await.unwrap();
     assert_eq!(page.items.len(), 3, "x/1, x/2 and the replayed x/3 in part 1");
     assert_eq!(store.counts(&set).await.unwrap().changes, 4);
+}
+
+/// A TCP relay to the search server that can be cut (existing connections dropped, new ones
+/// refused) and restored: Elasticsearch going away and coming back.
+struct Relay {
+    addr: std::net::SocketAddr,
+    down: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    async fn start(upstream: &str) -> Relay {
+        let upstream = url::Url::parse(upstream).unwrap();
+        let target = format!("{}:{}", upstream.host_str().unwrap(), upstream.port().unwrap());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (down, watch) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if *watch.borrow() {
+                    continue; // dropped: connection closed at once
+                }
+                let (target, mut watch) = (target.clone(), watch.clone());
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = watch.wait_for(|d| *d) => {}
+                    }
+                });
+            }
+        });
+        Relay { addr, down }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    fn set_down(&self, d: bool) {
+        self.down.send_replace(d);
+    }
+}
+
+#[tokio::test]
+async fn elasticsearch_going_away_is_a_503_with_retry_after_and_service_resumes_by_itself() {
+    let relay = Relay::start(&Osmem::clone_url().await).await;
+    let (mut c, _d) = crate::hub::hub_config();
+    c.store.backend = "elasticsearch".into();
+    c.store.elasticsearch.url = relay.url();
+    c.sets.insert("papers".into(), Default::default());
+    let app = crate::support::TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..5).map(|n| crate::notify::url_line("created", n, None)).collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    let get = |path: &'static str| {
+        let (client, url) = (app.client.clone(), app.url(path));
+        async move { client.get(url).send().await.unwrap() }
+    };
+    assert_eq!(get("/sets/papers/resourcelist.xml").await.status(), 200);
+
+    relay.set_down(true);
+    for path in ["/sets/papers/resourcelist.xml", "/sets/papers/changelist.xml", "/.well-known/resourcesync", "/readyz"] {
+        let r = get(path).await;
+        assert_eq!(r.status(), 503, "{path}");
+        assert!(r.headers().get("retry-after").is_some(), "{path}: Retry-After");
+        let text = r.text().await.unwrap();
+        assert!(text.contains("unavailable"), "{path}: says why: {text}");
+    }
+    assert_eq!(app.ingest(&"papers", &crate::notify::url_line("created", 9, None)).await.status(), 503, "ingest refused, not lost silently");
+
+    relay.set_down(false);
+    let mut back = false;
+    for _ in 0..100 {
+        if get("/sets/papers/resourcelist.xml").await.status() == 200 {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(back, "service resumed without a restart");
+    let (_, rl) = app.get_doc("/sets/papers/resourcelist.xml").await;
+    assert_eq!(rl.entries.len(), 5, "nothing lost, nothing half-written");
+    app.stop().await;
+}
+
+#[test]
+fn serve_exits_with_a_clear_message_when_elasticsearch_cannot_be_reached_at_start() {
+    let tmp = tempfile::tempdir().unwrap();
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let out = std::process::Command::new(crate::support::ChildServer::BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--data-dir", tmp.path().to_str().unwrap()])
+        .env("RSHUB_STORE__BACKEND", "elasticsearch")
+        .env("RSHUB_STORE__ELASTICSEARCH__URL", format!("http://127.0.0.1:{port}"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("cannot open the Elasticsearch store at http://127.0.0.1:{port}")), "{err}");
 }
