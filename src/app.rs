@@ -58,6 +58,7 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
         }
     }
     let hub = Hub::start(&config, store.clone()).await?;
+    let store_is_shared = store.is_shared();
     let source = Arc::new(Source::new(config.clone(), store));
     if config.ingest.token.is_empty() {
         tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
@@ -66,6 +67,9 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
     let notifier = config.notify.enabled.then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
     let poller = notifier.clone().map(|n| tokio::spawn(n.run(cancel.clone())));
+    // Without the notifier (which adopts before each sweep), external writers' documents
+    // are adopted on their own schedule.
+    let adopter = (notifier.is_none() && store_is_shared).then(|| tokio::spawn(workers::adopt::run(source.clone(), hub.clone(), cancel.clone())));
 
     if config.admin.token.is_empty() {
         tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");
@@ -96,8 +100,8 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
         },
     }
     let _ = rollover.await;
-    if let Some(p) = poller {
-        let _ = p.await;
+    for task in [poller, adopter].into_iter().flatten() {
+        let _ = task.await;
     }
     hub.shutdown().await;
     Ok(())

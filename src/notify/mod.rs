@@ -102,6 +102,7 @@ impl Notifier {
     /// One pass over every set, stepping each until nothing is left.
     pub async fn sweep(&self) -> Result<(), StoreError> {
         self.poked.store(0, Ordering::Relaxed);
+        self.store().adopt_external(self.source.as_ref()).await?;
         for set in self.store().sets().await? {
             for _ in 0..10_000 {
                 match self.step(&set.name).await {

@@ -472,3 +472,14 @@ pub fn write_change(w: &mut SitemapWriter, sc: &SetConfig, c: &Change, loc: &mut
         w.entry(loc, lastmod, &md, &lns);
     }
 }
+
+/// How external writers' documents are keyed and cut (the Elasticsearch backend adopts them).
+impl crate::store::elastic::SetRules for Source {
+    fn key(&self, set: &SetName, location: &crate::model::Location) -> Result<crate::model::ResourceKey, String> {
+        location.key(&self.set_config(set))
+    }
+
+    fn policy(&self, set: &SetName) -> ListPolicy {
+        self.list_policy(set)
+    }
+}

@@ -34,6 +34,15 @@ impl Store {
         }
     }
 
+    /// Adopts documents external writers put straight into the store (Elasticsearch; the
+    /// embedded store has none). Returns the change documents adopted.
+    pub async fn adopt_external(&self, rules: &dyn super::elastic::SetRules) -> Result<usize, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(0),
+            Store::Elasticsearch(s) => s.adopt(rules).await,
+        }
+    }
+
     /// Records a request awaiting verification (or a denial to send); returns its id.
     pub async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError> {
         match self {

@@ -7,6 +7,7 @@ mod support;
 mod cli;
 mod documents;
 mod elastic;
+mod external;
 mod hub;
 mod hub_crash;
 mod multi;

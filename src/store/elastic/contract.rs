@@ -25,7 +25,7 @@ use crate::store::{
 const CLAIM: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct ListState {
+pub(super) struct ListState {
     no: u32,
     from: i64,
     until: Option<i64>,
@@ -36,23 +36,23 @@ struct ListState {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct PartState {
-    no: u32,
-    count: u64,
-    bytes: u64,
-    last_seq: i64,
-    last_change: i64,
+pub(super) struct PartState {
+    pub no: u32,
+    pub count: u64,
+    pub bytes: u64,
+    pub last_seq: i64,
+    pub last_change: i64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-struct SetState {
-    next_seq: i64,
-    applied_seq: i64,
+pub(super) struct SetState {
+    pub next_seq: i64,
+    pub applied_seq: i64,
     /// Closed lists, then the open one (last).
-    lists: Vec<ListState>,
-    parts: Vec<PartState>,
+    pub lists: Vec<ListState>,
+    pub parts: Vec<PartState>,
     /// A writer's claim: until when (µs).
-    claimed_until: Option<i64>,
+    pub claimed_until: Option<i64>,
 }
 
 impl SetState {
@@ -65,12 +65,12 @@ impl SetState {
             claimed_until: None,
         }
     }
-    fn open(&mut self) -> &mut ListState {
+    pub(super) fn open(&mut self) -> &mut ListState {
         self.lists.last_mut().expect("a set always has an open list")
     }
 
     /// Closes the open list and opens the next; returns the closed list's number and `until`.
-    fn close_open(&mut self, now: Timestamp) -> (u32, i64) {
+    pub(super) fn close_open(&mut self, now: Timestamp) -> (u32, i64) {
         let open = self.open();
         let until = open.totals().close_time(now);
         open.until = Some(until);
@@ -81,7 +81,15 @@ impl SetState {
 }
 
 impl ListState {
-    fn totals(&self) -> OpenTotals {
+    /// Counts entry `seq` of `bytes` dated `datetime` into the list.
+    pub(super) fn record(&mut self, seq: i64, bytes: u64, datetime: Timestamp) {
+        self.count += 1;
+        self.bytes += bytes;
+        self.last_seq = seq;
+        self.max_dt = Some(self.max_dt.map_or(datetime.0, |m| m.max(datetime.0)));
+    }
+
+    pub(super) fn totals(&self) -> OpenTotals {
         OpenTotals { from: self.from, count: self.count, bytes: self.bytes, max_dt: self.max_dt }
     }
 }
@@ -188,7 +196,7 @@ impl ElasticStore {
     }
 
     /// Claims the set for writing: waits for a live claim, recovers from a dead one.
-    async fn claim(&self, set: &SetName, now: Timestamp) -> Result<(SetState, bool), StoreError> {
+    pub(super) async fn claim(&self, set: &SetName, now: Timestamp) -> Result<(SetState, bool), StoreError> {
         // The claim's expiry doubles as its owner's token.
         let mut created = false;
         for _ in 0..3000 {
@@ -201,8 +209,12 @@ impl ElasticStore {
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
+            let died = st.claimed_until.is_some();
             st.claimed_until = Some(t.0 + CLAIM.as_micros() as i64);
             if self.save(set, &st, &v).await? {
+                if died {
+                    self.unstamp_uncommitted(set, st.next_seq).await?;
+                }
                 if st.applied_seq + 1 < st.next_seq {
                     self.replay(set, st.applied_seq, st.next_seq).await?;
                     st.applied_seq = st.next_seq - 1;
@@ -268,16 +280,7 @@ impl ElasticStore {
         let (mut st, set_created) = self.claim(set, now).await?;
         let token = st.claimed_until;
         let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
-        // Release the claim, with the new state when the batch was written.
-        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished")).into()) };
-        if current.claimed_until != token {
-            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
-        }
-        let mut release = if result.is_ok() { st } else { current };
-        release.claimed_until = None;
-        if !self.save(set, &release, &v).await? {
-            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
-        }
+        self.release_claim(set, token, result.is_ok().then_some(st)).await?;
         let mut out = result?;
         out.set_created = set_created;
         Ok(out)
@@ -327,11 +330,7 @@ impl ElasticStore {
             }
             let seq = st.next_seq;
             st.next_seq += 1;
-            let open = st.open();
-            open.count += 1;
-            open.bytes += eb;
-            open.last_seq = seq;
-            open.max_dt = Some(open.max_dt.map_or(datetime.0, |m| m.max(datetime.0)));
+            st.open().record(seq, eb, datetime);
             out.applied.push((index, seq));
             change_ops.push_str(&json!({"index": {"_index": self.changes, "_id": format!("{set}:{seq}")}}).to_string());
             change_ops.push('\n');
@@ -386,16 +385,45 @@ impl ElasticStore {
         //    `next_seq`, which readers ignore and the next batch overwrites.
         self.bulk(change_ops).await?;
         // 2. The commit point: the new bookkeeping with `next_seq` past this batch.
-        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished")).into()) };
-        let mut commit = st.clone();
-        (commit.applied_seq, commit.claimed_until) = (current.applied_seq, current.claimed_until);
-        if !self.save(set, &commit, &v).await? {
-            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")).into());
-        }
+        self.commit(set, st, false).await?;
         // 3. The resource documents; a crash here is replayed from the change documents.
         self.bulk(ops).await?;
         st.applied_seq = st.next_seq - 1;
         Ok(out)
+    }
+
+    /// Releases the claim taken with `token`, saving `st` (the work done) when given, else
+    /// leaving the bookkeeping as it is.
+    pub(super) async fn release_claim(&self, set: &SetName, token: Option<i64>, st: Option<SetState>) -> Result<(), StoreError> {
+        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished"))) };
+        if current.claimed_until != token {
+            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")));
+        }
+        let mut release = st.unwrap_or(current);
+        release.claimed_until = None;
+        if !self.save(set, &release, &v).await? {
+            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")));
+        }
+        Ok(())
+    }
+
+    /// Saves the bookkeeping while holding the claim (the commit point of a batch). With
+    /// `applied`, the resources are already what the changes say (adoption: the writer wrote
+    /// them); otherwise `applied_seq` stays behind until the resource documents are written.
+    pub(super) async fn commit(&self, set: &SetName, st: &mut SetState, applied: bool) -> Result<(), StoreError> {
+        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished"))) };
+        if applied {
+            st.applied_seq = st.next_seq - 1;
+        }
+        let mut commit = st.clone();
+        commit.claimed_until = current.claimed_until;
+        if !applied {
+            commit.applied_seq = current.applied_seq;
+        }
+        if !self.save(set, &commit, &v).await? {
+            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")));
+        }
+        Ok(())
     }
 
     pub async fn rollover_if_due(&self, set: &SetName, policy: ListPolicy, now: Timestamp) -> Result<Option<u32>, StoreError> {

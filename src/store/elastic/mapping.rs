@@ -36,7 +36,8 @@ pub fn resource_mapping() -> Value {
         "key": {"type": "keyword"},
         "part": {"type": "integer"},
         "seq": {"type": "long"},
-        "bytes": {"type": "long"}
+        "bytes": {"type": "long"},
+        "adopted": {"type": "boolean"}
     }})
 }
 
@@ -61,7 +62,8 @@ pub fn change_mapping() -> Value {
         "seq": {"type": "long"},
         "datetime_us": {"type": "long"},
         "part": {"type": "integer"},
-        "bytes": {"type": "long"}
+        "bytes": {"type": "long"},
+        "adopted": {"type": "boolean"}
     }})
 }
 

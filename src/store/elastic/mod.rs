@@ -28,9 +28,12 @@
 //! - The hub's storage maps the same way: subscriptions as documents replaced conditionally,
 //!   the message log as documents with a claimed `seq`, cursors on the subscription.
 
+mod adopt;
 mod contract;
 mod hub;
 pub mod mapping;
+
+pub use adopt::SetRules;
 
 use std::time::Duration;
 
