@@ -22,7 +22,7 @@ fn example(name: &str) -> std::path::PathBuf {
 }
 
 /// Every entry of a document or, for an index, of the documents it lists.
-async fn all_entries(app: &TestApp, path: &str) -> (Document, Vec<(String, HashMap<String, String>)>, Vec<(String, String)>) {
+async fn all_entries(app: &TestApp, path: &str) -> (Document, Vec<(String, std::collections::BTreeMap<String, String>)>, Vec<(String, String)>) {
     let (text, doc) = app.get_doc(path).await;
     let mut texts = vec![(path.to_string(), text)];
     let mut out = Vec::new();

@@ -135,17 +135,20 @@ impl ElasticStore {
 
         let notified = self.notified_until(set).await?.map(|t| t.0);
         let mut ops = String::new();
-        let mut count = 0;
+        let (mut count, mut late) = (0, 0);
+        let mut latest_late = None;
         for (h, key) in changes.iter().zip(&change_keys) {
             let Some(key) = key else { continue };
             let src = &h["_source"];
             let given = date(&src["datetime"]).or_else(|| date(&src["timestamp"])).unwrap_or(now);
             let open = st.open().totals();
             let floor = open.from.max(notified.unwrap_or(i64::MIN));
-            let mut datetime = Timestamp(given.0.max(floor));
+            // Recorded late: after everything recorded so far, in adoption order (like a change
+            // ingested without a datetime), not all at one instant.
+            let mut datetime = if given.0 >= floor { given } else { Timestamp(floor.max(open.max_dt.map_or(i64::MIN, |m| m + 1))) };
             if datetime != given {
-                tracing::warn!(set = %set, id = %h["_id"], datetime = %given, recorded = %datetime,
-                    "change document visible after its datetime was notified: recorded late (raise notify.hold_back_secs to keep writers' dates)");
+                late += 1;
+                latest_late = Some((given, datetime));
             }
             let eb = 400 + 2 * key.0.len() as u64;
             if policy.must_roll(&open, eb, now) {
@@ -173,6 +176,11 @@ impl ElasticStore {
             }
             push_conditional(&mut ops, &self.changes, h, &doc);
             count += 1;
+        }
+        if let Some((given, recorded)) = latest_late {
+            tracing::warn!(set = %set, documents = late, last_datetime = %given, recorded_at = %recorded,
+                "change documents dated before what was already notified or before the open Change List: recorded late \
+                 (notify.hold_back_secs gives late writers time)");
         }
         // 1. Stamp the change documents (hidden until the commit below).
         let skipped = self.bulk_conditional(ops).await?;
