@@ -5,8 +5,8 @@
 //!
 //! - [`config`]: layered configuration (compiled-in commented defaults, `--config`, `RSHUB_*`, flags).
 //! - [`model`]: the seeds' document model: sets, locations, resources, changes, change events.
-//! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch
-//!   under construction).
+//! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch,
+//!   shareable by several processes).
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
 //! - [`source`]: the pull side: every document, generated from the store, with a page cache.
 //! - [`hub`]: the WebSub hub: requests, verification, signatures, address policy, delivery lanes.

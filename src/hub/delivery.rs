@@ -62,11 +62,14 @@ impl Lane {
         &self.topic == topic && self.expires_at > now
     }
 
-    pub(super) fn push(&mut self, m: Arc<Message>) {
-        if m.id > self.last {
-            self.last = m.id;
-            let _ = self.tx.send(LaneMsg::Job(m));
+    /// Queues `m` unless the lane already has it; `true` when queued.
+    pub(super) fn push(&mut self, m: Arc<Message>) -> bool {
+        if m.id <= self.last {
+            return false;
         }
+        self.last = m.id;
+        let _ = self.tx.send(LaneMsg::Job(m));
+        true
     }
 
     /// Whether `sub` is a newer verification than the lane's.

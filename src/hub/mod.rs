@@ -461,6 +461,9 @@ impl Hub {
         let mut lanes = self.lanes.lock().await;
         let now = Timestamp::now();
         let messages = self.store.hub_publish(payloads, state, now).await?;
+        if self.store.is_shared() {
+            return self.catch_up(&mut lanes, &messages, now).await;
+        }
         let mut counts = Vec::with_capacity(messages.len());
         for message in messages {
             let message = Arc::new(message);
@@ -475,6 +478,24 @@ impl Hub {
             counts.push(n);
         }
         Ok(counts)
+    }
+
+    /// On a shared store, other processes (and a notifier's recovered outbox) append to the
+    /// log too: lanes take every message after what they have from the log, in number order,
+    /// so one published here never overtakes an older one published elsewhere. Returns how
+    /// many lanes took each of `messages`.
+    async fn catch_up(&self, lanes: &mut HashMap<SubscriptionId, Lane>, messages: &[model::Message], now: Timestamp) -> Result<Vec<usize>, StoreError> {
+        let backlog = self.store.hub_backlog().await?;
+        let mut taken: HashMap<model::MessageId, usize> = HashMap::new();
+        for (id, queue) in backlog {
+            let Some(lane) = lanes.get_mut(&id) else { continue };
+            for m in queue {
+                if lane.wants(&m.topic, now) && lane.push(m.clone()) {
+                    *taken.entry(m.id).or_default() += 1;
+                }
+            }
+        }
+        Ok(messages.iter().map(|m| taken.get(&m.id).copied().unwrap_or(0)).collect())
     }
 
     /// A WebSub ping: fetches each topic that has subscribers, in the background, and

@@ -171,7 +171,7 @@ pub struct Page<T> {
 #[derive(Clone)]
 pub enum Store {
     Embedded(EmbeddedStore),
-    /// Under construction: not selectable by configuration yet (see [`elastic`]).
+    /// Elasticsearch (see [`elastic`]): shareable by several server processes.
     Elasticsearch(elastic::ElasticStore),
 }
 

@@ -1,10 +1,6 @@
-//! The Elasticsearch backend (Elasticsearch 8/9, OpenSearch), **under construction**: this
-//! version connects, detects the distribution, creates or checks the indices and their
-//! mappings, and scans with points in time. The store contract on top is the next step, and
-//! until it lands `store.backend = "elasticsearch"` is refused at configuration load.
-//!
-//! Design for the contract (so that documents written straight into the indices by a
-//! harvester following the DIT-ES protocol are served and notified like ingested ones):
+//! The Elasticsearch backend (Elasticsearch 8/9, OpenSearch): the client ([`Es`]), the
+//! mappings ([`mapping`]), the source's store contract (`contract`), adoption of documents
+//! written by external DIT-ES writers (`adopt`), and the hub's storage and leases (`hub`).
 //!
 //! - Engines cannot sort on `_id` or `_seq_no` (measured on osmem-server; Elasticsearch 8
 //!   disables `_id` fielddata), and external documents carry no unique sortable field, so the
@@ -13,20 +9,15 @@
 //!   open Change List (`no`, `from`, count, bytes, newest datetime), closed lists, and per-part
 //!   counts/validators — the embedded store's bookkeeping — and is only ever replaced with
 //!   `if_seq_no`/`if_primary_term`, so it serialises writers across processes.
-//! - Ingest: validate the whole batch (rejections write nothing), claim `seq`s and update the
-//!   bookkeeping in one conditional write of the set document, bulk-write the change documents
-//!   (ids `<set>:<seq>`, idempotent), then the resource documents, then advance `applied_seq`.
-//!   A crash in between leaves change documents past `applied_seq`; the next writer replays them
-//!   onto the resources first (a resource is the last change to its key), so resource and
-//!   change log never disagree for long and never lose a change.
-//! - External writers: an adoption worker finds change documents without `seq` and resource
-//!   documents without `key`/`part` and stamps them the same way (conditional updates per
-//!   document), so a document that becomes visible late (refresh, skewed clock) is adopted late
-//!   and notified then; notifications follow `seq` with the hold-back for datetimes.
-//! - Reads: Change Lists and notifications by (`datetime`, `seq`) and part N by a term query on
-//!   `part` sorted by `key`, all with `search_after` inside a point in time ([`Es::scan`]).
-//! - The hub's storage maps the same way: subscriptions as documents replaced conditionally,
-//!   the message log as documents with a claimed `seq`, cursors on the subscription.
+//! - Ingest and adoption claim that document, write change documents past `next_seq` (hidden
+//!   from readers), commit by saving `next_seq`, then write resource documents; a committed
+//!   batch whose writer died is replayed, an uncommitted adoption is undone.
+//! - Reads: Change Lists and notifications by (`datetime_us`, `seq`) and part N by a term query
+//!   on `part` sorted by `key`, all with `search_after` (inside a point in time for scans,
+//!   [`Es::scan`]), never `from`.
+//! - The hub: subscriptions as documents replaced conditionally, the message log as documents
+//!   whose number is claimed by creating them, the notifier's state with an outbox, and the
+//!   delivery lease that makes one process at a time deliver and notify.
 
 mod adopt;
 mod contract;
@@ -46,11 +37,6 @@ use serde_json::Value;
 
 use super::StoreError;
 use crate::config::ElasticConfig;
-
-/// The error of a contract call the Elasticsearch backend does not implement yet.
-pub fn not_built(call: &str) -> StoreError {
-    StoreError::Unavailable(format!("{call} is not built on the Elasticsearch backend yet"))
-}
 
 /// Which engine answers: they differ in the point-in-time API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
