@@ -38,6 +38,18 @@ use serde_json::Value;
 use super::StoreError;
 use crate::config::ElasticConfig;
 
+/// Requests sent to the search server by this process (for benchmarks: round trips per page).
+static REQUESTS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// How many requests this process has sent to the search server so far.
+pub fn requests_sent() -> u64 {
+    REQUESTS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+fn count_request() {
+    REQUESTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// Which engine answers: they differ in the point-in-time API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Distribution {
@@ -77,6 +89,7 @@ impl Es {
 
     /// One request: `(status, JSON body)`; transport failures are `Unavailable`.
     pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<(u16, Value), StoreError> {
+        count_request();
         let resp = match body {
             Some(b) => self.client.send(method, path, HeaderMap::new(), Option::<&()>::None, Some(b.to_string()), None).await,
             None => self.client.send::<String, ()>(method, path, HeaderMap::new(), None, None, None).await,
@@ -232,6 +245,7 @@ impl Es {
 impl Es {
     /// A `_bulk` request (NDJSON), visible to searches on return.
     pub async fn bulk(&self, ndjson: String) -> Result<Value, StoreError> {
+        count_request();
         let mut headers = HeaderMap::new();
         headers.insert(
             elasticsearch::http::headers::CONTENT_TYPE,
