@@ -262,7 +262,7 @@ async fn elasticsearch_going_away_is_a_503_with_retry_after_and_service_resumes_
         let text = r.text().await.unwrap();
         assert!(text.contains("unavailable"), "{path}: says why: {text}");
     }
-    assert_eq!(app.ingest(&"papers", &crate::notify::url_line("created", 9, None)).await.status(), 503, "ingest refused, not lost silently");
+    assert_eq!(app.ingest("papers", &crate::notify::url_line("created", 9, None)).await.status(), 503, "ingest refused, not lost silently");
 
     relay.set_down(false);
     let mut back = false;

@@ -214,8 +214,6 @@ impl ElasticStore {
         if !resources.is_empty() || count > 0 {
             self.recount_parts(set, st).await?;
             self.commit(set, st, true).await?;
-        }
-        if count > 0 || !resources.is_empty() {
             tracing::debug!(set = %set, changes = count, resources = resources.len(), "external documents adopted");
         }
         Ok(changes.len())
@@ -228,8 +226,8 @@ impl ElasticStore {
         if keys.is_empty() {
             return Ok(out);
         }
-        let q = |extra: Value| json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"terms": {"key": keys}}, {"exists": {"field": "part"}}, extra]}});
-        for h in self.hits(&self.resources, q(json!({"match_all": {}})), json!([{"key": "asc"}]), keys.len()).await? {
+        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"terms": {"key": keys}}, {"exists": {"field": "part"}}]}});
+        for h in self.hits(&self.resources, q, json!([{"key": "asc"}]), keys.len()).await? {
             if let (Some(k), Some(p)) = (h["_source"]["key"].as_str(), h["_source"]["part"].as_u64()) {
                 out.insert(k.to_string(), p as u32);
             }

@@ -340,9 +340,8 @@ impl ElasticStore {
                 if let Some(p) = st.parts.iter_mut().find(|p| p.no == part) {
                     p.count = (p.count as i64 + dcount).max(0) as u64;
                     p.bytes = (p.bytes as i64 + dbytes).max(0) as u64;
-                    p.last_seq = seq;
-                    p.last_change = datetime.0;
                 }
+                st.touch(part, seq, datetime.0);
             };
             match (c.change, existing) {
                 (ChangeType::Deleted, Some((part, bytes))) => {

@@ -174,6 +174,11 @@ struct NotifyDoc {
     outbox: Vec<OutboxEntry>,
 }
 
+/// The stored form of a set's notifier state.
+fn notify_source(set: &SetName, doc: &NotifyDoc) -> Value {
+    json!({"kind": "notify", "set": set.as_str(), "doc": doc})
+}
+
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
@@ -497,8 +502,7 @@ impl ElasticStore {
             version: new.version,
             outbox: messages.iter().map(|(t, ct, b)| OutboxEntry { topic: t.as_str().into(), content_type: ct.clone(), body: b64(b) }).collect(),
         };
-        let src = json!({"kind": "notify", "set": new.set.as_str(), "doc": doc});
-        if !self.es.put_doc_if(&self.hub, &id, &src, Some(&v)).await? {
+        if !self.es.put_doc_if(&self.hub, &id, &notify_source(&new.set, &doc), Some(&v)).await? {
             return Err(StoreError::Conflict(format!("notifier state of set {} moved", new.set)));
         }
         self.flush_outbox(&new.set).await
@@ -525,9 +529,8 @@ impl ElasticStore {
             out.push(self.append(&Topic::from_stored(e.topic.clone()), &e.content_type, &Bytes::from(body), Some(origin), now).await?);
         }
         doc.outbox.clear();
-        let src = json!({"kind": "notify", "set": set.as_str(), "doc": doc});
         // Losing this race means another process emptied it: the messages are in the log.
-        self.es.put_doc_if(&self.hub, &id, &src, Some(&v)).await?;
+        self.es.put_doc_if(&self.hub, &id, &notify_source(set, &doc), Some(&v)).await?;
         Ok(out)
     }
 
@@ -568,7 +571,7 @@ impl ElasticStore {
             version: 0,
             outbox: vec![],
         };
-        self.es.put_doc_if(&self.hub, &format!("notify:{}", s.set), &json!({"kind": "notify", "set": s.set.as_str(), "doc": doc}), None).await?;
+        self.es.put_doc_if(&self.hub, &format!("notify:{}", s.set), &notify_source(&s.set, &doc), None).await?;
         Ok(())
     }
 
