@@ -25,7 +25,9 @@ use resourcesync_hub::store::{elastic, Store};
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 /// User + system CPU seconds of a process, from /proc/<pid>/stat (clock ticks of 1/100 s).
@@ -38,8 +40,16 @@ fn cpu_secs(pid: &str) -> f64 {
 }
 
 fn start_osmem() -> anyhow::Result<(String, std::process::Child)> {
-    let out = std::process::Command::new("python3").args(["-c", "import osmem_server;print(osmem_server.resolve_binary())"]).output()?;
-    anyhow::ensure!(out.status.success(), "osmem-server is not installed: python3 -m pip install osmem-server, or pass --url");
+    let out = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import osmem_server;print(osmem_server.resolve_binary())",
+        ])
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "osmem-server is not installed: python3 -m pip install osmem-server, or pass --url"
+    );
     let bin = String::from_utf8(out.stdout)?.trim().to_string();
     let mut child = std::process::Command::new(bin)
         .args(["-addr", "127.0.0.1:0"])
@@ -62,7 +72,8 @@ async fn populate(source: &Source, set: &SetName, n: u64) -> anyhow::Result<f64>
     for start in (0..n).step_by(5000) {
         let batch = (start..(start + 5000).min(n))
             .map(|i| {
-                let location = Location::rel_path(format!("collection-{}/paper-{i:08}.pdf", i % 100));
+                let location =
+                    Location::rel_path(format!("collection-{}/paper-{i:08}.pdf", i % 100));
                 NewChange {
                     key: location.key(&source.set_config(set)).expect("a valid path"),
                     location,
@@ -83,15 +94,30 @@ async fn populate(source: &Source, set: &SetName, n: u64) -> anyhow::Result<f64>
     Ok(t.elapsed().as_secs_f64())
 }
 
-async fn measure(name: &str, config: &Arc<Config>, store: Store, set: &SetName, rounds: usize, server_pid: Option<&str>) -> anyhow::Result<()> {
+async fn measure(
+    name: &str,
+    config: &Arc<Config>,
+    store: Store,
+    set: &SetName,
+    rounds: usize,
+    server_pid: Option<&str>,
+) -> anyhow::Result<()> {
     let parts = store.parts(set).await?;
     let me = std::process::id().to_string();
-    let (mut wall, mut cpu, mut server_cpu, mut requests, mut pages, mut entries) = (0.0, 0.0, 0.0, 0u64, 0usize, 0usize);
+    let (mut wall, mut cpu, mut server_cpu, mut requests, mut pages, mut entries) =
+        (0.0, 0.0, 0.0, 0u64, 0usize, 0usize);
     for _ in 0..rounds {
         for p in &parts {
             let source = Source::new(config.clone(), store.clone());
-            let (c0, s0, r0, t) = (cpu_secs(&me), server_pid.map_or(0.0, cpu_secs), elastic::requests_sent(), Instant::now());
-            let doc = source.document(&DocKind::ResourceListPart(set.clone(), p.no)).await?;
+            let (c0, s0, r0, t) = (
+                cpu_secs(&me),
+                server_pid.map_or(0.0, cpu_secs),
+                elastic::requests_sent(),
+                Instant::now(),
+            );
+            let doc = source
+                .document(&DocKind::ResourceListPart(set.clone(), p.no))
+                .await?;
             wall += t.elapsed().as_secs_f64();
             cpu += cpu_secs(&me) - c0;
             server_cpu += server_pid.map_or(0.0, cpu_secs) - s0;
@@ -130,7 +156,13 @@ async fn main() -> anyhow::Result<()> {
     let mut config = Config::defaults();
     config.server.data_dir = tmp.clone();
     config.server.base_url = "http://bench.example".into();
-    config.sets.insert("bench".into(), SetOverrides { max_items_in_list: Some(part), ..Default::default() });
+    config.sets.insert(
+        "bench".into(),
+        SetOverrides {
+            max_items_in_list: Some(part),
+            ..Default::default()
+        },
+    );
     config.store.elasticsearch.url = url.clone();
     let config = Arc::new(config);
     let set = SetName::parse("bench").map_err(anyhow::Error::msg)?;
@@ -140,11 +172,22 @@ async fn main() -> anyhow::Result<()> {
     for (name, store) in [("embedded", &embedded), ("elasticsearch", &es)] {
         let s = populate(&Source::new(config.clone(), store.clone()), &set, n).await?;
         if s > 0.0 {
-            println!("{name}: ingested {n} resources in {s:.1} s ({:.0} changes/s)", n as f64 / s);
+            println!(
+                "{name}: ingested {n} resources in {s:.1} s ({:.0} changes/s)",
+                n as f64 / s
+            );
         }
     }
     measure("embedded", &config, embedded, &set, rounds, None).await?;
-    measure(&format!("elasticsearch at {url}"), &config, es, &set, rounds, server_pid.as_deref()).await?;
+    measure(
+        &format!("elasticsearch at {url}"),
+        &config,
+        es,
+        &set,
+        rounds,
+        server_pid.as_deref(),
+    )
+    .await?;
     let _ = std::fs::remove_dir_all(&tmp);
     Ok(())
 }

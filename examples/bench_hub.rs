@@ -22,7 +22,9 @@ use resourcesync_hub::store::Store;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 /// Receipts: (notification number, when).
@@ -36,7 +38,11 @@ async fn receive(State(r): State<Receipts>, body: Bytes) -> &'static str {
     let at = Instant::now();
     // Body: <n i="K" .../>
     let s = std::str::from_utf8(&body).unwrap_or("");
-    let n = s.split('"').nth(1).and_then(|v| v.parse().ok()).unwrap_or(usize::MAX);
+    let n = s
+        .split('"')
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
     r.lock().unwrap().push((n, at));
     ""
 }
@@ -52,7 +58,8 @@ async fn main() -> anyhow::Result<()> {
         .split(',')
         .map(|s| s.trim().parse().expect("--subscribers N[,N...]"))
         .collect();
-    let notifications: usize = arg("--notifications").map_or(20, |s| s.parse().expect("--notifications N"));
+    let notifications: usize =
+        arg("--notifications").map_or(20, |s| s.parse().expect("--notifications N"));
 
     let tmp = std::env::temp_dir().join(format!("rshub-bench-hub-{}", std::process::id()));
     let mut config = Config::defaults();
@@ -70,7 +77,9 @@ async fn main() -> anyhow::Result<()> {
     }));
 
     let receipts: Receipts = Arc::new(Mutex::new(Vec::new()));
-    let recv_app = Router::new().route("/cb/{id}", get(verify).post(receive)).with_state(receipts.clone());
+    let recv_app = Router::new()
+        .route("/cb/{id}", get(verify).post(receive))
+        .with_state(receipts.clone());
     let recv_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let recv_addr = recv_listener.local_addr()?;
     tokio::spawn(async move { axum::serve(recv_listener, recv_app).await });
@@ -78,13 +87,20 @@ async fn main() -> anyhow::Result<()> {
     let client = reqwest::Client::builder().no_proxy().build()?;
     let hub_url = format!("http://{hub_addr}/hub");
     for _ in 0..100 {
-        if client.get(format!("http://{hub_addr}/healthz")).send().await.is_ok() {
+        if client
+            .get(format!("http://{hub_addr}/healthz"))
+            .send()
+            .await
+            .is_ok()
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let store = Store::open_embedded(&db)?;
-    println!("signed fan-out on loopback, {notifications} notifications per round, sha256 signatures");
+    println!(
+        "signed fan-out on loopback, {notifications} notifications per round, sha256 signatures"
+    );
     println!(
         "{:>11} {:>11} {:>13} {:>9} {:>9} {:>9} {:>14}",
         "subscribers", "deliveries", "deliveries/s", "p50 ms", "p99 ms", "max ms", "publishing ms"
@@ -98,7 +114,10 @@ async fn main() -> anyhow::Result<()> {
                 .form(&[
                     ("hub.mode", "subscribe"),
                     ("hub.topic", topic.as_str()),
-                    ("hub.callback", &format!("http://{recv_addr}/cb/{}", base + i)),
+                    (
+                        "hub.callback",
+                        &format!("http://{recv_addr}/cb/{}", base + i),
+                    ),
                     ("hub.secret", &format!("secret-{i}")),
                 ])
                 .send()
@@ -137,12 +156,19 @@ async fn main() -> anyhow::Result<()> {
         let want = n * notifications;
         let deadline = Instant::now() + Duration::from_secs(120);
         while receipts.lock().unwrap().len() < want {
-            anyhow::ensure!(Instant::now() < deadline, "only {} of {want} deliveries arrived", receipts.lock().unwrap().len());
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "only {} of {want} deliveries arrived",
+                receipts.lock().unwrap().len()
+            );
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
         let got = receipts.lock().unwrap().clone();
         let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
-        let mut lat: Vec<Duration> = got.iter().map(|(k, at)| at.duration_since(sent[*k])).collect();
+        let mut lat: Vec<Duration> = got
+            .iter()
+            .map(|(k, at)| at.duration_since(sent[*k]))
+            .collect();
         lat.sort();
         let secs = last.duration_since(start).as_secs_f64();
         println!(

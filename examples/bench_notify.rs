@@ -30,7 +30,9 @@ use resourcesync_hub::store::Store;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 /// Per change number, when its notification arrived; and how many notifications.
@@ -66,7 +68,9 @@ fn dit_bulk(range: std::ops::Range<usize>) -> String {
         let res = serde_json::json!({"resource_set": "bench", "location": loc, "length": i, "timestamp": now, "lastmod": now});
         let chg = serde_json::json!({"resource_set": "bench", "location": loc, "length": i, "change": "created", "datetime": now, "timestamp": now, "lastmod": now});
         out.push_str(&format!("{{\"index\":{{\"_index\":\"omtd-resourcesync-resource\",\"_id\":\"bench-{i}\"}}}}\n{res}\n"));
-        out.push_str(&format!("{{\"index\":{{\"_index\":\"omtd-resourcesync-change\"}}}}\n{chg}\n"));
+        out.push_str(&format!(
+            "{{\"index\":{{\"_index\":\"omtd-resourcesync-change\"}}}}\n{chg}\n"
+        ));
     }
     out
 }
@@ -78,7 +82,9 @@ fn pct(sorted: &[Duration], p: f64) -> f64 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let changes: usize = arg("--changes").map_or(500, |s| s.parse().expect("--changes N"));
-    let interval = Duration::from_millis(arg("--interval-ms").map_or(10, |s| s.parse().expect("--interval-ms N")));
+    let interval = Duration::from_millis(
+        arg("--interval-ms").map_or(10, |s| s.parse().expect("--interval-ms N")),
+    );
     let batch: usize = arg("--batch").map_or(1, |s| s.parse().expect("--batch N"));
     let es = arg("--elasticsearch");
 
@@ -108,26 +114,40 @@ async fn main() -> anyhow::Result<()> {
     }));
 
     let received = Arc::new(Mutex::new(Received::default()));
-    let app = Router::new().route("/cb", get(verify).post(receive)).with_state(received.clone());
+    let app = Router::new()
+        .route("/cb", get(verify).post(receive))
+        .with_state(received.clone());
     let recv = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let callback = format!("http://{}/cb", recv.local_addr()?);
     tokio::spawn(async move { axum::serve(recv, app).await });
 
     let client = reqwest::Client::builder().no_proxy().build()?;
     for _ in 0..100 {
-        if client.get(format!("http://{addr}/healthz")).send().await.is_ok() {
+        if client
+            .get(format!("http://{addr}/healthz"))
+            .send()
+            .await
+            .is_ok()
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let r = client
         .post(format!("http://{addr}/hub"))
-        .form(&[("hub.mode", "subscribe"), ("hub.topic", topic.as_str()), ("hub.callback", callback.as_str())])
+        .form(&[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic.as_str()),
+            ("hub.callback", callback.as_str()),
+        ])
         .send()
         .await?;
     anyhow::ensure!(r.status() == 202, "subscribe answered {}", r.status());
     let store: Store = resourcesync_hub::app::open_store(&store_config).await?;
-    let (t, cb) = (Topic::parse(&topic).map_err(anyhow::Error::msg)?, Callback::parse(&callback).map_err(anyhow::Error::msg)?);
+    let (t, cb) = (
+        Topic::parse(&topic).map_err(anyhow::Error::msg)?,
+        Callback::parse(&callback).map_err(anyhow::Error::msg)?,
+    );
     while store.hub_subscription(&t, &cb).await?.is_none() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -147,7 +167,14 @@ async fn main() -> anyhow::Result<()> {
                     .send()
                     .await?
             }
-            Some(url) => client.post(format!("{url}/_bulk")).header("content-type", "application/x-ndjson").body(dit_bulk(n..(n + batch).min(changes))).send().await?,
+            Some(url) => {
+                client
+                    .post(format!("{url}/_bulk"))
+                    .header("content-type", "application/x-ndjson")
+                    .body(dit_bulk(n..(n + batch).min(changes)))
+                    .send()
+                    .await?
+            }
         };
         anyhow::ensure!(r.status() == 200, "ingest answered {}", r.status());
         let at = Instant::now();
@@ -159,16 +186,27 @@ async fn main() -> anyhow::Result<()> {
     }
     let deadline = Instant::now() + Duration::from_secs(30);
     while received.lock().unwrap().at.len() < changes {
-        anyhow::ensure!(Instant::now() < deadline, "only {} of {changes} changes notified", received.lock().unwrap().at.len());
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {changes} changes notified",
+            received.lock().unwrap().at.len()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (at, notifications) = {
         let r = received.lock().unwrap();
         (r.at.clone(), r.notifications)
     };
-    let mut lat: Vec<Duration> = committed.iter().map(|(i, c)| at[i].saturating_duration_since(*c)).collect();
+    let mut lat: Vec<Duration> = committed
+        .iter()
+        .map(|(i, c)| at[i].saturating_duration_since(*c))
+        .collect();
     lat.sort();
-    let backend = if es.is_some() { format!("elasticsearch (external writer, poll_interval_ms = {poll_ms})") } else { "embedded store".into() };
+    let backend = if es.is_some() {
+        format!("elasticsearch (external writer, poll_interval_ms = {poll_ms})")
+    } else {
+        "embedded store".into()
+    };
     println!(
         "{backend}: {changes} changes in batches of {batch} every {} ms; notify.max_delay_ms = {max_delay}, hold_back_secs = {hold}",
         interval.as_millis()

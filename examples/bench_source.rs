@@ -19,7 +19,9 @@ use resourcesync_hub::store::Store;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 fn peak_rss_mb() -> f64 {
@@ -48,7 +50,10 @@ async fn main() -> anyhow::Result<()> {
         let have = store.counts(&set).await?.resources;
         if have != n {
             if have != 0 {
-                anyhow::bail!("{} holds {have} resources, not {n}: remove it first", dir.display());
+                anyhow::bail!(
+                    "{} holds {have} resources, not {n}: remove it first",
+                    dir.display()
+                );
             }
             let t = Instant::now();
             let policy = source.list_policy(&set);
@@ -56,7 +61,8 @@ async fn main() -> anyhow::Result<()> {
             for start in (0..n).step_by(20_000) {
                 let batch = (start..(start + 20_000).min(n))
                     .map(|i| {
-                        let location = Location::rel_path(format!("collection-{}/paper-{i:08}.pdf", i % 100));
+                        let location =
+                            Location::rel_path(format!("collection-{}/paper-{i:08}.pdf", i % 100));
                         NewChange {
                             key: location.key(&source.set_config(&set)).unwrap(),
                             location,
@@ -75,7 +81,10 @@ async fn main() -> anyhow::Result<()> {
                 store.apply(&set, batch, policy, Timestamp::now()).await?;
             }
             let s = t.elapsed().as_secs_f64();
-            println!("populated {n} resources in {s:.1} s ({:.0} changes/s through the atomic apply)", n as f64 / s);
+            println!(
+                "populated {n} resources in {s:.1} s ({:.0} changes/s through the atomic apply)",
+                n as f64 / s
+            );
         }
         drop(store);
         let status = std::process::Command::new(std::env::current_exe()?)
@@ -87,9 +96,13 @@ async fn main() -> anyhow::Result<()> {
 
     // A fresh process: nothing cached in the page cache, SQLite's cache empty.
     let parts = store.parts(&set).await?;
-    let cold_no = parts.get(19).map_or(parts.last().map_or(1, |p| p.no), |p| p.no);
+    let cold_no = parts
+        .get(19)
+        .map_or(parts.last().map_or(1, |p| p.no), |p| p.no);
     let t = Instant::now();
-    let cold = source.document(&DocKind::ResourceListPart(set.clone(), cold_no)).await?;
+    let cold = source
+        .document(&DocKind::ResourceListPart(set.clone(), cold_no))
+        .await?;
     println!(
         "part {cold_no} served cold: {:.1} ms ({} entries, {:.1} MB)",
         t.elapsed().as_secs_f64() * 1e3,
@@ -102,7 +115,9 @@ async fn main() -> anyhow::Result<()> {
     let mut entries = 0usize;
     let mut bytes = index.body.len();
     for p in &parts {
-        let doc = source.document(&DocKind::ResourceListPart(set.clone(), p.no)).await?;
+        let doc = source
+            .document(&DocKind::ResourceListPart(set.clone(), p.no))
+            .await?;
         entries += doc.entries;
         bytes += doc.body.len();
     }
@@ -113,8 +128,14 @@ async fn main() -> anyhow::Result<()> {
         bytes as f64 / 1e6,
         entries as f64 / s
     );
-    println!("peak RSS (VmHWM) of the generating process: {:.1} MB", peak_rss_mb());
+    println!(
+        "peak RSS (VmHWM) of the generating process: {:.1} MB",
+        peak_rss_mb()
+    );
     let (hits, misses, held) = source.cache().stats();
-    println!("page cache: {hits} hits, {misses} misses, {:.1} MB held", held as f64 / 1e6);
+    println!(
+        "page cache: {hits} hits, {misses} misses, {:.1} MB held",
+        held as f64 / 1e6
+    );
     Ok(())
 }

@@ -21,11 +21,16 @@ use serde_json::json;
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
-    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
 }
 
 fn num(name: &str, default: usize) -> usize {
-    arg(name).map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name} takes a number, not {v:?}")))
+    arg(name).map_or(default, |v| {
+        v.parse()
+            .unwrap_or_else(|_| panic!("{name} takes a number, not {v:?}"))
+    })
 }
 
 /// Now in the seed's date format.
@@ -66,17 +71,31 @@ impl Writer {
         let md5 = format!("{:032x}", (n as u128) * 7919 + change.len() as u128);
         let length = 1000 + n;
         if change == "deleted" {
-            self.push(json!({"delete": {"_index": format!("{}-resource", self.index), "_id": id}}), None);
+            self.push(
+                json!({"delete": {"_index": format!("{}-resource", self.index), "_id": id}}),
+                None,
+            );
         } else {
             let doc = json!({"resource_set": self.set, "location": location, "length": length, "md5": md5,
                              "mime": "application/pdf", "lastmod": now, "timestamp": now});
-            self.push(json!({"index": {"_index": format!("{}-resource", self.index), "_id": id}}), Some(doc));
+            self.push(
+                json!({"index": {"_index": format!("{}-resource", self.index), "_id": id}}),
+                Some(doc),
+            );
         }
         let mut doc = json!({"resource_set": self.set, "location": location, "change": change, "datetime": now, "timestamp": now});
         if change != "deleted" {
-            (doc["lastmod"], doc["length"], doc["md5"], doc["mime"]) = (json!(now), json!(length), json!(md5), json!("application/pdf"));
+            (doc["lastmod"], doc["length"], doc["md5"], doc["mime"]) = (
+                json!(now),
+                json!(length),
+                json!(md5),
+                json!("application/pdf"),
+            );
         }
-        self.push(json!({"index": {"_index": format!("{}-change", self.index)}}), Some(doc));
+        self.push(
+            json!({"index": {"_index": format!("{}-change", self.index)}}),
+            Some(doc),
+        );
         self.pending += 1;
         if self.pending >= self.bulk {
             self.flush().await?;
@@ -99,7 +118,10 @@ impl Writer {
         let status = r.status();
         let v: serde_json::Value = r.json().await?;
         if !status.is_success() || v["errors"] == json!(true) {
-            anyhow::bail!("bulk write failed ({status}): {}", v.to_string().chars().take(500).collect::<String>());
+            anyhow::bail!(
+                "bulk write failed ({status}): {}",
+                v.to_string().chars().take(500).collect::<String>()
+            );
         }
         self.written += self.pending;
         self.pending = 0;
@@ -110,8 +132,16 @@ impl Writer {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let url = arg("--url").ok_or_else(|| anyhow::anyhow!("--url http://host:9200 is required"))?;
-    let (resources, updates, deletes, first) = (num("--resources", 1000), num("--updates", 0), num("--deletes", 0), num("--first", 0));
-    anyhow::ensure!(updates <= resources && deletes <= resources, "--updates and --deletes cannot exceed --resources");
+    let (resources, updates, deletes, first) = (
+        num("--resources", 1000),
+        num("--updates", 0),
+        num("--deletes", 0),
+        num("--first", 0),
+    );
+    anyhow::ensure!(
+        updates <= resources && deletes <= resources,
+        "--updates and --deletes cannot exceed --resources"
+    );
     let mut w = Writer {
         client: reqwest::Client::builder().no_proxy().build()?,
         url: url.trim_end_matches('/').to_string(),
@@ -127,7 +157,10 @@ async fn main() -> anyhow::Result<()> {
         w.event(n, "created").await?;
     }
     w.flush().await?;
-    for (range, change) in [(first..first + updates, "updated"), (first + resources - deletes..first + resources, "deleted")] {
+    for (range, change) in [
+        (first..first + updates, "updated"),
+        (first + resources - deletes..first + resources, "deleted"),
+    ] {
         if range.is_empty() {
             continue;
         }

@@ -40,7 +40,9 @@ pub enum SubscriptionsCommand {
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
-    Show { id: String },
+    Show {
+        id: String,
+    },
     Delete {
         id: String,
         /// Tell the subscriber with a hub.mode=denied request, giving this reason.
@@ -56,7 +58,12 @@ struct Api {
 }
 
 impl Api {
-    async fn call(&self, method: reqwest::Method, path: &str, query: &[(&str, String)]) -> anyhow::Result<Option<Value>> {
+    async fn call(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+    ) -> anyhow::Result<Option<Value>> {
         let r = self
             .client
             .request(method, format!("{}{path}", self.base))
@@ -74,11 +81,18 @@ impl Api {
                 .unwrap_or(text);
             anyhow::bail!("{status}: {}", msg.trim());
         }
-        Ok(if text.is_empty() { None } else { Some(serde_json::from_str(&text)?) })
+        Ok(if text.is_empty() {
+            None
+        } else {
+            Some(serde_json::from_str(&text)?)
+        })
     }
 
     async fn get(&self, path: &str, query: &[(&str, String)]) -> anyhow::Result<Value> {
-        Ok(self.call(reqwest::Method::GET, path, query).await?.unwrap_or(Value::Null))
+        Ok(self
+            .call(reqwest::Method::GET, path, query)
+            .await?
+            .unwrap_or(Value::Null))
     }
 }
 
@@ -124,7 +138,12 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
         token: args.token,
     };
     match args.command {
-        AdminCommand::Subscriptions(SubscriptionsCommand::List { topic, callback, state, limit }) => {
+        AdminCommand::Subscriptions(SubscriptionsCommand::List {
+            topic,
+            callback,
+            state,
+            limit,
+        }) => {
             let mut q = vec![("limit", limit.to_string())];
             q.extend(topic.map(|t| ("topic", t)));
             q.extend(callback.map(|c| ("callback", c)));
@@ -135,31 +154,82 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 .into_iter()
                 .flatten()
                 .map(|s| {
-                    ["id", "state", "topic", "callback", "lease_expires", "delivered", "failed", "pending"]
-                        .iter()
-                        .map(|k| cell(&s[*k]))
-                        .collect()
+                    [
+                        "id",
+                        "state",
+                        "topic",
+                        "callback",
+                        "lease_expires",
+                        "delivered",
+                        "failed",
+                        "pending",
+                    ]
+                    .iter()
+                    .map(|k| cell(&s[*k]))
+                    .collect()
                 })
                 .collect();
-            print!("{}", table(&["ID", "STATE", "TOPIC", "CALLBACK", "EXPIRES", "DELIVERED", "FAILED", "PENDING"], &rows));
+            print!(
+                "{}",
+                table(
+                    &[
+                        "ID",
+                        "STATE",
+                        "TOPIC",
+                        "CALLBACK",
+                        "EXPIRES",
+                        "DELIVERED",
+                        "FAILED",
+                        "PENDING"
+                    ],
+                    &rows
+                )
+            );
             if let Some(next) = page["next_cursor"].as_str() {
                 println!("(more: the API's cursor is {next})");
             }
         }
         AdminCommand::Subscriptions(SubscriptionsCommand::Show { id }) => {
-            let s = api.get(&format!("/admin/v1/subscriptions/{id}"), &[]).await?;
+            let s = api
+                .get(&format!("/admin/v1/subscriptions/{id}"), &[])
+                .await?;
             let mut rows = Vec::new();
             for k in [
-                "id", "state", "topic", "callback", "lease_seconds", "lease_start", "lease_expires", "verified_at",
-                "created_at", "secret_set", "signature_algorithm", "delivered", "failed", "pending", "retry_attempts",
+                "id",
+                "state",
+                "topic",
+                "callback",
+                "lease_seconds",
+                "lease_start",
+                "lease_expires",
+                "verified_at",
+                "created_at",
+                "secret_set",
+                "signature_algorithm",
+                "delivered",
+                "failed",
+                "pending",
+                "retry_attempts",
                 "next_attempt_at",
             ] {
                 rows.push(vec![k.to_string(), cell(&s[k])]);
             }
-            rows.push(vec!["last_success".into(), format!("{} {}", cell(&s["last_success"]["at"]), cell(&s["last_success"]["status"]))]);
+            rows.push(vec![
+                "last_success".into(),
+                format!(
+                    "{} {}",
+                    cell(&s["last_success"]["at"]),
+                    cell(&s["last_success"]["status"])
+                ),
+            ]);
             rows.push(vec![
                 "last_failure".into(),
-                format!("{} {} {}", cell(&s["last_failure"]["at"]), cell(&s["last_failure"]["status"]), cell(&s["last_failure"]["error"])),
+                format!(
+                    "{} {} {}",
+                    cell(&s["last_failure"]["at"]),
+                    cell(&s["last_failure"]["status"]),
+                    cell(&s["last_failure"]["error"])
+                ),
             ]);
             print!("{}", table(&["FIELD", "VALUE"], &rows));
         }
@@ -169,8 +239,20 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 q.push(("deny", "true".to_string()));
                 q.push(("reason", reason.clone()));
             }
-            api.call(reqwest::Method::DELETE, &format!("/admin/v1/subscriptions/{id}"), &q).await?;
-            println!("subscription {id} deleted{}", if deny.is_some() { "; the subscriber was told" } else { "" });
+            api.call(
+                reqwest::Method::DELETE,
+                &format!("/admin/v1/subscriptions/{id}"),
+                &q,
+            )
+            .await?;
+            println!(
+                "subscription {id} deleted{}",
+                if deny.is_some() {
+                    "; the subscriber was told"
+                } else {
+                    ""
+                }
+            );
         }
         AdminCommand::Topics => {
             let topics = api.get("/admin/v1/topics", &[]).await?;
@@ -178,17 +260,27 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|t| vec![cell(&t["topic"]), cell(&t["subscribers"]), cell(&t["last_publish"])])
+                .map(|t| {
+                    vec![
+                        cell(&t["topic"]),
+                        cell(&t["subscribers"]),
+                        cell(&t["last_publish"]),
+                    ]
+                })
                 .collect();
-            print!("{}", table(&["TOPIC", "SUBSCRIBERS", "LAST PUBLISH"], &rows));
+            print!(
+                "{}",
+                table(&["TOPIC", "SUBSCRIBERS", "LAST PUBLISH"], &rows)
+            );
         }
         AdminCommand::Stats => {
             let s = api.get("/admin/v1/stats", &[]).await?;
             let subs = &s["subscriptions"];
-            let mut rows: Vec<Vec<String>> = ["active", "failing", "expired", "pending_verification"]
-                .iter()
-                .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
-                .collect();
+            let mut rows: Vec<Vec<String>> =
+                ["active", "failing", "expired", "pending_verification"]
+                    .iter()
+                    .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
+                    .collect();
             for k in ["delivered", "failed", "queue_depth"] {
                 rows.push(vec![k.to_string(), cell(&s[k])]);
             }
@@ -202,11 +294,24 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(|p| vec![cell(&p["set"]), cell(&p["watermark"]), cell(&p["oldest_pending"]), format!("{:.1}", p["lag_seconds"].as_f64().unwrap_or(0.0))])
+                .map(|p| {
+                    vec![
+                        cell(&p["set"]),
+                        cell(&p["watermark"]),
+                        cell(&p["oldest_pending"]),
+                        format!("{:.1}", p["lag_seconds"].as_f64().unwrap_or(0.0)),
+                    ]
+                })
                 .collect();
             if !pollers.is_empty() {
                 println!();
-                print!("{}", table(&["SET", "NOTIFIED UP TO", "OLDEST PENDING", "LAG S"], &pollers));
+                print!(
+                    "{}",
+                    table(
+                        &["SET", "NOTIFIED UP TO", "OLDEST PENDING", "LAG S"],
+                        &pollers
+                    )
+                );
             }
         }
     }
@@ -217,7 +322,13 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
 mod tests {
     #[test]
     fn tables_align_columns() {
-        let t = super::table(&["A", "BB"], &[vec!["long".into(), "x".into()], vec!["s".into(), "yy".into()]]);
+        let t = super::table(
+            &["A", "BB"],
+            &[
+                vec!["long".into(), "x".into()],
+                vec!["s".into(), "yy".into()],
+            ],
+        );
         assert_eq!(t, "A     BB\nlong  x\ns     yy\n");
     }
 }

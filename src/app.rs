@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use crate::config::Config;
 use crate::http::{self, AppState};
 use crate::hub::Hub;
-use crate::notify::Notifier;
 use crate::model::{SetName, Timestamp};
+use crate::notify::Notifier;
 use crate::source::Source;
 use crate::store::Store;
 use crate::workers;
@@ -24,14 +24,22 @@ use crate::workers;
 pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     if config.store.backend == "elasticsearch" {
         let es = &config.store.elasticsearch;
-        let store = crate::store::elastic::ElasticStore::open(es).await.map_err(|e| {
-            anyhow::anyhow!("cannot open the Elasticsearch store at {} (store.elasticsearch): {e}", es.server_url())
-        })?;
+        let store = crate::store::elastic::ElasticStore::open(es)
+            .await
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot open the Elasticsearch store at {} (store.elasticsearch): {e}",
+                    es.server_url()
+                )
+            })?;
         tracing::info!(url = %es.server_url(), index = %es.index, version = %store.es.version, "Elasticsearch store opened");
         return Ok(Store::Elasticsearch(store));
     }
     std::fs::create_dir_all(&config.server.data_dir).map_err(|e| {
-        anyhow::anyhow!("cannot create data directory {}: {e}", config.server.data_dir.display())
+        anyhow::anyhow!(
+            "cannot create data directory {}: {e}",
+            config.server.data_dir.display()
+        )
     })?;
     Ok(Store::open_embedded(&config.database_path())?)
 }
@@ -45,7 +53,11 @@ pub fn resolve_base_url(config: &mut Config, addr: SocketAddr) {
 
 /// Serves on `listener` until `shutdown` completes, then drains requests in flight (bounded by
 /// `server.shutdown_grace_secs`) and stops the workers.
-pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Future<Output = ()> + Send + 'static) -> anyhow::Result<()> {
+pub async fn run(
+    mut config: Config,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     resolve_base_url(&mut config, addr);
     let config = Arc::new(config);
@@ -65,11 +77,22 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     }
     let cancel = CancellationToken::new();
     let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
-    let notifier = config.notify.enabled.then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
-    let poller = notifier.clone().map(|n| tokio::spawn(n.run(cancel.clone())));
+    let notifier = config
+        .notify
+        .enabled
+        .then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
+    let poller = notifier
+        .clone()
+        .map(|n| tokio::spawn(n.run(cancel.clone())));
     // Without the notifier (which adopts before each sweep), external writers' documents
     // are adopted on their own schedule.
-    let adopter = (notifier.is_none() && store_is_shared).then(|| tokio::spawn(workers::adopt::run(source.clone(), hub.clone(), cancel.clone())));
+    let adopter = (notifier.is_none() && store_is_shared).then(|| {
+        tokio::spawn(workers::adopt::run(
+            source.clone(),
+            hub.clone(),
+            cancel.clone(),
+        ))
+    });
 
     if config.admin.token.is_empty() {
         tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");
@@ -77,17 +100,25 @@ pub async fn run(mut config: Config, listener: TcpListener, shutdown: impl Futur
     if config.hub.publisher_token.is_empty() {
         tracing::info!("hub.publisher_token is not set: fat pings (POSTed payloads) are refused");
     }
-    let app = http::router(AppState { config: config.clone(), source, hub: hub.clone(), notifier });
+    let app = http::router(AppState {
+        config: config.clone(),
+        source,
+        hub: hub.clone(),
+        notifier,
+    });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let stop = cancel.clone();
-    let server = axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!("shutting down");
-            stop.cancel();
-        });
+    let server = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move {
+        shutdown.await;
+        tracing::info!("shutting down");
+        stop.cancel();
+    });
     let mut server = tokio::spawn(async move { server.await });
     tokio::select! {
         res = &mut server => {

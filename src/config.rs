@@ -230,12 +230,20 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         if self.server.listen.parse::<SocketAddr>().is_err() {
-            return bad(format!("server.listen {:?} is not an address like 127.0.0.1:8080", self.server.listen));
+            return bad(format!(
+                "server.listen {:?} is not an address like 127.0.0.1:8080",
+                self.server.listen
+            ));
         }
         if !self.server.base_url.is_empty() {
             match url::Url::parse(&self.server.base_url) {
                 Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
-                _ => return bad(format!("server.base_url {:?} is not an http(s) URL", self.server.base_url)),
+                _ => {
+                    return bad(format!(
+                        "server.base_url {:?} is not an http(s) URL",
+                        self.server.base_url
+                    ))
+                }
             }
         }
         match self.store.backend.as_str() {
@@ -256,7 +264,10 @@ impl Config {
         }
         self.validate_hub()?;
         let n = &self.notify;
-        if n.poll_interval_ms == 0 || n.max_entries == 0 || n.max_entries > SITEMAP_MAX_ITEMS as usize {
+        if n.poll_interval_ms == 0
+            || n.max_entries == 0
+            || n.max_entries > SITEMAP_MAX_ITEMS as usize
+        {
             return bad(format!(
                 "notify: poll_interval_ms must be at least 1 and max_entries between 1 and {SITEMAP_MAX_ITEMS}"
             ));
@@ -271,12 +282,19 @@ impl Config {
             }
             if let Some(root) = &set.resource_root_dir {
                 if !root.is_absolute() {
-                    return bad(format!("sets.{name}.resource_root_dir {root:?} must be an absolute path"));
+                    return bad(format!(
+                        "sets.{name}.resource_root_dir {root:?} must be an absolute path"
+                    ));
                 }
             }
             let prefix = self.set_config(name).url_prefix;
-            if url::Url::parse(&prefix).map(|u| u.cannot_be_a_base()).unwrap_or(true) {
-                return bad(format!("sets.{name}.url_prefix {prefix:?} is not an absolute URL"));
+            if url::Url::parse(&prefix)
+                .map(|u| u.cannot_be_a_base())
+                .unwrap_or(true)
+            {
+                return bad(format!(
+                    "sets.{name}.url_prefix {prefix:?} is not an absolute URL"
+                ));
             }
         }
         Ok(())
@@ -286,8 +304,14 @@ impl Config {
         let h = &self.hub;
         let bad = |m: String| Err(ConfigError::Invalid(m));
         for (key, p) in [("hub.path", &h.path), ("hub.topic_path", &h.topic_path)] {
-            if !p.starts_with('/') || p.len() < 2 || p.ends_with('/') || p.contains(['?', '#', '{', '}']) {
-                return bad(format!("{key} {p:?} must be a path like \"/hub\" (leading '/', no trailing '/')"));
+            if !p.starts_with('/')
+                || p.len() < 2
+                || p.ends_with('/')
+                || p.contains(['?', '#', '{', '}'])
+            {
+                return bad(format!(
+                    "{key} {p:?} must be a path like \"/hub\" (leading '/', no trailing '/')"
+                ));
             }
         }
         if crate::hub::SignatureAlg::parse(&h.signature_algorithm).is_none() {
@@ -310,19 +334,31 @@ impl Config {
         }
         for net in &h.allow_networks {
             if net.parse::<ipnet::IpNet>().is_err() {
-                return bad(format!("hub.allow_networks: {net:?} is not a network like 10.0.0.0/8 or ::1/128"));
+                return bad(format!(
+                    "hub.allow_networks: {net:?} is not a network like 10.0.0.0/8 or ::1/128"
+                ));
             }
         }
         for p in &h.topic_prefixes {
             match url::Url::parse(p) {
                 Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
-                _ => return bad(format!("hub.topic_prefixes: {p:?} is not an http(s) URL prefix")),
+                _ => {
+                    return bad(format!(
+                        "hub.topic_prefixes: {p:?} is not an http(s) URL prefix"
+                    ))
+                }
             }
         }
         if !(0.0..=1.0).contains(&h.retry_jitter) {
-            return bad(format!("hub.retry_jitter {} must lie between 0 and 1", h.retry_jitter));
+            return bad(format!(
+                "hub.retry_jitter {} must lie between 0 and 1",
+                h.retry_jitter
+            ));
         }
-        if h.request_timeout_secs == 0 || h.max_concurrent_deliveries == 0 || h.requests_per_callback_per_minute == 0 {
+        if h.request_timeout_secs == 0
+            || h.max_concurrent_deliveries == 0
+            || h.requests_per_callback_per_minute == 0
+        {
             return bad("hub.request_timeout_secs, max_concurrent_deliveries and requests_per_callback_per_minute must be at least 1".into());
         }
         Ok(())
@@ -360,8 +396,12 @@ impl Config {
     /// The effective configuration of a set, configured or not.
     pub fn set_config(&self, name: &str) -> SetConfig {
         let o = self.sets.get(name).cloned().unwrap_or_default();
-        let template = o.url_prefix.unwrap_or_else(|| self.set_defaults.url_prefix.clone());
-        let mut url_prefix = template.replace("{base_url}", &self.base_url()).replace("{set}", name);
+        let template = o
+            .url_prefix
+            .unwrap_or_else(|| self.set_defaults.url_prefix.clone());
+        let mut url_prefix = template
+            .replace("{base_url}", &self.base_url())
+            .replace("{set}", name);
         if !url_prefix.ends_with('/') {
             url_prefix.push('/');
         }
@@ -369,7 +409,9 @@ impl Config {
             name: name.to_string(),
             url_prefix,
             resource_root_dir: o.resource_root_dir,
-            max_items_in_list: o.max_items_in_list.unwrap_or(self.set_defaults.max_items_in_list),
+            max_items_in_list: o
+                .max_items_in_list
+                .unwrap_or(self.set_defaults.max_items_in_list),
             changelist_rollover_secs: o
                 .changelist_rollover_secs
                 .unwrap_or(self.set_defaults.changelist_rollover_secs),
@@ -431,13 +473,23 @@ mod tests {
         let s = c.set_config("demo");
         assert_eq!(s.url_prefix, "http://127.0.0.1:8080/files/demo/");
         assert_eq!(s.max_items_in_list, 50_000);
-        assert_eq!(s.served_path(&c.base_url()), None, "no root dir, nothing to serve");
+        assert_eq!(
+            s.served_path(&c.base_url()),
+            None,
+            "no root dir, nothing to serve"
+        );
     }
 
     #[test]
     fn max_items_over_sitemap_limit_is_refused() {
         let mut c = Config::defaults();
-        c.sets.insert("a".into(), SetOverrides { max_items_in_list: Some(50_001), ..Default::default() });
+        c.sets.insert(
+            "a".into(),
+            SetOverrides {
+                max_items_in_list: Some(50_001),
+                ..Default::default()
+            },
+        );
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("sets.a.max_items_in_list = 50001"), "{e}");
     }
@@ -448,7 +500,10 @@ mod tests {
         c.server.base_url = "http://h:1/hub".into();
         c.sets.insert(
             "a".into(),
-            SetOverrides { resource_root_dir: Some("/srv/a".into()), ..Default::default() },
+            SetOverrides {
+                resource_root_dir: Some("/srv/a".into()),
+                ..Default::default()
+            },
         );
         c.sets.insert(
             "b".into(),
@@ -458,7 +513,11 @@ mod tests {
                 ..Default::default()
             },
         );
-        assert_eq!(c.set_config("a").served_path(&c.base_url()).as_deref(), Some("/files/a"), "relative to base_url, like every route");
+        assert_eq!(
+            c.set_config("a").served_path(&c.base_url()).as_deref(),
+            Some("/files/a"),
+            "relative to base_url, like every route"
+        );
         assert_eq!(c.set_config("b").url_prefix, "http://other/b/");
         assert_eq!(c.set_config("b").served_path(&c.base_url()), None);
     }

@@ -25,10 +25,13 @@ pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
             )?;
         }
     }
-    config.sets.entry(DEMO_SET.to_string()).or_insert_with(|| SetOverrides {
-        resource_root_dir: Some(dir.clone()),
-        ..SetOverrides::default()
-    });
+    config
+        .sets
+        .entry(DEMO_SET.to_string())
+        .or_insert_with(|| SetOverrides {
+            resource_root_dir: Some(dir.clone()),
+            ..SetOverrides::default()
+        });
     config.validate()?;
     Ok(dir)
 }

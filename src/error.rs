@@ -40,7 +40,10 @@ pub enum AppError {
     #[error("{0}")]
     UnsupportedMediaType(String),
     #[error("{message}")]
-    Invalid { message: String, lines: Vec<LineError> },
+    Invalid {
+        message: String,
+        lines: Vec<LineError>,
+    },
     #[error("service unavailable: {0}")]
     Unavailable(String),
 }
@@ -77,7 +80,10 @@ impl From<SourceError> for AppError {
 impl From<IngestError> for AppError {
     fn from(e: IngestError) -> Self {
         match e {
-            IngestError::Invalid(lines) => AppError::Invalid { message: e_msg(&lines), lines },
+            IngestError::Invalid(lines) => AppError::Invalid {
+                message: e_msg(&lines),
+                lines,
+            },
             IngestError::Empty => AppError::BadRequest(IngestError::Empty.to_string()),
             IngestError::Store(e) => e.into(),
         }
@@ -98,16 +104,20 @@ impl IntoResponse for AppError {
             AppError::Invalid { message, lines } => {
                 (status, Json(json!({ "error": message, "lines": lines }))).into_response()
             }
-            AppError::Unavailable(_) => {
-                (status, Json(json!({ "error": "the store is unavailable; try again shortly" }))).into_response()
-            }
+            AppError::Unavailable(_) => (
+                status,
+                Json(json!({ "error": "the store is unavailable; try again shortly" })),
+            )
+                .into_response(),
             other => (status, Json(json!({ "error": other.to_string() }))).into_response(),
         };
         if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         }
         if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            resp.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         }
         resp
     }
@@ -138,7 +148,10 @@ impl IntoResponse for HubError {
         };
         let mut resp = (status, body).into_response();
         let h = resp.headers_mut();
-        h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
         match status {
             StatusCode::SERVICE_UNAVAILABLE => {
                 h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));

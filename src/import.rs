@@ -14,7 +14,9 @@ use md5::{Digest, Md5};
 use serde::Serialize;
 
 use crate::config::SetConfig;
-use crate::model::{ChangeType, Location, NewChange, ResourceKey, ResourceMeta, SetName, Timestamp};
+use crate::model::{
+    ChangeType, Location, NewChange, ResourceKey, ResourceMeta, SetName, Timestamp,
+};
 use crate::store::{ListPolicy, Store};
 
 #[derive(Debug, Default, Clone, Serialize, PartialEq, Eq)]
@@ -47,21 +49,37 @@ pub async fn import_dir(
         .filter(|e| e.file_type().is_file())
         .map(|e| e.into_path())
         .collect();
-    let bar = if progress { ProgressBar::new(files.len() as u64) } else { ProgressBar::hidden() };
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} files  {msg}").expect("template"));
+    let bar = if progress {
+        ProgressBar::new(files.len() as u64)
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} files  {msg}").expect("template"),
+    );
 
     let mut report = ImportReport::default();
     let mut seen: HashSet<ResourceKey> = HashSet::with_capacity(files.len());
     let mut batch = Vec::with_capacity(BATCH);
     for path in &files {
-        let rel = path.strip_prefix(dir)?.components().map(|c| c.as_os_str().to_string_lossy()).collect::<Vec<_>>().join("/");
+        let rel = path
+            .strip_prefix(dir)?
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy())
+            .collect::<Vec<_>>()
+            .join("/");
         let location = Location::rel_path(rel);
         let key = location.key(sc).map_err(anyhow::Error::msg)?;
         let meta = describe(path)?;
         report.scanned += 1;
         let change = match store.resource(&set, &key).await? {
             None => Some(ChangeType::Created),
-            Some(r) if r.meta.md5 != meta.md5 || r.meta.length != meta.length || r.meta.lastmod != meta.lastmod || r.meta.mime != meta.mime => {
+            Some(r)
+                if r.meta.md5 != meta.md5
+                    || r.meta.length != meta.length
+                    || r.meta.lastmod != meta.lastmod
+                    || r.meta.mime != meta.mime =>
+            {
                 Some(ChangeType::Updated)
             }
             Some(_) => None,
@@ -73,10 +91,18 @@ pub async fn import_dir(
             None => report.unchanged += 1,
         }
         if let Some(change) = change {
-            batch.push(NewChange { key, location, change, datetime: None, meta });
+            batch.push(NewChange {
+                key,
+                location,
+                change,
+                datetime: None,
+                meta,
+            });
         }
         if batch.len() >= BATCH {
-            store.apply(&set, std::mem::take(&mut batch), policy, Timestamp::now()).await?;
+            store
+                .apply(&set, std::mem::take(&mut batch), policy, Timestamp::now())
+                .await?;
         }
         bar.inc(1);
     }
@@ -87,7 +113,13 @@ pub async fn import_dir(
         for r in page.items {
             if r.key.0.starts_with("path:") && !seen.contains(&r.key) {
                 report.deleted += 1;
-                batch.push(NewChange { key: r.key, location: r.location, change: ChangeType::Deleted, datetime: None, meta: ResourceMeta::default() });
+                batch.push(NewChange {
+                    key: r.key,
+                    location: r.location,
+                    change: ChangeType::Deleted,
+                    datetime: None,
+                    meta: ResourceMeta::default(),
+                });
             }
         }
         match page.next {
@@ -96,7 +128,9 @@ pub async fn import_dir(
         }
     }
     for chunk in batch.chunks(BATCH) {
-        store.apply(&set, chunk.to_vec(), policy, Timestamp::now()).await?;
+        store
+            .apply(&set, chunk.to_vec(), policy, Timestamp::now())
+            .await?;
     }
     bar.finish_with_message(format!(
         "{} created, {} updated, {} deleted, {} unchanged",
@@ -107,7 +141,8 @@ pub async fn import_dir(
 
 /// md5, length, media type (by extension) and mtime (whole seconds) of one file.
 pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
-    let mut f = std::fs::File::open(path).map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let mut f = std::fs::File::open(path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
     let md = f.metadata()?;
     let mut h = Md5::new();
     let mut buf = vec![0u8; 64 * 1024];
@@ -118,11 +153,20 @@ pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
         }
         h.update(&buf[..n]);
     }
-    let mtime = md.modified()?.duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0);
+    let mtime = md
+        .modified()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0);
     Ok(ResourceMeta {
         length: Some(md.len()),
         md5: Some(crate::source::hex_digest(h.finalize())),
-        mime: Some(mime_guess::from_path(path).first_or_octet_stream().essence_str().to_string()),
+        mime: Some(
+            mime_guess::from_path(path)
+                .first_or_octet_stream()
+                .essence_str()
+                .to_string(),
+        ),
         lastmod: Some(Timestamp::from_secs(mtime)),
         ln: vec![],
     })

@@ -24,7 +24,9 @@ pub enum Framing {
 
 impl Framing {
     pub fn from_content_type(ct: Option<&str>) -> Result<Framing, String> {
-        let Some(ct) = ct else { return Ok(Framing::Ndjson) };
+        let Some(ct) = ct else {
+            return Ok(Framing::Ndjson);
+        };
         match crate::model::bare_media_type(ct).to_ascii_lowercase().as_str() {
             "application/json" => Ok(Framing::Json),
             "application/x-ndjson" | "application/ndjson" | "application/jsonl" | "application/x-jsonlines"
@@ -68,8 +70,12 @@ pub struct IngestReport {
 
 /// Parses the body into events, numbering them by line (or item).
 pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEvent)>, IngestError> {
-    let text = std::str::from_utf8(body)
-        .map_err(|e| IngestError::Invalid(vec![LineError { line: 1, reason: format!("body is not UTF-8: {e}") }]))?;
+    let text = std::str::from_utf8(body).map_err(|e| {
+        IngestError::Invalid(vec![LineError {
+            line: 1,
+            reason: format!("body is not UTF-8: {e}"),
+        }])
+    })?;
     let mut events = Vec::new();
     let mut errors = Vec::new();
     match framing {
@@ -77,8 +83,12 @@ pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEve
             if text.trim().is_empty() {
                 return Err(IngestError::Empty);
             }
-            let value: serde_json::Value = serde_json::from_str(text)
-                .map_err(|e| IngestError::Invalid(vec![LineError { line: e.line(), reason: format!("not JSON: {e}") }]))?;
+            let value: serde_json::Value = serde_json::from_str(text).map_err(|e| {
+                IngestError::Invalid(vec![LineError {
+                    line: e.line(),
+                    reason: format!("not JSON: {e}"),
+                }])
+            })?;
             let items = match value {
                 serde_json::Value::Array(items) => items,
                 v => vec![v],
@@ -86,7 +96,10 @@ pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEve
             for (i, v) in items.into_iter().enumerate() {
                 match serde_json::from_value::<ChangeEvent>(v) {
                     Ok(e) => events.push((i + 1, e)),
-                    Err(e) => errors.push(LineError { line: i + 1, reason: e.to_string() }),
+                    Err(e) => errors.push(LineError {
+                        line: i + 1,
+                        reason: e.to_string(),
+                    }),
                 }
             }
         }
@@ -97,7 +110,10 @@ pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEve
                 }
                 match serde_json::from_str::<ChangeEvent>(line) {
                     Ok(e) => events.push((i + 1, e)),
-                    Err(e) => errors.push(LineError { line: i + 1, reason: e.to_string() }),
+                    Err(e) => errors.push(LineError {
+                        line: i + 1,
+                        reason: e.to_string(),
+                    }),
                 }
             }
         }
@@ -133,10 +149,17 @@ pub async fn ingest(
     if !errors.is_empty() {
         return Err(IngestError::Invalid(errors));
     }
-    let outcome = match source.store().apply(set, changes, source.list_policy(set), Timestamp::now()).await {
+    let outcome = match source
+        .store()
+        .apply(set, changes, source.list_policy(set), Timestamp::now())
+        .await
+    {
         Ok(o) => o,
         Err(ApplyError::Rejected { index, reason }) => {
-            return Err(IngestError::Invalid(vec![LineError { line: lines[index], reason }]))
+            return Err(IngestError::Invalid(vec![LineError {
+                line: lines[index],
+                reason,
+            }]))
         }
         Err(ApplyError::Store(e)) => return Err(e.into()),
     };
@@ -149,7 +172,14 @@ pub async fn ingest(
         applied: outcome.applied.len(),
         first_id: outcome.applied.first().map(|a| a.1),
         last_id: outcome.applied.last().map(|a| a.1),
-        ignored: outcome.ignored.into_iter().map(|(i, reason)| LineError { line: lines[i], reason }).collect(),
+        ignored: outcome
+            .ignored
+            .into_iter()
+            .map(|(i, reason)| LineError {
+                line: lines[i],
+                reason,
+            })
+            .collect(),
         closed_change_lists: outcome.closed_lists,
     })
 }
@@ -161,7 +191,9 @@ mod tests {
     #[test]
     fn every_bad_line_is_numbered() {
         let body = b"{\"change\":\"created\",\"location\":{\"type\":\"rel_path\",\"value\":\"a\"}}\n\n{oops\n{\"change\":\"gone\",\"location\":{\"type\":\"rel_path\",\"value\":\"a\"}}\n";
-        let IngestError::Invalid(errs) = parse_body(body, Framing::Ndjson).unwrap_err() else { panic!() };
+        let IngestError::Invalid(errs) = parse_body(body, Framing::Ndjson).unwrap_err() else {
+            panic!()
+        };
         assert_eq!(errs.iter().map(|e| e.line).collect::<Vec<_>>(), [3, 4]);
         assert!(errs[1].reason.contains("gone"), "{:?}", errs[1]);
     }
@@ -172,7 +204,12 @@ mod tests {
         assert_eq!(parse_body(one, Framing::Json).unwrap().len(), 1);
         let arr = br#"[{"change":"deleted","location":{"type":"url","value":"http://x/a"}},{"change":"deleted","location":{"type":"url","value":"http://x/b"}}]"#;
         assert_eq!(parse_body(arr, Framing::Json).unwrap()[1].0, 2);
-        assert!(matches!(parse_body(b"  ", Framing::Json), Err(IngestError::Empty)));
-        assert!(Framing::from_content_type(Some("text/xml")).unwrap_err().contains("application/x-ndjson"));
+        assert!(matches!(
+            parse_body(b"  ", Framing::Json),
+            Err(IngestError::Empty)
+        ));
+        assert!(Framing::from_content_type(Some("text/xml"))
+            .unwrap_err()
+            .contains("application/x-ndjson"));
     }
 }

@@ -11,7 +11,11 @@ use resourcesync_hub::config::{CliOverrides, Config, DEFAULTS_TOML};
 use resourcesync_hub::{app, demo, import};
 
 #[derive(Parser)]
-#[command(name = "resourcesync-hub", version, about = "A ResourceSync source and change-notification hub")]
+#[command(
+    name = "resourcesync-hub",
+    version,
+    about = "A ResourceSync source and change-notification hub"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,14 +65,22 @@ struct Common {
 
 impl Common {
     fn overrides(&self, listen: Option<String>) -> CliOverrides {
-        CliOverrides { config_file: self.config.clone(), listen, data_dir: self.data_dir.clone(), base_url: self.base_url.clone() }
+        CliOverrides {
+            config_file: self.config.clone(),
+            listen,
+            data_dir: self.data_dir.clone(),
+            base_url: self.base_url.clone(),
+        }
     }
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
-        .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn")))
+        .with_env_filter(
+            EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn")),
+        )
         .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .init();
@@ -89,7 +101,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Admin(args) => resourcesync_hub::admin_cli::run(args).await,
-        Command::Serve { common, listen, demo: with_demo } => {
+        Command::Serve {
+            common,
+            listen,
+            demo: with_demo,
+        } => {
             let mut config = Config::load(&common.overrides(listen))?;
             let listener = tokio::net::TcpListener::bind(&config.server.listen)
                 .await
@@ -98,9 +114,20 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             if with_demo {
                 let dir = demo::prepare(&mut config)?;
                 let store = app::open_store(&config).await?;
-                let set = resourcesync_hub::model::SetName::parse(demo::DEMO_SET).map_err(anyhow::Error::msg)?;
-                let source = resourcesync_hub::source::Source::new(std::sync::Arc::new(config.clone()), store.clone());
-                let r = import::import_dir(&store, &config.set_config(demo::DEMO_SET), source.list_policy(&set), &dir, false).await?;
+                let set = resourcesync_hub::model::SetName::parse(demo::DEMO_SET)
+                    .map_err(anyhow::Error::msg)?;
+                let source = resourcesync_hub::source::Source::new(
+                    std::sync::Arc::new(config.clone()),
+                    store.clone(),
+                );
+                let r = import::import_dir(
+                    &store,
+                    &config.set_config(demo::DEMO_SET),
+                    source.list_policy(&set),
+                    &dir,
+                    false,
+                )
+                .await?;
                 tracing::info!(created = r.created, updated = r.updated, deleted = r.deleted, dir = %dir.display(), "demo set imported");
                 println!("Demo: open {}/.well-known/resourcesync", config.base_url());
             }
@@ -110,8 +137,18 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let config = Config::load(&common.overrides(None))?;
             let store = app::open_store(&config).await?;
             let name = resourcesync_hub::model::SetName::parse(&set).map_err(anyhow::Error::msg)?;
-            let source = resourcesync_hub::source::Source::new(std::sync::Arc::new(config.clone()), store.clone());
-            let report = import::import_dir(&store, &config.set_config(&set), source.list_policy(&name), &dir, std::io::stderr().is_terminal()).await?;
+            let source = resourcesync_hub::source::Source::new(
+                std::sync::Arc::new(config.clone()),
+                store.clone(),
+            );
+            let report = import::import_dir(
+                &store,
+                &config.set_config(&set),
+                source.list_policy(&name),
+                &dir,
+                std::io::stderr().is_terminal(),
+            )
+            .await?;
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }

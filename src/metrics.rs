@@ -41,18 +41,53 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("rshub");
         let deliveries = Family::<OutcomeLabel, Counter>::default();
-        registry.register("deliveries", "Delivery attempts by outcome", deliveries.clone());
-        let delivery_seconds = Histogram::new([0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
-        registry.register("delivery_seconds", "Duration of delivery attempts", delivery_seconds.clone());
+        registry.register(
+            "deliveries",
+            "Delivery attempts by outcome",
+            deliveries.clone(),
+        );
+        let delivery_seconds = Histogram::new([
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+        ]);
+        registry.register(
+            "delivery_seconds",
+            "Duration of delivery attempts",
+            delivery_seconds.clone(),
+        );
         let store_errors = Counter::default();
-        registry.register("store_errors", "Store operations that failed (503 answers, failed background writes)", store_errors.clone());
+        registry.register(
+            "store_errors",
+            "Store operations that failed (503 answers, failed background writes)",
+            store_errors.clone(),
+        );
         let queue_depth = Gauge::default();
-        registry.register("queue_depth", "Messages waiting for delivery, over all live subscriptions", queue_depth.clone());
+        registry.register(
+            "queue_depth",
+            "Messages waiting for delivery, over all live subscriptions",
+            queue_depth.clone(),
+        );
         let subscriptions = Family::<StateLabel, Gauge>::default();
-        registry.register("subscriptions", "Subscriptions by state", subscriptions.clone());
-        let poller_lag_seconds = Family::<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
-        registry.register("poller_lag_seconds", "Age of the oldest change not yet notified, per set", poller_lag_seconds.clone());
-        Metrics { registry, deliveries, delivery_seconds, store_errors, queue_depth, subscriptions, poller_lag_seconds }
+        registry.register(
+            "subscriptions",
+            "Subscriptions by state",
+            subscriptions.clone(),
+        );
+        let poller_lag_seconds =
+            Family::<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
+        registry.register(
+            "poller_lag_seconds",
+            "Age of the oldest change not yet notified, per set",
+            poller_lag_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            deliveries,
+            delivery_seconds,
+            store_errors,
+            queue_depth,
+            subscriptions,
+            poller_lag_seconds,
+        }
     }
 }
 
@@ -60,7 +95,8 @@ impl Metrics {
     /// The text exposition format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
         out
     }
 }

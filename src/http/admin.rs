@@ -16,7 +16,9 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use super::AppState;
 use crate::error::AppError;
 use crate::hub::admin::{AttemptFilter, AttemptRecord};
-use crate::hub::model::{Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic};
+use crate::hub::model::{
+    Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic,
+};
 use crate::metrics::{SetLabel, StateLabel};
 use crate::model::Timestamp;
 
@@ -36,7 +38,10 @@ impl utoipa::Modify for Bearer {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
         use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
         let components = openapi.components.get_or_insert_with(Default::default);
-        components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
     }
 }
 
@@ -46,14 +51,22 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         return Router::new().route(
             "/admin/{*rest}",
             axum::routing::any(|| async {
-                AppError::NotFound("the admin API is disabled: set admin.token (RSHUB_ADMIN_TOKEN)".into())
+                AppError::NotFound(
+                    "the admin API is disabled: set admin.token (RSHUB_ADMIN_TOKEN)".into(),
+                )
             }),
         );
     }
     Router::new()
-        .route("/admin/v1/openapi.json", get(|| async { Json(AdminApi::openapi()) }))
+        .route(
+            "/admin/v1/openapi.json",
+            get(|| async { Json(AdminApi::openapi()) }),
+        )
         .route("/admin/v1/subscriptions", get(list_subscriptions))
-        .route("/admin/v1/subscriptions/{id}", get(show_subscription).delete(delete_subscription))
+        .route(
+            "/admin/v1/subscriptions/{id}",
+            get(show_subscription).delete(delete_subscription),
+        )
         .route("/admin/v1/subscriptions/{id}/verify", post(reverify))
         .route("/admin/v1/subscriptions/{id}/retry", post(retry))
         .route("/admin/v1/topics", get(list_topics))
@@ -63,8 +76,9 @@ pub fn routes(state: &AppState) -> Router<AppState> {
 }
 
 fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {
-    let given = super::bearer_token(headers)
-        .ok_or_else(|| AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into()))?;
+    let given = super::bearer_token(headers).ok_or_else(|| {
+        AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into())
+    })?;
     if bool::from(given.as_bytes().ct_eq(st.config.admin.token.as_bytes())) {
         Ok(())
     } else {
@@ -73,12 +87,16 @@ fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, AppError> {
-    q.map(|Query(t)| t).map_err(|e| AppError::BadRequest(e.body_text()))
+    q.map(|Query(t)| t)
+        .map_err(|e| AppError::BadRequest(e.body_text()))
 }
 
 fn sub_id(p: Result<Path<String>, PathRejection>) -> Result<i64, AppError> {
     let Path(id) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
-    id.parse::<i64>().ok().filter(|n| *n > 0).ok_or_else(|| AppError::NotFound(format!("no subscription {id:?}")))
+    id.parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| AppError::NotFound(format!("no subscription {id:?}")))
 }
 
 #[derive(Serialize, ToSchema)]
@@ -147,7 +165,10 @@ fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         pending: st.pending,
         retry_attempts: s.attempts,
         next_attempt_at: s.next_attempt_at.map(ts),
-        last_success: st.last_success_at.map(|at| LastSuccess { at: ts(at), status: st.last_success_status }),
+        last_success: st.last_success_at.map(|at| LastSuccess {
+            at: ts(at),
+            status: st.last_success_status,
+        }),
         last_failure: st.last_failure_at.map(|at| LastFailure {
             at: ts(at),
             status: st.last_failure_status,
@@ -204,7 +225,9 @@ pub struct ListParams {
 fn limit(l: Option<u32>, default: u32) -> Result<usize, AppError> {
     match l.unwrap_or(default) {
         n @ 1..=1000 => Ok(n as usize),
-        n => Err(AppError::BadRequest(format!("limit {n} must lie between 1 and 1000"))),
+        n => Err(AppError::BadRequest(format!(
+            "limit {n} must lie between 1 and 1000"
+        ))),
     }
 }
 
@@ -212,13 +235,19 @@ fn limit(l: Option<u32>, default: u32) -> Result<usize, AppError> {
 /// `state=pending_verification`.
 #[utoipa::path(get, path = "/admin/v1/subscriptions", params(ListParams), responses(
     (status = 200, body = SubscriptionPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
-async fn list_subscriptions(State(st): State<AppState>, headers: HeaderMap, q: Result<Query<ListParams>, QueryRejection>) -> Result<Json<SubscriptionPage>, AppError> {
+async fn list_subscriptions(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<SubscriptionPage>, AppError> {
     authorize(&st, &headers)?;
     let p = query(q)?;
     let limit = limit(p.limit, 100)?;
     let after = match p.cursor.as_deref() {
         None | Some("") => 0,
-        Some(c) => c.parse::<i64>().map_err(|_| AppError::BadRequest(format!("cursor {c:?} is not one this API gave")))?,
+        Some(c) => c
+            .parse::<i64>()
+            .map_err(|_| AppError::BadRequest(format!("cursor {c:?} is not one this API gave")))?,
     };
     let store = st.hub.store();
     if p.state == Some(SubState::PendingVerification) {
@@ -228,12 +257,21 @@ async fn list_subscriptions(State(st): State<AppState>, headers: HeaderMap, q: R
             .into_iter()
             .filter(|i| i.mode != crate::hub::model::IntentMode::Denied && i.id > after)
             .filter(|i| p.topic.as_deref().is_none_or(|t| i.topic.as_str() == t))
-            .filter(|i| p.callback.as_deref().is_none_or(|c| i.callback.as_str().contains(c)))
+            .filter(|i| {
+                p.callback
+                    .as_deref()
+                    .is_none_or(|c| i.callback.as_str().contains(c))
+            })
             .collect();
         let more = items.len() > limit;
         items.truncate(limit);
-        let next_cursor = more.then(|| items.last().map(|i| i.id.to_string())).flatten();
-        return Ok(Json(SubscriptionPage { items: items.into_iter().map(pending_view).collect(), next_cursor }));
+        let next_cursor = more
+            .then(|| items.last().map(|i| i.id.to_string()))
+            .flatten();
+        return Ok(Json(SubscriptionPage {
+            items: items.into_iter().map(pending_view).collect(),
+            next_cursor,
+        }));
     }
     let filter = SubscriptionFilter {
         topic: p.topic,
@@ -245,18 +283,32 @@ async fn list_subscriptions(State(st): State<AppState>, headers: HeaderMap, q: R
     let mut rows = store.hub_list(filter, Timestamp::now()).await?;
     let more = rows.len() > limit;
     rows.truncate(limit);
-    let next_cursor = more.then(|| rows.last().map(|(s, _)| s.id.to_string())).flatten();
-    Ok(Json(SubscriptionPage { items: rows.into_iter().map(|(s, x)| view(s, x)).collect(), next_cursor }))
+    let next_cursor = more
+        .then(|| rows.last().map(|(s, _)| s.id.to_string()))
+        .flatten();
+    Ok(Json(SubscriptionPage {
+        items: rows.into_iter().map(|(s, x)| view(s, x)).collect(),
+        next_cursor,
+    }))
 }
 
 /// One subscription: lease, verification, whether a secret is set, counters, queue, last
 /// success and failure.
 #[utoipa::path(get, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")), responses(
     (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn show_subscription(State(st): State<AppState>, headers: HeaderMap, p: Result<Path<String>, PathRejection>) -> Result<Json<SubscriptionView>, AppError> {
+async fn show_subscription(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
     authorize(&st, &headers)?;
     let id = sub_id(p)?;
-    let (s, x) = st.hub.store().hub_detail(id, Timestamp::now()).await?.ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    let (s, x) = st
+        .hub
+        .store()
+        .hub_detail(id, Timestamp::now())
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
     Ok(Json(view(s, x)))
 }
 
@@ -281,7 +333,10 @@ async fn delete_subscription(
     authorize(&st, &headers)?;
     let id = sub_id(p)?;
     let q = query(q)?;
-    let deny = q.deny.unwrap_or(false).then(|| q.reason.unwrap_or_else(|| "the hub's administrator ended this subscription".into()));
+    let deny = q.deny.unwrap_or(false).then(|| {
+        q.reason
+            .unwrap_or_else(|| "the hub's administrator ended this subscription".into())
+    });
     if st.hub.delete_subscription(id, deny).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
@@ -297,11 +352,20 @@ pub struct Accepted {
 /// Verifies the subscriber's intent again (a renewal with its current lease and secret).
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/verify", params(("id" = String, Path, description = "Subscription id")), responses(
     (status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn reverify(State(st): State<AppState>, headers: HeaderMap, p: Result<Path<String>, PathRejection>) -> Result<(StatusCode, Json<Accepted>), AppError> {
+async fn reverify(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<(StatusCode, Json<Accepted>), AppError> {
     authorize(&st, &headers)?;
     let id = sub_id(p)?;
     if st.hub.reverify(id).await? {
-        Ok((StatusCode::ACCEPTED, Json(Accepted { message: "verification of intent sent".into() })))
+        Ok((
+            StatusCode::ACCEPTED,
+            Json(Accepted {
+                message: "verification of intent sent".into(),
+            }),
+        ))
     } else {
         Err(AppError::NotFound(format!("no subscription {id}")))
     }
@@ -317,10 +381,18 @@ pub struct Requeued {
 /// the next retry of its current one.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/retry", params(("id" = String, Path, description = "Subscription id")), responses(
     (status = 200, body = Requeued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn retry(State(st): State<AppState>, headers: HeaderMap, p: Result<Path<String>, PathRejection>) -> Result<Json<Requeued>, AppError> {
+async fn retry(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<Requeued>, AppError> {
     authorize(&st, &headers)?;
     let id = sub_id(p)?;
-    let n = st.hub.retry_now(id).await?.ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    let n = st
+        .hub
+        .retry_now(id)
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
     Ok(Json(Requeued { requeued: n }))
 }
 
@@ -334,13 +406,20 @@ pub struct TopicView {
 /// Every topic the hub knows, with subscriber counts and the last publish time.
 #[utoipa::path(get, path = "/admin/v1/topics", responses(
     (status = 200, body = Vec<TopicView>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
-async fn list_topics(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<Vec<TopicView>>, AppError> {
+async fn list_topics(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<Vec<TopicView>>, AppError> {
     authorize(&st, &headers)?;
     let topics = st.hub.store().hub_topics().await?;
     Ok(Json(
         topics
             .into_iter()
-            .map(|t| TopicView { topic: t.topic.to_string(), subscribers: t.subscribers, last_publish: t.last_publish.map(ts) })
+            .map(|t| TopicView {
+                topic: t.topic.to_string(),
+                subscribers: t.subscribers,
+                last_publish: t.last_publish.map(ts),
+            })
             .collect(),
     ))
 }
@@ -365,17 +444,28 @@ pub struct TopicPayload {
 /// A topic's latest payload.
 #[utoipa::path(get, path = "/admin/v1/topics/latest", params(TopicParams), responses(
     (status = 200, body = TopicPayload), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn latest_payload(State(st): State<AppState>, headers: HeaderMap, q: Result<Query<TopicParams>, QueryRejection>) -> Result<Json<TopicPayload>, AppError> {
+async fn latest_payload(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<TopicParams>, QueryRejection>,
+) -> Result<Json<TopicPayload>, AppError> {
     authorize(&st, &headers)?;
     let q = query(q)?;
     let topic = Topic::parse(&q.topic).map_err(AppError::BadRequest)?;
-    let info = st.hub.topic(&topic).await?.ok_or_else(|| AppError::NotFound(format!("no topic {topic}")))?;
+    let info = st
+        .hub
+        .topic(&topic)
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no topic {topic}")))?;
     Ok(Json(TopicPayload {
         topic: topic.to_string(),
         subscribers: info.subscribers,
         content_type: info.latest.as_ref().map(|m| m.content_type.clone()),
         published_at: info.latest.as_ref().map(|m| ts(m.published_at)),
-        payload: info.latest.as_ref().map(|m| String::from_utf8_lossy(&m.body).into_owned()),
+        payload: info
+            .latest
+            .as_ref()
+            .map(|m| String::from_utf8_lossy(&m.body).into_owned()),
     }))
 }
 
@@ -421,15 +511,33 @@ pub struct DeliveryParams {
 /// Recent delivery attempts (the last 10,000 since the server started), newest first.
 #[utoipa::path(get, path = "/admin/v1/deliveries", params(DeliveryParams), responses(
     (status = 200, body = Vec<AttemptView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
-async fn list_deliveries(State(st): State<AppState>, headers: HeaderMap, q: Result<Query<DeliveryParams>, QueryRejection>) -> Result<Json<Vec<AttemptView>>, AppError> {
+async fn list_deliveries(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    q: Result<Query<DeliveryParams>, QueryRejection>,
+) -> Result<Json<Vec<AttemptView>>, AppError> {
     authorize(&st, &headers)?;
     let q = query(q)?;
     let subscription_id = match q.subscription.as_deref() {
         None | Some("") => None,
-        Some(s) => Some(s.parse::<i64>().map_err(|_| AppError::BadRequest(format!("subscription {s:?} is not an id")))?),
+        Some(s) => Some(
+            s.parse::<i64>()
+                .map_err(|_| AppError::BadRequest(format!("subscription {s:?} is not an id")))?,
+        ),
     };
-    let f = AttemptFilter { subscription_id, topic: q.topic, outcome: q.outcome, limit: limit(q.limit, 100)? };
-    Ok(Json(st.hub.attempts(&f).into_iter().map(AttemptView::from).collect()))
+    let f = AttemptFilter {
+        subscription_id,
+        topic: q.topic,
+        outcome: q.outcome,
+        limit: limit(q.limit, 100)?,
+    };
+    Ok(Json(
+        st.hub
+            .attempts(&f)
+            .into_iter()
+            .map(AttemptView::from)
+            .collect(),
+    ))
 }
 
 #[derive(Serialize, ToSchema)]
@@ -467,7 +575,10 @@ pub struct StatsView {
 /// Totals by outcome, queue depth, subscriptions by state, and each set's poller position and lag.
 #[utoipa::path(get, path = "/admin/v1/stats", responses(
     (status = 200, body = StatsView), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
-async fn stats(State(st): State<AppState>, headers: HeaderMap) -> Result<Json<StatsView>, AppError> {
+async fn stats(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<StatsView>, AppError> {
     authorize(&st, &headers)?;
     Ok(Json(collect_stats(&st).await?))
 }
@@ -476,13 +587,23 @@ async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
     let store = st.hub.store();
     let now = Timestamp::now();
     let t = store.hub_totals(now).await?;
-    let attempts_by_outcome: BTreeMap<String, u64> = st.hub.attempt_counts().into_iter().map(|(k, n)| (k.to_string(), n)).collect();
+    let attempts_by_outcome: BTreeMap<String, u64> = st
+        .hub
+        .attempt_counts()
+        .into_iter()
+        .map(|(k, n)| (k.to_string(), n))
+        .collect();
     let mut pollers = Vec::new();
     if st.config.notify.enabled {
         for set in store.sets().await? {
             let state = store.notify_state(&set.name).await?;
             let oldest = match &state {
-                Some(s) => store.changes(&set.name, s.watermark, None, None, 1).await?.items.first().map(|c| c.datetime),
+                Some(s) => store
+                    .changes(&set.name, s.watermark, None, None, 1)
+                    .await?
+                    .items
+                    .first()
+                    .map(|c| c.datetime),
                 None => None,
             };
             let lag = oldest.map_or(0.0, |o| ((now.micros() - o.micros()).max(0) as f64) / 1e6);
@@ -521,15 +642,26 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
                 ("expired", s.subscriptions.expired),
                 ("pending_verification", s.subscriptions.pending_verification),
             ] {
-                m.subscriptions.get_or_create(&StateLabel { state }).set(n as i64);
+                m.subscriptions
+                    .get_or_create(&StateLabel { state })
+                    .set(n as i64);
             }
             for p in s.pollers {
-                m.poller_lag_seconds.get_or_create(&SetLabel { set: p.set }).set(p.lag_seconds);
+                m.poller_lag_seconds
+                    .get_or_create(&SetLabel { set: p.set })
+                    .set(p.lag_seconds);
             }
         }
         Err(_) => {
             m.store_errors.inc();
         }
     }
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], m.encode()).into_response()
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+        .into_response()
 }

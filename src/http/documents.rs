@@ -9,15 +9,26 @@ use crate::error::AppError;
 use crate::model::{SetName, Timestamp};
 use crate::source::DocKind;
 
-pub async fn source_description(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, AppError> {
+pub async fn source_description(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, AppError> {
     serve(&st, DocKind::SourceDescription, &headers).await
 }
 
-pub async fn capability_list(State(st): State<AppState>, Path(set): Path<String>, h: HeaderMap) -> Result<Response, AppError> {
+pub async fn capability_list(
+    State(st): State<AppState>,
+    Path(set): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
     serve(&st, DocKind::CapabilityList(set_name(&set)?), &h).await
 }
 
-pub async fn resource_list(State(st): State<AppState>, Path(set): Path<String>, h: HeaderMap) -> Result<Response, AppError> {
+pub async fn resource_list(
+    State(st): State<AppState>,
+    Path(set): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
     serve(&st, DocKind::ResourceList(set_name(&set)?), &h).await
 }
 
@@ -26,10 +37,19 @@ pub async fn resource_list_part(
     Path((set, part)): Path<(String, String)>,
     h: HeaderMap,
 ) -> Result<Response, AppError> {
-    serve(&st, DocKind::ResourceListPart(set_name(&set)?, number_xml(&part)?), &h).await
+    serve(
+        &st,
+        DocKind::ResourceListPart(set_name(&set)?, number_xml(&part)?),
+        &h,
+    )
+    .await
 }
 
-pub async fn change_list(State(st): State<AppState>, Path(set): Path<String>, h: HeaderMap) -> Result<Response, AppError> {
+pub async fn change_list(
+    State(st): State<AppState>,
+    Path(set): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
     serve(&st, DocKind::ChangeList(set_name(&set)?), &h).await
 }
 
@@ -38,7 +58,12 @@ pub async fn change_list_no(
     Path((set, no)): Path<(String, String)>,
     h: HeaderMap,
 ) -> Result<Response, AppError> {
-    serve(&st, DocKind::ChangeListNo(set_name(&set)?, number_xml(&no)?), &h).await
+    serve(
+        &st,
+        DocKind::ChangeListNo(set_name(&set)?, number_xml(&no)?),
+        &h,
+    )
+    .await
 }
 
 fn set_name(s: &str) -> Result<SetName, AppError> {
@@ -56,20 +81,35 @@ async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Resp
     let doc = st.source.document(&kind).await?;
     let last_modified = doc.last_modified.floor_secs();
     let validators = [
-        (header::ETAG, HeaderValue::from_str(&doc.etag).expect("etag is ascii")),
-        (header::LAST_MODIFIED, HeaderValue::from_str(&last_modified.to_http_date()).expect("date is ascii")),
+        (
+            header::ETAG,
+            HeaderValue::from_str(&doc.etag).expect("etag is ascii"),
+        ),
+        (
+            header::LAST_MODIFIED,
+            HeaderValue::from_str(&last_modified.to_http_date()).expect("date is ascii"),
+        ),
     ];
     if not_modified(headers, &doc.etag, last_modified) {
         return Ok((StatusCode::NOT_MODIFIED, validators).into_response());
     }
-    let ct = (header::CONTENT_TYPE, HeaderValue::from_static("application/xml"));
+    let ct = (
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/xml"),
+    );
     Ok((StatusCode::OK, validators, [ct], doc.body.clone()).into_response())
 }
 
 /// RFC 9110 §13.1: If-None-Match wins over If-Modified-Since.
 fn not_modified(headers: &HeaderMap, etag: &str, last_modified: Timestamp) -> bool {
-    if let Some(inm) = headers.get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()) {
-        return inm.split(',').map(str::trim).any(|t| t == "*" || t.trim_start_matches("W/") == etag);
+    if let Some(inm) = headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+    {
+        return inm
+            .split(',')
+            .map(str::trim)
+            .any(|t| t == "*" || t.trim_start_matches("W/") == etag);
     }
     headers
         .get(header::IF_MODIFIED_SINCE)

@@ -11,19 +11,35 @@ use super::AppState;
 use crate::hub::model::{IntentMode, Topic};
 use crate::hub::{link_targets, parse_form, HubError, HubRequest};
 
-pub async fn post_hub(State(st): State<AppState>, headers: HeaderMap, body: Bytes) -> Result<Response, HubError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+pub async fn post_hub(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HubError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let essence = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     if essence == "application/x-www-form-urlencoded" {
         let hub = &st.hub;
         return match parse_form(&body)? {
             HubRequest::Subscribe(r) => {
                 hub.request(IntentMode::Subscribe, r).await?;
-                Ok(accepted("subscription request accepted; verification of intent follows\n"))
+                Ok(accepted(
+                    "subscription request accepted; verification of intent follows\n",
+                ))
             }
             HubRequest::Unsubscribe(r) => {
                 hub.request(IntentMode::Unsubscribe, r).await?;
-                Ok(accepted("unsubscription request accepted; verification of intent follows\n"))
+                Ok(accepted(
+                    "unsubscription request accepted; verification of intent follows\n",
+                ))
             }
             HubRequest::Publish(topics) => {
                 let n = topics.len();
@@ -42,19 +58,31 @@ fn accepted(msg: &str) -> Response {
 /// ResourceSync change-notification §4.1: the notification is the body, the topic is the
 /// `rel="self"` link. Needs the publisher token.
 /// The payload is distributed with its Content-Type exactly as given.
-async fn fat_ping(st: &AppState, headers: &HeaderMap, content_type: &str, body: Bytes) -> Result<Response, HubError> {
+async fn fat_ping(
+    st: &AppState,
+    headers: &HeaderMap,
+    content_type: &str,
+    body: Bytes,
+) -> Result<Response, HubError> {
     let token = &st.config.hub.publisher_token;
     if token.is_empty() {
         return Err(HubError::Forbidden(
             "fat pings are disabled on this hub: set hub.publisher_token (RSHUB_HUB_PUBLISHER_TOKEN); subscribe/unsubscribe/publish forms need Content-Type application/x-www-form-urlencoded".into(),
         ));
     }
-    let given = super::bearer_token(headers)
-        .ok_or_else(|| HubError::Unauthorized("publishing a payload needs Authorization: Bearer <publisher token>".into()))?;
+    let given = super::bearer_token(headers).ok_or_else(|| {
+        HubError::Unauthorized(
+            "publishing a payload needs Authorization: Bearer <publisher token>".into(),
+        )
+    })?;
     if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
         return Err(HubError::Forbidden("the publisher token is wrong".into()));
     }
-    let links = headers.get_all(header::LINK).iter().filter_map(|v| v.to_str().ok()).collect::<Vec<_>>();
+    let links = headers
+        .get_all(header::LINK)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect::<Vec<_>>();
     let selfs = link_targets(links, "self");
     let [topic] = selfs.as_slice() else {
         return Err(HubError::BadRequest(format!(
@@ -64,29 +92,48 @@ async fn fat_ping(st: &AppState, headers: &HeaderMap, content_type: &str, body: 
     };
     let topic = Topic::parse(topic).map_err(HubError::BadRequest)?;
     if body.is_empty() {
-        return Err(HubError::BadRequest("the published payload is empty".into()));
+        return Err(HubError::BadRequest(
+            "the published payload is empty".into(),
+        ));
     }
     if content_type.trim().is_empty() {
-        return Err(HubError::BadRequest("a published payload needs a Content-Type (application/xml)".into()));
+        return Err(HubError::BadRequest(
+            "a published payload needs a Content-Type (application/xml)".into(),
+        ));
     }
-    let n = st.hub.publish(topic, content_type.to_string(), body).await?;
+    let n = st
+        .hub
+        .publish(topic, content_type.to_string(), body)
+        .await?;
     Ok((StatusCode::OK, format!("published to {n} subscriber(s)\n")).into_response())
 }
 
 /// GET/HEAD of a topic URI: 200, the latest payload (empty before the first), Link self + hub.
-pub async fn get_topic(State(st): State<AppState>, Path(rest): Path<String>) -> Result<Response, HubError> {
+pub async fn get_topic(
+    State(st): State<AppState>,
+    Path(rest): Path<String>,
+) -> Result<Response, HubError> {
     let hub = &st.hub;
     let raw = format!("{}/{rest}", hub.settings().topic_base);
     let topic = Topic::parse(&raw).map_err(|_| HubError::NotFound(format!("no topic at {raw}")))?;
-    let info = hub.topic(&topic).await?.ok_or_else(|| HubError::NotFound(format!("no topic at {topic}")))?;
+    let info = hub
+        .topic(&topic)
+        .await?
+        .ok_or_else(|| HubError::NotFound(format!("no topic at {topic}")))?;
     let (ct, body) = match &info.latest {
         Some(m) => (m.content_type.clone(), m.body.clone()),
         None => ("application/xml".to_string(), Bytes::new()),
     };
     let mut resp = (StatusCode::OK, body).into_response();
     let h = resp.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_str(&ct).unwrap_or(HeaderValue::from_static("application/xml")));
-    if let Ok(v) = HeaderValue::from_str(&format!("<{topic}>; rel=\"self\", <{}>; rel=\"hub\"", hub.settings().hub_url)) {
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_str(&ct).unwrap_or(HeaderValue::from_static("application/xml")),
+    );
+    if let Ok(v) = HeaderValue::from_str(&format!(
+        "<{topic}>; rel=\"self\", <{}>; rel=\"hub\"",
+        hub.settings().hub_url
+    )) {
         h.insert(header::LINK, v);
     }
     Ok(resp)

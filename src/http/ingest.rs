@@ -20,7 +20,9 @@ pub async fn post_changes(
 ) -> Result<Json<IngestReport>, AppError> {
     authorize(&st.config.ingest.token, &headers, peer)?;
     let set = SetName::parse(&set).map_err(AppError::BadRequest)?;
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok());
     let framing = Framing::from_content_type(ct).map_err(AppError::UnsupportedMediaType)?;
     let events = ingest::parse_body(&body, framing)?;
     let report = ingest::ingest(&st.source, &set, events).await?;
@@ -41,8 +43,9 @@ pub fn authorize(token: &str, headers: &HeaderMap, peer: Peer) -> Result<(), App
             "ingest has no token configured and so answers only loopback clients; set ingest.token (RSHUB_INGEST_TOKEN)".into(),
         ));
     }
-    let given = super::bearer_token(headers)
-        .ok_or_else(|| AppError::Unauthorized("ingest needs an Authorization: Bearer <token> header".into()))?;
+    let given = super::bearer_token(headers).ok_or_else(|| {
+        AppError::Unauthorized("ingest needs an Authorization: Bearer <token> header".into())
+    })?;
     if bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
         Ok(())
     } else {
@@ -65,16 +68,25 @@ mod tests {
         assert!(authorize("", &h, peer("127.0.0.1")).is_ok());
         assert!(authorize("", &h, peer("[::1]")).is_ok());
         let e = authorize("", &h, peer("192.0.2.7")).unwrap_err();
-        assert!(matches!(e, AppError::Forbidden(ref m) if m.contains("RSHUB_INGEST_TOKEN")), "{e}");
+        assert!(
+            matches!(e, AppError::Forbidden(ref m) if m.contains("RSHUB_INGEST_TOKEN")),
+            "{e}"
+        );
     }
 
     #[test]
     fn with_a_token_every_peer_needs_it() {
         let mut h = HeaderMap::new();
-        assert!(matches!(authorize("t0k", &h, peer("127.0.0.1")), Err(AppError::Unauthorized(_))));
+        assert!(matches!(
+            authorize("t0k", &h, peer("127.0.0.1")),
+            Err(AppError::Unauthorized(_))
+        ));
         h.insert(header::AUTHORIZATION, "Bearer t0k".parse().unwrap());
         assert!(authorize("t0k", &h, peer("192.0.2.7")).is_ok());
         h.insert(header::AUTHORIZATION, "Bearer t0".parse().unwrap());
-        assert!(matches!(authorize("t0k", &h, peer("127.0.0.1")), Err(AppError::Forbidden(_))));
+        assert!(matches!(
+            authorize("t0k", &h, peer("127.0.0.1")),
+            Err(AppError::Forbidden(_))
+        ));
     }
 }

@@ -37,21 +37,40 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(home))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/.well-known/resourcesync", get(documents::source_description))
-        .route("/sets/{set}/capabilitylist.xml", get(documents::capability_list))
-        .route("/sets/{set}/resourcelist.xml", get(documents::resource_list))
-        .route("/sets/{set}/resourcelist/{part}", get(documents::resource_list_part))
+        .route(
+            "/.well-known/resourcesync",
+            get(documents::source_description),
+        )
+        .route(
+            "/sets/{set}/capabilitylist.xml",
+            get(documents::capability_list),
+        )
+        .route(
+            "/sets/{set}/resourcelist.xml",
+            get(documents::resource_list),
+        )
+        .route(
+            "/sets/{set}/resourcelist/{part}",
+            get(documents::resource_list_part),
+        )
         .route("/sets/{set}/changelist.xml", get(documents::change_list))
-        .route("/sets/{set}/changelist/{no}", get(documents::change_list_no))
+        .route(
+            "/sets/{set}/changelist/{no}",
+            get(documents::change_list_no),
+        )
         .route(
             "/api/v1/resource-sets/{set}/changes",
-            post(ingest::post_changes).layer(DefaultBodyLimit::max(state.config.ingest.max_body_bytes)),
+            post(ingest::post_changes)
+                .layer(DefaultBodyLimit::max(state.config.ingest.max_body_bytes)),
         )
         .route(
             &state.config.hub.path,
             post(hub::post_hub).layer(DefaultBodyLimit::max(state.config.hub.max_body_bytes)),
         )
-        .route(&format!("{}/{{*topic}}", state.config.hub.topic_path), get(hub::get_topic))
+        .route(
+            &format!("{}/{{*topic}}", state.config.hub.topic_path),
+            get(hub::get_topic),
+        )
         .route("/metrics", get(admin::metrics))
         .merge(admin::routes(&state));
     // Resource files of sets whose url_prefix lies under our own base URL.
@@ -64,7 +83,10 @@ pub fn router(state: AppState) -> Router {
         }
     }
     app.fallback(|| async { (StatusCode::NOT_FOUND, "not found: see / for the URL map\n") })
-        .layer(axum::middleware::from_fn_with_state(state.clone(), count_unavailable))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_unavailable,
+        ))
         .layer(CompressionLayer::new())
         .layer(TraceLayer::new_for_http())
         .with_state(state)
@@ -86,9 +108,12 @@ async fn count_unavailable(
 async fn readyz(State(st): State<AppState>) -> axum::response::Response {
     match st.source.store().ping().await {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()).into_response(),
-        Err(e) => {
-            (StatusCode::SERVICE_UNAVAILABLE, [(axum::http::header::RETRY_AFTER, "5")], format!("not ready: {e}\n")).into_response()
-        }
+        Err(e) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "5")],
+            format!("not ready: {e}\n"),
+        )
+            .into_response(),
     }
 }
 
@@ -120,7 +145,13 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
             }
         }
     }
-    ([(axum::http::header::LINK, format!("<{hub_url}>; rel=\"hub\""))], s)
+    (
+        [(
+            axum::http::header::LINK,
+            format!("<{hub_url}>; rel=\"hub\""),
+        )],
+        s,
+    )
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
@@ -128,7 +159,10 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+        })
         .map(str::trim)
 }
 

@@ -38,7 +38,9 @@ pub struct AttemptFilter {
 impl Hub {
     pub(super) fn log_attempt(&self, a: AttemptRecord) {
         let m = &self.metrics;
-        m.deliveries.get_or_create(&crate::metrics::OutcomeLabel { outcome: a.outcome }).inc();
+        m.deliveries
+            .get_or_create(&crate::metrics::OutcomeLabel { outcome: a.outcome })
+            .inc();
         m.delivery_seconds.observe(a.duration_ms / 1000.0);
         let mut log = self.attempts.lock().expect("attempt log");
         if log.len() == ATTEMPT_LOG {
@@ -71,9 +73,15 @@ impl Hub {
 
     /// Removes a subscription; with `deny`, tells the subscriber with a `hub.mode=denied` GET.
     /// `false` when there is no such subscription.
-    pub async fn delete_subscription(self: &Arc<Self>, id: SubscriptionId, deny: Option<String>) -> Result<bool, StoreError> {
+    pub async fn delete_subscription(
+        self: &Arc<Self>,
+        id: SubscriptionId,
+        deny: Option<String>,
+    ) -> Result<bool, StoreError> {
         let now = Timestamp::now();
-        let Some((sub, _)) = self.store.hub_detail(id, now).await? else { return Ok(false) };
+        let Some((sub, _)) = self.store.hub_detail(id, now).await? else {
+            return Ok(false);
+        };
         {
             let mut lanes = self.lanes.lock().await;
             self.store.hub_remove_subscription(id).await?;
@@ -101,7 +109,9 @@ impl Hub {
 
     /// Verifies a subscription's intent again (as a renewal with its current lease and secret).
     pub async fn reverify(self: &Arc<Self>, id: SubscriptionId) -> Result<bool, StoreError> {
-        let Some((sub, _)) = self.store.hub_detail(id, Timestamp::now()).await? else { return Ok(false) };
+        let Some((sub, _)) = self.store.hub_detail(id, Timestamp::now()).await? else {
+            return Ok(false);
+        };
         let mut intent = Intent {
             id: 0,
             mode: IntentMode::Subscribe,
@@ -128,7 +138,9 @@ impl Hub {
                 "this process is on standby (another process holds the delivery lease): retry through the delivering process".into(),
             ));
         }
-        let Some(lane) = lanes.get(&id) else { return Ok(None) };
+        let Some(lane) = lanes.get(&id) else {
+            return Ok(None);
+        };
         let messages = self.store.hub_take_failures(id).await?;
         let n = messages.len();
         lane.retry_now(messages);

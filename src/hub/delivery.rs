@@ -13,8 +13,8 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::model::{Message, MessageId, Outcome, Subscription, Topic};
 use super::admin::AttemptRecord;
+use super::model::{Message, MessageId, Outcome, Subscription, Topic};
 use super::{random_unit, signature, Hub};
 use crate::model::Timestamp;
 use crate::store::Store;
@@ -43,7 +43,14 @@ impl Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
         // Only the head can have been in retry.
-        let mut queue: VecDeque<Job> = backlog.into_iter().map(|message| Job { message, attempts: 0, due: None }).collect();
+        let mut queue: VecDeque<Job> = backlog
+            .into_iter()
+            .map(|message| Job {
+                message,
+                attempts: 0,
+                due: None,
+            })
+            .collect();
         if let Some(head) = queue.front_mut() {
             head.attempts = sub.attempts;
             head.due = sub.next_attempt_at.map(|nb| {
@@ -51,9 +58,19 @@ impl Lane {
                 Instant::now() + Duration::from_micros(wait)
             });
         }
-        let last = queue.back().map_or(sub.cursor, |j| j.message.id.max(sub.cursor));
-        let lane = Lane { tx, topic: sub.topic.clone(), expires_at: sub.expires_at, verified_at: sub.verified_at, last, born: Instant::now() };
-        hub.tasks.spawn(run_lane(hub.clone(), sub, queue, rx).instrument(span));
+        let last = queue
+            .back()
+            .map_or(sub.cursor, |j| j.message.id.max(sub.cursor));
+        let lane = Lane {
+            tx,
+            topic: sub.topic.clone(),
+            expires_at: sub.expires_at,
+            verified_at: sub.verified_at,
+            last,
+            born: Instant::now(),
+        };
+        hub.tasks
+            .spawn(run_lane(hub.clone(), sub, queue, rx).instrument(span));
         lane
     }
 
@@ -100,26 +117,43 @@ struct Job {
 enum Attempt {
     Delivered(u16),
     Gone,
-    Failed { status: Option<u16>, error: String, retry_after: Option<Duration> },
+    Failed {
+        status: Option<u16>,
+        error: String,
+        retry_after: Option<Duration>,
+    },
 }
 
 /// Applies a lane message; `false` when the lane's handle is gone (unsubscribed).
 fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job>) -> bool {
     match msg {
-        Some(LaneMsg::Job(message)) => queue.push_back(Job { message, attempts: 0, due: None }),
+        Some(LaneMsg::Job(message)) => queue.push_back(Job {
+            message,
+            attempts: 0,
+            due: None,
+        }),
         Some(LaneMsg::Update(s)) => *sub = s,
         Some(LaneMsg::RetryNow(failed)) => {
             if let Some(head) = queue.front_mut() {
                 head.due = None;
             }
-            queue.extend(failed.into_iter().map(|message| Job { message, attempts: 0, due: None }));
+            queue.extend(failed.into_iter().map(|message| Job {
+                message,
+                attempts: 0,
+                due: None,
+            }));
         }
         None => return false,
     }
     true
 }
 
-async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>, mut rx: mpsc::UnboundedReceiver<LaneMsg>) {
+async fn run_lane(
+    hub: Arc<Hub>,
+    mut sub: Subscription,
+    mut queue: VecDeque<Job>,
+    mut rx: mpsc::UnboundedReceiver<LaneMsg>,
+) {
     // A subscription's callback never changes (a new callback is a new subscription).
     let target = target(&hub, &sub);
     loop {
@@ -152,9 +186,15 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
         let now = Timestamp::now();
         if sub.expires_at <= now {
             let through = queue.back().map_or(0, |j| j.message.id);
-            tracing::info!(skipped = queue.len(), "lease ended; queued deliveries dropped");
+            tracing::info!(
+                skipped = queue.len(),
+                "lease ended; queued deliveries dropped"
+            );
             queue.clear();
-            hub.record(Outcome::Skipped { sub: sub.id, through });
+            hub.record(Outcome::Skipped {
+                sub: sub.id,
+                through,
+            });
             continue;
         }
         let message = head.message.clone();
@@ -187,7 +227,13 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
             Attempt::Delivered(status) => {
                 record.status = Some(status);
                 hub.log_attempt(record);
-                hub.record(Outcome::Delivered { sub: sub_id, message: msg, attempts, at, status });
+                hub.record(Outcome::Delivered {
+                    sub: sub_id,
+                    message: msg,
+                    attempts,
+                    at,
+                    status,
+                });
                 queue.pop_front();
             }
             Attempt::Gone => {
@@ -197,8 +243,14 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
                 hub.remove_gone(sub.id).await;
                 return;
             }
-            Attempt::Failed { status, error, retry_after } => {
-                let wait = hub.settings.retry_delay(attempts, retry_after, random_unit());
+            Attempt::Failed {
+                status,
+                error,
+                retry_after,
+            } => {
+                let wait = hub
+                    .settings
+                    .retry_delay(attempts, retry_after, random_unit());
                 record.outcome = if wait.is_some() { "retry" } else { "failed" };
                 (record.status, record.error) = (status, Some(error.clone()));
                 hub.log_attempt(record);
@@ -206,13 +258,28 @@ async fn run_lane(hub: Arc<Hub>, mut sub: Subscription, mut queue: VecDeque<Job>
                     Some(wait) => {
                         tracing::info!(message = msg, attempts, ?status, %error, retry_in = ?wait, "delivery failed; will retry");
                         let next_at = Timestamp(at.micros() + wait.as_micros() as i64);
-                        hub.record(Outcome::Retry { sub: sub_id, message: msg, attempts, at, next_at, status, error });
+                        hub.record(Outcome::Retry {
+                            sub: sub_id,
+                            message: msg,
+                            attempts,
+                            at,
+                            next_at,
+                            status,
+                            error,
+                        });
                         job.attempts = attempts;
                         job.due = Some(Instant::now() + wait);
                     }
                     None => {
                         tracing::warn!(message = msg, attempts, ?status, %error, "delivery failed; retry schedule exhausted");
-                        hub.record(Outcome::Failed { sub: sub_id, message: msg, attempts, at, status, error });
+                        hub.record(Outcome::Failed {
+                            sub: sub_id,
+                            message: msg,
+                            attempts,
+                            at,
+                            status,
+                            error,
+                        });
                         queue.pop_front();
                     }
                 }
@@ -239,7 +306,11 @@ impl Hub {
     }
 
     /// Hands a verified subscription to its lane, starting one for a new subscription.
-    pub(super) fn lane_update(self: &Arc<Self>, sub: Subscription, lanes: &mut std::collections::HashMap<i64, Lane>) {
+    pub(super) fn lane_update(
+        self: &Arc<Self>,
+        sub: Subscription,
+        lanes: &mut std::collections::HashMap<i64, Lane>,
+    ) {
         if !self.is_delivering() {
             return; // the delivering process picks it up from the store
         }
@@ -259,24 +330,48 @@ fn target(hub: &Hub, sub: &Subscription) -> Result<url::Url, String> {
     hub.policy.check_url(&url, "callback").map(|()| url)
 }
 
-async fn deliver(hub: &Hub, sub: &Subscription, target: &Result<url::Url, String>, m: &Message) -> Attempt {
+async fn deliver(
+    hub: &Hub,
+    sub: &Subscription,
+    target: &Result<url::Url, String>,
+    m: &Message,
+) -> Attempt {
     let url = match target {
         Ok(u) => u.clone(),
-        Err(e) => return Attempt::Failed { status: None, error: e.clone(), retry_after: None },
+        Err(e) => {
+            return Attempt::Failed {
+                status: None,
+                error: e.clone(),
+                retry_after: None,
+            }
+        }
     };
     let mut req = hub
         .client
         .post(url)
         .header(CONTENT_TYPE, &m.content_type)
-        .header(LINK, format!("<{}>; rel=\"hub\", <{}>; rel=\"self\"", hub.settings.hub_url, m.topic))
+        .header(
+            LINK,
+            format!(
+                "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
+                hub.settings.hub_url, m.topic
+            ),
+        )
         .body(m.body.clone());
     if let Some(secret) = &sub.secret {
-        req = req.header("X-Hub-Signature", signature(sub.alg, secret.as_bytes(), &m.body));
+        req = req.header(
+            "X-Hub-Signature",
+            signature(sub.alg, secret.as_bytes(), &m.body),
+        );
     }
     match req.send().await {
         Ok(mut resp) => {
             let status = resp.status();
-            let retry_after = resp.headers().get(RETRY_AFTER).and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+            let retry_after = resp
+                .headers()
+                .get(RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(parse_retry_after);
             // Read (and ignore) a little of the body so the connection can be reused.
             let mut read = 0usize;
             while read < 64 * 1024 {
@@ -290,10 +385,18 @@ async fn deliver(hub: &Hub, sub: &Subscription, target: &Result<url::Url, String
             } else if status == StatusCode::GONE {
                 Attempt::Gone
             } else {
-                Attempt::Failed { status: Some(status.as_u16()), error: format!("callback answered {status}"), retry_after }
+                Attempt::Failed {
+                    status: Some(status.as_u16()),
+                    error: format!("callback answered {status}"),
+                    retry_after,
+                }
             }
         }
-        Err(e) => Attempt::Failed { status: None, error: error_chain(&e), retry_after: None },
+        Err(e) => Attempt::Failed {
+            status: None,
+            error: error_chain(&e),
+            retry_after: None,
+        },
     }
 }
 
@@ -304,7 +407,9 @@ pub fn parse_retry_after(v: &str) -> Option<Duration> {
         return Some(Duration::from_secs(secs));
     }
     let at = Timestamp::parse_http_date(v)?;
-    Some(Duration::from_micros((at.micros() - Timestamp::now().micros()).max(0) as u64))
+    Some(Duration::from_micros(
+        (at.micros() - Timestamp::now().micros()).max(0) as u64,
+    ))
 }
 
 /// An error and its sources on one line (reqwest's own message is terse).
@@ -320,8 +425,16 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 }
 
 /// GETs a topic for a thin ping: its Content-Type (kept exactly) and body.
-pub(super) async fn fetch(client: &reqwest::Client, topic: &Topic, max_bytes: usize) -> Result<(String, Bytes), String> {
-    let mut resp = client.get(topic.url()).send().await.map_err(|e| error_chain(&e))?;
+pub(super) async fn fetch(
+    client: &reqwest::Client,
+    topic: &Topic,
+    max_bytes: usize,
+) -> Result<(String, Bytes), String> {
+    let mut resp = client
+        .get(topic.url())
+        .send()
+        .await
+        .map_err(|e| error_chain(&e))?;
     if !resp.status().is_success() {
         return Err(format!("topic answered {}", resp.status()));
     }
@@ -334,7 +447,9 @@ pub(super) async fn fetch(client: &reqwest::Client, topic: &Topic, max_bytes: us
     let mut body = Vec::new();
     while let Some(chunk) = resp.chunk().await.map_err(|e| error_chain(&e))? {
         if body.len() + chunk.len() > max_bytes {
-            return Err(format!("topic body is larger than hub.max_body_bytes ({max_bytes})"));
+            return Err(format!(
+                "topic body is larger than hub.max_body_bytes ({max_bytes})"
+            ));
         }
         body.extend_from_slice(&chunk);
     }
@@ -394,9 +509,13 @@ mod tests {
     #[test]
     fn retry_after_takes_seconds_and_dates() {
         assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
-        let later = Timestamp::from_secs(Timestamp::now().micros() / 1_000_000 + 300).to_http_date();
+        let later =
+            Timestamp::from_secs(Timestamp::now().micros() / 1_000_000 + 300).to_http_date();
         let d = parse_retry_after(&later).unwrap();
-        assert!(d > Duration::from_secs(290) && d <= Duration::from_secs(300), "{d:?}");
+        assert!(
+            d > Duration::from_secs(290) && d <= Duration::from_secs(300),
+            "{d:?}"
+        );
         assert_eq!(parse_retry_after("soon"), None);
     }
 }

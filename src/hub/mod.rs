@@ -9,8 +9,8 @@
 //! set of subscriptions, so lanes receive deliveries in publish order.
 
 pub mod admin;
-pub mod model;
 mod delivery;
+pub mod model;
 mod policy;
 mod request;
 mod signature;
@@ -89,7 +89,11 @@ impl HubSettings {
             lease_min: h.lease_min_secs,
             lease_max: h.lease_max_secs,
             topic_prefixes: h.topic_prefixes.clone(),
-            retry_schedule: h.retry_schedule_secs.iter().map(|s| Duration::from_secs(*s)).collect(),
+            retry_schedule: h
+                .retry_schedule_secs
+                .iter()
+                .map(|s| Duration::from_secs(*s))
+                .collect(),
             retry_jitter: h.retry_jitter,
             max_retry_after: Duration::from_secs(h.max_retry_after_secs),
             request_timeout: Duration::from_secs(h.request_timeout_secs),
@@ -102,7 +106,9 @@ impl HubSettings {
 
     /// The lease granted for a requested one: the default when none, else clamped.
     pub fn lease(&self, requested: Option<u64>) -> u64 {
-        requested.unwrap_or(self.lease_default).clamp(self.lease_min, self.lease_max)
+        requested
+            .unwrap_or(self.lease_default)
+            .clamp(self.lease_min, self.lease_max)
     }
 
     /// Whether the topic is one this hub serves itself.
@@ -115,7 +121,11 @@ impl HubSettings {
         if self.topic_prefixes.is_empty() || self.is_own_topic(topic) {
             return None;
         }
-        if self.topic_prefixes.iter().any(|p| topic.as_str().starts_with(p.as_str())) {
+        if self
+            .topic_prefixes
+            .iter()
+            .any(|p| topic.as_str().starts_with(p.as_str()))
+        {
             return None;
         }
         Some("this hub does not relay that topic".into())
@@ -124,7 +134,12 @@ impl HubSettings {
     /// The wait before retry number `attempt` (1-based), stretched by `random` in [0, 1)
     /// through the jitter, and at least the subscriber's `Retry-After` (capped). `None` when
     /// the schedule is exhausted.
-    pub fn retry_delay(&self, attempt: u32, retry_after: Option<Duration>, random: f64) -> Option<Duration> {
+    pub fn retry_delay(
+        &self,
+        attempt: u32,
+        retry_after: Option<Duration>,
+        random: f64,
+    ) -> Option<Duration> {
         let base = *self.retry_schedule.get(attempt.checked_sub(1)? as usize)?;
         let factor = 1.0 + self.retry_jitter * (2.0 * random - 1.0);
         let wait = base.mul_f64(factor.max(0.0));
@@ -157,7 +172,10 @@ struct RateLimiter {
 
 impl RateLimiter {
     fn new(per_minute: u32) -> RateLimiter {
-        RateLimiter { per_minute, windows: Mutex::new(LruCache::new(NonZeroUsize::new(100_000).expect("nonzero"))) }
+        RateLimiter {
+            per_minute,
+            windows: Mutex::new(LruCache::new(NonZeroUsize::new(100_000).expect("nonzero"))),
+        }
     }
 
     /// Counts a request; `Err(seconds until the window ends)` when over the limit.
@@ -169,7 +187,9 @@ impl RateLimiter {
             *entry = (now, 0);
         }
         if entry.1 >= self.per_minute {
-            return Err(60u64.saturating_sub(now.duration_since(entry.0).as_secs()).max(1));
+            return Err(60u64
+                .saturating_sub(now.duration_since(entry.0).as_secs())
+                .max(1));
         }
         entry.1 += 1;
         Ok(())
@@ -214,8 +234,14 @@ impl Hub {
         let settings = HubSettings::from_config(config);
         let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks));
         let client = reqwest::Client::builder()
-            .user_agent(concat!("resourcesync-hub/", env!("CARGO_PKG_VERSION"), " (WebSub hub)"))
-            .dns_resolver(Arc::new(policy::SafeResolver { policy: policy.clone() }))
+            .user_agent(concat!(
+                "resourcesync-hub/",
+                env!("CARGO_PKG_VERSION"),
+                " (WebSub hub)"
+            ))
+            .dns_resolver(Arc::new(policy::SafeResolver {
+                policy: policy.clone(),
+            }))
             .redirect(reqwest::redirect::Policy::none())
             .no_proxy()
             .no_gzip()
@@ -226,7 +252,12 @@ impl Hub {
         let (tx, rx) = mpsc::unbounded_channel();
         let writer_stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
-        let writer = tokio::spawn(delivery::run_writer(store.clone(), rx, writer_stop.clone(), metrics.clone()));
+        let writer = tokio::spawn(delivery::run_writer(
+            store.clone(),
+            rx,
+            writer_stop.clone(),
+            metrics.clone(),
+        ));
         let hub = Arc::new(Hub {
             permits: Arc::new(Semaphore::new(settings.max_concurrent)),
             limiter: RateLimiter::new(settings.requests_per_minute),
@@ -247,7 +278,8 @@ impl Hub {
         });
         if hub.store.is_shared() {
             let leader = hub.clone();
-            hub.tasks.spawn(async move { leader.run_leadership().await });
+            hub.tasks
+                .spawn(async move { leader.run_leadership().await });
         } else {
             hub.delivering.store(true, Ordering::SeqCst);
             hub.restore(None).await?;
@@ -264,7 +296,10 @@ impl Hub {
 
     /// Starts lanes for every subscription and redoes verifications (on a shared store, only
     /// those older than `intents_older_than`: younger ones are under way in another process).
-    async fn restore(self: &Arc<Self>, intents_older_than: Option<Duration>) -> Result<(), StoreError> {
+    async fn restore(
+        self: &Arc<Self>,
+        intents_older_than: Option<Duration>,
+    ) -> Result<(), StoreError> {
         let subs = self.store.hub_subscriptions().await?;
         let mut backlog = self.store.hub_backlog().await?;
         let queued: usize = backlog.values().map(Vec::len).sum();
@@ -305,7 +340,11 @@ impl Hub {
                 _ = tick.tick() => {}
             }
             if last_renewal.is_none_or(|t| t.elapsed() >= RENEW_EVERY) || !self.is_delivering() {
-                match self.store.lease(DELIVERY_LEASE, &self.owner, LEASE_SECS).await {
+                match self
+                    .store
+                    .lease(DELIVERY_LEASE, &self.owner, LEASE_SECS)
+                    .await
+                {
                     Ok(true) => {
                         last_renewal = Some(Instant::now());
                         if !self.is_delivering() {
@@ -315,7 +354,9 @@ impl Hub {
                     Ok(false) => {
                         last_renewal = None;
                         if self.is_delivering() {
-                            tracing::warn!("the delivery lease passed to another process: standing by");
+                            tracing::warn!(
+                                "the delivery lease passed to another process: standing by"
+                            );
                             self.stand_down().await;
                         }
                     }
@@ -323,7 +364,11 @@ impl Hub {
                         self.metrics.store_errors.inc();
                         tracing::warn!(error = %e, "renewing the delivery lease failed");
                         // Stop before another process may have taken over.
-                        if self.is_delivering() && last_renewal.is_none_or(|t| t.elapsed() >= Duration::from_secs(LEASE_SECS) - 2 * RENEW_EVERY) {
+                        if self.is_delivering()
+                            && last_renewal.is_none_or(|t| {
+                                t.elapsed() >= Duration::from_secs(LEASE_SECS) - 2 * RENEW_EVERY
+                            })
+                        {
                             tracing::warn!("delivery lease about to lapse: standing by");
                             self.stand_down().await;
                         }
@@ -401,11 +446,19 @@ impl Hub {
 
     /// Handles a subscribe or unsubscribe request: checks it, records the intent and starts
     /// verification (or a denial) in the background. The caller answers 202.
-    pub async fn request(self: &Arc<Self>, mode: IntentMode, req: SubscribeRequest) -> Result<(), HubError> {
+    pub async fn request(
+        self: &Arc<Self>,
+        mode: IntentMode,
+        req: SubscribeRequest,
+    ) -> Result<(), HubError> {
         let cb_url = req.callback.url();
-        self.policy.check_url(&cb_url, "hub.callback").map_err(HubError::BadRequest)?;
+        self.policy
+            .check_url(&cb_url, "hub.callback")
+            .map_err(HubError::BadRequest)?;
         if !self.settings.is_own_topic(&req.topic) {
-            self.policy.check_url(&req.topic.url(), "hub.topic").map_err(HubError::BadRequest)?;
+            self.policy
+                .check_url(&req.topic.url(), "hub.topic")
+                .map_err(HubError::BadRequest)?;
         }
         if let Err(wait) = self.limiter.check(req.callback.as_str()) {
             return Err(HubError::TooManyRequests(format!(
@@ -420,7 +473,11 @@ impl Hub {
             id: 0,
             mode,
             lease_secs: self.settings.lease(req.lease_seconds),
-            alg: if req.legacy { SignatureAlg::Sha1 } else { self.settings.alg },
+            alg: if req.legacy {
+                SignatureAlg::Sha1
+            } else {
+                self.settings.alg
+            },
             topic: req.topic,
             callback: req.callback,
             secret: req.secret,
@@ -446,8 +503,15 @@ impl Hub {
 
     /// Publishes a payload to a topic: appends it to the log as the topic's latest and hands
     /// it, in order, to every subscription whose lease has not ended. Returns how many.
-    pub async fn publish(&self, topic: Topic, content_type: String, body: Bytes) -> Result<usize, StoreError> {
-        let counts = self.publish_all(vec![(topic, content_type, body)], None).await?;
+    pub async fn publish(
+        &self,
+        topic: Topic,
+        content_type: String,
+        body: Bytes,
+    ) -> Result<usize, StoreError> {
+        let counts = self
+            .publish_all(vec![(topic, content_type, body)], None)
+            .await?;
         Ok(counts[0])
     }
 
@@ -484,18 +548,28 @@ impl Hub {
     /// log too: lanes take every message after what they have from the log, in number order,
     /// so one published here never overtakes an older one published elsewhere. Returns how
     /// many lanes took each of `messages`.
-    async fn catch_up(&self, lanes: &mut HashMap<SubscriptionId, Lane>, messages: &[model::Message], now: Timestamp) -> Result<Vec<usize>, StoreError> {
+    async fn catch_up(
+        &self,
+        lanes: &mut HashMap<SubscriptionId, Lane>,
+        messages: &[model::Message],
+        now: Timestamp,
+    ) -> Result<Vec<usize>, StoreError> {
         let backlog = self.store.hub_backlog().await?;
         let mut taken: HashMap<model::MessageId, usize> = HashMap::new();
         for (id, queue) in backlog {
-            let Some(lane) = lanes.get_mut(&id) else { continue };
+            let Some(lane) = lanes.get_mut(&id) else {
+                continue;
+            };
             for m in queue {
                 if lane.wants(&m.topic, now) && lane.push(m.clone()) {
                     *taken.entry(m.id).or_default() += 1;
                 }
             }
         }
-        Ok(messages.iter().map(|m| taken.get(&m.id).copied().unwrap_or(0)).collect())
+        Ok(messages
+            .iter()
+            .map(|m| taken.get(&m.id).copied().unwrap_or(0))
+            .collect())
     }
 
     /// A WebSub ping: fetches each topic that has subscribers, in the background, and
@@ -503,7 +577,9 @@ impl Hub {
     pub fn ping(self: &Arc<Self>, topics: Vec<Topic>) -> Result<(), HubError> {
         for t in &topics {
             if !self.settings.is_own_topic(t) {
-                self.policy.check_url(&t.url(), "hub.topic").map_err(HubError::BadRequest)?;
+                self.policy
+                    .check_url(&t.url(), "hub.topic")
+                    .map_err(HubError::BadRequest)?;
             }
         }
         for topic in topics {
@@ -553,7 +629,11 @@ impl Hub {
     async fn run_pruner(&self) {
         loop {
             let before = Timestamp::now().micros() - self.settings.history.as_micros() as i64;
-            match self.store.hub_prune(Timestamp(before), Timestamp::now()).await {
+            match self
+                .store
+                .hub_prune(Timestamp(before), Timestamp::now())
+                .await
+            {
                 Ok(n) if n > 0 => tracing::info!(removed = n, "old messages pruned"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!(error = %e, "pruning deliveries failed"),

@@ -178,13 +178,37 @@ pub struct Message {
 #[derive(Debug, Clone)]
 pub enum Outcome {
     /// `attempts` counts this one.
-    Delivered { sub: SubscriptionId, message: MessageId, attempts: u32, at: Timestamp, status: u16 },
+    Delivered {
+        sub: SubscriptionId,
+        message: MessageId,
+        attempts: u32,
+        at: Timestamp,
+        status: u16,
+    },
     /// Failed; will be tried again at `next_at`.
-    Retry { sub: SubscriptionId, message: MessageId, attempts: u32, at: Timestamp, next_at: Timestamp, status: Option<u16>, error: String },
+    Retry {
+        sub: SubscriptionId,
+        message: MessageId,
+        attempts: u32,
+        at: Timestamp,
+        next_at: Timestamp,
+        status: Option<u16>,
+        error: String,
+    },
     /// Failed and the retry schedule is exhausted: recorded as a failed delivery, queue moves on.
-    Failed { sub: SubscriptionId, message: MessageId, attempts: u32, at: Timestamp, status: Option<u16>, error: String },
+    Failed {
+        sub: SubscriptionId,
+        message: MessageId,
+        attempts: u32,
+        at: Timestamp,
+        status: Option<u16>,
+        error: String,
+    },
     /// Not attempted: the lease had ended when these (up to `through`) were due.
-    Skipped { sub: SubscriptionId, through: MessageId },
+    Skipped {
+        sub: SubscriptionId,
+        through: MessageId,
+    },
 }
 
 /// How a verification ended.

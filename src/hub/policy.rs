@@ -19,7 +19,9 @@ pub struct AddressPolicy {
 impl AddressPolicy {
     /// `allow` holds CIDR networks; configuration validation has checked them.
     pub fn new(allow: &[String]) -> AddressPolicy {
-        AddressPolicy { allow: allow.iter().filter_map(|n| n.parse().ok()).collect() }
+        AddressPolicy {
+            allow: allow.iter().filter_map(|n| n.parse().ok()).collect(),
+        }
     }
 
     /// Whether the hub may open a connection to `ip`.
@@ -112,8 +114,13 @@ impl Resolve for SafeResolver {
         let policy = self.policy.clone();
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let found: Vec<SocketAddr> = tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
-            let ok: Vec<SocketAddr> = found.iter().copied().filter(|a| policy.permits(a.ip())).collect();
+            let found: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let ok: Vec<SocketAddr> = found
+                .iter()
+                .copied()
+                .filter(|a| policy.permits(a.ip()))
+                .collect();
             if ok.is_empty() {
                 let msg = if found.is_empty() {
                     format!("{host} does not resolve")
@@ -140,12 +147,27 @@ mod tests {
     fn internal_addresses_are_refused_unless_allowed() {
         let p = AddressPolicy::default();
         for a in [
-            "127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "100.100.100.200", "0.0.0.0",
-            "::1", "fd00:ec2::254", "fe80::1", "::ffff:127.0.0.1", "64:ff9b::a00:1", "255.255.255.255",
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.100.100.200",
+            "0.0.0.0",
+            "::1",
+            "fd00:ec2::254",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::a00:1",
+            "255.255.255.255",
         ] {
             assert!(!p.permits(ip(a)), "{a} should be refused");
         }
-        for a in ["93.184.216.34", "2606:2800:220:1:248:1893:25c8:1946", "8.8.8.8"] {
+        for a in [
+            "93.184.216.34",
+            "2606:2800:220:1:248:1893:25c8:1946",
+            "8.8.8.8",
+        ] {
             assert!(p.permits(ip(a)), "{a} should be allowed");
         }
         let p = AddressPolicy::new(&["127.0.0.0/8".into(), "::1/128".into()]);
@@ -157,11 +179,18 @@ mod tests {
     fn url_checks_cover_literals_localhost_and_schemes() {
         let p = AddressPolicy::default();
         let check = |u: &str| p.check_url(&Url::parse(u).unwrap(), "callback");
-        assert!(check("http://127.0.0.1:9/cb").unwrap_err().contains("loopback"));
+        assert!(check("http://127.0.0.1:9/cb")
+            .unwrap_err()
+            .contains("loopback"));
         assert!(check("http://[::1]/cb").is_err());
         assert!(check("http://LOCALHOST./cb").is_err());
         assert!(check("http://169.254.169.254/latest/meta-data").is_err());
-        assert!(check("ftp://example.org/cb").unwrap_err().contains("http or https"));
-        assert!(check("https://example.org/cb?x=1").is_ok(), "names are checked when resolved");
+        assert!(check("ftp://example.org/cb")
+            .unwrap_err()
+            .contains("http or https"));
+        assert!(
+            check("https://example.org/cb?x=1").is_ok(),
+            "names are checked when resolved"
+        );
     }
 }

@@ -45,47 +45,72 @@ pub fn parse_form(body: &[u8]) -> Result<HubRequest, HubError> {
         let mut it = pairs.iter().filter(|(k, _)| k == name);
         let first = it.next().map(|(_, v)| v.as_str());
         if it.next().is_some() {
-            return Err(HubError::BadRequest(format!("{name} is given more than once")));
+            return Err(HubError::BadRequest(format!(
+                "{name} is given more than once"
+            )));
         }
         Ok(first)
     };
-    let mode = one("hub.mode")?
-        .ok_or_else(|| HubError::BadRequest("hub.mode is required: subscribe, unsubscribe or publish".into()))?;
+    let mode = one("hub.mode")?.ok_or_else(|| {
+        HubError::BadRequest("hub.mode is required: subscribe, unsubscribe or publish".into())
+    })?;
     match mode {
         "subscribe" | "unsubscribe" => {
-            let topic = one("hub.topic")?.ok_or_else(|| HubError::BadRequest("hub.topic is required".into()))?;
-            let callback =
-                one("hub.callback")?.ok_or_else(|| HubError::BadRequest("hub.callback is required".into()))?;
+            let topic = one("hub.topic")?
+                .ok_or_else(|| HubError::BadRequest("hub.topic is required".into()))?;
+            let callback = one("hub.callback")?
+                .ok_or_else(|| HubError::BadRequest("hub.callback is required".into()))?;
             let topic = Topic::parse(topic).map_err(HubError::BadRequest)?;
             let callback = Callback::parse(callback).map_err(HubError::BadRequest)?;
             let lease_seconds = match one("hub.lease_seconds")? {
                 None | Some("") => None,
-                Some(v) => Some(v.trim().parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(|| {
-                    HubError::BadRequest(format!("hub.lease_seconds {v:?} is not a positive whole number"))
-                })?),
+                Some(v) => Some(v.trim().parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(
+                    || {
+                        HubError::BadRequest(format!(
+                            "hub.lease_seconds {v:?} is not a positive whole number"
+                        ))
+                    },
+                )?),
             };
-            let secret = one("hub.secret")?.filter(|s| !s.is_empty()).map(str::to_string);
+            let secret = one("hub.secret")?
+                .filter(|s| !s.is_empty())
+                .map(str::to_string);
             if secret.as_ref().is_some_and(|s| s.len() > MAX_SECRET_BYTES) {
-                return Err(HubError::BadRequest("hub.secret must be less than 200 bytes".into()));
+                return Err(HubError::BadRequest(
+                    "hub.secret must be less than 200 bytes".into(),
+                ));
             }
             let req = SubscribeRequest {
                 topic,
                 callback,
                 // "MUST be ignored by the hub" for unsubscription requests.
-                lease_seconds: if mode == "subscribe" { lease_seconds } else { None },
+                lease_seconds: if mode == "subscribe" {
+                    lease_seconds
+                } else {
+                    None
+                },
                 secret,
                 legacy: pairs.iter().any(|(k, _)| k == "hub.verify"),
                 verify_token: one("hub.verify_token")?.map(str::to_string),
             };
-            Ok(if mode == "subscribe" { HubRequest::Subscribe(req) } else { HubRequest::Unsubscribe(req) })
+            Ok(if mode == "subscribe" {
+                HubRequest::Subscribe(req)
+            } else {
+                HubRequest::Unsubscribe(req)
+            })
         }
         "publish" => {
             let mut topics = Vec::new();
-            for (_, v) in pairs.iter().filter(|(k, _)| k == "hub.topic" || k == "hub.url") {
+            for (_, v) in pairs
+                .iter()
+                .filter(|(k, _)| k == "hub.topic" || k == "hub.url")
+            {
                 topics.push(Topic::parse(v).map_err(HubError::BadRequest)?);
             }
             if topics.is_empty() {
-                return Err(HubError::BadRequest("hub.mode=publish needs hub.topic or hub.url".into()));
+                return Err(HubError::BadRequest(
+                    "hub.mode=publish needs hub.topic or hub.url".into(),
+                ));
             }
             topics.dedup();
             Ok(HubRequest::Publish(topics))
@@ -102,7 +127,9 @@ pub fn link_targets<'a>(values: impl IntoIterator<Item = &'a str>, rel: &str) ->
     for value in values {
         let mut rest = value;
         while let Some(start) = rest.find('<') {
-            let Some(end) = rest[start..].find('>') else { break };
+            let Some(end) = rest[start..].find('>') else {
+                break;
+            };
             let target = rest[start + 1..start + end].trim().to_string();
             let after = &rest[start + end + 1..];
             // Parameters run up to the next link (a comma outside quotes followed by '<').
@@ -121,9 +148,14 @@ pub fn link_targets<'a>(values: impl IntoIterator<Item = &'a str>, rel: &str) ->
             let params = &after[..params_end];
             let has_rel = params.split(';').any(|p| {
                 let p = p.trim();
-                let Some((k, v)) = p.split_once('=') else { return false };
+                let Some((k, v)) = p.split_once('=') else {
+                    return false;
+                };
                 k.trim().eq_ignore_ascii_case("rel")
-                    && v.trim().trim_matches('"').split_ascii_whitespace().any(|r| r.eq_ignore_ascii_case(rel))
+                    && v.trim()
+                        .trim_matches('"')
+                        .split_ascii_whitespace()
+                        .any(|r| r.eq_ignore_ascii_case(rel))
             });
             if has_rel {
                 out.push(target);
@@ -145,7 +177,9 @@ mod tests {
     #[test]
     fn subscribe_forms_parse_and_unknown_parameters_are_ignored() {
         let r = form("hub.mode=subscribe&hub.topic=http%3A%2F%2Fexample.com%2Ft&hub.callback=https%3A%2F%2Fd.example%2Fcb%3Fa%3D1&hub.lease_seconds=3600&hub.secret=s3&x=y").unwrap();
-        let HubRequest::Subscribe(s) = r else { panic!("{r:?}") };
+        let HubRequest::Subscribe(s) = r else {
+            panic!("{r:?}")
+        };
         assert_eq!(s.topic.as_str(), "http://example.com/t");
         assert_eq!(s.callback.as_str(), "https://d.example/cb?a=1");
         assert_eq!(s.lease_seconds, Some(3600));
@@ -167,32 +201,58 @@ mod tests {
             other => panic!("{s}: {other:?}"),
         };
         assert!(msg("hub.topic=http://e/t").contains("hub.mode is required"));
-        assert!(msg("hub.mode=subscribe&hub.callback=http://d/cb").contains("hub.topic is required"));
+        assert!(
+            msg("hub.mode=subscribe&hub.callback=http://d/cb").contains("hub.topic is required")
+        );
         assert!(msg("hub.mode=subscribe&hub.topic=http://e/t").contains("hub.callback is required"));
-        assert!(msg("hub.mode=subscribe&hub.topic=http://e/t&hub.callback=ftp://d/cb").contains("http or https"));
-        assert!(msg("hub.mode=subscribe&hub.topic=nope&hub.callback=http://d/cb").contains("not a URL"));
-        assert!(msg("hub.mode=subscribe&hub.topic=http://e/t&hub.callback=http://d/cb&hub.lease_seconds=-5").contains("positive"));
+        assert!(
+            msg("hub.mode=subscribe&hub.topic=http://e/t&hub.callback=ftp://d/cb")
+                .contains("http or https")
+        );
+        assert!(
+            msg("hub.mode=subscribe&hub.topic=nope&hub.callback=http://d/cb").contains("not a URL")
+        );
+        assert!(msg(
+            "hub.mode=subscribe&hub.topic=http://e/t&hub.callback=http://d/cb&hub.lease_seconds=-5"
+        )
+        .contains("positive"));
         let long = "a".repeat(200);
-        assert!(msg(&format!("hub.mode=subscribe&hub.topic=http://e/t&hub.callback=http://d/cb&hub.secret={long}")).contains("200 bytes"));
+        assert!(msg(&format!(
+            "hub.mode=subscribe&hub.topic=http://e/t&hub.callback=http://d/cb&hub.secret={long}"
+        ))
+        .contains("200 bytes"));
         assert!(msg("hub.mode=fetch").contains("not one of"));
         assert!(msg("hub.mode=publish").contains("needs hub.topic or hub.url"));
     }
 
     #[test]
     fn publish_takes_topics_and_urls_repeatedly() {
-        let r = form("hub.mode=publish&hub.url=http://e/a&hub.topic=http://e/b&hub.url=http://e/c").unwrap();
+        let r = form("hub.mode=publish&hub.url=http://e/a&hub.topic=http://e/b&hub.url=http://e/c")
+            .unwrap();
         let HubRequest::Publish(t) = r else { panic!() };
-        assert_eq!(t.iter().map(|t| t.as_str()).collect::<Vec<_>>(), ["http://e/a", "http://e/b", "http://e/c"]);
+        assert_eq!(
+            t.iter().map(|t| t.as_str()).collect::<Vec<_>>(),
+            ["http://e/a", "http://e/b", "http://e/c"]
+        );
     }
 
     #[test]
     fn link_headers_in_the_forms_publishers_send() {
         let v = r#"<http://example.com/dataset1/change/> ; rel="self",
  <http://hub.example.org/websub/> ; rel="hub", <http://www.example.com/dataset1/capabilitylist.xml> ; rel="resourcesync""#;
-        assert_eq!(link_targets([v], "self"), ["http://example.com/dataset1/change/"]);
+        assert_eq!(
+            link_targets([v], "self"),
+            ["http://example.com/dataset1/change/"]
+        );
         assert_eq!(link_targets([v], "hub"), ["http://hub.example.org/websub/"]);
-        assert_eq!(link_targets(["<http://a/>; rel=\"hub self\""], "self"), ["http://a/"]);
-        assert_eq!(link_targets(["<http://a/>; rel=self", "<http://b/>; rel=hub"], "hub"), ["http://b/"]);
+        assert_eq!(
+            link_targets(["<http://a/>; rel=\"hub self\""], "self"),
+            ["http://a/"]
+        );
+        assert_eq!(
+            link_targets(["<http://a/>; rel=self", "<http://b/>; rel=hub"], "hub"),
+            ["http://b/"]
+        );
         assert!(link_targets(["<http://a/>; title=\"x, <y>\"; rel=hub"], "self").is_empty());
     }
 }

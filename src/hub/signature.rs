@@ -43,7 +43,8 @@ impl std::fmt::Display for SignatureAlg {
 
 macro_rules! hmac_hex {
     ($digest:ty, $secret:expr, $body:expr) => {{
-        let mut mac = <Hmac<$digest> as KeyInit>::new_from_slice($secret).expect("HMAC takes keys of any length");
+        let mut mac = <Hmac<$digest> as KeyInit>::new_from_slice($secret)
+            .expect("HMAC takes keys of any length");
         mac.update($body);
         hex_digest(mac.finalize().into_bytes())
     }};
@@ -67,8 +68,14 @@ mod tests {
     /// RFC 2202 / RFC 4231 test case 2 (key "Jefe").
     #[test]
     fn known_answers_for_every_algorithm() {
-        let (key, data) = (b"Jefe".as_slice(), b"what do ya want for nothing?".as_slice());
-        assert_eq!(signature(SignatureAlg::Sha1, key, data), "sha1=effcdf6ae5eb2fa2d27416d5f184df9c259a7c79");
+        let (key, data) = (
+            b"Jefe".as_slice(),
+            b"what do ya want for nothing?".as_slice(),
+        );
+        assert_eq!(
+            signature(SignatureAlg::Sha1, key, data),
+            "sha1=effcdf6ae5eb2fa2d27416d5f184df9c259a7c79"
+        );
         assert_eq!(
             signature(SignatureAlg::Sha256, key, data),
             "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
@@ -85,7 +92,12 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for a in [SignatureAlg::Sha1, SignatureAlg::Sha256, SignatureAlg::Sha384, SignatureAlg::Sha512] {
+        for a in [
+            SignatureAlg::Sha1,
+            SignatureAlg::Sha256,
+            SignatureAlg::Sha384,
+            SignatureAlg::Sha512,
+        ] {
             assert_eq!(SignatureAlg::parse(a.as_str()), Some(a));
         }
         assert_eq!(SignatureAlg::parse("md5"), None);

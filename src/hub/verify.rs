@@ -71,10 +71,17 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         }
     }
     let sent_at = Timestamp::now();
-    let resp = hub.client.get(url).send().await.map_err(|e| format!("callback unreachable: {}", error_chain(&e)));
+    let resp = hub
+        .client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("callback unreachable: {}", error_chain(&e)));
     if intent.mode == IntentMode::Denied {
         match resp {
-            Ok(r) => tracing::info!(status = r.status().as_u16(), reason = ?intent.reason, "denial sent"),
+            Ok(r) => {
+                tracing::info!(status = r.status().as_u16(), reason = ?intent.reason, "denial sent")
+            }
             Err(e) => tracing::info!(error = %e, "denial could not be sent"),
         }
         return Ok(Resolution::Dropped);
@@ -95,7 +102,9 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         return Err("callback's answer is not the challenge".into());
     }
     Ok(match intent.mode {
-        IntentMode::Subscribe => Resolution::Subscribed { verified_at: sent_at },
+        IntentMode::Subscribe => Resolution::Subscribed {
+            verified_at: sent_at,
+        },
         _ => Resolution::Unsubscribed,
     })
 }

@@ -68,19 +68,26 @@ const PATH: &AsciiSet = &CONTROLS
 
 impl Location {
     pub fn url(value: impl Into<String>) -> Location {
-        Location { kind: LocationType::Url, value: value.into() }
+        Location {
+            kind: LocationType::Url,
+            value: value.into(),
+        }
     }
 
     pub fn rel_path(value: impl Into<String>) -> Location {
-        Location { kind: LocationType::RelPath, value: value.into() }
+        Location {
+            kind: LocationType::RelPath,
+            value: value.into(),
+        }
     }
 
     /// Validates the location against the set's configuration and returns its identity.
     pub fn key(&self, set: &SetConfig) -> Result<ResourceKey, String> {
         match self.kind {
             LocationType::Url => {
-                let u = url::Url::parse(&self.value)
-                    .map_err(|e| format!("url location {:?} is not an absolute URL: {e}", self.value))?;
+                let u = url::Url::parse(&self.value).map_err(|e| {
+                    format!("url location {:?} is not an absolute URL: {e}", self.value)
+                })?;
                 if u.scheme() != "http" && u.scheme() != "https" {
                     return Err(format!("url location {:?} is not http(s)", self.value));
                 }
@@ -93,8 +100,9 @@ impl Location {
                         self.value
                     ));
                 }
-                let rel = normalize_rel(&self.value)
-                    .ok_or_else(|| format!("rel_path {:?} climbs out of the set with '..'", self.value))?;
+                let rel = normalize_rel(&self.value).ok_or_else(|| {
+                    format!("rel_path {:?} climbs out of the set with '..'", self.value)
+                })?;
                 Ok(ResourceKey(format!("path:{rel}")))
             }
             LocationType::AbsPath => {
@@ -105,7 +113,10 @@ impl Location {
                     )
                 })?;
                 let rel = relative_to_root(Path::new(&self.value), root).ok_or_else(|| {
-                    format!("abs_path {:?} lies outside the set's resource_root_dir {:?}", self.value, root)
+                    format!(
+                        "abs_path {:?} lies outside the set's resource_root_dir {:?}",
+                        self.value, root
+                    )
                 })?;
                 Ok(ResourceKey(format!("path:{rel}")))
             }
@@ -198,7 +209,10 @@ impl Link {
                 self.rel
             ));
         }
-        self.href.key(set).map(|_| ()).map_err(|e| format!("link href: {e}"))
+        self.href
+            .key(set)
+            .map(|_| ())
+            .map_err(|e| format!("link href: {e}"))
     }
 }
 
@@ -229,23 +243,53 @@ mod tests {
     #[test]
     fn resolves_each_kind() {
         let s = set(Some("/srv/data"));
-        assert_eq!(url_of(Location::url("https://x.org/a?b=1"), &s).unwrap(), "https://x.org/a?b=1");
-        assert_eq!(url_of(Location::rel_path("a/b c.pdf"), &s).unwrap(), "http://h/files/s/a/b%20c.pdf");
-        let abs = Location { kind: LocationType::AbsPath, value: "/srv/data/a/./x#1.txt".into() };
-        assert_eq!(url_of(abs.clone(), &s).unwrap(), "http://h/files/s/a/x%231.txt");
-        assert_eq!(abs.key(&s).unwrap(), Location::rel_path("a/x#1.txt").key(&s).unwrap(), "one identity");
+        assert_eq!(
+            url_of(Location::url("https://x.org/a?b=1"), &s).unwrap(),
+            "https://x.org/a?b=1"
+        );
+        assert_eq!(
+            url_of(Location::rel_path("a/b c.pdf"), &s).unwrap(),
+            "http://h/files/s/a/b%20c.pdf"
+        );
+        let abs = Location {
+            kind: LocationType::AbsPath,
+            value: "/srv/data/a/./x#1.txt".into(),
+        };
+        assert_eq!(
+            url_of(abs.clone(), &s).unwrap(),
+            "http://h/files/s/a/x%231.txt"
+        );
+        assert_eq!(
+            abs.key(&s).unwrap(),
+            Location::rel_path("a/x#1.txt").key(&s).unwrap(),
+            "one identity"
+        );
     }
 
     #[test]
     fn refuses_escapes() {
         let s = set(Some("/srv/data"));
-        let e = Location::rel_path("a/../../etc/passwd").key(&s).unwrap_err();
+        let e = Location::rel_path("a/../../etc/passwd")
+            .key(&s)
+            .unwrap_err();
         assert!(e.contains("climbs out"), "{e}");
-        let abs = |v: &str| Location { kind: LocationType::AbsPath, value: v.into() };
-        assert!(abs("/srv/data/../secret").key(&s).unwrap_err().contains("outside"));
-        assert!(abs("/srv/database/x").key(&s).is_err(), "prefix match is per component");
+        let abs = |v: &str| Location {
+            kind: LocationType::AbsPath,
+            value: v.into(),
+        };
+        assert!(abs("/srv/data/../secret")
+            .key(&s)
+            .unwrap_err()
+            .contains("outside"));
+        assert!(
+            abs("/srv/database/x").key(&s).is_err(),
+            "prefix match is per component"
+        );
         assert!(abs("/srv/data").key(&s).is_err());
-        assert!(abs("/srv/data/x").key(&set(None)).unwrap_err().contains("resource_root_dir"));
+        assert!(abs("/srv/data/x")
+            .key(&set(None))
+            .unwrap_err()
+            .contains("resource_root_dir"));
         assert!(Location::rel_path("/etc/passwd").key(&s).is_err());
         assert!(Location::url("file:///etc/passwd").key(&s).is_err());
     }
@@ -253,7 +297,11 @@ mod tests {
     #[test]
     fn link_rel_must_be_a_relation() {
         let s = set(None);
-        let l = |rel: &str| Link { rel: rel.into(), href: Location::rel_path("m.xml"), mime: None };
+        let l = |rel: &str| Link {
+            rel: rel.into(),
+            href: Location::rel_path("m.xml"),
+            mime: None,
+        };
         assert!(l("describedby").validate(&s).is_ok());
         assert!(l("http://example.org/rel/x").validate(&s).is_ok());
         assert!(l("described by").validate(&s).is_err());

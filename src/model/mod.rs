@@ -21,7 +21,8 @@ impl SetName {
         let ok = !s.is_empty()
             && s.len() <= 64
             && !s.starts_with('.')
-            && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
         if ok {
             Ok(SetName(s.to_string()))
         } else {
@@ -144,7 +145,10 @@ impl ChangeEvent {
     pub fn validate(self, set: &SetConfig) -> Result<NewChange, String> {
         if let Some(rs) = &self.resource_set {
             if rs != &set.name {
-                return Err(format!("resource_set {rs:?} does not match the set {:?} of the URL", set.name));
+                return Err(format!(
+                    "resource_set {rs:?} does not match the set {:?} of the URL",
+                    set.name
+                ));
             }
         }
         let key = self.location.key(set)?;
@@ -163,7 +167,9 @@ impl ChangeEvent {
             let bare = bare_media_type(m);
             let (a, b) = bare.split_once('/').unwrap_or(("", ""));
             if a.is_empty() || b.is_empty() || bare.contains(char::is_whitespace) {
-                return Err(format!("mime {m:?} is not a media type like application/pdf"));
+                return Err(format!(
+                    "mime {m:?} is not a media type like application/pdf"
+                ));
             }
         }
         for l in &self.ln {
@@ -172,9 +178,21 @@ impl ChangeEvent {
         let meta = if self.change == ChangeType::Deleted {
             ResourceMeta::default()
         } else {
-            ResourceMeta { length: self.length, md5, mime: self.mime, lastmod: self.lastmod, ln: self.ln }
+            ResourceMeta {
+                length: self.length,
+                md5,
+                mime: self.mime,
+                lastmod: self.lastmod,
+                ln: self.ln,
+            }
         };
-        Ok(NewChange { key, location: self.location, change: self.change, datetime: self.datetime, meta })
+        Ok(NewChange {
+            key,
+            location: self.location,
+            change: self.change,
+            datetime: self.datetime,
+            meta,
+        })
     }
 }
 
@@ -200,24 +218,35 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.key.0, "path:a.pdf");
-        assert_eq!(c.meta.md5.as_deref(), Some("0cc175b9c0f1b6a831c399e269772661"));
+        assert_eq!(
+            c.meta.md5.as_deref(),
+            Some("0cc175b9c0f1b6a831c399e269772661")
+        );
         assert_eq!(c.meta.lastmod.unwrap().to_string(), "2016-01-01T00:00:00Z");
     }
 
     #[test]
     fn invalid_events_say_why() {
-        assert!(event(r#"{"change":"moved","location":{"type":"url","value":"http://x/"}}"#)
-            .unwrap_err()
-            .contains("unknown variant `moved`"));
-        assert!(event(r#"{"change":"created","location":{"type":"rel_path","value":"a"},"md5":"xyz"}"#)
-            .unwrap_err()
-            .contains("md5"));
-        assert!(event(r#"{"change":"created","location":{"type":"rel_path","value":"a"},"lenght":1}"#)
-            .unwrap_err()
-            .contains("unknown field `lenght`"));
-        assert!(event(r#"{"change":"created","location":{"type":"rel_path","value":"a"},"resource_set":"t"}"#)
-            .unwrap_err()
-            .contains("does not match"));
+        assert!(
+            event(r#"{"change":"moved","location":{"type":"url","value":"http://x/"}}"#)
+                .unwrap_err()
+                .contains("unknown variant `moved`")
+        );
+        assert!(event(
+            r#"{"change":"created","location":{"type":"rel_path","value":"a"},"md5":"xyz"}"#
+        )
+        .unwrap_err()
+        .contains("md5"));
+        assert!(event(
+            r#"{"change":"created","location":{"type":"rel_path","value":"a"},"lenght":1}"#
+        )
+        .unwrap_err()
+        .contains("unknown field `lenght`"));
+        assert!(event(
+            r#"{"change":"created","location":{"type":"rel_path","value":"a"},"resource_set":"t"}"#
+        )
+        .unwrap_err()
+        .contains("does not match"));
         assert!(SetName::parse("../x").is_err());
         assert!(SetName::parse("papers_2024.v1").is_ok());
     }

@@ -23,7 +23,10 @@ impl Timestamp {
     }
 
     pub fn plus_secs(self, secs: u64) -> Timestamp {
-        Timestamp(self.0.saturating_add((secs as i64).saturating_mul(1_000_000)))
+        Timestamp(
+            self.0
+                .saturating_add((secs as i64).saturating_mul(1_000_000)),
+        )
     }
 
     /// Parses RFC 3339 (`2024-01-02T03:04:05Z`, `…+01:00`, fractions), the seeds' format with
@@ -39,7 +42,9 @@ impl Timestamp {
         if let Ok(t) = NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%S%.f") {
             return Ok(Timestamp(t.and_utc().timestamp_micros()));
         }
-        Err(format!("{s:?} is not a date-time like 2024-01-31T12:00:00Z"))
+        Err(format!(
+            "{s:?} is not a date-time like 2024-01-31T12:00:00Z"
+        ))
     }
 
     /// Writes `YYYY-MM-DDThh:mm:ssZ`, with `.ffffff` only when the instant has a fraction.
@@ -71,7 +76,9 @@ impl Timestamp {
     }
 
     pub fn parse_http_date(s: &str) -> Option<Timestamp> {
-        DateTime::parse_from_rfc2822(s).ok().map(|t| Timestamp(t.timestamp_micros()))
+        DateTime::parse_from_rfc2822(s)
+            .ok()
+            .map(|t| Timestamp(t.timestamp_micros()))
     }
 
     /// Whole seconds, rounding down (HTTP dates have no fractions).
@@ -113,7 +120,9 @@ mod tests {
         assert_eq!(Timestamp::parse("2016-03-01T12:30:00").unwrap(), z);
         assert_eq!(z.to_string(), "2016-03-01T12:30:00Z");
         assert!(Timestamp::parse("2016-03-01").is_err());
-        assert!(Timestamp::parse("yesterday").unwrap_err().contains("yesterday"));
+        assert!(Timestamp::parse("yesterday")
+            .unwrap_err()
+            .contains("yesterday"));
     }
 
     #[test]
@@ -122,6 +131,9 @@ mod tests {
         assert_eq!(t.to_string(), "2016-03-01T12:30:00.000250Z");
         assert_eq!(Timestamp::parse(&t.to_string()).unwrap(), t);
         assert_eq!(t.to_http_date(), "Tue, 01 Mar 2016 12:30:00 GMT");
-        assert_eq!(Timestamp::parse_http_date(&t.to_http_date()), Some(t.floor_secs()));
+        assert_eq!(
+            Timestamp::parse_http_date(&t.to_http_date()),
+            Some(t.floor_secs())
+        );
     }
 }

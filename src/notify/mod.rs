@@ -51,7 +51,13 @@ pub struct Step {
 
 impl Notifier {
     pub fn new(config: Arc<Config>, source: Arc<Source>, hub: Arc<Hub>) -> Arc<Notifier> {
-        Arc::new(Notifier { config, source, hub, wake: Notify::new(), poked: AtomicUsize::new(0) })
+        Arc::new(Notifier {
+            config,
+            source,
+            hub,
+            wake: Notify::new(),
+            poked: AtomicUsize::new(0),
+        })
     }
 
     fn store(&self) -> &Store {
@@ -66,8 +72,10 @@ impl Notifier {
 
     /// The topics of a set's two channels.
     pub fn topics(&self, set: &SetName) -> (Topic, Topic) {
-        let c = Topic::parse(&self.config.change_topic(set.as_str())).expect("topic URLs are valid");
-        let f = Topic::parse(&self.config.framework_topic(set.as_str())).expect("topic URLs are valid");
+        let c =
+            Topic::parse(&self.config.change_topic(set.as_str())).expect("topic URLs are valid");
+        let f =
+            Topic::parse(&self.config.framework_topic(set.as_str())).expect("topic URLs are valid");
         (c, f)
     }
 
@@ -79,7 +87,11 @@ impl Notifier {
         let delay = Duration::from_millis(n.max_delay_ms);
         loop {
             // On a shared store only the process holding the delivery lease notifies.
-            let sweep = if self.hub.is_delivering() { self.sweep().await } else { Ok(()) };
+            let sweep = if self.hub.is_delivering() {
+                self.sweep().await
+            } else {
+                Ok(())
+            };
             if let Err(e) = sweep {
                 self.hub.metrics().store_errors.inc();
                 tracing::warn!(error = %e, "notifier: store unavailable; retrying");
@@ -132,7 +144,10 @@ impl Notifier {
             let (c, f) = self.topics(set);
             self.hub.register_topic(c).await?;
             self.hub.register_topic(f).await?;
-            let latest = store.latest_change(set).await?.map_or(Timestamp(0), |c| Timestamp(c.datetime.micros() + 1));
+            let latest = store
+                .latest_change(set)
+                .await?
+                .map_or(Timestamp(0), |c| Timestamp(c.datetime.micros() + 1));
             store
                 .notify_init(NotifyState {
                     set: set.clone(),
@@ -143,7 +158,10 @@ impl Notifier {
                     version: 0,
                 })
                 .await?;
-            return Ok(Step { more: true, ..Step::default() });
+            return Ok(Step {
+                more: true,
+                ..Step::default()
+            });
         };
 
         let (changes, until, more) = self.due_changes(set, state.watermark, bound).await?;
@@ -153,9 +171,18 @@ impl Notifier {
         let (change_topic, framework_topic) = self.topics(set);
         let urls = self.source.urls();
         let sc = self.source.set_config(set);
-        let mut step = Step { more, ..Step::default() };
+        let mut step = Step {
+            more,
+            ..Step::default()
+        };
         if let Some(until) = until {
-            let xml = change_notification(&urls.capability_list(set), state.watermark, until, &sc, &changes);
+            let xml = change_notification(
+                &urls.capability_list(set),
+                state.watermark,
+                until,
+                &sc,
+                &changes,
+            );
             payloads.push((change_topic.clone(), XML.into(), Bytes::from(xml)));
             next.watermark = until;
             step.changes = changes.len();
@@ -200,12 +227,26 @@ impl Notifier {
             payloads.push((framework_topic, XML.into(), Bytes::from(xml)));
             step.framework += 1;
         }
-        next.parts_seen = state.parts_seen.max(parts.iter().filter(|p| p.count > 0).map(|p| p.no).max().unwrap_or(0));
-        next.lists_seen = state.lists_seen.max(lists.iter().map(|l| l.no).max().unwrap_or(0));
-        if payloads.is_empty() && next.parts_seen == state.parts_seen && next.lists_seen == state.lists_seen {
+        next.parts_seen = state.parts_seen.max(
+            parts
+                .iter()
+                .filter(|p| p.count > 0)
+                .map(|p| p.no)
+                .max()
+                .unwrap_or(0),
+        );
+        next.lists_seen = state
+            .lists_seen
+            .max(lists.iter().map(|l| l.no).max().unwrap_or(0));
+        if payloads.is_empty()
+            && next.parts_seen == state.parts_seen
+            && next.lists_seen == state.lists_seen
+        {
             return Ok(step);
         }
-        self.hub.publish_all(payloads, Some((state.version, next))).await?;
+        self.hub
+            .publish_all(payloads, Some((state.version, next)))
+            .await?;
         if step.changes > 0 || step.framework > 0 {
             tracing::debug!(set = %set, changes = step.changes, framework = step.framework, "notified");
         }
@@ -246,7 +287,9 @@ impl Notifier {
         let mut group = Vec::new();
         let mut after = None;
         loop {
-            page = store.changes(set, cut, Some(Timestamp(cut.micros() + 1)), after, 5000).await?;
+            page = store
+                .changes(set, cut, Some(Timestamp(cut.micros() + 1)), after, 5000)
+                .await?;
             group.extend(page.items);
             match page.next {
                 Some(n) => after = Some(n),
@@ -270,7 +313,13 @@ impl Notifier {
         let live: Vec<&PartInfo> = parts.iter().filter(|p| p.count > 0).collect();
         let rl_indexed = live.len() > 1;
         let rl_index = rl_indexed.then(|| urls.resource_list(set));
-        let part_loc = |no: u32| if rl_indexed { urls.resource_list_part(set, no) } else { urls.resource_list(set) };
+        let part_loc = |no: u32| {
+            if rl_indexed {
+                urls.resource_list_part(set, no)
+            } else {
+                urls.resource_list(set)
+            }
+        };
         for p in live.iter().filter(|p| p.no > state.parts_seen) {
             out.push(FrameworkEntry {
                 loc: part_loc(p.no),
@@ -282,8 +331,15 @@ impl Notifier {
         }
         let cl_indexed = lists.len() > 1;
         let cl_index = cl_indexed.then(|| urls.change_list(set));
-        let list_loc = |no: u32| if cl_indexed { urls.change_list_no(set, no) } else { urls.change_list(set) };
-        let new_lists: Vec<&ChangeListInfo> = lists.iter().filter(|l| l.no > state.lists_seen).collect();
+        let list_loc = |no: u32| {
+            if cl_indexed {
+                urls.change_list_no(set, no)
+            } else {
+                urls.change_list(set)
+            }
+        };
+        let new_lists: Vec<&ChangeListInfo> =
+            lists.iter().filter(|l| l.no > state.lists_seen).collect();
         for l in &new_lists {
             // Rollover: the list before was closed (updated: it has its `until` now) and this
             // one created; the Resource List is a new snapshot as of the rollover.

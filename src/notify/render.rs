@@ -8,9 +8,28 @@ use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::source::write_change;
 
 /// Change notification of `changes` (in forward chronological order) for [from, until).
-pub fn change_notification(up: &str, from: Timestamp, until: Timestamp, sc: &SetConfig, changes: &[Change]) -> String {
-    let md = Md { capability: Some("change-notification"), from: Some(from), until: Some(until), ..Md::default() };
-    let mut w = SitemapWriter::new(Root::Urlset, &md, &[Ln { rel: "up", href: up, mime: None }]);
+pub fn change_notification(
+    up: &str,
+    from: Timestamp,
+    until: Timestamp,
+    sc: &SetConfig,
+    changes: &[Change],
+) -> String {
+    let md = Md {
+        capability: Some("change-notification"),
+        from: Some(from),
+        until: Some(until),
+        ..Md::default()
+    };
+    let mut w = SitemapWriter::new(
+        Root::Urlset,
+        &md,
+        &[Ln {
+            rel: "up",
+            href: up,
+            mime: None,
+        }],
+    );
     let mut loc = String::new();
     for c in changes {
         write_change(&mut w, sc, c, &mut loc);
@@ -33,12 +52,36 @@ pub struct FrameworkEntry {
 /// Framework notification of `entries`; `up` is the Capability List for capability documents,
 /// the Source Description for a Capability List.
 pub fn framework_notification(up: Option<&str>, entries: &[FrameworkEntry]) -> String {
-    let md = Md { capability: Some("framework-notification"), ..Md::default() };
-    let links: Vec<Ln> = up.map(|href| Ln { rel: "up", href, mime: None }).into_iter().collect();
+    let md = Md {
+        capability: Some("framework-notification"),
+        ..Md::default()
+    };
+    let links: Vec<Ln> = up
+        .map(|href| Ln {
+            rel: "up",
+            href,
+            mime: None,
+        })
+        .into_iter()
+        .collect();
     let mut w = SitemapWriter::new(Root::Urlset, &md, &links);
     for e in entries {
-        let md = Md { change: Some(e.change.as_str()), capability: Some(e.capability), datetime: Some(e.datetime), ..Md::default() };
-        let links: Vec<Ln> = e.index.as_deref().map(|href| Ln { rel: "index", href, mime: None }).into_iter().collect();
+        let md = Md {
+            change: Some(e.change.as_str()),
+            capability: Some(e.capability),
+            datetime: Some(e.datetime),
+            ..Md::default()
+        };
+        let links: Vec<Ln> = e
+            .index
+            .as_deref()
+            .map(|href| Ln {
+                rel: "index",
+                href,
+                mime: None,
+            })
+            .into_iter()
+            .collect();
         w.entry(&e.loc, None, &md, &links);
     }
     w.finish()
@@ -61,10 +104,21 @@ mod tests {
             }],
         );
         let doc = crate::sitemap::parse(xml.as_bytes()).unwrap();
-        assert_eq!(doc.md.get("capability").map(String::as_str), Some("framework-notification"));
+        assert_eq!(
+            doc.md.get("capability").map(String::as_str),
+            Some("framework-notification")
+        );
         let e = &doc.entries[0];
         assert_eq!(e.md.get("change").map(String::as_str), Some("created"));
-        assert_eq!(e.md.get("capability").map(String::as_str), Some("changelist"));
-        assert!(e.links.iter().any(|l| l["rel"] == "index" && l["href"] == "http://h/sets/a/changelist.xml"), "{xml}");
+        assert_eq!(
+            e.md.get("capability").map(String::as_str),
+            Some("changelist")
+        );
+        assert!(
+            e.links
+                .iter()
+                .any(|l| l["rel"] == "index" && l["href"] == "http://h/sets/a/changelist.xml"),
+            "{xml}"
+        );
     }
 }

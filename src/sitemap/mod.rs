@@ -84,7 +84,12 @@ impl SitemapWriter {
     }
 
     pub fn with_capacity(root: Root, md: &Md, links: &[Ln], capacity: usize) -> SitemapWriter {
-        let mut w = SitemapWriter { root, head: String::new(), body: String::with_capacity(capacity), entries: 0 };
+        let mut w = SitemapWriter {
+            root,
+            head: String::new(),
+            body: String::with_capacity(capacity),
+            entries: 0,
+        };
         w.set_header(md, links);
         w
     }
@@ -183,7 +188,12 @@ fn write_md(buf: &mut String, md: &Md) {
     if let Some(v) = md.capability {
         attr(buf, "capability", v);
     }
-    for (name, t) in [("at", md.at), ("completed", md.completed), ("from", md.from), ("until", md.until)] {
+    for (name, t) in [
+        ("at", md.at),
+        ("completed", md.completed),
+        ("from", md.from),
+        ("until", md.until),
+    ] {
         if let Some(t) = t {
             time_attr(buf, name, t);
         }
@@ -242,8 +252,16 @@ mod tests {
         let t = |s: &str| Timestamp::parse(s).unwrap();
         let mut w = SitemapWriter::new(
             Root::Urlset,
-            &Md { capability: Some("changelist"), from: Some(t("2013-01-03T00:00:00Z")), ..Md::default() },
-            &[Ln { rel: "up", href: "http://example.com/dataset1/capabilitylist.xml", mime: None }],
+            &Md {
+                capability: Some("changelist"),
+                from: Some(t("2013-01-03T00:00:00Z")),
+                ..Md::default()
+            },
+            &[Ln {
+                rel: "up",
+                href: "http://example.com/dataset1/capabilitylist.xml",
+                mime: None,
+            }],
         );
         w.entry(
             "http://example.com/res1.html?a=1&b=2",
@@ -256,7 +274,11 @@ mod tests {
                 mime: Some("text/html; charset=utf-8"),
                 ..Md::default()
             },
-            &[Ln { rel: "describedby", href: "http://example.com/m.xml", mime: Some("application/xml") }],
+            &[Ln {
+                rel: "describedby",
+                href: "http://example.com/m.xml",
+                mime: Some("application/xml"),
+            }],
         );
         assert_eq!(
             w.finish(),
@@ -273,13 +295,29 @@ mod tests {
 
     #[test]
     fn index_and_round_trip() {
-        let mut w = SitemapWriter::new(Root::SitemapIndex, &Md { capability: Some("resourcelist"), ..Md::default() }, &[]);
+        let mut w = SitemapWriter::new(
+            Root::SitemapIndex,
+            &Md {
+                capability: Some("resourcelist"),
+                ..Md::default()
+            },
+            &[],
+        );
         w.entry("http://h/1.xml", None, &Md::default(), &[]);
         w.entry("http://h/2.xml", None, &Md::default(), &[]);
         let doc = parse(w.finish().as_bytes()).unwrap();
         assert!(doc.is_index);
-        assert_eq!(doc.md.get("capability").map(String::as_str), Some("resourcelist"));
-        assert_eq!(doc.entries.iter().map(|e| e.loc.as_str()).collect::<Vec<_>>(), ["http://h/1.xml", "http://h/2.xml"]);
+        assert_eq!(
+            doc.md.get("capability").map(String::as_str),
+            Some("resourcelist")
+        );
+        assert_eq!(
+            doc.entries
+                .iter()
+                .map(|e| e.loc.as_str())
+                .collect::<Vec<_>>(),
+            ["http://h/1.xml", "http://h/2.xml"]
+        );
         assert_eq!(itoa_u64(0, &mut [0; 20]), "0");
         assert_eq!(itoa_u64(u64::MAX, &mut [0; 20]), u64::MAX.to_string());
     }

@@ -32,7 +32,10 @@ pub struct ReadError(String);
 impl Document {
     /// The `href` of the top-level link with this `rel`.
     pub fn link(&self, rel: &str) -> Option<&str> {
-        self.links.iter().find(|(r, _)| r == rel).map(|(_, h)| h.as_str())
+        self.links
+            .iter()
+            .find(|(r, _)| r == rel)
+            .map(|(_, h)| h.as_str())
     }
 }
 
@@ -46,7 +49,9 @@ pub fn parse(xml: &[u8]) -> Result<Document, ReadError> {
     let mut saw_root = false;
     let mut buf = Vec::new();
     loop {
-        let ev = r.read_event_into(&mut buf).map_err(|e| ReadError(e.to_string()))?;
+        let ev = r
+            .read_event_into(&mut buf)
+            .map_err(|e| ReadError(e.to_string()))?;
         match ev {
             Event::Start(ref e) | Event::Empty(ref e) => {
                 let name = e.name();
@@ -80,7 +85,10 @@ pub fn parse(xml: &[u8]) -> Result<Document, ReadError> {
                 }
             }
             Event::Text(t) => {
-                let s = t.unescape().map_err(|e| ReadError(e.to_string()))?.into_owned();
+                let s = t
+                    .unescape()
+                    .map_err(|e| ReadError(e.to_string()))?
+                    .into_owned();
                 if let (Some(which), Some(en)) = (text_of, entry.as_mut()) {
                     match which {
                         "loc" => en.loc = s,
@@ -109,7 +117,10 @@ fn attrs(e: &BytesStart) -> Result<BTreeMap<String, String>, ReadError> {
     for a in e.attributes() {
         let a = a.map_err(|e| ReadError(e.to_string()))?;
         let k = String::from_utf8_lossy(a.key.as_ref()).into_owned();
-        let v = a.unescape_value().map_err(|e| ReadError(e.to_string()))?.into_owned();
+        let v = a
+            .unescape_value()
+            .map_err(|e| ReadError(e.to_string()))?
+            .into_owned();
         m.insert(k, v);
     }
     Ok(m)

@@ -21,7 +21,15 @@ struct Inner {
 
 impl PageCache {
     pub fn new(max_bytes: usize) -> PageCache {
-        PageCache { inner: Mutex::new(Inner { map: LruCache::unbounded(), bytes: 0, hits: 0, misses: 0 }), max_bytes }
+        PageCache {
+            inner: Mutex::new(Inner {
+                map: LruCache::unbounded(),
+                bytes: 0,
+                hits: 0,
+                misses: 0,
+            }),
+            max_bytes,
+        }
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<Doc>> {

@@ -58,7 +58,9 @@ pub struct Urls {
 
 impl Urls {
     pub fn new(base_url: &str) -> Urls {
-        Urls { base: base_url.trim_end_matches('/').to_string() }
+        Urls {
+            base: base_url.trim_end_matches('/').to_string(),
+        }
     }
     pub fn base(&self) -> &str {
         &self.base
@@ -98,7 +100,12 @@ impl Source {
     pub fn new(config: Arc<Config>, store: Store) -> Source {
         let urls = Urls::new(&config.base_url());
         let cache = PageCache::new(config.source.cache_max_bytes);
-        Source { config, store, urls, cache }
+        Source {
+            config,
+            store,
+            urls,
+            cache,
+        }
     }
 
     pub fn urls(&self) -> &Urls {
@@ -157,7 +164,9 @@ impl Source {
         if self.store.sets().await?.iter().any(|s| &s.name == set) {
             Ok(())
         } else {
-            Err(SourceError::NotFound(format!("no resource set named {set:?}")))
+            Err(SourceError::NotFound(format!(
+                "no resource set named {set:?}"
+            )))
         }
     }
 
@@ -167,7 +176,11 @@ impl Source {
             DocKind::SourceDescription => {
                 let sets = self.store.sets().await?;
                 let names: Vec<&str> = sets.iter().map(|s| s.name.as_str()).collect();
-                let last = sets.iter().map(|s| s.created_at).max().unwrap_or(Timestamp(0));
+                let last = sets
+                    .iter()
+                    .map(|s| s.created_at)
+                    .max()
+                    .unwrap_or(Timestamp(0));
                 Ok(Plan::new(format!("sets:{}", names.join(",")), last))
             }
             DocKind::CapabilityList(set) => {
@@ -183,17 +196,29 @@ impl Source {
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {
                 self.known_set(set).await?;
-                let latest_change = self.store.changelists(set).await?.iter().filter_map(|l| l.last_change).max();
-                let parts: Vec<PartInfo> = self.store.parts(set).await?.into_iter().filter(|p| p.count > 0).collect();
+                let latest_change = self
+                    .store
+                    .changelists(set)
+                    .await?
+                    .iter()
+                    .filter_map(|l| l.last_change)
+                    .max();
+                let parts: Vec<PartInfo> = self
+                    .store
+                    .parts(set)
+                    .await?
+                    .into_iter()
+                    .filter(|p| p.count > 0)
+                    .collect();
                 let indexed = parts.len() > 1;
                 let part = match kind {
-                    DocKind::ResourceListPart(_, no) => Some(
-                        parts
-                            .iter()
-                            .find(|p| p.no == *no)
-                            .cloned()
-                            .ok_or_else(|| SourceError::NotFound(format!("set {set} has no Resource List part {no}")))?,
-                    ),
+                    DocKind::ResourceListPart(_, no) => {
+                        Some(parts.iter().find(|p| p.no == *no).cloned().ok_or_else(|| {
+                            SourceError::NotFound(format!(
+                                "set {set} has no Resource List part {no}"
+                            ))
+                        })?)
+                    }
                     _ if indexed => None,
                     _ => Some(parts.first().cloned().unwrap_or(PartInfo {
                         no: 0,
@@ -214,8 +239,20 @@ impl Source {
                     }),
                     None => {
                         let nos: Vec<String> = parts.iter().map(|p| p.no.to_string()).collect();
-                        let last = parts.iter().map(|p| p.last_change).max().unwrap_or(Timestamp(0));
-                        Ok(Plan { version: format!("index:{}", nos.join(",")), last_modified: last, part: None, indexed, parts, lists: vec![], latest_change })
+                        let last = parts
+                            .iter()
+                            .map(|p| p.last_change)
+                            .max()
+                            .unwrap_or(Timestamp(0));
+                        Ok(Plan {
+                            version: format!("index:{}", nos.join(",")),
+                            last_modified: last,
+                            part: None,
+                            indexed,
+                            parts,
+                            lists: vec![],
+                            latest_change,
+                        })
                     }
                 }
             }
@@ -224,26 +261,46 @@ impl Source {
                 let lists = self.store.changelists(set).await?;
                 let indexed = lists.len() > 1;
                 let list = match kind {
-                    DocKind::ChangeListNo(_, no) => Some(
-                        lists
-                            .iter()
-                            .find(|l| l.no == *no)
-                            .cloned()
-                            .ok_or_else(|| SourceError::NotFound(format!("set {set} has no Change List {no}")))?,
-                    ),
+                    DocKind::ChangeListNo(_, no) => {
+                        Some(lists.iter().find(|l| l.no == *no).cloned().ok_or_else(|| {
+                            SourceError::NotFound(format!("set {set} has no Change List {no}"))
+                        })?)
+                    }
                     _ if indexed => None,
                     _ => lists.first().cloned(),
                 };
                 let version = match &list {
-                    Some(l) => format!("list:{}:{:?}:{}:{}:{indexed}", l.no, l.until, l.count, l.last_seq),
-                    None => format!("clindex:{}:{}", lists.len(), lists.last().map_or(0, |l| l.last_seq)),
+                    Some(l) => format!(
+                        "list:{}:{:?}:{}:{}:{indexed}",
+                        l.no, l.until, l.count, l.last_seq
+                    ),
+                    None => format!(
+                        "clindex:{}:{}",
+                        lists.len(),
+                        lists.last().map_or(0, |l| l.last_seq)
+                    ),
                 };
                 let last_modified = match &list {
                     Some(l) => l.until.or(l.last_change).unwrap_or(l.from),
-                    None => lists.iter().filter_map(|l| l.last_change.or(Some(l.from))).max().unwrap_or(Timestamp(0)),
+                    None => lists
+                        .iter()
+                        .filter_map(|l| l.last_change.or(Some(l.from)))
+                        .max()
+                        .unwrap_or(Timestamp(0)),
                 };
-                let lists = list.into_iter().chain(if indexed { lists } else { vec![] }).collect();
-                Ok(Plan { version, last_modified, part: None, indexed, parts: vec![], lists, latest_change: None })
+                let lists = list
+                    .into_iter()
+                    .chain(if indexed { lists } else { vec![] })
+                    .collect();
+                Ok(Plan {
+                    version,
+                    last_modified,
+                    part: None,
+                    indexed,
+                    parts: vec![],
+                    lists,
+                    latest_change: None,
+                })
             }
         }
     }
@@ -254,38 +311,122 @@ impl Source {
         // is dated after L (the store dates changes strictly increasingly), so it cannot fall
         // between the list and the Change List a destination reads next.
         let now = Timestamp::now();
-        let at = plan.latest_change.map_or(now, |l| Timestamp(l.0 + 1).min(now));
+        let at = plan
+            .latest_change
+            .map_or(now, |l| Timestamp(l.0 + 1).min(now));
         let out = match kind {
             DocKind::SourceDescription => {
                 let describedby = &self.config.source.describedby;
                 let links: Vec<Ln> = (!describedby.is_empty())
-                    .then(|| Ln { rel: "describedby", href: describedby, mime: None })
+                    .then(|| Ln {
+                        rel: "describedby",
+                        href: describedby,
+                        mime: None,
+                    })
                     .into_iter()
                     .collect();
-                let mut w = SitemapWriter::new(Root::Urlset, &Md { capability: Some("description"), ..Md::default() }, &links);
+                let mut w = SitemapWriter::new(
+                    Root::Urlset,
+                    &Md {
+                        capability: Some("description"),
+                        ..Md::default()
+                    },
+                    &links,
+                );
                 for s in self.store.sets().await? {
                     let sc = self.set_config(&s.name);
-                    let links: Vec<Ln> = sc.describedby.iter().map(|d| Ln { rel: "describedby", href: &d.href, mime: d.mime.as_deref() }).collect();
-                    w.entry(&self.urls.capability_list(&s.name), None, &Md { capability: Some("capabilitylist"), ..Md::default() }, &links);
+                    let links: Vec<Ln> = sc
+                        .describedby
+                        .iter()
+                        .map(|d| Ln {
+                            rel: "describedby",
+                            href: &d.href,
+                            mime: d.mime.as_deref(),
+                        })
+                        .collect();
+                    w.entry(
+                        &self.urls.capability_list(&s.name),
+                        None,
+                        &Md {
+                            capability: Some("capabilitylist"),
+                            ..Md::default()
+                        },
+                        &links,
+                    );
                 }
                 (w.entries(), w.finish())
             }
             DocKind::CapabilityList(set) => {
                 let sc = self.set_config(set);
                 let sd = self.urls.source_description();
-                let mut links: Vec<Ln> = sc.describedby.iter().map(|d| Ln { rel: "describedby", href: &d.href, mime: d.mime.as_deref() }).collect();
-                links.push(Ln { rel: "up", href: &sd, mime: None });
-                let mut w = SitemapWriter::new(Root::Urlset, &Md { capability: Some("capabilitylist"), ..Md::default() }, &links);
-                w.entry(&self.urls.resource_list(set), None, &Md { capability: Some("resourcelist"), ..Md::default() }, &[]);
-                w.entry(&self.urls.change_list(set), None, &Md { capability: Some("changelist"), ..Md::default() }, &[]);
+                let mut links: Vec<Ln> = sc
+                    .describedby
+                    .iter()
+                    .map(|d| Ln {
+                        rel: "describedby",
+                        href: &d.href,
+                        mime: d.mime.as_deref(),
+                    })
+                    .collect();
+                links.push(Ln {
+                    rel: "up",
+                    href: &sd,
+                    mime: None,
+                });
+                let mut w = SitemapWriter::new(
+                    Root::Urlset,
+                    &Md {
+                        capability: Some("capabilitylist"),
+                        ..Md::default()
+                    },
+                    &links,
+                );
+                w.entry(
+                    &self.urls.resource_list(set),
+                    None,
+                    &Md {
+                        capability: Some("resourcelist"),
+                        ..Md::default()
+                    },
+                    &[],
+                );
+                w.entry(
+                    &self.urls.change_list(set),
+                    None,
+                    &Md {
+                        capability: Some("changelist"),
+                        ..Md::default()
+                    },
+                    &[],
+                );
                 if self.config.notify.enabled {
                     // The notification channels: the topic is the <loc>, the hub an rs:ln.
                     let hub = self.config.hub_url();
-                    let hub_ln = [Ln { rel: "hub", href: &hub, mime: None }];
+                    let hub_ln = [Ln {
+                        rel: "hub",
+                        href: &hub,
+                        mime: None,
+                    }];
                     let change = self.config.change_topic(set.as_str());
                     let framework = self.config.framework_topic(set.as_str());
-                    w.entry(&change, None, &Md { capability: Some("change-notification"), ..Md::default() }, &hub_ln);
-                    w.entry(&framework, None, &Md { capability: Some("framework-notification"), ..Md::default() }, &hub_ln);
+                    w.entry(
+                        &change,
+                        None,
+                        &Md {
+                            capability: Some("change-notification"),
+                            ..Md::default()
+                        },
+                        &hub_ln,
+                    );
+                    w.entry(
+                        &framework,
+                        None,
+                        &Md {
+                            capability: Some("framework-notification"),
+                            ..Md::default()
+                        },
+                        &hub_ln,
+                    );
                 }
                 (w.entries(), w.finish())
             }
@@ -295,11 +436,24 @@ impl Source {
                     None => {
                         let mut w = SitemapWriter::new(
                             Root::SitemapIndex,
-                            &Md { capability: Some("resourcelist"), at: Some(at), ..Md::default() },
-                            &[Ln { rel: "up", href: &up, mime: None }],
+                            &Md {
+                                capability: Some("resourcelist"),
+                                at: Some(at),
+                                ..Md::default()
+                            },
+                            &[Ln {
+                                rel: "up",
+                                href: &up,
+                                mime: None,
+                            }],
                         );
                         for p in &plan.parts {
-                            w.entry(&self.urls.resource_list_part(set, p.no), None, &Md::default(), &[]);
+                            w.entry(
+                                &self.urls.resource_list_part(set, p.no),
+                                None,
+                                &Md::default(),
+                                &[],
+                            );
                         }
                         (w.entries(), w.finish())
                     }
@@ -313,16 +467,35 @@ impl Source {
                         let lists = &plan.lists[..];
                         let mut w = SitemapWriter::new(
                             Root::SitemapIndex,
-                            &Md { capability: Some("changelist"), from: lists.first().map(|l| l.from), ..Md::default() },
-                            &[Ln { rel: "up", href: &up, mime: None }],
+                            &Md {
+                                capability: Some("changelist"),
+                                from: lists.first().map(|l| l.from),
+                                ..Md::default()
+                            },
+                            &[Ln {
+                                rel: "up",
+                                href: &up,
+                                mime: None,
+                            }],
                         );
                         for l in lists {
-                            w.entry(&self.urls.change_list_no(set, l.no), None, &Md { from: Some(l.from), until: l.until, ..Md::default() }, &[]);
+                            w.entry(
+                                &self.urls.change_list_no(set, l.no),
+                                None,
+                                &Md {
+                                    from: Some(l.from),
+                                    until: l.until,
+                                    ..Md::default()
+                                },
+                                &[],
+                            );
                         }
                         (w.entries(), w.finish())
                     }
                     _ => {
-                        let list = plan.lists.first().ok_or_else(|| SourceError::NotFound(format!("set {set} has no Change List")))?;
+                        let list = plan.lists.first().ok_or_else(|| {
+                            SourceError::NotFound(format!("set {set} has no Change List"))
+                        })?;
                         self.change_list(set, list, plan.indexed).await?
                     }
                 }
@@ -341,17 +514,43 @@ impl Source {
         let sc = self.set_config(set);
         let up = self.urls.capability_list(set);
         let index = self.urls.resource_list(set);
-        let mut links = vec![Ln { rel: "up", href: &up, mime: None }];
+        let mut links = vec![Ln {
+            rel: "up",
+            href: &up,
+            mime: None,
+        }];
         if indexed {
-            links.push(Ln { rel: "index", href: &index, mime: None });
+            links.push(Ln {
+                rel: "index",
+                href: &index,
+                mime: None,
+            });
         }
-        let md = |completed| Md { capability: Some("resourcelist"), at: Some(at), completed, ..Md::default() };
-        let mut w = SitemapWriter::with_capacity(Root::Urlset, &md(None), &links, 256 * part.count as usize + 1024);
+        let md = |completed| Md {
+            capability: Some("resourcelist"),
+            at: Some(at),
+            completed,
+            ..Md::default()
+        };
+        let mut w = SitemapWriter::with_capacity(
+            Root::Urlset,
+            &md(None),
+            &links,
+            256 * part.count as usize + 1024,
+        );
         let mut loc = String::new();
         let mut cursor = None;
         if part.count > 0 {
             loop {
-                let page = self.store.resources(set, Some(part.no), cursor, self.config.source.store_page_size).await?;
+                let page = self
+                    .store
+                    .resources(
+                        set,
+                        Some(part.no),
+                        cursor,
+                        self.config.source.store_page_size,
+                    )
+                    .await?;
                 for r in &page.items {
                     write_resource(&mut w, &sc, r, &mut loc);
                 }
@@ -365,20 +564,52 @@ impl Source {
         Ok((w.entries(), w.finish()))
     }
 
-    async fn change_list(&self, set: &SetName, list: &ChangeListInfo, indexed: bool) -> Result<(usize, String), SourceError> {
+    async fn change_list(
+        &self,
+        set: &SetName,
+        list: &ChangeListInfo,
+        indexed: bool,
+    ) -> Result<(usize, String), SourceError> {
         let sc = self.set_config(set);
         let up = self.urls.capability_list(set);
         let index = self.urls.change_list(set);
-        let mut links = vec![Ln { rel: "up", href: &up, mime: None }];
+        let mut links = vec![Ln {
+            rel: "up",
+            href: &up,
+            mime: None,
+        }];
         if indexed {
-            links.push(Ln { rel: "index", href: &index, mime: None });
+            links.push(Ln {
+                rel: "index",
+                href: &index,
+                mime: None,
+            });
         }
-        let md = Md { capability: Some("changelist"), from: Some(list.from), until: list.until, ..Md::default() };
-        let mut w = SitemapWriter::with_capacity(Root::Urlset, &md, &links, 300 * list.count as usize + 1024);
+        let md = Md {
+            capability: Some("changelist"),
+            from: Some(list.from),
+            until: list.until,
+            ..Md::default()
+        };
+        let mut w = SitemapWriter::with_capacity(
+            Root::Urlset,
+            &md,
+            &links,
+            300 * list.count as usize + 1024,
+        );
         let mut loc = String::new();
         let mut cursor = None;
         loop {
-            let page = self.store.changes(set, list.from, list.until, cursor, self.config.source.store_page_size).await?;
+            let page = self
+                .store
+                .changes(
+                    set,
+                    list.from,
+                    list.until,
+                    cursor,
+                    self.config.source.store_page_size,
+                )
+                .await?;
             for c in &page.items {
                 write_change(&mut w, &sc, c, &mut loc);
             }
@@ -420,7 +651,15 @@ struct Plan {
 
 impl Plan {
     fn new(version: String, last_modified: Timestamp) -> Plan {
-        Plan { version, last_modified, part: None, indexed: false, parts: vec![], lists: vec![], latest_change: None }
+        Plan {
+            version,
+            last_modified,
+            part: None,
+            indexed: false,
+            parts: vec![],
+            lists: vec![],
+            latest_change: None,
+        }
     }
 }
 
@@ -439,12 +678,24 @@ fn link_urls(sc: &SetConfig, ln: &[Link]) -> Vec<(String, String, Option<String>
 fn write_resource(w: &mut SitemapWriter, sc: &SetConfig, r: &Resource, loc: &mut String) {
     loc.clear();
     r.key.to_url(&sc.url_prefix, loc);
-    let md = Md { md5: r.meta.md5.as_deref(), length: r.meta.length, mime: r.meta.mime.as_deref(), ..Md::default() };
+    let md = Md {
+        md5: r.meta.md5.as_deref(),
+        length: r.meta.length,
+        mime: r.meta.mime.as_deref(),
+        ..Md::default()
+    };
     if r.meta.ln.is_empty() {
         w.entry(loc, r.meta.lastmod, &md, &[]);
     } else {
         let links = link_urls(sc, &r.meta.ln);
-        let lns: Vec<Ln> = links.iter().map(|(rel, href, mime)| Ln { rel, href, mime: mime.as_deref() }).collect();
+        let lns: Vec<Ln> = links
+            .iter()
+            .map(|(rel, href, mime)| Ln {
+                rel,
+                href,
+                mime: mime.as_deref(),
+            })
+            .collect();
         w.entry(loc, r.meta.lastmod, &md, &lns);
     }
 }
@@ -460,7 +711,11 @@ pub fn write_change(w: &mut SitemapWriter, sc: &SetConfig, c: &Change, loc: &mut
         datetime: Some(c.datetime),
         md5: if deleted { None } else { c.meta.md5.as_deref() },
         length: if deleted { None } else { c.meta.length },
-        mime: if deleted { None } else { c.meta.mime.as_deref() },
+        mime: if deleted {
+            None
+        } else {
+            c.meta.mime.as_deref()
+        },
         ..Md::default()
     };
     let lastmod = if deleted { None } else { c.meta.lastmod };
@@ -468,14 +723,25 @@ pub fn write_change(w: &mut SitemapWriter, sc: &SetConfig, c: &Change, loc: &mut
         w.entry(loc, lastmod, &md, &[]);
     } else {
         let links = link_urls(sc, &c.meta.ln);
-        let lns: Vec<Ln> = links.iter().map(|(rel, href, mime)| Ln { rel, href, mime: mime.as_deref() }).collect();
+        let lns: Vec<Ln> = links
+            .iter()
+            .map(|(rel, href, mime)| Ln {
+                rel,
+                href,
+                mime: mime.as_deref(),
+            })
+            .collect();
         w.entry(loc, lastmod, &md, &lns);
     }
 }
 
 /// How external writers' documents are keyed and cut (the Elasticsearch backend adopts them).
 impl crate::store::elastic::SetRules for Source {
-    fn key(&self, set: &SetName, location: &crate::model::Location) -> Result<crate::model::ResourceKey, String> {
+    fn key(
+        &self,
+        set: &SetName,
+        location: &crate::model::Location,
+    ) -> Result<crate::model::ResourceKey, String> {
         location.key(&self.set_config(set))
     }
 

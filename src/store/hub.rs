@@ -8,8 +8,8 @@ use bytes::Bytes;
 
 use super::{NotifyState, Store, StoreError};
 use crate::hub::model::{
-    Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, SubState, Subscription, SubscriptionFilter, SubscriptionId,
-    SubscriptionStats, Topic, TopicInfo, TopicSummary,
+    Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, SubState, Subscription,
+    SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
 
@@ -36,7 +36,10 @@ impl Store {
 
     /// Adopts documents external writers put straight into the store (Elasticsearch; the
     /// embedded store has none). Returns the change documents adopted.
-    pub async fn adopt_external(&self, rules: &dyn super::elastic::SetRules) -> Result<usize, StoreError> {
+    pub async fn adopt_external(
+        &self,
+        rules: &dyn super::elastic::SetRules,
+    ) -> Result<usize, StoreError> {
         match self {
             Store::Embedded(_) => Ok(0),
             Store::Elasticsearch(s) => s.adopt(rules).await,
@@ -60,7 +63,11 @@ impl Store {
     }
 
     /// Ends an intent; returns the subscription created/updated or removed.
-    pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
+    pub async fn hub_resolve(
+        &self,
+        intent: Intent,
+        res: Resolution,
+    ) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_resolve(intent, res).await,
             Store::Elasticsearch(s) => s.hub_resolve(intent, res).await,
@@ -82,7 +89,11 @@ impl Store {
         }
     }
 
-    pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
+    pub async fn hub_subscription(
+        &self,
+        topic: &Topic,
+        callback: &Callback,
+    ) -> Result<Option<Subscription>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_subscription(topic, callback).await,
             Store::Elasticsearch(s) => s.hub_subscription(topic, callback).await,
@@ -106,7 +117,9 @@ impl Store {
     }
 
     /// Every subscription's queue: its topic's messages after its cursor, in order.
-    pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
+    pub async fn hub_backlog(
+        &self,
+    ) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_backlog().await,
             Store::Elasticsearch(s) => s.hub_backlog().await,
@@ -175,7 +188,10 @@ impl Store {
     }
 
     /// Removes a subscription's failure records, returning their messages (to try again).
-    pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
+    pub async fn hub_take_failures(
+        &self,
+        id: SubscriptionId,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
         match self {
             Store::Embedded(s) => s.hub_take_failures(id).await,
             Store::Elasticsearch(s) => s.hub_take_failures(id).await,
@@ -211,7 +227,10 @@ pub(crate) fn fold(outcomes: Vec<Outcome>) -> Vec<(SubscriptionId, Fold)> {
     let mut index: HashMap<SubscriptionId, usize> = HashMap::new();
     for o in outcomes {
         let sub = match &o {
-            Outcome::Delivered { sub, .. } | Outcome::Retry { sub, .. } | Outcome::Failed { sub, .. } | Outcome::Skipped { sub, .. } => *sub,
+            Outcome::Delivered { sub, .. }
+            | Outcome::Retry { sub, .. }
+            | Outcome::Failed { sub, .. }
+            | Outcome::Skipped { sub, .. } => *sub,
         };
         let i = *index.entry(sub).or_insert_with(|| {
             folds.push((sub, Fold::default()));
@@ -219,21 +238,41 @@ pub(crate) fn fold(outcomes: Vec<Outcome>) -> Vec<(SubscriptionId, Fold)> {
         });
         let f = &mut folds[i].1;
         match o {
-            Outcome::Delivered { message, at, status, .. } => {
+            Outcome::Delivered {
+                message,
+                at,
+                status,
+                ..
+            } => {
                 f.cursor = f.cursor.max(message);
                 (f.attempts, f.next_at) = (0, None);
                 f.delivered += 1;
                 f.success = Some((at.0, status));
             }
-            Outcome::Retry { attempts, at, next_at, status, error, .. } => {
+            Outcome::Retry {
+                attempts,
+                at,
+                next_at,
+                status,
+                error,
+                ..
+            } => {
                 (f.attempts, f.next_at) = (attempts, Some(next_at.0));
                 f.failure = Some((at.0, status, error));
             }
-            Outcome::Failed { message, attempts, at, status, error, .. } => {
+            Outcome::Failed {
+                message,
+                attempts,
+                at,
+                status,
+                error,
+                ..
+            } => {
                 f.cursor = f.cursor.max(message);
                 (f.attempts, f.next_at) = (0, None);
                 f.failed += 1;
-                f.failures.push((message, attempts, status, error.clone(), at.0));
+                f.failures
+                    .push((message, attempts, status, error.clone(), at.0));
                 f.failure = Some((at.0, status, error));
             }
             Outcome::Skipped { through, .. } => {
@@ -247,7 +286,13 @@ pub(crate) fn fold(outcomes: Vec<Outcome>) -> Vec<(SubscriptionId, Fold)> {
 
 /// A subscription's state as the admin API reports it: expired once the lease is over,
 /// failing while the head is in retry or the last attempt failed, else active.
-pub(crate) fn sub_state(expires_at: i64, attempts: u32, last_failure_at: Option<i64>, last_success_at: Option<i64>, now: Timestamp) -> SubState {
+pub(crate) fn sub_state(
+    expires_at: i64,
+    attempts: u32,
+    last_failure_at: Option<i64>,
+    last_success_at: Option<i64>,
+    now: Timestamp,
+) -> SubState {
     if expires_at <= now.0 {
         SubState::Expired
     } else if attempts > 0 || last_failure_at.unwrap_or(0) > last_success_at.unwrap_or(0) {

@@ -4,8 +4,8 @@
 //! document and its change document together. No offsets and no in-process joins, so a search
 //! engine backend can implement the same calls.
 
-mod embedded;
 pub mod elastic;
+mod embedded;
 pub(crate) mod hub;
 
 use std::path::Path;
@@ -65,19 +65,25 @@ impl OpenTotals {
     /// When the list closes: after its newest entry, not before now nor its own start, so
     /// every entry lies inside `[from, until)`.
     pub fn close_time(&self, now: Timestamp) -> i64 {
-        self.max_dt.map_or(now.0, |m| now.0.max(m + 1)).max(self.from)
+        self.max_dt
+            .map_or(now.0, |m| now.0.max(m + 1))
+            .max(self.from)
     }
 }
 
 impl ListPolicy {
     /// Whether a non-empty open list has outlived its period.
     pub(crate) fn period_over(&self, open: &OpenTotals, now: Timestamp) -> bool {
-        self.rollover_secs > 0 && open.count > 0 && now >= Timestamp(open.from).plus_secs(self.rollover_secs)
+        self.rollover_secs > 0
+            && open.count > 0
+            && now >= Timestamp(open.from).plus_secs(self.rollover_secs)
     }
 
     /// Whether an entry of `entry_bytes` must go into a new list (full, too large, or too old).
     pub(crate) fn must_roll(&self, open: &OpenTotals, entry_bytes: u64, now: Timestamp) -> bool {
-        open.count >= self.max_items as u64 || (open.count > 0 && open.bytes + entry_bytes > self.max_bytes) || self.period_over(open, now)
+        open.count >= self.max_items as u64
+            || (open.count > 0 && open.bytes + entry_bytes > self.max_bytes)
+            || self.period_over(open, now)
     }
 
     /// The datetime a change is recorded at: its own, checked against the clock, the open
@@ -245,7 +251,11 @@ impl Store {
         }
     }
 
-    pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
+    pub async fn resource(
+        &self,
+        set: &SetName,
+        key: &ResourceKey,
+    ) -> Result<Option<Resource>, StoreError> {
         match self {
             Store::Embedded(s) => s.resource(set, key).await,
             Store::Elasticsearch(s) => s.resource(set, key).await,
@@ -330,6 +340,11 @@ impl Store {
 
 /// A conservative estimate of an entry's size in a sitemap, used to stay under 50 MB.
 pub fn entry_bytes_estimate(c: &NewChange) -> u64 {
-    let links: usize = c.meta.ln.iter().map(|l| 96 + 2 * l.href.value.len() + l.rel.len()).sum();
+    let links: usize = c
+        .meta
+        .ln
+        .iter()
+        .map(|l| 96 + 2 * l.href.value.len() + l.rel.len())
+        .sum();
     (320 + 2 * c.key.0.len() + c.meta.mime.as_deref().map_or(0, str::len) + links) as u64
 }

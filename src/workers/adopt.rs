@@ -17,7 +17,9 @@ pub async fn run(source: Arc<Source>, hub: Arc<Hub>, cancel: CancellationToken) 
             match source.store().adopt_external(source.as_ref()).await {
                 Ok(n) if n > 0 => tracing::debug!(changes = n, "external documents adopted"),
                 Ok(_) => {}
-                Err(e) => tracing::warn!(error = %e, "adopting external documents failed; will retry"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "adopting external documents failed; will retry")
+                }
             }
         }
         tokio::select! {

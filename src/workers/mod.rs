@@ -1,4 +1,4 @@
 //! Long-running loops, each `async fn run(ctx, cancel)`, racing every sleep against shutdown.
 
-pub mod rollover;
 pub mod adopt;
+pub mod rollover;

@@ -27,7 +27,11 @@ pub async fn tick(source: &Source) -> Result<usize, crate::store::StoreError> {
     let mut closed = 0;
     for set in source.store().sets().await? {
         let policy = source.list_policy(&set.name);
-        if let Some(no) = source.store().rollover_if_due(&set.name, policy, Timestamp::now()).await? {
+        if let Some(no) = source
+            .store()
+            .rollover_if_due(&set.name, policy, Timestamp::now())
+            .await?
+        {
             tracing::info!(set = %set.name, list = no, "change list closed (period over)");
             closed += 1;
         }

@@ -11,7 +11,9 @@ use crate::support::*;
 
 const ADMIN: &str = "admin-token";
 
-async fn admin_app(tweak: impl FnOnce(&mut resourcesync_hub::config::Config)) -> (TestApp, tempfile::TempDir) {
+async fn admin_app(
+    tweak: impl FnOnce(&mut resourcesync_hub::config::Config),
+) -> (TestApp, tempfile::TempDir) {
     let (mut c, d) = hub_config();
     c.admin.token = ADMIN.into();
     tweak(&mut c);
@@ -26,7 +28,11 @@ async fn admin(app: &TestApp, method: &str, path: &str) -> (u16, String) {
         "DELETE" => app.client.delete(app.url(path)),
         _ => unreachable!(),
     };
-    let r = rb.header("authorization", format!("Bearer {ADMIN}")).send().await.unwrap();
+    let r = rb
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .send()
+        .await
+        .unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
@@ -40,17 +46,38 @@ async fn admin_json(app: &TestApp, path: &str) -> Value {
 async fn the_admin_api_needs_its_token_and_is_off_without_one() {
     let (c, _d) = hub_config();
     let app = TestApp::start_with(c).await;
-    let r = app.client.get(app.url("/admin/v1/stats")).send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/admin/v1/stats"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 404);
     assert!(r.text().await.unwrap().contains("admin.token"), "says why");
     app.stop().await;
 
     let (app, _d) = admin_app(|_| {}).await;
-    let r = app.client.get(app.url("/admin/v1/stats")).send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/admin/v1/stats"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 401);
-    let r = app.client.get(app.url("/admin/v1/stats")).header("authorization", "Bearer wrong").send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/admin/v1/stats"))
+        .header("authorization", "Bearer wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = app.client.get(app.url("/admin/v1/openapi.json")).send().await.unwrap();
+    let r = app
+        .client
+        .get(app.url("/admin/v1/openapi.json"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200, "the API description is public");
     let doc: Value = r.json().await.unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
@@ -63,7 +90,14 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     let (app, _d) = admin_app(|_| {}).await;
     let sub = TestSubscriber::start().await;
     let t = app.config.topic_base() + "/news";
-    subscribed(&app, &sub, &t, "/secret-one", &[("hub.secret", "TOPSECRET-42")]).await;
+    subscribed(
+        &app,
+        &sub,
+        &t,
+        "/secret-one",
+        &[("hub.secret", "TOPSECRET-42")],
+    )
+    .await;
     subscribed(&app, &sub, &t, "/plain", &[]).await;
     // A callback that never answers keeps its verification pending.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -71,7 +105,11 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     let r = app
         .client
         .post(app.url("/hub"))
-        .form(&[("hub.mode", "subscribe"), ("hub.topic", t.as_str()), ("hub.callback", silent_cb.as_str())])
+        .form(&[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", t.as_str()),
+            ("hub.callback", silent_cb.as_str()),
+        ])
         .send()
         .await
         .unwrap();
@@ -86,7 +124,10 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     bodies.push(page.to_string());
     let items = page["items"].as_array().unwrap();
     assert_eq!(items.len(), 2);
-    let secret = items.iter().find(|i| i["callback"].as_str().unwrap().ends_with("/secret-one")).unwrap();
+    let secret = items
+        .iter()
+        .find(|i| i["callback"].as_str().unwrap().ends_with("/secret-one"))
+        .unwrap();
     assert_eq!(secret["secret_set"], true);
     assert_eq!(secret["state"], "active");
     assert_eq!(secret["delivered"], 1);
@@ -95,41 +136,90 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     let page = admin_json(&app, "/admin/v1/subscriptions?limit=1").await;
     assert_eq!(page["items"].as_array().unwrap().len(), 1);
     let next = page["next_cursor"].as_str().unwrap().to_string();
-    let page2 = admin_json(&app, &format!("/admin/v1/subscriptions?limit=1&cursor={next}")).await;
+    let page2 = admin_json(
+        &app,
+        &format!("/admin/v1/subscriptions?limit=1&cursor={next}"),
+    )
+    .await;
     assert_eq!(page2["items"].as_array().unwrap().len(), 1);
-    assert_ne!(page2["items"][0]["id"], page["items"][0]["id"], "cursor paging");
+    assert_ne!(
+        page2["items"][0]["id"], page["items"][0]["id"],
+        "cursor paging"
+    );
     assert!(page2["next_cursor"].is_null());
     let filtered = admin_json(&app, "/admin/v1/subscriptions?callback=plain").await;
     assert_eq!(filtered["items"].as_array().unwrap().len(), 1);
-    let by_topic = admin_json(&app, &format!("/admin/v1/subscriptions?topic={}", urlencode(&t))).await;
+    let by_topic = admin_json(
+        &app,
+        &format!("/admin/v1/subscriptions?topic={}", urlencode(&t)),
+    )
+    .await;
     assert_eq!(by_topic["items"].as_array().unwrap().len(), 2);
     let pending = admin_json(&app, "/admin/v1/subscriptions?state=pending_verification").await;
     assert_eq!(pending["items"][0]["callback"], silent_cb.as_str());
-    assert!(pending["items"][0]["id"].as_str().unwrap().starts_with("pending-"));
-    assert_eq!(admin_json(&app, "/admin/v1/subscriptions?state=expired").await["items"].as_array().unwrap().len(), 0);
-    assert_eq!(admin(&app, "GET", "/admin/v1/subscriptions?state=bogus").await.0, 400);
-    assert_eq!(admin(&app, "GET", "/admin/v1/subscriptions?limit=0").await.0, 400);
+    assert!(pending["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .starts_with("pending-"));
+    assert_eq!(
+        admin_json(&app, "/admin/v1/subscriptions?state=expired").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+    assert_eq!(
+        admin(&app, "GET", "/admin/v1/subscriptions?state=bogus")
+            .await
+            .0,
+        400
+    );
+    assert_eq!(
+        admin(&app, "GET", "/admin/v1/subscriptions?limit=0")
+            .await
+            .0,
+        400
+    );
 
     let detail = admin_json(&app, &format!("/admin/v1/subscriptions/{id}")).await;
     bodies.push(detail.to_string());
     assert!(detail["lease_expires"].is_string() && detail["verified_at"].is_string());
     assert_eq!(detail["last_success"]["status"], 200);
     assert_eq!(detail["pending"], 0);
-    assert_eq!(admin(&app, "GET", "/admin/v1/subscriptions/999999").await.0, 404);
+    assert_eq!(
+        admin(&app, "GET", "/admin/v1/subscriptions/999999").await.0,
+        404
+    );
 
     let topics = admin_json(&app, "/admin/v1/topics").await;
     bodies.push(topics.to_string());
-    let news = topics.as_array().unwrap().iter().find(|x| x["topic"] == t.as_str()).unwrap();
+    let news = topics
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["topic"] == t.as_str())
+        .unwrap();
     assert_eq!(news["subscribers"], 2);
     assert!(news["last_publish"].is_string());
-    let latest = admin_json(&app, &format!("/admin/v1/topics/latest?topic={}", urlencode(&t))).await;
+    let latest = admin_json(
+        &app,
+        &format!("/admin/v1/topics/latest?topic={}", urlencode(&t)),
+    )
+    .await;
     assert_eq!(latest["payload"], "<n/>");
 
     let deliveries = admin_json(&app, &format!("/admin/v1/deliveries?subscription={id}")).await;
     bodies.push(deliveries.to_string());
     assert_eq!(deliveries.as_array().unwrap().len(), 1);
     assert_eq!(deliveries[0]["outcome"], "delivered");
-    assert_eq!(admin_json(&app, "/admin/v1/deliveries?outcome=failed").await.as_array().unwrap().len(), 0);
+    assert_eq!(
+        admin_json(&app, "/admin/v1/deliveries?outcome=failed")
+            .await
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
 
     let stats = admin_json(&app, "/admin/v1/stats").await;
     bodies.push(stats.to_string());
@@ -138,13 +228,26 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     assert_eq!(stats["delivered"], 2);
     assert_eq!(stats["attempts_by_outcome"]["delivered"], 2);
 
-    let (s, text) = admin(&app, "POST", &format!("/admin/v1/subscriptions/{id}/verify")).await;
+    let (s, text) = admin(
+        &app,
+        "POST",
+        &format!("/admin/v1/subscriptions/{id}/verify"),
+    )
+    .await;
     assert_eq!(s, 202, "{text}");
     sub.wait_verifications("/secret-one", 2).await;
     let (s, text) = admin(&app, "POST", &format!("/admin/v1/subscriptions/{id}/retry")).await;
     assert_eq!((s, text.as_str()), (200, r#"{"requeued":0}"#));
 
-    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     for want in [
         "rshub_deliveries_total{outcome=\"delivered\"} 2",
         "rshub_subscriptions{state=\"active\"} 2",
@@ -156,11 +259,24 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     }
     bodies.push(metrics);
 
-    let (s, _) = admin(&app, "DELETE", &format!("/admin/v1/subscriptions/{id}?deny=true&reason=bye")).await;
+    let (s, _) = admin(
+        &app,
+        "DELETE",
+        &format!("/admin/v1/subscriptions/{id}?deny=true&reason=bye"),
+    )
+    .await;
     assert_eq!(s, 204);
     let v = sub.wait_verifications("/secret-one", 3).await;
-    assert_eq!((v[2]["hub.mode"].as_str(), v[2]["hub.reason"].as_str()), ("denied", "bye"));
-    assert_eq!(admin(&app, "DELETE", &format!("/admin/v1/subscriptions/{id}")).await.0, 404);
+    assert_eq!(
+        (v[2]["hub.mode"].as_str(), v[2]["hub.reason"].as_str()),
+        ("denied", "bye")
+    );
+    assert_eq!(
+        admin(&app, "DELETE", &format!("/admin/v1/subscriptions/{id}"))
+            .await
+            .0,
+        404
+    );
     for b in bodies {
         assert!(!b.contains("TOPSECRET"), "a secret in a response: {b}");
     }
@@ -184,7 +300,10 @@ async fn a_failing_subscriber_shows_failing_then_active_after_a_retry() {
     sub.answer("/flaky", 500);
     assert_eq!(fat_ping(&app, &t, "<a/>").await.0, 200);
     sub.wait_deliveries("/flaky", 3).await;
-    let id = admin_json(&app, "/admin/v1/subscriptions").await["items"][0]["id"].as_str().unwrap().to_string();
+    let id = admin_json(&app, "/admin/v1/subscriptions").await["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let mut detail = Value::Null;
     for _ in 0..100 {
         detail = admin_json(&app, &format!("/admin/v1/subscriptions/{id}")).await;
@@ -196,10 +315,22 @@ async fn a_failing_subscriber_shows_failing_then_active_after_a_retry() {
     assert_eq!(detail["state"], "failing", "{detail}");
     assert_eq!(detail["retry_attempts"], 3);
     assert_eq!(detail["last_failure"]["status"], 500);
-    assert_eq!(detail["last_failure"]["error"], "callback answered 500 Internal Server Error");
+    assert_eq!(
+        detail["last_failure"]["error"],
+        "callback answered 500 Internal Server Error"
+    );
     assert_eq!(detail["pending"], 1);
-    assert!(detail["next_attempt_at"].is_string(), "the next retry is an hour away");
-    assert_eq!(admin_json(&app, "/admin/v1/subscriptions?state=failing").await["items"].as_array().unwrap().len(), 1);
+    assert!(
+        detail["next_attempt_at"].is_string(),
+        "the next retry is an hour away"
+    );
+    assert_eq!(
+        admin_json(&app, "/admin/v1/subscriptions?state=failing").await["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
 
     sub.answer("/flaky", 200);
     let (s, _) = admin(&app, "POST", &format!("/admin/v1/subscriptions/{id}/retry")).await;
@@ -217,12 +348,21 @@ async fn a_failing_subscriber_shows_failing_then_active_after_a_retry() {
     assert_eq!(detail["delivered"], 1);
     assert_eq!(detail["pending"], 0);
     let attempts = admin_json(&app, &format!("/admin/v1/deliveries?subscription={id}")).await;
-    let outcomes: Vec<&str> = attempts.as_array().unwrap().iter().map(|a| a["outcome"].as_str().unwrap()).collect();
-    assert_eq!(outcomes, ["delivered", "retry", "retry", "retry"], "newest first");
+    let outcomes: Vec<&str> = attempts
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["delivered", "retry", "retry", "retry"],
+        "newest first"
+    );
     app.stop().await;
 }
 
-/// schemathesis (PyPI, installed by .ci/run) generates requests from /admin/v1/openapi.json:
+/// schemathesis (PyPI, in the tests' Python environment) generates requests from /admin/v1/openapi.json:
 /// no 5xx, and every response conforms to the schema it documents.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
@@ -233,18 +373,37 @@ async fn schemathesis_finds_no_server_error_and_no_schema_violation() {
     assert_eq!(fat_ping(&app, &t, "<x/>").await.0, 200);
     let url = app.url("/admin/v1/openapi.json");
     let out = tokio::task::spawn_blocking(move || {
-        // The interpreter pip installed into (like validate-rs-xml), not whatever `st` is on PATH.
-        std::process::Command::new("python3")
-            .args(["-m", "schemathesis.cli", "run", &url, "--header", &format!("Authorization: Bearer {ADMIN}")])
-            .args(["--checks", "not_a_server_error,response_schema_conformance", "--max-examples", "25", "--no-color"])
+        std::process::Command::new(PyEnv::get().python())
+            .args([
+                "-m",
+                "schemathesis.cli",
+                "run",
+                &url,
+                "--header",
+                &format!("Authorization: Bearer {ADMIN}"),
+            ])
+            .args([
+                "--checks",
+                "not_a_server_error,response_schema_conformance",
+                "--max-examples",
+                "25",
+                "--no-color",
+            ])
             .output()
-            .expect("python3 runs")
+            .expect("the tests' python runs")
     })
     .await
     .unwrap();
-    let report = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "schemathesis failed (python3 -m pip install schemathesis):\n{report}");
-    assert!(report.contains("Tested: 9"), "every operation was exercised:\n{report}");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "schemathesis failed:\n{report}");
+    assert!(
+        report.contains("Tested: 9"),
+        "every operation was exercised:\n{report}"
+    );
     app.stop().await;
 }
 
@@ -265,26 +424,57 @@ async fn the_admin_cli_prints_tables_from_a_running_server() {
                 .args(&args)
                 .output()
                 .unwrap();
-            (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+            (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
         })
     };
-    let (ok, list, err) = cli(vec!["subscriptions".into(), "list".into()], ADMIN).await.unwrap();
+    let (ok, list, err) = cli(vec!["subscriptions".into(), "list".into()], ADMIN)
+        .await
+        .unwrap();
     assert!(ok, "{err}");
     assert!(list.starts_with("ID  STATE"), "{list}");
-    assert!(list.contains(&sub.url("/cb")) && list.contains("active"), "{list}");
-    let id = list.lines().nth(1).unwrap().split_whitespace().next().unwrap().to_string();
-    let (ok, show, _) = cli(vec!["subscriptions".into(), "show".into(), id.clone()], ADMIN).await.unwrap();
-    assert!(ok && show.contains("secret_set") && show.contains("true") && !show.contains("HIDDEN"), "{show}");
+    assert!(
+        list.contains(&sub.url("/cb")) && list.contains("active"),
+        "{list}"
+    );
+    let id = list
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let (ok, show, _) = cli(
+        vec!["subscriptions".into(), "show".into(), id.clone()],
+        ADMIN,
+    )
+    .await
+    .unwrap();
+    assert!(
+        ok && show.contains("secret_set") && show.contains("true") && !show.contains("HIDDEN"),
+        "{show}"
+    );
     let (ok, topics, _) = cli(vec!["topics".into()], ADMIN).await.unwrap();
     assert!(ok && topics.contains(&t), "{topics}");
     let (ok, stats, _) = cli(vec!["stats".into()], ADMIN).await.unwrap();
     assert!(ok && stats.contains("subscriptions active"), "{stats}");
     let (ok, _, err) = cli(vec!["stats".into()], "wrong").await.unwrap();
     assert!(!ok && err.contains("the admin token is wrong"), "{err}");
-    let (ok, out, err) = cli(vec!["subscriptions".into(), "delete".into(), id.clone()], ADMIN).await.unwrap();
+    let (ok, out, err) = cli(
+        vec!["subscriptions".into(), "delete".into(), id.clone()],
+        ADMIN,
+    )
+    .await
+    .unwrap();
     assert!(ok, "{err}");
     assert!(out.contains("deleted"));
-    let (ok, _, err) = cli(vec!["subscriptions".into(), "show".into(), id], ADMIN).await.unwrap();
+    let (ok, _, err) = cli(vec!["subscriptions".into(), "show".into(), id], ADMIN)
+        .await
+        .unwrap();
     assert!(!ok && err.contains("404"), "{err}");
     app.stop().await;
 }

@@ -8,8 +8,18 @@ use crate::support::ChildServer;
 const BIN: &str = ChildServer::BIN;
 
 fn import(dir: &std::path::Path, data: &std::path::Path) -> serde_json::Value {
-    let out = Command::new(BIN).args(["import"]).arg(dir).args(["--set", "docs", "--data-dir"]).arg(data).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(BIN)
+        .args(["import"])
+        .arg(dir)
+        .args(["--set", "docs", "--data-dir"])
+        .arg(data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -22,7 +32,11 @@ fn import_records_created_updated_deleted() {
         std::fs::write(dir.join(format!("sub/f{i}.txt")), format!("file {i}")).unwrap();
     }
     let r = import(&dir, &data);
-    assert_eq!((r["created"].as_u64(), r["scanned"].as_u64()), (Some(5), Some(5)), "{r}");
+    assert_eq!(
+        (r["created"].as_u64(), r["scanned"].as_u64()),
+        (Some(5), Some(5)),
+        "{r}"
+    );
     let r = import(&dir, &data);
     assert_eq!(r["unchanged"], 5, "a second scan finds nothing new: {r}");
 
@@ -30,9 +44,22 @@ fn import_records_created_updated_deleted() {
     std::fs::remove_file(dir.join("sub/f2.txt")).unwrap();
     std::fs::write(dir.join("new.pdf"), "pdf").unwrap();
     let r = import(&dir, &data);
-    assert_eq!((r["created"].as_u64(), r["updated"].as_u64(), r["deleted"].as_u64(), r["unchanged"].as_u64()), (Some(1), Some(1), Some(1), Some(3)), "{r}");
+    assert_eq!(
+        (
+            r["created"].as_u64(),
+            r["updated"].as_u64(),
+            r["deleted"].as_u64(),
+            r["unchanged"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1), Some(3)),
+        "{r}"
+    );
 
-    let out = Command::new(BIN).args(["import", "/nonexistent/dir", "--set", "docs", "--data-dir"]).arg(&data).output().unwrap();
+    let out = Command::new(BIN)
+        .args(["import", "/nonexistent/dir", "--set", "docs", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("is not a directory"));
 }
@@ -43,16 +70,44 @@ fn serve_answers_and_stops_on_sigterm() {
     let server = ChildServer::serve(&["--demo", "--data-dir", tmp.path().to_str().unwrap()], &[]);
     let addr = server.addr.clone();
     let log = server.log();
-    assert!(log.contains("answers only loopback clients"), "startup log warns about ingest: {log}");
+    assert!(
+        log.contains("answers only loopback clients"),
+        "startup log warns about ingest: {log}"
+    );
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let c = reqwest::Client::builder().no_proxy().build().unwrap();
-        assert_eq!(c.get(format!("http://{addr}/readyz")).send().await.unwrap().status(), 200);
-        let sd = c.get(format!("http://{addr}/.well-known/resourcesync")).send().await.unwrap().text().await.unwrap();
+        assert_eq!(
+            c.get(format!("http://{addr}/readyz"))
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
+        let sd = c
+            .get(format!("http://{addr}/.well-known/resourcesync"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert!(sd.contains("/sets/demo/capabilitylist.xml"), "{sd}");
-        let rl = c.get(format!("http://{addr}/sets/demo/resourcelist.xml")).send().await.unwrap().text().await.unwrap();
+        let rl = c
+            .get(format!("http://{addr}/sets/demo/resourcelist.xml"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         assert_eq!(rl.matches("<url>").count(), 24, "the demo set's 24 files");
-        let file = c.get(format!("http://{addr}/files/demo/papers/paper-001.txt")).send().await.unwrap();
+        let file = c
+            .get(format!("http://{addr}/files/demo/papers/paper-001.txt"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(file.status(), 200);
     });
     let status = server.signal("TERM");
@@ -63,17 +118,33 @@ fn serve_answers_and_stops_on_sigterm() {
 fn bad_configuration_is_a_clear_error() {
     let tmp = tempfile::tempdir().unwrap();
     let run = |args: &[&str], env: &[(&str, &str)]| {
-        let out = Command::new(BIN).args(args).arg("--data-dir").arg(tmp.path()).envs(env.iter().copied()).output().unwrap();
+        let out = Command::new(BIN)
+            .args(args)
+            .arg("--data-dir")
+            .arg(tmp.path())
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "{args:?} should fail");
         String::from_utf8_lossy(&out.stderr).to_string()
     };
-    assert!(run(&["serve", "--config", "/nonexistent.toml"], &[]).contains("/nonexistent.toml does not exist"));
-    let e = run(&["serve", "--listen", "127.0.0.1:0"], &[("RSHUB_SET_DEFAULTS__MAX_ITEMS_IN_LIST", "60000")]);
-    assert!(e.contains("max_items_in_list = 60000: must be between 1 and 50000"), "{e}");
+    assert!(run(&["serve", "--config", "/nonexistent.toml"], &[])
+        .contains("/nonexistent.toml does not exist"));
+    let e = run(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("RSHUB_SET_DEFAULTS__MAX_ITEMS_IN_LIST", "60000")],
+    );
+    assert!(
+        e.contains("max_items_in_list = 60000: must be between 1 and 50000"),
+        "{e}"
+    );
     let cfg = tmp.path().join("c.toml");
     std::fs::write(&cfg, "[sets.papers]\nurl_prefx = \"http://x/\"\n").unwrap();
     let e = run(&["serve", "--config", cfg.to_str().unwrap()], &[]);
-    assert!(e.contains("url_prefx"), "unknown keys in a set are named: {e}");
+    assert!(
+        e.contains("url_prefx"),
+        "unknown keys in a set are named: {e}"
+    );
     let e = run(&["serve", "--listen", "nonsense"], &[]);
     assert!(e.contains("server.listen"), "{e}");
 }

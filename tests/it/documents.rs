@@ -14,8 +14,10 @@ async fn populated_app() -> (TestApp, tempfile::TempDir) {
     let root = dir.path().join("files");
     std::fs::create_dir_all(&root).unwrap();
     add_file_set(&mut c, "papers", &root, Some(3));
-    c.sets.get_mut("papers").unwrap().describedby =
-        vec![DescribedBy { href: "http://example.org/about-papers".into(), mime: Some("text/html".into()) }];
+    c.sets.get_mut("papers").unwrap().describedby = vec![DescribedBy {
+        href: "http://example.org/about-papers".into(),
+        mime: Some("text/html".into()),
+    }];
     c.source.describedby = "http://example.org/about-hub".into();
     let app = TestApp::start_with(c).await;
     let mut lines = Vec::new();
@@ -32,8 +34,13 @@ async fn populated_app() -> (TestApp, tempfile::TempDir) {
     }
     lines.push(r#"{"change":"created","location":{"type":"url","value":"http://mirror.example.org/x?a=1&b=2"},"mime":"application/pdf"}"#.into());
     app.ingest_ok("papers", &lines.join("\n")).await;
-    app.ingest_ok("papers", &change_line("updated", "p1.txt", &md5_hex(b"paper 1\n"), 8)).await;
-    app.ingest_ok("papers", &change_line("deleted", "p2.txt", "", 0)).await;
+    app.ingest_ok(
+        "papers",
+        &change_line("updated", "p1.txt", &md5_hex(b"paper 1\n"), 8),
+    )
+    .await;
+    app.ingest_ok("papers", &change_line("deleted", "p2.txt", "", 0))
+        .await;
     (app, dir)
 }
 
@@ -48,16 +55,40 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
     assert_eq!(sd.entries.len(), 1);
     let cap_url = sd.entries[0].loc.clone();
     assert_eq!(sd.entries[0].md["capability"], "capabilitylist");
-    assert_eq!(sd.entries[0].links[0]["href"], "http://example.org/about-papers");
+    assert_eq!(
+        sd.entries[0].links[0]["href"],
+        "http://example.org/about-papers"
+    );
     docs.push(("sd".into(), sd_body));
 
     let (cap_body, cap) = app.get_doc("/sets/papers/capabilitylist.xml").await;
     assert_eq!(cap.md["capability"], "capabilitylist");
-    assert_eq!(cap.link("up"), Some(app.config.base_url() + "/.well-known/resourcesync").as_deref());
-    assert_eq!(cap.link("describedby"), Some("http://example.org/about-papers"));
-    let caps: Vec<_> = cap.entries.iter().map(|e| e.md["capability"].as_str()).collect();
-    assert_eq!(caps, ["resourcelist", "changelist", "change-notification", "framework-notification"]);
-    for (e, topic) in cap.entries[2..].iter().zip([app.config.change_topic("papers"), app.config.framework_topic("papers")]) {
+    assert_eq!(
+        cap.link("up"),
+        Some(app.config.base_url() + "/.well-known/resourcesync").as_deref()
+    );
+    assert_eq!(
+        cap.link("describedby"),
+        Some("http://example.org/about-papers")
+    );
+    let caps: Vec<_> = cap
+        .entries
+        .iter()
+        .map(|e| e.md["capability"].as_str())
+        .collect();
+    assert_eq!(
+        caps,
+        [
+            "resourcelist",
+            "changelist",
+            "change-notification",
+            "framework-notification"
+        ]
+    );
+    for (e, topic) in cap.entries[2..].iter().zip([
+        app.config.change_topic("papers"),
+        app.config.framework_topic("papers"),
+    ]) {
         assert_eq!(e.loc, topic, "the channel's topic is the <loc>");
         assert_eq!(e.links[0]["rel"], "hub");
         assert_eq!(e.links[0]["href"], app.config.hub_url());
@@ -76,9 +107,15 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
         let (body, doc) = app.get_doc(&app.path_of(&part.loc)).await;
         assert!(!doc.is_index);
         assert_eq!(doc.md["capability"], "resourcelist");
-        assert!(doc.md.contains_key("at") && doc.md.contains_key("completed"), "{body}");
+        assert!(
+            doc.md.contains_key("at") && doc.md.contains_key("completed"),
+            "{body}"
+        );
         assert_eq!(doc.link("up"), Some(cap_url.as_str()));
-        assert_eq!(doc.link("index"), Some((app.config.base_url() + "/sets/papers/resourcelist.xml").as_str()));
+        assert_eq!(
+            doc.link("index"),
+            Some((app.config.base_url() + "/sets/papers/resourcelist.xml").as_str())
+        );
         assert!(doc.entries.len() <= 3);
         for e in &doc.entries {
             locs.push(e.loc.clone());
@@ -88,7 +125,10 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
                 assert!(e.lastmod.is_some());
                 if e.loc.ends_with("/p0.txt") {
                     assert_eq!(e.links[0]["rel"], "describedby");
-                    assert_eq!(e.links[0]["href"], app.config.base_url() + "/files/papers/meta/p0.xml");
+                    assert_eq!(
+                        e.links[0]["href"],
+                        app.config.base_url() + "/files/papers/meta/p0.xml"
+                    );
                     assert_eq!(e.links[0]["type"], "application/xml");
                 }
             }
@@ -98,7 +138,10 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
     let unique: BTreeSet<_> = locs.iter().cloned().collect();
     assert_eq!(locs.len(), 7);
     assert_eq!(unique.len(), 7);
-    assert!(!locs.iter().any(|l| l.ends_with("p2.txt")), "deleted resource listed");
+    assert!(
+        !locs.iter().any(|l| l.ends_with("p2.txt")),
+        "deleted resource listed"
+    );
     assert!(locs.contains(&"http://mirror.example.org/x?a=1&b=2".to_string()));
 
     // Change List Index over 10 changes with 3 per list: 3 closed lists and an open one.
@@ -121,7 +164,10 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
         assert_eq!(doc.md["capability"], "changelist");
         assert_eq!(doc.md["from"], l.md["from"]);
         assert_eq!(doc.md.get("until"), l.md.get("until"));
-        assert_eq!(doc.link("index"), Some((app.config.base_url() + "/sets/papers/changelist.xml").as_str()));
+        assert_eq!(
+            doc.link("index"),
+            Some((app.config.base_url() + "/sets/papers/changelist.xml").as_str())
+        );
         assert_eq!(doc.link("up"), Some(cap_url.as_str()));
         for e in &doc.entries {
             let dt = &e.md["datetime"];
@@ -129,7 +175,11 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
             if let Some(u) = doc.md.get("until") {
                 assert!(dt < u, "{dt} not before until {u}");
             }
-            assert_eq!(e.lastmod.is_some(), e.md["change"] != "deleted", "lastmod on created/updated only: {e:?}");
+            assert_eq!(
+                e.lastmod.is_some(),
+                e.md["change"] != "deleted",
+                "lastmod on created/updated only: {e:?}"
+            );
             all.push((dt.clone(), e.md["change"].clone(), e.loc.clone()));
         }
         docs.push((l.loc.clone(), body));
@@ -145,7 +195,12 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
     assert_valid(&refs);
 
     // A served resource is the bytes its entry describes.
-    let f = app.client.get(app.url("/files/papers/p1.txt")).send().await.unwrap();
+    let f = app
+        .client
+        .get(app.url("/files/papers/p1.txt"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(f.status(), 200);
     assert_eq!(f.text().await.unwrap(), "paper 1\n");
     app.stop().await;
@@ -154,7 +209,8 @@ async fn every_document_validates_and_links_up_and_to_its_index() {
 #[tokio::test]
 async fn single_lists_are_plain_urlsets_and_empty_sets_validate() {
     let app = TestApp::start().await;
-    app.ingest_ok("fresh", &change_line("created", "a.txt", &md5_hex(b"a"), 1)).await;
+    app.ingest_ok("fresh", &change_line("created", "a.txt", &md5_hex(b"a"), 1))
+        .await;
     let (rl_body, rl) = app.get_doc("/sets/fresh/resourcelist.xml").await;
     assert!(!rl.is_index);
     assert_eq!(rl.link("index"), None);
@@ -163,44 +219,98 @@ async fn single_lists_are_plain_urlsets_and_empty_sets_validate() {
     assert!(!cl.md.contains_key("until"), "the only list is open");
     assert_eq!(cl.entries.len(), 1);
     let (sd_body, sd) = app.get_doc("/.well-known/resourcesync").await;
-    assert_eq!(sd.entries.len(), 1, "the set was created by its first change");
+    assert_eq!(
+        sd.entries.len(),
+        1,
+        "the set was created by its first change"
+    );
     // A set with everything deleted still serves valid (empty) lists.
-    app.ingest_ok("fresh", &change_line("deleted", "a.txt", "", 0)).await;
+    app.ingest_ok("fresh", &change_line("deleted", "a.txt", "", 0))
+        .await;
     let (empty_rl, doc) = app.get_doc("/sets/fresh/resourcelist.xml").await;
     assert!(doc.entries.is_empty());
-    assert_valid(&[("rl", &rl_body), ("cl", &cl_body), ("sd", &sd_body), ("empty", &empty_rl)]);
+    assert_valid(&[
+        ("rl", &rl_body),
+        ("cl", &cl_body),
+        ("sd", &sd_body),
+        ("empty", &empty_rl),
+    ]);
     app.stop().await;
 }
 
 #[tokio::test]
 async fn conditional_get_gzip_and_not_found() {
     let (app, _dir) = populated_app().await;
-    let plain = reqwest::Client::builder().no_proxy().no_gzip().build().unwrap();
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .build()
+        .unwrap();
     let url = app.url("/sets/papers/changelist/1.xml");
     let r = plain.get(&url).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert_eq!(r.headers()[header::CONTENT_TYPE], "application/xml");
     let etag = r.headers()[header::ETAG].to_str().unwrap().to_string();
-    let lm = r.headers()[header::LAST_MODIFIED].to_str().unwrap().to_string();
-    let r = plain.get(&url).header(header::IF_NONE_MATCH, &etag).send().await.unwrap();
+    let lm = r.headers()[header::LAST_MODIFIED]
+        .to_str()
+        .unwrap()
+        .to_string();
+    let r = plain
+        .get(&url)
+        .header(header::IF_NONE_MATCH, &etag)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 304);
     assert!(r.bytes().await.unwrap().is_empty());
-    let r = plain.get(&url).header(header::IF_MODIFIED_SINCE, &lm).send().await.unwrap();
+    let r = plain
+        .get(&url)
+        .header(header::IF_MODIFIED_SINCE, &lm)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 304);
-    let r = plain.get(&url).header(header::IF_NONE_MATCH, "\"other\"").send().await.unwrap();
+    let r = plain
+        .get(&url)
+        .header(header::IF_NONE_MATCH, "\"other\"")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 
     // The open list changes when a change arrives: the old ETag no longer matches.
     let open = app.url("/sets/papers/changelist/4.xml");
-    let etag = plain.get(&open).send().await.unwrap().headers()[header::ETAG].to_str().unwrap().to_string();
-    app.ingest_ok("papers", &change_line("updated", "p3.txt", &md5_hex(b"x"), 1)).await;
-    let r = plain.get(&open).header(header::IF_NONE_MATCH, &etag).send().await.unwrap();
+    let etag = plain.get(&open).send().await.unwrap().headers()[header::ETAG]
+        .to_str()
+        .unwrap()
+        .to_string();
+    app.ingest_ok(
+        "papers",
+        &change_line("updated", "p3.txt", &md5_hex(b"x"), 1),
+    )
+    .await;
+    let r = plain
+        .get(&open)
+        .header(header::IF_NONE_MATCH, &etag)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
 
-    let r = plain.get(&url).header(header::ACCEPT_ENCODING, "gzip").send().await.unwrap();
+    let r = plain
+        .get(&url)
+        .header(header::ACCEPT_ENCODING, "gzip")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
 
-    for path in ["/sets/nope/resourcelist.xml", "/sets/papers/resourcelist/99.xml", "/sets/papers/changelist/x.xml", "/nothing"] {
+    for path in [
+        "/sets/nope/resourcelist.xml",
+        "/sets/papers/resourcelist/99.xml",
+        "/sets/papers/changelist/x.xml",
+        "/nothing",
+    ] {
         let r = plain.get(app.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 404, "{path}");
     }
@@ -221,7 +331,11 @@ async fn a_change_regenerates_only_the_part_under_it() {
     let (e1, b1) = get("/sets/papers/resourcelist/1.xml").await;
     let (e2, b2) = get("/sets/papers/resourcelist/2.xml").await;
     // p1.txt lives in part 1 (insertion order); update it.
-    app.ingest_ok("papers", &change_line("updated", "p1.txt", &md5_hex(b"new"), 3)).await;
+    app.ingest_ok(
+        "papers",
+        &change_line("updated", "p1.txt", &md5_hex(b"new"), 3),
+    )
+    .await;
     let (e1b, b1b) = get("/sets/papers/resourcelist/1.xml").await;
     let (e2b, b2b) = get("/sets/papers/resourcelist/2.xml").await;
     assert_ne!(e1, e1b);
@@ -238,7 +352,8 @@ async fn an_idle_open_change_list_closes_when_its_period_is_over() {
     c.set_defaults.changelist_rollover_secs = 1;
     c.source.rollover_check_secs = 1;
     let app = TestApp::start_with(c).await;
-    app.ingest_ok("s", &change_line("created", "a.txt", &md5_hex(b"a"), 1)).await;
+    app.ingest_ok("s", &change_line("created", "a.txt", &md5_hex(b"a"), 1))
+        .await;
     let mut closed = false;
     for _ in 0..40 {
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;

@@ -31,7 +31,9 @@ fn topic(app: &TestApp, name: &str) -> String {
 }
 
 async fn form(app: &TestApp, pairs: &[(&str, &str)]) -> (u16, String) {
-    let body = url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+    let body = url::form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish();
     let r = app
         .client
         .post(app.url("/hub"))
@@ -44,8 +46,17 @@ async fn form(app: &TestApp, pairs: &[(&str, &str)]) -> (u16, String) {
     (status, r.text().await.unwrap())
 }
 
-async fn subscribe(app: &TestApp, topic: &str, callback: &str, extra: &[(&str, &str)]) -> (u16, String) {
-    let mut p = vec![("hub.mode", "subscribe"), ("hub.topic", topic), ("hub.callback", callback)];
+async fn subscribe(
+    app: &TestApp,
+    topic: &str,
+    callback: &str,
+    extra: &[(&str, &str)],
+) -> (u16, String) {
+    let mut p = vec![
+        ("hub.mode", "subscribe"),
+        ("hub.topic", topic),
+        ("hub.callback", callback),
+    ];
     p.extend_from_slice(extra);
     form(app, &p).await
 }
@@ -56,7 +67,13 @@ pub async fn fat_ping(app: &TestApp, topic: &str, body: &str) -> (u16, String) {
         .post(app.url("/hub"))
         .header("content-type", "application/xml")
         .header("authorization", format!("Bearer {TOKEN}"))
-        .header("link", format!("<{topic}>; rel=\"self\", <{}>; rel=\"hub\"", app.config.hub_url()))
+        .header(
+            "link",
+            format!(
+                "<{topic}>; rel=\"self\", <{}>; rel=\"hub\"",
+                app.config.hub_url()
+            ),
+        )
         .body(body.to_string())
         .send()
         .await
@@ -66,14 +83,30 @@ pub async fn fat_ping(app: &TestApp, topic: &str, body: &str) -> (u16, String) {
 }
 
 /// Subscribes and waits until the hub recorded the verified subscription.
-pub async fn subscribed(app: &TestApp, sub: &TestSubscriber, topic: &str, path: &str, extra: &[(&str, &str)]) {
-    let store = resourcesync_hub::app::open_store(&app.config).await.unwrap();
-    let (t, cb) = (Topic::parse(topic).unwrap(), Callback::parse(&sub.url(path)).unwrap());
+pub async fn subscribed(
+    app: &TestApp,
+    sub: &TestSubscriber,
+    topic: &str,
+    path: &str,
+    extra: &[(&str, &str)],
+) {
+    let store = resourcesync_hub::app::open_store(&app.config)
+        .await
+        .unwrap();
+    let (t, cb) = (
+        Topic::parse(topic).unwrap(),
+        Callback::parse(&sub.url(path)).unwrap(),
+    );
     let before = Timestamp::now();
     let (status, text) = subscribe(app, topic, &sub.url(path), extra).await;
     assert_eq!(status, 202, "{text}");
     for _ in 0..500 {
-        if store.hub_subscription(&t, &cb).await.unwrap().is_some_and(|s| s.verified_at >= before) {
+        if store
+            .hub_subscription(&t, &cb)
+            .await
+            .unwrap()
+            .is_some_and(|s| s.verified_at >= before)
+        {
             return;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -84,7 +117,11 @@ pub async fn subscribed(app: &TestApp, sub: &TestSubscriber, topic: &str, path: 
 /// Subscribers of a topic, read from the store.
 async fn subscriber_count(app: &TestApp, topic: &str) -> u64 {
     let store = Store::open_embedded(&app.config.database_path()).unwrap();
-    store.hub_topic(&Topic::parse(topic).unwrap()).await.unwrap().map_or(0, |i| i.subscribers)
+    store
+        .hub_topic(&Topic::parse(topic).unwrap())
+        .await
+        .unwrap()
+        .map_or(0, |i| i.subscribers)
 }
 
 async fn wait_subscribers(app: &TestApp, topic: &str, n: u64) {
@@ -100,17 +137,32 @@ async fn wait_subscribers(app: &TestApp, topic: &str, n: u64) {
 fn hmac_hex<M: Mac + KeyInit>(key: &[u8], body: &[u8]) -> String {
     let mut m = <M as KeyInit>::new_from_slice(key).unwrap();
     m.update(body);
-    m.finalize().into_bytes().iter().map(|b| format!("{b:02x}")).collect()
+    m.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[tokio::test]
-async fn subscribe_is_accepted_at_once_then_verified_and_deliveries_are_signed_iff_a_secret_was_given() {
+async fn subscribe_is_accepted_at_once_then_verified_and_deliveries_are_signed_iff_a_secret_was_given(
+) {
     let (c, _d) = hub_config();
     let app = start(c).await;
     let sub = TestSubscriber::start().await;
     let t = topic(&app, "papers/changes");
 
-    let (status, text) = subscribe(&app, &t, &sub.url("/signed?id=7&hub.mode=keep"), &[("hub.secret", "s3cret"), ("hub.lease_seconds", "3600"), ("x.other", "ignored")]).await;
+    let (status, text) = subscribe(
+        &app,
+        &t,
+        &sub.url("/signed?id=7&hub.mode=keep"),
+        &[
+            ("hub.secret", "s3cret"),
+            ("hub.lease_seconds", "3600"),
+            ("x.other", "ignored"),
+        ],
+    )
+    .await;
     assert_eq!(status, 202, "{text}");
     let v = &sub.wait_verifications("/signed", 1).await[0];
     assert_eq!(v["id"], "7", "the callback's own query string is kept");
@@ -119,18 +171,31 @@ async fn subscribe_is_accepted_at_once_then_verified_and_deliveries_are_signed_i
     assert!(v["hub.challenge"].len() >= 32, "a random challenge: {v:?}");
     subscribed(&app, &sub, &t, "/plain", &[]).await;
     let v2 = &sub.verifications("/plain")[0];
-    assert_ne!(v["hub.challenge"], v2["hub.challenge"], "challenges are single-use");
+    assert_ne!(
+        v["hub.challenge"], v2["hub.challenge"],
+        "challenges are single-use"
+    );
 
     let payload = r#"<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"/>"#;
     let (status, text) = fat_ping(&app, &t, payload).await;
-    assert_eq!((status, text.as_str()), (200, "published to 2 subscriber(s)\n"));
+    assert_eq!(
+        (status, text.as_str()),
+        (200, "published to 2 subscriber(s)\n")
+    );
 
     let d = &sub.wait_deliveries("/signed", 1).await[0];
     assert_eq!(d.text(), payload);
     assert_eq!(d.header("content-type"), Some("application/xml"));
     let link = d.header("link").unwrap();
-    assert!(link.contains(&format!("<{}>; rel=\"hub\"", app.config.hub_url())) && link.contains(&format!("<{t}>; rel=\"self\"")), "{link}");
-    let expected = format!("sha256={}", hmac_hex::<Hmac<sha2::Sha256>>(b"s3cret", payload.as_bytes()));
+    assert!(
+        link.contains(&format!("<{}>; rel=\"hub\"", app.config.hub_url()))
+            && link.contains(&format!("<{t}>; rel=\"self\"")),
+        "{link}"
+    );
+    let expected = format!(
+        "sha256={}",
+        hmac_hex::<Hmac<sha2::Sha256>>(b"s3cret", payload.as_bytes())
+    );
     assert_eq!(d.header("x-hub-signature"), Some(expected.as_str()));
     let d = &sub.wait_deliveries("/plain", 1).await[0];
     assert_eq!(d.header("x-hub-signature"), None, "no secret, no signature");
@@ -147,18 +212,43 @@ async fn configured_algorithms_and_pubsubhubbub_clients_get_their_signatures() {
         let sub = TestSubscriber::start().await;
         let t = topic(&app, "t");
         subscribed(&app, &sub, &t, "/cb", &[("hub.secret", "k")]).await;
-        subscribed(&app, &sub, &t, "/legacy", &[("hub.secret", "k"), ("hub.verify", "async"), ("hub.verify_token", "vt")]).await;
-        assert_eq!(sub.verifications("/legacy")[0]["hub.verify_token"], "vt", "0.3's verify_token is echoed");
+        subscribed(
+            &app,
+            &sub,
+            &t,
+            "/legacy",
+            &[
+                ("hub.secret", "k"),
+                ("hub.verify", "async"),
+                ("hub.verify_token", "vt"),
+            ],
+        )
+        .await;
+        assert_eq!(
+            sub.verifications("/legacy")[0]["hub.verify_token"],
+            "vt",
+            "0.3's verify_token is echoed"
+        );
         fat_ping(&app, &t, "<x/>").await;
-        let got = sub.wait_deliveries("/cb", 1).await[0].header("x-hub-signature").unwrap().to_string();
+        let got = sub.wait_deliveries("/cb", 1).await[0]
+            .header("x-hub-signature")
+            .unwrap()
+            .to_string();
         let want = match alg {
             "sha1" => format!("sha1={}", hmac_hex::<Hmac<sha1::Sha1>>(b"k", b"<x/>")),
             "sha384" => format!("sha384={}", hmac_hex::<Hmac<sha2::Sha384>>(b"k", b"<x/>")),
             _ => format!("sha512={}", hmac_hex::<Hmac<sha2::Sha512>>(b"k", b"<x/>")),
         };
         assert_eq!(got, want);
-        let legacy = sub.wait_deliveries("/legacy", 1).await[0].header("x-hub-signature").unwrap().to_string();
-        assert_eq!(legacy, format!("sha1={}", hmac_hex::<Hmac<sha1::Sha1>>(b"k", b"<x/>")), "PubSubHubbub 0.3 subscribers get sha1");
+        let legacy = sub.wait_deliveries("/legacy", 1).await[0]
+            .header("x-hub-signature")
+            .unwrap()
+            .to_string();
+        assert_eq!(
+            legacy,
+            format!("sha1={}", hmac_hex::<Hmac<sha1::Sha1>>(b"k", b"<x/>")),
+            "PubSubHubbub 0.3 subscribers get sha1"
+        );
         app.stop().await;
     }
 }
@@ -177,17 +267,28 @@ async fn a_failed_verification_leaves_no_subscription() {
     sub.wait_verifications("/refuses", 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(subscriber_count(&app, &t).await, 0);
-    assert_eq!(fat_ping(&app, &t, "<x/>").await.1, "published to 0 subscriber(s)\n");
+    assert_eq!(
+        fat_ping(&app, &t, "<x/>").await.1,
+        "published to 0 subscriber(s)\n"
+    );
 
     // A failed re-subscription leaves the existing one as it was (secret included).
     subscribed(&app, &sub, &t, "/ok", &[("hub.secret", "first")]).await;
     sub.set_verify("/ok", Verify::WrongChallenge);
-    assert_eq!(subscribe(&app, &t, &sub.url("/ok"), &[("hub.secret", "second")]).await.0, 202);
+    assert_eq!(
+        subscribe(&app, &t, &sub.url("/ok"), &[("hub.secret", "second")])
+            .await
+            .0,
+        202
+    );
     sub.wait_verifications("/ok", 2).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
     fat_ping(&app, &t, "<y/>").await;
     let d = &sub.wait_deliveries("/ok", 1).await[0];
-    let want = format!("sha256={}", hmac_hex::<Hmac<sha2::Sha256>>(b"first", b"<y/>"));
+    let want = format!(
+        "sha256={}",
+        hmac_hex::<Hmac<sha2::Sha256>>(b"first", b"<y/>")
+    );
     assert_eq!(d.header("x-hub-signature"), Some(want.as_str()));
     app.stop().await;
 }
@@ -201,20 +302,43 @@ async fn resubscribing_updates_in_place_and_unsubscribing_stops_deliveries() {
     subscribed(&app, &sub, &t, "/cb", &[("hub.lease_seconds", "1000")]).await;
     subscribed(&app, &sub, &t, "/cb", &[("hub.lease_seconds", "2000")]).await;
     assert_eq!(sub.verifications("/cb")[1]["hub.lease_seconds"], "2000");
-    assert_eq!(subscriber_count(&app, &t).await, 1, "one subscription per (topic, callback)");
+    assert_eq!(
+        subscriber_count(&app, &t).await,
+        1,
+        "one subscription per (topic, callback)"
+    );
     fat_ping(&app, &t, "<one/>").await;
     sub.wait_deliveries("/cb", 1).await;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(sub.deliveries("/cb").len(), 1, "exactly one delivery per publish");
+    assert_eq!(
+        sub.deliveries("/cb").len(),
+        1,
+        "exactly one delivery per publish"
+    );
 
-    let (status, _) = form(&app, &[("hub.mode", "unsubscribe"), ("hub.topic", &t), ("hub.callback", &sub.url("/cb"))]).await;
+    let (status, _) = form(
+        &app,
+        &[
+            ("hub.mode", "unsubscribe"),
+            ("hub.topic", &t),
+            ("hub.callback", &sub.url("/cb")),
+        ],
+    )
+    .await;
     assert_eq!(status, 202);
     let v = sub.wait_verifications("/cb", 3).await;
     assert_eq!(v[2]["hub.mode"], "unsubscribe");
     wait_subscribers(&app, &t, 0).await;
-    assert_eq!(fat_ping(&app, &t, "<two/>").await.1, "published to 0 subscriber(s)\n");
+    assert_eq!(
+        fat_ping(&app, &t, "<two/>").await.1,
+        "published to 0 subscriber(s)\n"
+    );
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert_eq!(sub.deliveries("/cb").len(), 1, "nothing after unsubscribing");
+    assert_eq!(
+        sub.deliveries("/cb").len(),
+        1,
+        "nothing after unsubscribing"
+    );
     app.stop().await;
 }
 
@@ -228,13 +352,24 @@ async fn leases_are_clamped_and_enforced() {
     let sub = TestSubscriber::start().await;
     let t = topic(&app, "t");
     subscribed(&app, &sub, &t, "/default", &[]).await;
-    subscribed(&app, &sub, &t, "/long", &[("hub.lease_seconds", "999999999")]).await;
+    subscribed(
+        &app,
+        &sub,
+        &t,
+        "/long",
+        &[("hub.lease_seconds", "999999999")],
+    )
+    .await;
     subscribed(&app, &sub, &t, "/short", &[("hub.lease_seconds", "1")]).await;
     assert_eq!(sub.verifications("/default")[0]["hub.lease_seconds"], "600");
     assert_eq!(sub.verifications("/long")[0]["hub.lease_seconds"], "7200");
     assert_eq!(sub.verifications("/short")[0]["hub.lease_seconds"], "1");
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    assert_eq!(fat_ping(&app, &t, "<x/>").await.1, "published to 2 subscriber(s)\n", "the 1-second lease has ended");
+    assert_eq!(
+        fat_ping(&app, &t, "<x/>").await.1,
+        "published to 2 subscriber(s)\n",
+        "the 1-second lease has ended"
+    );
     sub.wait_deliveries("/long", 1).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(sub.deliveries("/short").is_empty());
@@ -247,12 +382,21 @@ async fn topics_outside_the_policy_are_denied_to_the_callback() {
     c.hub.topic_prefixes = vec!["https://allowed.example.org/".into()];
     let app = start(c).await;
     let sub = TestSubscriber::start().await;
-    let (status, _) = subscribe(&app, "https://elsewhere.example.net/feed", &sub.url("/cb"), &[]).await;
+    let (status, _) = subscribe(
+        &app,
+        "https://elsewhere.example.net/feed",
+        &sub.url("/cb"),
+        &[],
+    )
+    .await;
     assert_eq!(status, 202, "policy is decided after the answer");
     let v = &sub.wait_verifications("/cb", 1).await[0];
     assert_eq!(v["hub.mode"], "denied");
     assert_eq!(v["hub.topic"], "https://elsewhere.example.net/feed");
-    assert!(v.contains_key("hub.reason") && !v.contains_key("hub.challenge"), "{v:?}");
+    assert!(
+        v.contains_key("hub.reason") && !v.contains_key("hub.challenge"),
+        "{v:?}"
+    );
     // Allowed prefixes and the hub's own topics are verified as usual.
     subscribed(&app, &sub, "https://allowed.example.org/a", "/ok", &[]).await;
     assert_eq!(sub.verifications("/ok")[0]["hub.mode"], "subscribe");
@@ -268,15 +412,30 @@ async fn private_callbacks_are_refused_unless_allow_listed() {
     let app = start(c).await;
     let sub = TestSubscriber::start().await;
     let t = topic(&app, "t");
-    for cb in [sub.url("/cb"), "http://10.1.2.3/cb".into(), "http://[::1]:9/cb".into(), "http://localhost:9/cb".into(), "http://169.254.169.254/latest".into()] {
+    for cb in [
+        sub.url("/cb"),
+        "http://10.1.2.3/cb".into(),
+        "http://[::1]:9/cb".into(),
+        "http://localhost:9/cb".into(),
+        "http://169.254.169.254/latest".into(),
+    ] {
         let (status, text) = subscribe(&app, &t, &cb, &[]).await;
         assert_eq!(status, 400, "{cb}: {text}");
         assert!(text.contains("hub.allow_networks"), "{text}");
     }
-    let (status, text) = subscribe(&app, "http://192.168.1.1/feed", "https://subscriber.example.org/cb", &[]).await;
+    let (status, text) = subscribe(
+        &app,
+        "http://192.168.1.1/feed",
+        "https://subscriber.example.org/cb",
+        &[],
+    )
+    .await;
     assert_eq!(status, 400, "private topics too: {text}");
     tokio::time::sleep(Duration::from_millis(100)).await;
-    assert!(sub.verifications("/cb").is_empty(), "the refused callback was never called");
+    assert!(
+        sub.verifications("/cb").is_empty(),
+        "the refused callback was never called"
+    );
     app.stop().await;
 }
 
@@ -289,9 +448,27 @@ async fn malformed_requests_get_a_plain_text_4xx() {
     let t = topic(&app, "t");
     let cases: &[(&[(&str, &str)], &str)] = &[
         (&[("hub.topic", &t)], "hub.mode is required"),
-        (&[("hub.mode", "subscribe"), ("hub.topic", &t)], "hub.callback is required"),
-        (&[("hub.mode", "subscribe"), ("hub.topic", &t), ("hub.callback", "not a url")], "not a URL"),
-        (&[("hub.mode", "subscribe"), ("hub.topic", &t), ("hub.callback", "http://127.0.0.1:1/"), ("hub.lease_seconds", "soon")], "hub.lease_seconds"),
+        (
+            &[("hub.mode", "subscribe"), ("hub.topic", &t)],
+            "hub.callback is required",
+        ),
+        (
+            &[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", &t),
+                ("hub.callback", "not a url"),
+            ],
+            "not a URL",
+        ),
+        (
+            &[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", &t),
+                ("hub.callback", "http://127.0.0.1:1/"),
+                ("hub.lease_seconds", "soon"),
+            ],
+            "hub.lease_seconds",
+        ),
         (&[("hub.mode", "publish")], "needs hub.topic or hub.url"),
     ];
     for (pairs, want) in cases {
@@ -299,7 +476,11 @@ async fn malformed_requests_get_a_plain_text_4xx() {
             .client
             .post(app.url("/hub"))
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(url::form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs.iter()).finish())
+            .body(
+                url::form_urlencoded::Serializer::new(String::new())
+                    .extend_pairs(pairs.iter())
+                    .finish(),
+            )
             .send()
             .await
             .unwrap();
@@ -309,21 +490,40 @@ async fn malformed_requests_get_a_plain_text_4xx() {
         assert!(text.contains(want), "{pairs:?}: {text}");
     }
     let secret = "s".repeat(200);
-    let (s, text) = subscribe(&app, &t, "http://127.0.0.1:1/cb", &[("hub.secret", &secret)]).await;
+    let (s, text) = subscribe(
+        &app,
+        &t,
+        "http://127.0.0.1:1/cb",
+        &[("hub.secret", &secret)],
+    )
+    .await;
     assert_eq!(s, 400, "{text}");
     assert!(text.contains("less than 200 bytes"));
 
     let big = "x".repeat(5000);
-    assert_eq!(subscribe(&app, &t, "http://127.0.0.1:1/cb", &[("pad", &big)]).await.0, 413);
+    assert_eq!(
+        subscribe(&app, &t, "http://127.0.0.1:1/cb", &[("pad", &big)])
+            .await
+            .0,
+        413
+    );
 
     // Rate limit per callback.
-    assert_eq!(subscribe(&app, &t, "http://127.0.0.1:1/rl", &[]).await.0, 202);
-    assert_eq!(subscribe(&app, &t, "http://127.0.0.1:1/rl", &[]).await.0, 202);
+    assert_eq!(
+        subscribe(&app, &t, "http://127.0.0.1:1/rl", &[]).await.0,
+        202
+    );
+    assert_eq!(
+        subscribe(&app, &t, "http://127.0.0.1:1/rl", &[]).await.0,
+        202
+    );
     let r = app
         .client
         .post(app.url("/hub"))
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(format!("hub.mode=subscribe&hub.topic={t}&hub.callback=http://127.0.0.1:1/rl"))
+        .body(format!(
+            "hub.mode=subscribe&hub.topic={t}&hub.callback=http://127.0.0.1:1/rl"
+        ))
         .send()
         .await
         .unwrap();
@@ -332,7 +532,11 @@ async fn malformed_requests_get_a_plain_text_4xx() {
 
     // Fat pings: token, Link rel=self, a body.
     let post = |auth: Option<&'static str>, link: Option<String>, body: &'static str| {
-        let mut rb = app.client.post(app.url("/hub")).header("content-type", "application/xml").body(body);
+        let mut rb = app
+            .client
+            .post(app.url("/hub"))
+            .header("content-type", "application/xml")
+            .body(body);
         if let Some(a) = auth {
             rb = rb.header("authorization", a);
         }
@@ -346,11 +550,19 @@ async fn malformed_requests_get_a_plain_text_4xx() {
     };
     let self_link = Some(format!("<{t}>; rel=\"self\""));
     assert_eq!(post(None, self_link.clone(), "<x/>").await.0, 401);
-    assert_eq!(post(Some("Bearer nope"), self_link.clone(), "<x/>").await.0, 403);
+    assert_eq!(
+        post(Some("Bearer nope"), self_link.clone(), "<x/>").await.0,
+        403
+    );
     let (s, text) = post(Some("Bearer pub-token"), None, "<x/>").await;
     assert_eq!(s, 400);
     assert!(text.contains("rel=\"self\""), "{text}");
-    assert_eq!(post(Some("Bearer pub-token"), self_link.clone(), "").await.0, 400);
+    assert_eq!(
+        post(Some("Bearer pub-token"), self_link.clone(), "")
+            .await
+            .0,
+        400
+    );
     app.stop().await;
 
     let (c, _d2) = test_config();
@@ -373,8 +585,14 @@ async fn a_thin_ping_fetches_the_topic_and_keeps_its_content_type() {
     assert_eq!(status, 202);
     let d = &sub.wait_deliveries("/cb", 1).await[0];
     assert_eq!(d.text(), "<feed>v1</feed>");
-    assert_eq!(d.header("content-type"), Some("application/atom+xml; charset=utf-8"));
-    assert!(d.header("link").unwrap().contains(&format!("<{feed}>; rel=\"self\"")));
+    assert_eq!(
+        d.header("content-type"),
+        Some("application/atom+xml; charset=utf-8")
+    );
+    assert!(d
+        .header("link")
+        .unwrap()
+        .contains(&format!("<{feed}>; rel=\"self\"")));
     app.stop().await;
 }
 
@@ -384,21 +602,42 @@ async fn topic_uris_answer_get_and_head_with_the_latest_payload() {
     let app = start(c).await;
     let t = topic(&app, "set1/changes");
     let path = app.path_of(&t);
-    assert_eq!(app.client.get(app.url(&path)).send().await.unwrap().status(), 404, "unknown before any publish");
+    assert_eq!(
+        app.client
+            .get(app.url(&path))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404,
+        "unknown before any publish"
+    );
     fat_ping(&app, &t, "<first/>").await;
     fat_ping(&app, &t, "<latest/>").await;
     for head in [false, true] {
-        let rb = if head { app.client.head(app.url(&path)) } else { app.client.get(app.url(&path)) };
+        let rb = if head {
+            app.client.head(app.url(&path))
+        } else {
+            app.client.get(app.url(&path))
+        };
         let r = rb.send().await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(r.headers()["content-type"], "application/xml");
         let link = r.headers()["link"].to_str().unwrap().to_string();
-        assert!(link.contains(&format!("<{t}>; rel=\"self\"")) && link.contains(&format!("<{}>; rel=\"hub\"", app.config.hub_url())), "{link}");
+        assert!(
+            link.contains(&format!("<{t}>; rel=\"self\""))
+                && link.contains(&format!("<{}>; rel=\"hub\"", app.config.hub_url())),
+            "{link}"
+        );
         let body = r.text().await.unwrap();
         assert_eq!(body, if head { "" } else { "<latest/>" });
     }
     let home = app.client.get(app.url("/")).send().await.unwrap();
-    assert_eq!(home.headers()["link"], format!("<{}>; rel=\"hub\"", app.config.hub_url()).as_str(), "the hub is advertised");
+    assert_eq!(
+        home.headers()["link"],
+        format!("<{}>; rel=\"hub\"", app.config.hub_url()).as_str(),
+        "the hub is advertised"
+    );
     app.stop().await;
 }
 
@@ -413,7 +652,10 @@ async fn gone_ends_the_subscription() {
     fat_ping(&app, &t, "<a/>").await;
     sub.wait_deliveries("/gone", 1).await;
     wait_subscribers(&app, &t, 0).await;
-    assert_eq!(fat_ping(&app, &t, "<b/>").await.1, "published to 0 subscriber(s)\n");
+    assert_eq!(
+        fat_ping(&app, &t, "<b/>").await.1,
+        "published to 0 subscriber(s)\n"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(sub.deliveries("/gone").len(), 1);
     app.stop().await;
@@ -439,21 +681,52 @@ async fn retries_follow_the_schedule_and_honour_retry_after() {
     fat_ping(&app, &t, "<m1/>").await;
     fat_ping(&app, &t, "<m2/>").await;
     let healthy = sub.wait_deliveries("/healthy", 2).await;
-    assert_eq!(healthy.iter().map(|d| d.text()).collect::<Vec<_>>(), ["<m1/>", "<m2/>"]);
+    assert_eq!(
+        healthy.iter().map(|d| d.text()).collect::<Vec<_>>(),
+        ["<m1/>", "<m2/>"]
+    );
 
     let flaky = sub.wait_deliveries("/flaky", 5).await;
     let bodies: Vec<String> = flaky.iter().map(|d| d.text()).collect();
-    assert_eq!(bodies, ["<m1/>", "<m1/>", "<m1/>", "<m1/>", "<m2/>"], "m2 waits behind m1");
-    let gaps: Vec<u64> = flaky.windows(2).map(|w| (w[1].at - w[0].at).as_secs()).collect();
-    assert_eq!(&gaps[..3], &[10, 120, 300], "schedule 10, 60 (Retry-After 120 wins), 300");
-    assert!(healthy[1].at < flaky[1].at, "the healthy subscriber was not held up");
+    assert_eq!(
+        bodies,
+        ["<m1/>", "<m1/>", "<m1/>", "<m1/>", "<m2/>"],
+        "m2 waits behind m1"
+    );
+    let gaps: Vec<u64> = flaky
+        .windows(2)
+        .map(|w| (w[1].at - w[0].at).as_secs())
+        .collect();
+    assert_eq!(
+        &gaps[..3],
+        &[10, 120, 300],
+        "schedule 10, 60 (Retry-After 120 wins), 300"
+    );
+    assert!(
+        healthy[1].at < flaky[1].at,
+        "the healthy subscriber was not held up"
+    );
 
     // /down: 1 attempt + 3 retries, then m1 is marked failed and m2 gets its own attempts.
     let down = sub.wait_deliveries("/down", 5).await;
-    assert_eq!(down.iter().take(4).filter(|d| d.text() == "<m1/>").count(), 4);
-    assert_eq!(down[4].text(), "<m2/>", "after the schedule is exhausted the queue moves on");
+    assert_eq!(
+        down.iter().take(4).filter(|d| d.text() == "<m1/>").count(),
+        4
+    );
+    assert_eq!(
+        down[4].text(),
+        "<m2/>",
+        "after the schedule is exhausted the queue moves on"
+    );
     sub.answer("/down", 200);
-    assert_eq!(fat_ping(&app, &t, "<m3/>").await.1, "published to 3 subscriber(s)\n", "the failing subscription stays active");
-    sub.wait_until("m3 at /down", |s| s.deliveries("/down").iter().any(|d| d.text() == "<m3/>")).await;
+    assert_eq!(
+        fat_ping(&app, &t, "<m3/>").await.1,
+        "published to 3 subscriber(s)\n",
+        "the failing subscription stays active"
+    );
+    sub.wait_until("m3 at /down", |s| {
+        s.deliveries("/down").iter().any(|d| d.text() == "<m3/>")
+    })
+    .await;
     app.stop().await;
 }

@@ -22,7 +22,12 @@ fn start_hub(dir: &std::path::Path) -> ChildServer {
     )
     .unwrap();
     ChildServer::serve(
-        &["--config", cfg.to_str().unwrap(), "--data-dir", dir.join("data").to_str().unwrap()],
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data-dir",
+            dir.join("data").to_str().unwrap(),
+        ],
         &[("RUST_LOG", "debug,hyper=info,hyper_util=info,reqwest=info")],
     )
 }
@@ -31,7 +36,12 @@ fn start_hub(dir: &std::path::Path) -> ChildServer {
 fn received(sub: &TestSubscriber) -> HashMap<String, Vec<usize>> {
     let mut m: HashMap<String, Vec<usize>> = HashMap::new();
     for d in sub.all_deliveries() {
-        let n = d.text().trim_start_matches("<n i=\"").trim_end_matches("\"/>").parse().unwrap();
+        let n = d
+            .text()
+            .trim_start_matches("<n i=\"")
+            .trim_end_matches("\"/>")
+            .parse()
+            .unwrap();
         m.entry(d.path.clone()).or_default().push(n);
     }
     m
@@ -67,7 +77,11 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(store.hub_subscriptions().await.unwrap().len(), SUBSCRIBERS, "all verified");
+    assert_eq!(
+        store.hub_subscriptions().await.unwrap().len(),
+        SUBSCRIBERS,
+        "all verified"
+    );
 
     for n in 0..NOTIFICATIONS {
         let r = client
@@ -82,22 +96,29 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
         assert_eq!(r.status(), 200, "publish {n}");
     }
     let total = SUBSCRIBERS * NOTIFICATIONS;
-    sub.wait_until("a third of the fan-out", |s| s.all_deliveries().len() >= total / 3).await;
+    sub.wait_until("a third of the fan-out", |s| {
+        s.all_deliveries().len() >= total / 3
+    })
+    .await;
     let first_log = hub.log();
     let status = hub.signal("KILL");
     assert!(!status.success());
     let at_kill = sub.all_deliveries().len();
-    assert!(at_kill < total, "killed mid-fan-out ({at_kill} of {total} delivered)");
+    assert!(
+        at_kill < total,
+        "killed mid-fan-out ({at_kill} of {total} delivered)"
+    );
 
     let hub = start_hub(tmp.path());
     sub.wait_until("every notification at every callback", |s| {
         let r = received(s);
-        r.len() == SUBSCRIBERS && r.values().all(|v| {
-            let mut u = v.clone();
-            u.sort();
-            u.dedup();
-            u.len() == NOTIFICATIONS
-        })
+        r.len() == SUBSCRIBERS
+            && r.values().all(|v| {
+                let mut u = v.clone();
+                u.sort();
+                u.dedup();
+                u.len() == NOTIFICATIONS
+            })
     })
     .await;
     let r = received(&sub);
@@ -108,14 +129,30 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
                 first_seen.push(*n);
             }
         }
-        assert_eq!(first_seen, (0..NOTIFICATIONS).collect::<Vec<_>>(), "{path} got them out of order: {got:?}");
+        assert_eq!(
+            first_seen,
+            (0..NOTIFICATIONS).collect::<Vec<_>>(),
+            "{path} got them out of order: {got:?}"
+        );
     }
     let dupes = sub.all_deliveries().len() - total;
     println!("killed after {at_kill} of {total} deliveries; {dupes} redelivered after the restart");
-    assert_eq!(store.hub_subscriptions().await.unwrap().len(), SUBSCRIBERS, "no subscription lost");
+    assert_eq!(
+        store.hub_subscriptions().await.unwrap().len(),
+        SUBSCRIBERS,
+        "no subscription lost"
+    );
     assert!(hub.log().contains("pending_deliveries="), "{}", hub.log());
-    assert!(sub.all_deliveries().iter().all(|d| d.header("x-hub-signature").is_some()), "every delivery is signed");
-    assert!(first_log.contains("DEBUG") && first_log.contains("published"), "debug logging was on");
+    assert!(
+        sub.all_deliveries()
+            .iter()
+            .all(|d| d.header("x-hub-signature").is_some()),
+        "every delivery is signed"
+    );
+    assert!(
+        first_log.contains("DEBUG") && first_log.contains("published"),
+        "debug logging was on"
+    );
     for log in [&first_log, &hub.log()] {
         assert!(!log.contains("SeCrEt"), "a secret reached the log");
     }

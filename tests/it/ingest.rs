@@ -14,7 +14,8 @@ async fn a_bad_line_refuses_the_whole_batch_with_every_reason() {
     let root = dir.path().join("root");
     add_file_set(&mut c, "s", &root, None);
     let app = TestApp::start_with(c).await;
-    app.ingest_ok("s", &change_line("created", "keep.txt", &md5_hex(b"k"), 1)).await;
+    app.ingest_ok("s", &change_line("created", "keep.txt", &md5_hex(b"k"), 1))
+        .await;
     let before_rl = app.get_text("/sets/s/resourcelist.xml").await;
     let before_cl = app.get_text("/sets/s/changelist.xml").await;
 
@@ -30,8 +31,17 @@ async fn a_bad_line_refuses_the_whole_batch_with_every_reason() {
     let r = app.ingest("s", &batch).await;
     assert_eq!(r.status(), 422);
     let body: serde_json::Value = r.json().await.unwrap();
-    let lines: Vec<u64> = body["lines"].as_array().unwrap().iter().map(|l| l["line"].as_u64().unwrap()).collect();
-    assert_eq!(lines, [2], "syntax errors are reported before semantic checks: {body}");
+    let lines: Vec<u64> = body["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["line"].as_u64().unwrap())
+        .collect();
+    assert_eq!(
+        lines,
+        [2],
+        "syntax errors are reported before semantic checks: {body}"
+    );
     // Without the syntax error, every semantic error is reported at once.
     let batch = batch.replace("{not json\n", "");
     let r = app.ingest("s", &batch).await;
@@ -41,17 +51,36 @@ async fn a_bad_line_refuses_the_whole_batch_with_every_reason() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|l| (l["line"].as_u64().unwrap(), l["reason"].as_str().unwrap().to_string()))
+        .map(|l| {
+            (
+                l["line"].as_u64().unwrap(),
+                l["reason"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     assert_eq!(reasons.len(), 4, "{body}");
     assert!(reasons[&2].contains("climbs out"), "{body}");
-    assert!(reasons[&3].contains("outside the set's resource_root_dir"), "{body}");
+    assert!(
+        reasons[&3].contains("outside the set's resource_root_dir"),
+        "{body}"
+    );
     assert!(reasons[&4].contains("md5"), "{body}");
     assert!(reasons[&5].contains("described by"), "{body}");
-    assert!(body["error"].as_str().unwrap().contains("nothing was applied"));
+    assert!(body["error"]
+        .as_str()
+        .unwrap()
+        .contains("nothing was applied"));
 
-    assert_eq!(app.get_text("/sets/s/resourcelist.xml").await, before_rl, "nothing applied");
-    assert_eq!(app.get_text("/sets/s/changelist.xml").await, before_cl, "nothing applied");
+    assert_eq!(
+        app.get_text("/sets/s/resourcelist.xml").await,
+        before_rl,
+        "nothing applied"
+    );
+    assert_eq!(
+        app.get_text("/sets/s/changelist.xml").await,
+        before_cl,
+        "nothing applied"
+    );
     app.stop().await;
 }
 
@@ -64,20 +93,53 @@ async fn framing_size_and_datetime_checks() {
     let url = app.url("/api/v1/resource-sets/s/changes");
     let one = r#"{"change":"created","location":{"type":"url","value":"http://x.org/a"}}"#;
 
-    let r = app.client.post(&url).header("content-type", "application/json").body(format!("[{one},{one}]")).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(format!("[{one},{one}]"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let report: serde_json::Value = r.json().await.unwrap();
     assert_eq!(report["applied"], 2);
     assert_eq!(report["set_created"], true);
 
-    let r = app.client.post(&url).header("content-type", "text/xml").body(one).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .header("content-type", "text/xml")
+        .body(one)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 415);
     assert!(r.text().await.unwrap().contains("application/x-ndjson"));
-    let r = app.client.post(&url).header("content-type", "application/json").body("").send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .header("content-type", "application/json")
+        .body("")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
-    let r = app.client.post(&url).body(vec![b'x'; 10_000]).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .body(vec![b'x'; 10_000])
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 413);
-    let r = app.client.post(app.url("/api/v1/resource-sets/..bad/changes")).body(one).send().await.unwrap();
+    let r = app
+        .client
+        .post(app.url("/api/v1/resource-sets/..bad/changes"))
+        .body(one)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 400);
 
     let future = r#"{"change":"created","location":{"type":"url","value":"http://x.org/f"},"datetime":"2999-01-01T00:00:00Z"}"#;
@@ -87,12 +149,24 @@ async fn framing_size_and_datetime_checks() {
     let past = r#"{"change":"created","location":{"type":"url","value":"http://x.org/p"},"datetime":"2001-01-01T00:00:00Z"}"#;
     let r = app.ingest("s", past).await;
     assert_eq!(r.status(), 422);
-    assert!(r.text().await.unwrap().contains("closed Change Lists never change"));
+    assert!(r
+        .text()
+        .await
+        .unwrap()
+        .contains("closed Change Lists never change"));
 
     // Deleting what is not there records nothing and says so.
-    let r = app.ingest_ok("s", r#"{"change":"deleted","location":{"type":"url","value":"http://x.org/none"}}"#).await;
+    let r = app
+        .ingest_ok(
+            "s",
+            r#"{"change":"deleted","location":{"type":"url","value":"http://x.org/none"}}"#,
+        )
+        .await;
     assert_eq!(r["applied"], 0);
-    assert!(r["ignored"][0]["reason"].as_str().unwrap().contains("no such resource"));
+    assert!(r["ignored"][0]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("no such resource"));
     app.stop().await;
 }
 
@@ -106,9 +180,23 @@ async fn the_token_guards_ingest() {
     let r = app.client.post(&url).body(one).send().await.unwrap();
     assert_eq!(r.status(), 401);
     assert_eq!(r.headers()["www-authenticate"], "Bearer");
-    let r = app.client.post(&url).bearer_auth("wrong").body(one).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth("wrong")
+        .body(one)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 403);
-    let r = app.client.post(&url).bearer_auth("s3cret").body(one).send().await.unwrap();
+    let r = app
+        .client
+        .post(&url)
+        .bearer_auth("s3cret")
+        .body(one)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     app.stop().await;
 }
@@ -134,7 +222,8 @@ async fn no_request_splits_a_resource_from_its_change() {
             let name = format!("r{}.txt", rnd(12));
             let line = match rnd(10) {
                 0 => "{\"change\":\"created\"".to_string(),
-                1 => r#"{"change":"created","location":{"type":"rel_path","value":"../x"}}"#.to_string(),
+                1 => r#"{"change":"created","location":{"type":"rel_path","value":"../x"}}"#
+                    .to_string(),
                 2 | 3 => change_line("deleted", &name, "", 0),
                 4 => change_line("updated", &name, &md5_hex(name.as_bytes()), rnd(100)),
                 _ => change_line("created", &name, &md5_hex(name.as_bytes()), rnd(100)),
@@ -147,7 +236,10 @@ async fn no_request_splits_a_resource_from_its_change() {
             ok_batches += 1;
         }
     }
-    assert!(ok_batches > 5, "the test should apply some batches ({ok_batches})");
+    assert!(
+        ok_batches > 5,
+        "the test should apply some batches ({ok_batches})"
+    );
     app.stop().await;
 
     let store = Store::open_embedded(&db).unwrap();
@@ -155,7 +247,10 @@ async fn no_request_splits_a_resource_from_its_change() {
     let mut last_change = HashMap::new();
     let mut cursor = None;
     loop {
-        let page = store.changes(&set, resourcesync_hub::model::Timestamp(0), None, cursor, 7).await.unwrap();
+        let page = store
+            .changes(&set, resourcesync_hub::model::Timestamp(0), None, cursor, 7)
+            .await
+            .unwrap();
         for c in page.items {
             last_change.insert(c.key.clone(), c);
         }
@@ -164,8 +259,15 @@ async fn no_request_splits_a_resource_from_its_change() {
             None => break,
         }
     }
-    let resources = store.resources(&set, None, None, 10_000).await.unwrap().items;
-    let live: Vec<_> = last_change.values().filter(|c| c.change != ChangeType::Deleted).collect();
+    let resources = store
+        .resources(&set, None, None, 10_000)
+        .await
+        .unwrap()
+        .items;
+    let live: Vec<_> = last_change
+        .values()
+        .filter(|c| c.change != ChangeType::Deleted)
+        .collect();
     assert_eq!(resources.len(), live.len());
     for r in &resources {
         let c = &last_change[&r.key];
@@ -178,7 +280,16 @@ async fn no_request_splits_a_resource_from_its_change() {
         let mut n = 0;
         let mut cursor = None;
         loop {
-            let p = store.changes(&set, resourcesync_hub::model::Timestamp(0), None, cursor, 1000).await.unwrap();
+            let p = store
+                .changes(
+                    &set,
+                    resourcesync_hub::model::Timestamp(0),
+                    None,
+                    cursor,
+                    1000,
+                )
+                .await
+                .unwrap();
             n += p.items.len();
             match p.next {
                 Some(c) => cursor = Some(c),

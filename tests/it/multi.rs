@@ -33,13 +33,33 @@ fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
 
 fn serve(dir: &std::path::Path, name: &str, cfg: &std::path::Path) -> ChildServer {
     ChildServer::serve(
-        &["--config", cfg.to_str().unwrap(), "--data-dir", dir.join(name).to_str().unwrap()],
-        &[("RUST_LOG", "info,hyper=warn,reqwest=warn,elasticsearch=warn")],
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data-dir",
+            dir.join(name).to_str().unwrap(),
+        ],
+        &[(
+            "RUST_LOG",
+            "info,hyper=warn,reqwest=warn,elasticsearch=warn",
+        )],
     )
 }
 
 async fn ingest(client: &reqwest::Client, server: &ChildServer, from: usize) {
-    let lines: Vec<String> = (from..from + BATCH).map(|n| url_line(if n % 7 == 3 && n > 20 { "updated" } else { "created" }, n % 400, None)).collect();
+    let lines: Vec<String> = (from..from + BATCH)
+        .map(|n| {
+            url_line(
+                if n % 7 == 3 && n > 20 {
+                    "updated"
+                } else {
+                    "created"
+                },
+                n % 400,
+                None,
+            )
+        })
+        .collect();
     let r = client
         .post(server.url("/api/v1/resource-sets/papers/changes"))
         .header("content-type", "application/x-ndjson")
@@ -87,7 +107,11 @@ async fn two_processes(signal: &str) {
     for (i, path) in CALLBACKS.iter().enumerate() {
         let r = client
             .post(servers[i % 2].url("/hub"))
-            .form(&[("hub.mode", "subscribe"), ("hub.topic", topic), ("hub.callback", &sub.url(path))])
+            .form(&[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic),
+                ("hub.callback", &sub.url(path)),
+            ])
             .send()
             .await
             .unwrap();
@@ -101,7 +125,12 @@ async fn two_processes(signal: &str) {
         let cb = Callback::parse(&sub.url(path)).unwrap();
         let mut ok = false;
         for _ in 0..500 {
-            if store.hub_subscription(&Topic::parse(topic).unwrap(), &cb).await.unwrap().is_some() {
+            if store
+                .hub_subscription(&Topic::parse(topic).unwrap(), &cb)
+                .await
+                .unwrap()
+                .is_some()
+            {
                 ok = true;
                 break;
             }
@@ -125,20 +154,48 @@ async fn two_processes(signal: &str) {
         ingest(&client, &survivor, from).await;
     }
 
-    let all = |s: &TestSubscriber| CALLBACKS.iter().all(|p| docs(s, p).iter().map(|(_, d)| d.entries.len()).sum::<usize>() >= CHANGES);
+    let all = |s: &TestSubscriber| {
+        CALLBACKS.iter().all(|p| {
+            docs(s, p)
+                .iter()
+                .map(|(_, d)| d.entries.len())
+                .sum::<usize>()
+                >= CHANGES
+        })
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(90);
     while !all(&sub) && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    assert!(survivor.log().contains("holds the delivery lease"), "the survivor took over:\n{}", survivor.log());
+    assert!(
+        survivor.log().contains("holds the delivery lease"),
+        "the survivor took over:\n{}",
+        survivor.log()
+    );
 
     // The Change List, read from the survivor: every change document, in order.
-    let cl = client.get(survivor.url("/sets/papers/changelist.xml")).send().await.unwrap().text().await.unwrap();
+    let cl = client
+        .get(survivor.url("/sets/papers/changelist.xml"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     let cl = resourcesync_hub::sitemap::parse(cl.as_bytes()).unwrap();
     assert!(!cl.is_index);
-    let expected: Vec<(String, String, String)> =
-        cl.entries.iter().map(|e| (e.loc.clone(), e.md["change"].clone(), e.md["datetime"].clone())).collect();
+    let expected: Vec<(String, String, String)> = cl
+        .entries
+        .iter()
+        .map(|e| {
+            (
+                e.loc.clone(),
+                e.md["change"].clone(),
+                e.md["datetime"].clone(),
+            )
+        })
+        .collect();
     assert_eq!(expected.len(), CHANGES);
     for path in CALLBACKS {
         let mut received = docs(&sub, path);
@@ -149,6 +206,9 @@ async fn two_processes(signal: &str) {
         }
         let got = check_change_notifications(&received);
         assert_eq!(got.len(), CHANGES, "{path}: each change exactly once");
-        assert_eq!(got, expected, "{path}: one to one with the change documents, in order");
+        assert_eq!(
+            got, expected,
+            "{path}: one to one with the change documents, in order"
+        );
     }
 }

@@ -12,13 +12,23 @@ use crate::subscriber::TestSubscriber;
 use crate::support::*;
 
 fn with_set(c: &mut Config, name: &str, max_items: Option<u32>) {
-    c.sets.insert(name.into(), SetOverrides { max_items_in_list: max_items, ..Default::default() });
+    c.sets.insert(
+        name.into(),
+        SetOverrides {
+            max_items_in_list: max_items,
+            ..Default::default()
+        },
+    );
 }
 
 pub(crate) fn url_line(change: &str, n: usize, datetime: Option<&str>) -> String {
-    let dt = datetime.map(|d| format!(r#","datetime":"{d}""#)).unwrap_or_default();
+    let dt = datetime
+        .map(|d| format!(r#","datetime":"{d}""#))
+        .unwrap_or_default();
     if change == "deleted" {
-        return format!(r#"{{"change":"deleted","location":{{"type":"url","value":"http://example.org/r/{n}"}}{dt}}}"#);
+        return format!(
+            r#"{{"change":"deleted","location":{{"type":"url","value":"http://example.org/r/{n}"}}{dt}}}"#
+        );
     }
     format!(
         r#"{{"change":"{change}","location":{{"type":"url","value":"http://example.org/r/{n}"}},"md5":"{}","length":{n},"mime":"text/plain"{dt}}}"#,
@@ -41,12 +51,22 @@ pub(crate) fn docs(sub: &TestSubscriber, path: &str) -> Vec<(String, Document)> 
 /// (loc, change, datetime) of every entry.
 fn entries(docs: &[(String, Document)]) -> Vec<(String, String, String)> {
     docs.iter()
-        .flat_map(|(_, d)| d.entries.iter().map(|e| (e.loc.clone(), e.md["change"].clone(), e.md["datetime"].clone())))
+        .flat_map(|(_, d)| {
+            d.entries.iter().map(|e| {
+                (
+                    e.loc.clone(),
+                    e.md["change"].clone(),
+                    e.md["datetime"].clone(),
+                )
+            })
+        })
         .collect()
 }
 
 /// Asserts the change-notification contract over consecutive payloads; returns the entries.
-pub(crate) fn check_change_notifications(docs: &[(String, Document)]) -> Vec<(String, String, String)> {
+pub(crate) fn check_change_notifications(
+    docs: &[(String, Document)],
+) -> Vec<(String, String, String)> {
     let mut prev_until: Option<String> = None;
     for (text, d) in docs {
         assert_eq!(d.md["capability"], "change-notification", "{text}");
@@ -56,11 +76,20 @@ pub(crate) fn check_change_notifications(docs: &[(String, Document)]) -> Vec<(St
             assert_eq!(from, p, "intervals are consecutive");
         }
         let dts: Vec<&String> = d.entries.iter().map(|e| &e.md["datetime"]).collect();
-        assert!(dts.windows(2).all(|w| w[0] <= w[1]), "forward chronological order: {text}");
-        assert!(dts.iter().all(|t| *t >= from && *t < until), "entries lie in [from, until): {text}");
+        assert!(
+            dts.windows(2).all(|w| w[0] <= w[1]),
+            "forward chronological order: {text}"
+        );
+        assert!(
+            dts.iter().all(|t| *t >= from && *t < until),
+            "entries lie in [from, until): {text}"
+        );
         prev_until = Some(until.clone());
     }
-    let docs_for_validation: Vec<(&str, &str)> = docs.iter().map(|(t, _)| ("change-notification", t.as_str())).collect();
+    let docs_for_validation: Vec<(&str, &str)> = docs
+        .iter()
+        .map(|(t, _)| ("change-notification", t.as_str()))
+        .collect();
     assert_valid(&docs_for_validation);
     entries(docs)
 }
@@ -69,16 +98,29 @@ pub(crate) fn check_change_notifications(docs: &[(String, Document)]) -> Vec<(St
 async fn change_documents(app: &TestApp, set: &str) -> Vec<(String, String, String)> {
     let (_, cl) = app.get_doc(&format!("/sets/{set}/changelist.xml")).await;
     let mut out = Vec::new();
-    let lists: Vec<String> = if cl.is_index { cl.entries.iter().map(|e| app.path_of(&e.loc)).collect() } else { vec![format!("/sets/{set}/changelist.xml")] };
+    let lists: Vec<String> = if cl.is_index {
+        cl.entries.iter().map(|e| app.path_of(&e.loc)).collect()
+    } else {
+        vec![format!("/sets/{set}/changelist.xml")]
+    };
     for l in lists {
         let (_, d) = app.get_doc(&l).await;
-        out.extend(d.entries.iter().map(|e| (e.loc.clone(), e.md["change"].clone(), e.md["datetime"].clone())));
+        out.extend(d.entries.iter().map(|e| {
+            (
+                e.loc.clone(),
+                e.md["change"].clone(),
+                e.md["datetime"].clone(),
+            )
+        }));
     }
     out
 }
 
 async fn wait_entries(sub: &TestSubscriber, path: &str, n: usize) {
-    sub.wait_until(&format!("{n} notified changes at {path}"), |s| entries(&docs(s, path)).len() >= n).await;
+    sub.wait_until(&format!("{n} notified changes at {path}"), |s| {
+        entries(&docs(s, path)).len() >= n
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -99,28 +141,60 @@ async fn every_change_once(mut c: Config) {
     c.notify.max_entries = 7;
     let app = TestApp::start_with(c).await;
     let sub = TestSubscriber::start().await;
-    subscribed(&app, &sub, &app.config.change_topic("papers"), "/changes", &[]).await;
+    subscribed(
+        &app,
+        &sub,
+        &app.config.change_topic("papers"),
+        "/changes",
+        &[],
+    )
+    .await;
 
     // 20 at once: cut at 7 entries. Then a few small batches, updates and deletes.
     let batch: Vec<String> = (0..20).map(|n| url_line("created", n, None)).collect();
     app.ingest_ok("papers", &batch.join("\n")).await;
     for n in 0..5 {
-        app.ingest_ok("papers", &[url_line("updated", n, None), url_line("deleted", n + 10, None)].join("\n")).await;
+        app.ingest_ok(
+            "papers",
+            &[
+                url_line("updated", n, None),
+                url_line("deleted", n + 10, None),
+            ]
+            .join("\n"),
+        )
+        .await;
     }
     // Ten changes sharing one datetime (more than max_entries) travel together.
     let shared = resourcesync_hub::model::Timestamp::now().to_string();
-    let batch: Vec<String> = (30..40).map(|n| url_line("created", n, Some(&shared))).collect();
+    let batch: Vec<String> = (30..40)
+        .map(|n| url_line("created", n, Some(&shared)))
+        .collect();
     app.ingest_ok("papers", &batch.join("\n")).await;
 
     wait_entries(&sub, "/changes", 40).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let got = docs(&sub, "/changes");
-    assert!(got.iter().all(|(_, d)| d.entries.len() <= 7 || d.entries.iter().all(|e| e.md["datetime"] == d.entries[0].md["datetime"])), "cut at max_entries except a shared datetime");
-    assert!(got.iter().any(|(_, d)| d.entries.len() == 10), "the shared-datetime group is not split");
+    assert!(
+        got.iter().all(|(_, d)| d.entries.len() <= 7
+            || d.entries
+                .iter()
+                .all(|e| e.md["datetime"] == d.entries[0].md["datetime"])),
+        "cut at max_entries except a shared datetime"
+    );
+    assert!(
+        got.iter().any(|(_, d)| d.entries.len() == 10),
+        "the shared-datetime group is not split"
+    );
     let notified = check_change_notifications(&got);
-    assert_eq!(notified, change_documents(&app, "papers").await, "one to one with the change documents");
+    assert_eq!(
+        notified,
+        change_documents(&app, "papers").await,
+        "one to one with the change documents"
+    );
     // The topic URI serves the latest notification.
-    let latest = app.get_text(&app.path_of(&app.config.change_topic("papers"))).await;
+    let latest = app
+        .get_text(&app.path_of(&app.config.change_topic("papers")))
+        .await;
     assert_eq!(latest, got.last().unwrap().0);
     app.stop().await;
 }
@@ -133,8 +207,22 @@ async fn a_restart_neither_misses_nor_repeats_and_offline_writes_are_notified() 
     c.server.base_url = "http://hub.test".into();
     let app = TestApp::start_with(c.clone()).await;
     let sub = TestSubscriber::start().await;
-    subscribed(&app, &sub, &app.config.change_topic("papers"), "/changes", &[]).await;
-    app.ingest_ok("papers", &(0..5).map(|n| url_line("created", n, None)).collect::<Vec<_>>().join("\n")).await;
+    subscribed(
+        &app,
+        &sub,
+        &app.config.change_topic("papers"),
+        "/changes",
+        &[],
+    )
+    .await;
+    app.ingest_ok(
+        "papers",
+        &(0..5)
+            .map(|n| url_line("created", n, None))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .await;
     wait_entries(&sub, "/changes", 5).await;
     let addr_before = app.addr.clone();
     app.stop().await;
@@ -143,20 +231,51 @@ async fn a_restart_neither_misses_nor_repeats_and_offline_writes_are_notified() 
     let store = resourcesync_hub::store::Store::open_embedded(&c.database_path()).unwrap();
     let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
     let sc = c.set_config("papers");
-    let policy = resourcesync_hub::store::ListPolicy { max_items: 50_000, max_bytes: 50_000_000, rollover_secs: 0, max_future_skew_secs: 300 };
+    let policy = resourcesync_hub::store::ListPolicy {
+        max_items: 50_000,
+        max_bytes: 50_000_000,
+        rollover_secs: 0,
+        max_future_skew_secs: 300,
+    };
     let events: Vec<resourcesync_hub::model::NewChange> = (5..8)
-        .map(|n| serde_json::from_str::<resourcesync_hub::model::ChangeEvent>(&url_line("created", n, None)).unwrap().validate(&sc).unwrap())
+        .map(|n| {
+            serde_json::from_str::<resourcesync_hub::model::ChangeEvent>(&url_line(
+                "created", n, None,
+            ))
+            .unwrap()
+            .validate(&sc)
+            .unwrap()
+        })
         .collect();
-    store.apply(&set, events, policy, resourcesync_hub::model::Timestamp::now()).await.unwrap();
+    store
+        .apply(
+            &set,
+            events,
+            policy,
+            resourcesync_hub::model::Timestamp::now(),
+        )
+        .await
+        .unwrap();
 
     let app = TestApp::start_with(c).await;
     assert_ne!(app.addr, addr_before);
     wait_entries(&sub, "/changes", 8).await;
-    app.ingest_ok("papers", &(8..12).map(|n| url_line("created", n, None)).collect::<Vec<_>>().join("\n")).await;
+    app.ingest_ok(
+        "papers",
+        &(8..12)
+            .map(|n| url_line("created", n, None))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+    .await;
     wait_entries(&sub, "/changes", 12).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let notified = check_change_notifications(&docs(&sub, "/changes"));
-    assert_eq!(notified, change_documents(&app, "papers").await, "none missed, none repeated");
+    assert_eq!(
+        notified,
+        change_documents(&app, "papers").await,
+        "none missed, none repeated"
+    );
     app.stop().await;
     drop(dir);
 }
@@ -168,19 +287,40 @@ async fn late_changes_within_the_hold_back_are_notified_in_order() {
     c.notify.hold_back_secs = 2;
     let app = TestApp::start_with(c).await;
     let sub = TestSubscriber::start().await;
-    subscribed(&app, &sub, &app.config.change_topic("papers"), "/changes", &[]).await;
+    subscribed(
+        &app,
+        &sub,
+        &app.config.change_topic("papers"),
+        "/changes",
+        &[],
+    )
+    .await;
     // The set's open Change List starts when the server did: stay after that.
     tokio::time::sleep(Duration::from_millis(1200)).await;
     let now = resourcesync_hub::model::Timestamp::now();
     let earlier = resourcesync_hub::model::Timestamp(now.micros() - 1_000_000);
-    app.ingest_ok("papers", &url_line("created", 1, Some(&now.to_string()))).await;
-    app.ingest_ok("papers", &url_line("created", 2, Some(&earlier.to_string()))).await;
+    app.ingest_ok("papers", &url_line("created", 1, Some(&now.to_string())))
+        .await;
+    app.ingest_ok(
+        "papers",
+        &url_line("created", 2, Some(&earlier.to_string())),
+    )
+    .await;
     wait_entries(&sub, "/changes", 2).await;
     let notified = check_change_notifications(&docs(&sub, "/changes"));
     let locs: Vec<&str> = notified.iter().map(|e| e.0.as_str()).collect();
-    assert_eq!(locs, ["http://example.org/r/2", "http://example.org/r/1"], "the late one, dated earlier, comes first");
+    assert_eq!(
+        locs,
+        ["http://example.org/r/2", "http://example.org/r/1"],
+        "the late one, dated earlier, comes first"
+    );
     // Older than the last notification: refused, with the reason.
-    let r = app.ingest("papers", &url_line("created", 3, Some(&earlier.to_string()))).await;
+    let r = app
+        .ingest(
+            "papers",
+            &url_line("created", 3, Some(&earlier.to_string())),
+        )
+        .await;
     assert_eq!(r.status(), 422);
     let body: serde_json::Value = r.json().await.unwrap();
     assert!(body.to_string().contains("hold_back_secs"), "{body}");
@@ -195,37 +335,79 @@ async fn framework_notifications_for_a_new_set_and_a_change_list_rollover() {
     let app = TestApp::start_with(c).await;
     let sub = TestSubscriber::start().await;
     subscribed(&app, &sub, &app.config.framework_topic("old"), "/old", &[]).await;
-    subscribed(&app, &sub, &app.config.framework_topic("fresh"), "/fresh", &[]).await;
+    subscribed(
+        &app,
+        &sub,
+        &app.config.framework_topic("fresh"),
+        "/fresh",
+        &[],
+    )
+    .await;
     let cap = app.config.base_url() + "/sets/fresh/capabilitylist.xml";
     let sd = app.config.base_url() + "/.well-known/resourcesync";
 
     app.ingest_ok("fresh", &url_line("created", 1, None)).await;
     sub.wait_deliveries("/fresh", 2).await;
     let fresh = docs(&sub, "/fresh");
-    let created = fresh.iter().find(|(_, d)| d.entries.iter().any(|e| e.md["capability"] == "capabilitylist")).expect("capabilitylist created");
+    let created = fresh
+        .iter()
+        .find(|(_, d)| {
+            d.entries
+                .iter()
+                .any(|e| e.md["capability"] == "capabilitylist")
+        })
+        .expect("capabilitylist created");
     assert_eq!(created.1.link("up"), Some(sd.as_str()));
-    let kinds: Vec<(String, String)> = created.1.entries.iter().map(|e| (e.md["capability"].clone(), e.md["change"].clone())).collect();
-    assert_eq!(kinds, [("capabilitylist".into(), "created".into()), ("description".into(), "updated".into())]);
-    assert!(fresh.iter().any(|(_, d)| d.entries.iter().any(|e| e.md["capability"] == "resourcelist" && e.md["change"] == "created")));
+    let kinds: Vec<(String, String)> = created
+        .1
+        .entries
+        .iter()
+        .map(|e| (e.md["capability"].clone(), e.md["change"].clone()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("capabilitylist".into(), "created".into()),
+            ("description".into(), "updated".into())
+        ]
+    );
+    assert!(fresh.iter().any(|(_, d)| d
+        .entries
+        .iter()
+        .any(|e| e.md["capability"] == "resourcelist" && e.md["change"] == "created")));
     let old = sub.wait_deliveries("/old", 1).await;
-    assert!(old[0].text().contains("capability=\"description\""), "the Source Description update goes to every set's channel");
+    assert!(
+        old[0].text().contains("capability=\"description\""),
+        "the Source Description update goes to every set's channel"
+    );
 
     // 4 per Change List: the fifth change rolls over.
     let batch: Vec<String> = (2..7).map(|n| url_line("created", n, None)).collect();
     app.ingest_ok("fresh", &batch.join("\n")).await;
     sub.wait_until("the rollover notification", |s| {
-        docs(s, "/fresh").iter().any(|(_, d)| d.entries.iter().any(|e| e.md["capability"] == "changelist"))
+        docs(s, "/fresh")
+            .iter()
+            .any(|(_, d)| d.entries.iter().any(|e| e.md["capability"] == "changelist"))
     })
     .await;
     let fresh = docs(&sub, "/fresh");
-    let (text, roll) = fresh.iter().find(|(_, d)| d.entries.iter().any(|e| e.md["capability"] == "changelist")).unwrap();
+    let (text, roll) = fresh
+        .iter()
+        .find(|(_, d)| d.entries.iter().any(|e| e.md["capability"] == "changelist"))
+        .unwrap();
     assert_eq!(roll.link("up"), Some(cap.as_str()));
     let base = app.config.base_url();
     let cl: Vec<(String, String, String)> = roll
         .entries
         .iter()
         .filter(|e| e.md["capability"] == "changelist")
-        .map(|e| (e.loc.clone(), e.md["change"].clone(), e.links[0]["href"].clone()))
+        .map(|e| {
+            (
+                e.loc.clone(),
+                e.md["change"].clone(),
+                e.links[0]["href"].clone(),
+            )
+        })
         .collect();
     let index = format!("{base}/sets/fresh/changelist.xml");
     assert_eq!(
@@ -237,7 +419,14 @@ async fn framework_notifications_for_a_new_set_and_a_change_list_rollover() {
         "rel=index under the Change List Index; never a notification about the index itself: {text}"
     );
     assert!(roll.entries.iter().all(|e| e.loc != index));
-    let all: Vec<(String, &str)> = fresh.iter().map(|(t, _)| ("framework".to_string(), t.as_str())).collect();
-    assert_valid(&all.iter().map(|(n, t)| (n.as_str(), *t)).collect::<Vec<_>>());
+    let all: Vec<(String, &str)> = fresh
+        .iter()
+        .map(|(t, _)| ("framework".to_string(), t.as_str()))
+        .collect();
+    assert_valid(
+        &all.iter()
+            .map(|(n, t)| (n.as_str(), *t))
+            .collect::<Vec<_>>(),
+    );
     app.stop().await;
 }

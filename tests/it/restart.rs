@@ -17,7 +17,12 @@ fn without_snapshot_times(s: &str) -> String {
 }
 
 async fn all_documents(app: &TestApp) -> Vec<(String, String)> {
-    let mut paths = vec!["/.well-known/resourcesync".to_string(), "/sets/s/capabilitylist.xml".into(), "/sets/s/resourcelist.xml".into(), "/sets/s/changelist.xml".into()];
+    let mut paths = vec![
+        "/.well-known/resourcesync".to_string(),
+        "/sets/s/capabilitylist.xml".into(),
+        "/sets/s/resourcelist.xml".into(),
+        "/sets/s/changelist.xml".into(),
+    ];
     for index in ["/sets/s/resourcelist.xml", "/sets/s/changelist.xml"] {
         let (_, doc) = app.get_doc(index).await;
         for e in doc.entries {
@@ -42,8 +47,15 @@ async fn restart_serves_the_same_documents() {
             .map(|i| {
                 let n = format!("r{round}-{i}.txt");
                 match (round, i) {
-                    (_, 0) if round > 0 => change_line("deleted", &format!("r{}-1.txt", round - 1), "", 0),
-                    (_, 5) if round > 0 => change_line("updated", &format!("r{}-2.txt", round - 1), &md5_hex(b"u"), 1),
+                    (_, 0) if round > 0 => {
+                        change_line("deleted", &format!("r{}-1.txt", round - 1), "", 0)
+                    }
+                    (_, 5) if round > 0 => change_line(
+                        "updated",
+                        &format!("r{}-2.txt", round - 1),
+                        &md5_hex(b"u"),
+                        1,
+                    ),
                     _ => change_line("created", &n, &md5_hex(n.as_bytes()), n.len() as u64),
                 }
             })
@@ -65,9 +77,12 @@ async fn restart_serves_the_same_documents() {
         }
     }
     // And it carries on where it stopped.
-    app.ingest_ok("s", &change_line("created", "after.txt", &md5_hex(b"a"), 1)).await;
+    app.ingest_ok("s", &change_line("created", "after.txt", &md5_hex(b"a"), 1))
+        .await;
     let (_, cl) = app.get_doc("/sets/s/changelist.xml").await;
-    let (_, open) = app.get_doc(&app.path_of(&cl.entries.last().unwrap().loc)).await;
+    let (_, open) = app
+        .get_doc(&app.path_of(&cl.entries.last().unwrap().loc))
+        .await;
     assert!(open.entries.iter().any(|e| e.loc.ends_with("/after.txt")));
     app.stop().await;
 }

@@ -8,9 +8,20 @@ use crate::support::*;
 
 /// Runs resync-sync in `cwd` (where it keeps its `.resync-client-status.cfg`).
 fn resync(cwd: &Path, args: &[&str]) -> String {
-    let out = Command::new("resync-sync").current_dir(cwd).args(args).output().expect("resync-sync on PATH (pip install resync)");
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!text.contains("Traceback") && !text.contains("FatalError"), "resync-sync {args:?} failed:\n{text}");
+    let out = Command::new(PyEnv::get().bin("resync-sync"))
+        .current_dir(cwd)
+        .args(args)
+        .output()
+        .expect("resync-sync runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !text.contains("Traceback") && !text.contains("FatalError"),
+        "resync-sync {args:?} failed:\n{text}"
+    );
     text
 }
 
@@ -20,7 +31,12 @@ fn write(root: &Path, rel: &str, body: &str) -> String {
     std::fs::write(&p, body).unwrap();
     let lastmod = "2024-02-03T04:05:06Z";
     let t = std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_706_933_106);
-    std::fs::File::options().write(true).open(&p).unwrap().set_modified(t).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&p)
+        .unwrap()
+        .set_modified(t)
+        .unwrap();
     format!(
         r#"{{"change":"CHANGE","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/plain","lastmod":"{lastmod}"}}"#,
         body.len(),
@@ -38,7 +54,12 @@ async fn resync_client_baseline_incremental_audit() {
     let dest = dir.path().join("dest");
     std::fs::create_dir_all(&dest).unwrap();
 
-    let lines: Vec<String> = (0..30).map(|i| write(&root, &format!("a/r{i}.txt"), &format!("first {i}\n")).replace("CHANGE", "created")).collect();
+    let lines: Vec<String> = (0..30)
+        .map(|i| {
+            write(&root, &format!("a/r{i}.txt"), &format!("first {i}\n"))
+                .replace("CHANGE", "created")
+        })
+        .collect();
     app.ingest_ok("s", &lines.join("\n")).await;
 
     let cap = format!("{}/sets/s/capabilitylist.xml", app.config.base_url());
@@ -50,11 +71,19 @@ async fn resync_client_baseline_incremental_audit() {
         let args: Vec<String> = args.into_iter().map(String::from).collect();
         let cwd = dir.path().to_path_buf();
         async move {
-            tokio::task::spawn_blocking(move || resync(&cwd, &args.iter().map(String::as_str).collect::<Vec<_>>())).await.unwrap()
+            tokio::task::spawn_blocking(move || {
+                resync(&cwd, &args.iter().map(String::as_str).collect::<Vec<_>>())
+            })
+            .await
+            .unwrap()
         }
     };
     let out = run("--baseline", &[]).await;
-    assert_eq!(std::fs::read_dir(dest.join("a")).unwrap().count(), 30, "{out}");
+    assert_eq!(
+        std::fs::read_dir(dest.join("a")).unwrap().count(),
+        30,
+        "{out}"
+    );
     // The snapshot's `at` is where a destination's incremental sync starts. (resync 2.0.1
     // records the newest `lastmod` instead, re-reads the baseline's own creates, and then its
     // prune_dupes drops every create->delete pair: so it is told `--from` explicitly.)
@@ -64,8 +93,18 @@ async fn resync_client_baseline_incremental_audit() {
     // 50 changes: 20 updates, 20 creates, 10 deletes.
     let mut lines = Vec::new();
     for i in 0..20 {
-        lines.push(write(&root, &format!("a/r{i}.txt"), &format!("second version {i}\n")).replace("CHANGE", "updated"));
-        lines.push(write(&root, &format!("b/n{i}.txt"), &format!("new {i}\n")).replace("CHANGE", "created"));
+        lines.push(
+            write(
+                &root,
+                &format!("a/r{i}.txt"),
+                &format!("second version {i}\n"),
+            )
+            .replace("CHANGE", "updated"),
+        );
+        lines.push(
+            write(&root, &format!("b/n{i}.txt"), &format!("new {i}\n"))
+                .replace("CHANGE", "created"),
+        );
     }
     for i in 20..30 {
         std::fs::remove_file(root.join(format!("a/r{i}.txt"))).unwrap();
@@ -78,11 +117,18 @@ async fn resync_client_baseline_incremental_audit() {
     assert!(!cl.is_index, "one open change list");
     let open = format!("{}/sets/s/changelist.xml", app.config.base_url());
     let out = run("--incremental", &["--changelist-uri", &open, "--from", &at]).await;
-    assert_eq!(std::fs::read_to_string(dest.join("a/r3.txt")).unwrap(), "second version 3\n", "{out}");
+    assert_eq!(
+        std::fs::read_to_string(dest.join("a/r3.txt")).unwrap(),
+        "second version 3\n",
+        "{out}"
+    );
     assert!(dest.join("b/n19.txt").exists(), "{out}");
     assert!(!dest.join("a/r25.txt").exists(), "{out}");
 
     let out = run("--audit", &[]).await;
-    assert!(out.contains("IN SYNC"), "audit did not report IN SYNC:\n{out}");
+    assert!(
+        out.contains("IN SYNC"),
+        "audit did not report IN SYNC:\n{out}"
+    );
     app.stop().await;
 }

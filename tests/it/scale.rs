@@ -13,8 +13,9 @@ async fn a_large_set_is_an_index_of_three_parts() {
     const N: usize = 120_000;
     let md5 = md5_hex(b"x");
     for batch in 0..(N / 20_000) {
-        let lines: Vec<String> =
-            (batch * 20_000..(batch + 1) * 20_000).map(|i| change_line("created", &format!("d{}/r{i}.txt", i % 97), &md5, 1)).collect();
+        let lines: Vec<String> = (batch * 20_000..(batch + 1) * 20_000)
+            .map(|i| change_line("created", &format!("d{}/r{i}.txt", i % 97), &md5, 1))
+            .collect();
         app.ingest_ok("big", &lines.join("\n")).await;
     }
     let (index_body, index) = app.get_doc("/sets/big/resourcelist.xml").await;
@@ -32,9 +33,16 @@ async fn a_large_set_is_an_index_of_three_parts() {
     }
     assert_eq!(seen.len(), N);
     for i in [0, 49_999, 50_000, 119_999] {
-        assert!(seen.contains(&format!("{}/files/big/d{}/r{i}.txt", app.config.base_url(), i % 97)));
+        assert!(seen.contains(&format!(
+            "{}/files/big/d{}/r{i}.txt",
+            app.config.base_url(),
+            i % 97
+        )));
     }
-    let refs: Vec<(&str, &str)> = bodies.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect();
+    let refs: Vec<(&str, &str)> = bodies
+        .iter()
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
     assert_valid(&refs);
     // The change log rolled over at 50,000 as well.
     let (_, cl) = app.get_doc("/sets/big/changelist.xml").await;

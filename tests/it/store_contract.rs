@@ -5,7 +5,12 @@ use resourcesync_hub::model::{ChangeType, Location, NewChange, ResourceMeta, Set
 use resourcesync_hub::store::{ApplyError, ListPolicy, Store};
 
 fn policy(max_items: u32) -> ListPolicy {
-    ListPolicy { max_items, max_bytes: 50 << 20, rollover_secs: 0, max_future_skew_secs: 60 }
+    ListPolicy {
+        max_items,
+        max_bytes: 50 << 20,
+        rollover_secs: 0,
+        max_future_skew_secs: 60,
+    }
 }
 
 fn change(kind: ChangeType, url: &str, length: u64, datetime: Option<Timestamp>) -> NewChange {
@@ -15,7 +20,14 @@ fn change(kind: ChangeType, url: &str, length: u64, datetime: Option<Timestamp>)
         location,
         change: kind,
         datetime,
-        meta: if kind == ChangeType::Deleted { ResourceMeta::default() } else { ResourceMeta { length: Some(length), ..Default::default() } },
+        meta: if kind == ChangeType::Deleted {
+            ResourceMeta::default()
+        } else {
+            ResourceMeta {
+                length: Some(length),
+                ..Default::default()
+            }
+        },
     }
 }
 
@@ -25,25 +37,44 @@ pub async fn contract_suite(store: Store) {
     let other = SetName::parse("other").unwrap();
     let t0 = Timestamp::now();
     assert!(store.ensure_set(&set, t0).await.unwrap());
-    assert!(!store.ensure_set(&set, t0).await.unwrap(), "ensure_set is idempotent");
+    assert!(
+        !store.ensure_set(&set, t0).await.unwrap(),
+        "ensure_set is idempotent"
+    );
     assert_eq!(store.counts(&set).await.unwrap().resources, 0);
     assert!(store.latest_change(&set).await.unwrap().is_none());
 
     // 7 creates with max 3 per list: parts [3, 3, 1], lists closed at 3 and 6.
-    let batch: Vec<_> = (0..7).map(|i| change(ChangeType::Created, &format!("http://x/{i}"), i, None)).collect();
-    let out = store.apply(&set, batch, policy(3), Timestamp::now()).await.unwrap();
+    let batch: Vec<_> = (0..7)
+        .map(|i| change(ChangeType::Created, &format!("http://x/{i}"), i, None))
+        .collect();
+    let out = store
+        .apply(&set, batch, policy(3), Timestamp::now())
+        .await
+        .unwrap();
     assert_eq!(out.applied.len(), 7);
     assert_eq!(out.closed_lists, [1, 2]);
     let parts = store.parts(&set).await.unwrap();
     assert_eq!(parts.iter().map(|p| p.count).collect::<Vec<_>>(), [3, 3, 1]);
 
     // Keyset paging over one part and over the whole set, in a stable order.
-    let p2 = store.resources(&set, Some(parts[1].no), None, 2).await.unwrap();
+    let p2 = store
+        .resources(&set, Some(parts[1].no), None, 2)
+        .await
+        .unwrap();
     assert_eq!(p2.items.len(), 2);
-    let p2b = store.resources(&set, Some(parts[1].no), p2.next.clone(), 2).await.unwrap();
+    let p2b = store
+        .resources(&set, Some(parts[1].no), p2.next.clone(), 2)
+        .await
+        .unwrap();
     assert_eq!(p2b.items.len(), 1);
     assert!(p2b.next.is_none());
-    let urls: Vec<_> = p2.items.iter().chain(&p2b.items).map(|r| r.location.value.clone()).collect();
+    let urls: Vec<_> = p2
+        .items
+        .iter()
+        .chain(&p2b.items)
+        .map(|r| r.location.value.clone())
+        .collect();
     assert_eq!(urls, ["http://x/3", "http://x/4", "http://x/5"]);
     let mut all = Vec::new();
     let mut cursor = None;
@@ -60,19 +91,41 @@ pub async fn contract_suite(store: Store) {
     // Update keeps its part, delete shrinks it, a new resource joins the last part.
     let before = store.parts(&set).await.unwrap();
     store
-        .apply(&set, vec![change(ChangeType::Updated, "http://x/1", 100, None), change(ChangeType::Deleted, "http://x/4", 0, None)], policy(3), Timestamp::now())
+        .apply(
+            &set,
+            vec![
+                change(ChangeType::Updated, "http://x/1", 100, None),
+                change(ChangeType::Deleted, "http://x/4", 0, None),
+            ],
+            policy(3),
+            Timestamp::now(),
+        )
         .await
         .unwrap();
     let after = store.parts(&set).await.unwrap();
     assert_eq!(after.iter().map(|p| p.count).collect::<Vec<_>>(), [3, 2, 1]);
     assert!(after[0].last_seq > before[0].last_seq && after[1].last_seq > before[1].last_seq);
-    assert_eq!(after[2].last_seq, before[2].last_seq, "an untouched part keeps its validator");
-    let r1 = store.resource(&set, &resourcesync_hub::model::ResourceKey("url:http://x/1".into())).await.unwrap().unwrap();
+    assert_eq!(
+        after[2].last_seq, before[2].last_seq,
+        "an untouched part keeps its validator"
+    );
+    let r1 = store
+        .resource(
+            &set,
+            &resourcesync_hub::model::ResourceKey("url:http://x/1".into()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(r1.meta.length, Some(100));
 
     // Changes: ordered by (datetime, id), paged, bounded by [from, until).
     let lists = store.changelists(&set).await.unwrap();
-    assert_eq!(lists.len(), 3, "9 changes, 3 per list: the third is full but still open");
+    assert_eq!(
+        lists.len(),
+        3,
+        "9 changes, 3 per list: the third is full but still open"
+    );
     assert!(lists[..2].iter().all(|l| l.until.is_some()) && lists[2].until.is_none());
     for w in lists.windows(2) {
         assert_eq!(w[0].until, Some(w[1].from), "consecutive intervals");
@@ -83,7 +136,10 @@ pub async fn contract_suite(store: Store) {
         let mut prev: Option<(Timestamp, i64)> = None;
         let mut n = 0;
         loop {
-            let page = store.changes(&set, l.from, l.until, cursor, 2).await.unwrap();
+            let page = store
+                .changes(&set, l.from, l.until, cursor, 2)
+                .await
+                .unwrap();
             for c in &page.items {
                 assert!(c.datetime >= l.from && l.until.is_none_or(|u| c.datetime < u));
                 if let Some(p) = prev {
@@ -108,35 +164,68 @@ pub async fn contract_suite(store: Store) {
 
     // Many changes sharing one datetime keep their order and page cleanly.
     let same = Timestamp::now();
-    let batch: Vec<_> = (0..5).map(|i| change(ChangeType::Created, &format!("http://y/{i}"), i, Some(same))).collect();
+    let batch: Vec<_> = (0..5)
+        .map(|i| change(ChangeType::Created, &format!("http://y/{i}"), i, Some(same)))
+        .collect();
     store.apply(&other, batch, policy(50), same).await.unwrap();
     let mut got = Vec::new();
     let mut cursor = None;
     loop {
-        let page = store.changes(&other, Timestamp(0), None, cursor, 2).await.unwrap();
+        let page = store
+            .changes(&other, Timestamp(0), None, cursor, 2)
+            .await
+            .unwrap();
         got.extend(page.items.into_iter().map(|c| c.location.value));
         match page.next {
             Some(c) => cursor = Some(c),
             None => break,
         }
     }
-    assert_eq!(got, (0..5).map(|i| format!("http://y/{i}")).collect::<Vec<_>>());
+    assert_eq!(
+        got,
+        (0..5).map(|i| format!("http://y/{i}")).collect::<Vec<_>>()
+    );
 
     // A rejected change rolls the whole batch back.
     let counts = store.counts(&set).await.unwrap();
     let far = Timestamp::now().plus_secs(3600);
     let err = store
-        .apply(&set, vec![change(ChangeType::Created, "http://x/new", 1, None), change(ChangeType::Created, "http://x/late", 1, Some(far))], policy(3), Timestamp::now())
+        .apply(
+            &set,
+            vec![
+                change(ChangeType::Created, "http://x/new", 1, None),
+                change(ChangeType::Created, "http://x/late", 1, Some(far)),
+            ],
+            policy(3),
+            Timestamp::now(),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, ApplyError::Rejected { index: 1, .. }), "{err:?}");
+    assert!(
+        matches!(err, ApplyError::Rejected { index: 1, .. }),
+        "{err:?}"
+    );
     assert_eq!(store.counts(&set).await.unwrap(), counts);
 
     // Period rollover closes a non-empty open list only.
-    let p = ListPolicy { rollover_secs: 1, ..policy(50) };
+    let p = ListPolicy {
+        rollover_secs: 1,
+        ..policy(50)
+    };
     let later = Timestamp::now().plus_secs(5);
-    assert!(store.rollover_if_due(&set, p, later).await.unwrap().is_some());
-    assert!(store.rollover_if_due(&set, p, later.plus_secs(5)).await.unwrap().is_none(), "empty open list stays");
+    assert!(store
+        .rollover_if_due(&set, p, later)
+        .await
+        .unwrap()
+        .is_some());
+    assert!(
+        store
+            .rollover_if_due(&set, p, later.plus_secs(5))
+            .await
+            .unwrap()
+            .is_none(),
+        "empty open list stays"
+    );
     assert_eq!(store.sets().await.unwrap().len(), 2);
 }
 
@@ -149,8 +238,14 @@ async fn embedded_store_fulfils_the_contract() {
 
 #[tokio::test]
 async fn elasticsearch_store_fulfils_the_contract() {
-    let mut cfg = resourcesync_hub::config::Config::defaults().store.elasticsearch;
+    let mut cfg = resourcesync_hub::config::Config::defaults()
+        .store
+        .elasticsearch;
     cfg.url = crate::support::Osmem::clone_url().await;
-    let store = Store::Elasticsearch(resourcesync_hub::store::elastic::ElasticStore::open(&cfg).await.unwrap());
+    let store = Store::Elasticsearch(
+        resourcesync_hub::store::elastic::ElasticStore::open(&cfg)
+            .await
+            .unwrap(),
+    );
     contract_suite(store).await;
 }

@@ -61,7 +61,9 @@ pub struct TestSubscriber {
 impl TestSubscriber {
     pub async fn start() -> TestSubscriber {
         let inner = Arc::new(Mutex::new(Inner::default()));
-        let app = Router::new().route("/{*path}", get(on_get).post(on_post)).with_state(inner.clone());
+        let app = Router::new()
+            .route("/{*path}", get(on_get).post(on_post))
+            .with_state(inner.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         tokio::spawn(async move { axum::serve(listener, app).await });
@@ -78,11 +80,13 @@ impl TestSubscriber {
 
     /// Deliveries to `path` are answered with these statuses (and Retry-After values) in turn.
     pub fn script(&self, path: &str, statuses: &[(u16, Option<&str>)]) {
-        self.inner
-            .lock()
-            .unwrap()
-            .script
-            .insert(path.into(), statuses.iter().map(|(s, r)| (*s, r.map(str::to_string))).collect());
+        self.inner.lock().unwrap().script.insert(
+            path.into(),
+            statuses
+                .iter()
+                .map(|(s, r)| (*s, r.map(str::to_string)))
+                .collect(),
+        );
     }
 
     /// Deliveries to `path` are answered with `status` once any script has run out.
@@ -96,15 +100,30 @@ impl TestSubscriber {
 
     /// Serves `GET /topic` with this Content-Type and body (for thin pings).
     pub fn serve_topic(&self, content_type: &str, body: &str) {
-        self.inner.lock().unwrap().topic = Some((content_type.into(), Bytes::from(body.to_string())));
+        self.inner.lock().unwrap().topic =
+            Some((content_type.into(), Bytes::from(body.to_string())));
     }
 
     pub fn verifications(&self, path: &str) -> Vec<HashMap<String, String>> {
-        self.inner.lock().unwrap().verifications.iter().filter(|(p, _)| p == path).map(|(_, q)| q.clone()).collect()
+        self.inner
+            .lock()
+            .unwrap()
+            .verifications
+            .iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, q)| q.clone())
+            .collect()
     }
 
     pub fn deliveries(&self, path: &str) -> Vec<Delivery> {
-        self.inner.lock().unwrap().deliveries.iter().filter(|d| d.path == path).cloned().collect()
+        self.inner
+            .lock()
+            .unwrap()
+            .deliveries
+            .iter()
+            .filter(|d| d.path == path)
+            .cloned()
+            .collect()
     }
 
     pub fn all_deliveries(&self) -> Vec<Delivery> {
@@ -125,17 +144,27 @@ impl TestSubscriber {
     }
 
     pub async fn wait_verifications(&self, path: &str, n: usize) -> Vec<HashMap<String, String>> {
-        self.wait_until(&format!("{n} verification(s) of {path}"), |s| s.verifications(path).len() >= n).await;
+        self.wait_until(&format!("{n} verification(s) of {path}"), |s| {
+            s.verifications(path).len() >= n
+        })
+        .await;
         self.verifications(path)
     }
 
     pub async fn wait_deliveries(&self, path: &str, n: usize) -> Vec<Delivery> {
-        self.wait_until(&format!("{n} deliveries to {path}"), |s| s.deliveries(path).len() >= n).await;
+        self.wait_until(&format!("{n} deliveries to {path}"), |s| {
+            s.deliveries(path).len() >= n
+        })
+        .await;
         self.deliveries(path)
     }
 }
 
-async fn on_get(State(inner): State<Arc<Mutex<Inner>>>, uri: Uri, Query(q): Query<HashMap<String, String>>) -> Response {
+async fn on_get(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    uri: Uri,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
     let path = uri.path().to_string();
     let mut st = inner.lock().unwrap();
     if path == "/topic" {
@@ -153,19 +182,31 @@ async fn on_get(State(inner): State<Arc<Mutex<Inner>>>, uri: Uri, Query(q): Quer
     }
 }
 
-async fn on_post(State(inner): State<Arc<Mutex<Inner>>>, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+async fn on_post(
+    State(inner): State<Arc<Mutex<Inner>>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let path = uri.path().to_string();
     let delay = inner.lock().unwrap().delay;
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
     let mut st = inner.lock().unwrap();
-    st.deliveries.push(Delivery { path: path.clone(), headers, body, at: Instant::now() });
+    st.deliveries.push(Delivery {
+        path: path.clone(),
+        headers,
+        body,
+        at: Instant::now(),
+    });
     let scripted = st.script.get_mut(&path).and_then(|q| q.pop_front());
-    let (status, retry_after) = scripted.unwrap_or((st.then.get(&path).copied().unwrap_or(200), None));
+    let (status, retry_after) =
+        scripted.unwrap_or((st.then.get(&path).copied().unwrap_or(200), None));
     let mut resp = StatusCode::from_u16(status).unwrap().into_response();
     if let Some(ra) = retry_after {
-        resp.headers_mut().insert("retry-after", ra.parse().unwrap());
+        resp.headers_mut()
+            .insert("retry-after", ra.parse().unwrap());
     }
     resp
 }

@@ -33,7 +33,11 @@ pub fn test_config() -> (Config, tempfile::TempDir) {
 pub fn add_file_set(c: &mut Config, name: &str, root: &Path, max_items: Option<u32>) {
     c.sets.insert(
         name.into(),
-        SetOverrides { resource_root_dir: Some(root.to_path_buf()), max_items_in_list: max_items, ..Default::default() },
+        SetOverrides {
+            resource_root_dir: Some(root.to_path_buf()),
+            max_items_in_list: max_items,
+            ..Default::default()
+        },
     );
 }
 
@@ -48,7 +52,10 @@ impl TestApp {
     /// Starts on a given configuration (its data directory is the caller's).
     pub async fn start_with(config: Config) -> TestApp {
         // `RUST_LOG=info cargo test -- --nocapture` shows the server's log.
-        let _ = tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).with_test_writer().try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let mut effective = config.clone();
@@ -58,7 +65,14 @@ impl TestApp {
             let _ = rx.await;
         }));
         let client = reqwest::Client::builder().no_proxy().build().unwrap();
-        let app = TestApp { addr, config: effective, client, stop: Some(tx), handle: Some(handle), _data: None };
+        let app = TestApp {
+            addr,
+            config: effective,
+            client,
+            stop: Some(tx),
+            handle: Some(handle),
+            _data: None,
+        };
         // Wait until it answers.
         for _ in 0..100 {
             if app.client.get(app.url("/healthz")).send().await.is_ok() {
@@ -89,7 +103,10 @@ impl TestApp {
     /// from the address it really listens on).
     pub fn path_of(&self, advertised: &str) -> String {
         let base = self.config.base_url();
-        advertised.strip_prefix(&base).unwrap_or_else(|| panic!("{advertised} is not under {base}")).to_string()
+        advertised
+            .strip_prefix(&base)
+            .unwrap_or_else(|| panic!("{advertised} is not under {base}"))
+            .to_string()
     }
 
     pub async fn get_text(&self, path: &str) -> String {
@@ -127,7 +144,9 @@ impl TestApp {
 /// One NDJSON change line for a rel_path resource.
 pub fn change_line(change: &str, rel: &str, md5: &str, length: u64) -> String {
     if change == "deleted" {
-        return format!(r#"{{"change":"deleted","location":{{"type":"rel_path","value":"{rel}"}}}}"#);
+        return format!(
+            r#"{{"change":"deleted","location":{{"type":"rel_path","value":"{rel}"}}}}"#
+        );
     }
     format!(
         r#"{{"change":"{change}","location":{{"type":"rel_path","value":"{rel}"}},"length":{length},"md5":"{md5}","mime":"text/plain","lastmod":"2024-01-01T00:00:00Z"}}"#
@@ -139,27 +158,81 @@ pub fn md5_hex(data: &[u8]) -> String {
     resourcesync_hub::source::hex_digest(Md5::digest(data))
 }
 
-/// `shared/` beside the repository (CI clones it there), or `RSHUB_SHARED_DIR`.
-pub fn shared_dir() -> PathBuf {
-    std::env::var_os("RSHUB_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"))
+/// The tests' Python tools: a virtual environment under `target/` with the packages pinned in
+/// `tests/requirements.txt`, created on first use (and brought up to date when that file
+/// changes) by `tests/tools/pyenv.py`, under a file lock so that concurrent test processes
+/// wait for one install. Needs only a `python3` on PATH.
+pub struct PyEnv {
+    dir: PathBuf,
 }
 
-/// Validates documents with shared/tools/validate-rs-xml; panics with its report otherwise.
+impl PyEnv {
+    pub fn get() -> &'static PyEnv {
+        static ENV: std::sync::OnceLock<PyEnv> = std::sync::OnceLock::new();
+        ENV.get_or_init(|| {
+            let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            std::fs::create_dir_all(tmp).unwrap();
+            let dir = tmp.join("pyenv");
+            let lock = std::fs::File::create(tmp.join("pyenv.lock")).unwrap();
+            lock.lock().expect("lock the Python environment");
+            let out = Command::new("python3")
+                .arg(repo.join("tests/tools/pyenv.py"))
+                .arg(&dir)
+                .arg(repo.join("tests/requirements.txt"))
+                .output()
+                .expect("python3 on PATH (the tests need Python 3 for their tools)");
+            assert!(
+                out.status.success(),
+                "setting up the tests' Python environment in {} failed:\n{}{}",
+                dir.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            PyEnv { dir }
+        })
+    }
+
+    /// The environment's interpreter.
+    pub fn python(&self) -> PathBuf {
+        self.bin("python")
+    }
+
+    /// A console script installed in the environment (`resync-sync`, ...).
+    pub fn bin(&self, name: &str) -> PathBuf {
+        self.dir.join("bin").join(name)
+    }
+}
+
+/// Validates documents against the sitemaps.org and ResourceSync XSDs in `tests/schemas`
+/// (`tests/tools/validate_rs_xml.py`); panics with its report otherwise.
 pub fn assert_valid(docs: &[(&str, &str)]) {
     let dir = tempfile::tempdir().unwrap();
     let mut paths = Vec::new();
     for (i, (name, body)) in docs.iter().enumerate() {
-        let p = dir.path().join(format!("{i:03}-{}.xml", name.replace(['/', ':'], "_")));
+        let p = dir
+            .path()
+            .join(format!("{i:03}-{}.xml", name.replace(['/', ':'], "_")));
         std::fs::write(&p, body).unwrap();
         paths.push(p);
     }
-    let tool = shared_dir().join("tools/validate-rs-xml");
-    let out = Command::new("python3").arg(&tool).args(&paths).output().expect("run validate-rs-xml");
+    let tool = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/validate_rs_xml.py");
+    let out = Command::new(PyEnv::get().python())
+        .arg(&tool)
+        .args(&paths)
+        .output()
+        .expect("run validate_rs_xml.py");
     let report = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "validate-rs-xml failed:\n{report}{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(report.lines().filter(|l| l.contains(": VALID")).count(), docs.len(), "{report}");
+    assert!(
+        out.status.success(),
+        "schema validation failed:\n{report}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        report.lines().filter(|l| l.ends_with(": VALID")).count(),
+        docs.len(),
+        "{report}"
+    );
 }
 
 /// The real binary as a child process (`serve` on 127.0.0.1:0), its log drained in the
@@ -195,7 +268,13 @@ impl ChildServer {
                 let Ok(line) = line else { break };
                 if !sent {
                     if let Some(i) = line.find("addr=") {
-                        let _ = tx.send(line[i + 5..].split_whitespace().next().unwrap_or("").to_string());
+                        let _ = tx.send(
+                            line[i + 5..]
+                                .split_whitespace()
+                                .next()
+                                .unwrap_or("")
+                                .to_string(),
+                        );
                         sent = true;
                     }
                 }
@@ -220,7 +299,11 @@ impl ChildServer {
 
     /// Sends a signal (`"TERM"`, `"KILL"`) and waits for the process to end.
     pub fn signal(mut self, sig: &str) -> std::process::ExitStatus {
-        let ok = Command::new("kill").arg(format!("-{sig}")).arg(self.child.id().to_string()).status().unwrap();
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
         assert!(ok.success());
         self.child.wait().unwrap()
     }
@@ -249,11 +332,18 @@ impl Osmem {
         static ROOT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         ROOT.get_or_init(|| {
             use std::io::{BufRead, BufReader};
-            let bin = Command::new("python3")
-                .args(["-c", "import osmem_server;print(osmem_server.resolve_binary())"])
+            let bin = Command::new(PyEnv::get().python())
+                .args([
+                    "-c",
+                    "import osmem_server;print(osmem_server.resolve_binary())",
+                ])
                 .output()
-                .expect("python3 runs");
-            assert!(bin.status.success(), "osmem-server is installed (python3 -m pip install osmem-server)");
+                .expect("the tests' python runs");
+            assert!(
+                bin.status.success(),
+                "osmem-server is in the tests' Python environment: {}",
+                String::from_utf8_lossy(&bin.stderr)
+            );
             let bin = String::from_utf8_lossy(&bin.stdout).trim().to_string();
             let mut child = Command::new(bin)
                 .args(["-addr", "127.0.0.1:0"])
@@ -262,7 +352,9 @@ impl Osmem {
                 .spawn()
                 .expect("osmem-server starts");
             let mut line = String::new();
-            BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
             let v: serde_json::Value = serde_json::from_str(&line).unwrap();
             // Keep its stdin open for the life of the test process.
             std::mem::forget(child);

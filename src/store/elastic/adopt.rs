@@ -62,8 +62,15 @@ impl ElasticStore {
         for (index, field) in [(&self.changes, "seq"), (&self.resources, "part")] {
             let body = json!({"size": 0, "query": unstamped(field, None),
                               "aggs": {"sets": {"terms": {"field": "resource_set", "size": 10000}}}});
-            let v = self.es.ok(Method::Post, &format!("/{index}/_search"), Some(body)).await?;
-            for b in v["aggregations"]["sets"]["buckets"].as_array().into_iter().flatten() {
+            let v = self
+                .es
+                .ok(Method::Post, &format!("/{index}/_search"), Some(body))
+                .await?;
+            for b in v["aggregations"]["sets"]["buckets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
                 if let Some(s) = b["key"].as_str() {
                     if !out.iter().any(|o| o == s) {
                         out.push(s.to_string());
@@ -75,9 +82,18 @@ impl ElasticStore {
     }
 
     /// Up to `limit` hits (with versions) of `query`, sorted by `sort`.
-    async fn hits(&self, index: &str, query: Value, sort: Value, limit: usize) -> Result<Vec<Value>, StoreError> {
+    async fn hits(
+        &self,
+        index: &str,
+        query: Value,
+        sort: Value,
+        limit: usize,
+    ) -> Result<Vec<Value>, StoreError> {
         let body = json!({"size": limit, "query": query, "sort": sort, "seq_no_primary_term": true, "track_total_hits": false});
-        let v = self.es.ok(Method::Post, &format!("/{index}/_search"), Some(body)).await?;
+        let v = self
+            .es
+            .ok(Method::Post, &format!("/{index}/_search"), Some(body))
+            .await?;
         Ok(v["hits"]["hits"].as_array().cloned().unwrap_or_default())
     }
 
@@ -105,15 +121,36 @@ impl ElasticStore {
         let (mut st, _) = self.claim(set, now).await?;
         let token = st.claimed_until;
         let result = self.adopt_claimed(set, &mut st, rules, now).await;
-        self.release_claim(set, token, result.is_ok().then_some(st)).await?;
+        self.release_claim(set, token, result.is_ok().then_some(st))
+            .await?;
         result
     }
 
-    async fn adopt_claimed(&self, set: &SetName, st: &mut SetState, rules: &dyn SetRules, now: Timestamp) -> Result<usize, StoreError> {
+    async fn adopt_claimed(
+        &self,
+        set: &SetName,
+        st: &mut SetState,
+        rules: &dyn SetRules,
+        now: Timestamp,
+    ) -> Result<usize, StoreError> {
         let policy = rules.policy(set);
         let sort = json!([{"datetime": {"order": "asc", "unmapped_type": "date"}}, {"timestamp": {"order": "asc", "unmapped_type": "date"}}]);
-        let changes = self.hits(&self.changes, unstamped("seq", Some(set.as_str())), sort, ROUND).await?;
-        let resources = self.hits(&self.resources, unstamped("part", Some(set.as_str())), json!([{"timestamp": {"order": "asc", "unmapped_type": "date"}}]), ROUND).await?;
+        let changes = self
+            .hits(
+                &self.changes,
+                unstamped("seq", Some(set.as_str())),
+                sort,
+                ROUND,
+            )
+            .await?;
+        let resources = self
+            .hits(
+                &self.resources,
+                unstamped("part", Some(set.as_str())),
+                json!([{"timestamp": {"order": "asc", "unmapped_type": "date"}}]),
+                ROUND,
+            )
+            .await?;
 
         // Each document's key (documents whose location is not valid for the set are skipped).
         let key_of = |h: &Value| -> Option<ResourceKey> {
@@ -128,7 +165,12 @@ impl ElasticStore {
         };
         let change_keys: Vec<Option<ResourceKey>> = changes.iter().map(key_of).collect();
         let resource_keys: Vec<Option<ResourceKey>> = resources.iter().map(key_of).collect();
-        let mut all: Vec<&str> = change_keys.iter().chain(&resource_keys).flatten().map(|k| k.0.as_str()).collect();
+        let mut all: Vec<&str> = change_keys
+            .iter()
+            .chain(&resource_keys)
+            .flatten()
+            .map(|k| k.0.as_str())
+            .collect();
         all.sort_unstable();
         all.dedup();
         let mut parts = self.known_parts(set, &all).await?;
@@ -140,12 +182,18 @@ impl ElasticStore {
         for (h, key) in changes.iter().zip(&change_keys) {
             let Some(key) = key else { continue };
             let src = &h["_source"];
-            let given = date(&src["datetime"]).or_else(|| date(&src["timestamp"])).unwrap_or(now);
+            let given = date(&src["datetime"])
+                .or_else(|| date(&src["timestamp"]))
+                .unwrap_or(now);
             let open = st.open().totals();
             let floor = open.from.max(notified.unwrap_or(i64::MIN));
             // Recorded late: after everything recorded so far, in adoption order (like a change
             // ingested without a datetime), not all at one instant.
-            let mut datetime = if given.0 >= floor { given } else { Timestamp(floor.max(open.max_dt.map_or(i64::MIN, |m| m + 1))) };
+            let mut datetime = if given.0 >= floor {
+                given
+            } else {
+                Timestamp(floor.max(open.max_dt.map_or(i64::MIN, |m| m + 1)))
+            };
             if datetime != given {
                 late += 1;
                 latest_late = Some((given, datetime));
@@ -168,7 +216,13 @@ impl ElasticStore {
             };
             st.touch(part, seq, datetime.0);
             let mut doc = src.clone();
-            for (f, v) in [("seq", json!(seq)), ("key", json!(key.0)), ("datetime_us", json!(datetime.0)), ("part", json!(part)), ("adopted", json!(true))] {
+            for (f, v) in [
+                ("seq", json!(seq)),
+                ("key", json!(key.0)),
+                ("datetime_us", json!(datetime.0)),
+                ("part", json!(part)),
+                ("adopted", json!(true)),
+            ] {
                 doc[f] = v;
             }
             if doc["datetime"].is_null() {
@@ -202,7 +256,11 @@ impl ElasticStore {
                 }
             };
             let mut doc = h["_source"].clone();
-            for (f, v) in [("key", json!(key.0)), ("part", json!(part)), ("adopted", json!(true))] {
+            for (f, v) in [
+                ("key", json!(key.0)),
+                ("part", json!(part)),
+                ("adopted", json!(true)),
+            ] {
                 doc[f] = v;
             }
             if doc["seq"].is_null() {
@@ -221,23 +279,41 @@ impl ElasticStore {
 
     /// The part each key already has: from its stamped resource document, else from its
     /// newest stamped change document (a writer may have replaced the resource document).
-    async fn known_parts(&self, set: &SetName, keys: &[&str]) -> Result<HashMap<String, u32>, StoreError> {
+    async fn known_parts(
+        &self,
+        set: &SetName,
+        keys: &[&str],
+    ) -> Result<HashMap<String, u32>, StoreError> {
         let mut out = HashMap::new();
         if keys.is_empty() {
             return Ok(out);
         }
         let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"terms": {"key": keys}}, {"exists": {"field": "part"}}]}});
-        for h in self.hits(&self.resources, q, json!([{"key": "asc"}]), keys.len()).await? {
-            if let (Some(k), Some(p)) = (h["_source"]["key"].as_str(), h["_source"]["part"].as_u64()) {
+        for h in self
+            .hits(&self.resources, q, json!([{"key": "asc"}]), keys.len())
+            .await?
+        {
+            if let (Some(k), Some(p)) =
+                (h["_source"]["key"].as_str(), h["_source"]["part"].as_u64())
+            {
                 out.insert(k.to_string(), p as u32);
             }
         }
-        let missing: Vec<&str> = keys.iter().copied().filter(|k| !out.contains_key(*k)).collect();
+        let missing: Vec<&str> = keys
+            .iter()
+            .copied()
+            .filter(|k| !out.contains_key(*k))
+            .collect();
         if !missing.is_empty() {
             let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"terms": {"key": missing}}, {"exists": {"field": "part"}}]}});
             // Oldest first, so the newest wins.
-            for h in self.hits(&self.changes, q, json!([{"seq": "asc"}]), 10_000).await? {
-                if let (Some(k), Some(p)) = (h["_source"]["key"].as_str(), h["_source"]["part"].as_u64()) {
+            for h in self
+                .hits(&self.changes, q, json!([{"seq": "asc"}]), 10_000)
+                .await?
+            {
+                if let (Some(k), Some(p)) =
+                    (h["_source"]["key"].as_str(), h["_source"]["part"].as_u64())
+                {
                     out.insert(k.to_string(), p as u32);
                 }
             }
@@ -249,7 +325,14 @@ impl ElasticStore {
     async fn recount_parts(&self, set: &SetName, st: &mut SetState) -> Result<(), StoreError> {
         let body = json!({"size": 0, "query": {"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"exists": {"field": "part"}}]}},
                           "aggs": {"parts": {"terms": {"field": "part", "size": 100000}}}});
-        let v = self.es.ok(Method::Post, &format!("/{}/_search", self.resources), Some(body)).await?;
+        let v = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_search", self.resources),
+                Some(body),
+            )
+            .await?;
         let counts: HashMap<u64, u64> = v["aggregations"]["parts"]["buckets"]
             .as_array()
             .into_iter()
@@ -270,10 +353,17 @@ impl ElasticStore {
         let v = self.es.bulk(ops).await?;
         let mut lost = 0;
         for item in v["items"].as_array().into_iter().flatten() {
-            let Some(r) = item.as_object().and_then(|o| o.values().next()) else { continue };
+            let Some(r) = item.as_object().and_then(|o| o.values().next()) else {
+                continue;
+            };
             match r["status"].as_u64() {
                 Some(409) => lost += 1,
-                Some(s) if s >= 300 => return Err(StoreError::Unavailable(format!("bulk write failed: {}", r["error"]))),
+                Some(s) if s >= 300 => {
+                    return Err(StoreError::Unavailable(format!(
+                        "bulk write failed: {}",
+                        r["error"]
+                    )))
+                }
                 _ => {}
             }
         }
@@ -282,9 +372,15 @@ impl ElasticStore {
 
     /// After a writer died mid-round: change documents it stamped but never committed are
     /// unstamped, to be adopted again.
-    pub(super) async fn unstamp_uncommitted(&self, set: &SetName, next_seq: i64) -> Result<(), StoreError> {
+    pub(super) async fn unstamp_uncommitted(
+        &self,
+        set: &SetName,
+        next_seq: i64,
+    ) -> Result<(), StoreError> {
         let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, {"term": {"adopted": true}}, {"range": {"seq": {"gte": next_seq}}}]}});
-        let hits = self.hits(&self.changes, q, json!([{"seq": "asc"}]), 10_000).await?;
+        let hits = self
+            .hits(&self.changes, q, json!([{"seq": "asc"}]), 10_000)
+            .await?;
         if hits.is_empty() {
             return Ok(());
         }
@@ -315,10 +411,16 @@ fn push_conditional(ops: &mut String, index: &str, hit: &Value, doc: &Value) {
 impl SetState {
     /// The last part if it has room for one more resource, else a new one.
     pub(super) fn part_with_room(&mut self, policy: &ListPolicy) -> u32 {
-        let fits = self.parts.last().is_some_and(|p| p.count < policy.max_items as u64);
+        let fits = self
+            .parts
+            .last()
+            .is_some_and(|p| p.count < policy.max_items as u64);
         if !fits {
             let no = self.parts.last().map_or(1, |p| p.no + 1);
-            self.parts.push(PartState { no, ..Default::default() });
+            self.parts.push(PartState {
+                no,
+                ..Default::default()
+            });
         }
         let last = self.parts.last_mut().expect("a part");
         last.count += 1;

@@ -15,10 +15,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{ElasticStore, Versioned};
-use crate::model::{Change, ChangeType, Location, NewChange, Resource, ResourceKey, ResourceMeta, SetName, Timestamp};
+use crate::model::{
+    Change, ChangeType, Location, NewChange, Resource, ResourceKey, ResourceMeta, SetName,
+    Timestamp,
+};
 use crate::store::{
-    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, OpenTotals, Page, PartInfo,
-    StoreError,
+    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy,
+    OpenTotals, Page, PartInfo, StoreError,
 };
 
 /// How long a writer's claim on a set lasts before others treat it as dead.
@@ -60,13 +63,19 @@ impl SetState {
         SetState {
             next_seq: 1,
             applied_seq: 0,
-            lists: vec![ListState { no: 1, from: now.0, ..Default::default() }],
+            lists: vec![ListState {
+                no: 1,
+                from: now.0,
+                ..Default::default()
+            }],
             parts: vec![],
             claimed_until: None,
         }
     }
     pub(super) fn open(&mut self) -> &mut ListState {
-        self.lists.last_mut().expect("a set always has an open list")
+        self.lists
+            .last_mut()
+            .expect("a set always has an open list")
     }
 
     /// Closes the open list and opens the next; returns the closed list's number and `until`.
@@ -75,7 +84,12 @@ impl SetState {
         let until = open.totals().close_time(now);
         open.until = Some(until);
         let (no, last_seq) = (open.no, open.last_seq);
-        self.lists.push(ListState { no: no + 1, from: until, last_seq, ..Default::default() });
+        self.lists.push(ListState {
+            no: no + 1,
+            from: until,
+            last_seq,
+            ..Default::default()
+        });
         (no, until)
     }
 }
@@ -90,7 +104,12 @@ impl ListState {
     }
 
     pub(super) fn totals(&self) -> OpenTotals {
-        OpenTotals { from: self.from, count: self.count, bytes: self.bytes, max_dt: self.max_dt }
+        OpenTotals {
+            from: self.from,
+            count: self.count,
+            bytes: self.bytes,
+            max_dt: self.max_dt,
+        }
     }
 }
 
@@ -116,7 +135,13 @@ fn iso(t: Timestamp) -> String {
     t.to_string()
 }
 
-fn change_doc(set: &SetName, c: &NewChange, seq: i64, datetime: Timestamp, now: Timestamp) -> Value {
+fn change_doc(
+    set: &SetName,
+    c: &NewChange,
+    seq: i64,
+    datetime: Timestamp,
+    now: Timestamp,
+) -> Value {
     json!({
         "resource_set": set.as_str(), "location": c.location, "change": c.change.as_str(),
         "datetime": iso(datetime), "datetime_us": datetime.0, "lastmod": c.meta.lastmod.map(iso),
@@ -143,7 +168,11 @@ fn meta_from(s: &Value) -> Result<ResourceMeta, StoreError> {
         md5: s["md5"].as_str().map(str::to_string),
         mime: s["mime"].as_str().map(str::to_string),
         lastmod: ts_field(&s["lastmod"]),
-        ln: if s["ln"].is_null() { vec![] } else { serde_json::from_value(s["ln"].clone()).map_err(store_err)? },
+        ln: if s["ln"].is_null() {
+            vec![]
+        } else {
+            serde_json::from_value(s["ln"].clone()).map_err(store_err)?
+        },
     })
 }
 
@@ -156,7 +185,11 @@ fn change_from(s: &Value) -> Result<Change, StoreError> {
         Some("created") => ChangeType::Created,
         Some("updated") => ChangeType::Updated,
         Some("deleted") => ChangeType::Deleted,
-        other => return Err(StoreError::Corrupt(format!("change document with change {other:?}"))),
+        other => {
+            return Err(StoreError::Corrupt(format!(
+                "change document with change {other:?}"
+            )))
+        }
     };
     Ok(Change {
         id: s["seq"].as_i64().unwrap_or(0),
@@ -183,20 +216,32 @@ impl ElasticStore {
         match self.es.get_doc(&self.meta, &set_doc_id(set)).await? {
             None => Ok(None),
             Some(v) => {
-                let st: SetState = serde_json::from_value(v.source["state"].clone()).map_err(store_err)?;
+                let st: SetState =
+                    serde_json::from_value(v.source["state"].clone()).map_err(store_err)?;
                 Ok(Some((st, v)))
             }
         }
     }
 
-    async fn save(&self, set: &SetName, st: &SetState, prev: &Versioned) -> Result<bool, StoreError> {
+    async fn save(
+        &self,
+        set: &SetName,
+        st: &SetState,
+        prev: &Versioned,
+    ) -> Result<bool, StoreError> {
         let mut doc = prev.source.clone();
         doc["state"] = serde_json::to_value(st).map_err(store_err)?;
-        self.es.put_doc_if(&self.meta, &set_doc_id(set), &doc, Some(prev)).await
+        self.es
+            .put_doc_if(&self.meta, &set_doc_id(set), &doc, Some(prev))
+            .await
     }
 
     /// Claims the set for writing: waits for a live claim, recovers from a dead one.
-    pub(super) async fn claim(&self, set: &SetName, now: Timestamp) -> Result<(SetState, bool), StoreError> {
+    pub(super) async fn claim(
+        &self,
+        set: &SetName,
+        now: Timestamp,
+    ) -> Result<(SetState, bool), StoreError> {
         // The claim's expiry doubles as its owner's token.
         let mut created = false;
         for _ in 0..3000 {
@@ -222,7 +267,9 @@ impl ElasticStore {
                 return Ok((st, created));
             }
         }
-        Err(StoreError::Unavailable(format!("set {set} stayed claimed by another writer")))
+        Err(StoreError::Unavailable(format!(
+            "set {set} stayed claimed by another writer"
+        )))
     }
 
     /// Re-applies changes (applied_seq, next_seq) onto the resources after a writer died.
@@ -232,7 +279,15 @@ impl ElasticStore {
         let mut hits = Vec::new();
         let mut after = None;
         loop {
-            let (docs, next_page) = self.page(&self.changes, q.clone(), json!([{"seq": "asc"}]), after, 5000).await?;
+            let (docs, next_page) = self
+                .page(
+                    &self.changes,
+                    q.clone(),
+                    json!([{"seq": "asc"}]),
+                    after,
+                    5000,
+                )
+                .await?;
             hits.extend(docs);
             match next_page {
                 Some(c) => after = Some(c),
@@ -248,7 +303,9 @@ impl ElasticStore {
                 ops.push('\n');
             } else {
                 let mut doc = json!({"resource_set": set.as_str(), "key": c.key.0, "timestamp": src["timestamp"]});
-                for f in ["location", "length", "md5", "mime", "lastmod", "ln", "part", "bytes"] {
+                for f in [
+                    "location", "length", "md5", "mime", "lastmod", "ln", "part", "bytes",
+                ] {
                     doc[f] = src[f].clone();
                 }
                 doc["seq"] = json!(c.id);
@@ -271,16 +328,26 @@ impl ElasticStore {
                 let r = i.as_object()?.values().next()?;
                 r.get("error").map(|e| e.to_string())
             });
-            return Err(StoreError::Unavailable(format!("bulk write failed: {}", first.unwrap_or_default())));
+            return Err(StoreError::Unavailable(format!(
+                "bulk write failed: {}",
+                first.unwrap_or_default()
+            )));
         }
         Ok(())
     }
 
-    pub async fn apply(&self, set: &SetName, changes: Vec<NewChange>, policy: ListPolicy, now: Timestamp) -> Result<ApplyOutcome, ApplyError> {
+    pub async fn apply(
+        &self,
+        set: &SetName,
+        changes: Vec<NewChange>,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<ApplyOutcome, ApplyError> {
         let (mut st, set_created) = self.claim(set, now).await?;
         let token = st.claimed_until;
         let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
-        self.release_claim(set, token, result.is_ok().then_some(st)).await?;
+        self.release_claim(set, token, result.is_ok().then_some(st))
+            .await?;
         let mut out = result?;
         out.set_created = set_created;
         Ok(out)
@@ -300,11 +367,23 @@ impl ElasticStore {
         let ids: Vec<String> = changes.iter().map(|c| resource_id(set, &c.key)).collect();
         let mut known: HashMap<String, Option<(u32, u64)>> = HashMap::new();
         if !ids.is_empty() {
-            let v = self.es.ok(Method::Post, &format!("/{}/_mget", self.resources), Some(json!({"ids": ids}))).await?;
+            let v = self
+                .es
+                .ok(
+                    Method::Post,
+                    &format!("/{}/_mget", self.resources),
+                    Some(json!({"ids": ids})),
+                )
+                .await?;
             for d in v["docs"].as_array().into_iter().flatten() {
                 let id = d["_id"].as_str().unwrap_or_default().to_string();
                 let found = d["found"] == json!(true);
-                let entry = found.then(|| (d["_source"]["part"].as_u64().unwrap_or(1) as u32, d["_source"]["bytes"].as_u64().unwrap_or(0)));
+                let entry = found.then(|| {
+                    (
+                        d["_source"]["part"].as_u64().unwrap_or(1) as u32,
+                        d["_source"]["bytes"].as_u64().unwrap_or(0),
+                    )
+                });
                 known.insert(id, entry);
             }
         }
@@ -313,7 +392,10 @@ impl ElasticStore {
             let id = resource_id(set, &c.key);
             let existing = known.get(&id).cloned().flatten();
             if c.change == ChangeType::Deleted && existing.is_none() {
-                out.ignored.push((index, "deleted: no such resource in the set, nothing recorded".into()));
+                out.ignored.push((
+                    index,
+                    "deleted: no such resource in the set, nothing recorded".into(),
+                ));
                 continue;
             }
             let mut datetime = policy
@@ -332,7 +414,10 @@ impl ElasticStore {
             st.next_seq += 1;
             st.open().record(seq, eb, datetime);
             out.applied.push((index, seq));
-            change_ops.push_str(&json!({"index": {"_index": self.changes, "_id": format!("{set}:{seq}")}}).to_string());
+            change_ops.push_str(
+                &json!({"index": {"_index": self.changes, "_id": format!("{set}:{seq}")}})
+                    .to_string(),
+            );
             change_ops.push('\n');
             let mut cdoc = change_doc(set, &c, seq, datetime, now);
 
@@ -345,7 +430,9 @@ impl ElasticStore {
             };
             match (c.change, existing) {
                 (ChangeType::Deleted, Some((part, bytes))) => {
-                    ops.push_str(&json!({"delete": {"_index": self.resources, "_id": id}}).to_string());
+                    ops.push_str(
+                        &json!({"delete": {"_index": self.resources, "_id": id}}).to_string(),
+                    );
                     ops.push('\n');
                     touch(st, part, -1, -(bytes as i64));
                     known.insert(id, None);
@@ -356,18 +443,24 @@ impl ElasticStore {
                         Some((part, bytes)) => (part, 0, bytes as i64),
                         None => {
                             let fits = st.parts.last().is_some_and(|lp| {
-                                lp.count < policy.max_items as u64 && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes)
+                                lp.count < policy.max_items as u64
+                                    && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes)
                             });
                             if !fits {
                                 let no = st.parts.last().map_or(1, |lp| lp.no + 1);
-                                st.parts.push(PartState { no, ..Default::default() });
+                                st.parts.push(PartState {
+                                    no,
+                                    ..Default::default()
+                                });
                             }
                             (st.parts.last().expect("a part").no, 1, 0)
                         }
                     };
                     let mut doc = resource_doc(set, &c, part, seq, now);
                     doc["bytes"] = json!(eb);
-                    ops.push_str(&json!({"index": {"_index": self.resources, "_id": id}}).to_string());
+                    ops.push_str(
+                        &json!({"index": {"_index": self.resources, "_id": id}}).to_string(),
+                    );
                     ops.push('\n');
                     ops.push_str(&doc.to_string());
                     ops.push('\n');
@@ -393,15 +486,26 @@ impl ElasticStore {
 
     /// Releases the claim taken with `token`, saving `st` (the work done) when given, else
     /// leaving the bookkeeping as it is.
-    pub(super) async fn release_claim(&self, set: &SetName, token: Option<i64>, st: Option<SetState>) -> Result<(), StoreError> {
-        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished"))) };
+    pub(super) async fn release_claim(
+        &self,
+        set: &SetName,
+        token: Option<i64>,
+        st: Option<SetState>,
+    ) -> Result<(), StoreError> {
+        let Some((current, v)) = self.load(set).await? else {
+            return Err(StoreError::Corrupt(format!("set {set} vanished")));
+        };
         if current.claimed_until != token {
-            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")));
+            return Err(StoreError::Corrupt(format!(
+                "set {set}: the claim was taken over while writing"
+            )));
         }
         let mut release = st.unwrap_or(current);
         release.claimed_until = None;
         if !self.save(set, &release, &v).await? {
-            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")));
+            return Err(StoreError::Corrupt(format!(
+                "set {set}: the claim was taken over while writing"
+            )));
         }
         Ok(())
     }
@@ -409,8 +513,15 @@ impl ElasticStore {
     /// Saves the bookkeeping while holding the claim (the commit point of a batch). With
     /// `applied`, the resources are already what the changes say (adoption: the writer wrote
     /// them); otherwise `applied_seq` stays behind until the resource documents are written.
-    pub(super) async fn commit(&self, set: &SetName, st: &mut SetState, applied: bool) -> Result<(), StoreError> {
-        let Some((current, v)) = self.load(set).await? else { return Err(StoreError::Corrupt(format!("set {set} vanished"))) };
+    pub(super) async fn commit(
+        &self,
+        set: &SetName,
+        st: &mut SetState,
+        applied: bool,
+    ) -> Result<(), StoreError> {
+        let Some((current, v)) = self.load(set).await? else {
+            return Err(StoreError::Corrupt(format!("set {set} vanished")));
+        };
         if applied {
             st.applied_seq = st.next_seq - 1;
         }
@@ -420,13 +531,22 @@ impl ElasticStore {
             commit.applied_seq = current.applied_seq;
         }
         if !self.save(set, &commit, &v).await? {
-            return Err(StoreError::Corrupt(format!("set {set}: the claim was taken over while writing")));
+            return Err(StoreError::Corrupt(format!(
+                "set {set}: the claim was taken over while writing"
+            )));
         }
         Ok(())
     }
 
-    pub async fn rollover_if_due(&self, set: &SetName, policy: ListPolicy, now: Timestamp) -> Result<Option<u32>, StoreError> {
-        let Some((mut st, v)) = self.load(set).await? else { return Ok(None) };
+    pub async fn rollover_if_due(
+        &self,
+        set: &SetName,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<Option<u32>, StoreError> {
+        let Some((mut st, v)) = self.load(set).await? else {
+            return Ok(None);
+        };
         let claimed = st.claimed_until.is_some_and(|u| u > Timestamp::now().0);
         if claimed || !policy.period_over(&st.open().totals(), now) {
             return Ok(None);
@@ -440,7 +560,12 @@ impl ElasticStore {
         Ok(st
             .parts
             .iter()
-            .map(|p| PartInfo { no: p.no, count: p.count, last_seq: p.last_seq, last_change: Timestamp(p.last_change) })
+            .map(|p| PartInfo {
+                no: p.no,
+                count: p.count,
+                last_seq: p.last_seq,
+                last_change: Timestamp(p.last_change),
+            })
             .collect())
     }
 
@@ -461,28 +586,70 @@ impl ElasticStore {
     }
 
     /// One page of a search sorted by `sort`, after the cursor (JSON sort values).
-    pub(super) async fn page(&self, index: &str, query: Value, sort: Value, after: Option<Cursor>, limit: usize) -> Result<(Vec<Value>, Option<Cursor>), StoreError> {
-        let mut body = json!({"size": limit, "query": query, "sort": sort, "track_total_hits": false});
+    pub(super) async fn page(
+        &self,
+        index: &str,
+        query: Value,
+        sort: Value,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<(Vec<Value>, Option<Cursor>), StoreError> {
+        let mut body =
+            json!({"size": limit, "query": query, "sort": sort, "track_total_hits": false});
         if let Some(Cursor(c)) = after {
-            body["search_after"] = serde_json::from_str(&c).map_err(|_| StoreError::Corrupt(format!("bad cursor {c:?}")))?;
+            body["search_after"] = serde_json::from_str(&c)
+                .map_err(|_| StoreError::Corrupt(format!("bad cursor {c:?}")))?;
         }
-        let v = self.es.ok(Method::Post, &format!("/{index}/_search"), Some(body)).await?;
+        let v = self
+            .es
+            .ok(Method::Post, &format!("/{index}/_search"), Some(body))
+            .await?;
         let hits = v["hits"]["hits"].as_array().cloned().unwrap_or_default();
-        let next = (hits.len() == limit).then(|| hits.last().map(|h| Cursor(h["sort"].to_string()))).flatten();
-        Ok((hits.into_iter().map(|h| h["_source"].clone()).collect(), next))
+        let next = (hits.len() == limit)
+            .then(|| hits.last().map(|h| Cursor(h["sort"].to_string())))
+            .flatten();
+        Ok((
+            hits.into_iter().map(|h| h["_source"].clone()).collect(),
+            next,
+        ))
     }
 
-    pub async fn resources(&self, set: &SetName, part: Option<u32>, after: Option<Cursor>, limit: usize) -> Result<Page<Resource>, StoreError> {
+    pub async fn resources(
+        &self,
+        set: &SetName,
+        part: Option<u32>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Resource>, StoreError> {
         let mut filter = vec![json!({"term": {"resource_set": set.as_str()}})];
         if let Some(p) = part {
             filter.push(json!({"term": {"part": p}}));
         }
-        let (docs, next) = self.page(&self.resources, json!({"bool": {"filter": filter}}), json!([{"part": "asc"}, {"key": "asc"}]), after, limit).await?;
-        Ok(Page { items: docs.iter().map(resource_from).collect::<Result<_, _>>()?, next })
+        let (docs, next) = self
+            .page(
+                &self.resources,
+                json!({"bool": {"filter": filter}}),
+                json!([{"part": "asc"}, {"key": "asc"}]),
+                after,
+                limit,
+            )
+            .await?;
+        Ok(Page {
+            items: docs.iter().map(resource_from).collect::<Result<_, _>>()?,
+            next,
+        })
     }
 
-    pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
-        match self.es.get_doc(&self.resources, &resource_id(set, key)).await? {
+    pub async fn resource(
+        &self,
+        set: &SetName,
+        key: &ResourceKey,
+    ) -> Result<Option<Resource>, StoreError> {
+        match self
+            .es
+            .get_doc(&self.resources, &resource_id(set, key))
+            .await?
+        {
             Some(v) => Ok(Some(resource_from(&v.source)?)),
             None => Ok(None),
         }
@@ -503,8 +670,19 @@ impl ElasticStore {
         let q = json!({"bool": {"filter": [
             {"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}, self.committed(set).await?
         ]}});
-        let (docs, next) = self.page(&self.changes, q, json!([{"datetime_us": "asc"}, {"seq": "asc"}]), after, limit).await?;
-        Ok(Page { items: docs.iter().map(change_from).collect::<Result<_, _>>()?, next })
+        let (docs, next) = self
+            .page(
+                &self.changes,
+                q,
+                json!([{"datetime_us": "asc"}, {"seq": "asc"}]),
+                after,
+                limit,
+            )
+            .await?;
+        Ok(Page {
+            items: docs.iter().map(change_from).collect::<Result<_, _>>()?,
+            next,
+        })
     }
 
     /// The filter that hides change documents of a batch not (yet) committed.
@@ -515,15 +693,36 @@ impl ElasticStore {
 
     pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
         let q = json!({"query": {"term": {"resource_set": set.as_str()}}});
-        let r = self.es.ok(Method::Post, &format!("/{}/_count", self.resources), Some(q)).await?;
+        let r = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_count", self.resources),
+                Some(q),
+            )
+            .await?;
         let q = json!({"query": {"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}}});
-        let c = self.es.ok(Method::Post, &format!("/{}/_count", self.changes), Some(q)).await?;
-        Ok(Counts { resources: r["count"].as_u64().unwrap_or(0), changes: c["count"].as_u64().unwrap_or(0) })
+        let c = self
+            .es
+            .ok(Method::Post, &format!("/{}/_count", self.changes), Some(q))
+            .await?;
+        Ok(Counts {
+            resources: r["count"].as_u64().unwrap_or(0),
+            changes: c["count"].as_u64().unwrap_or(0),
+        })
     }
 
     pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
         let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}});
-        let (docs, _) = self.page(&self.changes, q, json!([{"datetime_us": "desc"}, {"seq": "desc"}]), None, 1).await?;
+        let (docs, _) = self
+            .page(
+                &self.changes,
+                q,
+                json!([{"datetime_us": "desc"}, {"seq": "desc"}]),
+                None,
+                1,
+            )
+            .await?;
         docs.first().map(change_from).transpose()
     }
 

@@ -26,8 +26,8 @@ use sha2::Digest;
 
 use super::{ElasticStore, Versioned};
 use crate::hub::model::{
-    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription, SubscriptionFilter,
-    SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
+    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription,
+    SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::hub::SignatureAlg;
 use crate::model::{SetName, Timestamp};
@@ -110,7 +110,8 @@ impl SubDoc {
             topic: Topic::from_stored(self.topic.clone()),
             callback: Callback::from_stored(self.callback.clone()),
             secret: self.secret.clone(),
-            alg: SignatureAlg::parse(&self.alg).ok_or_else(|| corrupt(format!("subscription {}: alg {}", self.id, self.alg)))?,
+            alg: SignatureAlg::parse(&self.alg)
+                .ok_or_else(|| corrupt(format!("subscription {}: alg {}", self.id, self.alg)))?,
             lease_secs: self.lease_secs,
             lease_start: Timestamp(self.lease_start),
             expires_at: Timestamp(self.expires_at),
@@ -124,7 +125,13 @@ impl SubDoc {
 
     fn stats(&self, pending: u64, now: Timestamp) -> SubscriptionStats {
         SubscriptionStats {
-            state: Some(sub_state(self.expires_at, self.attempts, self.last_failure_at, self.last_success_at, now)),
+            state: Some(sub_state(
+                self.expires_at,
+                self.attempts,
+                self.last_failure_at,
+                self.last_success_at,
+                now,
+            )),
             delivered: self.delivered,
             failed: self.failed,
             last_success_at: self.last_success_at.map(Timestamp),
@@ -189,7 +196,9 @@ fn message_from(src: &Value) -> Result<Message, StoreError> {
         .decode(d["body"].as_str().unwrap_or_default())
         .map_err(|e| corrupt(format!("message {}: {e}", src["seq"])))?;
     Ok(Message {
-        id: src["seq"].as_i64().ok_or_else(|| corrupt("message without seq"))?,
+        id: src["seq"]
+            .as_i64()
+            .ok_or_else(|| corrupt("message without seq"))?,
         topic: Topic::from_stored(src["topic"].as_str().unwrap_or_default().to_string()),
         content_type: d["content_type"].as_str().unwrap_or_default().to_string(),
         body: Bytes::from(body),
@@ -203,7 +212,9 @@ impl ElasticStore {
         let mut out = Vec::new();
         let mut after = None;
         loop {
-            let (docs, next) = self.page(&self.hub, query.clone(), sort.clone(), after, 2000).await?;
+            let (docs, next) = self
+                .page(&self.hub, query.clone(), sort.clone(), after, 2000)
+                .await?;
             out.extend(docs);
             match next {
                 Some(c) => after = Some(c),
@@ -213,40 +224,79 @@ impl ElasticStore {
     }
 
     async fn subs(&self, query: Value) -> Result<Vec<(SubDoc, Value)>, StoreError> {
-        let docs = self.all(json!({"bool": {"filter": [{"term": {"kind": "sub"}}, query]}}), json!([{"id": "asc"}])).await?;
-        docs.into_iter().map(|d| Ok((serde_json::from_value(d["doc"].clone()).map_err(corrupt)?, d))).collect()
+        let docs = self
+            .all(
+                json!({"bool": {"filter": [{"term": {"kind": "sub"}}, query]}}),
+                json!([{"id": "asc"}]),
+            )
+            .await?;
+        docs.into_iter()
+            .map(|d| {
+                Ok((
+                    serde_json::from_value(d["doc"].clone()).map_err(corrupt)?,
+                    d,
+                ))
+            })
+            .collect()
     }
 
     async fn sub_by_id(&self, id: SubscriptionId) -> Result<Option<SubDoc>, StoreError> {
-        Ok(self.subs(json!({"term": {"id": id}})).await?.into_iter().next().map(|(s, _)| s))
+        Ok(self
+            .subs(json!({"term": {"id": id}}))
+            .await?
+            .into_iter()
+            .next()
+            .map(|(s, _)| s))
     }
 
     async fn get_sub(&self, doc_id: &str) -> Result<Option<(SubDoc, Versioned)>, StoreError> {
         match self.es.get_doc(&self.hub, doc_id).await? {
-            Some(v) => Ok(Some((serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?, v))),
+            Some(v) => Ok(Some((
+                serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?,
+                v,
+            ))),
             None => Ok(None),
         }
     }
 
     /// Changes a subscription by read-modify-write until no one else wrote in between.
     /// `f` returns `false` to leave it alone; the answer is the subscription as written.
-    async fn update_sub(&self, doc_id: &str, mut f: impl FnMut(&mut SubDoc) -> bool) -> Result<Option<SubDoc>, StoreError> {
+    async fn update_sub(
+        &self,
+        doc_id: &str,
+        mut f: impl FnMut(&mut SubDoc) -> bool,
+    ) -> Result<Option<SubDoc>, StoreError> {
         for _ in 0..100 {
-            let Some((mut s, v)) = self.get_sub(doc_id).await? else { return Ok(None) };
+            let Some((mut s, v)) = self.get_sub(doc_id).await? else {
+                return Ok(None);
+            };
             if !f(&mut s) {
                 return Ok(Some(s));
             }
-            if self.es.put_doc_if(&self.hub, doc_id, &s.source(), Some(&v)).await? {
+            if self
+                .es
+                .put_doc_if(&self.hub, doc_id, &s.source(), Some(&v))
+                .await?
+            {
                 return Ok(Some(s));
             }
         }
-        Err(StoreError::Unavailable(format!("subscription {doc_id} kept changing under us")))
+        Err(StoreError::Unavailable(format!(
+            "subscription {doc_id} kept changing under us"
+        )))
     }
 
     async fn delete_query(&self, query: Value) -> Result<u64, StoreError> {
         let v = self
             .es
-            .ok(Method::Post, &format!("/{}/_delete_by_query?refresh=true&conflicts=proceed", self.hub), Some(json!({"query": query})))
+            .ok(
+                Method::Post,
+                &format!(
+                    "/{}/_delete_by_query?refresh=true&conflicts=proceed",
+                    self.hub
+                ),
+                Some(json!({"query": query})),
+            )
             .await?;
         Ok(v["deleted"].as_u64().unwrap_or(0))
     }
@@ -262,30 +312,62 @@ impl ElasticStore {
 
     /// The newest message number (0 when the log is empty).
     async fn max_seq(&self) -> Result<MessageId, StoreError> {
-        let (docs, _) = self.page(&self.hub, json!({"term": {"kind": "msg"}}), json!([{"seq": "desc"}]), None, 1).await?;
+        let (docs, _) = self
+            .page(
+                &self.hub,
+                json!({"term": {"kind": "msg"}}),
+                json!([{"seq": "desc"}]),
+                None,
+                1,
+            )
+            .await?;
         Ok(docs.first().and_then(|d| d["seq"].as_i64()).unwrap_or(0))
     }
 
     /// Appends one message, claiming the next free number.
-    async fn append(&self, topic: &Topic, content_type: &str, body: &Bytes, origin: Option<String>, now: Timestamp) -> Result<Message, StoreError> {
+    async fn append(
+        &self,
+        topic: &Topic,
+        content_type: &str,
+        body: &Bytes,
+        origin: Option<String>,
+        now: Timestamp,
+    ) -> Result<Message, StoreError> {
         let mut n = self.max_seq().await? + 1;
         let src = |n: i64| {
             json!({"kind": "msg", "seq": n, "topic": topic.as_str(), "at": now.0, "origin": origin,
                    "doc": {"content_type": content_type, "body": b64(body)}})
         };
         for _ in 0..1000 {
-            if self.es.put_doc_if(&self.hub, &format!("msg:{n}"), &src(n), None).await? {
-                let message = Message { id: n, topic: topic.clone(), content_type: content_type.to_string(), body: body.clone(), published_at: now };
+            if self
+                .es
+                .put_doc_if(&self.hub, &format!("msg:{n}"), &src(n), None)
+                .await?
+            {
+                let message = Message {
+                    id: n,
+                    topic: topic.clone(),
+                    content_type: content_type.to_string(),
+                    body: body.clone(),
+                    published_at: now,
+                };
                 self.note_topic(topic, Some(n), now).await?;
                 return Ok(message);
             }
             n += 1;
         }
-        Err(StoreError::Unavailable("could not claim a message number (1000 tries)".into()))
+        Err(StoreError::Unavailable(
+            "could not claim a message number (1000 tries)".into(),
+        ))
     }
 
     /// Creates the topic's document, or moves its latest message forward.
-    async fn note_topic(&self, topic: &Topic, message: Option<MessageId>, now: Timestamp) -> Result<(), StoreError> {
+    async fn note_topic(
+        &self,
+        topic: &Topic,
+        message: Option<MessageId>,
+        now: Timestamp,
+    ) -> Result<(), StoreError> {
         let id = topic_doc_id(topic);
         for _ in 0..100 {
             match self.es.get_doc(&self.hub, &id).await? {
@@ -310,13 +392,24 @@ impl ElasticStore {
                 }
             }
         }
-        Err(StoreError::Unavailable(format!("topic {topic} kept changing under us")))
+        Err(StoreError::Unavailable(format!(
+            "topic {topic} kept changing under us"
+        )))
     }
 
     /// Message numbers of a topic after `after`, ascending (for queue depths).
-    async fn topic_seqs(&self, topic: &str, after: MessageId) -> Result<Vec<MessageId>, StoreError> {
+    async fn topic_seqs(
+        &self,
+        topic: &str,
+        after: MessageId,
+    ) -> Result<Vec<MessageId>, StoreError> {
         let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"topic": topic}}, {"range": {"seq": {"gt": after}}}]}});
-        Ok(self.all(q, json!([{"seq": "asc"}])).await?.iter().filter_map(|d| d["seq"].as_i64()).collect())
+        Ok(self
+            .all(q, json!([{"seq": "asc"}]))
+            .await?
+            .iter()
+            .filter_map(|d| d["seq"].as_i64())
+            .collect())
     }
 
     /// Queue depth per subscription: its topic's messages after its cursor.
@@ -334,7 +427,10 @@ impl ElasticStore {
             .iter()
             .map(|s| {
                 let list = &seqs[s.topic.as_str()];
-                (s.id, (list.len() - list.partition_point(|&m| m <= s.cursor)) as u64)
+                (
+                    s.id,
+                    (list.len() - list.partition_point(|&m| m <= s.cursor)) as u64,
+                )
             })
             .collect())
     }
@@ -353,14 +449,20 @@ impl ElasticStore {
             verify_token: i.verify_token,
         };
         let src = json!({"kind": "intent", "id": doc.id, "doc": doc});
-        if !self.es.put_doc_if(&self.hub, &format!("intent:{}", doc.id), &src, None).await? {
+        if !self
+            .es
+            .put_doc_if(&self.hub, &format!("intent:{}", doc.id), &src, None)
+            .await?
+        {
             return Err(StoreError::Conflict(format!("intent id {} taken", doc.id)));
         }
         Ok(doc.id)
     }
 
     pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
-        let docs = self.all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}])).await?;
+        let docs = self
+            .all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}]))
+            .await?;
         docs.iter()
             .map(|d| {
                 let i: IntentDoc = serde_json::from_value(d["doc"].clone()).map_err(corrupt)?;
@@ -371,7 +473,8 @@ impl ElasticStore {
                     callback: Callback::from_stored(i.callback),
                     lease_secs: i.lease_secs,
                     secret: i.secret,
-                    alg: SignatureAlg::parse(&i.alg).ok_or_else(|| corrupt(format!("intent {}: alg {}", i.id, i.alg)))?,
+                    alg: SignatureAlg::parse(&i.alg)
+                        .ok_or_else(|| corrupt(format!("intent {}: alg {}", i.id, i.alg)))?,
                     reason: i.reason,
                     requested_at: Timestamp(i.requested_at),
                     verify_token: i.verify_token,
@@ -380,7 +483,11 @@ impl ElasticStore {
             .collect()
     }
 
-    pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
+    pub async fn hub_resolve(
+        &self,
+        intent: Intent,
+        res: Resolution,
+    ) -> Result<Option<Subscription>, StoreError> {
         let doc_id = sub_doc_id(&intent.topic, &intent.callback);
         let out = match res {
             Resolution::Dropped => None,
@@ -413,7 +520,11 @@ impl ElasticStore {
                                 last_failure_status: None,
                                 last_failure_error: None,
                             };
-                            if self.es.put_doc_if(&self.hub, &doc_id, &s.source(), None).await? {
+                            if self
+                                .es
+                                .put_doc_if(&self.hub, &doc_id, &s.source(), None)
+                                .await?
+                            {
                                 written = Some(s);
                                 break;
                             }
@@ -429,14 +540,20 @@ impl ElasticStore {
                             s.lease_start = verified_at.0;
                             s.expires_at = expires.0;
                             s.verified_at = verified_at.0;
-                            if self.es.put_doc_if(&self.hub, &doc_id, &s.source(), Some(&v)).await? {
+                            if self
+                                .es
+                                .put_doc_if(&self.hub, &doc_id, &s.source(), Some(&v))
+                                .await?
+                            {
                                 written = Some(s);
                                 break;
                             }
                         }
                     }
                 }
-                let s = written.ok_or_else(|| StoreError::Unavailable(format!("subscription {doc_id} kept changing under us")))?;
+                let s = written.ok_or_else(|| {
+                    StoreError::Unavailable(format!("subscription {doc_id} kept changing under us"))
+                })?;
                 Some(s.subscription()?)
             }
             Resolution::Unsubscribed => match self.get_sub(&doc_id).await? {
@@ -453,24 +570,41 @@ impl ElasticStore {
 
     async fn remove_sub(&self, doc_id: &str, id: SubscriptionId) -> Result<(), StoreError> {
         self.delete_doc(doc_id).await?;
-        self.delete_query(json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}})).await?;
+        self.delete_query(
+            json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}}),
+        )
+        .await?;
         Ok(())
     }
 
     pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         if let Some(s) = self.sub_by_id(id).await? {
-            let doc_id = sub_doc_id(&Topic::from_stored(s.topic), &Callback::from_stored(s.callback));
+            let doc_id = sub_doc_id(
+                &Topic::from_stored(s.topic),
+                &Callback::from_stored(s.callback),
+            );
             self.remove_sub(&doc_id, id).await?;
         }
         Ok(())
     }
 
     pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
-        self.subs(json!({"match_all": {}})).await?.iter().map(|(s, _)| s.subscription()).collect()
+        self.subs(json!({"match_all": {}}))
+            .await?
+            .iter()
+            .map(|(s, _)| s.subscription())
+            .collect()
     }
 
-    pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
-        self.get_sub(&sub_doc_id(topic, callback)).await?.map(|(s, _)| s.subscription()).transpose()
+    pub async fn hub_subscription(
+        &self,
+        topic: &Topic,
+        callback: &Callback,
+    ) -> Result<Option<Subscription>, StoreError> {
+        self.get_sub(&sub_doc_id(topic, callback))
+            .await?
+            .map(|(s, _)| s.subscription())
+            .transpose()
     }
 
     /// Appends messages; with `state`, commits the set's notifier state and the messages
@@ -489,10 +623,16 @@ impl ElasticStore {
             return Ok(out);
         };
         let id = format!("notify:{}", new.set);
-        let v = self.es.get_doc(&self.hub, &id).await?.ok_or_else(|| StoreError::Conflict(format!("notifier state of set {} is missing", new.set)))?;
-        let current: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        let v = self.es.get_doc(&self.hub, &id).await?.ok_or_else(|| {
+            StoreError::Conflict(format!("notifier state of set {} is missing", new.set))
+        })?;
+        let current: NotifyDoc =
+            serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
         if current.version != expected || !current.outbox.is_empty() {
-            return Err(StoreError::Conflict(format!("notifier state of set {} moved", new.set)));
+            return Err(StoreError::Conflict(format!(
+                "notifier state of set {} moved",
+                new.set
+            )));
         }
         let doc = NotifyDoc {
             watermark: new.watermark.0,
@@ -500,10 +640,24 @@ impl ElasticStore {
             lists_seen: new.lists_seen,
             announced: new.announced,
             version: new.version,
-            outbox: messages.iter().map(|(t, ct, b)| OutboxEntry { topic: t.as_str().into(), content_type: ct.clone(), body: b64(b) }).collect(),
+            outbox: messages
+                .iter()
+                .map(|(t, ct, b)| OutboxEntry {
+                    topic: t.as_str().into(),
+                    content_type: ct.clone(),
+                    body: b64(b),
+                })
+                .collect(),
         };
-        if !self.es.put_doc_if(&self.hub, &id, &notify_source(&new.set, &doc), Some(&v)).await? {
-            return Err(StoreError::Conflict(format!("notifier state of set {} moved", new.set)));
+        if !self
+            .es
+            .put_doc_if(&self.hub, &id, &notify_source(&new.set, &doc), Some(&v))
+            .await?
+        {
+            return Err(StoreError::Conflict(format!(
+                "notifier state of set {} moved",
+                new.set
+            )));
         }
         self.flush_outbox(&new.set).await
     }
@@ -512,8 +666,11 @@ impl ElasticStore {
     /// empties it. Returns the messages appended now.
     async fn flush_outbox(&self, set: &SetName) -> Result<Vec<Message>, StoreError> {
         let id = format!("notify:{set}");
-        let Some(v) = self.es.get_doc(&self.hub, &id).await? else { return Ok(vec![]) };
-        let mut doc: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        let Some(v) = self.es.get_doc(&self.hub, &id).await? else {
+            return Ok(vec![]);
+        };
+        let mut doc: NotifyDoc =
+            serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
         if doc.outbox.is_empty() {
             return Ok(vec![]);
         }
@@ -522,34 +679,65 @@ impl ElasticStore {
         for (i, e) in doc.outbox.iter().enumerate() {
             let origin = format!("{set}#{}#{i}", doc.version);
             let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"origin": origin}}]}});
-            if !self.page(&self.hub, q, json!([{"seq": "asc"}]), None, 1).await?.0.is_empty() {
+            if !self
+                .page(&self.hub, q, json!([{"seq": "asc"}]), None, 1)
+                .await?
+                .0
+                .is_empty()
+            {
                 continue;
             }
-            let body = base64::engine::general_purpose::STANDARD.decode(&e.body).map_err(corrupt)?;
-            out.push(self.append(&Topic::from_stored(e.topic.clone()), &e.content_type, &Bytes::from(body), Some(origin), now).await?);
+            let body = base64::engine::general_purpose::STANDARD
+                .decode(&e.body)
+                .map_err(corrupt)?;
+            out.push(
+                self.append(
+                    &Topic::from_stored(e.topic.clone()),
+                    &e.content_type,
+                    &Bytes::from(body),
+                    Some(origin),
+                    now,
+                )
+                .await?,
+            );
         }
         doc.outbox.clear();
         // Losing this race means another process emptied it: the messages are in the log.
-        self.es.put_doc_if(&self.hub, &id, &notify_source(set, &doc), Some(&v)).await?;
+        self.es
+            .put_doc_if(&self.hub, &id, &notify_source(set, &doc), Some(&v))
+            .await?;
         Ok(out)
     }
 
     /// Up to when a set's changes have been notified, without touching the state (for
     /// writers, which must not date changes before it).
-    pub(super) async fn notified_until(&self, set: &SetName) -> Result<Option<Timestamp>, StoreError> {
+    pub(super) async fn notified_until(
+        &self,
+        set: &SetName,
+    ) -> Result<Option<Timestamp>, StoreError> {
         let v = self.es.get_doc(&self.hub, &format!("notify:{set}")).await?;
-        Ok(v.and_then(|v| v.source["doc"]["watermark"].as_i64()).map(Timestamp))
+        Ok(v.and_then(|v| v.source["doc"]["watermark"].as_i64())
+            .map(Timestamp))
     }
 
     /// The notifier's state of a set. A committed outbox left by a notifier that stopped is
     /// logged first: only the notifier (the process holding the delivery lease) calls this.
     pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
         let id = format!("notify:{set}");
-        let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else { return Ok(None) };
-        if v.source["doc"]["outbox"].as_array().is_some_and(|o| !o.is_empty()) {
+        let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else {
+            return Ok(None);
+        };
+        if v.source["doc"]["outbox"]
+            .as_array()
+            .is_some_and(|o| !o.is_empty())
+        {
             tracing::warn!(set = %set, "notifications committed by a process that stopped before logging them: logging them now");
             self.flush_outbox(set).await?;
-            v = self.es.get_doc(&self.hub, &id).await?.ok_or_else(|| corrupt(format!("notifier state of {set} vanished")))?;
+            v = self
+                .es
+                .get_doc(&self.hub, &id)
+                .await?
+                .ok_or_else(|| corrupt(format!("notifier state of {set} vanished")))?;
         }
         let d: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
         Ok(Some(NotifyState {
@@ -571,11 +759,20 @@ impl ElasticStore {
             version: 0,
             outbox: vec![],
         };
-        self.es.put_doc_if(&self.hub, &format!("notify:{}", s.set), &notify_source(&s.set, &doc), None).await?;
+        self.es
+            .put_doc_if(
+                &self.hub,
+                &format!("notify:{}", s.set),
+                &notify_source(&s.set, &doc),
+                None,
+            )
+            .await?;
         Ok(())
     }
 
-    pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
+    pub async fn hub_backlog(
+        &self,
+    ) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         let subs = self.subs(json!({"match_all": {}})).await?;
         let mut low: BTreeMap<String, i64> = BTreeMap::new();
         for (s, _) in &subs {
@@ -586,11 +783,20 @@ impl ElasticStore {
         for (topic, after) in low {
             let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"topic": topic}}, {"range": {"seq": {"gt": after}}}]}});
             let docs = self.all(q, json!([{"seq": "asc"}])).await?;
-            by_topic.insert(topic, docs.iter().map(|d| message_from(d).map(Arc::new)).collect::<Result<_, _>>()?);
+            by_topic.insert(
+                topic,
+                docs.iter()
+                    .map(|d| message_from(d).map(Arc::new))
+                    .collect::<Result<_, _>>()?,
+            );
         }
         let mut out = HashMap::new();
         for (s, _) in subs {
-            let q: Vec<Arc<Message>> = by_topic[&s.topic].iter().filter(|m| m.id > s.cursor).cloned().collect();
+            let q: Vec<Arc<Message>> = by_topic[&s.topic]
+                .iter()
+                .filter(|m| m.id > s.cursor)
+                .cloned()
+                .collect();
             if !q.is_empty() {
                 out.insert(s.id, q);
             }
@@ -608,11 +814,21 @@ impl ElasticStore {
             .subs(json!({"terms": {"id": ids}}))
             .await?
             .into_iter()
-            .map(|(s, _)| (s.id, sub_doc_id(&Topic::from_stored(s.topic), &Callback::from_stored(s.callback))))
+            .map(|(s, _)| {
+                (
+                    s.id,
+                    sub_doc_id(
+                        &Topic::from_stored(s.topic),
+                        &Callback::from_stored(s.callback),
+                    ),
+                )
+            })
             .collect();
         let mut failures = String::new();
         for (id, f) in folds {
-            let Some(doc_id) = docs.get(&id) else { continue };
+            let Some(doc_id) = docs.get(&id) else {
+                continue;
+            };
             self.update_sub(doc_id, |s| {
                 s.cursor = s.cursor.max(f.cursor);
                 s.attempts = f.attempts;
@@ -623,13 +839,20 @@ impl ElasticStore {
                     (s.last_success_at, s.last_success_status) = (Some(at), Some(status));
                 }
                 if let Some((at, status, error)) = &f.failure {
-                    (s.last_failure_at, s.last_failure_status, s.last_failure_error) = (Some(*at), *status, Some(error.clone()));
+                    (
+                        s.last_failure_at,
+                        s.last_failure_status,
+                        s.last_failure_error,
+                    ) = (Some(*at), *status, Some(error.clone()));
                 }
                 true
             })
             .await?;
             for (msg, attempts, status, error, at) in &f.failures {
-                failures.push_str(&json!({"index": {"_index": self.hub, "_id": format!("fail:{id}:{msg}")}}).to_string());
+                failures.push_str(
+                    &json!({"index": {"_index": self.hub, "_id": format!("fail:{id}:{msg}")}})
+                        .to_string(),
+                );
                 failures.push('\n');
                 let doc = json!({"kind": "fail", "sub": id, "seq": msg, "at": at,
                                  "doc": {"attempts": attempts, "status": status, "error": error}});
@@ -654,7 +877,12 @@ impl ElasticStore {
     pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         let t = self.es.get_doc(&self.hub, &topic_doc_id(topic)).await?;
         let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"term": {"topic": topic.as_str()}}]}}});
-        let subscribers = self.es.ok(Method::Post, &format!("/{}/_count", self.hub), Some(q)).await?["count"].as_u64().unwrap_or(0);
+        let subscribers = self
+            .es
+            .ok(Method::Post, &format!("/{}/_count", self.hub), Some(q))
+            .await?["count"]
+            .as_u64()
+            .unwrap_or(0);
         if t.is_none() && subscribers == 0 {
             return Ok(None);
         }
@@ -662,16 +890,27 @@ impl ElasticStore {
             Some(id) => self.message(id).await?,
             None => None,
         };
-        Ok(Some(TopicInfo { topic: topic.clone(), latest, subscribers }))
+        Ok(Some(TopicInfo {
+            topic: topic.clone(),
+            latest,
+            subscribers,
+        }))
     }
 
     pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         self.delete_query(json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"range": {"at": {"lt": before.0}}}]}})).await?;
         let subs = self.subs(json!({"match_all": {}})).await?;
-        let topics = self.all(json!({"term": {"kind": "topic"}}), json!([{"topic": "asc"}])).await?;
+        let topics = self
+            .all(
+                json!({"term": {"kind": "topic"}}),
+                json!([{"topic": "asc"}]),
+            )
+            .await?;
         let mut removed = 0;
         for t in topics {
-            let (Some(name), Some(latest)) = (t["topic"].as_str(), t["seq"].as_i64()) else { continue };
+            let (Some(name), Some(latest)) = (t["topic"].as_str(), t["seq"].as_i64()) else {
+                continue;
+            };
             // Keep the latest and whatever a live subscription has still to deliver.
             let keep_from = subs
                 .iter()
@@ -687,51 +926,104 @@ impl ElasticStore {
         Ok(removed)
     }
 
-    async fn listing(&self, query: Value, now: Timestamp) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+    async fn listing(
+        &self,
+        query: Value,
+        now: Timestamp,
+    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
         let subs = self.subs(query).await?;
         let refs: Vec<&SubDoc> = subs.iter().map(|(s, _)| s).collect();
         let pending = self.pending(&refs).await?;
-        subs.iter().map(|(s, _)| Ok((s.subscription()?, s.stats(pending[&s.id], now)))).collect()
+        subs.iter()
+            .map(|(s, _)| Ok((s.subscription()?, s.stats(pending[&s.id], now))))
+            .collect()
     }
 
-    pub async fn hub_list(&self, f: SubscriptionFilter, now: Timestamp) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+    pub async fn hub_list(
+        &self,
+        f: SubscriptionFilter,
+        now: Timestamp,
+    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
         let mut filter = vec![json!({"range": {"id": {"gt": f.after.unwrap_or(0)}}})];
         if let Some(t) = &f.topic {
             filter.push(json!({"term": {"topic": t}}));
         }
-        let mut subs: Vec<SubDoc> = self.subs(json!({"bool": {"filter": filter}})).await?.into_iter().map(|(s, _)| s).collect();
+        let mut subs: Vec<SubDoc> = self
+            .subs(json!({"bool": {"filter": filter}}))
+            .await?
+            .into_iter()
+            .map(|(s, _)| s)
+            .collect();
         if let Some(c) = &f.callback_contains {
             subs.retain(|s| s.callback.contains(c.as_str()));
         }
         if let Some(state) = f.state {
-            subs.retain(|s| sub_state(s.expires_at, s.attempts, s.last_failure_at, s.last_success_at, now) == state);
+            subs.retain(|s| {
+                sub_state(
+                    s.expires_at,
+                    s.attempts,
+                    s.last_failure_at,
+                    s.last_success_at,
+                    now,
+                ) == state
+            });
         }
         subs.truncate(f.limit);
         let refs: Vec<&SubDoc> = subs.iter().collect();
         let pending = self.pending(&refs).await?;
-        subs.iter().map(|s| Ok((s.subscription()?, s.stats(pending[&s.id], now)))).collect()
+        subs.iter()
+            .map(|s| Ok((s.subscription()?, s.stats(pending[&s.id], now))))
+            .collect()
     }
 
-    pub async fn hub_detail(&self, id: SubscriptionId, now: Timestamp) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
-        Ok(self.listing(json!({"term": {"id": id}}), now).await?.into_iter().next())
+    pub async fn hub_detail(
+        &self,
+        id: SubscriptionId,
+        now: Timestamp,
+    ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
+        Ok(self
+            .listing(json!({"term": {"id": id}}), now)
+            .await?
+            .into_iter()
+            .next())
     }
 
     pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
         let mut out: BTreeMap<String, TopicSummary> = BTreeMap::new();
-        for t in self.all(json!({"term": {"kind": "topic"}}), json!([{"topic": "asc"}])).await? {
+        for t in self
+            .all(
+                json!({"term": {"kind": "topic"}}),
+                json!([{"topic": "asc"}]),
+            )
+            .await?
+        {
             let name = t["topic"].as_str().unwrap_or_default().to_string();
             let last_publish = t["at"].as_i64().map(Timestamp);
-            out.insert(name.clone(), TopicSummary { topic: Topic::from_stored(name), subscribers: 0, last_publish });
+            out.insert(
+                name.clone(),
+                TopicSummary {
+                    topic: Topic::from_stored(name),
+                    subscribers: 0,
+                    last_publish,
+                },
+            );
         }
         for (s, _) in self.subs(json!({"match_all": {}})).await? {
             out.entry(s.topic.clone())
-                .or_insert_with(|| TopicSummary { topic: Topic::from_stored(s.topic.clone()), subscribers: 0, last_publish: None })
+                .or_insert_with(|| TopicSummary {
+                    topic: Topic::from_stored(s.topic.clone()),
+                    subscribers: 0,
+                    last_publish: None,
+                })
                 .subscribers += 1;
         }
         Ok(out.into_values().collect())
     }
 
-    pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
+    pub async fn hub_take_failures(
+        &self,
+        id: SubscriptionId,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
         let q = json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}});
         let fails = self.all(q.clone(), json!([{"seq": "asc"}])).await?;
         let mut out = Vec::new();
@@ -761,8 +1053,13 @@ impl ElasticStore {
             t.delivered += s.delivered;
             t.failed += s.failed;
         }
-        let intents = self.all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}])).await?;
-        t.pending_verification = intents.iter().filter(|d| d["doc"]["mode"] != "denied").count() as u64;
+        let intents = self
+            .all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}]))
+            .await?;
+        t.pending_verification = intents
+            .iter()
+            .filter(|d| d["doc"]["mode"] != "denied")
+            .count() as u64;
         Ok(t)
     }
 
@@ -775,7 +1072,8 @@ impl ElasticStore {
         match self.es.get_doc(&self.hub, &id).await? {
             None => self.es.put_doc_if(&self.hub, &id, &doc, None).await,
             Some(v) => {
-                let held_by_other = v.source["doc"]["owner"].as_str() != Some(owner) && v.source["doc"]["until"].as_i64().is_some_and(|u| u > now.0);
+                let held_by_other = v.source["doc"]["owner"].as_str() != Some(owner)
+                    && v.source["doc"]["until"].as_i64().is_some_and(|u| u > now.0);
                 if held_by_other {
                     return Ok(false);
                 }

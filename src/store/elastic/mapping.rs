@@ -88,31 +88,62 @@ pub fn reconcile(index: &str, existing: &Value, wanted: &Value) -> Result<Option
     Ok((!add.is_empty()).then(|| json!({"properties": Value::Object(add)})))
 }
 
-fn compare(index: &str, prefix: &str, existing: &Value, wanted: &Value, add: &mut Map<String, Value>) -> Result<(), String> {
+fn compare(
+    index: &str,
+    prefix: &str,
+    existing: &Value,
+    wanted: &Value,
+    add: &mut Map<String, Value>,
+) -> Result<(), String> {
     let empty = Map::new();
-    let have = existing.get("properties").and_then(Value::as_object).unwrap_or(&empty);
-    let want = wanted.get("properties").and_then(Value::as_object).expect("wanted mappings have properties");
+    let have = existing
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(&empty);
+    let want = wanted
+        .get("properties")
+        .and_then(Value::as_object)
+        .expect("wanted mappings have properties");
     for (name, w) in want {
-        let path = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+        let path = if prefix.is_empty() {
+            name.clone()
+        } else {
+            format!("{prefix}.{name}")
+        };
         let Some(h) = have.get(name) else {
             if prefix.is_empty() {
                 add.insert(name.clone(), w.clone());
                 continue;
             }
-            return Err(format!("index {index}: field {path} is missing from the existing mapping"));
+            return Err(format!(
+                "index {index}: field {path} is missing from the existing mapping"
+            ));
         };
         // An object field has no "type" (or "object").
-        let kind = |v: &Value| v.get("type").and_then(Value::as_str).unwrap_or("object").to_string();
+        let kind = |v: &Value| {
+            v.get("type")
+                .and_then(Value::as_str)
+                .unwrap_or("object")
+                .to_string()
+        };
         let (hk, wk) = (kind(h), kind(w));
-        let compatible = hk == wk || (wk == "long" && hk == "integer") || (wk == "integer" && hk == "long");
+        let compatible =
+            hk == wk || (wk == "long" && hk == "integer") || (wk == "integer" && hk == "long");
         if !compatible {
             return Err(format!(
                 "index {index}: field {path} is mapped as {hk}, but the server needs {wk}{}",
-                if wk == "keyword" && hk == "text" { " (the seed's not_analyzed string)" } else { "" }
+                if wk == "keyword" && hk == "text" {
+                    " (the seed's not_analyzed string)"
+                } else {
+                    ""
+                }
             ));
         }
         if wk == "date" {
-            let fmt = h.get("format").and_then(Value::as_str).unwrap_or("strict_date_optional_time||epoch_millis");
+            let fmt = h
+                .get("format")
+                .and_then(Value::as_str)
+                .unwrap_or("strict_date_optional_time||epoch_millis");
             if !fmt.contains("strict_date_optional_time") && !fmt.contains("date_optional_time") {
                 return Err(format!(
                     "index {index}: date field {path} has format {fmt:?}, which does not accept ISO 8601; the server needs {DATE_FORMAT:?}"
@@ -133,7 +164,10 @@ mod tests {
 
     #[test]
     fn an_identical_mapping_needs_nothing_and_a_dit_index_gains_our_fields() {
-        assert_eq!(reconcile("r", &resource_mapping(), &resource_mapping()).unwrap(), None);
+        assert_eq!(
+            reconcile("r", &resource_mapping(), &resource_mapping()).unwrap(),
+            None
+        );
         let mut dit = resource_mapping();
         for f in ["key", "part", "seq", "bytes"] {
             dit["properties"].as_object_mut().unwrap().remove(f);
@@ -148,16 +182,28 @@ mod tests {
         let mut m = resource_mapping();
         m["properties"]["md5"] = json!({"type": "text"});
         let e = reconcile("omtd-resource", &m, &resource_mapping()).unwrap_err();
-        assert!(e.contains("field md5 is mapped as text, but the server needs keyword"), "{e}");
+        assert!(
+            e.contains("field md5 is mapped as text, but the server needs keyword"),
+            "{e}"
+        );
         let mut m = change_mapping();
-        m["properties"]["location"] = json!({"properties": {"value": {"type": "keyword"}, "type": {"type": "keyword"}}});
+        m["properties"]["location"] =
+            json!({"properties": {"value": {"type": "keyword"}, "type": {"type": "keyword"}}});
         let e = reconcile("c", &m, &change_mapping()).unwrap_err();
-        assert!(e.contains("field location is mapped as object, but the server needs nested"), "{e}");
+        assert!(
+            e.contains("field location is mapped as object, but the server needs nested"),
+            "{e}"
+        );
         let mut m = change_mapping();
-        m["properties"]["ln"]["properties"]["href"]["properties"]["value"] = json!({"type": "text"});
-        assert!(reconcile("c", &m, &change_mapping()).unwrap_err().contains("field ln.href.value"));
+        m["properties"]["ln"]["properties"]["href"]["properties"]["value"] =
+            json!({"type": "text"});
+        assert!(reconcile("c", &m, &change_mapping())
+            .unwrap_err()
+            .contains("field ln.href.value"));
         let mut m = change_mapping();
         m["properties"]["datetime"] = json!({"type": "date", "format": "yyyy-MM-dd'T'HH:mm:ssZ"});
-        assert!(reconcile("c", &m, &change_mapping()).unwrap_err().contains("date field datetime"));
+        assert!(reconcile("c", &m, &change_mapping())
+            .unwrap_err()
+            .contains("date field datetime"));
     }
 }

@@ -70,17 +70,32 @@ impl Es {
     /// Connects and identifies the server; a clear error when it cannot be reached.
     pub async fn connect(cfg: &ElasticConfig) -> Result<Es, StoreError> {
         let url = cfg.server_url();
-        let parsed = url::Url::parse(&url).map_err(|e| StoreError::Unavailable(format!("store.elasticsearch url {url:?}: {e}")))?;
+        let parsed = url::Url::parse(&url).map_err(|e| {
+            StoreError::Unavailable(format!("store.elasticsearch url {url:?}: {e}"))
+        })?;
         let mut builder = TransportBuilder::new(SingleNodeConnectionPool::new(parsed))
             .timeout(Duration::from_secs(cfg.request_timeout_secs))
             .disable_proxy();
         if !cfg.username.is_empty() {
-            builder = builder.auth(Credentials::Basic(cfg.username.clone(), cfg.password.clone()));
+            builder = builder.auth(Credentials::Basic(
+                cfg.username.clone(),
+                cfg.password.clone(),
+            ));
         }
-        let transport = builder.build().map_err(|e| StoreError::Unavailable(format!("elasticsearch client: {e}")))?;
-        let mut es = Es { client: Elasticsearch::new(transport), url, distribution: Distribution::Elasticsearch, version: String::new() };
+        let transport = builder
+            .build()
+            .map_err(|e| StoreError::Unavailable(format!("elasticsearch client: {e}")))?;
+        let mut es = Es {
+            client: Elasticsearch::new(transport),
+            url,
+            distribution: Distribution::Elasticsearch,
+            version: String::new(),
+        };
         let root = es.ok(Method::Get, "/", None).await?;
-        es.version = root["version"]["number"].as_str().unwrap_or("?").to_string();
+        es.version = root["version"]["number"]
+            .as_str()
+            .unwrap_or("?")
+            .to_string();
         if root["version"]["distribution"].as_str() == Some("opensearch") {
             es.distribution = Distribution::OpenSearch;
         }
@@ -88,53 +103,109 @@ impl Es {
     }
 
     /// One request: `(status, JSON body)`; transport failures are `Unavailable`.
-    pub async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<(u16, Value), StoreError> {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), StoreError> {
         count_request();
         let resp = match body {
-            Some(b) => self.client.send(method, path, HeaderMap::new(), Option::<&()>::None, Some(b.to_string()), None).await,
-            None => self.client.send::<String, ()>(method, path, HeaderMap::new(), None, None, None).await,
+            Some(b) => {
+                self.client
+                    .send(
+                        method,
+                        path,
+                        HeaderMap::new(),
+                        Option::<&()>::None,
+                        Some(b.to_string()),
+                        None,
+                    )
+                    .await
+            }
+            None => {
+                self.client
+                    .send::<String, ()>(method, path, HeaderMap::new(), None, None, None)
+                    .await
+            }
         }
         .map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
         let status = resp.status_code().as_u16();
-        let text = resp.text().await.map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
-        let value = if text.is_empty() { Value::Null } else { serde_json::from_str(&text).unwrap_or(Value::String(text)) };
+        let text = resp
+            .text()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
+        let value = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap_or(Value::String(text))
+        };
         Ok((status, value))
     }
 
     /// A request that must succeed (2xx).
-    pub async fn ok(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, StoreError> {
+    pub async fn ok(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, StoreError> {
         let (status, v) = self.call(method, path, body).await?;
         if (200..300).contains(&status) {
             Ok(v)
         } else if status >= 500 {
-            Err(StoreError::Unavailable(format!("elasticsearch {path}: {status} {}", reason(&v))))
+            Err(StoreError::Unavailable(format!(
+                "elasticsearch {path}: {status} {}",
+                reason(&v)
+            )))
         } else {
-            Err(StoreError::Corrupt(format!("elasticsearch {path}: {status} {}", reason(&v))))
+            Err(StoreError::Corrupt(format!(
+                "elasticsearch {path}: {status} {}",
+                reason(&v)
+            )))
         }
     }
 
     /// Creates the index with `mapping` when missing; otherwise checks its mapping and adds
     /// what is missing, or fails naming the incompatible field.
     pub async fn ensure_index(&self, index: &str, mapping: &Value) -> Result<bool, StoreError> {
-        let (status, existing) = self.call(Method::Get, &format!("/{index}/_mapping"), None).await?;
+        let (status, existing) = self
+            .call(Method::Get, &format!("/{index}/_mapping"), None)
+            .await?;
         if status == 404 {
-            let body = serde_json::json!({"settings": {"number_of_shards": 1}, "mappings": mapping});
-            let (status, v) = self.call(Method::Put, &format!("/{index}"), Some(body)).await?;
+            let body =
+                serde_json::json!({"settings": {"number_of_shards": 1}, "mappings": mapping});
+            let (status, v) = self
+                .call(Method::Put, &format!("/{index}"), Some(body))
+                .await?;
             // Another process may have created it in between.
-            if (200..300).contains(&status) || v["error"]["type"] == "resource_already_exists_exception" {
+            if (200..300).contains(&status)
+                || v["error"]["type"] == "resource_already_exists_exception"
+            {
                 return Ok(true);
             }
-            return Err(StoreError::Corrupt(format!("cannot create index {index}: {status} {}", reason(&v))));
+            return Err(StoreError::Corrupt(format!(
+                "cannot create index {index}: {status} {}",
+                reason(&v)
+            )));
         }
         if !(200..300).contains(&status) {
-            return Err(StoreError::Unavailable(format!("reading the mapping of {index}: {status} {}", reason(&existing))));
+            return Err(StoreError::Unavailable(format!(
+                "reading the mapping of {index}: {status} {}",
+                reason(&existing)
+            )));
         }
         // {"<index or its alias target>": {"mappings": {...}}}
-        let have = existing.as_object().and_then(|o| o.values().next()).map(|v| v["mappings"].clone()).unwrap_or(Value::Null);
+        let have = existing
+            .as_object()
+            .and_then(|o| o.values().next())
+            .map(|v| v["mappings"].clone())
+            .unwrap_or(Value::Null);
         match mapping::reconcile(index, &have, mapping).map_err(StoreError::Corrupt)? {
             None => Ok(false),
             Some(add) => {
-                self.ok(Method::Put, &format!("/{index}/_mapping"), Some(add)).await?;
+                self.ok(Method::Put, &format!("/{index}/_mapping"), Some(add))
+                    .await?;
                 Ok(false)
             }
         }
@@ -162,14 +233,26 @@ impl Es {
                 seq_no: v["_seq_no"].as_i64().unwrap_or(-1),
                 primary_term: v["_primary_term"].as_i64().unwrap_or(-1),
             })),
-            s if s >= 500 => Err(StoreError::Unavailable(format!("GET {path}: {s} {}", reason(&v)))),
-            s => Err(StoreError::Corrupt(format!("GET {path}: {s} {}", reason(&v)))),
+            s if s >= 500 => Err(StoreError::Unavailable(format!(
+                "GET {path}: {s} {}",
+                reason(&v)
+            ))),
+            s => Err(StoreError::Corrupt(format!(
+                "GET {path}: {s} {}",
+                reason(&v)
+            ))),
         }
     }
 
     /// Writes a document only if it is still at `version` (or, with `None`, does not exist
     /// yet). `false` when someone else wrote first (409). Visible to searches on return.
-    pub async fn put_doc_if(&self, index: &str, id: &str, source: &Value, version: Option<&Versioned>) -> Result<bool, StoreError> {
+    pub async fn put_doc_if(
+        &self,
+        index: &str,
+        id: &str,
+        source: &Value,
+        version: Option<&Versioned>,
+    ) -> Result<bool, StoreError> {
         let path = match version {
             Some(v) => format!(
                 "/{index}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true",
@@ -183,8 +266,14 @@ impl Es {
         match status {
             200..=299 => Ok(true),
             409 => Ok(false),
-            s if s >= 500 => Err(StoreError::Unavailable(format!("PUT {path}: {s} {}", reason(&v)))),
-            s => Err(StoreError::Corrupt(format!("PUT {path}: {s} {}", reason(&v)))),
+            s if s >= 500 => Err(StoreError::Unavailable(format!(
+                "PUT {path}: {s} {}",
+                reason(&v)
+            ))),
+            s => Err(StoreError::Corrupt(format!(
+                "PUT {path}: {s} {}",
+                reason(&v)
+            ))),
         }
     }
 }
@@ -208,23 +297,39 @@ impl Es {
     pub async fn open_pit(&self, index: &str, keep_alive: &str) -> Result<String, StoreError> {
         let (path, field) = match self.distribution {
             Distribution::Elasticsearch => (format!("/{index}/_pit?keep_alive={keep_alive}"), "id"),
-            Distribution::OpenSearch => (format!("/{index}/_search/point_in_time?keep_alive={keep_alive}"), "pit_id"),
+            Distribution::OpenSearch => (
+                format!("/{index}/_search/point_in_time?keep_alive={keep_alive}"),
+                "pit_id",
+            ),
         };
         let v = self.ok(Method::Post, &path, None).await?;
-        v[field].as_str().map(str::to_string).ok_or_else(|| StoreError::Corrupt(format!("{path}: no point-in-time id in {v}")))
+        v[field]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| StoreError::Corrupt(format!("{path}: no point-in-time id in {v}")))
     }
 
     pub async fn close_pit(&self, id: &str) -> Result<(), StoreError> {
         let (path, body) = match self.distribution {
             Distribution::Elasticsearch => ("/_pit", serde_json::json!({"id": id})),
-            Distribution::OpenSearch => ("/_search/point_in_time", serde_json::json!({"pit_id": [id]})),
+            Distribution::OpenSearch => (
+                "/_search/point_in_time",
+                serde_json::json!({"pit_id": [id]}),
+            ),
         };
         self.ok(Method::Delete, path, Some(body)).await.map(|_| ())
     }
 
     /// A page of `query` sorted by `sort` (which must end in a unique field) inside the point
     /// in time `pit`, after the sort values `after`. Never `from`: any depth costs the same.
-    pub async fn scan(&self, pit: &str, query: &Value, sort: &Value, after: Option<&Value>, size: usize) -> Result<ScanPage, StoreError> {
+    pub async fn scan(
+        &self,
+        pit: &str,
+        query: &Value,
+        sort: &Value,
+        after: Option<&Value>,
+        size: usize,
+    ) -> Result<ScanPage, StoreError> {
         let mut body = serde_json::json!({
             "size": size,
             "query": query,
@@ -237,7 +342,11 @@ impl Es {
         }
         let v = self.ok(Method::Post, "/_search", Some(body)).await?;
         let hits = v["hits"]["hits"].as_array().cloned().unwrap_or_default();
-        let after = if hits.len() == size { hits.last().map(|h| h["sort"].clone()) } else { None };
+        let after = if hits.len() == size {
+            hits.last().map(|h| h["sort"].clone())
+        } else {
+            None
+        };
         Ok(ScanPage { hits, after })
     }
 }
@@ -253,20 +362,36 @@ impl Es {
         );
         let resp = self
             .client
-            .send(Method::Post, "/_bulk", headers, Some(&[("refresh", "true")]), Some(ndjson), None)
+            .send(
+                Method::Post,
+                "/_bulk",
+                headers,
+                Some(&[("refresh", "true")]),
+                Some(ndjson),
+                None,
+            )
             .await
             .map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
         let status = resp.status_code().as_u16();
-        let v: Value = resp.json().await.map_err(|e| StoreError::Unavailable(format!("elasticsearch bulk: {e}")))?;
+        let v: Value = resp
+            .json()
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("elasticsearch bulk: {e}")))?;
         if status >= 300 {
-            return Err(StoreError::Unavailable(format!("elasticsearch bulk: {status} {}", reason(&v))));
+            return Err(StoreError::Unavailable(format!(
+                "elasticsearch bulk: {status} {}",
+                reason(&v)
+            )));
         }
         Ok(v)
     }
 }
 
 fn reason(v: &Value) -> String {
-    v["error"]["reason"].as_str().map(str::to_string).unwrap_or_else(|| v.to_string())
+    v["error"]["reason"]
+        .as_str()
+        .map(str::to_string)
+        .unwrap_or_else(|| v.to_string())
 }
 
 /// Connects and makes sure the indices exist with compatible mappings.
@@ -307,7 +432,11 @@ impl ElasticStore {
     }
 
     /// Registers a set if it is new; `true` for exactly one of several concurrent callers.
-    pub async fn ensure_set(&self, set: &crate::model::SetName, now: crate::model::Timestamp) -> Result<bool, StoreError> {
+    pub async fn ensure_set(
+        &self,
+        set: &crate::model::SetName,
+        now: crate::model::Timestamp,
+    ) -> Result<bool, StoreError> {
         let doc = serde_json::json!({
             "kind": "set",
             "set": set.as_str(),
@@ -315,7 +444,12 @@ impl ElasticStore {
             "created_at_us": now.micros(),
             "state": contract::fresh_state(now)
         });
-        if self.es.get_doc(&self.meta, &format!("set:{set}")).await?.is_some() {
+        if self
+            .es
+            .get_doc(&self.meta, &format!("set:{set}"))
+            .await?
+            .is_some()
+        {
             return Ok(false);
         }
         // The notifier announces a new set and notifies its changes from its first one on:
@@ -329,7 +463,9 @@ impl ElasticStore {
             version: 0,
         })
         .await?;
-        self.es.put_doc_if(&self.meta, &format!("set:{set}"), &doc, None).await
+        self.es
+            .put_doc_if(&self.meta, &format!("set:{set}"), &doc, None)
+            .await
     }
 
     pub async fn sets(&self) -> Result<Vec<super::SetInfo>, StoreError> {
@@ -339,15 +475,24 @@ impl ElasticStore {
         let mut out = Vec::new();
         let mut after = None;
         let res = loop {
-            let page = match self.es.scan(&pit, &query, &sort, after.as_ref(), 1000).await {
+            let page = match self
+                .es
+                .scan(&pit, &query, &sort, after.as_ref(), 1000)
+                .await
+            {
                 Ok(p) => p,
                 Err(e) => break Err(e),
             };
             for h in &page.hits {
                 let s = &h["_source"];
                 let name = s["set"].as_str().unwrap_or_default();
-                let Ok(name) = crate::model::SetName::parse(name) else { continue };
-                out.push(super::SetInfo { name, created_at: crate::model::Timestamp(s["created_at_us"].as_i64().unwrap_or(0)) });
+                let Ok(name) = crate::model::SetName::parse(name) else {
+                    continue;
+                };
+                out.push(super::SetInfo {
+                    name,
+                    created_at: crate::model::Timestamp(s["created_at_us"].as_i64().unwrap_or(0)),
+                });
             }
             match page.after {
                 Some(a) => after = Some(a),

@@ -19,12 +19,17 @@ use crate::hub::SignatureAlg;
 use crate::model::Timestamp;
 use crate::store::{NotifyState, StoreError};
 
-const SUB_COLS: &str = "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
+const SUB_COLS: &str =
+    "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
      created_at, cursor, attempts, next_attempt_at";
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, format!("bad alg {s}").into())
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("bad alg {s}").into(),
+        )
     })
 }
 
@@ -113,7 +118,11 @@ impl EmbeddedStore {
 
     /// Ends an intent. Returns the subscription created or updated (subscribe) or removed
     /// (unsubscribe), if any.
-    pub async fn hub_resolve(&self, intent: Intent, res: Resolution) -> Result<Option<Subscription>, StoreError> {
+    pub async fn hub_resolve(
+        &self,
+        intent: Intent,
+        res: Resolution,
+    ) -> Result<Option<Subscription>, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute("DELETE FROM hub_intents WHERE id = ?1", [intent.id])?;
@@ -183,18 +192,26 @@ impl EmbeddedStore {
 
     pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         self.read(|c| {
-            let mut st = c.prepare(&format!("SELECT {SUB_COLS} FROM hub_subscriptions ORDER BY id"))?;
+            let mut st = c.prepare(&format!(
+                "SELECT {SUB_COLS} FROM hub_subscriptions ORDER BY id"
+            ))?;
             let rows = st.query_map([], sub_from_row)?;
             Ok(rows.collect::<Result<Vec<_>, _>>()?)
         })
         .await
     }
 
-    pub async fn hub_subscription(&self, topic: &Topic, callback: &Callback) -> Result<Option<Subscription>, StoreError> {
+    pub async fn hub_subscription(
+        &self,
+        topic: &Topic,
+        callback: &Callback,
+    ) -> Result<Option<Subscription>, StoreError> {
         let (t, cb) = (topic.as_str().to_string(), callback.as_str().to_string());
         self.read(move |c| {
             Ok(c.query_row(
-                &format!("SELECT {SUB_COLS} FROM hub_subscriptions WHERE topic = ?1 AND callback = ?2"),
+                &format!(
+                    "SELECT {SUB_COLS} FROM hub_subscriptions WHERE topic = ?1 AND callback = ?2"
+                ),
                 params![t, cb],
                 sub_from_row,
             )
@@ -239,7 +256,9 @@ impl EmbeddedStore {
     }
 
     /// Every subscription's queue: the messages of its topic after its cursor, in order.
-    pub async fn hub_backlog(&self) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
+    pub async fn hub_backlog(
+        &self,
+    ) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
         self.read(|c| {
             let mut messages: HashMap<i64, Arc<Message>> = HashMap::new();
             let mut st = c.prepare(
@@ -403,9 +422,14 @@ impl EmbeddedStore {
         now: Timestamp,
     ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
         self.read(move |c| {
-            let sql = format!("SELECT {SUB_COLS}, {} FROM hub_subscriptions s WHERE id = ?1 AND ?6 = ?6", stats_cols());
-            Ok(c.query_row(&sql, params![id, 0, 0, 0, 0, now.0], |r| Ok((sub_from_row(r)?, stats_from_row(r)?)))
-                .optional()?)
+            let sql = format!(
+                "SELECT {SUB_COLS}, {} FROM hub_subscriptions s WHERE id = ?1 AND ?6 = ?6",
+                stats_cols()
+            );
+            Ok(c.query_row(&sql, params![id, 0, 0, 0, 0, now.0], |r| {
+                Ok((sub_from_row(r)?, stats_from_row(r)?))
+            })
+            .optional()?)
         })
         .await
     }
@@ -432,7 +456,10 @@ impl EmbeddedStore {
     }
 
     /// Takes a subscription's failed deliveries (to try again): their messages, oldest first.
-    pub async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
+    pub async fn hub_take_failures(
+        &self,
+        id: SubscriptionId,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = {

@@ -11,12 +11,12 @@ mod hub;
 mod notify;
 
 use super::{
-    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, OpenTotals, Page,
-    PartInfo, SetInfo, StoreError,
+    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy,
+    OpenTotals, Page, PartInfo, SetInfo, StoreError,
 };
 use crate::model::{
-    Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey, ResourceMeta, SetName,
-    Timestamp,
+    Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey,
+    ResourceMeta, SetName, Timestamp,
 };
 
 const SCHEMA_VERSION: i64 = 1;
@@ -135,17 +135,26 @@ struct LastPart {
 impl EmbeddedStore {
     pub fn open(path: &Path) -> Result<EmbeddedStore, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StoreError::Unavailable(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| {
+                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
+            })?;
         }
         let conn = open_conn(path)?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(HUB_SCHEMA)?;
-        let version: Option<String> =
-            conn.query_row("SELECT value FROM meta WHERE key='schema_version'", [], |r| r.get(0)).optional()?;
+        let version: Option<String> = conn
+            .query_row(
+                "SELECT value FROM meta WHERE key='schema_version'",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
         match version {
             None => {
-                conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', ?1)", [SCHEMA_VERSION.to_string()])?;
+                conn.execute(
+                    "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)",
+                    [SCHEMA_VERSION.to_string()],
+                )?;
             }
             Some(v) if v == SCHEMA_VERSION.to_string() => {}
             Some(v) => {
@@ -156,7 +165,11 @@ impl EmbeddedStore {
             }
         }
         Ok(EmbeddedStore {
-            inner: Arc::new(Inner { path: path.to_path_buf(), writer: Mutex::new(conn), readers: Mutex::new(Vec::new()) }),
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                writer: Mutex::new(conn),
+                readers: Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -197,7 +210,11 @@ impl EmbeddedStore {
     }
 
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.read(|c| Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map(|_| ())?)).await
+        self.read(|c| {
+            Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
+                .map(|_| ())?)
+        })
+        .await
     }
 
     pub async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
@@ -219,7 +236,10 @@ impl EmbeddedStore {
             for row in rows {
                 let (name, created) = row?;
                 let name = SetName::parse(&name).map_err(StoreError::Corrupt)?;
-                out.push(SetInfo { name, created_at: Timestamp(created) });
+                out.push(SetInfo {
+                    name,
+                    created_at: Timestamp(created),
+                });
             }
             Ok(out)
         })
@@ -235,7 +255,9 @@ impl EmbeddedStore {
     ) -> Result<ApplyOutcome, ApplyError> {
         let set = set.clone();
         self.write(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate).map_err(StoreError::from)?;
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(StoreError::from)?;
             let out = apply_tx(&tx, &set, changes, policy, now)?;
             tx.commit().map_err(StoreError::from)?;
             Ok(out)
@@ -252,7 +274,9 @@ impl EmbeddedStore {
         let set = set.clone();
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let Some(mut open) = load_open_list(&tx, &set)? else { return Ok(None) };
+            let Some(mut open) = load_open_list(&tx, &set)? else {
+                return Ok(None);
+            };
             if !policy.period_over(&open.totals(), now) {
                 return Ok(None);
             }
@@ -315,7 +339,11 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn resource(&self, set: &SetName, key: &ResourceKey) -> Result<Option<Resource>, StoreError> {
+    pub async fn resource(
+        &self,
+        set: &SetName,
+        key: &ResourceKey,
+    ) -> Result<Option<Resource>, StoreError> {
         let (set, key) = (set.clone(), key.clone());
         self.read(move |c| {
             let mut st = c.prepare_cached(
@@ -365,8 +393,13 @@ impl EmbeddedStore {
         let (after_dt, after_seq) = match after {
             None => (from.0, 0),
             Some(Cursor(s)) => {
-                let (a, b) = s.split_once(':').ok_or_else(|| StoreError::Corrupt(format!("bad cursor {s:?}")))?;
-                let p = |x: &str| x.parse::<i64>().map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}")));
+                let (a, b) = s
+                    .split_once(':')
+                    .ok_or_else(|| StoreError::Corrupt(format!("bad cursor {s:?}")))?;
+                let p = |x: &str| {
+                    x.parse::<i64>()
+                        .map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}")))
+                };
                 (p(a)?, p(b)?)
             }
         };
@@ -404,7 +437,10 @@ impl EmbeddedStore {
                 [set.as_str()],
                 |r| r.get(0),
             )?;
-            Ok(Counts { resources: resources as u64, changes: changes as u64 })
+            Ok(Counts {
+                resources: resources as u64,
+                changes: changes as u64,
+            })
         })
         .await
     }
@@ -430,19 +466,30 @@ fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)
         .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
     conn.busy_timeout(std::time::Duration::from_secs(30))?;
-    conn.execute_batch("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")?;
+    conn.execute_batch(
+        "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
+    )?;
     Ok(conn)
 }
 
 fn parse_int_cursor(c: Option<Cursor>) -> Result<i64, StoreError> {
     match c {
         None => Ok(0),
-        Some(Cursor(s)) => s.parse().map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}"))),
+        Some(Cursor(s)) => s
+            .parse()
+            .map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}"))),
     }
 }
 
-fn ensure_set_tx(tx: &rusqlite::Transaction, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
-    let n = tx.execute("INSERT OR IGNORE INTO sets (name, created_at) VALUES (?1, ?2)", params![set.as_str(), now.0])?;
+fn ensure_set_tx(
+    tx: &rusqlite::Transaction,
+    set: &SetName,
+    now: Timestamp,
+) -> Result<bool, StoreError> {
+    let n = tx.execute(
+        "INSERT OR IGNORE INTO sets (name, created_at) VALUES (?1, ?2)",
+        params![set.as_str(), now.0],
+    )?;
     if n == 1 {
         tx.execute(
             "INSERT INTO changelists (set_name, no, from_ts, until_ts, count, bytes, last_seq, max_dt) \
@@ -459,7 +506,10 @@ fn ensure_set_tx(tx: &rusqlite::Transaction, set: &SetName, now: Timestamp) -> R
     Ok(n == 1)
 }
 
-fn load_open_list(tx: &rusqlite::Transaction, set: &SetName) -> Result<Option<OpenList>, StoreError> {
+fn load_open_list(
+    tx: &rusqlite::Transaction,
+    set: &SetName,
+) -> Result<Option<OpenList>, StoreError> {
     Ok(tx
         .query_row(
             "SELECT no, from_ts, count, bytes, last_seq, max_dt FROM changelists \
@@ -481,19 +531,44 @@ fn load_open_list(tx: &rusqlite::Transaction, set: &SetName) -> Result<Option<Op
 
 impl OpenList {
     fn totals(&self) -> OpenTotals {
-        OpenTotals { from: self.from, count: self.count, bytes: self.bytes, max_dt: self.max_dt }
+        OpenTotals {
+            from: self.from,
+            count: self.count,
+            bytes: self.bytes,
+            max_dt: self.max_dt,
+        }
     }
 }
 
 /// Closes the open list (see [`OpenTotals::close_time`]) and opens the next one from there.
-fn close_list(tx: &rusqlite::Transaction, set: &SetName, open: &mut OpenList, now: Timestamp) -> Result<(), StoreError> {
+fn close_list(
+    tx: &rusqlite::Transaction,
+    set: &SetName,
+    open: &mut OpenList,
+    now: Timestamp,
+) -> Result<(), StoreError> {
     let until = open.totals().close_time(now);
     tx.execute(
         "UPDATE changelists SET until_ts = ?3, count = ?4, bytes = ?5, last_seq = ?6, max_dt = ?7 \
          WHERE set_name = ?1 AND no = ?2",
-        params![set.as_str(), open.no, until, open.count as i64, open.bytes as i64, open.last_seq, open.max_dt],
+        params![
+            set.as_str(),
+            open.no,
+            until,
+            open.count as i64,
+            open.bytes as i64,
+            open.last_seq,
+            open.max_dt
+        ],
     )?;
-    *open = OpenList { no: open.no + 1, from: until, count: 0, bytes: 0, last_seq: open.last_seq, max_dt: None };
+    *open = OpenList {
+        no: open.no + 1,
+        from: until,
+        count: 0,
+        bytes: 0,
+        last_seq: open.last_seq,
+        max_dt: None,
+    };
     tx.execute(
         "INSERT INTO changelists (set_name, no, from_ts, until_ts, count, bytes, last_seq, max_dt) \
          VALUES (?1, ?2, ?3, NULL, 0, 0, ?4, NULL)",
@@ -509,8 +584,12 @@ fn apply_tx(
     policy: ListPolicy,
     now: Timestamp,
 ) -> Result<ApplyOutcome, ApplyError> {
-    let mut out = ApplyOutcome { set_created: ensure_set_tx(tx, set, now)?, ..Default::default() };
-    let mut open = load_open_list(tx, set)?.ok_or_else(|| StoreError::Corrupt(format!("set {set} has no open change list")))?;
+    let mut out = ApplyOutcome {
+        set_created: ensure_set_tx(tx, set, now)?,
+        ..Default::default()
+    };
+    let mut open = load_open_list(tx, set)?
+        .ok_or_else(|| StoreError::Corrupt(format!("set {set} has no open change list")))?;
     let mut last_part: Option<LastPart> = tx
         .query_row(
             "SELECT part, count, bytes FROM rl_parts WHERE set_name = ?1 ORDER BY part DESC LIMIT 1",
@@ -521,20 +600,31 @@ fn apply_tx(
         .map_err(StoreError::from)?;
     // Change notifications have been sent for everything dated before this.
     let notified: Option<i64> = tx
-        .query_row("SELECT watermark FROM notify_state WHERE set_name = ?1", [set.as_str()], |r| r.get(0))
+        .query_row(
+            "SELECT watermark FROM notify_state WHERE set_name = ?1",
+            [set.as_str()],
+            |r| r.get(0),
+        )
         .optional()
         .map_err(StoreError::from)?;
     let sql_err = |e: rusqlite::Error| ApplyError::Store(e.into());
 
     for (index, mut c) in changes.into_iter().enumerate() {
         let existing: Option<(i64, u32, i64)> = tx
-            .prepare_cached("SELECT rid, part, bytes FROM resources WHERE set_name = ?1 AND key = ?2")
+            .prepare_cached(
+                "SELECT rid, part, bytes FROM resources WHERE set_name = ?1 AND key = ?2",
+            )
             .map_err(sql_err)?
-            .query_row(params![set.as_str(), c.key.0], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+            .query_row(params![set.as_str(), c.key.0], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
             .optional()
             .map_err(sql_err)?;
         if c.change == ChangeType::Deleted && existing.is_none() {
-            out.ignored.push((index, "deleted: no such resource in the set, nothing recorded".into()));
+            out.ignored.push((
+                index,
+                "deleted: no such resource in the set, nothing recorded".into(),
+            ));
             continue;
         }
         let mut datetime = policy
@@ -616,7 +706,10 @@ fn apply_tx(
                         (part, 0, bytes)
                     }
                     None => match &mut last_part {
-                        Some(lp) if lp.count < policy.max_items as u64 && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes) => {
+                        Some(lp)
+                            if lp.count < policy.max_items as u64
+                                && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes) =>
+                        {
                             lp.count += 1;
                             lp.bytes += eb;
                             (lp.no, 1, 0)
@@ -629,7 +722,11 @@ fn apply_tx(
                             .map_err(sql_err)?
                             .execute(params![set.as_str(), no])
                             .map_err(sql_err)?;
-                            last_part = Some(LastPart { no, count: 1, bytes: eb });
+                            last_part = Some(LastPart {
+                                no,
+                                count: 1,
+                                bytes: eb,
+                            });
                             (no, 1, 0)
                         }
                     },
@@ -672,7 +769,11 @@ fn apply_tx(
 
 fn location_from(kind: &str, value: String) -> rusqlite::Result<Location> {
     let kind = LocationType::parse(kind).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, format!("location type {kind:?}").into())
+        rusqlite::Error::FromSqlConversionFailure(
+            0,
+            rusqlite::types::Type::Text,
+            format!("location type {kind:?}").into(),
+        )
     })?;
     Ok(Location { kind, value })
 }
@@ -680,8 +781,9 @@ fn location_from(kind: &str, value: String) -> rusqlite::Result<Location> {
 fn links_from(ln: Option<String>) -> rusqlite::Result<Vec<Link>> {
     match ln {
         None => Ok(Vec::new()),
-        Some(s) => serde_json::from_str(&s)
-            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))),
+        Some(s) => serde_json::from_str(&s).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, Box::new(e))
+        }),
     }
 }
 
@@ -704,7 +806,11 @@ fn resource_from_row(r: &Row) -> rusqlite::Result<Resource> {
 /// Columns: seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp.
 fn change_from_row(r: &Row) -> rusqlite::Result<Change> {
     let change = ChangeType::parse(r.get_ref(4)?.as_str()?).ok_or_else(|| {
-        rusqlite::Error::FromSqlConversionFailure(4, rusqlite::types::Type::Text, "change type".into())
+        rusqlite::Error::FromSqlConversionFailure(
+            4,
+            rusqlite::types::Type::Text,
+            "change type".into(),
+        )
     })?;
     Ok(Change {
         id: r.get(0)?,

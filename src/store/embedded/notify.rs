@@ -18,7 +18,11 @@ pub(super) fn state_from_row(set: SetName, r: &rusqlite::Row) -> rusqlite::Resul
 }
 
 /// Replaces the state if its version is still `expected`; `false` when someone else moved it.
-pub(super) fn swap_state(tx: &rusqlite::Transaction, expected: i64, new: &NotifyState) -> rusqlite::Result<bool> {
+pub(super) fn swap_state(
+    tx: &rusqlite::Transaction,
+    expected: i64,
+    new: &NotifyState,
+) -> rusqlite::Result<bool> {
     let n = tx.execute(
         "UPDATE notify_state SET watermark = ?2, parts_seen = ?3, lists_seen = ?4, announced = ?5, version = ?6 \
          WHERE set_name = ?1 AND version = ?7",
