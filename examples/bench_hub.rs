@@ -125,7 +125,8 @@ async fn main() -> anyhow::Result<()> {
             anyhow::ensure!(r.status() == 202, "subscribe answered {}", r.status());
         }
         base += n;
-        let t = resourcesync_hub::hub::model::Topic::parse(&topic).map_err(anyhow::Error::msg)?;
+        let t =
+            resourcesync_hub::model::websub::Topic::parse(&topic).map_err(anyhow::Error::msg)?;
         loop {
             let subs = store.hub_topic(&t).await?.map_or(0, |i| i.subscribers);
             if subs as usize == n {

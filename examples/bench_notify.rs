@@ -25,7 +25,7 @@ use axum::extract::{Query, State};
 use axum::routing::get;
 use axum::Router;
 use resourcesync_hub::config::{Config, SetOverrides};
-use resourcesync_hub::hub::model::{Callback, Topic};
+use resourcesync_hub::model::websub::{Callback, Topic};
 use resourcesync_hub::store::Store;
 
 fn arg(name: &str) -> Option<String> {

@@ -3,11 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
+
+pub use crate::model::{DescribedBy, SetConfig};
 
 /// The commented defaults file, the first configuration layer (also the reference docs).
 pub const DEFAULTS_TOML: &str = include_str!("../config.default.toml");
@@ -156,13 +158,6 @@ pub struct SetOverrides {
     pub describedby: Vec<DescribedBy>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
-pub struct DescribedBy {
-    pub href: String,
-    #[serde(rename = "type", default)]
-    pub mime: Option<String>,
-}
-
 /// Command-line overrides, the last layer.
 #[derive(Debug, Clone, Default)]
 pub struct CliOverrides {
@@ -180,18 +175,6 @@ pub enum ConfigError {
     MissingFile(PathBuf),
     #[error("configuration: {0}")]
     Invalid(String),
-}
-
-/// A resource set's effective configuration (defaults merged with its own table).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetConfig {
-    pub name: String,
-    /// Always ends with '/'.
-    pub url_prefix: String,
-    pub resource_root_dir: Option<PathBuf>,
-    pub max_items_in_list: u32,
-    pub changelist_rollover_secs: u64,
-    pub describedby: Vec<DescribedBy>,
 }
 
 impl Config {
@@ -314,7 +297,7 @@ impl Config {
                 ));
             }
         }
-        if crate::hub::SignatureAlg::parse(&h.signature_algorithm).is_none() {
+        if crate::model::websub::SignatureAlg::parse(&h.signature_algorithm).is_none() {
             return bad(format!(
                 "hub.signature_algorithm {:?} must be one of sha1, sha256, sha384, sha512",
                 h.signature_algorithm
@@ -444,21 +427,6 @@ fn env_provider() -> Env {
             k.replacen('_', ".", 1).into()
         }
     })
-}
-
-impl SetConfig {
-    /// The path part of `url_prefix` when the prefix lies under `base_url`, i.e. when this
-    /// server can serve the set's files itself.
-    pub fn served_path(&self, base_url: &str) -> Option<String> {
-        let base = format!("{}/", base_url.trim_end_matches('/'));
-        let rest = self.url_prefix.strip_prefix(&base)?;
-        self.resource_root_dir.as_ref()?;
-        Some(format!("/{}", rest.trim_end_matches('/')))
-    }
-
-    pub fn root_dir(&self) -> Option<&Path> {
-        self.resource_root_dir.as_deref()
-    }
 }
 
 #[cfg(test)]

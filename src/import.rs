@@ -13,7 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use md5::{Digest, Md5};
 use serde::Serialize;
 
-use crate::config::SetConfig;
+use crate::model::SetConfig;
 use crate::model::{
     ChangeType, Location, NewChange, ResourceKey, ResourceMeta, SetName, Timestamp,
 };
@@ -160,7 +160,7 @@ pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
         .unwrap_or(0);
     Ok(ResourceMeta {
         length: Some(md.len()),
-        md5: Some(crate::source::hex_digest(h.finalize())),
+        md5: Some(crate::digest::hex_digest(h.finalize())),
         mime: Some(
             mime_guess::from_path(path)
                 .first_or_octet_stream()

@@ -3,8 +3,16 @@
 //!
 //! # Layout
 //!
+//! Floors, lowest first; a module uses only modules on floors below its own (checked by
+//! `tests/it/layout.rs`):
+//! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP);
+//! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`];
+//! 6. [`notify`], [`ingest`], [`import`], [`workers`]; 7. [`error`], [`demo`]; 8. [`http`];
+//!    9. [`app`].
+//!
+//! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
+//!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
 //! - [`config`]: layered configuration (compiled-in commented defaults, `--config`, `RSHUB_*`, flags).
-//! - [`model`]: the seeds' document model: sets, locations, resources, changes, change events.
 //! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch,
 //!   shareable by several processes).
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
@@ -23,6 +31,7 @@ pub mod admin_cli;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod digest;
 pub mod error;
 pub mod http;
 pub mod hub;

@@ -16,10 +16,10 @@ use utoipa::{IntoParams, OpenApi, ToSchema};
 use super::AppState;
 use crate::error::AppError;
 use crate::hub::admin::{AttemptFilter, AttemptRecord};
-use crate::hub::model::{
+use crate::metrics::{SetLabel, StateLabel};
+use crate::model::websub::{
     Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic,
 };
-use crate::metrics::{SetLabel, StateLabel};
 use crate::model::Timestamp;
 
 #[derive(OpenApi)]
@@ -255,7 +255,7 @@ async fn list_subscriptions(
             .hub_intents()
             .await?
             .into_iter()
-            .filter(|i| i.mode != crate::hub::model::IntentMode::Denied && i.id > after)
+            .filter(|i| i.mode != crate::model::websub::IntentMode::Denied && i.id > after)
             .filter(|i| p.topic.as_deref().is_none_or(|t| i.topic.as_str() == t))
             .filter(|i| {
                 p.callback

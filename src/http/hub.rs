@@ -8,8 +8,8 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::AppState;
-use crate::hub::model::{IntentMode, Topic};
 use crate::hub::{link_targets, parse_form, HubError, HubRequest};
+use crate::model::websub::{IntentMode, Topic};
 
 pub async fn post_hub(
     State(st): State<AppState>,

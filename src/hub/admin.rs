@@ -4,8 +4,8 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::model::{Intent, IntentMode, MessageId, SubscriptionId, Topic};
 use super::Hub;
+use crate::model::websub::{Intent, IntentMode, MessageId, SubscriptionId, Topic};
 use crate::model::Timestamp;
 use crate::store::StoreError;
 

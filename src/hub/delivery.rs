@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::admin::AttemptRecord;
-use super::model::{Message, MessageId, Outcome, Subscription, Topic};
 use super::{random_unit, signature, Hub};
+use crate::model::websub::{Message, MessageId, Outcome, Subscription, Topic};
 use crate::model::Timestamp;
 use crate::store::Store;
 

@@ -10,10 +10,8 @@
 
 pub mod admin;
 mod delivery;
-pub mod model;
 mod policy;
 mod request;
-mod signature;
 mod verify;
 
 use std::collections::{HashMap, HashSet};
@@ -29,12 +27,13 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use crate::model::websub::{signature, SignatureAlg};
 pub use policy::{is_internal, AddressPolicy};
 pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest};
-pub use signature::{signature, SignatureAlg};
 
 use crate::config::Config;
 use crate::metrics::Metrics;
+use crate::model::websub as model;
 use crate::model::Timestamp;
 use crate::store::{NotifyState, Store, StoreError};
 use delivery::Lane;
@@ -161,7 +160,7 @@ pub fn random_unit() -> f64 {
 pub fn challenge() -> String {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b).expect("the OS random source works");
-    crate::source::hex_digest(b)
+    crate::digest::hex_digest(b)
 }
 
 /// Subscribe requests per callback per minute, in fixed one-minute windows.

@@ -1,8 +1,8 @@
 //! Parsing what arrives at the hub URL: WebSub (un)subscribe and publish forms, and the Link
 //! header of a ResourceSync fat ping. Pure functions.
 
-use super::model::{Callback, Topic};
 use super::HubError;
+use crate::model::websub::{Callback, Topic};
 
 /// A form POSTed to the hub URL.
 #[derive(Debug, Clone, PartialEq, Eq)]

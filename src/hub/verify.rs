@@ -7,8 +7,8 @@ use std::sync::Arc;
 use tracing::Instrument;
 
 use super::delivery::error_chain;
-use super::model::{Intent, IntentMode, Resolution};
 use super::{challenge, Hub};
+use crate::model::websub::{Intent, IntentMode, Resolution};
 use crate::model::Timestamp;
 
 /// The most of a verification answer that is read (a challenge is short).

@@ -2,46 +2,16 @@
 //! and the change events a harvester sends, validated before they reach the store.
 
 mod location;
+mod set;
+mod signature;
 mod time;
+pub mod websub;
 
 use serde::{Deserialize, Serialize};
 
 pub use location::{bare_media_type, Link, Location, LocationType, ResourceKey};
+pub use set::{DescribedBy, SetConfig, SetName};
 pub use time::Timestamp;
-
-use crate::config::SetConfig;
-
-/// A resource set's name: 1-64 of `A-Z a-z 0-9 . _ -`, not starting with `.`. It appears in
-/// URLs and file names, so nothing else is allowed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct SetName(String);
-
-impl SetName {
-    pub fn parse(s: &str) -> Result<SetName, String> {
-        let ok = !s.is_empty()
-            && s.len() <= 64
-            && !s.starts_with('.')
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-');
-        if ok {
-            Ok(SetName(s.to_string()))
-        } else {
-            Err(format!(
-                "resource set name {s:?} must be 1-64 characters of A-Z, a-z, 0-9, '.', '_', '-' and not start with '.'"
-            ))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl std::fmt::Display for SetName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
-    }
-}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -201,7 +171,14 @@ mod tests {
     use super::*;
 
     fn set() -> SetConfig {
-        crate::config::Config::defaults().set_config("s")
+        SetConfig {
+            name: "s".into(),
+            url_prefix: "http://127.0.0.1:8080/files/s/".into(),
+            resource_root_dir: None,
+            max_items_in_list: 50_000,
+            changelist_rollover_secs: 0,
+            describedby: vec![],
+        }
     }
 
     fn event(json: &str) -> Result<NewChange, String> {

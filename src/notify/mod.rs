@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
-use crate::hub::model::Topic;
 use crate::hub::Hub;
+use crate::model::websub::Topic;
 use crate::model::{Change, ChangeType, SetName, Timestamp};
 use crate::source::Source;
 use crate::store::{ChangeListInfo, NotifyState, PartInfo, Store, StoreError};

@@ -2,7 +2,7 @@
 //! `capability="change-notification"`, `from` and `until`, entries like a Change List's) and a
 //! framework notification (entries with `change` and `capability`, `rel="index"` under an index).
 
-use crate::config::SetConfig;
+use crate::model::SetConfig;
 use crate::model::{Change, ChangeType, Timestamp};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::source::write_change;

@@ -11,8 +11,9 @@ use md5::{Digest, Md5};
 
 pub use cache::PageCache;
 
-use crate::config::{Config, SetConfig, SITEMAP_MAX_BYTES};
-use crate::model::{Change, ChangeType, Link, Resource, SetName, Timestamp};
+use crate::config::{Config, SITEMAP_MAX_BYTES};
+use crate::digest::hex_digest;
+use crate::model::{Change, ChangeType, Link, Resource, SetConfig, SetName, Timestamp};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::store::{ChangeListInfo, ListPolicy, PartInfo, Store, StoreError};
 
@@ -623,18 +624,6 @@ impl Source {
         }
         Ok((w.entries(), w.finish()))
     }
-}
-
-/// Lower-case hex of a digest.
-pub fn hex_digest(d: impl AsRef<[u8]>) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let d = d.as_ref();
-    let mut s = String::with_capacity(d.len() * 2);
-    for b in d {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
-    }
-    s
 }
 
 /// What a document is generated from (computed before deciding whether to regenerate).

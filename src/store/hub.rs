@@ -7,7 +7,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 use super::{NotifyState, Store, StoreError};
-use crate::hub::model::{
+use crate::model::websub::{
     Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, SubState, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };

@@ -79,6 +79,12 @@ impl ListPolicy {
             && now >= Timestamp(open.from).plus_secs(self.rollover_secs)
     }
 
+    /// Whether a Resource List part holding `count` entries of about `bytes` takes one more
+    /// entry of `entry_bytes`: the one rule of ingest on every backend and of adoption.
+    pub(crate) fn part_has_room(&self, count: u64, bytes: u64, entry_bytes: u64) -> bool {
+        count < self.max_items as u64 && (count == 0 || bytes + entry_bytes <= self.max_bytes)
+    }
+
     /// Whether an entry of `entry_bytes` must go into a new list (full, too large, or too old).
     pub(crate) fn must_roll(&self, open: &OpenTotals, entry_bytes: u64, now: Timestamp) -> bool {
         open.count >= self.max_items as u64
@@ -340,11 +346,18 @@ impl Store {
 
 /// A conservative estimate of an entry's size in a sitemap, used to stay under 50 MB.
 pub fn entry_bytes_estimate(c: &NewChange) -> u64 {
-    let links: usize = c
-        .meta
-        .ln
+    entry_bytes(&c.key, c.meta.mime.as_deref(), &c.meta.ln)
+}
+
+/// The same estimate from a resource's parts (adoption reads them from foreign documents).
+pub fn entry_bytes(
+    key: &crate::model::ResourceKey,
+    mime: Option<&str>,
+    ln: &[crate::model::Link],
+) -> u64 {
+    let links: usize = ln
         .iter()
         .map(|l| 96 + 2 * l.href.value.len() + l.rel.len())
         .sum();
-    (320 + 2 * c.key.0.len() + c.meta.mime.as_deref().map_or(0, str::len) + links) as u64
+    (320 + 2 * key.0.len() + mime.map_or(0, str::len) + links) as u64
 }

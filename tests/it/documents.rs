@@ -3,7 +3,7 @@
 use std::collections::BTreeSet;
 
 use reqwest::header;
-use resourcesync_hub::config::DescribedBy;
+use resourcesync_hub::model::DescribedBy;
 
 use crate::support::*;
 

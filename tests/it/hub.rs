@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
 use resourcesync_hub::config::Config;
-use resourcesync_hub::hub::model::{Callback, Topic};
+use resourcesync_hub::model::websub::{Callback, Topic};
 use resourcesync_hub::model::Timestamp;
 use resourcesync_hub::store::Store;
 

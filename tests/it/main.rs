@@ -11,6 +11,7 @@ mod external;
 mod hub;
 mod hub_crash;
 mod ingest;
+mod layout;
 mod multi;
 mod notify;
 mod restart;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use resourcesync_hub::hub::model::{Callback, Topic};
+use resourcesync_hub::model::websub::{Callback, Topic};
 
 use crate::notify::{check_change_notifications, docs, url_line};
 use crate::subscriber::TestSubscriber;

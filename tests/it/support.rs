@@ -155,7 +155,7 @@ pub fn change_line(change: &str, rel: &str, md5: &str, length: u64) -> String {
 
 pub fn md5_hex(data: &[u8]) -> String {
     use md5::{Digest, Md5};
-    resourcesync_hub::source::hex_digest(Md5::digest(data))
+    resourcesync_hub::digest::hex_digest(Md5::digest(data))
 }
 
 /// The tests' Python tools: a virtual environment under `target/` with the packages pinned in

@@ -209,7 +209,7 @@ impl ElasticStore {
             let part = match parts.get(&key.0) {
                 Some(p) => *p,
                 None => {
-                    let p = st.part_with_room(&policy);
+                    let p = st.part_with_room(&policy, foreign_entry_bytes(key, src));
                     parts.insert(key.0.clone(), p);
                     p
                 }
@@ -250,7 +250,7 @@ impl ElasticStore {
             let part = match parts.get(&key.0) {
                 Some(p) => *p,
                 None => {
-                    let p = st.part_with_room(&policy);
+                    let p = st.part_with_room(&policy, foreign_entry_bytes(key, &h["_source"]));
                     parts.insert(key.0.clone(), p);
                     p
                 }
@@ -400,6 +400,13 @@ impl ElasticStore {
     }
 }
 
+/// The sitemap size estimate of a foreign document's resource (its `mime` and `ln`, when it
+/// has readable ones).
+fn foreign_entry_bytes(key: &crate::model::ResourceKey, doc: &Value) -> u64 {
+    let ln: Vec<crate::model::Link> = serde_json::from_value(doc["ln"].clone()).unwrap_or_default();
+    crate::store::entry_bytes(key, doc["mime"].as_str(), &ln)
+}
+
 fn push_conditional(ops: &mut String, index: &str, hit: &Value, doc: &Value) {
     let action = json!({"index": {"_index": index, "_id": hit["_id"], "if_seq_no": hit["_seq_no"], "if_primary_term": hit["_primary_term"]}});
     ops.push_str(&action.to_string());
@@ -409,12 +416,12 @@ fn push_conditional(ops: &mut String, index: &str, hit: &Value, doc: &Value) {
 }
 
 impl SetState {
-    /// The last part if it has room for one more resource, else a new one.
-    pub(super) fn part_with_room(&mut self, policy: &ListPolicy) -> u32 {
+    /// The last part if it has room for one more resource of `entry_bytes`, else a new one.
+    pub(super) fn part_with_room(&mut self, policy: &ListPolicy, entry_bytes: u64) -> u32 {
         let fits = self
             .parts
             .last()
-            .is_some_and(|p| p.count < policy.max_items as u64);
+            .is_some_and(|p| policy.part_has_room(p.count, p.bytes, entry_bytes));
         if !fits {
             let no = self.parts.last().map_or(1, |p| p.no + 1);
             self.parts.push(PartState {
@@ -424,6 +431,7 @@ impl SetState {
         }
         let last = self.parts.last_mut().expect("a part");
         last.count += 1;
+        last.bytes += entry_bytes;
         last.no
     }
 
@@ -433,5 +441,28 @@ impl SetState {
             p.last_seq = seq;
             p.last_change = datetime;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn adoption_cuts_parts_by_bytes_as_well_as_count() {
+        let policy = ListPolicy {
+            max_items: 10,
+            max_bytes: 1_000,
+            rollover_secs: 0,
+            max_future_skew_secs: 0,
+        };
+        let mut st = SetState::default();
+        // 400-byte entries: two fit under 1,000 bytes, the third opens part 2 long before
+        // the count limit of 10 is reached.
+        let parts: Vec<u32> = (0..5).map(|_| st.part_with_room(&policy, 400)).collect();
+        assert_eq!(parts, [1, 1, 2, 2, 3]);
+        // One entry larger than the whole budget still gets a part (of its own).
+        assert_eq!(st.part_with_room(&policy, 5_000), 4);
+        assert_eq!(st.part_with_room(&policy, 1), 5);
     }
 }

@@ -442,10 +442,10 @@ impl ElasticStore {
                     let (part, dcount, old) = match existing {
                         Some((part, bytes)) => (part, 0, bytes as i64),
                         None => {
-                            let fits = st.parts.last().is_some_and(|lp| {
-                                lp.count < policy.max_items as u64
-                                    && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes)
-                            });
+                            let fits = st
+                                .parts
+                                .last()
+                                .is_some_and(|lp| policy.part_has_room(lp.count, lp.bytes, eb));
                             if !fits {
                                 let no = st.parts.last().map_or(1, |lp| lp.no + 1);
                                 st.parts.push(PartState {

@@ -25,11 +25,11 @@ use serde_json::{json, Value};
 use sha2::Digest;
 
 use super::{ElasticStore, Versioned};
-use crate::hub::model::{
+use crate::model::websub::SignatureAlg;
+use crate::model::websub::{
     Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
-use crate::hub::SignatureAlg;
 use crate::model::{SetName, Timestamp};
 use crate::store::hub::{fold, sub_state};
 use crate::store::{NotifyState, StoreError};
@@ -1040,8 +1040,8 @@ impl ElasticStore {
         let mut t = HubTotals::default();
         for (_, s) in self.listing(json!({"match_all": {}}), now).await? {
             match s.state {
-                Some(crate::hub::model::SubState::Expired) => t.expired += 1,
-                Some(crate::hub::model::SubState::Failing) => {
+                Some(crate::model::websub::SubState::Expired) => t.expired += 1,
+                Some(crate::model::websub::SubState::Failing) => {
                     t.failing += 1;
                     t.queue_depth += s.pending;
                 }

@@ -11,11 +11,11 @@ use bytes::Bytes;
 use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 
 use super::EmbeddedStore;
-use crate::hub::model::{
+use crate::model::websub::SignatureAlg;
+use crate::model::websub::{
     Callback, HubTotals, Intent, IntentMode, Message, Outcome, Resolution, SubState, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
-use crate::hub::SignatureAlg;
 use crate::model::Timestamp;
 use crate::store::{NotifyState, StoreError};
 

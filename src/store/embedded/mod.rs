@@ -706,10 +706,7 @@ fn apply_tx(
                         (part, 0, bytes)
                     }
                     None => match &mut last_part {
-                        Some(lp)
-                            if lp.count < policy.max_items as u64
-                                && (lp.count == 0 || lp.bytes + eb <= policy.max_bytes) =>
-                        {
+                        Some(lp) if policy.part_has_room(lp.count, lp.bytes, eb) => {
                             lp.count += 1;
                             lp.bytes += eb;
                             (lp.no, 1, 0)

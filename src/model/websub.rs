@@ -6,8 +6,8 @@ use std::fmt;
 use bytes::Bytes;
 use serde::Serialize;
 
-use super::SignatureAlg;
-use crate::model::Timestamp;
+pub use super::signature::{signature, SignatureAlg};
+use super::Timestamp;
 
 macro_rules! url_newtype {
     ($(#[$m:meta])* $name:ident) => {

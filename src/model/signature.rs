@@ -3,7 +3,7 @@
 
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::source::hex_digest;
+use crate::digest::hex_digest;
 
 /// The recognised algorithm names of WebSub §7.1.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,28 @@
+//! Lower-case hex of digests: a leaf every layer may use (ETags, md5 hashes, signatures).
+
+/// Lower-case hex of a digest.
+pub fn hex_digest(d: impl AsRef<[u8]>) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let d = d.as_ref();
+    let mut s = String::with_capacity(d.len() * 2);
+    for b in d {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
+}
+
+/// The md5 of some bytes as ResourceSync writes it (lower-case hex, without `md5:`).
+pub fn md5_hex(data: &[u8]) -> String {
+    use md5::{Digest, Md5};
+    hex_digest(Md5::digest(data))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn known_answers() {
+        assert_eq!(super::hex_digest([0x00, 0xab, 0x7f]), "00ab7f");
+        assert_eq!(super::md5_hex(b"a"), "0cc175b9c0f1b6a831c399e269772661");
+    }
+}

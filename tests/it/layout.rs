@@ -1,0 +1,84 @@
+//! The house has no cycles: each top-level module of the library refers (`crate::…`) only to
+//! modules on a lower floor, as `lib.rs`'s layout map says. A new reference upwards, or one
+//! between two modules of the same floor, fails here with the file that makes it.
+
+use std::path::Path;
+
+/// Floors, lowest first. A module may use the modules of the floors below its own.
+const FLOORS: &[&[&str]] = &[
+    &["digest", "metrics", "admin_cli"],
+    &["model"],
+    &["config"],
+    &["store", "sitemap"],
+    &["source", "hub"],
+    &["notify", "ingest", "import", "workers"],
+    &["error", "demo"],
+    &["http"],
+    &["app"],
+];
+
+fn floor_of(module: &str) -> Option<usize> {
+    FLOORS.iter().position(|f| f.contains(&module))
+}
+
+fn rust_files(p: &Path, out: &mut Vec<std::path::PathBuf>) {
+    if !p.exists() {
+        return;
+    }
+    if p.is_dir() {
+        for e in std::fs::read_dir(p).unwrap() {
+            rust_files(&e.unwrap().path(), out);
+        }
+    } else if p.extension().is_some_and(|e| e == "rs") {
+        out.push(p.to_path_buf());
+    }
+}
+
+#[test]
+fn modules_only_use_lower_floors() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let lib = std::fs::read_to_string(src.join("lib.rs")).unwrap();
+    let mut problems = Vec::new();
+    for line in lib.lines() {
+        let Some(module) = line
+            .strip_prefix("pub mod ")
+            .and_then(|l| l.strip_suffix(';'))
+        else {
+            continue;
+        };
+        let Some(own) = floor_of(module) else {
+            problems.push(format!(
+                "module {module} is on no floor of tests/it/layout.rs: place it"
+            ));
+            continue;
+        };
+        let mut files = Vec::new();
+        rust_files(&src.join(format!("{module}.rs")), &mut files);
+        rust_files(&src.join(module), &mut files);
+        for f in files {
+            let text = std::fs::read_to_string(&f).unwrap();
+            for (i, _) in text.match_indices("crate::") {
+                let used: String = text[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                    .collect();
+                if used == module || used.is_empty() {
+                    continue;
+                }
+                match floor_of(&used) {
+                    Some(fl) if fl < own => {}
+                    _ => problems.push(format!(
+                        "{} uses crate::{used}, which is not below {module}",
+                        f.display()
+                    )),
+                }
+            }
+        }
+    }
+    problems.dedup();
+    assert!(
+        problems.is_empty(),
+        "the module layers have a cycle or an upward reference:\n{}",
+        problems.join("\n")
+    );
+}
