@@ -83,39 +83,51 @@ impl Location {
 
     /// Validates the location against the set's configuration and returns its identity.
     pub fn key(&self, set: &SetConfig) -> Result<ResourceKey, String> {
+        check_xml_text(&format!("{} location", self.kind.as_str()), &self.value)?;
         match self.kind {
             LocationType::Url => {
                 let u = url::Url::parse(&self.value).map_err(|e| {
-                    format!("url location {:?} is not an absolute URL: {e}", self.value)
+                    format!(
+                        "url location {} is not an absolute URL: {e}",
+                        excerpt(&self.value)
+                    )
                 })?;
                 if u.scheme() != "http" && u.scheme() != "https" {
-                    return Err(format!("url location {:?} is not http(s)", self.value));
+                    return Err(format!(
+                        "url location {} is not http(s)",
+                        excerpt(&self.value)
+                    ));
                 }
                 Ok(ResourceKey(format!("url:{}", self.value)))
             }
             LocationType::RelPath => {
                 if self.value.starts_with('/') {
                     return Err(format!(
-                        "rel_path {:?} starts with '/': give a path relative to the set's url_prefix",
-                        self.value
+                        "rel_path {} starts with '/': give a path relative to the set's url_prefix",
+                        excerpt(&self.value)
                     ));
                 }
                 let rel = normalize_rel(&self.value).ok_or_else(|| {
-                    format!("rel_path {:?} climbs out of the set with '..'", self.value)
+                    format!(
+                        "rel_path {} climbs out of the set with '..'",
+                        excerpt(&self.value)
+                    )
                 })?;
                 Ok(ResourceKey(format!("path:{rel}")))
             }
             LocationType::AbsPath => {
                 let root = set.root_dir().ok_or_else(|| {
                     format!(
-                        "abs_path {:?} needs a resource_root_dir, and set {:?} has none configured",
-                        self.value, set.name
+                        "abs_path {} needs a resource_root_dir, and set {:?} has none configured",
+                        excerpt(&self.value),
+                        set.name
                     )
                 })?;
                 let rel = relative_to_root(Path::new(&self.value), root).ok_or_else(|| {
                     format!(
-                        "abs_path {:?} lies outside the set's resource_root_dir {:?}",
-                        self.value, root
+                        "abs_path {} lies outside the set's resource_root_dir {:?}",
+                        excerpt(&self.value),
+                        root
                     )
                 })?;
                 Ok(ResourceKey(format!("path:{rel}")))
@@ -196,8 +208,19 @@ pub struct Link {
 }
 
 impl Link {
-    /// Checks `rel` against RFC 8288 (a registered lower-case name or a URI) and the href.
+    /// Checks `rel` against RFC 8288 (a registered lower-case name or a URI), the href (it
+    /// must resolve to a URL a sitemap can hold) and the media type.
     pub fn validate(&self, set: &SetConfig) -> Result<(), String> {
+        check_xml_text("link rel", &self.rel)?;
+        if self.rel.len() > MAX_URL_LEN || self.rel.contains(char::is_whitespace) {
+            return Err(format!(
+                "link rel {} is neither a registered relation nor a URI",
+                excerpt(&self.rel)
+            ));
+        }
+        if let Some(m) = &self.mime {
+            check_media_type("link mime", m)?;
+        }
         let registered = {
             let mut ch = self.rel.chars();
             matches!(ch.next(), Some('a'..='z'))
@@ -205,14 +228,119 @@ impl Link {
         };
         if !registered && url::Url::parse(&self.rel).is_err() {
             return Err(format!(
-                "link rel {:?} is neither a registered relation (like \"describedby\") nor a URI",
+                "link rel {} is neither a registered relation (like \"describedby\") nor a URI",
                 self.rel
             ));
         }
-        self.href
-            .key(set)
-            .map(|_| ())
-            .map_err(|e| format!("link href: {e}"))
+        let key = self.href.key(set).map_err(|e| format!("link href: {e}"))?;
+        check_url("link href", &key.url(&set.url_prefix))
+    }
+}
+
+/// A value quoted in an error message: at most 60 characters of it, so that a reason stays
+/// readable whatever was sent.
+pub fn excerpt(s: &str) -> String {
+    match s.char_indices().nth(60) {
+        None => format!("{s:?}"),
+        Some((i, _)) => format!("{:?}… ({} characters)", &s[..i], s.chars().count()),
+    }
+}
+
+/// The sitemaps.org schema's bounds on a `<loc>` URL, in characters.
+pub const MIN_URL_LEN: usize = 12;
+pub const MAX_URL_LEN: usize = 2048;
+
+/// Refuses characters that XML 1.0 cannot carry (C0 controls other than tab, newline and
+/// carriage return; U+FFFE and U+FFFF): a field holding one would make every document that
+/// shows it unreadable.
+pub fn check_xml_text(what: &str, s: &str) -> Result<(), String> {
+    match s.char_indices().find(|(_, c)| {
+        (*c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{FFFE}' | '\u{FFFF}')
+    }) {
+        Some((i, c)) => Err(format!(
+            "{what} holds the control character U+{:04X} at byte {i}, which XML 1.0 cannot carry",
+            c as u32
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A resolved URL must fit a sitemap's `<loc>`: 12 to 2,048 characters, and no whitespace or
+/// control characters (percent-encode them).
+pub fn check_url(what: &str, url: &str) -> Result<(), String> {
+    let n = url.chars().count();
+    if n > MAX_URL_LEN {
+        return Err(format!(
+            "{what} resolves to a URL of {n} characters; the sitemaps schema allows at most {MAX_URL_LEN}"
+        ));
+    }
+    if n < MIN_URL_LEN {
+        return Err(format!(
+            "{what} resolves to {url:?}, shorter than the {MIN_URL_LEN} characters the sitemaps schema requires"
+        ));
+    }
+    if let Some((i, c)) = uri_syntax_error(url) {
+        return Err(format!(
+            "{what} holds {c:?} at byte {i}, which a URI (RFC 3986) cannot hold there: percent-encode it"
+        ));
+    }
+    Ok(())
+}
+
+/// The first character that keeps `url` from being an RFC 3986 URI (an IRI: non-ASCII
+/// letters are allowed, as XML's `anyURI` allows them): whitespace and controls anywhere,
+/// ASCII outside the URI alphabet, `%` not followed by two hex digits, `[` `]` outside the
+/// authority, a second `#`.
+fn uri_syntax_error(url: &str) -> Option<(usize, char)> {
+    let authority_end = url
+        .find("://")
+        .map(|s| s + 3)
+        .map(|a| a + url[a..].find(['/', '?', '#']).unwrap_or(url.len() - a))
+        .unwrap_or(0);
+    let bytes = url.as_bytes();
+    let mut fragment = false;
+    for (i, c) in url.char_indices() {
+        let ok = match c {
+            c if c.is_whitespace() || c.is_control() => false,
+            'a'..='z' | 'A'..='Z' | '0'..='9' => true,
+            '-' | '.' | '_' | '~' | ':' | '/' | '?' | '@' | '!' | '$' | '&' | '\'' | '(' | ')'
+            | '*' | '+' | ',' | ';' | '=' => true,
+            '[' | ']' => i < authority_end,
+            '#' => !std::mem::replace(&mut fragment, true),
+            '%' => bytes
+                .get(i + 1..i + 3)
+                .is_some_and(|h| h.iter().all(u8::is_ascii_hexdigit)),
+            c => !c.is_ascii() && !matches!(c, '\u{FEFF}' | '\u{FFFE}' | '\u{FFFF}'),
+        };
+        if !ok {
+            return Some((i, c));
+        }
+    }
+    None
+}
+
+/// RFC 6838 §4.2: a media type is `type/subtype`, each a restricted-name (a letter or digit,
+/// then up to 126 of letters, digits and `!#$&-^_.+`), so at most 255 characters; parameters
+/// (`; charset=…`) are allowed and dropped when documents are written.
+pub fn check_media_type(what: &str, mime: &str) -> Result<(), String> {
+    check_xml_text(what, mime)?;
+    let bare = bare_media_type(mime);
+    let restricted = |s: &str| {
+        let mut b = s.bytes();
+        s.len() <= 127
+            && b.next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && b.all(|c| c.is_ascii_alphanumeric() || b"!#$&-^_.+".contains(&c))
+    };
+    match bare.split_once('/') {
+        Some((t, s)) if restricted(t) && restricted(s) => Ok(()),
+        _ if bare.len() > 255 => Err(format!(
+            "{what} is {} characters long; a media type has at most 255",
+            bare.len()
+        )),
+        _ => Err(format!(
+            "{what} {} is not a media type of the form type/subtype, like application/pdf",
+            excerpt(mime)
+        )),
     }
 }
 

@@ -9,7 +9,10 @@ pub mod websub;
 
 use serde::{Deserialize, Serialize};
 
-pub use location::{bare_media_type, Link, Location, LocationType, ResourceKey};
+pub use location::{
+    bare_media_type, check_media_type, check_url, check_xml_text, Link, Location, LocationType,
+    ResourceKey, MAX_URL_LEN,
+};
 pub use set::{DescribedBy, SetConfig, SetName};
 pub use time::Timestamp;
 
@@ -116,31 +119,30 @@ impl ChangeEvent {
         if let Some(rs) = &self.resource_set {
             if rs != &set.name {
                 return Err(format!(
-                    "resource_set {rs:?} does not match the set {:?} of the URL",
+                    "resource_set {} does not match the set {:?} of the URL",
+                    location::excerpt(rs),
                     set.name
                 ));
             }
         }
         let key = self.location.key(set)?;
+        check_url("location", &key.url(&set.url_prefix))?;
         let md5 = match self.md5 {
             None => None,
             Some(h) => {
                 let h = h.trim().to_ascii_lowercase();
                 let h = h.strip_prefix("md5:").unwrap_or(&h).to_string();
                 if h.len() != 32 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-                    return Err(format!("md5 {h:?} is not 32 hexadecimal digits"));
+                    return Err(format!(
+                        "md5 {} is not 32 hexadecimal digits",
+                        location::excerpt(&h)
+                    ));
                 }
                 Some(h)
             }
         };
         if let Some(m) = &self.mime {
-            let bare = bare_media_type(m);
-            let (a, b) = bare.split_once('/').unwrap_or(("", ""));
-            if a.is_empty() || b.is_empty() || bare.contains(char::is_whitespace) {
-                return Err(format!(
-                    "mime {m:?} is not a media type like application/pdf"
-                ));
-            }
+            check_media_type("mime", m)?;
         }
         for l in &self.ln {
             l.validate(set)?;

@@ -31,7 +31,21 @@ impl Timestamp {
 
     /// Parses RFC 3339 (`2024-01-02T03:04:05Z`, `…+01:00`, fractions), the seeds' format with
     /// a `+0000` style offset, and a bare date-time without zone, read as UTC.
+    /// Years outside 0001–9999 are refused: W3C Datetime (and `xsd:dateTime` as documents
+    /// carry it) has four-digit years.
     pub fn parse(s: &str) -> Result<Timestamp, String> {
+        let t = Timestamp::parse_any(s)?;
+        let year = DateTime::<Utc>::from_timestamp_micros(t.0).map(|d| d.year());
+        match year {
+            Some(1..=9999) => Ok(t),
+            _ => Err(format!(
+                "{} lies outside the years 0001 to 9999",
+                super::location::excerpt(s.trim())
+            )),
+        }
+    }
+
+    fn parse_any(s: &str) -> Result<Timestamp, String> {
         let s = s.trim();
         if let Ok(t) = DateTime::parse_from_rfc3339(s) {
             return Ok(Timestamp(t.timestamp_micros()));
@@ -43,7 +57,8 @@ impl Timestamp {
             return Ok(Timestamp(t.and_utc().timestamp_micros()));
         }
         Err(format!(
-            "{s:?} is not a date-time like 2024-01-31T12:00:00Z"
+            "{} is not a date-time like 2024-01-31T12:00:00Z",
+            super::location::excerpt(s)
         ))
     }
 

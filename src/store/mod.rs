@@ -344,6 +344,16 @@ impl Store {
     }
 }
 
+/// Where the first Change List of a set created by this batch starts: the batch's earliest
+/// datetime when that is in the past, else now.
+pub(crate) fn batch_start(changes: &[NewChange], now: Timestamp) -> Timestamp {
+    changes
+        .iter()
+        .filter_map(|c| c.datetime)
+        .min()
+        .map_or(now, |d| d.min(now))
+}
+
 /// A conservative estimate of an entry's size in a sitemap, used to stay under 50 MB.
 pub fn entry_bytes_estimate(c: &NewChange) -> u64 {
     entry_bytes(&c.key, c.meta.mime.as_deref(), &c.meta.ln)

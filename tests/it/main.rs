@@ -18,3 +18,4 @@ mod restart;
 mod resync;
 mod scale;
 mod store_contract;
+mod strict;

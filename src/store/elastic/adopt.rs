@@ -118,7 +118,7 @@ impl ElasticStore {
 
     async fn adopt_set(&self, set: &SetName, rules: &dyn SetRules) -> Result<usize, StoreError> {
         let now = Timestamp::now();
-        let (mut st, _) = self.claim(set, now).await?;
+        let (mut st, _) = self.claim(set, now, now).await?;
         let token = st.claimed_until;
         let result = self.adopt_claimed(set, &mut st, rules, now).await;
         self.release_claim(set, token, result.is_ok().then_some(st))

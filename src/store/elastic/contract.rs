@@ -237,16 +237,18 @@ impl ElasticStore {
     }
 
     /// Claims the set for writing: waits for a live claim, recovers from a dead one.
+    /// Claims the set for a writer (creating it, its first list from `start`, if new).
     pub(super) async fn claim(
         &self,
         set: &SetName,
         now: Timestamp,
+        start: Timestamp,
     ) -> Result<(SetState, bool), StoreError> {
         // The claim's expiry doubles as its owner's token.
         let mut created = false;
         for _ in 0..3000 {
             let Some((mut st, v)) = self.load(set).await? else {
-                created |= self.ensure_set(set, now).await?;
+                created |= self.ensure_set_from(set, now, start).await?;
                 continue;
             };
             let t = Timestamp::now();
@@ -343,7 +345,8 @@ impl ElasticStore {
         policy: ListPolicy,
         now: Timestamp,
     ) -> Result<ApplyOutcome, ApplyError> {
-        let (mut st, set_created) = self.claim(set, now).await?;
+        let start = crate::store::batch_start(&changes, now);
+        let (mut st, set_created) = self.claim(set, now, start).await?;
         let token = st.claimed_until;
         let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
         self.release_claim(set, token, result.is_ok().then_some(st))

@@ -437,12 +437,23 @@ impl ElasticStore {
         set: &crate::model::SetName,
         now: crate::model::Timestamp,
     ) -> Result<bool, StoreError> {
+        self.ensure_set_from(set, now, now).await
+    }
+
+    /// Registers a set if it is new, its first Change List (and the notifier's watermark)
+    /// starting at `start` (the earliest datetime of the batch that creates it).
+    pub(super) async fn ensure_set_from(
+        &self,
+        set: &crate::model::SetName,
+        now: crate::model::Timestamp,
+        start: crate::model::Timestamp,
+    ) -> Result<bool, StoreError> {
         let doc = serde_json::json!({
             "kind": "set",
             "set": set.as_str(),
             "created_at": now.micros() / 1000,
             "created_at_us": now.micros(),
-            "state": contract::fresh_state(now)
+            "state": contract::fresh_state(start)
         });
         if self
             .es
@@ -456,7 +467,7 @@ impl ElasticStore {
         // its state exists before the set does.
         self.notify_init(super::NotifyState {
             set: set.clone(),
-            watermark: now,
+            watermark: start,
             parts_seen: 0,
             lists_seen: 1,
             announced: false,

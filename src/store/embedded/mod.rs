@@ -221,7 +221,7 @@ impl EmbeddedStore {
         let set = set.clone();
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let created = ensure_set_tx(&tx, &set, now)?;
+            let created = ensure_set_tx(&tx, &set, now, now)?;
             tx.commit()?;
             Ok(created)
         })
@@ -481,10 +481,14 @@ fn parse_int_cursor(c: Option<Cursor>) -> Result<i64, StoreError> {
     }
 }
 
+/// Registers a set if it is new. Its first Change List (and the notifier's watermark) starts
+/// at `start`: the earliest datetime of the batch that creates it, so a backlog keeps its
+/// real change dates.
 fn ensure_set_tx(
     tx: &rusqlite::Transaction,
     set: &SetName,
     now: Timestamp,
+    start: Timestamp,
 ) -> Result<bool, StoreError> {
     let n = tx.execute(
         "INSERT OR IGNORE INTO sets (name, created_at) VALUES (?1, ?2)",
@@ -494,13 +498,13 @@ fn ensure_set_tx(
         tx.execute(
             "INSERT INTO changelists (set_name, no, from_ts, until_ts, count, bytes, last_seq, max_dt) \
              VALUES (?1, 1, ?2, NULL, 0, 0, 0, NULL)",
-            params![set.as_str(), now.0],
+            params![set.as_str(), start.0],
         )?;
         // The notifier announces the new set and notifies its changes from its first one on.
         tx.execute(
             "INSERT OR IGNORE INTO notify_state (set_name, watermark, parts_seen, lists_seen, announced, version) \
              VALUES (?1, ?2, 0, 1, 0, 0)",
-            params![set.as_str(), now.0],
+            params![set.as_str(), start.0],
         )?;
     }
     Ok(n == 1)
@@ -584,8 +588,9 @@ fn apply_tx(
     policy: ListPolicy,
     now: Timestamp,
 ) -> Result<ApplyOutcome, ApplyError> {
+    let start = crate::store::batch_start(&changes, now);
     let mut out = ApplyOutcome {
-        set_created: ensure_set_tx(tx, set, now)?,
+        set_created: ensure_set_tx(tx, set, now, start)?,
         ..Default::default()
     };
     let mut open = load_open_list(tx, set)?
