@@ -201,8 +201,11 @@ async fn the_token_guards_ingest() {
     app.stop().await;
 }
 
-/// Random batches, most with a bad line somewhere: afterwards every resource document matches
-/// the last change recorded for it, and every change's resource state is there.
+/// Random batches, many refused: by validation, or mid-way by the store (a `datetime` before
+/// the open Change List is refused only while applying, after earlier lines of the batch were
+/// written inside the transaction). The store must hold exactly what the accepted batches say,
+/// line by line, and nothing of a refused one; and every resource document matches the last
+/// change recorded for it.
 #[tokio::test]
 async fn no_request_splits_a_resource_from_its_change() {
     let (c, _dir) = test_config();
@@ -215,42 +218,98 @@ async fn no_request_splits_a_resource_from_its_change() {
         seed ^= seed << 17;
         seed % n
     };
-    let mut ok_batches = 0;
-    for _ in 0..60 {
+    // name -> (md5, length) of what the accepted batches leave.
+    let mut expected: HashMap<String, (String, u64)> = HashMap::new();
+    let mut applied_changes = 0usize;
+    app.ingest_ok(
+        "s",
+        &change_line("created", "first.txt", &md5_hex(b"first"), 5),
+    )
+    .await;
+    expected.insert("first.txt".into(), (md5_hex(b"first"), 5));
+    applied_changes += 1;
+    let (mut ok_batches, mut refused_mid_way) = (0, 0);
+    for _ in 0..80 {
         let mut lines = Vec::new();
+        let mut effect: Vec<(String, Option<(String, u64)>)> = Vec::new();
+        let mut late_line = false;
         for _ in 0..(1 + rnd(8)) {
             let name = format!("r{}.txt", rnd(12));
-            let line = match rnd(10) {
+            let (md5, len) = (md5_hex(format!("{name}{}", rnd(1000)).as_bytes()), rnd(100));
+            let line = match rnd(12) {
                 0 => "{\"change\":\"created\"".to_string(),
                 1 => r#"{"change":"created","location":{"type":"rel_path","value":"../x"}}"#
                     .to_string(),
-                2 | 3 => change_line("deleted", &name, "", 0),
-                4 => change_line("updated", &name, &md5_hex(name.as_bytes()), rnd(100)),
-                _ => change_line("created", &name, &md5_hex(name.as_bytes()), rnd(100)),
+                2 => {
+                    // Valid in itself, refused by the store while applying.
+                    late_line = true;
+                    change_line("created", &name, &md5, len)
+                        .replace('}', r#","datetime":"2001-01-01T00:00:00Z"}"#)
+                }
+                3 | 4 => {
+                    effect.push((name.clone(), None));
+                    change_line("deleted", &name, "", 0)
+                }
+                5 => {
+                    effect.push((name.clone(), Some((md5.clone(), len))));
+                    change_line("updated", &name, &md5, len)
+                }
+                _ => {
+                    effect.push((name.clone(), Some((md5.clone(), len))));
+                    change_line("created", &name, &md5, len)
+                }
             };
             lines.push(line);
         }
+        // The late line last, so the earlier lines are written before it fails.
+        lines.sort_by_key(|l| l.contains("2001-01-01"));
         let r = app.ingest("s", &lines.join("\n")).await;
-        assert!(r.status() == 200 || r.status() == 422, "{}", r.status());
-        if r.status() == 200 {
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert!(status == 200 || status == 422, "{status}: {body}");
+        if status == 200 {
             ok_batches += 1;
+            applied_changes += body["applied"].as_u64().unwrap() as usize;
+            for (name, state) in effect {
+                match state {
+                    Some(s) => {
+                        expected.insert(name, s);
+                    }
+                    None => {
+                        expected.remove(&name);
+                    }
+                }
+            }
+        } else if late_line
+            && body["lines"][0]["reason"]
+                .as_str()
+                .unwrap()
+                .contains("precedes the open Change List")
+        {
+            refused_mid_way += 1;
         }
     }
     assert!(
         ok_batches > 5,
         "the test should apply some batches ({ok_batches})"
     );
+    assert!(
+        refused_mid_way > 5,
+        "the test should refuse some batches while applying ({refused_mid_way})"
+    );
     app.stop().await;
 
     let store = Store::open_embedded(&db).unwrap();
     let set = SetName::parse("s").unwrap();
     let mut last_change = HashMap::new();
+    let mut changes = 0;
     let mut cursor = None;
     loop {
         let page = store
             .changes(&set, resourcesync_hub::model::Timestamp(0), None, cursor, 7)
             .await
             .unwrap();
+        changes += page.items.len();
         for c in page.items {
             last_change.insert(c.key.clone(), c);
         }
@@ -259,16 +318,26 @@ async fn no_request_splits_a_resource_from_its_change() {
             None => break,
         }
     }
+    assert_eq!(
+        changes, applied_changes,
+        "exactly the changes of the accepted batches are recorded"
+    );
     let resources = store
         .resources(&set, None, None, 10_000)
         .await
         .unwrap()
         .items;
-    let live: Vec<_> = last_change
-        .values()
-        .filter(|c| c.change != ChangeType::Deleted)
+    let held: HashMap<String, (String, u64)> = resources
+        .iter()
+        .map(|r| {
+            let name = r.key.0.strip_prefix("path:").unwrap().to_string();
+            (name, (r.meta.md5.clone().unwrap(), r.meta.length.unwrap()))
+        })
         .collect();
-    assert_eq!(resources.len(), live.len());
+    assert_eq!(
+        held, expected,
+        "the store holds what the accepted batches say, nothing of a refused one"
+    );
     for r in &resources {
         let c = &last_change[&r.key];
         assert_ne!(c.change, ChangeType::Deleted);
@@ -276,25 +345,58 @@ async fn no_request_splits_a_resource_from_its_change() {
     }
     let counts = store.counts(&set).await.unwrap();
     assert_eq!(counts.resources as usize, resources.len());
-    assert_eq!(counts.changes as usize, {
-        let mut n = 0;
-        let mut cursor = None;
-        loop {
-            let p = store
-                .changes(
-                    &set,
-                    resourcesync_hub::model::Timestamp(0),
-                    None,
-                    cursor,
-                    1000,
-                )
-                .await
-                .unwrap();
-            n += p.items.len();
-            match p.next {
-                Some(c) => cursor = Some(c),
-                None => break n,
-            }
-        }
-    });
+    assert_eq!(counts.changes as usize, changes);
+}
+
+/// The README's ingest example, sent as its curl line sends it, to a server that has never
+/// seen the set: accepted, with its historical datetime kept.
+#[tokio::test]
+async fn the_readme_ingest_example_works_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = &readme[readme.find("## Feeding it").expect("ingest section")..];
+    let json = section
+        .split("```json\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let curl = section
+        .lines()
+        .find(|l| l.starts_with("curl ") && l.contains("@change.json"))
+        .expect("a curl line");
+    assert!(curl.contains("Content-Type: application/json"), "{curl}");
+    let path = &curl[curl.find("http://127.0.0.1:8080").unwrap() + "http://127.0.0.1:8080".len()..];
+    let app = TestApp::start().await;
+    let r = app
+        .client
+        .post(app.url(path.trim()))
+        .header("content-type", "application/json")
+        .body(json.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["set_created"], true);
+    let (_, cl) = app.get_doc("/sets/papers/changelist.xml").await;
+    assert_eq!(cl.entries[0].md["datetime"], "2024-01-31T12:00:05Z");
+    assert_eq!(
+        cl.md["from"], "2024-01-31T12:00:05Z",
+        "the first Change List starts at the backlog's first change"
+    );
+    // Later changes still may not precede the open list.
+    let early = json.replace("2024-01-31T12:00:05Z", "2024-01-31T12:00:04Z");
+    let r = app
+        .client
+        .post(app.url(path.trim()))
+        .header("content-type", "application/json")
+        .body(early)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 422);
+    app.stop().await;
 }

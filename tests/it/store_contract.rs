@@ -227,6 +227,36 @@ pub async fn contract_suite(store: Store) {
         "empty open list stays"
     );
     assert_eq!(store.sets().await.unwrap().len(), 2);
+
+    // A set created by a backlog batch: its first Change List starts at the batch's earliest
+    // datetime; later changes still may not precede it.
+    let backlog = SetName::parse("backlog").unwrap();
+    let (d1, d2) = (
+        Timestamp::parse("2020-05-01T00:00:00Z").unwrap(),
+        Timestamp::parse("2019-03-01T00:00:00Z").unwrap(),
+    );
+    let batch = vec![
+        change(ChangeType::Created, "http://x/b1", 1, Some(d1)),
+        change(ChangeType::Created, "http://x/b2", 2, Some(d2)),
+    ];
+    let out = store
+        .apply(&backlog, batch, policy(50), Timestamp::now())
+        .await
+        .unwrap();
+    assert!(out.set_created);
+    assert_eq!(store.changelists(&backlog).await.unwrap()[0].from, d2);
+    let early = vec![change(
+        ChangeType::Updated,
+        "http://x/b1",
+        3,
+        Some(Timestamp(d2.0 - 1)),
+    )];
+    assert!(matches!(
+        store
+            .apply(&backlog, early, policy(50), Timestamp::now())
+            .await,
+        Err(ApplyError::Rejected { index: 0, .. })
+    ));
 }
 
 #[tokio::test]
