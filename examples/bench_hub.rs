@@ -65,7 +65,7 @@ async fn main() -> anyhow::Result<()> {
     let mut config = Config::defaults();
     config.server.listen = "127.0.0.1:0".into();
     config.server.data_dir = tmp.clone();
-    config.hub.allow_networks = vec!["127.0.0.0/8".into()];
+    config.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
     config.hub.publisher_token = "bench".into();
     config.hub.requests_per_callback_per_minute = 1000;
     let db = config.database_path();

@@ -92,10 +92,10 @@ async fn main() -> anyhow::Result<()> {
     let mut config = Config::defaults();
     config.server.listen = "127.0.0.1:0".into();
     config.server.data_dir = tmp.clone();
-    config.hub.allow_networks = vec!["127.0.0.0/8".into()];
+    config.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
     config.sets.insert("bench".into(), SetOverrides::default());
     if let Some(url) = &es {
-        config.store.backend = "elasticsearch".into();
+        config.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
         config.store.elasticsearch.url = url.clone();
     }
     if let Some(ms) = arg("--poll-ms") {

@@ -22,7 +22,7 @@ use crate::workers;
 /// start) or Elasticsearch (creating or checking its indices). Fails with a message naming
 /// what could not be reached.
 pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
-    if config.store.backend == "elasticsearch" {
+    if config.store.backend == crate::config::Backend::Elasticsearch {
         let es = &config.store.elasticsearch;
         let store = crate::store::elastic::ElasticStore::open(es)
             .await

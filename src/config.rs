@@ -9,6 +9,7 @@ use figment::providers::{Env, Format, Serialized, Toml};
 use figment::Figment;
 use serde::{Deserialize, Serialize};
 
+use crate::model::websub::SignatureAlg;
 pub use crate::model::{DescribedBy, SetConfig};
 
 /// The commented defaults file, the first configuration layer (also the reference docs).
@@ -41,9 +42,19 @@ pub struct ServerConfig {
     pub shutdown_grace_secs: u64,
 }
 
+/// Which store the server keeps its state in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// SQLite at `<data_dir>/rshub.sqlite`.
+    Embedded,
+    /// Elasticsearch / OpenSearch indices, shareable by several processes.
+    Elasticsearch,
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct StoreConfig {
-    pub backend: String,
+    pub backend: Backend,
     pub elasticsearch: ElasticConfig,
 }
 
@@ -109,12 +120,12 @@ pub struct HubConfig {
     pub path: String,
     pub topic_path: String,
     pub publisher_token: String,
-    pub signature_algorithm: String,
+    pub signature_algorithm: SignatureAlg,
     pub lease_default_secs: u64,
     pub lease_min_secs: u64,
     pub lease_max_secs: u64,
     pub topic_prefixes: Vec<String>,
-    pub allow_networks: Vec<String>,
+    pub allow_networks: Vec<ipnet::IpNet>,
     pub retry_schedule_secs: Vec<u64>,
     pub retry_jitter: f64,
     pub max_retry_after_secs: u64,
@@ -169,25 +180,58 @@ pub struct CliOverrides {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// Values of the wrong type, one line per key: `key: problem (where it came from)`.
     #[error("configuration: {0}")]
-    Load(#[from] Box<figment::Error>),
+    Load(String),
     #[error("configuration file {0} does not exist")]
     MissingFile(PathBuf),
+    /// Keys or `RSHUB_*` variables nothing reads, each with the nearest known one.
+    #[error("configuration: {0}")]
+    Unknown(String),
     #[error("configuration: {0}")]
     Invalid(String),
 }
 
+/// `RSHUB_*` variables read by the command line itself, not by the configuration.
+const CLI_VARIABLES: &[&str] = &["RSHUB_ADMIN_URL"];
+
+/// The keys of a `[sets.NAME]` table.
+const SET_KEYS: &[&str] = &[
+    "url_prefix",
+    "resource_root_dir",
+    "max_items_in_list",
+    "changelist_rollover_secs",
+    "describedby",
+];
+
 impl Config {
-    /// Loads every layer and validates the result.
+    /// Loads every layer and validates the result. Unknown keys and variables, values of the
+    /// wrong type and invalid values are all refused, naming the key and where it came from.
     pub fn load(cli: &CliOverrides) -> Result<Config, ConfigError> {
+        let env = EnvMapping::read();
+        let fig = Config::figment(cli, &env)?;
+        let mut unknown = env.unknown.clone();
+        unknown.extend(unknown_keys(&fig));
+        if !unknown.is_empty() {
+            return Err(ConfigError::Unknown(unknown.join("\n  ")));
+        }
+        let cfg: Config = fig
+            .extract()
+            .map_err(|e| ConfigError::Load(describe_errors(e, &env)))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The layers, merged.
+    fn figment(cli: &CliOverrides, env: &EnvMapping) -> Result<Figment, ConfigError> {
         let mut fig = Figment::from(Toml::string(DEFAULTS_TOML));
         if let Some(file) = &cli.config_file {
             if !file.exists() {
                 return Err(ConfigError::MissingFile(file.clone()));
             }
-            fig = fig.merge(Toml::file(file));
+            fig = fig.merge(Toml::file_exact(file));
         }
-        fig = fig.merge(env_provider());
+        fig = fig.merge(env.provider());
         if let Some(v) = &cli.listen {
             fig = fig.merge(Serialized::default("server.listen", v));
         }
@@ -197,9 +241,23 @@ impl Config {
         if let Some(v) = &cli.base_url {
             fig = fig.merge(Serialized::default("server.base_url", v));
         }
-        let cfg: Config = fig.extract().map_err(Box::new)?;
-        cfg.validate()?;
-        Ok(cfg)
+        Ok(fig)
+    }
+
+    /// Where `server.data_dir` was set: `None` when it is the compiled-in default.
+    pub fn data_dir_origin(cli: &CliOverrides) -> Option<String> {
+        if cli.data_dir.is_some() {
+            return Some("--data-dir".into());
+        }
+        let env = EnvMapping::read();
+        if let Some(var) = env.var_of("server.data_dir") {
+            return Some(format!("environment variable {var}"));
+        }
+        let fig = Config::figment(cli, &env).ok()?;
+        match fig.find_metadata("server.data_dir")?.source.as_ref()? {
+            figment::Source::File(p) => Some(p.display().to_string()),
+            _ => None,
+        }
     }
 
     /// The defaults alone (tests and examples start from here).
@@ -212,9 +270,9 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
-        if self.server.listen.parse::<SocketAddr>().is_err() {
+        if !is_listen_address(&self.server.listen) {
             return bad(format!(
-                "server.listen {:?} is not an address like 127.0.0.1:8080",
+                "server.listen {:?} is not an address like 127.0.0.1:8080 or localhost:8080",
                 self.server.listen
             ));
         }
@@ -229,18 +287,25 @@ impl Config {
                 }
             }
         }
-        match self.store.backend.as_str() {
-            "embedded" => {}
-            "elasticsearch" => {
+        match self.store.backend {
+            Backend::Embedded => {}
+            Backend::Elasticsearch => {
                 let es = &self.store.elasticsearch;
                 if let Err(e) = url::Url::parse(&es.server_url()) {
-                    return bad(format!("store.elasticsearch: {:?} is not a URL ({e}); set url, or host and port", es.server_url()));
+                    return bad(format!(
+                        "store.elasticsearch: {:?} is not a URL ({e}); set url, or host and port",
+                        es.server_url()
+                    ));
                 }
-                if es.index.is_empty() || es.index.chars().any(|c| c.is_ascii_uppercase() || "\\/*?\"<>| ,#:".contains(c)) {
+                if es.index.is_empty()
+                    || es
+                        .index
+                        .chars()
+                        .any(|c| c.is_ascii_uppercase() || "\\/*?\"<>| ,#:".contains(c))
+                {
                     return bad(format!("store.elasticsearch.index {:?} is not a valid index name (lowercase, no \\/*?\"<>| ,#:)", es.index));
                 }
             }
-            other => return bad(format!("store.backend {other:?} is not supported (supported: \"embedded\", \"elasticsearch\")")),
         }
         if self.source.store_page_size == 0 {
             return bad("source.store_page_size must be at least 1".into());
@@ -297,12 +362,6 @@ impl Config {
                 ));
             }
         }
-        if crate::model::websub::SignatureAlg::parse(&h.signature_algorithm).is_none() {
-            return bad(format!(
-                "hub.signature_algorithm {:?} must be one of sha1, sha256, sha384, sha512",
-                h.signature_algorithm
-            ));
-        }
         if h.lease_min_secs == 0 || h.lease_min_secs > h.lease_max_secs {
             return bad(format!(
                 "hub leases: need 0 < lease_min_secs ({}) <= lease_max_secs ({})",
@@ -314,13 +373,6 @@ impl Config {
                 "hub.lease_default_secs ({}) must lie between lease_min_secs and lease_max_secs",
                 h.lease_default_secs
             ));
-        }
-        for net in &h.allow_networks {
-            if net.parse::<ipnet::IpNet>().is_err() {
-                return bad(format!(
-                    "hub.allow_networks: {net:?} is not a network like 10.0.0.0/8 or ::1/128"
-                ));
-            }
         }
         for p in &h.topic_prefixes {
             match url::Url::parse(p) {
@@ -416,17 +468,261 @@ fn check_max_items(what: &str, n: u32) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `RSHUB_SECTION_KEY` -> `section.key`; a double underscore splits explicitly
-/// (`RSHUB_SETS__papers__URL_PREFIX` -> `sets.papers.url_prefix`).
-fn env_provider() -> Env {
-    Env::prefixed("RSHUB_").map(|k| {
-        let k = k.as_str();
-        if k.contains("__") {
-            k.split("__").collect::<Vec<_>>().join(".").into()
-        } else {
-            k.replacen('_', ".", 1).into()
+/// `host:port` (an IP address or a name such as `localhost`, and a port).
+fn is_listen_address(s: &str) -> bool {
+    if s.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) => {
+            port.parse::<u16>().is_ok()
+                && !host.is_empty()
+                && host
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
         }
-    })
+        None => false,
+    }
+}
+
+/// Every key the defaults define, dotted (`hub.retry_schedule_secs`); `sets` is open-ended.
+fn known_keys() -> Vec<String> {
+    let fig = Figment::from(Toml::string(DEFAULTS_TOML));
+    let mut out = Vec::new();
+    if let Ok(data) = figment::Provider::data(&fig) {
+        for dict in data.values() {
+            flatten("", dict, &mut out);
+        }
+    }
+    out.retain(|k| k != "sets");
+    out
+}
+
+fn flatten(prefix: &str, dict: &figment::value::Dict, out: &mut Vec<String>) {
+    for (k, v) in dict {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            figment::value::Value::Dict(_, d) if !d.is_empty() && key != "sets" => {
+                flatten(&key, d, out)
+            }
+            figment::value::Value::Dict(_, d) if key == "sets" => {
+                for (name, set) in d {
+                    match set {
+                        figment::value::Value::Dict(_, keys) => {
+                            out.extend(keys.keys().map(|k| format!("sets.{name}.{k}")));
+                        }
+                        _ => out.push(format!("sets.{name}")),
+                    }
+                }
+                out.push(key);
+            }
+            _ => out.push(key),
+        }
+    }
+}
+
+/// The keys of the merged layers that nothing reads, each with where it came from and the
+/// nearest known key.
+fn unknown_keys(fig: &Figment) -> Vec<String> {
+    let known = known_keys();
+    let mut given = Vec::new();
+    if let Ok(data) = figment::Provider::data(fig) {
+        for dict in data.values() {
+            flatten("", dict, &mut given);
+        }
+    }
+    let mut out = Vec::new();
+    for key in given {
+        if known.contains(&key) || key == "sets" {
+            continue;
+        }
+        let set_key = key.strip_prefix("sets.").and_then(|r| r.split_once('.'));
+        if let Some((_, k)) = set_key {
+            if SET_KEYS.contains(&k) {
+                continue;
+            }
+        }
+        let origin = match fig.find_metadata(&key).and_then(|m| m.source.as_ref()) {
+            Some(figment::Source::File(p)) => format!(" in {}", p.display()),
+            _ => String::new(),
+        };
+        let candidates: Vec<String> = match set_key {
+            Some((name, _)) => SET_KEYS
+                .iter()
+                .map(|k| format!("sets.{name}.{k}"))
+                .collect(),
+            None => known.clone(),
+        };
+        out.push(format!(
+            "unknown key `{key}`{origin}{}",
+            suggestion(&key, &candidates, |k| format!("`{k}`"))
+        ));
+    }
+    out
+}
+
+/// "; did you mean X?" for the nearest candidate, when one is near enough.
+fn suggestion(given: &str, candidates: &[String], show: impl Fn(&str) -> String) -> String {
+    let best = candidates
+        .iter()
+        .map(|c| (edit_distance(given, c), c))
+        .min();
+    match best {
+        Some((d, c)) if d <= 3.max(given.len() / 3) => format!("; did you mean {}?", show(c)),
+        _ => String::new(),
+    }
+}
+
+/// Levenshtein distance, for suggestions.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur.push(
+                (prev[j] + usize::from(ca != *cb))
+                    .min(prev[j + 1] + 1)
+                    .min(cur[j] + 1),
+            );
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The one mapping from `RSHUB_*` variables to keys:
+/// - `RSHUB_<KEY>` where `<KEY>` is a known key with `.` written as `_`, upper-case:
+///   `RSHUB_INGEST_TOKEN` -> `ingest.token`, `RSHUB_SET_DEFAULTS_URL_PREFIX` ->
+///   `set_defaults.url_prefix`, `RSHUB_STORE_ELASTICSEARCH_URL` -> `store.elasticsearch.url`;
+/// - `RSHUB_<A>__<B>__<C>`: double underscores separate the parts explicitly, for keys no
+///   table can list: `RSHUB_SETS__papers__URL_PREFIX` -> `sets.papers.url_prefix` (the set's
+///   name keeps its case).
+///
+/// Any other `RSHUB_*` variable is an error naming the nearest known variable.
+#[derive(Debug, Clone, Default)]
+struct EnvMapping {
+    /// (variable, key)
+    vars: Vec<(String, String)>,
+    unknown: Vec<String>,
+}
+
+impl EnvMapping {
+    fn read() -> EnvMapping {
+        EnvMapping::from_vars(std::env::vars_os().filter_map(|(k, _)| k.into_string().ok()))
+    }
+
+    fn from_vars(names: impl Iterator<Item = String>) -> EnvMapping {
+        let known = known_keys();
+        let table: Vec<(String, String)> = known
+            .iter()
+            .map(|k| {
+                (
+                    format!("RSHUB_{}", k.replace('.', "_").to_ascii_uppercase()),
+                    k.clone(),
+                )
+            })
+            .collect();
+        let mut m = EnvMapping::default();
+        for var in names {
+            let Some(rest) = var.strip_prefix("RSHUB_") else {
+                continue;
+            };
+            if CLI_VARIABLES.contains(&var.as_str()) {
+                continue;
+            }
+            if let Some((_, key)) = table.iter().find(|(v, _)| *v == var) {
+                m.vars.push((var.clone(), key.clone()));
+            } else if rest.contains("__") {
+                let parts: Vec<&str> = rest.split("__").collect();
+                let key = match parts.as_slice() {
+                    [first, name, k] if first.eq_ignore_ascii_case("sets") => {
+                        format!("sets.{name}.{}", k.to_ascii_lowercase())
+                    }
+                    _ => parts
+                        .iter()
+                        .map(|p| p.to_ascii_lowercase())
+                        .collect::<Vec<_>>()
+                        .join("."),
+                };
+                let ok = known.contains(&key)
+                    || key
+                        .strip_prefix("sets.")
+                        .and_then(|r| r.split_once('.'))
+                        .is_some_and(|(_, k)| SET_KEYS.contains(&k));
+                if ok {
+                    m.vars.push((var.clone(), key));
+                } else {
+                    m.unknown.push(format!(
+                        "environment variable {var} names no configuration key (`{key}`)"
+                    ));
+                }
+            } else {
+                let names: Vec<String> = table.iter().map(|(v, _)| v.clone()).collect();
+                m.unknown.push(format!(
+                    "unknown environment variable {var}{}",
+                    suggestion(&var, &names, str::to_string)
+                ));
+            }
+        }
+        m
+    }
+
+    /// The variables as a figment provider, under the keys they map to.
+    fn provider(&self) -> Env {
+        let vars = self.vars.clone();
+        Env::raw()
+            .filter_map(move |k| {
+                vars.iter()
+                    .find(|(v, _)| k.as_str() == v)
+                    .map(|(_, key)| key.clone().into())
+            })
+            .lowercase(false)
+    }
+
+    fn var_of(&self, key: &str) -> Option<&str> {
+        self.vars
+            .iter()
+            .find(|(_, k)| k == key)
+            .map(|(v, _)| v.as_str())
+    }
+}
+
+/// Figment's errors, one line per key, with the file or variable the value came from and
+/// without figment's profile prefix.
+fn describe_errors(e: figment::Error, env: &EnvMapping) -> String {
+    let mut lines: Vec<String> = Vec::new();
+    for err in e {
+        let key = err.path.join(".");
+        let origin = match (
+            env.var_of(&key),
+            err.metadata.as_ref().and_then(|m| m.source.as_ref()),
+        ) {
+            (Some(var), _)
+                if err
+                    .metadata
+                    .as_ref()
+                    .is_some_and(|m| m.name.contains("environment")) =>
+            {
+                format!(" (environment variable {var})")
+            }
+            (_, Some(figment::Source::File(p))) => format!(" (in {})", p.display()),
+            _ => String::new(),
+        };
+        let line = if key.is_empty() {
+            format!("{}{origin}", err.kind)
+        } else {
+            format!("{key}: {}{origin}", err.kind)
+        };
+        if !lines.contains(&line) {
+            lines.push(line);
+        }
+    }
+    lines.join("\n  ")
 }
 
 #[cfg(test)]
@@ -488,5 +784,150 @@ mod tests {
         );
         assert_eq!(c.set_config("b").url_prefix, "http://other/b/");
         assert_eq!(c.set_config("b").served_path(&c.base_url()), None);
+    }
+
+    #[test]
+    fn every_key_of_every_section_has_its_variable() {
+        let keys = known_keys();
+        let sections: std::collections::BTreeSet<&str> =
+            keys.iter().filter_map(|k| k.split('.').next()).collect();
+        for s in [
+            "server",
+            "store",
+            "ingest",
+            "source",
+            "hub",
+            "admin",
+            "notify",
+            "set_defaults",
+        ] {
+            assert!(sections.contains(s), "section {s} has keys");
+        }
+        let vars: Vec<String> = keys
+            .iter()
+            .map(|k| format!("RSHUB_{}", k.replace('.', "_").to_ascii_uppercase()))
+            .collect();
+        let m = EnvMapping::from_vars(vars.iter().cloned());
+        assert!(m.unknown.is_empty(), "{:?}", m.unknown);
+        for (var, key) in vars.iter().zip(&keys) {
+            assert_eq!(m.var_of(key), Some(var.as_str()), "{key}");
+        }
+        assert_eq!(
+            m.var_of("set_defaults.url_prefix"),
+            Some("RSHUB_SET_DEFAULTS_URL_PREFIX")
+        );
+        assert_eq!(
+            m.var_of("store.elasticsearch.url"),
+            Some("RSHUB_STORE_ELASTICSEARCH_URL")
+        );
+    }
+
+    #[test]
+    fn explicit_paths_and_unknown_variables() {
+        let m = EnvMapping::from_vars(
+            [
+                "RSHUB_SETS__Papers__URL_PREFIX",
+                "RSHUB_SET_DEFAULTS__MAX_ITEMS_IN_LIST",
+                "RSHUB_INGEST_TOKN",
+                "RSHUB_SERVR__LISTEN",
+                "HOME",
+            ]
+            .into_iter()
+            .map(String::from),
+        );
+        assert_eq!(
+            m.var_of("sets.Papers.url_prefix"),
+            Some("RSHUB_SETS__Papers__URL_PREFIX"),
+            "a set's name keeps its case"
+        );
+        assert_eq!(
+            m.var_of("set_defaults.max_items_in_list"),
+            Some("RSHUB_SET_DEFAULTS__MAX_ITEMS_IN_LIST")
+        );
+        assert_eq!(m.unknown.len(), 2, "{:?}", m.unknown);
+        assert!(
+            m.unknown[0].contains("RSHUB_INGEST_TOKN")
+                && m.unknown[0].contains("did you mean RSHUB_INGEST_TOKEN?"),
+            "{:?}",
+            m.unknown
+        );
+        assert!(
+            m.unknown[1].contains("RSHUB_SERVR__LISTEN"),
+            "{:?}",
+            m.unknown
+        );
+    }
+
+    #[test]
+    fn unknown_keys_are_named_with_their_file_and_the_nearest_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[hub]\nallow_network = [\"10.0.0.0/8\"]\n[servr]\nlisten = \"x\"\n[sets.p]\nurl_prefx = \"http://x/\"\n").unwrap();
+        let cli = CliOverrides {
+            config_file: Some(f.clone()),
+            ..Default::default()
+        };
+        let e = Config::figment(&cli, &EnvMapping::default())
+            .map(|fig| unknown_keys(&fig))
+            .unwrap();
+        let all = e.join("\n");
+        assert!(
+            all.contains("unknown key `hub.allow_network`")
+                && all.contains("did you mean `hub.allow_networks`?"),
+            "{all}"
+        );
+        assert!(
+            all.contains("`servr.listen`") && all.contains("did you mean `server.listen`?"),
+            "{all}"
+        );
+        assert!(
+            all.contains("`sets.p.url_prefx`") && all.contains("did you mean `sets.p.url_prefix`?"),
+            "{all}"
+        );
+        assert!(all.contains(&f.display().to_string()), "{all}");
+    }
+
+    #[test]
+    fn type_errors_name_key_and_file_once_without_prefixes() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("c.toml");
+        std::fs::write(&f, "[store]\nbackend = \"postgres\"\n").unwrap();
+        let cli = CliOverrides {
+            config_file: Some(f.clone()),
+            ..Default::default()
+        };
+        let fig = Config::figment(&cli, &EnvMapping::default()).unwrap();
+        let e = describe_errors(fig.extract::<Config>().unwrap_err(), &EnvMapping::default());
+        assert!(!e.contains("default."), "no figment profile prefix: {e}");
+        assert!(
+            e.contains("store.backend: ") && e.contains("postgres"),
+            "{e}"
+        );
+        assert_eq!(e.matches("store.backend").count(), 1, "once: {e}");
+        assert!(e.contains(&f.display().to_string()), "{e}");
+        let cli_ok = |s: &str| {
+            std::fs::write(&f, s).unwrap();
+            Config::figment(&cli, &EnvMapping::default())
+                .unwrap()
+                .extract::<Config>()
+                .map_err(|e| describe_errors(e, &EnvMapping::default()))
+        };
+        let e = cli_ok("[hub]\nsignature_algorithm = \"md5\"\n").unwrap_err();
+        assert!(
+            e.contains("hub.signature_algorithm: ") && e.contains("sha256"),
+            "{e}"
+        );
+        let e = cli_ok("[hub]\nallow_networks = [\"10.0.0.0/33\"]\n").unwrap_err();
+        assert!(e.contains("hub.allow_networks"), "{e}");
+        let c = cli_ok("[hub]\nsignature_algorithm = \"sha512\"\nallow_networks = [\"10.0.0.0/8\"]\n[store]\nbackend = \"elasticsearch\"\n").unwrap();
+        assert_eq!(
+            (c.hub.signature_algorithm, c.store.backend),
+            (SignatureAlg::Sha512, Backend::Elasticsearch)
+        );
+        assert!(
+            is_listen_address("localhost:8080")
+                && is_listen_address("[::1]:80")
+                && !is_listen_address("localhost")
+        );
     }
 }

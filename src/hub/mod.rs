@@ -83,7 +83,7 @@ impl HubSettings {
             hub_url: c.hub_url(),
             topic_base: c.topic_base(),
             base_url: c.base_url(),
-            alg: SignatureAlg::parse(&h.signature_algorithm).unwrap_or(SignatureAlg::Sha256),
+            alg: h.signature_algorithm,
             lease_default: h.lease_default_secs,
             lease_min: h.lease_min_secs,
             lease_max: h.lease_max_secs,

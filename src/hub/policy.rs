@@ -18,9 +18,9 @@ pub struct AddressPolicy {
 
 impl AddressPolicy {
     /// `allow` holds CIDR networks; configuration validation has checked them.
-    pub fn new(allow: &[String]) -> AddressPolicy {
+    pub fn new(allow: &[ipnet::IpNet]) -> AddressPolicy {
         AddressPolicy {
-            allow: allow.iter().filter_map(|n| n.parse().ok()).collect(),
+            allow: allow.to_vec(),
         }
     }
 
@@ -170,7 +170,7 @@ mod tests {
         ] {
             assert!(p.permits(ip(a)), "{a} should be allowed");
         }
-        let p = AddressPolicy::new(&["127.0.0.0/8".into(), "::1/128".into()]);
+        let p = AddressPolicy::new(&["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()]);
         assert!(p.permits(ip("127.0.0.1")) && p.permits(ip("::1")));
         assert!(!p.permits(ip("10.0.0.1")));
     }

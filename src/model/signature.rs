@@ -35,6 +35,23 @@ impl SignatureAlg {
     }
 }
 
+impl serde::Serialize for SignatureAlg {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for SignatureAlg {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        SignatureAlg::parse(&s).ok_or_else(|| {
+            serde::de::Error::custom(format!(
+                "{s:?} is not a signature algorithm: use sha1, sha256, sha384 or sha512"
+            ))
+        })
+    }
+}
+
 impl std::fmt::Display for SignatureAlg {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())

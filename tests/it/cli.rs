@@ -147,6 +147,73 @@ fn bad_configuration_is_a_clear_error() {
     );
     let e = run(&["serve", "--listen", "nonsense"], &[]);
     assert!(e.contains("server.listen"), "{e}");
+    // Unknown keys and variables are refused by name, with the nearest known one.
+    std::fs::write(
+        &cfg,
+        "[hub]\nallow_network = []\n[servr]\nlisten = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let e = run(&["serve", "--config", cfg.to_str().unwrap()], &[]);
+    assert!(
+        e.contains("unknown key `hub.allow_network`")
+            && e.contains("did you mean `hub.allow_networks`?"),
+        "{e}"
+    );
+    assert!(
+        e.contains("unknown key `servr.listen`") && e.contains("did you mean `server.listen`?"),
+        "{e}"
+    );
+    let e = run(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("RSHUB_INGEST_TOKN", "x")],
+    );
+    assert!(
+        e.contains(
+            "unknown environment variable RSHUB_INGEST_TOKN; did you mean RSHUB_INGEST_TOKEN?"
+        ),
+        "{e}"
+    );
+    // A value of the wrong type: the key and its variable, once, no internal prefix.
+    let e = run(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("RSHUB_HUB_SIGNATURE_ALGORITHM", "md5")],
+    );
+    assert!(
+        e.contains("hub.signature_algorithm: ")
+            && e.contains("(environment variable RSHUB_HUB_SIGNATURE_ALGORITHM)"),
+        "{e}"
+    );
+    assert!(
+        !e.contains("default.") && e.matches("signature_algorithm").count() == 1,
+        "{e}"
+    );
+}
+
+/// `--listen` takes a host name too, and `RSHUB_SET_DEFAULTS_URL_PREFIX` reaches its key.
+#[test]
+fn listen_on_a_name_and_a_set_default_from_the_environment() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ChildServer::serve_on(
+        "localhost:0",
+        &["--demo", "--data-dir", tmp.path().to_str().unwrap()],
+        &[(
+            "RSHUB_SET_DEFAULTS_URL_PREFIX",
+            "https://mirror.example.org/{set}/",
+        )],
+    );
+    let addr = server.addr.clone();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rl = rt.block_on(async {
+        let c = reqwest::Client::builder().no_proxy().build().unwrap();
+        c.get(format!("http://{addr}/sets/demo/resourcelist.xml"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    assert!(rl.contains("<loc>https://mirror.example.org/demo/"), "{rl}");
 }
 
 #[test]

@@ -436,7 +436,7 @@ impl Relay {
 async fn elasticsearch_going_away_is_a_503_with_retry_after_and_service_resumes_by_itself() {
     let relay = Relay::start(&Osmem::clone_url().await).await;
     let (mut c, _d) = crate::hub::hub_config();
-    c.store.backend = "elasticsearch".into();
+    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
     c.store.elasticsearch.url = relay.url();
     c.sets.insert("papers".into(), Default::default());
     let app = crate::support::TestApp::start_with(c).await;

@@ -17,7 +17,7 @@ const TOKEN: &str = "pub-token";
 
 pub fn hub_config() -> (Config, tempfile::TempDir) {
     let (mut c, dir) = test_config();
-    c.hub.allow_networks = vec!["127.0.0.0/8".into(), "::1/128".into()];
+    c.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap(), "::1/128".parse().unwrap()];
     c.hub.publisher_token = TOKEN.into();
     (c, dir)
 }
@@ -207,7 +207,7 @@ async fn subscribe_is_accepted_at_once_then_verified_and_deliveries_are_signed_i
 async fn configured_algorithms_and_pubsubhubbub_clients_get_their_signatures() {
     for alg in ["sha1", "sha384", "sha512"] {
         let (mut c, _d) = hub_config();
-        c.hub.signature_algorithm = alg.into();
+        c.hub.signature_algorithm = resourcesync_hub::hub::SignatureAlg::parse(alg).unwrap();
         let app = start(c).await;
         let sub = TestSubscriber::start().await;
         let t = topic(&app, "t");

@@ -118,7 +118,7 @@ async fn two_processes(signal: &str) {
         assert_eq!(r.status(), 202);
     }
     let mut c = resourcesync_hub::config::Config::defaults();
-    c.store.backend = "elasticsearch".into();
+    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
     c.store.elasticsearch.url = es.clone();
     let store = resourcesync_hub::app::open_store(&c).await.unwrap();
     for path in CALLBACKS {

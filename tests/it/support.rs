@@ -248,9 +248,14 @@ impl ChildServer {
 
     /// Starts `serve --listen 127.0.0.1:0 <args>` and waits for its "listening" log line.
     pub fn serve(args: &[&str], envs: &[(&str, &str)]) -> ChildServer {
+        ChildServer::serve_on("127.0.0.1:0", args, envs)
+    }
+
+    /// Starts `serve --listen <listen> <args>`.
+    pub fn serve_on(listen: &str, args: &[&str], envs: &[(&str, &str)]) -> ChildServer {
         use std::io::{BufRead, BufReader};
         let mut child = Command::new(Self::BIN)
-            .args(["serve", "--listen", "127.0.0.1:0"])
+            .args(["serve", "--listen", listen])
             .args(args)
             .env("RUST_LOG", "info")
             .envs(envs.iter().copied())
@@ -318,7 +323,7 @@ impl Drop for ChildServer {
 
 /// Points `c` at a fresh osmem-server clone (the Elasticsearch backend).
 pub async fn use_elasticsearch(c: &mut Config) {
-    c.store.backend = "elasticsearch".into();
+    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
     c.store.elasticsearch.url = Osmem::clone_url().await;
 }
 
