@@ -74,14 +74,7 @@ pub async fn import_dir(
         report.scanned += 1;
         let change = match store.resource(&set, &key).await? {
             None => Some(ChangeType::Created),
-            Some(r)
-                if r.meta.md5 != meta.md5
-                    || r.meta.length != meta.length
-                    || r.meta.lastmod != meta.lastmod
-                    || r.meta.mime != meta.mime =>
-            {
-                Some(ChangeType::Updated)
-            }
+            Some(r) if changed(&r.meta, &meta) => Some(ChangeType::Updated),
             Some(_) => None,
         };
         seen.insert(key.clone());
@@ -139,7 +132,21 @@ pub async fn import_dir(
     Ok(report)
 }
 
-/// md5, length, media type (by extension) and mtime (whole seconds) of one file.
+/// Whether a file differs from what the store holds for it: its content (md5, length) or media
+/// type differ, or it was modified more than a second after the stored lastmod. A lastmod
+/// that differs only by the file system's precision, or lies after the file's time (a change
+/// ingested through the API for the same content), is not a change: re-importing an
+/// unchanged folder records nothing, and no lastmod ever moves backwards.
+fn changed(stored: &ResourceMeta, file: &ResourceMeta) -> bool {
+    let newer = match (stored.lastmod, file.lastmod) {
+        (Some(s), Some(f)) => f.0 > s.0 + 1_000_000,
+        (None, Some(_)) => true,
+        _ => false,
+    };
+    stored.md5 != file.md5 || stored.length != file.length || stored.mime != file.mime || newer
+}
+
+/// md5, length, media type (by extension) and mtime (to the microsecond) of one file.
 pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
     let mut f = std::fs::File::open(path)
         .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
@@ -156,7 +163,7 @@ pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
     let mtime = md
         .modified()?
         .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
+        .map(|d| d.as_micros() as i64)
         .unwrap_or(0);
     Ok(ResourceMeta {
         length: Some(md.len()),
@@ -167,7 +174,41 @@ pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
                 .essence_str()
                 .to_string(),
         ),
-        lastmod: Some(Timestamp::from_secs(mtime)),
+        lastmod: Some(Timestamp(mtime)),
         ln: vec![],
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(md5: &str, lastmod: i64) -> ResourceMeta {
+        ResourceMeta {
+            md5: Some(md5.into()),
+            length: Some(1),
+            mime: Some("text/plain".into()),
+            lastmod: Some(Timestamp(lastmod)),
+            ln: vec![],
+        }
+    }
+
+    #[test]
+    fn only_content_or_a_later_modification_is_a_change() {
+        let t = 1_700_000_000_123_456;
+        assert!(!changed(&meta("a", t), &meta("a", t)));
+        assert!(
+            !changed(&meta("a", t), &meta("a", t - 123_456)),
+            "whole-second file time vs microseconds"
+        );
+        assert!(
+            !changed(&meta("a", t), &meta("a", t - 50_000_000)),
+            "never moves lastmod backwards"
+        );
+        assert!(
+            changed(&meta("a", t), &meta("a", t + 5_000_000)),
+            "touched later"
+        );
+        assert!(changed(&meta("a", t), &meta("b", t)), "new content");
+    }
 }

@@ -134,9 +134,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             app::run(config, listener, app::shutdown_signal()).await
         }
         Command::Import { common, dir, set } => {
-            let config = Config::load(&common.overrides(None))?;
-            let store = app::open_store(&config).await?;
+            let overrides = common.overrides(None);
+            let config = Config::load(&overrides)?;
             let name = resourcesync_hub::model::SetName::parse(&set).map_err(anyhow::Error::msg)?;
+            if !dir.is_dir() {
+                anyhow::bail!("{} is not a directory", dir.display());
+            }
+            let dir = std::fs::canonicalize(&dir)?;
+            announce_store(&config, &overrides)?;
+            warn_unserved(&config, &set, &dir);
+            let store = app::open_store(&config).await?;
             let source = resourcesync_hub::source::Source::new(
                 std::sync::Arc::new(config.clone()),
                 store.clone(),
@@ -152,5 +159,69 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             println!("{}", serde_json::to_string(&report)?);
             Ok(())
         }
+    }
+}
+
+/// Says which store `import` writes to, and refuses to create a new embedded store from the
+/// compiled-in `./data` default: an import run from the wrong folder would otherwise fill a
+/// store nobody serves.
+fn announce_store(config: &Config, overrides: &CliOverrides) -> anyhow::Result<()> {
+    use resourcesync_hub::config::Backend;
+    match config.store.backend {
+        Backend::Elasticsearch => {
+            let es = &config.store.elasticsearch;
+            eprintln!(
+                "import: writing to the Elasticsearch store at {} (indices {}-*)",
+                es.server_url(),
+                es.index
+            );
+        }
+        Backend::Embedded => {
+            let db = std::path::absolute(config.database_path())?;
+            if db.exists() {
+                eprintln!("import: writing to the embedded store {}", db.display());
+            } else if let Some(origin) = Config::data_dir_origin(overrides) {
+                eprintln!(
+                    "import: creating a new embedded store {} (server.data_dir from {origin})",
+                    db.display()
+                );
+            } else {
+                anyhow::bail!(
+                    "no store at {}: server.data_dir is the default {:?}, relative to the current directory. \
+                     Give the server's configuration (--config FILE) or its data directory (--data-dir DIR); \
+                     to start a new store here, pass --data-dir {} explicitly",
+                    db.display(),
+                    config.server.data_dir.display(),
+                    config.server.data_dir.display()
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Tells the user when the server will not serve the imported files itself, with the
+/// configuration to add.
+fn warn_unserved(config: &Config, set: &str, dir: &std::path::Path) {
+    let sc = config.set_config(set);
+    let base = config.base_url();
+    match (&sc.resource_root_dir, sc.served_path(&base)) {
+        (None, _) => eprintln!(
+            "import: note: set {set} has no resource_root_dir, so this server will not serve its files and the \
+             URLs in its lists ({}…) lead nowhere. Add to the configuration:\n\n[sets.{set}]\nresource_root_dir = {:?}\n",
+            sc.url_prefix,
+            dir.display().to_string()
+        ),
+        (Some(_), None) => eprintln!(
+            "import: note: set {set}'s url_prefix {} lies outside base_url {base}, so this server does not serve its \
+             files: make them available at {} yourself, or set url_prefix under {base}/ in [sets.{set}]",
+            sc.url_prefix, sc.url_prefix
+        ),
+        (Some(root), Some(_)) if root.as_path() != dir => eprintln!(
+            "import: note: set {set} is served from its resource_root_dir {}, not from {}",
+            root.display(),
+            dir.display()
+        ),
+        _ => {}
     }
 }

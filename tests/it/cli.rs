@@ -8,6 +8,11 @@ use crate::support::ChildServer;
 const BIN: &str = ChildServer::BIN;
 
 fn import(dir: &std::path::Path, data: &std::path::Path) -> serde_json::Value {
+    import_with_log(dir, data).0
+}
+
+/// Runs `import DIR --set docs --data-dir DATA`; the report and what it told the user.
+fn import_with_log(dir: &std::path::Path, data: &std::path::Path) -> (serde_json::Value, String) {
     let out = Command::new(BIN)
         .args(["import"])
         .arg(dir)
@@ -15,12 +20,9 @@ fn import(dir: &std::path::Path, data: &std::path::Path) -> serde_json::Value {
         .arg(data)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let log = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{log}");
+    (serde_json::from_slice(&out.stdout).unwrap(), log)
 }
 
 #[test]
@@ -222,4 +224,103 @@ fn config_prints_the_commented_defaults() {
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("[set_defaults]") && text.contains("max_items_in_list = 50000"));
+}
+
+/// `import` names the store it writes, never creates `./data` by default in whatever folder it
+/// runs in, and says what to configure when the server will not serve the imported files.
+#[test]
+fn import_says_where_it_writes_and_what_is_not_served() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, data) = (tmp.path().join("docs"), tmp.path().join("data"));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("a.txt"), "a").unwrap();
+    let cwd = tmp.path().join("elsewhere");
+    std::fs::create_dir_all(&cwd).unwrap();
+    let out = Command::new(BIN)
+        .current_dir(&cwd)
+        .args(["import"])
+        .arg(&dir)
+        .args(["--set", "docs"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains("no store at") && e.contains("--data-dir"),
+        "{e}"
+    );
+    assert!(!cwd.join("data").exists(), "no ./data was created");
+
+    let (_, log) = import_with_log(&dir, &data);
+    assert!(
+        log.contains("creating a new embedded store")
+            && log.contains("rshub.sqlite")
+            && log.contains("--data-dir"),
+        "{log}"
+    );
+    assert!(
+        log.contains("[sets.docs]")
+            && log.contains(&format!(
+                "resource_root_dir = {:?}",
+                dir.canonicalize().unwrap().display().to_string()
+            )),
+        "{log}"
+    );
+    let (_, log) = import_with_log(&dir, &data);
+    assert!(
+        log.contains("writing to the embedded store") && log.contains(&data.display().to_string()),
+        "{log}"
+    );
+}
+
+/// Re-importing an unchanged folder records nothing, even after a harvester sent the same
+/// files through the API (whose lastmod carries microseconds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reimport_after_an_ingest_records_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (dir, data) = (tmp.path().join("docs"), tmp.path().join("data"));
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..4 {
+        std::fs::write(dir.join(format!("f{i}.txt")), format!("file {i}")).unwrap();
+    }
+    assert_eq!(import(&dir, &data)["created"], 4);
+    let (mut c, _keep) = crate::support::test_config();
+    c.server.data_dir = data.clone();
+    let app = crate::support::TestApp::start_with(c).await;
+    let same = |i: u32| {
+        let body = format!("file {i}");
+        format!(
+            r#"{{"change":"updated","location":{{"type":"rel_path","value":"f{i}.txt"}},"length":{},"md5":"{}","mime":"text/plain"}}"#,
+            body.len(),
+            crate::support::md5_hex(body.as_bytes())
+        )
+    };
+    app.ingest_ok("docs", &(0..4).map(same).collect::<Vec<_>>().join("\n"))
+        .await;
+    let before = app
+        .get_text("/sets/docs/changelist.xml")
+        .await
+        .matches("<url>")
+        .count();
+    assert_eq!(before, 8);
+    app.stop().await;
+    let r = tokio::task::spawn_blocking(move || import(&dir, &data))
+        .await
+        .unwrap();
+    assert_eq!(
+        (r["updated"].as_u64(), r["unchanged"].as_u64()),
+        (Some(0), Some(4)),
+        "{r}"
+    );
+    let (mut c, _keep) = crate::support::test_config();
+    c.server.data_dir = tmp.path().join("data");
+    let app = crate::support::TestApp::start_with(c).await;
+    assert_eq!(
+        app.get_text("/sets/docs/changelist.xml")
+            .await
+            .matches("<url>")
+            .count(),
+        before,
+        "no change recorded"
+    );
+    app.stop().await;
 }
