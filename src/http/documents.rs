@@ -79,25 +79,63 @@ fn number_xml(s: &str) -> Result<u32, AppError> {
 
 async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Response, AppError> {
     let doc = st.source.document(&kind).await?;
+    let gzip = accepts_gzip(headers);
+    let etag = if gzip {
+        doc.gzip_etag()
+    } else {
+        doc.etag.clone()
+    };
     let last_modified = doc.last_modified.floor_secs();
     let validators = [
         (
             header::ETAG,
-            HeaderValue::from_str(&doc.etag).expect("etag is ascii"),
+            HeaderValue::from_str(&etag).expect("etag is ascii"),
         ),
         (
             header::LAST_MODIFIED,
             HeaderValue::from_str(&last_modified.to_http_date()).expect("date is ascii"),
         ),
+        (header::VARY, HeaderValue::from_static("accept-encoding")),
     ];
-    if not_modified(headers, &doc.etag, last_modified) {
+    if not_modified(headers, &etag, last_modified) {
         return Ok((StatusCode::NOT_MODIFIED, validators).into_response());
     }
     let ct = (
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/xml"),
     );
-    Ok((StatusCode::OK, validators, [ct], doc.body.clone()).into_response())
+    if !gzip {
+        return Ok((StatusCode::OK, validators, [ct], doc.body.clone()).into_response());
+    }
+    let body = if doc.has_gzip() {
+        doc.gzipped().clone()
+    } else {
+        let d = doc.clone();
+        tokio::task::spawn_blocking(move || d.gzipped().clone())
+            .await
+            .map_err(|e| AppError::Unavailable(format!("compressing a document: {e}")))?
+    };
+    let ce = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    Ok((StatusCode::OK, validators, [ct, ce], body).into_response())
+}
+
+/// Whether the client takes gzip (`Accept-Encoding: gzip` or `*`, without `q=0`).
+fn accepts_gzip(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT_ENCODING)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|c| {
+            let mut parts = c.split(';').map(str::trim);
+            let coding = parts.next().unwrap_or("");
+            let refused = parts.any(|p| {
+                p.strip_prefix("q=")
+                    .and_then(|q| q.trim().parse::<f32>().ok())
+                    == Some(0.0)
+            });
+            (coding.eq_ignore_ascii_case("gzip") || coding == "*") && !refused
+        })
 }
 
 /// RFC 9110 §13.1: If-None-Match wins over If-Modified-Since.

@@ -82,14 +82,22 @@ pub fn router(state: AppState) -> Router {
             app = app.nest_service(&path, ServeDir::new(root));
         }
     }
-    app.fallback(|| async { (StatusCode::NOT_FOUND, "not found: see / for the URL map\n") })
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            count_unavailable,
-        ))
-        .layer(CompressionLayer::new())
-        .layer(TraceLayer::new_for_http())
-        .with_state(state)
+    app.fallback(|| async {
+        crate::error::AppError::NotFound(
+            "no such document or endpoint: see / for the URL map".into(),
+        )
+    })
+    .layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        json_errors,
+    ))
+    .layer(axum::middleware::from_fn_with_state(
+        state.clone(),
+        count_unavailable,
+    ))
+    .layer(CompressionLayer::new())
+    .layer(TraceLayer::new_for_http())
+    .with_state(state)
 }
 
 /// Every 503 is the store being unavailable: count it for `/metrics`.
@@ -103,6 +111,68 @@ async fn count_unavailable(
         st.hub.metrics().store_errors.inc();
     }
     resp
+}
+
+/// One error shape for the whole public API: every 4xx/5xx body that is not already JSON
+/// (the framework's own 405, 413 and extractor rejections, empty bodies, file-server 404s)
+/// becomes `{"error": "<reason>"}`. The hub's endpoint keeps WebSub's plain-text reasons.
+async fn json_errors(
+    State(st): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use axum::http::header;
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|ct| ct.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error())
+        || is_json
+        || path == st.config.hub.path
+    {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let text = String::from_utf8_lossy(&text).trim().to_string();
+    let reason = match status {
+        // The router adds the `Allow` header after this layer has run.
+        StatusCode::METHOD_NOT_ALLOWED => {
+            format!("{method} is not allowed on {path} (the Allow header lists what is)")
+        }
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            let limit = if path.starts_with("/api/v1/") {
+                format!(
+                    "{} bytes (ingest.max_body_bytes)",
+                    st.config.ingest.max_body_bytes
+                )
+            } else {
+                "the limit".into()
+            };
+            format!("the request body is larger than {limit}")
+        }
+        _ if text.is_empty() => status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase(),
+        _ => text,
+    };
+    parts.headers.remove(header::CONTENT_LENGTH);
+    parts.headers.insert(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    axum::response::Response::from_parts(
+        parts,
+        axum::body::Body::from(serde_json::json!({ "error": reason }).to_string()),
+    )
 }
 
 async fn readyz(State(st): State<AppState>) -> axum::response::Response {

@@ -7,8 +7,15 @@ use serde::{Deserialize, Serialize};
 
 /// A resource set's name: 1-64 of `A-Z a-z 0-9 . _ -`, not starting with `.`. It appears in
 /// URLs and file names, so nothing else is allowed.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct SetName(String);
+
+/// Shown as the quoted name (`"papers"`), so messages that quote a set never show a Rust type.
+impl std::fmt::Debug for SetName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
 
 impl SetName {
     pub fn parse(s: &str) -> Result<SetName, String> {

@@ -41,6 +41,33 @@ pub struct Doc {
     version: String,
     /// Number of `<url>`/`<sitemap>` entries.
     pub entries: usize,
+    /// The gzip form, made on first request for it.
+    gzip: std::sync::OnceLock<Bytes>,
+}
+
+impl Doc {
+    /// The body gzipped (computed once; CPU-heavy for large pages, so call it off the async
+    /// threads).
+    pub fn gzipped(&self) -> &Bytes {
+        self.gzip.get_or_init(|| {
+            use std::io::Write;
+            let mut enc = flate2::write::GzEncoder::new(
+                Vec::with_capacity(self.body.len() / 4),
+                flate2::Compression::fast(),
+            );
+            enc.write_all(&self.body).expect("writing to memory");
+            Bytes::from(enc.finish().expect("writing to memory"))
+        })
+    }
+
+    pub fn has_gzip(&self) -> bool {
+        self.gzip.get().is_some()
+    }
+
+    /// The strong ETag of the gzip form: a different representation has a different tag.
+    pub fn gzip_etag(&self) -> String {
+        format!("{}-gzip\"", self.etag.trim_end_matches('"'))
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -156,6 +183,7 @@ impl Source {
             last_modified: plan.last_modified,
             version: plan.version,
             entries,
+            gzip: std::sync::OnceLock::new(),
         });
         self.cache.insert(key, doc.clone());
         Ok(doc)

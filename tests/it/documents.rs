@@ -297,6 +297,15 @@ async fn conditional_get_gzip_and_not_found() {
         .unwrap();
     assert_eq!(r.status(), 200);
 
+    // gzip is another representation, with its own ETag; both revalidate on their own.
+    let identity = plain.get(&url).send().await.unwrap();
+    let (id_etag, id_body) = (
+        identity.headers()[header::ETAG]
+            .to_str()
+            .unwrap()
+            .to_string(),
+        identity.bytes().await.unwrap(),
+    );
     let r = plain
         .get(&url)
         .header(header::ACCEPT_ENCODING, "gzip")
@@ -304,6 +313,31 @@ async fn conditional_get_gzip_and_not_found() {
         .await
         .unwrap();
     assert_eq!(r.headers()[header::CONTENT_ENCODING], "gzip");
+    assert_eq!(r.headers()[header::VARY], "accept-encoding");
+    let gz_etag = r.headers()[header::ETAG].to_str().unwrap().to_string();
+    assert_ne!(gz_etag, id_etag, "gzip and identity carry different ETags");
+    let mut unzipped = Vec::new();
+    std::io::Read::read_to_end(
+        &mut flate2::read::GzDecoder::new(&r.bytes().await.unwrap()[..]),
+        &mut unzipped,
+    )
+    .unwrap();
+    assert_eq!(unzipped, id_body);
+    let cond = |etag: &str, enc: &str| {
+        plain
+            .get(&url)
+            .header(header::IF_NONE_MATCH, etag.to_string())
+            .header(header::ACCEPT_ENCODING, enc.to_string())
+            .send()
+    };
+    assert_eq!(cond(&gz_etag, "gzip").await.unwrap().status(), 304);
+    assert_eq!(
+        cond(&gz_etag, "identity").await.unwrap().status(),
+        200,
+        "the gzip tag does not validate identity"
+    );
+    assert_eq!(cond(&id_etag, "gzip, deflate").await.unwrap().status(), 200);
+    assert_eq!(cond(&id_etag, "gzip;q=0").await.unwrap().status(), 304);
 
     for path in [
         "/sets/nope/resourcelist.xml",
@@ -370,5 +404,93 @@ async fn an_idle_open_change_list_closes_when_its_period_is_over() {
     tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
     let (_, doc) = app.get_doc("/sets/s/changelist.xml").await;
     assert_eq!(doc.entries.len(), 2);
+    app.stop().await;
+}
+
+/// Every error of the public API has one JSON shape with a plain reason, whatever produced
+/// it (our handlers, the framework's 405 and 413, the file server), and no Rust type names.
+#[tokio::test]
+async fn every_error_is_json_with_a_plain_reason() {
+    let (mut c, dir) = test_config();
+    c.ingest.max_body_bytes = 1000;
+    add_file_set(&mut c, "papers", &dir.path().join("root"), None);
+    let app = TestApp::start_with(c).await;
+    app.ingest_ok(
+        "papers",
+        &change_line("created", "p1.txt", &md5_hex(b"x"), 1),
+    )
+    .await;
+    let ingest = app.url("/api/v1/resource-sets/papers/changes");
+    let cl = &app.client;
+    let cases = [
+        (
+            cl.get(app.url("/sets/nope/resourcelist.xml")),
+            404,
+            "\"nope\"",
+        ),
+        (cl.get(app.url("/nothing")), 404, "see / for the URL map"),
+        (
+            cl.get(app.url("/files/papers/missing.txt")),
+            404,
+            "not found",
+        ),
+        (
+            cl.delete(app.url("/sets/papers/resourcelist.xml")),
+            405,
+            "DELETE is not allowed",
+        ),
+        (cl.get(ingest.clone()), 405, "GET is not allowed"),
+        (
+            cl.post(ingest.clone())
+                .header("content-type", "application/x-ndjson")
+                .body("x".repeat(5000)),
+            413,
+            "1000 bytes (ingest.max_body_bytes)",
+        ),
+        (
+            cl.post(ingest.clone())
+                .header("content-type", "text/xml")
+                .body("<x/>"),
+            415,
+            "application/x-ndjson",
+        ),
+        (
+            cl.post(ingest.clone())
+                .header("content-type", "application/x-ndjson")
+                .body(""),
+            400,
+            "empty",
+        ),
+        (
+            cl.post(app.url("/api/v1/resource-sets/bad%20name/changes"))
+                .body("{}"),
+            400,
+            "resource set name",
+        ),
+    ];
+    for (req, status, reason) in cases {
+        let r = req.send().await.unwrap();
+        let url = r.url().to_string();
+        assert_eq!(r.status(), status, "{url}");
+        if status == 405 {
+            assert!(r.headers().contains_key(header::ALLOW), "{url}");
+        }
+        assert!(
+            r.headers()[header::CONTENT_TYPE]
+                .to_str()
+                .unwrap()
+                .starts_with("application/json"),
+            "{url}"
+        );
+        let body: serde_json::Value = r.json().await.unwrap();
+        let e = body["error"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{url}: {body}"));
+        assert!(e.contains(reason), "{url}: {e:?} should say {reason:?}");
+        assert!(
+            !e.contains("SetName(") && !e.contains("Some("),
+            "{url}: {e}"
+        );
+    }
     app.stop().await;
 }
