@@ -28,7 +28,9 @@ pub enum AdminCommand {
 
 #[derive(Subcommand)]
 pub enum SubscriptionsCommand {
+    /// List subscriptions, newest first, with their state and delivery counts.
     List {
+        /// Only subscriptions to this topic (exactly as subscribed).
         #[arg(long)]
         topic: Option<String>,
         /// Part of the callback URL.
@@ -37,13 +39,19 @@ pub enum SubscriptionsCommand {
         /// pending_verification, active, failing or expired.
         #[arg(long)]
         state: Option<String>,
+        /// At most this many rows.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
+    /// Show one subscription: lease, secret (whether set, never its value), deliveries, last
+    /// success and failure.
     Show {
+        /// The subscription's id (from `list`).
         id: String,
     },
+    /// Remove a subscription; with --deny, tell the subscriber why.
     Delete {
+        /// The subscription's id (from `list`).
         id: String,
         /// Tell the subscriber with a hub.mode=denied request, giving this reason.
         #[arg(long, value_name = "REASON")]

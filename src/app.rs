@@ -69,6 +69,11 @@ pub async fn run(
             tracing::info!(set = %set, "configured resource set registered");
         }
     }
+    if store.sets().await?.is_empty() {
+        for line in http::getting_started(&config).lines() {
+            tracing::info!("{line}");
+        }
+    }
     let hub = Hub::start(&config, store.clone()).await?;
     let store_is_shared = store.is_shared();
     let source = Arc::new(Source::new(config.clone(), store));

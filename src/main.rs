@@ -27,7 +27,7 @@ enum Command {
     Serve {
         #[command(flatten)]
         common: Common,
-        /// Address to listen on (server.listen).
+        /// Address to listen on, host:port (server.listen) [default: 127.0.0.1:8080].
         #[arg(long, value_name = "ADDR")]
         listen: Option<String>,
         /// Serve a small demo set of real files (set "demo"), imported at start.
@@ -52,13 +52,15 @@ enum Command {
 
 #[derive(Args)]
 struct Common {
-    /// A TOML configuration file layered over the defaults.
+    /// A TOML configuration file layered over the compiled-in defaults (`resourcesync-hub
+    /// config` prints them).
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
-    /// Data directory for the embedded store (server.data_dir).
+    /// Data directory for the embedded store (server.data_dir) [default: ./data].
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Public base URL (server.base_url).
+    /// Public base URL of every advertised document (server.base_url) [default:
+    /// http://<listen>].
     #[arg(long, value_name = "URL")]
     base_url: Option<String>,
 }

@@ -131,7 +131,9 @@ pub struct SubscriptionView {
     pub verified_at: Option<String>,
     pub created_at: String,
     pub secret_set: bool,
-    pub signature_algorithm: String,
+    /// The HMAC of `X-Hub-Signature`; null when the subscriber gave no secret (its
+    /// deliveries are not signed).
+    pub signature_algorithm: Option<String>,
     pub delivered: u64,
     pub failed: u64,
     /// Messages still to deliver.
@@ -159,7 +161,7 @@ fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         verified_at: Some(ts(s.verified_at)),
         created_at: ts(s.created_at),
         secret_set: s.secret.is_some(),
-        signature_algorithm: s.alg.to_string(),
+        signature_algorithm: s.secret.is_some().then(|| s.alg.to_string()),
         delivered: st.delivered,
         failed: st.failed,
         pending: st.pending,
@@ -189,7 +191,7 @@ fn pending_view(i: Intent) -> SubscriptionView {
         verified_at: None,
         created_at: ts(i.requested_at),
         secret_set: i.secret.is_some(),
-        signature_algorithm: i.alg.to_string(),
+        signature_algorithm: i.secret.is_some().then(|| i.alg.to_string()),
         delivered: 0,
         failed: 0,
         pending: 0,

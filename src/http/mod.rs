@@ -197,6 +197,10 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
         urls.source_description()
     );
     if let Ok(sets) = st.source.store().sets().await {
+        if sets.is_empty() {
+            s.push('\n');
+            s.push_str(&getting_started(&st.config));
+        }
         for set in sets {
             let n = &set.name;
             s.push_str(&format!(
@@ -221,6 +225,19 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
             format!("<{hub_url}>; rel=\"hub\""),
         )],
         s,
+    )
+}
+
+/// What to do on an empty store: the three ways to get a first resource set.
+pub fn getting_started(config: &Config) -> String {
+    let ingest = format!("{}/api/v1/resource-sets/NAME/changes", config.base_url());
+    format!(
+        "The store holds no resource set yet. To add one:\n\
+         - send change events: curl -H 'Content-Type: application/x-ndjson' --data-binary @changes.ndjson {ingest}\n\
+         - import a folder:    resourcesync-hub import DIR --set NAME --data-dir {}  (then serve its files: [sets.NAME] resource_root_dir = \"DIR\")\n\
+         - or try the demo:    resourcesync-hub serve --demo\n\
+         See the README, \"Feeding it: ingest and import\".\n",
+        config.server.data_dir.display()
     )
 }
 

@@ -265,18 +265,13 @@ pub fn check_xml_text(what: &str, s: &str) -> Result<(), String> {
     }
 }
 
-/// A resolved URL must fit a sitemap's `<loc>`: 12 to 2,048 characters, and no whitespace or
-/// control characters (percent-encode them).
+/// A resolved URL must be at most 2,048 characters and an RFC 3986 URI (see [`check_loc`]
+/// for the lower bound of a `<loc>`).
 pub fn check_url(what: &str, url: &str) -> Result<(), String> {
     let n = url.chars().count();
     if n > MAX_URL_LEN {
         return Err(format!(
             "{what} resolves to a URL of {n} characters; the sitemaps schema allows at most {MAX_URL_LEN}"
-        ));
-    }
-    if n < MIN_URL_LEN {
-        return Err(format!(
-            "{what} resolves to {url:?}, shorter than the {MIN_URL_LEN} characters the sitemaps schema requires"
         ));
     }
     if let Some((i, c)) = uri_syntax_error(url) {
@@ -317,6 +312,17 @@ fn uri_syntax_error(url: &str) -> Option<(usize, char)> {
         }
     }
     None
+}
+
+/// A resource's own URL, its `<loc>`: [`check_url`] and at least 12 characters.
+pub fn check_loc(what: &str, url: &str) -> Result<(), String> {
+    check_url(what, url)?;
+    if url.chars().count() < MIN_URL_LEN {
+        return Err(format!(
+            "{what} resolves to {url:?}, shorter than the {MIN_URL_LEN} characters the sitemaps schema requires"
+        ));
+    }
+    Ok(())
 }
 
 /// RFC 6838 §4.2: a media type is `type/subtype`, each a restricted-name (a letter or digit,

@@ -10,8 +10,8 @@ pub mod websub;
 use serde::{Deserialize, Serialize};
 
 pub use location::{
-    bare_media_type, check_media_type, check_url, check_xml_text, Link, Location, LocationType,
-    ResourceKey, MAX_URL_LEN,
+    bare_media_type, check_loc, check_media_type, check_url, check_xml_text, Link, Location,
+    LocationType, ResourceKey, MAX_URL_LEN,
 };
 pub use set::{DescribedBy, SetConfig, SetName};
 pub use time::Timestamp;
@@ -126,7 +126,7 @@ impl ChangeEvent {
             }
         }
         let key = self.location.key(set)?;
-        check_url("location", &key.url(&set.url_prefix))?;
+        check_loc("location", &key.url(&set.url_prefix))?;
         let md5 = match self.md5 {
             None => None,
             Some(h) => {

@@ -458,12 +458,55 @@ async fn the_admin_cli_prints_tables_from_a_running_server() {
         ok && show.contains("secret_set") && show.contains("true") && !show.contains("HIDDEN"),
         "{show}"
     );
+    let alg_row = |show: &str| {
+        show.lines()
+            .find(|l| l.starts_with("signature_algorithm"))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(alg_row(&show), "sha256");
+    // Without a secret nothing is signed, and show says so instead of naming an algorithm.
+    subscribed(&app, &sub, &t, "/plain", &[]).await;
+    let (_, list, _) = cli(vec!["subscriptions".into(), "list".into()], ADMIN)
+        .await
+        .unwrap();
+    let plain_id = list
+        .lines()
+        .find(|l| l.contains("/plain"))
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string();
+    let (ok, show, _) = cli(vec!["subscriptions".into(), "show".into(), plain_id], ADMIN)
+        .await
+        .unwrap();
+    assert!(ok && show.contains("secret_set"), "{show}");
+    assert_eq!(alg_row(&show), "-", "{show}");
     let (ok, topics, _) = cli(vec!["topics".into()], ADMIN).await.unwrap();
     assert!(ok && topics.contains(&t), "{topics}");
     let (ok, stats, _) = cli(vec!["stats".into()], ADMIN).await.unwrap();
     assert!(ok && stats.contains("subscriptions active"), "{stats}");
     let (ok, _, err) = cli(vec!["stats".into()], "wrong").await.unwrap();
     assert!(!ok && err.contains("the admin token is wrong"), "{err}");
+    // Help: every subcommand says what it does.
+    let (ok, help, _) = cli(vec!["subscriptions".into(), "--help".into()], ADMIN)
+        .await
+        .unwrap();
+    assert!(ok, "{help}");
+    for sub in ["list", "show", "delete"] {
+        let line = help
+            .lines()
+            .find(|l| l.trim_start().starts_with(sub))
+            .unwrap_or_else(|| panic!("{help}"));
+        assert!(
+            line.split_whitespace().count() > 2,
+            "{sub} has a description: {help}"
+        );
+    }
     let (ok, out, err) = cli(
         vec!["subscriptions".into(), "delete".into(), id.clone()],
         ADMIN,

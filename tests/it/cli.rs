@@ -324,3 +324,46 @@ async fn reimport_after_an_ingest_records_nothing() {
     );
     app.stop().await;
 }
+
+/// A server on an empty store says, in its log and on its home page, how to get a first set;
+/// `serve --help` shows the defaults of its flags.
+#[test]
+fn an_empty_server_says_what_to_do_next() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ChildServer::serve(&["--data-dir", tmp.path().to_str().unwrap()], &[]);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let home = rt.block_on(async {
+        let c = reqwest::Client::builder().no_proxy().build().unwrap();
+        c.get(server.url("/"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    });
+    for text in [server.log(), home] {
+        assert!(
+            text.contains("The store holds no resource set yet"),
+            "{text}"
+        );
+        assert!(
+            text.contains("resourcesync-hub import DIR --set NAME")
+                && text.contains("serve --demo"),
+            "{text}"
+        );
+        assert!(
+            text.contains("/api/v1/resource-sets/NAME/changes"),
+            "{text}"
+        );
+    }
+    let out = Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("[default: 127.0.0.1:8080]") && help.contains("[default: ./data]"),
+        "{help}"
+    );
+}
