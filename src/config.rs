@@ -698,10 +698,11 @@ fn describe_errors(e: figment::Error, env: &EnvMapping) -> String {
     let mut lines: Vec<String> = Vec::new();
     for err in e {
         let key = err.path.join(".");
-        let origin = match (
-            env.var_of(&key),
-            err.metadata.as_ref().and_then(|m| m.source.as_ref()),
-        ) {
+        // The variable of the key or of the table/array holding it (`hub.allow_networks.0`).
+        let var = (1..=err.path.len())
+            .rev()
+            .find_map(|n| env.var_of(&err.path[..n].join(".")));
+        let origin = match (var, err.metadata.as_ref().and_then(|m| m.source.as_ref())) {
             (Some(var), _)
                 if err
                     .metadata
