@@ -6,7 +6,7 @@ use resourcesync_hub::config::Config;
 use resourcesync_hub::store::elastic::{self, mapping, Distribution};
 use serde_json::json;
 
-use crate::support::Osmem;
+use crate::support::*;
 
 fn cfg(url: &str) -> resourcesync_hub::config::ElasticConfig {
     let mut c = Config::defaults().store.elasticsearch;
@@ -51,15 +51,16 @@ async fn indices_are_created_with_the_translated_mappings_and_checked_on_the_nex
         Distribution::OpenSearch,
         "osmem reports OpenSearch: PIT via /_search/point_in_time"
     );
+    // Created behind aliases, so that a write can require the index to be ours.
     let m = get(&url, "/omtd-resourcesync-resource/_mapping").await;
-    let props = &m["omtd-resourcesync-resource"]["mappings"]["properties"];
+    let props = &m["omtd-resourcesync-resource-v1"]["mappings"]["properties"];
     assert_eq!(props["location"]["type"], "nested");
     assert_eq!(props["md5"]["type"], "keyword");
     assert_eq!(props["ln"]["properties"]["href"]["type"], "nested");
     assert_eq!(props["lastmod"]["format"], mapping::DATE_FORMAT);
     let m = get(&url, "/omtd-resourcesync-change/_mapping").await;
     assert_eq!(
-        m["omtd-resourcesync-change"]["mappings"]["properties"]["datetime"]["type"],
+        m["omtd-resourcesync-change-v1"]["mappings"]["properties"]["datetime"]["type"],
         "date"
     );
     // Again: nothing to do.
@@ -521,4 +522,83 @@ fn serve_exits_with_a_clear_message_when_elasticsearch_cannot_be_reached_at_star
         )),
         "{err}"
     );
+}
+
+/// A cluster that loses our indices while we serve (rebuilt empty, indices deleted): the next
+/// write is refused rather than creating indices with guessed mappings, the indices come back
+/// with ours, /readyz reports the loss once, and service goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_indices_are_detected_reported_and_recreated_with_their_mappings() {
+    let (mut c, _dir) = test_config();
+    use_elasticsearch(&mut c).await;
+    let es = c.store.elasticsearch.url.clone();
+    let app = TestApp::start_with(c).await;
+    app.ingest_ok("s", &change_line("created", "a.txt", &md5_hex(b"a"), 1))
+        .await;
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for kind in ["resource", "change", "meta", "hub"] {
+        let r = http
+            .delete(format!("{es}/omtd-resourcesync-{kind}-v1"))
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            r.status().is_success(),
+            "{kind}: {}",
+            r.text().await.unwrap()
+        );
+    }
+    // A write into a new set: refused (503, retry), never into an engine-made index.
+    let line = change_line("created", "b.txt", &md5_hex(b"b"), 1);
+    let r = app.ingest("fresh", &line).await;
+    assert_eq!(r.status(), 503);
+    let m = get(&es, "/omtd-resourcesync-resource/_mapping").await;
+    assert_eq!(
+        m["omtd-resourcesync-resource-v1"]["mappings"]["properties"]["location"]["type"], "nested",
+        "recreated with our mappings: {m}"
+    );
+    // Retried, it goes through.
+    app.ingest_ok("fresh", &line).await;
+    assert_eq!(
+        app.client
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    // Lost again, this time noticed by /readyz first: reported once, then ready.
+    let r = http
+        .delete(format!("{es}/omtd-resourcesync-change-v1"))
+        .send()
+        .await
+        .unwrap();
+    assert!(r.status().is_success());
+    let r = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let body: serde_json::Value = r.json().await.unwrap();
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("omtd-resourcesync-change"),
+        "{body}"
+    );
+    assert_eq!(
+        app.client
+            .get(app.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    let m = get(&es, "/omtd-resourcesync-change/_mapping").await;
+    assert_eq!(
+        m["omtd-resourcesync-change-v1"]["mappings"]["properties"]["datetime"]["type"],
+        "date"
+    );
+    app.stop().await;
 }

@@ -729,7 +729,17 @@ impl ElasticStore {
         docs.first().map(change_from).transpose()
     }
 
+    /// Readiness: the cluster answers and every index exists with its mappings. Indices found
+    /// missing are recreated at once, and this check fails naming them (what they held is
+    /// gone: an operator must know).
     pub async fn ping(&self) -> Result<(), StoreError> {
-        self.es.ok(Method::Get, "/", None).await.map(|_| ())
+        let recreated = self.es.check_indices().await?;
+        if recreated.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "indices {recreated:?} were missing (cluster rebuilt or indices deleted) and have been recreated empty with their mappings"
+            )))
+        }
     }
 }

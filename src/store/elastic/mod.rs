@@ -26,6 +26,8 @@ pub mod mapping;
 
 pub use adopt::SetRules;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use elasticsearch::auth::Credentials;
@@ -64,6 +66,11 @@ pub struct Es {
     url: String,
     pub distribution: Distribution,
     pub version: String,
+    /// The indices this store needs, with their mappings (see [`Es::check_indices`]).
+    indices: Arc<Vec<(String, Value)>>,
+    /// Whether every index is an alias of ours, so that writes can carry `require_alias`: a
+    /// write into a lost index then fails instead of creating it with guessed mappings.
+    guarded: Arc<AtomicBool>,
 }
 
 impl Es {
@@ -90,6 +97,8 @@ impl Es {
             url,
             distribution: Distribution::Elasticsearch,
             version: String::new(),
+            indices: Arc::new(Vec::new()),
+            guarded: Arc::new(AtomicBool::new(false)),
         };
         let root = es.ok(Method::Get, "/", None).await?;
         es.version = root["version"]["number"]
@@ -166,23 +175,32 @@ impl Es {
         }
     }
 
-    /// Creates the index with `mapping` when missing; otherwise checks its mapping and adds
-    /// what is missing, or fails naming the incompatible field.
-    pub async fn ensure_index(&self, index: &str, mapping: &Value) -> Result<bool, StoreError> {
+    /// Creates the index with `mapping` when missing, as the concrete index `<index>-v1`
+    /// behind the alias `<index>` (writes can then require the alias); otherwise checks its
+    /// mapping and adds what is missing, or fails naming the incompatible field.
+    pub async fn ensure_index(
+        &self,
+        index: &str,
+        mapping: &Value,
+    ) -> Result<IndexState, StoreError> {
         let (status, existing) = self
             .call(Method::Get, &format!("/{index}/_mapping"), None)
             .await?;
         if status == 404 {
-            let body =
-                serde_json::json!({"settings": {"number_of_shards": 1}, "mappings": mapping});
+            let concrete = format!("{index}-v1");
+            let body = serde_json::json!({"settings": {"number_of_shards": 1}, "mappings": mapping, "aliases": {index: {}}});
             let (status, v) = self
-                .call(Method::Put, &format!("/{index}"), Some(body))
+                .call(Method::Put, &format!("/{concrete}"), Some(body))
                 .await?;
-            // Another process may have created it in between.
-            if (200..300).contains(&status)
-                || v["error"]["type"] == "resource_already_exists_exception"
-            {
-                return Ok(true);
+            if (200..300).contains(&status) {
+                return Ok(IndexState::Created);
+            }
+            if v["error"]["type"] == "resource_already_exists_exception" {
+                // Another process created it in between; or the alias alone was lost.
+                let add =
+                    serde_json::json!({"actions": [{"add": {"index": concrete, "alias": index}}]});
+                self.ok(Method::Post, "/_aliases", Some(add)).await?;
+                return Ok(IndexState::Aliased);
             }
             return Err(StoreError::Corrupt(format!(
                 "cannot create index {index}: {status} {}",
@@ -196,20 +214,79 @@ impl Es {
             )));
         }
         // {"<index or its alias target>": {"mappings": {...}}}
-        let have = existing
+        let (name, have) = existing
             .as_object()
-            .and_then(|o| o.values().next())
-            .map(|v| v["mappings"].clone())
-            .unwrap_or(Value::Null);
-        match mapping::reconcile(index, &have, mapping).map_err(StoreError::Corrupt)? {
-            None => Ok(false),
-            Some(add) => {
-                self.ok(Method::Put, &format!("/{index}/_mapping"), Some(add))
-                    .await?;
-                Ok(false)
+            .and_then(|o| o.iter().next())
+            .map(|(k, v)| (k.clone(), v["mappings"].clone()))
+            .unwrap_or_default();
+        if let Some(add) = mapping::reconcile(index, &have, mapping).map_err(StoreError::Corrupt)? {
+            self.ok(Method::Put, &format!("/{index}/_mapping"), Some(add))
+                .await?;
+        }
+        Ok(if name == index {
+            IndexState::Concrete
+        } else {
+            IndexState::Aliased
+        })
+    }
+
+    /// Makes sure every index exists with its mappings: creates what is missing (a cluster
+    /// rebuilt empty, an index deleted by hand) and returns the names of the indices it had
+    /// to recreate.
+    pub async fn check_indices(&self) -> Result<Vec<String>, StoreError> {
+        let recreated = self.ensure_indices().await?;
+        if !recreated.is_empty() {
+            tracing::error!(indices = ?recreated, "indices were missing (the cluster was rebuilt or they were deleted): \
+                recreated with their mappings; what they held is gone");
+        }
+        Ok(recreated)
+    }
+
+    /// Creates what is missing; returns the indices created.
+    async fn ensure_indices(&self) -> Result<Vec<String>, StoreError> {
+        let mut recreated = Vec::new();
+        let mut all_aliased = true;
+        for (index, m) in self.indices.iter() {
+            let state = self.ensure_index(index, m).await?;
+            if state == IndexState::Created {
+                recreated.push(index.clone());
             }
+            all_aliased &= state != IndexState::Concrete;
+        }
+        self.guarded.store(all_aliased, Ordering::Relaxed);
+        Ok(recreated)
+    }
+
+    /// After a write refused because an index is gone: recreate it, and fail the write so
+    /// that its caller retries (nothing was written into a guessed mapping).
+    async fn index_lost(&self, what: &str) -> StoreError {
+        match self.check_indices().await {
+            Ok(r) => StoreError::Unavailable(format!(
+                "{what}: indices {r:?} were missing and have been recreated; retry"
+            )),
+            Err(e) => e,
         }
     }
+
+    /// `&require_alias=true` when every index is ours.
+    fn guard(&self) -> &'static str {
+        if self.guarded.load(Ordering::Relaxed) {
+            "&require_alias=true"
+        } else {
+            ""
+        }
+    }
+}
+
+/// What [`Es::ensure_index`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IndexState {
+    /// It was missing and has been created (behind its alias).
+    Created,
+    /// An alias of ours over a concrete index.
+    Aliased,
+    /// A concrete index of that name (created by another writer or an older version).
+    Concrete,
 }
 
 /// A document with the version it was read at (for a conditional replace).
@@ -255,17 +332,25 @@ impl Es {
     ) -> Result<bool, StoreError> {
         let path = match version {
             Some(v) => format!(
-                "/{index}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true",
+                "/{index}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true{}",
                 encode_id(id),
                 v.seq_no,
-                v.primary_term
+                v.primary_term,
+                self.guard()
             ),
-            None => format!("/{index}/_create/{}?refresh=true", encode_id(id)),
+            None => format!(
+                "/{index}/_create/{}?refresh=true{}",
+                encode_id(id),
+                self.guard()
+            ),
         };
         let (status, v) = self.call(Method::Put, &path, Some(source.clone())).await?;
         match status {
             200..=299 => Ok(true),
             409 => Ok(false),
+            404 if v["error"]["type"] == "index_not_found_exception" => {
+                Err(self.index_lost(&format!("PUT {path}")).await)
+            }
             s if s >= 500 => Err(StoreError::Unavailable(format!(
                 "PUT {path}: {s} {}",
                 reason(&v)
@@ -360,13 +445,19 @@ impl Es {
             elasticsearch::http::headers::CONTENT_TYPE,
             elasticsearch::http::headers::HeaderValue::from_static("application/x-ndjson"),
         );
+        let guarded = self.guarded.load(Ordering::Relaxed);
+        let query: &[(&str, &str)] = if guarded {
+            &[("refresh", "true"), ("require_alias", "true")]
+        } else {
+            &[("refresh", "true")]
+        };
         let resp = self
             .client
             .send(
                 Method::Post,
                 "/_bulk",
                 headers,
-                Some(&[("refresh", "true")]),
+                Some(query),
                 Some(ndjson),
                 None,
             )
@@ -383,6 +474,14 @@ impl Es {
                 reason(&v)
             )));
         }
+        let lost = v["items"].as_array().into_iter().flatten().any(|item| {
+            item.as_object()
+                .and_then(|o| o.values().next())
+                .is_some_and(|r| r["error"]["type"] == "index_not_found_exception")
+        });
+        if lost {
+            return Err(self.index_lost("elasticsearch bulk").await);
+        }
         Ok(v)
     }
 }
@@ -396,16 +495,21 @@ fn reason(v: &Value) -> String {
 
 /// Connects and makes sure the indices exist with compatible mappings.
 pub async fn open(cfg: &ElasticConfig) -> Result<Es, StoreError> {
-    let es = Es::connect(cfg).await?;
-    for (index, m) in [
+    let mut es = Es::connect(cfg).await?;
+    es.indices = Arc::new(vec![
         (cfg.resource_index(), mapping::resource_mapping()),
         (cfg.change_index(), mapping::change_mapping()),
         (cfg.meta_index(), mapping::meta_mapping()),
         (cfg.hub_index(), hub::hub_mapping()),
-    ] {
-        if es.ensure_index(&index, &m).await? {
-            tracing::info!(index = %index, "index created");
-        }
+    ]);
+    for index in es.ensure_indices().await? {
+        tracing::info!(index = %index, "index created");
+    }
+    if !es.guarded.load(Ordering::Relaxed) {
+        tracing::info!(
+            "some indices are concrete indices, not aliases of ours (created by another writer or an older version): \
+             a write cannot detect that such an index was lost; /readyz checks them"
+        );
     }
     Ok(es)
 }
