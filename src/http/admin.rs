@@ -218,6 +218,7 @@ pub struct ListParams {
     pub callback: Option<String>,
     pub state: Option<SubState>,
     /// `next_cursor` of the previous page.
+    #[param(pattern = r"^[0-9]{0,18}$")]
     pub cursor: Option<String>,
     /// Page size, 1 to 1000 (default 100).
     #[param(minimum = 1, maximum = 1000)]
@@ -429,7 +430,10 @@ async fn list_topics(
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TopicParams {
-    /// The topic URL.
+    /// The topic URL: http(s), with a host name.
+    #[param(
+        pattern = r"^https?://[a-z]([a-z0-9-]*[a-z0-9])?(\.[a-z]([a-z0-9-]*[a-z0-9])?)*(:[0-9]{1,4})?(/[^\s#]*)?$"
+    )]
     pub topic: String,
 }
 
@@ -502,6 +506,8 @@ impl From<AttemptRecord> for AttemptView {
 #[derive(Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct DeliveryParams {
+    /// A subscription id.
+    #[param(pattern = r"^[0-9]{0,18}$")]
     pub subscription: Option<String>,
     pub topic: Option<String>,
     /// delivered, retry, failed or gone.
