@@ -33,6 +33,9 @@ pub struct Metrics {
     pub store_errors: Counter,
     pub queue_depth: Gauge,
     pub subscriptions: Family<StateLabel, Gauge>,
+    /// 1 while this process delivers and notifies (always on the embedded store; on a shared
+    /// store, while it holds the delivery lease), else 0.
+    pub delivering: Gauge,
     /// Age in seconds of the oldest change not yet notified (0 when none), per set.
     pub poller_lag_seconds: Family<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
@@ -72,6 +75,12 @@ impl Default for Metrics {
             "Subscriptions by state",
             subscriptions.clone(),
         );
+        let delivering = Gauge::default();
+        registry.register(
+            "delivering",
+            "1 while this process delivers and notifies (holds the delivery lease on a shared store)",
+            delivering.clone(),
+        );
         let poller_lag_seconds =
             Family::<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
         registry.register(
@@ -86,6 +95,7 @@ impl Default for Metrics {
             store_errors,
             queue_depth,
             subscriptions,
+            delivering,
             poller_lag_seconds,
         }
     }

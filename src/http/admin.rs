@@ -641,6 +641,7 @@ async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
 /// `GET /metrics`: Prometheus text format, gauges read from the store now.
 pub async fn metrics(State(st): State<AppState>) -> Response {
     let m = st.hub.metrics();
+    m.delivering.set(i64::from(st.hub.is_delivering()));
     match collect_stats(&st).await {
         Ok(s) => {
             m.queue_depth.set(s.queue_depth as i64);

@@ -117,7 +117,13 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     assert_eq!(fat_ping(&app, &t, "<n/>").await.0, 200);
     sub.wait_deliveries("/secret-one", 1).await;
     sub.wait_deliveries("/plain", 1).await;
-    tokio::time::sleep(Duration::from_millis(150)).await; // outcomes are written in batches
+    // Outcomes are written in batches: wait until both deliveries are recorded.
+    wait_until("both deliveries recorded", || async {
+        admin_json(&app, "/admin/v1/subscriptions").await["items"]
+            .as_array()
+            .is_some_and(|items| items.iter().filter(|i| i["delivered"] == 1).count() == 2)
+    })
+    .await;
 
     let mut bodies = Vec::new();
     let page = admin_json(&app, "/admin/v1/subscriptions").await;

@@ -150,7 +150,11 @@ async fn an_external_writers_25000_resources_are_listed_once_and_their_changes_i
     let (cl, changes, texts) = all_entries(&app, "/sets/papers/changelist.xml").await;
     assert!(cl.is_index, "25,150 changes in lists of 10,000");
     assert_eq!(changes.len(), total, "the Change List holds every change");
-    let dts: Vec<&String> = changes.iter().map(|(_, md)| &md["datetime"]).collect();
+    // Instants, not strings: `…:02Z` sorts after `…:02.000001Z` as text.
+    let dts: Vec<resourcesync_hub::model::Timestamp> = changes
+        .iter()
+        .map(|(_, md)| resourcesync_hub::model::Timestamp::parse(&md["datetime"]).unwrap())
+        .collect();
     assert!(
         dts.windows(2).all(|w| w[0] <= w[1]),
         "forward chronological order"

@@ -10,6 +10,7 @@ use resourcesync_hub::sitemap::{self, Document};
 use crate::hub::{hub_config, subscribed};
 use crate::subscriber::TestSubscriber;
 use crate::support::*;
+use resourcesync_hub::model::Timestamp;
 
 fn with_set(c: &mut Config, name: &str, max_items: Option<u32>) {
     c.sets.insert(
@@ -67,15 +68,22 @@ fn entries(docs: &[(String, Document)]) -> Vec<(String, String, String)> {
 pub(crate) fn check_change_notifications(
     docs: &[(String, Document)],
 ) -> Vec<(String, String, String)> {
-    let mut prev_until: Option<String> = None;
+    // W3C datetimes are compared as instants: the fraction is written only when non-zero, so
+    // `…:02Z` sorts after `…:02.000001Z` as a string.
+    let instant = |s: &str| Timestamp::parse(s).unwrap_or_else(|e| panic!("{e}"));
+    let mut prev_until: Option<Timestamp> = None;
     for (text, d) in docs {
         assert_eq!(d.md["capability"], "change-notification", "{text}");
-        let (from, until) = (&d.md["from"], &d.md["until"]);
+        let (from, until) = (instant(&d.md["from"]), instant(&d.md["until"]));
         assert!(from < until, "{text}");
-        if let Some(p) = &prev_until {
+        if let Some(p) = prev_until {
             assert_eq!(from, p, "intervals are consecutive");
         }
-        let dts: Vec<&String> = d.entries.iter().map(|e| &e.md["datetime"]).collect();
+        let dts: Vec<Timestamp> = d
+            .entries
+            .iter()
+            .map(|e| instant(&e.md["datetime"]))
+            .collect();
         assert!(
             dts.windows(2).all(|w| w[0] <= w[1]),
             "forward chronological order: {text}"
@@ -84,7 +92,7 @@ pub(crate) fn check_change_notifications(
             dts.iter().all(|t| *t >= from && *t < until),
             "entries lie in [from, until): {text}"
         );
-        prev_until = Some(until.clone());
+        prev_until = Some(until);
     }
     let docs_for_validation: Vec<(&str, &str)> = docs
         .iter()

@@ -141,6 +141,22 @@ impl TestApp {
     }
 }
 
+/// Polls `check` every 20 ms until it holds; panics naming `what` after 20 s.
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !check().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// One NDJSON change line for a rel_path resource.
 pub fn change_line(change: &str, rel: &str, md5: &str, length: u64) -> String {
     if change == "deleted" {
