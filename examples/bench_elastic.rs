@@ -39,8 +39,19 @@ fn cpu_secs(pid: &str) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// The tests' Python environment (`cargo test` creates it under target/) when it exists,
+/// else the `python3` on PATH.
+fn python() -> std::path::PathBuf {
+    let venv = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp/pyenv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
 fn start_osmem() -> anyhow::Result<(String, std::process::Child)> {
-    let out = std::process::Command::new("python3")
+    let out = std::process::Command::new(python())
         .args([
             "-c",
             "import osmem_server;print(osmem_server.resolve_binary())",
@@ -48,7 +59,7 @@ fn start_osmem() -> anyhow::Result<(String, std::process::Child)> {
         .output()?;
     anyhow::ensure!(
         out.status.success(),
-        "osmem-server is not installed: python3 -m pip install osmem-server, or pass --url"
+        "osmem-server is not installed: run `cargo test` once (it installs the tests' Python tools under target/), or pass --url"
     );
     let bin = String::from_utf8(out.stdout)?.trim().to_string();
     let mut child = std::process::Command::new(bin)
