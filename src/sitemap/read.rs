@@ -1,9 +1,17 @@
-//! Reading ResourceSync documents with quick-xml's streaming reader.
+//! Reading ResourceSync documents with quick-xml's streaming, namespace-aware reader: a
+//! document's header (root, top-level `rs:md` and `rs:ln`) and then its entries one at a time,
+//! so that a 50 MB Resource List part is never held whole. Elements are matched by namespace,
+//! not by prefix, so documents from any writer read alike.
 
 use std::collections::BTreeMap;
+use std::io::BufRead;
 
 use quick_xml::events::{BytesStart, Event};
-use quick_xml::Reader;
+use quick_xml::name::ResolveResult;
+use quick_xml::NsReader;
+
+const SITEMAP_NS: &[u8] = b"http://www.sitemaps.org/schemas/sitemap/0.9";
+const RS_NS: &[u8] = b"http://www.openarchives.org/rs/terms/";
 
 /// A parsed `urlset` or `sitemapindex`.
 #[derive(Debug, Clone, Default)]
@@ -39,84 +47,190 @@ impl Document {
     }
 }
 
-/// Parses a document; namespaces are matched by the usual `rs:` prefix.
+/// Parses a whole document (small documents: capability lists, indexes, notifications).
 pub fn parse(xml: &[u8]) -> Result<Document, ReadError> {
-    let mut r = Reader::from_reader(xml);
-    r.config_mut().trim_text(true);
-    let mut doc = Document::default();
-    let mut entry: Option<ParsedEntry> = None;
-    let mut text_of: Option<&'static str> = None;
-    let mut saw_root = false;
-    let mut buf = Vec::new();
-    loop {
-        let ev = r
-            .read_event_into(&mut buf)
-            .map_err(|e| ReadError(e.to_string()))?;
-        match ev {
-            Event::Start(ref e) | Event::Empty(ref e) => {
-                let name = e.name();
-                match name.as_ref() {
-                    b"urlset" => saw_root = true,
-                    b"sitemapindex" => {
-                        saw_root = true;
-                        doc.is_index = true;
-                    }
-                    b"url" | b"sitemap" => entry = Some(ParsedEntry::default()),
-                    b"loc" => text_of = Some("loc"),
-                    b"lastmod" => text_of = Some("lastmod"),
-                    b"rs:md" => {
-                        let a = attrs(e)?;
-                        match entry.as_mut() {
-                            Some(en) => en.md = a,
-                            None => doc.md = a,
-                        }
-                    }
-                    b"rs:ln" => {
-                        let a = attrs(e)?;
-                        match entry.as_mut() {
-                            Some(en) => en.links.push(a),
-                            None => doc.links.push((
-                                a.get("rel").cloned().unwrap_or_default(),
-                                a.get("href").cloned().unwrap_or_default(),
-                            )),
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Event::Text(t) => {
-                let s = t
-                    .unescape()
-                    .map_err(|e| ReadError(e.to_string()))?
-                    .into_owned();
-                if let (Some(which), Some(en)) = (text_of, entry.as_mut()) {
-                    match which {
-                        "loc" => en.loc = s,
-                        _ => en.lastmod = Some(s),
-                    }
-                }
-            }
-            Event::End(e) => match e.name().as_ref() {
-                b"url" | b"sitemap" => doc.entries.extend(entry.take()),
-                b"loc" | b"lastmod" => text_of = None,
-                _ => {}
-            },
-            Event::Eof => break,
-            _ => {}
-        }
-        buf.clear();
-    }
-    if !saw_root {
-        return Err(ReadError("no urlset or sitemapindex element".into()));
+    let mut r = EntryReader::new(xml)?;
+    let mut doc = r.header().clone();
+    while let Some(e) = r.next_entry()? {
+        doc.entries.push(e);
     }
     Ok(doc)
 }
 
+/// Which element's text is being read.
+#[derive(Clone, Copy)]
+enum Text {
+    Loc,
+    Lastmod,
+}
+
+/// A document read entry by entry: the header first (available at once), then
+/// [`EntryReader::next_entry`] until `None`.
+pub struct EntryReader<R: BufRead> {
+    reader: NsReader<R>,
+    buf: Vec<u8>,
+    header: Document,
+    /// An entry whose `<url>`/`<sitemap>` start was read while looking for the header's end.
+    started: Option<ParsedEntry>,
+    done: bool,
+}
+
+impl<R: BufRead> EntryReader<R> {
+    /// Reads up to the first entry; fails when the root is neither `urlset` nor `sitemapindex`
+    /// of the sitemaps.org namespace.
+    pub fn new(input: R) -> Result<EntryReader<R>, ReadError> {
+        let mut reader = NsReader::from_reader(input);
+        reader.config_mut().trim_text(true);
+        let mut r = EntryReader {
+            reader,
+            buf: Vec::new(),
+            header: Document::default(),
+            started: None,
+            done: false,
+        };
+        let mut saw_root = false;
+        loop {
+            let (ns, ev) = r
+                .reader
+                .read_resolved_event_into(&mut r.buf)
+                .map_err(|e| ReadError(e.to_string()))?;
+            let ns_sitemap = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == SITEMAP_NS);
+            let ns_rs = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == RS_NS);
+            match ev {
+                Event::Start(ref e) | Event::Empty(ref e) => {
+                    let local = e.local_name();
+                    match local.as_ref() {
+                        b"urlset" if ns_sitemap => saw_root = true,
+                        b"sitemapindex" if ns_sitemap => {
+                            saw_root = true;
+                            r.header.is_index = true;
+                        }
+                        b"url" | b"sitemap" if ns_sitemap => {
+                            r.started = Some(ParsedEntry::default());
+                            if matches!(ev, Event::Empty(_)) {
+                                r.started = None;
+                            }
+                            break;
+                        }
+                        b"md" if ns_rs => r.header.md = attrs(e)?,
+                        b"ln" if ns_rs => {
+                            let a = attrs(e)?;
+                            r.header.links.push((
+                                a.get("rel").cloned().unwrap_or_default(),
+                                a.get("href").cloned().unwrap_or_default(),
+                            ));
+                        }
+                        other if !saw_root => {
+                            return Err(ReadError(format!(
+                                "the root element is {}, not a sitemaps.org urlset or sitemapindex",
+                                String::from_utf8_lossy(other)
+                            )))
+                        }
+                        _ => {}
+                    }
+                }
+                Event::Eof => {
+                    r.done = true;
+                    break;
+                }
+                _ => {}
+            }
+            r.buf.clear();
+        }
+        if !saw_root {
+            return Err(ReadError("no urlset or sitemapindex element".into()));
+        }
+        r.buf.clear();
+        Ok(r)
+    }
+
+    pub fn header(&self) -> &Document {
+        &self.header
+    }
+
+    /// The next entry, or `None` at the end of the document.
+    pub fn next_entry(&mut self) -> Result<Option<ParsedEntry>, ReadError> {
+        if self.done {
+            return Ok(None);
+        }
+        let mut entry = self.started.take();
+        let mut text: Option<Text> = None;
+        loop {
+            let (ns, ev) = self
+                .reader
+                .read_resolved_event_into(&mut self.buf)
+                .map_err(|e| ReadError(e.to_string()))?;
+            let ns_sitemap = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == SITEMAP_NS);
+            let ns_rs = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == RS_NS);
+            match ev {
+                Event::Start(ref e) | Event::Empty(ref e) => {
+                    let empty = matches!(ev, Event::Empty(_));
+                    match e.local_name().as_ref() {
+                        b"url" | b"sitemap" if ns_sitemap && !empty => {
+                            entry = Some(ParsedEntry::default())
+                        }
+                        b"loc" if ns_sitemap && !empty => text = Some(Text::Loc),
+                        b"lastmod" if ns_sitemap && !empty => text = Some(Text::Lastmod),
+                        b"md" if ns_rs => {
+                            if let Some(en) = entry.as_mut() {
+                                en.md = attrs(e)?;
+                            }
+                        }
+                        b"ln" if ns_rs => {
+                            if let Some(en) = entry.as_mut() {
+                                en.links.push(attrs(e)?);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                Event::Text(t) => {
+                    let s = t
+                        .unescape()
+                        .map_err(|e| ReadError(e.to_string()))?
+                        .into_owned();
+                    if let (Some(which), Some(en)) = (text, entry.as_mut()) {
+                        match which {
+                            Text::Loc => en.loc.push_str(&s),
+                            Text::Lastmod => en.lastmod = Some(s),
+                        }
+                    }
+                }
+                Event::CData(t) => {
+                    if let (Some(Text::Loc), Some(en)) = (text, entry.as_mut()) {
+                        en.loc.push_str(&String::from_utf8_lossy(&t));
+                    }
+                }
+                Event::End(ref e) => match e.local_name().as_ref() {
+                    b"url" | b"sitemap" if ns_sitemap => {
+                        if let Some(en) = entry.take() {
+                            self.buf.clear();
+                            return Ok(Some(en));
+                        }
+                    }
+                    b"loc" | b"lastmod" => text = None,
+                    _ => {}
+                },
+                Event::Eof => {
+                    self.done = true;
+                    return Ok(None);
+                }
+                _ => {}
+            }
+            self.buf.clear();
+        }
+    }
+}
+
+/// Attributes by local name (`rs:md`'s are unprefixed; a prefixed one keeps its local name).
 fn attrs(e: &BytesStart) -> Result<BTreeMap<String, String>, ReadError> {
     let mut m = BTreeMap::new();
     for a in e.attributes() {
         let a = a.map_err(|e| ReadError(e.to_string()))?;
-        let k = String::from_utf8_lossy(a.key.as_ref()).into_owned();
+        if a.key.as_ref().starts_with(b"xmlns") {
+            continue;
+        }
+        let k = String::from_utf8_lossy(a.key.local_name().as_ref()).into_owned();
         let v = a
             .unescape_value()
             .map_err(|e| ReadError(e.to_string()))?
@@ -124,4 +238,39 @@ fn attrs(e: &BytesStart) -> Result<BTreeMap<String, String>, ReadError> {
         m.insert(k, v);
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_by_namespace_whatever_the_prefix() {
+        let xml = br#"<?xml version="1.0"?>
+<s:urlset xmlns:s="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:x="http://www.openarchives.org/rs/terms/">
+  <x:ln rel="up" href="http://h/cap.xml"/>
+  <x:md capability="resourcelist" at="2024-01-01T00:00:00Z"/>
+  <s:url><s:loc>http://h/a&amp;b</s:loc><s:lastmod>2024-01-01T00:00:00Z</s:lastmod><x:md hash="md5:00" length="3"/></s:url>
+  <s:url><s:loc>http://h/c</s:loc><x:md change="deleted"/><x:ln rel="describedby" href="http://h/m"/></s:url>
+</s:urlset>"#;
+        let mut r = EntryReader::new(&xml[..]).unwrap();
+        assert_eq!(r.header().md["at"], "2024-01-01T00:00:00Z");
+        assert_eq!(r.header().link("up"), Some("http://h/cap.xml"));
+        let a = r.next_entry().unwrap().unwrap();
+        assert_eq!(
+            (a.loc.as_str(), a.md["length"].as_str()),
+            ("http://h/a&b", "3")
+        );
+        let c = r.next_entry().unwrap().unwrap();
+        assert_eq!(c.md["change"], "deleted");
+        assert_eq!(c.links[0]["rel"], "describedby");
+        assert!(r.next_entry().unwrap().is_none());
+        assert!(parse(b"<html/>").is_err());
+        assert!(parse(br#"<urlset xmlns="http://example.org/other"/>"#).is_err());
+        let empty = parse(br#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><rs:md xmlns:rs="http://www.openarchives.org/rs/terms/" capability="changelist"/></urlset>"#).unwrap();
+        assert_eq!(
+            (empty.entries.len(), empty.md["capability"].as_str()),
+            (0, "changelist")
+        );
+    }
 }
