@@ -31,6 +31,7 @@ pub mod admin_cli;
 pub mod app;
 pub mod config;
 pub mod demo;
+pub mod destination;
 pub mod digest;
 pub mod error;
 pub mod http;

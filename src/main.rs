@@ -46,8 +46,33 @@ enum Command {
     },
     /// Print the commented default configuration.
     Config,
+    /// The destination: baseline from a source, stay in sync by push, fill gaps from its
+    /// Change Lists (`harvest --config harvest.toml`; `harvest config` prints the defaults).
+    Harvest(HarvestArgs),
     /// Inspect and steer a running server's hub (its admin API).
     Admin(resourcesync_hub::admin_cli::AdminArgs),
+}
+
+#[derive(Args)]
+struct HarvestArgs {
+    /// The harvest configuration (TOML) layered over the defaults (`harvest config` prints them).
+    #[arg(long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Option<HarvestCommand>,
+}
+
+#[derive(Subcommand)]
+enum HarvestCommand {
+    /// Run the harvester until stopped (the default).
+    Run,
+    /// Position, lag behind the source, subscription and lease, pending and failed resources.
+    Status,
+    /// Compare the destination with the source's current Resource List: prints IN SYNC or the
+    /// differences (exit status 1 when not in sync).
+    Audit,
+    /// Print the commented default harvest configuration.
+    Config,
 }
 
 #[derive(Args)]
@@ -103,6 +128,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Admin(args) => resourcesync_hub::admin_cli::run(args).await,
+        Command::Harvest(args) => harvest(args).await,
         Command::Serve {
             common,
             listen,
@@ -225,5 +251,31 @@ fn warn_unserved(config: &Config, set: &str, dir: &std::path::Path) {
             dir.display()
         ),
         _ => {}
+    }
+}
+
+async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
+    use resourcesync_hub::destination::{self, config::HarvestConfig};
+    let command = args.command.unwrap_or(HarvestCommand::Run);
+    if let HarvestCommand::Config = command {
+        print!("{}", destination::config::HARVEST_DEFAULTS_TOML);
+        return Ok(());
+    }
+    let cfg = HarvestConfig::load(args.config.as_deref())?;
+    match command {
+        HarvestCommand::Run => destination::run(cfg, None, app::shutdown_signal()).await,
+        HarvestCommand::Status => {
+            print!("{}", destination::status(&cfg)?);
+            Ok(())
+        }
+        HarvestCommand::Audit => {
+            let (report, in_sync) = destination::audit(&cfg).await?;
+            print!("{report}");
+            if !in_sync {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
+        HarvestCommand::Config => unreachable!(),
     }
 }

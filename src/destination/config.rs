@@ -1,0 +1,225 @@
+//! `harvest.toml`: what the destination follows, where it keeps its state and writes its
+//! output, how hard it fetches, and how it is pushed to. Unknown keys are refused by name;
+//! `resourcesync-hub harvest config` prints the commented defaults.
+
+use std::path::{Path, PathBuf};
+
+use figment::providers::{Format, Toml};
+use figment::Figment;
+use serde::{Deserialize, Serialize};
+
+/// The commented defaults, the first layer (and the reference).
+pub const HARVEST_DEFAULTS_TOML: &str = include_str!("harvest.default.toml");
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarvestConfig {
+    pub source: SourceSection,
+    pub state: StateSection,
+    pub output: OutputSection,
+    pub fetch: FetchSection,
+    pub push: PushSection,
+    pub follow: FollowSection,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceSection {
+    /// A Source Description URL, a Capability List URL, or a base URL to discover from.
+    pub url: String,
+    /// Which sets to follow: Capability List URLs, or the set names in their paths; empty =
+    /// every Capability List of the Source Description.
+    pub sets: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSection {
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputKind {
+    Mirror,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputSection {
+    pub kind: OutputKind,
+    /// The mirror folder.
+    pub dir: PathBuf,
+    /// `URI prefix = folder` pairs (as `resync-sync URI=DIR`); a resource under none of them
+    /// goes to `<dir>/<host>[_<port>]/<path>`.
+    pub map: Vec<MapEntry>,
+    /// Keep deleted resources' files (and only record the deletion).
+    pub keep_deleted: bool,
+    /// A command run (by `sh -c`) for every applied change, with the change as JSON on its
+    /// standard input; a failure counts as a failed apply and is retried. Empty: none.
+    pub exec: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct MapEntry {
+    pub uri: String,
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FetchSection {
+    pub concurrency: usize,
+    pub timeout_secs: u64,
+    /// Attempts per fetch within one pass (with backoff; `Retry-After` honoured).
+    pub attempts: u32,
+    pub backoff_initial_ms: u64,
+    pub backoff_max_ms: u64,
+    /// Passes over a pending resource before it is listed as failed.
+    pub max_tries: u32,
+    /// Move the position past a failed resource (and say so) instead of waiting for it.
+    pub skip_failed: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PushSection {
+    pub enabled: bool,
+    /// Where the callback server listens.
+    pub listen: String,
+    /// The callback URL the hub calls (it must reach `listen`); empty: `http://<listen>`.
+    pub callback_url: String,
+    pub lease_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FollowSection {
+    /// How often the open Change List is read to catch up when push is silent.
+    pub check_interval_secs: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HarvestConfigError {
+    #[error("harvest configuration file {0} does not exist")]
+    MissingFile(PathBuf),
+    #[error("harvest configuration: {0}")]
+    Invalid(String),
+}
+
+impl HarvestConfig {
+    /// The defaults, then the file.
+    pub fn load(file: Option<&Path>) -> Result<HarvestConfig, HarvestConfigError> {
+        let mut fig = Figment::from(Toml::string(HARVEST_DEFAULTS_TOML));
+        if let Some(f) = file {
+            if !f.exists() {
+                return Err(HarvestConfigError::MissingFile(f.to_path_buf()));
+            }
+            fig = fig.merge(Toml::file_exact(f));
+        }
+        let c: HarvestConfig = fig.extract().map_err(|e| {
+            let lines: Vec<String> = e
+                .into_iter()
+                .map(|e| {
+                    let key = e.path.join(".");
+                    let origin = match e.metadata.as_ref().and_then(|m| m.source.as_ref()) {
+                        Some(figment::Source::File(p)) => format!(" (in {})", p.display()),
+                        _ => String::new(),
+                    };
+                    if key.is_empty() {
+                        format!("{}{origin}", e.kind)
+                    } else {
+                        format!("{key}: {}{origin}", e.kind)
+                    }
+                })
+                .collect();
+            HarvestConfigError::Invalid(lines.join("; "))
+        })?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// The defaults alone (tests start here).
+    pub fn defaults() -> HarvestConfig {
+        Figment::from(Toml::string(HARVEST_DEFAULTS_TOML))
+            .extract()
+            .expect("compiled-in defaults parse")
+    }
+
+    pub fn validate(&self) -> Result<(), HarvestConfigError> {
+        let bad = |m: String| Err(HarvestConfigError::Invalid(m));
+        match url::Url::parse(&self.source.url) {
+            Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
+            _ => {
+                return bad(format!(
+                    "source.url {:?} is not an http(s) URL",
+                    self.source.url
+                ))
+            }
+        }
+        if self.fetch.concurrency == 0 || self.fetch.attempts == 0 || self.fetch.max_tries == 0 {
+            return bad(
+                "fetch.concurrency, fetch.attempts and fetch.max_tries must be at least 1".into(),
+            );
+        }
+        if self.fetch.timeout_secs == 0 {
+            return bad("fetch.timeout_secs must be at least 1".into());
+        }
+        if self.follow.check_interval_secs == 0 {
+            return bad("follow.check_interval_secs must be at least 1".into());
+        }
+        if self.push.enabled {
+            if self.push.listen.parse::<std::net::SocketAddr>().is_err() {
+                return bad(format!(
+                    "push.listen {:?} is not an address like 0.0.0.0:8900",
+                    self.push.listen
+                ));
+            }
+            if !self.push.callback_url.is_empty()
+                && url::Url::parse(&self.push.callback_url).is_err()
+            {
+                return bad(format!(
+                    "push.callback_url {:?} is not a URL",
+                    self.push.callback_url
+                ));
+            }
+            if self.push.lease_secs < 60 {
+                return bad("push.lease_secs must be at least 60".into());
+            }
+        }
+        for m in &self.output.map {
+            if url::Url::parse(&m.uri).is_err() {
+                return bad(format!("output.map: {:?} is not a URI prefix", m.uri));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn database_path(&self) -> PathBuf {
+        self.state.dir.join("harvest.sqlite")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_unknown_keys_are_refused() {
+        HarvestConfig::defaults().validate().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("h.toml");
+        std::fs::write(&f, "[fetch]\nconcurency = 3\n").unwrap();
+        let e = HarvestConfig::load(Some(&f)).unwrap_err().to_string();
+        assert!(
+            e.contains("concurency") && e.contains(&f.display().to_string()),
+            "{e}"
+        );
+        std::fs::write(&f, "[source]\nurl = \"ftp://x\"\n").unwrap();
+        assert!(HarvestConfig::load(Some(&f))
+            .unwrap_err()
+            .to_string()
+            .contains("source.url"));
+    }
+}

@@ -1,0 +1,261 @@
+//! Fetching from the source: documents and resources, with retries (exponential backoff,
+//! `Retry-After` honoured) for what may pass (timeouts, connection errors, 408, 429, 5xx), and
+//! resources streamed to a temporary file while their length and md5 are computed, so memory
+//! stays bounded whatever their size.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use md5::{Digest, Md5};
+use reqwest::StatusCode;
+
+use super::config::FetchSection;
+use crate::digest::hex_digest;
+
+#[derive(Clone)]
+pub struct Fetcher {
+    client: reqwest::Client,
+    cfg: FetchSection,
+}
+
+/// Why a fetch failed: `retry` when another try may succeed.
+#[derive(Debug, Clone)]
+pub struct FetchError {
+    pub message: String,
+    pub retry: bool,
+    pub retry_after: Option<Duration>,
+}
+
+impl std::fmt::Display for FetchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A resource on disk, with what it measured.
+#[derive(Debug)]
+pub struct Downloaded {
+    pub path: PathBuf,
+    pub length: u64,
+    pub md5: String,
+}
+
+impl Fetcher {
+    pub fn new(cfg: &FetchSection) -> Fetcher {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(cfg.timeout_secs))
+            .connect_timeout(Duration::from_secs(cfg.timeout_secs.min(30)))
+            .no_proxy()
+            .user_agent(concat!(
+                "resourcesync-hub-harvest/",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .build()
+            .expect("an HTTP client");
+        Fetcher {
+            client,
+            cfg: cfg.clone(),
+        }
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// Runs `op` up to `fetch.attempts` times while its error says to retry, waiting with
+    /// exponential backoff (and at least the server's `Retry-After`).
+    async fn with_retries<T, F, Fut>(&self, mut op: F) -> Result<T, FetchError>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<T, FetchError>>,
+    {
+        let mut wait = Duration::from_millis(self.cfg.backoff_initial_ms);
+        let max = Duration::from_millis(self.cfg.backoff_max_ms);
+        let mut attempt = 1;
+        loop {
+            match op().await {
+                Ok(v) => return Ok(v),
+                Err(e) if e.retry && attempt < self.cfg.attempts => {
+                    let pause = e
+                        .retry_after
+                        .unwrap_or(wait)
+                        .max(wait)
+                        .min(max.max(e.retry_after.unwrap_or_default()));
+                    tracing::debug!(error = %e.message, attempt, pause_ms = pause.as_millis() as u64, "retrying");
+                    tokio::time::sleep(pause).await;
+                    wait = (wait * 2).min(max);
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// A document (a Capability List, a Resource List part, a Change List…), whole. Fine for
+    /// documents up to the sitemap limit of 50 MB; resources go through [`Fetcher::download`].
+    pub async fn document(&self, url: &str) -> Result<Vec<u8>, FetchError> {
+        self.with_retries(|| async {
+            let r = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| transport(url, e))?;
+            check_status(url, &r)?;
+            let b = r.bytes().await.map_err(|e| transport(url, e))?;
+            Ok(b.to_vec())
+        })
+        .await
+    }
+
+    /// A document streamed into a temporary file under `dir` (for Resource List parts and
+    /// Change Lists that may be large); the file is removed when the returned handle drops.
+    pub async fn document_to_file(
+        &self,
+        url: &str,
+        dir: &Path,
+    ) -> Result<tempfile::NamedTempFile, FetchError> {
+        self.with_retries(|| async {
+            let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| local(dir, e))?;
+            let mut r = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| transport(url, e))?;
+            check_status(url, &r)?;
+            let mut w = std::io::BufWriter::new(tmp.as_file());
+            while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
+                w.write_all(&chunk).map_err(|e| local(dir, e))?;
+            }
+            w.flush().map_err(|e| local(dir, e))?;
+            drop(w);
+            Ok(tmp)
+        })
+        .await
+    }
+
+    /// A resource into a new temporary file in `dir`, measured on the way.
+    pub async fn download(&self, url: &str, dir: &Path) -> Result<Downloaded, FetchError> {
+        self.with_retries(|| async {
+            let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| local(dir, e))?;
+            let mut r = self
+                .client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| transport(url, e))?;
+            check_status(url, &r)?;
+            let mut h = Md5::new();
+            let mut length = 0u64;
+            let mut w = std::io::BufWriter::new(tmp.as_file());
+            while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
+                h.update(&chunk);
+                length += chunk.len() as u64;
+                w.write_all(&chunk).map_err(|e| local(dir, e))?;
+            }
+            w.flush().map_err(|e| local(dir, e))?;
+            drop(w);
+            let (_, path) = tmp.keep().map_err(|e| local(dir, e.error))?;
+            Ok(Downloaded {
+                path,
+                length,
+                md5: hex_digest(h.finalize()),
+            })
+        })
+        .await
+    }
+}
+
+fn transport(url: &str, e: reqwest::Error) -> FetchError {
+    FetchError {
+        message: format!("GET {url}: {e}"),
+        retry: e.is_timeout() || e.is_connect() || e.is_request() || e.is_body(),
+        retry_after: None,
+    }
+}
+
+fn local(dir: &Path, e: std::io::Error) -> FetchError {
+    FetchError {
+        message: format!("writing under {}: {e}", dir.display()),
+        retry: false,
+        retry_after: None,
+    }
+}
+
+fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
+    let s = r.status();
+    if s.is_success() {
+        return Ok(());
+    }
+    let retry = s == StatusCode::TOO_MANY_REQUESTS
+        || s == StatusCode::REQUEST_TIMEOUT
+        || s.is_server_error();
+    let retry_after =
+        r.headers()
+            .get(reqwest::header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .ok()
+                    .map(Duration::from_secs)
+                    .or_else(|| {
+                        crate::model::Timestamp::parse_http_date(v).map(|t| {
+                            Duration::from_micros(
+                                (t.0 - crate::model::Timestamp::now().0).max(0) as u64
+                            )
+                        })
+                    })
+            });
+    Err(FetchError {
+        message: format!("GET {url}: {s}"),
+        retry,
+        retry_after,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn retries_only_what_may_pass() {
+        let cfg = FetchSection {
+            concurrency: 1,
+            timeout_secs: 5,
+            attempts: 3,
+            backoff_initial_ms: 1,
+            backoff_max_ms: 2,
+            max_tries: 1,
+            skip_failed: false,
+        };
+        let f = Fetcher::new(&cfg);
+        let calls = std::sync::atomic::AtomicU32::new(0);
+        let r: Result<(), _> = f
+            .with_retries(|| async {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Err(FetchError {
+                    message: "503".into(),
+                    retry: true,
+                    retry_after: None,
+                })
+            })
+            .await;
+        assert!(r.is_err());
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+        calls.store(0, std::sync::atomic::Ordering::SeqCst);
+        let _ = f
+            .with_retries(|| async {
+                calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                Err::<(), _>(FetchError {
+                    message: "404".into(),
+                    retry: false,
+                    retry_after: None,
+                })
+            })
+            .await;
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
+}

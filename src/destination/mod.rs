@@ -1,0 +1,932 @@
+//! The destination: `resourcesync-hub harvest`, a ResourceSync client that baselines from a
+//! Resource List, stays current by push (WebSub change notifications), fills every gap from
+//! the Change Lists, and never moves its position past a change it has not applied and
+//! verified. It shares the model and the sitemap reader with the server, never its store.
+//!
+//! - [`config`]: `harvest.toml`.
+//! - [`discover`]: Source Description -> Capability Lists -> documents, topic and hub.
+//! - [`fetch`]: HTTP with retries; resources streamed to disk and measured.
+//! - [`state`]: the durable position, queue, log and subscription (SQLite).
+//! - [`follow`]: the callback server and the subscription.
+//! - [`output`]: where resources go (the mirror folder).
+//!
+//! The position of a set is a datetime P: every change dated before P has been applied
+//! (or, with `fetch.skip_failed`, given up on and listed). Baseline: P = the Resource List's
+//! `at`. A notification covering `[from, until)` is applied after the Change Lists have filled
+//! `[P, from)` when `from` is past P (a gap), and then P = `until`. A periodic check reads the
+//! Change Lists from P (push may be silent). Every change goes through the queue: applied in
+//! order per resource, logged once, retried while it fails; P never passes the oldest change
+//! still queued.
+
+pub mod config;
+pub mod discover;
+pub mod fetch;
+pub mod follow;
+pub mod output;
+pub mod state;
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, Semaphore};
+
+use config::HarvestConfig;
+use discover::SetInfo;
+use fetch::Fetcher;
+use output::{Item, Mirror, Output};
+use state::{Change, Held, Pending, SetRow, State};
+
+use crate::model::Timestamp;
+use crate::sitemap::{self, EntryReader, ParsedEntry};
+
+/// The harvester's parts, shared by its tasks.
+pub struct Harvester {
+    cfg: HarvestConfig,
+    state: Arc<State>,
+    fetcher: Fetcher,
+    output: Arc<dyn Output>,
+    /// Base of the callback URLs.
+    callback_base: String,
+}
+
+/// A followed set: its row and what its Capability List offers.
+#[derive(Debug, Clone)]
+struct Followed {
+    row: SetRow,
+    info: SetInfo,
+}
+
+impl Harvester {
+    pub fn new(cfg: HarvestConfig, callback_base: String) -> anyhow::Result<Harvester> {
+        let state = Arc::new(State::open(&cfg.database_path())?);
+        let output: Arc<dyn Output> = match cfg.output.kind {
+            config::OutputKind::Mirror => Arc::new(Mirror::new(&cfg.output)?),
+        };
+        let fetcher = Fetcher::new(&cfg.fetch);
+        Ok(Harvester {
+            cfg,
+            state,
+            fetcher,
+            output,
+            callback_base,
+        })
+    }
+
+    pub fn state(&self) -> &Arc<State> {
+        &self.state
+    }
+
+    async fn discover(&self) -> anyhow::Result<Vec<Followed>> {
+        let infos =
+            discover::discover(&self.fetcher, &self.cfg.source.url, &self.cfg.source.sets).await?;
+        infos
+            .into_iter()
+            .map(|info| {
+                Ok(Followed {
+                    row: self.state.set(&info.capability, &info.name)?,
+                    info,
+                })
+            })
+            .collect()
+    }
+
+    /// A fresh copy of a set's row.
+    fn row(&self, id: i64) -> anyhow::Result<SetRow> {
+        self.state
+            .set_by_id(id)?
+            .ok_or_else(|| anyhow::anyhow!("set {id} vanished from the state"))
+    }
+
+    // ---- baseline ----
+
+    /// Walks the Resource List (through its index, one part at a time, streamed) and fetches
+    /// what is not held yet with bounded concurrency. Resumable: what is held with the listed
+    /// md5 and length is not fetched again. Failures are queued as changes dated just before
+    /// the list's `at`, so they hold the position until they are applied.
+    async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
+        let Some(rl) = &set.info.resourcelist else {
+            anyhow::bail!(
+                "set {}: its Capability List has no Resource List to baseline from",
+                set.info.name
+            );
+        };
+        let started = Timestamp::now();
+        let tmp = self.output.temp_dir().to_path_buf();
+        let first = self
+            .fetcher
+            .document_to_file(rl, &tmp)
+            .await
+            .map_err(|e| anyhow::anyhow!("Resource List: {e}"))?;
+        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(first.path())?))?;
+        let at = reader
+            .header()
+            .md
+            .get("at")
+            .and_then(|a| Timestamp::parse(a).ok());
+        let bar = progress(&format!("baseline {}", set.info.name));
+        let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut failures: Vec<Change> = Vec::new();
+        let mut fetched = 0u64;
+        let parts: Vec<String> = if reader.header().is_index {
+            let mut r = reader;
+            let mut v = Vec::new();
+            while let Some(e) = r.next_entry()? {
+                v.push(e.loc);
+            }
+            v
+        } else {
+            vec![]
+        };
+        let mut readers: Vec<(Option<String>, Option<tempfile::NamedTempFile>)> =
+            if parts.is_empty() {
+                vec![(None, Some(first))]
+            } else {
+                parts.into_iter().map(|p| (Some(p), None)).collect()
+            };
+        for (url, file) in readers.drain(..) {
+            let file = match (url, file) {
+                (_, Some(f)) => f,
+                (Some(u), None) => self
+                    .fetcher
+                    .document_to_file(&u, &tmp)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("Resource List part: {e}"))?,
+                (None, None) => unreachable!(),
+            };
+            let mut r =
+                EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
+            while let Some(e) = r.next_entry()? {
+                let c = entry_change(&e, "created", at.unwrap_or(started));
+                bar.inc(1);
+                if let Some(h) = self.state.held(set.row.id, &c.uri)? {
+                    if h.md5.is_some()
+                        && h.md5 == c.md5
+                        && h.length == c.length
+                        && std::path::Path::new(&h.path).exists()
+                    {
+                        continue;
+                    }
+                }
+                let permit = sem.clone().acquire_owned().await?;
+                let (this, name, set_id) = (self.clone_parts(), set.info.name.clone(), set.row.id);
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    let r = this.fetch_verify_put(&name, &c).await;
+                    if let Ok(h) = &r {
+                        if let Err(e) = this.state.hold(set_id, &c.uri, h) {
+                            return (c, Err(e.to_string()));
+                        }
+                    }
+                    (c, r.map(|_| ()))
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    collect(done?, &mut failures, &mut fetched);
+                }
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            collect(done?, &mut failures, &mut fetched);
+        }
+        bar.finish_and_clear();
+        // Without `at` (a source that omits it), the time the walk started is the safe start.
+        let position = at.unwrap_or(started);
+        for f in &mut failures {
+            f.datetime = Timestamp(position.0 - 1);
+        }
+        self.state.enqueue(set.row.id, &failures)?;
+        self.state.finish_baseline(set.row.id, position)?;
+        tracing::info!(set = %set.info.name, fetched, failed = failures.len(), position = %position, "baseline done");
+        Ok(())
+    }
+
+    /// The parts a fetch task needs (cheap clones).
+    fn clone_parts(&self) -> Arc<Worker> {
+        Arc::new(Worker {
+            state: self.state.clone(),
+            fetcher: self.fetcher.clone(),
+            output: self.output.clone(),
+            exec: self.cfg.output.exec.clone(),
+        })
+    }
+
+    // ---- following ----
+
+    /// Reads the Change Lists from the position on (following the index across closed lists),
+    /// queues what is new, applies the queue, and moves the position. Returns how many changes
+    /// were new.
+    async fn catch_up(&self, set: &Followed) -> anyhow::Result<usize> {
+        let Some(cl) = &set.info.changelist else {
+            return Ok(0);
+        };
+        let row = self.row(set.row.id)?;
+        let Some(p) = row.position else { return Ok(0) };
+        let tmp = self.output.temp_dir().to_path_buf();
+        let first = self
+            .fetcher
+            .document_to_file(cl, &tmp)
+            .await
+            .map_err(|e| anyhow::anyhow!("Change List {cl}: {e}"))?;
+        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(first.path())?))?;
+        let mut lists: Vec<(String, Option<tempfile::NamedTempFile>)> = Vec::new();
+        if reader.header().is_index {
+            let mut r = reader;
+            let mut entries: Vec<ParsedEntry> = Vec::new();
+            while let Some(e) = r.next_entry()? {
+                entries.push(e);
+            }
+            entries.sort_by_key(|e| e.md.get("from").and_then(|f| Timestamp::parse(f).ok()));
+            for e in entries {
+                let until = e.md.get("until").and_then(|u| Timestamp::parse(u).ok());
+                if until.is_none_or(|u| u > p) {
+                    lists.push((e.loc, None));
+                }
+            }
+        } else {
+            lists.push((cl.clone(), Some(first)));
+        }
+        let mut new = 0;
+        let mut newest: Option<Timestamp> = None;
+        for (url, file) in lists {
+            let file = match file {
+                Some(f) => f,
+                None => self
+                    .fetcher
+                    .document_to_file(&url, &tmp)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("Change List {url}: {e}"))?,
+            };
+            let mut r =
+                EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
+            let mut batch = Vec::new();
+            while let Some(e) = r.next_entry()? {
+                let Some(c) = change_of(&e) else { continue };
+                newest = newest.max(Some(c.datetime));
+                if c.datetime >= p {
+                    batch.push(c);
+                }
+                if batch.len() >= 1000 {
+                    new += self
+                        .state
+                        .enqueue(set.row.id, &std::mem::take(&mut batch))?;
+                }
+            }
+            new += self.state.enqueue(set.row.id, &batch)?;
+        }
+        self.state.checked(set.row.id, newest)?;
+        self.drain(set).await?;
+        if let Some(n) = newest {
+            self.advance(set.row.id, n)?;
+        }
+        Ok(new)
+    }
+
+    /// Moves the position to `to`, or to the oldest change still queued if that is earlier.
+    fn advance(&self, set_id: i64, to: Timestamp) -> anyhow::Result<()> {
+        let to = match self.state.oldest_pending(set_id)? {
+            Some(p) => p.min(to),
+            None => to,
+        };
+        self.state.advance(set_id, to)?;
+        Ok(())
+    }
+
+    /// Applies a notification: a gap before it is filled from the Change Lists first.
+    async fn on_push(&self, set: &Followed, body: &[u8]) -> anyhow::Result<()> {
+        let doc = sitemap::parse(body)?;
+        if doc.md.get("capability").map(String::as_str) != Some("change-notification") {
+            tracing::warn!(set = %set.info.name, "a delivery that is not a change notification: ignored");
+            return Ok(());
+        }
+        let from = doc.md.get("from").and_then(|f| Timestamp::parse(f).ok());
+        let until = doc.md.get("until").and_then(|u| Timestamp::parse(u).ok());
+        let changes: Vec<Change> = doc.entries.iter().filter_map(change_of).collect();
+        self.state
+            .pushed(set.row.id, changes.iter().map(|c| c.datetime).max())?;
+        let row = self.row(set.row.id)?;
+        let Some(p) = row.position else {
+            return Ok(()); // baseline still running: the Change Lists will bring it
+        };
+        if from.is_none_or(|f| f > p) {
+            tracing::info!(set = %set.info.name, position = %p, from = ?from.map(|f| f.to_string()), "gap before a notification: filling it from the Change Lists");
+            self.catch_up(set).await?;
+        }
+        let p = self.row(set.row.id)?.position.unwrap_or(p);
+        let fresh: Vec<Change> = changes.into_iter().filter(|c| c.datetime >= p).collect();
+        self.state.enqueue(set.row.id, &fresh)?;
+        self.drain(set).await?;
+        if let Some(u) = until.or(fresh.iter().map(|c| c.datetime).max()) {
+            self.advance(set.row.id, u)?;
+        }
+        Ok(())
+    }
+
+    /// Applies the queue: per resource in order (a later change of a resource collapses onto
+    /// the earlier ones: its content is what is fetched and checked), resources concurrently.
+    async fn drain(&self, set: &Followed) -> anyhow::Result<()> {
+        let pending = self.state.pending(set.row.id)?;
+        if pending.is_empty() {
+            return Ok(());
+        }
+        let mut by_uri: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
+        for p in pending {
+            by_uri.entry(p.change.uri.clone()).or_default().push(p);
+        }
+        let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
+        let mut tasks = tokio::task::JoinSet::new();
+        for (_, queue) in by_uri {
+            let permit = sem.clone().acquire_owned().await?;
+            let w = self.clone_parts();
+            let (name, id) = (set.info.name.clone(), set.row.id);
+            let (max_tries, skip) = (self.cfg.fetch.max_tries, self.cfg.fetch.skip_failed);
+            tasks.spawn(async move {
+                let _permit = permit;
+                w.apply_queue(&name, id, queue, max_tries, skip).await
+            });
+        }
+        while let Some(r) = tasks.join_next().await {
+            r??;
+        }
+        Ok(())
+    }
+
+    /// Keeps the push subscription alive: asks for one when there is none, when the last
+    /// request was not verified within a minute, when two thirds of the lease have passed, or
+    /// when `force` (the Change Lists brought changes push did not).
+    async fn keep_subscribed(&self, set: &Followed, force: bool) {
+        if !self.cfg.push.enabled {
+            return;
+        }
+        let (Some(topic), Some(hub)) = (&set.info.topic, &set.info.hub) else {
+            return;
+        };
+        let now = Timestamp::now();
+        let due = match self.state.subscription(set.row.id) {
+            Ok(Some(s)) if s.topic == *topic => match s.state.as_str() {
+                "active" => {
+                    let lease = s.lease_secs.unwrap_or(self.cfg.push.lease_secs);
+                    force
+                        || now
+                            >= s.verified_at
+                                .unwrap_or(s.requested_at)
+                                .plus_secs(lease * 2 / 3)
+                }
+                "requested" => now >= s.requested_at.plus_secs(60),
+                _ => {
+                    now >= s
+                        .requested_at
+                        .plus_secs(self.cfg.follow.check_interval_secs.max(60))
+                }
+            },
+            _ => true,
+        };
+        if !due {
+            return;
+        }
+        let callback = follow::callback_url(&self.callback_base, set.row.id);
+        if let Err(e) = follow::subscribe(
+            self.fetcher.client(),
+            &self.state,
+            set.row.id,
+            hub,
+            topic,
+            &callback,
+            self.cfg.push.lease_secs,
+        )
+        .await
+        {
+            tracing::warn!(set = %set.info.name, error = %e, "subscription request failed; retried at the next check");
+        }
+    }
+}
+
+/// What a fetch task needs.
+struct Worker {
+    state: Arc<State>,
+    fetcher: Fetcher,
+    output: Arc<dyn Output>,
+    exec: String,
+}
+
+impl Worker {
+    /// Fetches, checks length and md5 against `c`, and hands the file to the output.
+    async fn fetch_verify_put(&self, set: &str, c: &Change) -> Result<Held, String> {
+        let d = self
+            .fetcher
+            .download(&c.uri, self.output.temp_dir())
+            .await
+            .map_err(|e| e.to_string())?;
+        let checked = match (c.length, c.md5.as_deref()) {
+            (Some(l), _) if l != d.length => {
+                Err(format!("length {} instead of the listed {l}", d.length))
+            }
+            (_, Some(m)) if !m.eq_ignore_ascii_case(&d.md5) => {
+                Err(format!("md5 {} instead of the listed {m}", d.md5))
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = checked {
+            let _ = std::fs::remove_file(&d.path);
+            return Err(format!("{}: {e}", c.uri));
+        }
+        let output = self.output.clone();
+        let (set, uri, md5, path) = (
+            set.to_string(),
+            c.uri.clone(),
+            d.md5.clone(),
+            d.path.clone(),
+        );
+        let length = d.length;
+        let placed = tokio::task::spawn_blocking(move || {
+            let r = output.put(
+                &Item {
+                    set: &set,
+                    uri: &uri,
+                    md5: &md5,
+                    length,
+                    mime: None,
+                },
+                &path,
+            );
+            if r.is_err() {
+                let _ = std::fs::remove_file(&path);
+            }
+            r
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+        Ok(Held {
+            md5: Some(d.md5),
+            length: Some(d.length),
+            path: placed,
+        })
+    }
+
+    /// One resource's queued changes, in order. The last change decides the content: the
+    /// earlier ones are applied with it (each logged once, the hook run for each).
+    async fn apply_queue(
+        &self,
+        set: &str,
+        set_id: i64,
+        queue: Vec<Pending>,
+        max_tries: u32,
+        skip: bool,
+    ) -> anyhow::Result<()> {
+        let last = queue.last().expect("a non-empty queue").clone();
+        let result: Result<Option<Held>, String> = if last.change.change == "deleted" {
+            let (output, set_s, uri) = (
+                self.output.clone(),
+                set.to_string(),
+                last.change.uri.clone(),
+            );
+            tokio::task::spawn_blocking(move || output.delete(&set_s, &uri))
+                .await?
+                .map(|_| None)
+                .map_err(|e| e.to_string())
+        } else {
+            self.fetch_verify_put(set, &last.change).await.map(Some)
+        };
+        let result = match result {
+            Ok(held) => {
+                let mut hook = Ok(());
+                for p in &queue {
+                    hook = self.run_hook(set, &p.change, held.as_ref()).await;
+                    if hook.is_err() {
+                        break;
+                    }
+                }
+                hook.map(|_| held)
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(held) => {
+                for p in &queue {
+                    self.state.applied(set_id, p, held.as_ref())?;
+                }
+            }
+            Err(e) => {
+                let p = self.state.attempt_failed(&last, &e, max_tries, skip)?;
+                // Earlier changes of the resource share the outcome of the last one.
+                for earlier in &queue[..queue.len() - 1] {
+                    self.state.attempt_failed(earlier, &e, max_tries, skip)?;
+                }
+                if p.skipped {
+                    tracing::warn!(set, uri = %last.change.uri, tries = p.tries, error = %e, "giving up on a change (fetch.skip_failed): the position moves past it");
+                } else if p.failed {
+                    tracing::warn!(set, uri = %last.change.uri, tries = p.tries, error = %e, "change failed; it holds the position and is retried at every check");
+                } else {
+                    tracing::info!(set, uri = %last.change.uri, tries = p.tries, error = %e, "change not applied yet; retried");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `output.exec` hook for one applied change, its JSON on standard input.
+    async fn run_hook(&self, set: &str, c: &Change, held: Option<&Held>) -> Result<(), String> {
+        if self.exec.is_empty() {
+            return Ok(());
+        }
+        let json = serde_json::json!({
+            "set": set, "uri": c.uri, "change": c.change, "datetime": c.datetime.to_string(),
+            "md5": held.and_then(|h| h.md5.clone()), "length": held.and_then(|h| h.length),
+            "path": held.map(|h| h.path.clone()),
+        })
+        .to_string();
+        let cmd = self.exec.clone();
+        let out = tokio::time::timeout(Duration::from_secs(600), async move {
+            use tokio::io::AsyncWriteExt;
+            let mut child = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::inherit())
+                .stderr(std::process::Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("exec {cmd:?}: {e}"))?;
+            let mut stdin = child.stdin.take().expect("piped");
+            let _ = stdin.write_all(json.as_bytes()).await;
+            let _ = stdin.write_all(b"\n").await;
+            drop(stdin);
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| format!("exec {cmd:?}: {e}"))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("exec {cmd:?} exited with {status}"))
+            }
+        })
+        .await;
+        out.unwrap_or_else(|_| Err("exec hook timed out after 600 s".into()))
+    }
+}
+
+fn collect(done: (Change, Result<(), String>), failures: &mut Vec<Change>, fetched: &mut u64) {
+    match done.1 {
+        Ok(()) => *fetched += 1,
+        Err(e) => {
+            tracing::warn!(uri = %done.0.uri, error = %e, "baseline fetch failed: queued for retry");
+            failures.push(done.0);
+        }
+    }
+}
+
+fn progress(what: &str) -> ProgressBar {
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new_spinner()
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}: {pos} resources ({per_sec}) {elapsed}")
+            .expect("template"),
+    );
+    bar.set_message(what.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// A Resource List entry as a change of kind `kind` at `datetime`.
+fn entry_change(e: &ParsedEntry, kind: &str, datetime: Timestamp) -> Change {
+    Change {
+        uri: e.loc.clone(),
+        change: kind.into(),
+        datetime,
+        md5: md5_of(e),
+        length: e.md.get("length").and_then(|l| l.parse().ok()),
+        lastmod: e.lastmod.as_deref().and_then(|l| Timestamp::parse(l).ok()),
+    }
+}
+
+/// A Change List / notification entry as a change (its `datetime`, or its `lastmod` for
+/// ResourceSync 1.0 lists without one); `None` for an entry without a change or a date.
+fn change_of(e: &ParsedEntry) -> Option<Change> {
+    let kind = e.md.get("change")?;
+    if !matches!(kind.as_str(), "created" | "updated" | "deleted") {
+        return None;
+    }
+    let dt =
+        e.md.get("datetime")
+            .or(e.lastmod.as_ref())
+            .and_then(|d| Timestamp::parse(d).ok())?;
+    Some(entry_change(e, kind, dt))
+}
+
+/// The md5 of an entry's `hash` (`md5:<hex> sha-256:<hex>`).
+fn md5_of(e: &ParsedEntry) -> Option<String> {
+    e.md.get("hash")?
+        .split_whitespace()
+        .find_map(|h| h.strip_prefix("md5:"))
+        .map(|h| h.to_ascii_lowercase())
+}
+
+/// Runs the harvester until `shutdown`: discovery, baselines, the callback server (on
+/// `listener`, or `push.listen`), then notifications as they come and a catch-up every
+/// `follow.check_interval_secs`.
+pub async fn run(
+    cfg: HarvestConfig,
+    listener: Option<TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (tx, mut rx) = mpsc::channel::<follow::Push>(64);
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        shutdown.await;
+        stop.cancel();
+    });
+    let mut callback_base = cfg.push.callback_url.clone();
+    let mut server = None;
+    let state_for_server;
+    let harvester = if cfg.push.enabled {
+        let listener = match listener {
+            Some(l) => l,
+            None => TcpListener::bind(&cfg.push.listen).await.map_err(|e| {
+                anyhow::anyhow!("cannot listen on push.listen {}: {e}", cfg.push.listen)
+            })?,
+        };
+        if callback_base.is_empty() {
+            callback_base = format!("http://{}", listener.local_addr()?);
+        }
+        let h = Harvester::new(cfg.clone(), callback_base.clone())?;
+        state_for_server = h.state.clone();
+        let app = follow::router(state_for_server, tx.clone());
+        let c = cancel.clone();
+        tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
+        server = Some(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move { c.cancelled().await })
+                .await
+        }));
+        h
+    } else {
+        Harvester::new(cfg.clone(), callback_base)?
+    };
+    drop(tx);
+    let h = harvester;
+    let sets = tokio::select! {
+        s = h.discover() => s?,
+        _ = cancel.cancelled() => return Ok(()),
+    };
+    tracing::info!(sets = ?sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>(), "following");
+    for s in &sets {
+        if cancel.is_cancelled() {
+            break;
+        }
+        // Subscribe first, so that nothing published during the baseline is lost to push
+        // (the Change Lists would bring it anyway).
+        h.keep_subscribed(s, false).await;
+        if !h.row(s.row.id)?.baseline_done {
+            tokio::select! {
+                r = h.baseline(s) => r?,
+                _ = cancel.cancelled() => break,
+            }
+        }
+        if let Err(e) = h.catch_up(s).await {
+            tracing::warn!(set = %s.info.name, error = %e, "catching up from the Change Lists failed; retried at the next check");
+        }
+    }
+    let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    let mut pushed_since_check: HashSet<i64> = HashSet::new();
+    while !cancel.is_cancelled() {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(push) = rx.recv() => {
+                let Some(set) = sets.iter().find(|s| s.row.id == push.set_id) else { continue };
+                pushed_since_check.insert(set.row.id);
+                if let Err(e) = h.on_push(set, &push.body).await {
+                    tracing::warn!(set = %set.info.name, error = %e, "applying a notification failed; the next check catches up");
+                }
+            }
+            _ = tick.tick() => {
+                for s in &sets {
+                    match h.catch_up(s).await {
+                        Ok(new) => {
+                            // Changes push did not bring while it was silent: the subscription
+                            // may be gone at the hub.
+                            let silent = new > 0 && !pushed_since_check.contains(&s.row.id);
+                            if silent {
+                                tracing::info!(set = %s.info.name, new, "the Change Lists had changes push did not bring: subscribing again");
+                            }
+                            h.keep_subscribed(s, silent).await;
+                        }
+                        Err(e) => tracing::warn!(set = %s.info.name, error = %e, "periodic catch-up failed"),
+                    }
+                }
+                pushed_since_check.clear();
+            }
+        }
+    }
+    if let Some(s) = server {
+        let _ = s.await;
+    }
+    Ok(())
+}
+
+/// `harvest status`: position, lag, subscription, queue and failures, as text.
+pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
+    let db = cfg.database_path();
+    if !db.exists() {
+        anyhow::bail!(
+            "no harvest state at {} (state.dir): nothing harvested yet",
+            db.display()
+        );
+    }
+    let state = State::open(&db)?;
+    let mut out = String::new();
+    for s in state.sets()? {
+        let lag = match (s.source_latest, s.position) {
+            (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
+            (Some(_), Some(_)) => "0 s (up to date)".into(),
+            _ => "unknown".into(),
+        };
+        out.push_str(&format!(
+            "set {}\n  capability list:  {}\n  baseline:         {}\n  position:         {}\n  newest at source: {}\n  lag:              {lag}\n  resources held:   {}\n  changes applied:  {}\n  pending:          {}\n  last check:       {}\n  last push:        {}\n",
+            s.name,
+            s.capability,
+            if s.baseline_done { "done" } else { "not finished" },
+            s.position.map_or("-".into(), |p| p.to_string()),
+            s.source_latest.map_or("-".into(), |p| p.to_string()),
+            state.count_held(s.id)?,
+            state.applied_count(s.id)?,
+            state.count_pending(s.id)?,
+            s.checked_at.map_or("-".into(), |p| p.to_string()),
+            s.last_push_at.map_or("-".into(), |p| p.to_string()),
+        ));
+        match state.subscription(s.id)? {
+            Some(sub) => {
+                let expires = sub
+                    .verified_at
+                    .zip(sub.lease_secs)
+                    .map(|(v, l)| v.plus_secs(l).to_string())
+                    .unwrap_or("-".into());
+                out.push_str(&format!(
+                    "  subscription:     {} at {} (topic {}, callback {}, lease until {expires}{})\n",
+                    sub.state,
+                    sub.hub,
+                    sub.topic,
+                    sub.callback,
+                    sub.reason.map(|r| format!(", reason: {r}")).unwrap_or_default()
+                ));
+            }
+            None => out.push_str("  subscription:     none\n"),
+        }
+    }
+    let problems = state.problems()?;
+    if !problems.is_empty() {
+        out.push_str("\nnot applied yet:\n");
+        for (_, p) in problems {
+            let what = if p.skipped {
+                "SKIPPED"
+            } else if p.failed {
+                "FAILED"
+            } else {
+                "retrying"
+            };
+            out.push_str(&format!(
+                "  {what:8} {} {} {} (tries {}): {}\n",
+                p.change.change,
+                p.change.uri,
+                p.change.datetime,
+                p.tries,
+                p.last_error.unwrap_or_default()
+            ));
+        }
+    }
+    out.push_str(&format!(
+        "\ndeliveries ignored: {} unsigned, {} with a wrong signature\n",
+        state.counter("unsigned")?,
+        state.counter("bad_signature")?
+    ));
+    Ok(out)
+}
+
+/// `harvest audit`: compares what the destination holds with the source's current Resource
+/// List. Returns the report and whether it is in sync.
+pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
+    let h = Harvester::new(cfg.clone(), String::new())?;
+    let sets = h.discover().await?;
+    let mut out = String::new();
+    let mut in_sync = true;
+    let tmp = h.output.temp_dir().to_path_buf();
+    for s in &sets {
+        let Some(rl) = &s.info.resourcelist else {
+            continue;
+        };
+        let mut listed: HashSet<String> = HashSet::new();
+        let (mut missing, mut differ) = (Vec::new(), Vec::new());
+        let first = h
+            .fetcher
+            .document_to_file(rl, &tmp)
+            .await
+            .map_err(|e| anyhow::anyhow!("Resource List: {e}"))?;
+        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(first.path())?))?;
+        let parts: Vec<Option<String>> = if reader.header().is_index {
+            let mut r = reader;
+            let mut v = Vec::new();
+            while let Some(e) = r.next_entry()? {
+                v.push(Some(e.loc));
+            }
+            v
+        } else {
+            vec![None]
+        };
+        for part in parts {
+            let file = match part {
+                Some(u) => h
+                    .fetcher
+                    .document_to_file(&u, &tmp)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("Resource List part: {e}"))?,
+                None => h
+                    .fetcher
+                    .document_to_file(rl, &tmp)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("Resource List: {e}"))?,
+            };
+            let mut r =
+                EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
+            while let Some(e) = r.next_entry()? {
+                let c = entry_change(&e, "created", Timestamp(0));
+                listed.insert(c.uri.clone());
+                let path = h.output.locate(&c.uri)?;
+                match file_facts(&path) {
+                    None => missing.push(c.uri),
+                    Some((len, md5)) => {
+                        if c.length.is_some_and(|l| l != len)
+                            || c.md5
+                                .as_deref()
+                                .is_some_and(|m| !m.eq_ignore_ascii_case(&md5))
+                        {
+                            differ.push(c.uri);
+                        }
+                    }
+                }
+            }
+        }
+        let extra: Vec<String> = h
+            .state
+            .held_uris(s.row.id)?
+            .into_iter()
+            .filter(|u| !listed.contains(u))
+            .collect();
+        let ok = missing.is_empty() && differ.is_empty() && extra.is_empty();
+        in_sync &= ok;
+        out.push_str(&format!(
+            "set {}: {} listed, {} missing, {} different, {} held but no longer listed\n",
+            s.info.name,
+            listed.len(),
+            missing.len(),
+            differ.len(),
+            extra.len()
+        ));
+        for (what, list) in [
+            ("missing", &missing),
+            ("different", &differ),
+            ("extra", &extra),
+        ] {
+            for u in list.iter().take(20) {
+                out.push_str(&format!("  {what}: {u}\n"));
+            }
+            if list.len() > 20 {
+                out.push_str(&format!("  … and {} more {what}\n", list.len() - 20));
+            }
+        }
+    }
+    out.push_str(if in_sync {
+        "IN SYNC\n"
+    } else {
+        "NOT IN SYNC\n"
+    });
+    Ok((out, in_sync))
+}
+
+/// Length and md5 of a file, or `None` when it is not there.
+fn file_facts(path: &std::path::Path) -> Option<(u64, String)> {
+    use md5::{Digest, Md5};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = Md5::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0u64;
+    loop {
+        let n = f.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        len += n as u64;
+        h.update(&buf[..n]);
+    }
+    Some((len, crate::digest::hex_digest(h.finalize())))
+}

@@ -1,0 +1,157 @@
+//! The mirror folder: each resource a file at a path derived from its URI, as `resync-sync
+//! URI=DIR` does (a configured prefix maps to a folder; otherwise `<dir>/<host>[_<port>]/<path>`),
+//! written atomically (a temporary file in the same folder tree, then a rename).
+
+use std::path::{Component, Path, PathBuf};
+
+use percent_encoding::percent_decode_str;
+
+use super::{Item, Output};
+use crate::destination::config::{MapEntry, OutputSection};
+
+pub struct Mirror {
+    dir: PathBuf,
+    map: Vec<MapEntry>,
+    keep_deleted: bool,
+    tmp: PathBuf,
+}
+
+impl Mirror {
+    pub fn new(cfg: &OutputSection) -> anyhow::Result<Mirror> {
+        let tmp = cfg.dir.join(".rshub-tmp");
+        std::fs::create_dir_all(&tmp).map_err(|e| {
+            anyhow::anyhow!("cannot create the mirror folder {}: {e}", tmp.display())
+        })?;
+        // Leftovers of a run killed mid-download.
+        for e in std::fs::read_dir(&tmp)?.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        let mut map = cfg.map.clone();
+        map.sort_by_key(|m| std::cmp::Reverse(m.uri.len()));
+        Ok(Mirror {
+            dir: cfg.dir.clone(),
+            map,
+            keep_deleted: cfg.keep_deleted,
+            tmp,
+        })
+    }
+}
+
+/// A URI path as folder components: percent-decoded segments, none of them empty, `.`, `..`
+/// or holding a separator or NUL; a query is kept as part of the last name.
+fn relative_path(rest: &str) -> anyhow::Result<PathBuf> {
+    let (path, query) = match rest.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (rest, None),
+    };
+    let path = path.split('#').next().unwrap_or("");
+    let mut out = PathBuf::new();
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    for (i, seg) in segments.iter().enumerate() {
+        let mut name = percent_decode_str(seg).decode_utf8_lossy().into_owned();
+        if i + 1 == segments.len() {
+            if let Some(q) = query {
+                name = format!("{name}?{q}");
+            }
+        }
+        if name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
+            anyhow::bail!("the URI path segment {seg:?} cannot be a file name");
+        }
+        out.push(name);
+    }
+    if path.ends_with('/') || out.as_os_str().is_empty() {
+        out.push("index");
+    }
+    debug_assert!(out.components().all(|c| matches!(c, Component::Normal(_))));
+    Ok(out)
+}
+
+impl Output for Mirror {
+    fn put(&self, _item: &Item, file: &Path) -> anyhow::Result<String> {
+        let target = self.locate(_item.uri)?;
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+        }
+        if target.is_dir() {
+            anyhow::bail!(
+                "{} is a folder (another resource's path lies under this one's)",
+                target.display()
+            );
+        }
+        std::fs::rename(file, &target)
+            .map_err(|e| anyhow::anyhow!("cannot move into {}: {e}", target.display()))?;
+        Ok(target.display().to_string())
+    }
+
+    fn delete(&self, _set: &str, uri: &str) -> anyhow::Result<()> {
+        if self.keep_deleted {
+            return Ok(());
+        }
+        let target = self.locate(uri)?;
+        match std::fs::remove_file(&target) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(anyhow::anyhow!("cannot remove {}: {e}", target.display())),
+        }
+    }
+
+    fn temp_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
+        for m in &self.map {
+            if let Some(rest) = uri.strip_prefix(&m.uri) {
+                return Ok(m.dir.join(relative_path(rest)?));
+            }
+        }
+        let u = url::Url::parse(uri).map_err(|e| anyhow::anyhow!("{uri:?} is not a URL: {e}"))?;
+        let host = match u.port() {
+            Some(p) => format!("{}_{p}", u.host_str().unwrap_or("_")),
+            None => u.host_str().unwrap_or("_").to_string(),
+        };
+        // The path as written (not as the URL parser normalises it), so that an encoded `..`
+        // is refused rather than resolved.
+        let after_scheme = uri.find("://").map_or(0, |i| i + 3);
+        let rest = &uri[uri[after_scheme..]
+            .find(['/', '?'])
+            .map_or(uri.len(), |i| after_scheme + i)..];
+        Ok(self.dir.join(host).join(relative_path(rest)?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_from_uris() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = OutputSection {
+            kind: crate::destination::config::OutputKind::Mirror,
+            dir: dir.path().to_path_buf(),
+            map: vec![MapEntry {
+                uri: "http://h:8080/files/papers/".into(),
+                dir: "/srv/papers".into(),
+            }],
+            keep_deleted: false,
+            exec: String::new(),
+        };
+        let m = Mirror::new(&cfg).unwrap();
+        assert_eq!(
+            m.locate("http://h:8080/files/papers/a/b%20c.pdf").unwrap(),
+            Path::new("/srv/papers/a/b c.pdf")
+        );
+        assert_eq!(
+            m.locate("http://x.org:81/d/e?x=1").unwrap(),
+            dir.path().join("x.org_81/d/e?x=1")
+        );
+        assert_eq!(
+            m.locate("http://x.org/").unwrap(),
+            dir.path().join("x.org/index")
+        );
+        assert!(m.locate("http://x.org/a/%2e%2e/b").is_err());
+        assert!(m.locate("http://x.org/a/%2Fetc").is_err());
+    }
+}

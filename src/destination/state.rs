@@ -1,0 +1,551 @@
+//! The destination's durable state, an SQLite database in the state directory: per set the
+//! position (every change dated before it has been applied and verified), the record of each
+//! resource held, the log of applied changes (so that nothing is applied twice), the queue of
+//! changes still to apply with their failures, the push subscription, and counters.
+//!
+//! Changes go through `pending` before they are applied: a change read from a notification or
+//! a Change List is queued (once: the queue and the log are keyed by uri, change and datetime),
+//! then applied in order per resource; only success moves it to `applied`. A process killed at
+//! any point restarts from this queue and from its position.
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use crate::model::Timestamp;
+
+/// One change to apply (from a Change List or a notification).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub uri: String,
+    pub change: String,
+    pub datetime: Timestamp,
+    pub md5: Option<String>,
+    pub length: Option<u64>,
+    pub lastmod: Option<Timestamp>,
+}
+
+/// A queued change with its history.
+#[derive(Debug, Clone)]
+pub struct Pending {
+    pub id: i64,
+    pub change: Change,
+    pub tries: u32,
+    pub last_error: Option<String>,
+    pub failed: bool,
+    pub skipped: bool,
+}
+
+/// A set the destination follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetRow {
+    pub id: i64,
+    pub capability: String,
+    pub name: String,
+    /// Every change dated before this has been applied; `None` before the baseline.
+    pub position: Option<Timestamp>,
+    pub baseline_done: bool,
+    /// The newest change datetime seen at the source.
+    pub source_latest: Option<Timestamp>,
+    pub checked_at: Option<Timestamp>,
+    pub last_push_at: Option<Timestamp>,
+}
+
+/// The push subscription of a set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subscription {
+    pub set_id: i64,
+    pub hub: String,
+    pub topic: String,
+    pub callback: String,
+    pub secret: String,
+    /// requested | active | denied
+    pub state: String,
+    pub requested_at: Timestamp,
+    pub verified_at: Option<Timestamp>,
+    pub lease_secs: Option<u64>,
+    pub reason: Option<String>,
+}
+
+/// What the destination holds of one resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Held {
+    pub md5: Option<String>,
+    pub length: Option<u64>,
+    pub path: String,
+}
+
+pub struct State {
+    conn: Mutex<Connection>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("harvest state: {0}")]
+pub struct StateError(String);
+
+impl From<rusqlite::Error> for StateError {
+    fn from(e: rusqlite::Error) -> Self {
+        StateError(e.to_string())
+    }
+}
+
+type R<T> = Result<T, StateError>;
+
+impl State {
+    pub fn open(path: &Path) -> R<State> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StateError(format!("cannot create {}: {e}", dir.display())))?;
+        }
+        let conn = Connection::open(path)?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;
+             CREATE TABLE IF NOT EXISTS sets (
+               id INTEGER PRIMARY KEY, capability TEXT NOT NULL UNIQUE, name TEXT NOT NULL,
+               position INTEGER, baseline_done INTEGER NOT NULL DEFAULT 0,
+               source_latest INTEGER, checked_at INTEGER, last_push_at INTEGER);
+             CREATE TABLE IF NOT EXISTS resources (
+               set_id INTEGER NOT NULL, uri TEXT NOT NULL, md5 TEXT, length INTEGER, path TEXT NOT NULL,
+               PRIMARY KEY (set_id, uri));
+             CREATE TABLE IF NOT EXISTS applied (
+               set_id INTEGER NOT NULL, uri TEXT NOT NULL, change TEXT NOT NULL, datetime INTEGER NOT NULL,
+               applied_at INTEGER NOT NULL, PRIMARY KEY (set_id, uri, change, datetime));
+             CREATE TABLE IF NOT EXISTS pending (
+               id INTEGER PRIMARY KEY AUTOINCREMENT, set_id INTEGER NOT NULL, uri TEXT NOT NULL,
+               change TEXT NOT NULL, datetime INTEGER NOT NULL, md5 TEXT, length INTEGER, lastmod INTEGER,
+               tries INTEGER NOT NULL DEFAULT 0, last_error TEXT, failed INTEGER NOT NULL DEFAULT 0,
+               skipped INTEGER NOT NULL DEFAULT 0, UNIQUE (set_id, uri, change, datetime));
+             CREATE TABLE IF NOT EXISTS subscriptions (
+               set_id INTEGER PRIMARY KEY, hub TEXT NOT NULL, topic TEXT NOT NULL, callback TEXT NOT NULL,
+               secret TEXT NOT NULL, state TEXT NOT NULL, requested_at INTEGER NOT NULL,
+               verified_at INTEGER, lease_secs INTEGER, reason TEXT);
+             CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+        )?;
+        Ok(State {
+            conn: Mutex::new(conn),
+        })
+    }
+
+    fn c(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.conn.lock().expect("state lock")
+    }
+
+    /// The set of this Capability List, registered on first sight.
+    pub fn set(&self, capability: &str, name: &str) -> R<SetRow> {
+        let c = self.c();
+        c.execute(
+            "INSERT OR IGNORE INTO sets (capability, name) VALUES (?1, ?2)",
+            params![capability, name],
+        )?;
+        Ok(c.query_row(
+            &format!("{SET_COLS} WHERE capability = ?1"),
+            [capability],
+            set_row,
+        )?)
+    }
+
+    pub fn sets(&self) -> R<Vec<SetRow>> {
+        let c = self.c();
+        let mut st = c.prepare(&format!("{SET_COLS} ORDER BY id"))?;
+        let rows = st.query_map([], set_row)?.collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn set_by_id(&self, id: i64) -> R<Option<SetRow>> {
+        Ok(self
+            .c()
+            .query_row(&format!("{SET_COLS} WHERE id = ?1"), [id], set_row)
+            .optional()?)
+    }
+
+    pub fn finish_baseline(&self, set_id: i64, position: Timestamp) -> R<()> {
+        self.c().execute(
+            "UPDATE sets SET baseline_done = 1, position = ?2 WHERE id = ?1",
+            params![set_id, position.0],
+        )?;
+        Ok(())
+    }
+
+    /// Moves the position forward (never back).
+    pub fn advance(&self, set_id: i64, to: Timestamp) -> R<()> {
+        self.c().execute(
+            "UPDATE sets SET position = MAX(COALESCE(position, ?2), ?2) WHERE id = ?1",
+            params![set_id, to.0],
+        )?;
+        Ok(())
+    }
+
+    pub fn checked(&self, set_id: i64, source_latest: Option<Timestamp>) -> R<()> {
+        self.c().execute(
+            "UPDATE sets SET checked_at = ?2, source_latest = MAX(COALESCE(source_latest, 0), COALESCE(?3, 0)) WHERE id = ?1",
+            params![set_id, Timestamp::now().0, source_latest.map(|t| t.0)],
+        )?;
+        Ok(())
+    }
+
+    pub fn pushed(&self, set_id: i64, newest: Option<Timestamp>) -> R<()> {
+        self.c().execute(
+            "UPDATE sets SET last_push_at = ?2, source_latest = MAX(COALESCE(source_latest, 0), COALESCE(?3, 0)) WHERE id = ?1",
+            params![set_id, Timestamp::now().0, newest.map(|t| t.0)],
+        )?;
+        Ok(())
+    }
+
+    pub fn held(&self, set_id: i64, uri: &str) -> R<Option<Held>> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT md5, length, path FROM resources WHERE set_id = ?1 AND uri = ?2",
+                params![set_id, uri],
+                |r| {
+                    Ok(Held {
+                        md5: r.get(0)?,
+                        length: r.get::<_, Option<i64>>(1)?.map(|n| n as u64),
+                        path: r.get(2)?,
+                    })
+                },
+            )
+            .optional()?)
+    }
+
+    /// Records a resource written by the baseline.
+    pub fn hold(&self, set_id: i64, uri: &str, held: &Held) -> R<()> {
+        self.c().execute(
+            "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![set_id, uri, held.md5, held.length.map(|n| n as i64), held.path],
+        )?;
+        Ok(())
+    }
+
+    /// Every resource held, in URI order (for the audit).
+    pub fn held_uris(&self, set_id: i64) -> R<Vec<String>> {
+        let c = self.c();
+        let mut st = c.prepare("SELECT uri FROM resources WHERE set_id = ?1 ORDER BY uri")?;
+        let rows = st
+            .query_map([set_id], |r| r.get(0))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn count_held(&self, set_id: i64) -> R<u64> {
+        Ok(self.c().query_row(
+            "SELECT COUNT(*) FROM resources WHERE set_id = ?1",
+            [set_id],
+            |r| r.get::<_, i64>(0),
+        )? as u64)
+    }
+
+    /// Queues changes not yet applied nor queued; returns how many were new.
+    pub fn enqueue(&self, set_id: i64, changes: &[Change]) -> R<usize> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let mut n = 0;
+        {
+            let mut done = tx.prepare_cached("SELECT 1 FROM applied WHERE set_id = ?1 AND uri = ?2 AND change = ?3 AND datetime = ?4")?;
+            let mut ins = tx.prepare_cached(
+                "INSERT OR IGNORE INTO pending (set_id, uri, change, datetime, md5, length, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?;
+            for ch in changes {
+                if done.exists(params![set_id, ch.uri, ch.change, ch.datetime.0])? {
+                    continue;
+                }
+                n += ins.execute(params![
+                    set_id,
+                    ch.uri,
+                    ch.change,
+                    ch.datetime.0,
+                    ch.md5,
+                    ch.length.map(|n| n as i64),
+                    ch.lastmod.map(|t| t.0)
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(n)
+    }
+
+    /// The queue of a set, oldest first (skipped ones left out).
+    pub fn pending(&self, set_id: i64) -> R<Vec<Pending>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT id, uri, change, datetime, md5, length, lastmod, tries, last_error, failed, skipped FROM pending
+             WHERE set_id = ?1 AND skipped = 0 ORDER BY datetime, id",
+        )?;
+        let rows = st
+            .query_map([set_id], pending_row)?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    /// Failed and skipped changes of every set (for `harvest status`).
+    pub fn problems(&self) -> R<Vec<(i64, Pending)>> {
+        let c = self.c();
+        let mut st = c.prepare(
+            "SELECT id, uri, change, datetime, md5, length, lastmod, tries, last_error, failed, skipped, set_id FROM pending
+             WHERE failed = 1 OR skipped = 1 OR tries > 0 ORDER BY set_id, datetime, id",
+        )?;
+        let rows = st
+            .query_map([], |r| Ok((r.get(11)?, pending_row(r)?)))?
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(rows)
+    }
+
+    pub fn count_pending(&self, set_id: i64) -> R<u64> {
+        Ok(self.c().query_row(
+            "SELECT COUNT(*) FROM pending WHERE set_id = ?1 AND skipped = 0",
+            [set_id],
+            |r| r.get::<_, i64>(0),
+        )? as u64)
+    }
+
+    /// The datetime of the oldest change still waiting (what holds the position).
+    pub fn oldest_pending(&self, set_id: i64) -> R<Option<Timestamp>> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT MIN(datetime) FROM pending WHERE set_id = ?1 AND skipped = 0",
+                [set_id],
+                |r| r.get::<_, Option<i64>>(0),
+            )?
+            .map(Timestamp))
+    }
+
+    /// A change applied: out of the queue, into the log, and the resource's record updated,
+    /// in one transaction.
+    pub fn applied(&self, set_id: i64, p: &Pending, held: Option<&Held>) -> R<()> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?;
+        tx.execute(
+            "INSERT OR IGNORE INTO applied (set_id, uri, change, datetime, applied_at) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![set_id, p.change.uri, p.change.change, p.change.datetime.0, Timestamp::now().0],
+        )?;
+        match held {
+            Some(h) => tx.execute(
+                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path) VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![set_id, p.change.uri, h.md5, h.length.map(|n| n as i64), h.path],
+            )?,
+            None => tx.execute("DELETE FROM resources WHERE set_id = ?1 AND uri = ?2", params![set_id, p.change.uri])?,
+        };
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// A failed attempt: counted; `failed` once `max_tries` is reached, and then `skipped`
+    /// too when the configuration says to move on.
+    pub fn attempt_failed(
+        &self,
+        p: &Pending,
+        error: &str,
+        max_tries: u32,
+        skip: bool,
+    ) -> R<Pending> {
+        let tries = p.tries + 1;
+        let failed = tries >= max_tries;
+        let skipped = failed && skip;
+        self.c().execute(
+            "UPDATE pending SET tries = ?2, last_error = ?3, failed = ?4, skipped = ?5 WHERE id = ?1",
+            params![p.id, tries, error, failed, skipped],
+        )?;
+        Ok(Pending {
+            tries,
+            last_error: Some(error.to_string()),
+            failed,
+            skipped,
+            ..p.clone()
+        })
+    }
+
+    /// How many times each (uri, change, datetime) was applied: always at most once.
+    pub fn applied_count(&self, set_id: i64) -> R<u64> {
+        Ok(self.c().query_row(
+            "SELECT COUNT(*) FROM applied WHERE set_id = ?1",
+            [set_id],
+            |r| r.get::<_, i64>(0),
+        )? as u64)
+    }
+
+    pub fn subscription(&self, set_id: i64) -> R<Option<Subscription>> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT set_id, hub, topic, callback, secret, state, requested_at, verified_at, lease_secs, reason
+                 FROM subscriptions WHERE set_id = ?1",
+                [set_id],
+                sub_row,
+            )
+            .optional()?)
+    }
+
+    /// A subscription request sent (or about to be): replaces the previous one.
+    pub fn requested(&self, s: &Subscription) -> R<()> {
+        self.c().execute(
+            "INSERT OR REPLACE INTO subscriptions (set_id, hub, topic, callback, secret, state, requested_at, verified_at, lease_secs, reason)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'requested', ?6, NULL, NULL, NULL)",
+            params![s.set_id, s.hub, s.topic, s.callback, s.secret, s.requested_at.0],
+        )?;
+        Ok(())
+    }
+
+    pub fn verified(&self, set_id: i64, lease_secs: u64) -> R<()> {
+        self.c().execute(
+            "UPDATE subscriptions SET state = 'active', verified_at = ?2, lease_secs = ?3, reason = NULL WHERE set_id = ?1",
+            params![set_id, Timestamp::now().0, lease_secs as i64],
+        )?;
+        Ok(())
+    }
+
+    pub fn denied(&self, set_id: i64, reason: &str) -> R<()> {
+        self.c().execute(
+            "UPDATE subscriptions SET state = 'denied', reason = ?2 WHERE set_id = ?1",
+            params![set_id, reason],
+        )?;
+        Ok(())
+    }
+
+    pub fn bump(&self, counter: &str) -> R<()> {
+        self.c().execute(
+            "INSERT INTO counters (name, value) VALUES (?1, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
+            [counter],
+        )?;
+        Ok(())
+    }
+
+    pub fn counter(&self, counter: &str) -> R<u64> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT value FROM counters WHERE name = ?1",
+                [counter],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            .unwrap_or(0) as u64)
+    }
+}
+
+const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at FROM sets";
+
+fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
+    Ok(SetRow {
+        id: r.get(0)?,
+        capability: r.get(1)?,
+        name: r.get(2)?,
+        position: r.get::<_, Option<i64>>(3)?.map(Timestamp),
+        baseline_done: r.get(4)?,
+        source_latest: r
+            .get::<_, Option<i64>>(5)?
+            .filter(|t| *t > 0)
+            .map(Timestamp),
+        checked_at: r.get::<_, Option<i64>>(6)?.map(Timestamp),
+        last_push_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
+    })
+}
+
+fn pending_row(r: &rusqlite::Row) -> rusqlite::Result<Pending> {
+    Ok(Pending {
+        id: r.get(0)?,
+        change: Change {
+            uri: r.get(1)?,
+            change: r.get(2)?,
+            datetime: Timestamp(r.get(3)?),
+            md5: r.get(4)?,
+            length: r.get::<_, Option<i64>>(5)?.map(|n| n as u64),
+            lastmod: r.get::<_, Option<i64>>(6)?.map(Timestamp),
+        },
+        tries: r.get(7)?,
+        last_error: r.get(8)?,
+        failed: r.get(9)?,
+        skipped: r.get(10)?,
+    })
+}
+
+fn sub_row(r: &rusqlite::Row) -> rusqlite::Result<Subscription> {
+    Ok(Subscription {
+        set_id: r.get(0)?,
+        hub: r.get(1)?,
+        topic: r.get(2)?,
+        callback: r.get(3)?,
+        secret: r.get(4)?,
+        state: r.get(5)?,
+        requested_at: Timestamp(r.get(6)?),
+        verified_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
+        lease_secs: r.get::<_, Option<i64>>(8)?.map(|n| n as u64),
+        reason: r.get(9)?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ch(uri: &str, change: &str, dt: i64) -> Change {
+        Change {
+            uri: uri.into(),
+            change: change.into(),
+            datetime: Timestamp(dt),
+            md5: None,
+            length: None,
+            lastmod: None,
+        }
+    }
+
+    #[test]
+    fn a_change_is_queued_once_and_applied_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = State::open(&dir.path().join("h.sqlite")).unwrap();
+        let set = s.set("http://h/cap.xml", "papers").unwrap();
+        assert_eq!(
+            s.enqueue(
+                set.id,
+                &[
+                    ch("http://h/a", "created", 1),
+                    ch("http://h/b", "created", 2)
+                ]
+            )
+            .unwrap(),
+            2
+        );
+        assert_eq!(
+            s.enqueue(set.id, &[ch("http://h/a", "created", 1)])
+                .unwrap(),
+            0,
+            "queued already"
+        );
+        let p = s.pending(set.id).unwrap();
+        assert_eq!(s.oldest_pending(set.id).unwrap(), Some(Timestamp(1)));
+        s.applied(
+            set.id,
+            &p[0],
+            Some(&Held {
+                md5: None,
+                length: Some(1),
+                path: "a".into(),
+            }),
+        )
+        .unwrap();
+        assert_eq!(
+            s.enqueue(set.id, &[ch("http://h/a", "created", 1)])
+                .unwrap(),
+            0,
+            "applied already"
+        );
+        let failed = s.attempt_failed(&p[1], "md5 mismatch", 2, false).unwrap();
+        assert!(!failed.failed);
+        let failed = s.attempt_failed(&failed, "md5 mismatch", 2, false).unwrap();
+        assert!(failed.failed && !failed.skipped);
+        assert_eq!(
+            s.oldest_pending(set.id).unwrap(),
+            Some(Timestamp(2)),
+            "a failed change holds the position"
+        );
+        s.advance(set.id, Timestamp(10)).unwrap();
+        s.advance(set.id, Timestamp(5)).unwrap();
+        assert_eq!(
+            s.set_by_id(set.id).unwrap().unwrap().position,
+            Some(Timestamp(10)),
+            "never back"
+        );
+    }
+}
