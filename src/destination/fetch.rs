@@ -192,23 +192,23 @@ fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
     let retry = s == StatusCode::TOO_MANY_REQUESTS
         || s == StatusCode::REQUEST_TIMEOUT
         || s.is_server_error();
-    let retry_after =
-        r.headers()
-            .get(reqwest::header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                v.trim()
-                    .parse::<u64>()
-                    .ok()
-                    .map(Duration::from_secs)
-                    .or_else(|| {
-                        crate::model::Timestamp::parse_http_date(v).map(|t| {
+    let retry_after = r
+        .headers()
+        .get(reqwest::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.trim()
+                .parse::<u64>()
+                .ok()
+                .map(Duration::from_secs)
+                .or_else(|| {
+                    crate::model::Timestamp::parse_http_date(v).map(|t| {
                             Duration::from_micros(
                                 (t.0 - crate::model::Timestamp::now().0).max(0) as u64
                             )
                         })
-                    })
-            });
+                })
+        });
     Err(FetchError {
         message: format!("GET {url}: {s}"),
         retry,

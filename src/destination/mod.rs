@@ -51,6 +51,8 @@ pub struct Harvester {
     output: Arc<dyn Output>,
     /// Base of the callback URLs.
     callback_base: String,
+    /// Per set, the newest change the Change Lists brought that no delivery has confirmed yet.
+    unconfirmed: std::sync::Mutex<std::collections::HashMap<i64, Timestamp>>,
 }
 
 /// A followed set: its row and what its Capability List offers.
@@ -73,6 +75,7 @@ impl Harvester {
             fetcher,
             output,
             callback_base,
+            unconfirmed: Default::default(),
         })
     }
 
@@ -218,13 +221,15 @@ impl Harvester {
 
     /// Reads the Change Lists from the position on (following the index across closed lists),
     /// queues what is new, applies the queue, and moves the position. Returns how many changes
-    /// were new.
-    async fn catch_up(&self, set: &Followed) -> anyhow::Result<usize> {
+    /// were new and the newest datetime among them.
+    async fn catch_up(&self, set: &Followed) -> anyhow::Result<(usize, Option<Timestamp>)> {
         let Some(cl) = &set.info.changelist else {
-            return Ok(0);
+            return Ok((0, None));
         };
         let row = self.row(set.row.id)?;
-        let Some(p) = row.position else { return Ok(0) };
+        let Some(p) = row.position else {
+            return Ok((0, None));
+        };
         let tmp = self.output.temp_dir().to_path_buf();
         let first = self
             .fetcher
@@ -251,6 +256,7 @@ impl Harvester {
         }
         let mut new = 0;
         let mut newest: Option<Timestamp> = None;
+        let mut newest_new: Option<Timestamp> = None;
         for (url, file) in lists {
             let file = match file {
                 Some(f) => f,
@@ -263,26 +269,84 @@ impl Harvester {
             let mut r =
                 EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
             let mut batch = Vec::new();
-            while let Some(e) = r.next_entry()? {
-                let Some(c) = change_of(&e) else { continue };
-                newest = newest.max(Some(c.datetime));
-                if c.datetime >= p {
-                    batch.push(c);
+            loop {
+                let entry = r.next_entry()?;
+                let end = entry.is_none();
+                if let Some(e) = entry {
+                    let Some(mut c) = change_of(&e) else { continue };
+                    newest = newest.max(Some(c.datetime));
+                    if e.md.contains_key("datetime") {
+                        if c.datetime >= p {
+                            batch.push(c);
+                        }
+                    } else if self.undated_is_new(set.row.id, &c)? {
+                        // A ResourceSync 1.0 style entry has only `lastmod` (a deletion's is the
+                        // deleted resource's old one), so its date cannot place it: it is taken
+                        // when what we hold does not reflect it yet, dated no earlier than P.
+                        c.datetime = c.datetime.max(p);
+                        batch.push(c);
+                    }
                 }
-                if batch.len() >= 1000 {
-                    new += self
-                        .state
-                        .enqueue(set.row.id, &std::mem::take(&mut batch))?;
+                if batch.len() >= 1000 || (end && !batch.is_empty()) {
+                    let b = std::mem::take(&mut batch);
+                    let n = self.state.enqueue(set.row.id, &b)?;
+                    if n > 0 {
+                        newest_new = newest_new.max(b.iter().map(|c| c.datetime).max());
+                    }
+                    new += n;
+                }
+                if end {
+                    break;
                 }
             }
-            new += self.state.enqueue(set.row.id, &batch)?;
         }
         self.state.checked(set.row.id, newest)?;
         self.drain(set).await?;
         if let Some(n) = newest {
             self.advance(set.row.id, n)?;
         }
-        Ok(new)
+        Ok((new, newest_new))
+    }
+
+    /// Whether the Change Lists brought changes that push should have brought: the newest
+    /// change they brought is more than a few seconds old and no delivery arrived after it.
+    /// Then the subscription may be gone at the hub (removed, expired, its store rebuilt) and
+    /// is asked for again.
+    fn push_missed(&self, set: &Followed, found: (usize, Option<Timestamp>)) -> bool {
+        let mut unconfirmed = self.unconfirmed.lock().expect("lock");
+        if let (n, Some(newest)) = found {
+            if n > 0 {
+                let e = unconfirmed.entry(set.row.id).or_insert(newest);
+                *e = (*e).max(newest);
+            }
+        }
+        let Some(&newest) = unconfirmed.get(&set.row.id) else {
+            return false;
+        };
+        if newest.0 > Timestamp::now().0 - 3_000_000 {
+            return false; // push may still be on its way
+        }
+        unconfirmed.remove(&set.row.id);
+        let last_push = self.row(set.row.id).ok().and_then(|r| r.last_push_at);
+        let missed = last_push.is_none_or(|t| t < newest);
+        if missed {
+            tracing::info!(set = %set.info.name, "the Change Lists had changes push did not bring: subscribing again");
+        }
+        missed
+    }
+
+    /// Whether an entry without a `datetime` still has to be applied: a deletion of something
+    /// held, or a creation/update whose length or md5 differ from what is held.
+    fn undated_is_new(&self, set_id: i64, c: &Change) -> anyhow::Result<bool> {
+        let held = self.state.held(set_id, &c.uri)?;
+        Ok(match (c.change.as_str(), held) {
+            ("deleted", held) => held.is_some(),
+            (_, None) => true,
+            (_, Some(h)) => {
+                c.length.is_some_and(|l| Some(l) != h.length)
+                    || c.md5.as_ref().is_some_and(|m| Some(m) != h.md5.as_ref())
+            }
+        })
     }
 
     /// Moves the position to `to`, or to the oldest change still queued if that is earlier.
@@ -691,20 +755,25 @@ pub async fn run(
                 _ = cancel.cancelled() => break,
             }
         }
-        if let Err(e) = h.catch_up(s).await {
-            tracing::warn!(set = %s.info.name, error = %e, "catching up from the Change Lists failed; retried at the next check");
+        match h.catch_up(s).await {
+            Ok(found) => {
+                if h.push_missed(s, found) {
+                    h.keep_subscribed(s, true).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(set = %s.info.name, error = %e, "catching up from the Change Lists failed; retried at the next check")
+            }
         }
     }
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
-    let mut pushed_since_check: HashSet<i64> = HashSet::new();
     while !cancel.is_cancelled() {
         tokio::select! {
             _ = cancel.cancelled() => break,
             Some(push) = rx.recv() => {
                 let Some(set) = sets.iter().find(|s| s.row.id == push.set_id) else { continue };
-                pushed_since_check.insert(set.row.id);
                 if let Err(e) = h.on_push(set, &push.body).await {
                     tracing::warn!(set = %set.info.name, error = %e, "applying a notification failed; the next check catches up");
                 }
@@ -712,19 +781,13 @@ pub async fn run(
             _ = tick.tick() => {
                 for s in &sets {
                     match h.catch_up(s).await {
-                        Ok(new) => {
-                            // Changes push did not bring while it was silent: the subscription
-                            // may be gone at the hub.
-                            let silent = new > 0 && !pushed_since_check.contains(&s.row.id);
-                            if silent {
-                                tracing::info!(set = %s.info.name, new, "the Change Lists had changes push did not bring: subscribing again");
-                            }
-                            h.keep_subscribed(s, silent).await;
+                        Ok(found) => {
+                            let missed = h.push_missed(s, found);
+                            h.keep_subscribed(s, missed).await;
                         }
                         Err(e) => tracing::warn!(set = %s.info.name, error = %e, "periodic catch-up failed"),
                     }
                 }
-                pushed_since_check.clear();
             }
         }
     }

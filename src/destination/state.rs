@@ -99,8 +99,10 @@ impl State {
                 .map_err(|e| StateError(format!("cannot create {}: {e}", dir.display())))?;
         }
         let conn = Connection::open(path)?;
+        // Before anything else: `harvest status` and tests open it while the harvester writes.
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA busy_timeout = 5000;
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
              CREATE TABLE IF NOT EXISTS sets (
                id INTEGER PRIMARY KEY, capability TEXT NOT NULL UNIQUE, name TEXT NOT NULL,
                position INTEGER, baseline_done INTEGER NOT NULL DEFAULT 0,

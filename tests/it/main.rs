@@ -8,6 +8,7 @@ mod cli;
 mod documents;
 mod elastic;
 mod external;
+mod harvest;
 mod hub;
 mod hub_crash;
 mod ingest;

@@ -1,0 +1,431 @@
+//! The destination (`resourcesync-hub harvest`) against our server and against static files
+//! made by the Python reference tool: baseline, push, gap filling, never skipping.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use resourcesync_hub::destination::{self, config::HarvestConfig, state::State};
+use tokio::sync::oneshot;
+
+use crate::hub::hub_config;
+use crate::support::*;
+
+/// A harvester running in-process on a callback listener of its own.
+pub struct TestHarvester {
+    pub cfg: HarvestConfig,
+    stop: Option<oneshot::Sender<()>>,
+    handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+}
+
+impl TestHarvester {
+    pub async fn start(cfg: HarvestConfig) -> TestHarvester {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let handle = tokio::spawn(destination::run(cfg.clone(), Some(listener), async move {
+            let _ = rx.await;
+        }));
+        TestHarvester {
+            cfg,
+            stop: Some(tx),
+            handle: Some(handle),
+        }
+    }
+
+    pub fn state(&self) -> State {
+        State::open(&self.cfg.database_path()).unwrap()
+    }
+
+    pub async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.handle.take().unwrap().await.unwrap().unwrap();
+    }
+}
+
+/// A harvest configuration in `dir` for the source at `url`.
+pub fn harvest_config(dir: &Path, url: &str) -> HarvestConfig {
+    let mut c = HarvestConfig::defaults();
+    c.source.url = url.into();
+    c.state.dir = dir.join("state");
+    c.output.dir = dir.join("mirror");
+    c.push.listen = "127.0.0.1:0".into();
+    c.fetch.backoff_initial_ms = 20;
+    c.fetch.backoff_max_ms = 200;
+    c.fetch.attempts = 2;
+    c
+}
+
+/// Writes `body` at `root/rel` and returns its created/updated line.
+pub fn file_line(root: &Path, change: &str, rel: &str, body: &str) -> String {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    std::fs::write(&p, body).unwrap();
+    format!(
+        r#"{{"change":"{change}","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/plain"}}"#,
+        body.len(),
+        md5_hex(body.as_bytes())
+    )
+}
+
+/// Polls the harvester's state until `check` holds.
+pub async fn wait_state(h: &TestHarvester, what: &str, secs: u64, check: impl Fn(&State) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if check(&h.state()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}:\n{}",
+            destination::status(&h.cfg).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn set_done(s: &State, held: u64) -> bool {
+    s.sets()
+        .unwrap()
+        .first()
+        .is_some_and(|r| r.baseline_done && s.count_held(r.id).unwrap() == held)
+}
+
+fn applied(s: &State) -> u64 {
+    s.sets()
+        .unwrap()
+        .first()
+        .map_or(0, |r| s.applied_count(r.id).unwrap())
+}
+
+fn pending(s: &State) -> u64 {
+    s.sets()
+        .unwrap()
+        .first()
+        .map_or(0, |r| s.count_pending(r.id).unwrap())
+}
+
+async fn audit(cfg: &HarvestConfig) -> (String, bool) {
+    destination::audit(cfg).await.unwrap()
+}
+
+/// 5,000 resources baselined, then 300 creates, updates and deletes applied by push (the
+/// periodic check is an hour away), and the audit says IN SYNC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_then_push_keeps_a_mirror_in_sync() {
+    let (mut c, dir) = hub_config();
+    let root = dir.path().join("root");
+    add_file_set(&mut c, "papers", &root, None);
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..5000)
+        .map(|i| {
+            file_line(
+                &root,
+                "created",
+                &format!("d{}/r{i}.txt", i % 50),
+                &format!("resource {i}\n"),
+            )
+        })
+        .collect();
+    for chunk in lines.chunks(1000) {
+        app.ingest_ok("papers", &chunk.join("\n")).await;
+    }
+    let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
+    hc.follow.check_interval_secs = 3600;
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "the baseline", 120, |s| set_done(s, 5000)).await;
+    wait_state(&h, "an active subscription", 20, |s| {
+        s.sets()
+            .unwrap()
+            .first()
+            .and_then(|r| s.subscription(r.id).unwrap())
+            .is_some_and(|sub| sub.state == "active")
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(
+            h.state()
+                .held(
+                    1,
+                    &format!("{}/files/papers/d7/r7.txt", app.config.base_url())
+                )
+                .unwrap()
+                .unwrap()
+                .path
+        )
+        .unwrap(),
+        "resource 7\n"
+    );
+
+    let mut batch = Vec::new();
+    for i in 0..100 {
+        batch.push(file_line(
+            &root,
+            "created",
+            &format!("new/n{i}.txt"),
+            &format!("new {i}\n"),
+        ));
+        batch.push(file_line(
+            &root,
+            "updated",
+            &format!("d{}/r{i}.txt", i % 50),
+            &format!("second version {i}\n"),
+        ));
+        let gone = format!("d{}/r{}.txt", (4000 + i) % 50, 4000 + i);
+        std::fs::remove_file(root.join(&gone)).unwrap();
+        batch.push(change_line("deleted", &gone, "", 0));
+    }
+    for chunk in batch.chunks(30) {
+        app.ingest_ok("papers", &chunk.join("\n")).await;
+    }
+    wait_state(&h, "300 changes applied by push", 60, |s| {
+        applied(s) == 300 && pending(s) == 0
+    })
+    .await;
+    let (report, in_sync) = audit(&hc).await;
+    assert!(in_sync, "{report}");
+    assert!(
+        report.contains("5000 listed") && report.contains("0 held but no longer listed"),
+        "{report}"
+    );
+    let row = h.state().sets().unwrap()[0].clone();
+    assert!(row.last_push_at.is_some(), "applied by push");
+    h.stop().await;
+    app.stop().await;
+}
+
+/// The set's single subscription, once the hub has verified it.
+async fn active_subscription(
+    h: &TestHarvester,
+) -> resourcesync_hub::destination::state::Subscription {
+    wait_state(h, "an active subscription", 20, |s| {
+        s.sets()
+            .unwrap()
+            .first()
+            .and_then(|r| s.subscription(r.id).unwrap())
+            .is_some_and(|sub| sub.state == "active")
+    })
+    .await;
+    let s = h.state();
+    let id = s.sets().unwrap()[0].id;
+    s.subscription(id).unwrap().unwrap()
+}
+
+/// A small set served by our server, its files in `root`.
+async fn small_source(
+    n: usize,
+    tweak: impl FnOnce(&mut resourcesync_hub::config::Config),
+) -> (TestApp, tempfile::TempDir, PathBuf) {
+    let (mut c, dir) = hub_config();
+    let root = dir.path().join("root");
+    add_file_set(&mut c, "papers", &root, None);
+    tweak(&mut c);
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..n)
+        .map(|i| {
+            file_line(
+                &root,
+                "created",
+                &format!("r{i}.txt"),
+                &format!("resource {i}\n"),
+            )
+        })
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    (app, dir, root)
+}
+
+/// A delivery signed with the wrong secret, or not signed, is acknowledged (2xx), counted and
+/// ignored: nothing is queued or written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrongly_signed_deliveries_are_acknowledged_ignored_and_counted() {
+    let (app, dir, root) = small_source(3, |_| {}).await;
+    let h = TestHarvester::start(harvest_config(
+        dir.path(),
+        &app.url("/.well-known/resourcesync"),
+    ))
+    .await;
+    wait_state(&h, "the baseline", 30, |s| set_done(s, 3)).await;
+    let sub = active_subscription(&h).await;
+    file_line(&root, "created", "forged.txt", "forged\n");
+    let uri = format!("{}/files/papers/forged.txt", app.config.base_url());
+    let body = format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:ln rel="up" href="{cap}"/><rs:md capability="change-notification" from="2000-01-01T00:00:00Z" until="2100-01-01T00:00:00Z"/><url><loc>{uri}</loc><rs:md change="created" datetime="2099-01-01T00:00:00Z" length="7"/></url></urlset>"#,
+        cap = app.url("/sets/papers/capabilitylist.xml")
+    );
+    let wrong = resourcesync_hub::hub::signature(
+        resourcesync_hub::hub::SignatureAlg::Sha256,
+        b"not-the-secret",
+        body.as_bytes(),
+    );
+    for sig in [Some(wrong.as_str()), None] {
+        let mut rq = app
+            .client
+            .post(&sub.callback)
+            .header("content-type", "application/xml")
+            .body(body.clone());
+        if let Some(s) = sig {
+            rq = rq.header("x-hub-signature", s);
+        }
+        let r = rq.send().await.unwrap();
+        assert!(r.status().is_success(), "acknowledged: {}", r.status());
+    }
+    let s = h.state();
+    assert_eq!(
+        (
+            s.counter("bad_signature").unwrap(),
+            s.counter("unsigned").unwrap()
+        ),
+        (1, 1)
+    );
+    assert_eq!((applied(&s), pending(&s)), (0, 0), "nothing queued");
+    assert!(s.held(1, &uri).unwrap().is_none());
+    assert!(!dir
+        .path()
+        .join("mirror")
+        .join(format!(
+            "127.0.0.1_{}",
+            app.addr.rsplit(':').next().unwrap()
+        ))
+        .join("files/papers/forged.txt")
+        .exists());
+    assert!(destination::status(&h.cfg)
+        .unwrap()
+        .contains("1 unsigned, 1 with a wrong signature"));
+    h.stop().await;
+    app.stop().await;
+}
+
+/// A resource served with content that does not match its listed md5 is not written, stays
+/// queued, and holds the position; once it is served correctly it is applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_md5_holds_the_position_until_the_resource_is_served_right() {
+    let (app, dir, root) = small_source(3, |_| {}).await;
+    let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
+    hc.follow.check_interval_secs = 1;
+    hc.fetch.max_tries = 2;
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "the baseline", 30, |s| set_done(s, 3)).await;
+    active_subscription(&h).await;
+    // Listed as "fixed\n", served as "brokn\n" (same length: only the md5 tells).
+    let line = file_line(&root, "updated", "r1.txt", "fixed\n");
+    std::fs::write(root.join("r1.txt"), "brokn\n").unwrap();
+    app.ingest_ok("papers", &line).await;
+    let later = file_line(&root, "updated", "r2.txt", "fine\n");
+    app.ingest_ok("papers", &later).await;
+    wait_state(
+        &h,
+        "the good change applied and the bad one failed",
+        30,
+        |s| {
+            applied(s) == 1
+                && s.problems()
+                    .unwrap()
+                    .iter()
+                    .any(|(_, p)| p.failed && p.change.uri.ends_with("/r1.txt"))
+        },
+    )
+    .await;
+    let s = h.state();
+    let row = s.sets().unwrap()[0].clone();
+    let bad = s.pending(row.id).unwrap()[0].clone();
+    assert!(
+        bad.last_error.as_deref().unwrap().contains("md5"),
+        "{:?}",
+        bad.last_error
+    );
+    assert!(
+        row.position.unwrap() <= bad.change.datetime,
+        "the position does not pass the failed change"
+    );
+    let uri = format!("{}/files/papers/r1.txt", app.config.base_url());
+    assert_eq!(
+        std::fs::read_to_string(s.held(row.id, &uri).unwrap().unwrap().path).unwrap(),
+        "resource 1\n",
+        "not written"
+    );
+    assert!(destination::status(&hc).unwrap().contains("FAILED"));
+
+    std::fs::write(root.join("r1.txt"), "fixed\n").unwrap();
+    wait_state(&h, "the fixed resource applied", 30, |s| {
+        applied(s) == 2 && pending(s) == 0
+    })
+    .await;
+    let s = h.state();
+    assert_eq!(
+        std::fs::read_to_string(s.held(row.id, &uri).unwrap().unwrap().path).unwrap(),
+        "fixed\n"
+    );
+    assert!(s.sets().unwrap()[0].position.unwrap() > bad.change.datetime);
+    h.stop().await;
+    app.stop().await;
+}
+
+/// The subscription removed at the hub while changes go on: the periodic check catches up
+/// from the Change Lists and the harvester subscribes again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_subscription_is_caught_up_and_renewed() {
+    const ADMIN: &str = "admin-token";
+    let (app, dir, root) = small_source(3, |c| c.admin.token = ADMIN.into()).await;
+    let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
+    hc.follow.check_interval_secs = 1;
+    let h = TestHarvester::start(hc).await;
+    wait_state(&h, "the baseline", 30, |s| set_done(s, 3)).await;
+    let sub = active_subscription(&h).await;
+    let list = |app: &TestApp| {
+        let rq = app
+            .client
+            .get(app.url("/admin/v1/subscriptions"))
+            .bearer_auth(ADMIN);
+        async move {
+            rq.send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    let items = list(&app).await;
+    let id = items["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["callback"] == sub.callback.as_str())
+        .unwrap()["id"]
+        .clone();
+    let r = app
+        .client
+        .delete(app.url(&format!(
+            "/admin/v1/subscriptions/{}",
+            id.as_str().map_or(id.to_string(), String::from)
+        )))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 204);
+    let lines: Vec<String> = (0..20)
+        .map(|i| {
+            file_line(
+                &root,
+                "created",
+                &format!("later/{i}.txt"),
+                &format!("later {i}\n"),
+            )
+        })
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    wait_state(&h, "the 20 changes caught up", 30, |s| {
+        applied(s) == 20 && pending(s) == 0
+    })
+    .await;
+    wait_until("a new subscription at the hub", || async {
+        list(&app).await["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["callback"] == sub.callback.as_str() && i["state"] == "active")
+    })
+    .await;
+    h.stop().await;
+    app.stop().await;
+}
