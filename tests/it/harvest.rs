@@ -130,6 +130,8 @@ async fn baseline_then_push_keeps_a_mirror_in_sync() {
     }
     let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
     hc.follow.check_interval_secs = 3600;
+    let hook_log = dir.path().join("hook.ndjson");
+    hc.output.exec = format!("cat >> '{}'", hook_log.display());
     let h = TestHarvester::start(hc.clone()).await;
     wait_state(&h, "the baseline", 120, |s| set_done(s, 5000)).await;
     wait_state(&h, "an active subscription", 20, |s| {
@@ -188,6 +190,24 @@ async fn baseline_then_push_keeps_a_mirror_in_sync() {
     );
     let row = h.state().sets().unwrap()[0].clone();
     assert!(row.last_push_at.is_some(), "applied by push");
+    // The exec hook saw each applied change once, as JSON.
+    let hooks: Vec<serde_json::Value> = std::fs::read_to_string(&hook_log)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(hooks.len(), 300);
+    let created = hooks.iter().find(|v| v["change"] == "created").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(created["path"].as_str().unwrap())
+            .unwrap()
+            .len() as u64,
+        created["length"].as_u64().unwrap()
+    );
+    assert_eq!(
+        hooks.iter().filter(|v| v["change"] == "deleted").count(),
+        100
+    );
     h.stop().await;
     app.stop().await;
 }
@@ -428,4 +448,324 @@ async fn a_lost_subscription_is_caught_up_and_renewed() {
     .await;
     h.stop().await;
     app.stop().await;
+}
+
+/// The harvester as a child process (`harvest --config FILE`), its log drained.
+struct ChildHarvester {
+    child: std::process::Child,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl ChildHarvester {
+    fn start(config: &Path) -> ChildHarvester {
+        use std::io::{BufRead, BufReader};
+        let mut child = std::process::Command::new(ChildServer::BIN)
+            .args(["harvest", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let sink = log.clone();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let mut l = sink.lock().unwrap();
+                l.push_str(&line);
+                l.push('\n');
+            }
+        });
+        ChildHarvester { child, log }
+    }
+
+    fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+}
+
+impl Drop for ChildHarvester {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A free loopback port for a child's callback server.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The harvester killed (SIGKILL) while changes stream in; 200 more while it is down, across
+/// a Change List that closes meanwhile; restarted, it fills the gap from the Change Lists
+/// (following the index), the audit says IN SYNC, and its log holds every change once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_stream_it_resumes_from_the_change_lists_and_applies_nothing_twice() {
+    let (app, dir, root) = small_source(200, |c| {
+        c.sets.get_mut("papers").unwrap().max_items_in_list = Some(150);
+    })
+    .await;
+    let cfg_file = dir.path().join("harvest.toml");
+    std::fs::write(
+        &cfg_file,
+        format!(
+            "[source]\nurl = \"{}\"\n[state]\ndir = \"{}\"\n[output]\ndir = \"{}\"\n[push]\nlisten = \"127.0.0.1:{}\"\n[follow]\ncheck_interval_secs = 1\n[fetch]\nbackoff_initial_ms = 20\n",
+            app.url("/.well-known/resourcesync"),
+            dir.path().join("state").display(),
+            dir.path().join("mirror").display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    let hc = HarvestConfig::load(Some(&cfg_file)).unwrap();
+    let state = || State::open(&hc.database_path()).unwrap();
+    let wait = |what: &'static str, check: Box<dyn Fn(&State) -> bool>| {
+        let db = hc.database_path();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                if db.exists() && check(&State::open(&db).unwrap()) {
+                    return;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "timed out waiting for {what}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let h = ChildHarvester::start(&cfg_file);
+    wait("the baseline", Box::new(|s| set_done(s, 200))).await;
+    let lists_before = app
+        .get_doc("/sets/papers/changelist.xml")
+        .await
+        .1
+        .entries
+        .len();
+
+    // 100 changes in batches; kill once some (not all) are applied.
+    let mut n = 0;
+    let change = |root: &Path, n: &mut usize| {
+        *n += 1;
+        let n = *n;
+        match n % 3 {
+            0 => file_line(root, "created", &format!("k/{n}.txt"), &format!("k {n}\n")),
+            1 => file_line(
+                root,
+                "updated",
+                &format!("r{}.txt", n % 200),
+                &format!("v{n}\n"),
+            ),
+            _ => file_line(
+                root,
+                "created",
+                &format!("k2/{n}.txt"),
+                &format!("k2 {n}\n"),
+            ),
+        }
+    };
+    for _ in 0..10 {
+        let batch: Vec<String> = (0..10).map(|_| change(&root, &mut n)).collect();
+        app.ingest_ok("papers", &batch.join("\n")).await;
+        if applied(&state()) >= 30 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait("some changes applied", Box::new(|s| applied(s) >= 10)).await;
+    let log = h.log.lock().unwrap().clone();
+    h.kill();
+    let sent_before = n;
+    // While it is down: the rest of the 100, then 200 more (the open list closes at 150).
+    while n < 300 {
+        let batch: Vec<String> = (0..10).map(|_| change(&root, &mut n)).collect();
+        app.ingest_ok("papers", &batch.join("\n")).await;
+    }
+    let lists_after = app
+        .get_doc("/sets/papers/changelist.xml")
+        .await
+        .1
+        .entries
+        .len();
+    assert!(
+        lists_after > lists_before.max(1),
+        "a Change List closed while the harvester was down ({lists_before} -> {lists_after})"
+    );
+    assert!(sent_before < 300);
+
+    let h = ChildHarvester::start(&cfg_file);
+    wait(
+        "every change applied",
+        Box::new(|s| applied(s) == 300 && pending(s) == 0),
+    )
+    .await;
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(ChildServer::BIN)
+            .args(["harvest", "audit", "--config"])
+            .arg(&cfg_file)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let report = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && report.contains("IN SYNC") && !report.contains("NOT IN SYNC"),
+        "{report}\n{}",
+        h.log.lock().unwrap()
+    );
+    // The log of applied changes has each of the 300 once: nothing applied twice, nothing lost.
+    let s = state();
+    assert_eq!(s.applied_count(1).unwrap(), 300);
+    drop(log);
+    drop(h);
+    app.stop().await;
+}
+
+/// Serves `dir` as plain static files on 127.0.0.1:0 (what a py-resourcesync deployment
+/// puts behind a web server); returns the base URL.
+async fn static_server(dir: PathBuf) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir));
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}")
+}
+
+fn resync_build(args: &[&str]) {
+    let out = std::process::Command::new(PyEnv::get().bin("resync-build"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && !text.contains("Traceback"),
+        "resync-build {args:?}:\n{text}"
+    );
+}
+
+/// A source nobody here wrote: documents made by the Python reference tool `resync-build` for
+/// a folder, served as static files. Baseline from its Resource List, then an incremental
+/// sync from the Change List it writes (no `datetime`, no md5, deletions dated by their old
+/// `lastmod`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("site");
+    let files = site.join("files");
+    std::fs::create_dir_all(files.join("sub")).unwrap();
+    for i in 0..20 {
+        std::fs::write(files.join(format!("sub/f{i}.txt")), format!("file {i}\n")).unwrap();
+    }
+    let base = static_server(site.clone()).await;
+    let map = format!("{base}/files/={}", files.display());
+    let (rl, cl, cap) = (
+        site.join("resourcelist.xml"),
+        site.join("changelist.xml"),
+        site.join("capabilitylist.xml"),
+    );
+    let caps = format!("resourcelist={base}/resourcelist.xml,changelist={base}/changelist.xml");
+    tokio::task::spawn_blocking({
+        let (rl, cl, cap, map, caps) = (
+            rl.clone(),
+            cl.clone(),
+            cap.clone(),
+            map.clone(),
+            caps.clone(),
+        );
+        move || {
+            resync_build(&[
+                "--write-resourcelist",
+                "--outfile",
+                rl.to_str().unwrap(),
+                &map,
+            ]);
+            resync_build(&[
+                "--write-changelist",
+                "--empty",
+                "--outfile",
+                cl.to_str().unwrap(),
+            ]);
+            resync_build(&[
+                "--write-capabilitylist",
+                &caps,
+                "--outfile",
+                cap.to_str().unwrap(),
+            ]);
+        }
+    })
+    .await
+    .unwrap();
+
+    let mut hc = harvest_config(dir.path(), &format!("{base}/capabilitylist.xml"));
+    hc.push.enabled = false;
+    hc.follow.check_interval_secs = 1;
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(
+        &h,
+        "the baseline from resync-build's Resource List",
+        30,
+        |s| set_done(s, 20),
+    )
+    .await;
+    let (report, in_sync) = audit(&hc).await;
+    assert!(in_sync, "{report}");
+
+    // Changes on disk, described by resync-build's Change List against its Resource List.
+    std::thread::sleep(Duration::from_millis(20));
+    for i in 0..3 {
+        std::fs::write(
+            files.join(format!("sub/f{i}.txt")),
+            format!("file {i}, second version\n"),
+        )
+        .unwrap();
+    }
+    std::fs::remove_file(files.join("sub/f19.txt")).unwrap();
+    std::fs::write(files.join("sub/new.txt"), "new\n").unwrap();
+    tokio::task::spawn_blocking(move || {
+        let tmp = cl.with_extension("new");
+        resync_build(&[
+            "--write-changelist",
+            "--reference",
+            rl.to_str().unwrap(),
+            "--outfile",
+            tmp.to_str().unwrap(),
+            &map,
+        ]);
+        std::fs::rename(&tmp, &cl).unwrap();
+    })
+    .await
+    .unwrap();
+    wait_state(&h, "the incremental from the Change List", 30, |s| {
+        applied(s) == 5 && pending(s) == 0
+    })
+    .await;
+    let held = h
+        .state()
+        .held(1, &format!("{base}/files/sub/f1.txt"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(held.path).unwrap(),
+        "file 1, second version\n"
+    );
+    assert!(
+        h.state()
+            .held(1, &format!("{base}/files/sub/f19.txt"))
+            .unwrap()
+            .is_none(),
+        "deleted"
+    );
+    h.stop().await;
 }
