@@ -1,0 +1,243 @@
+//! Benchmark: the destination against the reference client, in one run.
+//!
+//! ```text
+//! cargo run --release --example bench_harvest -- [--resources 50000] [--changes 1000] [--rate 50] [--concurrency 8]
+//! ```
+//!
+//! Starts our server on loopback with a set of N small files, then baselines it twice: with
+//! our destination (`harvest`, in-process) and with `resync-sync --baseline` (PyPI `resync`:
+//! the tests' Python environment under target/ when present, else `resync-sync` on PATH),
+//! each into its own folder, and prints resources/s for both and the ratio. Then ingests
+//! `--changes` updates at `--rate` per second and prints the latency from the source's commit
+//! (the ingest answer) to the file written at the destination (the state records it after
+//! the rename), p50/p99.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use resourcesync_hub::config::Config;
+use resourcesync_hub::destination::{self, config::HarvestConfig, state::State};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+fn resync_sync() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp/pyenv/bin/resync-sync");
+    if venv.exists() {
+        venv
+    } else {
+        "resync-sync".into()
+    }
+}
+
+fn line(rel: &str, body: &str, change: &str) -> String {
+    use md5::{Digest, Md5};
+    format!(
+        r#"{{"change":"{change}","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/plain"}}"#,
+        body.len(),
+        resourcesync_hub::digest::hex_digest(Md5::digest(body.as_bytes()))
+    )
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let n = arg("--resources", 50_000) as usize;
+    let changes = arg("--changes", 1000) as usize;
+    let rate = arg("--rate", 50);
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().join("root");
+
+    // The source.
+    let mut c = Config::defaults();
+    c.server.data_dir = tmp.path().join("data");
+    c.hub.allow_networks = vec!["127.0.0.0/8".parse()?];
+    c.sets.insert(
+        "bench".into(),
+        resourcesync_hub::config::SetOverrides {
+            resource_root_dir: Some(root.clone()),
+            ..Default::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(resourcesync_hub::app::run(c, listener, async move {
+        let _ = stop_rx.await;
+    }));
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let ingest = format!("{base}/api/v1/resource-sets/bench/changes");
+    let t = Instant::now();
+    let mut batch = Vec::new();
+    for i in 0..n {
+        let rel = format!("d{}/r{i}.txt", i % 100);
+        let body = format!("resource {i} {}\n", "x".repeat(i % 200));
+        std::fs::create_dir_all(root.join(format!("d{}", i % 100)))?;
+        std::fs::write(root.join(&rel), &body)?;
+        batch.push(line(&rel, &body, "created"));
+        if batch.len() == 5000 || i + 1 == n {
+            let r = client
+                .post(&ingest)
+                .header("content-type", "application/x-ndjson")
+                .body(batch.join("\n"))
+                .send()
+                .await?;
+            anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+            batch.clear();
+        }
+    }
+    println!(
+        "source: {n} files ingested in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Our destination.
+    let mut hc = HarvestConfig::defaults();
+    hc.source.url = format!("{base}/.well-known/resourcesync");
+    hc.state.dir = tmp.path().join("harvest-state");
+    hc.output.dir = tmp.path().join("mirror-ours");
+    hc.follow.check_interval_secs = 3600;
+    hc.fetch.concurrency = arg("--concurrency", hc.fetch.concurrency as u64) as usize;
+    hc.push.listen = "127.0.0.1:0".into();
+    let (htx, hrx) = tokio::sync::oneshot::channel::<()>();
+    let hl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let t = Instant::now();
+    let harvester = tokio::spawn(destination::run(hc.clone(), Some(hl), async move {
+        let _ = hrx.await;
+    }));
+    let db = hc.database_path();
+    // Watched from a thread of its own, so that the watching never holds up the harvester.
+    let watched = db.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        while !watched.exists() {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let s = State::open(&watched)?;
+        while !s.sets()?.first().is_some_and(|r| r.baseline_done) {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    })
+    .await??;
+    let ours = t.elapsed().as_secs_f64();
+    println!(
+        "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s",
+        n as f64 / ours
+    );
+
+    // The reference client, same source, same run.
+    let dest = tmp.path().join("mirror-resync");
+    std::fs::create_dir_all(&dest)?;
+    let map = format!("{base}/files/bench/={}", dest.display());
+    let cap = format!("{base}/sets/bench/capabilitylist.xml");
+    let t = Instant::now();
+    let out = tokio::task::spawn_blocking({
+        let dir = tmp.path().to_path_buf();
+        move || {
+            std::process::Command::new(resync_sync())
+                .current_dir(dir)
+                .args(["--baseline", "--capabilitylist", &cap, &map])
+                .output()
+        }
+    })
+    .await??;
+    let theirs = t.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(
+        !text.contains("Traceback") && !text.contains("FatalError"),
+        "resync-sync failed:\n{text}"
+    );
+    let copied = walk_count(&dest);
+    println!(
+        "resync-sync --baseline: {copied} resources in {theirs:.2} s = {:.0} resources/s",
+        copied as f64 / theirs
+    );
+    println!(
+        "ratio (ours / resync):  {:.1}x",
+        (n as f64 / ours) / (copied as f64 / theirs)
+    );
+
+    // Push latency: commit -> file written at the destination.
+    let mut commits = Vec::with_capacity(changes);
+    let gap = Duration::from_micros(1_000_000 / rate.max(1));
+    let mut next = Instant::now();
+    for k in 0..changes {
+        let i = k % n;
+        let rel = format!("d{}/r{i}.txt", i % 100);
+        let body = format!("updated {k}\n");
+        std::fs::write(root.join(&rel), &body)?;
+        tokio::time::sleep_until(next.into()).await;
+        next += gap;
+        let r = client
+            .post(&ingest)
+            .header("content-type", "application/x-ndjson")
+            .body(line(&rel, &body, "updated"))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+        commits.push((
+            format!("{base}/files/bench/{rel}"),
+            resourcesync_hub::model::Timestamp::now(),
+        ));
+    }
+    let watched = db.clone();
+    tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let s = State::open(&watched)?;
+        let set_id = s.sets()?[0].id;
+        while s.applied_count(set_id)? < changes as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok(())
+    })
+    .await??;
+    let conn = rusqlite::Connection::open(&db)?;
+    let mut lat = Vec::new();
+    for (uri, at) in &commits {
+        let applied: Option<i64> = conn.query_row(
+            "SELECT MIN(applied_at) FROM applied WHERE uri = ?1 AND applied_at >= ?2",
+            rusqlite::params![uri, at.0 - 1_000_000],
+            |r| r.get(0),
+        )?;
+        if let Some(a) = applied {
+            lat.push(((a - at.0) as f64 / 1000.0).max(0.0));
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "push: {changes} updates at {rate}/s: {} applied; commit -> file written p50 {:.1} ms, p99 {:.1} ms",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
+    let _ = htx.send(());
+    harvester.await??;
+    let _ = stop_tx.send(());
+    server.await??;
+    Ok(())
+}
+
+fn walk_count(dir: &Path) -> usize {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .flatten()
+        .filter(|e| e.file_type().is_file())
+        .count()
+}
