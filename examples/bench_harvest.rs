@@ -1,7 +1,8 @@
 //! Benchmark: the destination against the reference client, in one run.
 //!
 //! ```text
-//! cargo run --release --example bench_harvest -- [--resources 50000] [--changes 1000] [--rate 50] [--concurrency 8]
+//! cargo run --release --example bench_harvest -- [--resources 50000] [--changes 1000] [--rate 50]
+//!     [--concurrency 8] [--dir /dev/shm/bench]
 //! ```
 //!
 //! Starts our server on loopback with a set of N small files, then baselines it twice: with
@@ -62,7 +63,19 @@ async fn main() -> anyhow::Result<()> {
     let n = arg("--resources", 50_000) as usize;
     let changes = arg("--changes", 1000) as usize;
     let rate = arg("--rate", 50);
-    let tmp = tempfile::tempdir()?;
+    // --dir: where the source's files, both mirrors and the states go (default: the system's
+    // temporary folder). On a VM's ext4, creating files dominates both clients; /dev/shm
+    // (tmpfs) shows the clients themselves.
+    let tmp = match std::env::args()
+        .position(|a| a == "--dir")
+        .and_then(|i| std::env::args().nth(i + 1))
+    {
+        Some(d) => {
+            std::fs::create_dir_all(&d)?;
+            tempfile::tempdir_in(d)?
+        }
+        None => tempfile::tempdir()?,
+    };
     let root = tmp.path().join("root");
 
     // The source.

@@ -136,10 +136,11 @@ impl Fetcher {
         .await
     }
 
-    /// A resource into a new temporary file in `dir`, measured on the way.
-    pub async fn download(&self, url: &str, dir: &Path) -> Result<Downloaded, FetchError> {
+    /// A resource into the file `path` (created or truncated), measured on the way.
+    pub async fn download(&self, url: &str, path: &Path) -> Result<Downloaded, FetchError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
         self.with_retries(|| async {
-            let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| local(dir, e))?;
+            let file = std::fs::File::create(path).map_err(|e| local(dir, e))?;
             let mut r = self
                 .client
                 .get(url)
@@ -149,17 +150,15 @@ impl Fetcher {
             check_status(url, &r)?;
             let mut h = Md5::new();
             let mut length = 0u64;
-            let mut w = std::io::BufWriter::new(tmp.as_file());
+            let mut w = std::io::BufWriter::new(file);
             while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
                 h.update(&chunk);
                 length += chunk.len() as u64;
                 w.write_all(&chunk).map_err(|e| local(dir, e))?;
             }
             w.flush().map_err(|e| local(dir, e))?;
-            drop(w);
-            let (_, path) = tmp.keep().map_err(|e| local(dir, e.error))?;
             Ok(Downloaded {
-                path,
+                path: path.to_path_buf(),
                 length,
                 md5: hex_digest(h.finalize()),
             })

@@ -479,9 +479,13 @@ struct Worker {
 impl Worker {
     /// Fetches, checks length and md5 against `c`, and hands the file to the output.
     async fn fetch_verify_put(&self, set: &str, c: &Change) -> Result<Held, String> {
+        let path = self
+            .output
+            .download_path(&c.uri)
+            .map_err(|e| e.to_string())?;
         let d = self
             .fetcher
-            .download(&c.uri, self.output.temp_dir())
+            .download(&c.uri, &path)
             .await
             .map_err(|e| e.to_string())?;
         let checked = match (c.length, c.md5.as_deref()) {

@@ -100,6 +100,17 @@ impl Output for Mirror {
         &self.tmp
     }
 
+    fn download_path(&self, uri: &str) -> anyhow::Result<PathBuf> {
+        let target = self.locate(uri)?;
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+        }
+        let mut name = target.file_name().unwrap_or_default().to_os_string();
+        name.push(".rshub-part");
+        Ok(target.with_file_name(name))
+    }
+
     fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
         for m in &self.map {
             if let Some(rest) = uri.strip_prefix(&m.uri) {

@@ -26,8 +26,12 @@ pub trait Output: Send + Sync {
     fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String>;
     /// The resource was deleted at the source.
     fn delete(&self, set: &str, uri: &str) -> anyhow::Result<()>;
-    /// Where temporary files should be written so that `put` can move them cheaply.
+    /// Where documents being read (Resource List parts, Change Lists) are kept meanwhile.
     fn temp_dir(&self) -> &Path;
+    /// Where a resource is downloaded before `put`: beside its final place, so that `put` is
+    /// a rename within one folder. One per resource (a resource is never fetched twice at
+    /// once), so a leftover of a killed run is simply overwritten by the next try.
+    fn download_path(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
     /// The path a resource has (or would have) in the output, for audits.
     fn locate(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
 }
