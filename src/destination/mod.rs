@@ -620,8 +620,8 @@ impl Worker {
                 .spawn()
                 .map_err(|e| format!("exec {cmd:?}: {e}"))?;
             let mut stdin = child.stdin.take().expect("piped");
-            let _ = stdin.write_all(json.as_bytes()).await;
-            let _ = stdin.write_all(b"\n").await;
+            // One write: a line under PIPE_BUF reaches a hook that appends it to a file whole.
+            let _ = stdin.write_all(format!("{json}\n").as_bytes()).await;
             drop(stdin);
             let status = child
                 .wait()
