@@ -45,6 +45,15 @@ fn line(rel: &str, body: &str, change: &str) -> String {
     )
 }
 
+/// User + system CPU seconds of this process (server and harvester both run in it).
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -132,6 +141,7 @@ async fn main() -> anyhow::Result<()> {
     let (htx, hrx) = tokio::sync::oneshot::channel::<()>();
     let hl = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let t = Instant::now();
+    let cpu0 = cpu_secs();
     let harvester = tokio::spawn(destination::run(hc.clone(), Some(hl), async move {
         let _ = hrx.await;
     }));
@@ -150,8 +160,9 @@ async fn main() -> anyhow::Result<()> {
     })
     .await??;
     let ours = t.elapsed().as_secs_f64();
+    let cpu_ours = cpu_secs() - cpu0;
     println!(
-        "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s",
+        "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s (server + harvester CPU {cpu_ours:.1} s)",
         n as f64 / ours
     );
 
@@ -161,6 +172,7 @@ async fn main() -> anyhow::Result<()> {
     let map = format!("{base}/files/bench/={}", dest.display());
     let cap = format!("{base}/sets/bench/capabilitylist.xml");
     let t = Instant::now();
+    let cpu0 = cpu_secs();
     let out = tokio::task::spawn_blocking({
         let dir = tmp.path().to_path_buf();
         move || {
@@ -172,6 +184,7 @@ async fn main() -> anyhow::Result<()> {
     })
     .await??;
     let theirs = t.elapsed().as_secs_f64();
+    let cpu_server = cpu_secs() - cpu0;
     let text = String::from_utf8_lossy(&out.stderr);
     anyhow::ensure!(
         !text.contains("Traceback") && !text.contains("FatalError"),
@@ -179,7 +192,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let copied = walk_count(&dest);
     println!(
-        "resync-sync --baseline: {copied} resources in {theirs:.2} s = {:.0} resources/s",
+        "resync-sync --baseline: {copied} resources in {theirs:.2} s = {:.0} resources/s (server CPU {cpu_server:.1} s)",
         copied as f64 / theirs
     );
     println!(
