@@ -3,7 +3,7 @@
 //! the Change Lists, and never moves its position past a change it has not applied and
 //! verified. It shares the model and the sitemap reader with the server, never its store.
 //!
-//! - [`config`]: `harvest.toml`.
+//! - [`config`], `harvest.toml` and its defaults.
 //! - [`discover`]: Source Description -> Capability Lists -> documents, topic and hub.
 //! - [`fetch`]: HTTP with retries; resources streamed to disk and measured.
 //! - [`state`]: the durable position, queue, log and subscription (SQLite).
