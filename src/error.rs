@@ -131,6 +131,7 @@ impl HubError {
             HubError::Forbidden(_) => StatusCode::FORBIDDEN,
             HubError::NotFound(_) => StatusCode::NOT_FOUND,
             HubError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            HubError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             HubError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }

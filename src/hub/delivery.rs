@@ -365,6 +365,11 @@ async fn deliver(
         );
     }
     match req.send().await {
+        Ok(resp) if hub.policy.check_peer(&resp).is_err() => Attempt::Failed {
+            status: None,
+            error: hub.policy.check_peer(&resp).unwrap_err(),
+            retry_after: None,
+        },
         Ok(mut resp) => {
             let status = resp.status();
             let retry_after = resp
@@ -427,6 +432,7 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
 /// GETs a topic for a thin ping: its Content-Type (kept exactly) and body.
 pub(super) async fn fetch(
     client: &reqwest::Client,
+    policy: &super::AddressPolicy,
     topic: &Topic,
     max_bytes: usize,
 ) -> Result<(String, Bytes), String> {
@@ -435,6 +441,7 @@ pub(super) async fn fetch(
         .send()
         .await
         .map_err(|e| error_chain(&e))?;
+    policy.check_peer(&resp)?;
     if !resp.status().is_success() {
         return Err(format!("topic answered {}", resp.status()));
     }

@@ -51,6 +51,8 @@ pub enum HubError {
     NotFound(String),
     #[error("{0}")]
     TooManyRequests(String),
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -575,7 +577,17 @@ impl Hub {
     /// publishes what it got with its Content-Type.
     pub fn ping(self: &Arc<Self>, topics: Vec<Topic>) -> Result<(), HubError> {
         for t in &topics {
-            if !self.settings.is_own_topic(t) {
+            // The hub's own topics are published by the hub alone (the notifier, or an
+            // authenticated fat ping): an anonymous ping would only make it send the latest
+            // payload to every subscriber again.
+            if self.settings.is_own_topic(t) {
+                return Err(HubError::Forbidden(format!(
+                    "{t} is published by this hub itself; a ping for it is refused (it would re-send its latest notification to every subscriber)"
+                )));
+            }
+        }
+        for t in &topics {
+            {
                 self.policy
                     .check_url(&t.url(), "hub.topic")
                     .map_err(HubError::BadRequest)?;
@@ -605,7 +617,7 @@ impl Hub {
                 return;
             }
         }
-        match delivery::fetch(&self.client, &topic, self.settings.max_body_bytes).await {
+        match delivery::fetch(&self.client, &self.policy, &topic, self.settings.max_body_bytes).await {
             Ok((content_type, body)) => {
                 if let Err(e) = self.publish(topic.clone(), content_type, body).await {
                     tracing::error!(topic = %topic, error = %e, "ping not published");

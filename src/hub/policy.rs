@@ -48,59 +48,92 @@ impl AddressPolicy {
                 }
             }
         };
+        self.check_ip(ip).map_err(|why| format!("{what} {url} is on {why}, which this hub does not call (see hub.allow_networks)"))
+    }
+
+    /// The peer of a connection actually made: a last check, should anything between the
+    /// resolver and the socket (a proxy, a resolver quirk) have led elsewhere.
+    pub fn check_peer(&self, resp: &reqwest::Response) -> Result<(), String> {
+        match resp.remote_addr() {
+            Some(a) => self.check_ip(a.ip()).map_err(|why| format!("the connection went to {a}, {why}, which this hub does not call")),
+            None => Ok(()),
+        }
+    }
+
+    /// `Err(why)` naming the range when the hub may not connect to `ip`.
+    pub fn check_ip(&self, ip: IpAddr) -> Result<(), String> {
         if self.permits(ip) {
-            Ok(())
-        } else {
-            Err(format!(
-                "{what} {url} is on a loopback, private, link-local or metadata address, which this hub does not call (see hub.allow_networks)"
-            ))
+            return Ok(());
         }
+        Err(match special_range(ip) {
+            Some((net, why)) => format!("a {why} address ({net})"),
+            None => "an address of this machine".into(),
+        })
     }
 }
 
-/// Loopback, private, link-local, shared, unspecified, multicast, broadcast, reserved and
-/// metadata addresses (169.254.169.254 is link-local; fd00:ec2::254 is unique-local).
+/// Every range of the IANA IPv4 and IPv6 Special-Purpose Address Registries (as of 2026),
+/// multicast, and every IPv6 form that embeds an IPv4 address (IPv4-mapped, IPv4-compatible,
+/// NAT64 well-known and local-use, 6to4, Teredo): an embedded address could point anywhere,
+/// including back inside. Each with the name the registry gives it.
+pub const SPECIAL_PURPOSE: &[(&str, &str)] = &[
+    ("0.0.0.0/8", "\"this network\""),
+    ("10.0.0.0/8", "private-use"),
+    ("100.64.0.0/10", "shared address space"),
+    ("127.0.0.0/8", "loopback"),
+    ("169.254.0.0/16", "link-local (cloud metadata lives here)"),
+    ("172.16.0.0/12", "private-use"),
+    ("192.0.0.0/24", "IETF protocol assignments"),
+    ("192.0.2.0/24", "documentation (TEST-NET-1)"),
+    ("192.31.196.0/24", "AS112-v4"),
+    ("192.52.193.0/24", "AMT"),
+    ("192.88.99.0/24", "deprecated 6to4 relay anycast"),
+    ("192.168.0.0/16", "private-use"),
+    ("192.175.48.0/24", "direct delegation AS112 service"),
+    ("198.18.0.0/15", "benchmarking"),
+    ("198.51.100.0/24", "documentation (TEST-NET-2)"),
+    ("203.0.113.0/24", "documentation (TEST-NET-3)"),
+    ("224.0.0.0/4", "multicast"),
+    ("240.0.0.0/4", "reserved"),
+    ("255.255.255.255/32", "limited broadcast"),
+    ("::/96", "unspecified, loopback and IPv4-compatible"),
+    ("::ffff:0:0/96", "IPv4-mapped"),
+    ("64:ff9b::/96", "IPv4/IPv6 translation (NAT64)"),
+    ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation"),
+    ("100::/64", "discard-only"),
+    ("100:0:0:1::/64", "dummy IPv6 prefix"),
+    ("2001::/23", "IETF protocol assignments (Teredo 2001::/32 included)"),
+    ("2001:db8::/32", "documentation"),
+    ("2002::/16", "6to4"),
+    ("2620:4f:8000::/48", "direct delegation AS112 service"),
+    ("3fff::/20", "documentation"),
+    ("5f00::/16", "segment routing SIDs"),
+    ("fc00::/7", "unique-local"),
+    ("fe80::/10", "link-local"),
+    ("fec0::/10", "deprecated site-local"),
+    ("ff00::/8", "multicast"),
+];
+
+fn special_nets() -> &'static [(IpNet, &'static str)] {
+    static NETS: std::sync::OnceLock<Vec<(IpNet, &'static str)>> = std::sync::OnceLock::new();
+    NETS.get_or_init(|| SPECIAL_PURPOSE.iter().map(|(n, why)| (n.parse().expect("a valid network"), *why)).collect())
+}
+
+/// The special-purpose range `ip` lies in, if any (see [`SPECIAL_PURPOSE`]).
+pub fn special_range(ip: IpAddr) -> Option<(&'static IpNet, &'static str)> {
+    special_nets().iter().find(|(n, _)| n.contains(&ip)).map(|(n, why)| (n, *why))
+}
+
+/// Whether `ip` is special-purpose or one of this machine's own addresses.
 pub fn is_internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(a) => is_internal_v4(a),
-        IpAddr::V6(a) => {
-            if let Some(v4) = a.to_ipv4_mapped() {
-                return is_internal_v4(v4);
-            }
-            let seg0 = a.segments()[0];
-            a.is_loopback()
-                || a.is_unspecified()
-                || a.is_multicast()
-                || (seg0 & 0xfe00) == 0xfc00 // unique local fc00::/7
-                || (seg0 & 0xffc0) == 0xfe80 // link-local fe80::/10
-                || is_nat64_internal(a)
-        }
-    }
+    special_range(ip).is_some() || own_addresses().contains(&ip)
 }
 
-fn is_internal_v4(a: Ipv4Addr) -> bool {
-    let o = a.octets();
-    a.is_loopback()
-        || a.is_private()
-        || a.is_link_local()
-        || a.is_unspecified()
-        || a.is_broadcast()
-        || a.is_multicast()
-        || o[0] == 0
-        || (o[0] == 100 && (o[1] & 0xc0) == 64) // shared 100.64.0.0/10 (Alibaba metadata lives here)
-        || (o[0] == 192 && o[1] == 0 && o[2] == 0) // IETF protocol assignments
-        || (o[0] == 198 && (o[1] & 0xfe) == 18) // benchmarking 198.18.0.0/15
-        || o[0] >= 240 // reserved
-}
-
-/// 64:ff9b::/96 embeds an IPv4 address: judge that one.
-fn is_nat64_internal(a: Ipv6Addr) -> bool {
-    let s = a.segments();
-    if s[0] == 0x64 && s[1] == 0xff9b && s[2..6] == [0, 0, 0, 0] {
-        let o = a.octets();
-        return is_internal_v4(Ipv4Addr::new(o[12], o[13], o[14], o[15]));
-    }
-    false
+/// This machine's interface addresses (read once): a callback on the hub's own public address
+/// points inward as surely as 127.0.0.1 does.
+pub fn own_addresses() -> &'static [IpAddr] {
+    static OWN: std::sync::OnceLock<Vec<IpAddr>> = std::sync::OnceLock::new();
+    OWN.get_or_init(|| if_addrs::get_if_addrs().map(|v| v.into_iter().map(|i| i.ip()).collect()).unwrap_or_default())
 }
 
 /// A resolver for the hub's HTTP client that drops every address the policy refuses and fails
@@ -192,5 +225,71 @@ mod tests {
             check("https://example.org/cb?x=1").is_ok(),
             "names are checked when resolved"
         );
+    }
+
+    /// One refused address in every range of the registries, and the IPv6 forms that embed
+    /// IPv4 (with inward and outward IPv4 inside: both refused); public ones allowed.
+    #[test]
+    fn every_special_purpose_range_is_refused_and_public_addresses_are_not() {
+        let p = AddressPolicy::default();
+        let refused = [
+            ("0.1.2.3", "\"this network\""),
+            ("10.9.8.7", "private-use"),
+            ("100.100.100.200", "shared address space"),
+            ("127.0.0.53", "loopback"),
+            ("169.254.169.254", "link-local"),
+            ("172.31.255.1", "private-use"),
+            ("192.0.0.9", "IETF protocol assignments"),
+            ("192.0.2.1", "TEST-NET-1"),
+            ("192.31.196.1", "AS112-v4"),
+            ("192.52.193.1", "AMT"),
+            ("192.88.99.1", "6to4 relay"),
+            ("192.168.1.1", "private-use"),
+            ("192.175.48.1", "AS112 service"),
+            ("198.19.255.1", "benchmarking"),
+            ("198.51.100.7", "TEST-NET-2"),
+            ("203.0.113.9", "TEST-NET-3"),
+            ("239.1.1.1", "multicast"),
+            ("250.1.1.1", "reserved"),
+            ("255.255.255.255", "limited broadcast"),
+            ("::", "unspecified"),
+            ("::1", "loopback"),
+            ("::127.0.0.1", "IPv4-compatible"),
+            ("::8.8.8.8", "IPv4-compatible"),
+            ("::ffff:127.0.0.1", "IPv4-mapped"),
+            ("::ffff:8.8.8.8", "IPv4-mapped"),
+            ("64:ff9b::a9fe:a9fe", "NAT64"),
+            ("64:ff9b:1::1", "local-use IPv4/IPv6 translation"),
+            ("100::1", "discard-only"),
+            ("100:0:0:1::1", "dummy"),
+            ("2001:0:4136:e378:8000:63bf:3fff:fdd2", "Teredo"),
+            ("2001:2::1", "IETF protocol assignments"),
+            ("2001:db8::1", "documentation"),
+            ("2002:7f00:1::1", "6to4"),
+            ("2002:a9fe:a9fe::1", "6to4"),
+            ("2620:4f:8000::1", "AS112 service"),
+            ("3fff::1", "documentation"),
+            ("5f00::1", "segment routing"),
+            ("fd00:ec2::254", "unique-local"),
+            ("fe80::1", "link-local"),
+            ("fec0::1", "site-local"),
+            ("ff02::1", "multicast"),
+        ];
+        for (a, why) in refused {
+            let e = p.check_ip(ip(a)).expect_err(a);
+            assert!(e.contains(why), "{a}: {e:?} should name {why:?}");
+        }
+        for a in ["93.184.216.34", "8.8.8.8", "1.1.1.1", "2606:2800:220:1:248:1893:25c8:1946", "2a00:1450:4001:800::200e"] {
+            if !own_addresses().contains(&ip(a)) {
+                assert!(p.permits(ip(a)), "{a} should be allowed");
+            }
+        }
+        // This machine's own addresses, whatever they are, are refused too.
+        for own in own_addresses() {
+            assert!(!p.permits(*own), "own address {own}");
+        }
+        // An allow-list opens exactly its networks.
+        let p = AddressPolicy::new(&["192.0.2.0/24".parse().unwrap()]);
+        assert!(p.permits(ip("192.0.2.1")) && !p.permits(ip("198.51.100.7")));
     }
 }

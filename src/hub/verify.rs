@@ -76,7 +76,8 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         .get(url)
         .send()
         .await
-        .map_err(|e| format!("callback unreachable: {}", error_chain(&e)));
+        .map_err(|e| format!("callback unreachable: {}", error_chain(&e)))
+        .and_then(|r| hub.policy.check_peer(&r).map(|_| r));
     if intent.mode == IntentMode::Denied {
         match resp {
             Ok(r) => {
