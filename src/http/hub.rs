@@ -50,9 +50,17 @@ pub async fn post_hub(
     }
     // Not a form: a fat ping (a payload with Link rel="self"), or a form sent with the wrong
     // Content-Type, which a subscriber's developer needs told plainly.
-    let self_link = !link_targets(headers.get_all(header::LINK).iter().filter_map(|v| v.to_str().ok()).collect(), "self").is_empty();
+    let self_link = !link_targets(
+        headers
+            .get_all(header::LINK)
+            .iter()
+            .filter_map(|v| v.to_str().ok()),
+        "self",
+    )
+    .is_empty();
     let looks_like_form = body.windows(9).any(|w| w == b"hub.mode=");
-    if looks_like_form || !self_link {
+    let authorized = headers.contains_key(header::AUTHORIZATION);
+    if looks_like_form || !(self_link || authorized) {
         return Err(HubError::UnsupportedMediaType(format!(
             "subscribe, unsubscribe and publish requests must be sent as Content-Type application/x-www-form-urlencoded{}; \
              a payload to distribute (fat ping) needs a Link header with rel=\"self\" and the publisher token",

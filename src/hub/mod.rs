@@ -617,7 +617,14 @@ impl Hub {
                 return;
             }
         }
-        match delivery::fetch(&self.client, &self.policy, &topic, self.settings.max_body_bytes).await {
+        match delivery::fetch(
+            &self.client,
+            &self.policy,
+            &topic,
+            self.settings.max_body_bytes,
+        )
+        .await
+        {
             Ok((content_type, body)) => {
                 if let Err(e) = self.publish(topic.clone(), content_type, body).await {
                     tracing::error!(topic = %topic, error = %e, "ping not published");

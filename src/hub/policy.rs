@@ -4,7 +4,7 @@
 //! names are checked where they are resolved ([`SafeResolver`]), so a name that later
 //! re-resolves to an internal address is still refused.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 
 use ipnet::IpNet;
@@ -48,14 +48,20 @@ impl AddressPolicy {
                 }
             }
         };
-        self.check_ip(ip).map_err(|why| format!("{what} {url} is on {why}, which this hub does not call (see hub.allow_networks)"))
+        self.check_ip(ip).map_err(|why| {
+            format!(
+                "{what} {url} is on {why}, which this hub does not call (see hub.allow_networks)"
+            )
+        })
     }
 
     /// The peer of a connection actually made: a last check, should anything between the
     /// resolver and the socket (a proxy, a resolver quirk) have led elsewhere.
     pub fn check_peer(&self, resp: &reqwest::Response) -> Result<(), String> {
         match resp.remote_addr() {
-            Some(a) => self.check_ip(a.ip()).map_err(|why| format!("the connection went to {a}, {why}, which this hub does not call")),
+            Some(a) => self.check_ip(a.ip()).map_err(|why| {
+                format!("the connection went to {a}, {why}, which this hub does not call")
+            }),
             None => Ok(()),
         }
     }
@@ -102,7 +108,10 @@ pub const SPECIAL_PURPOSE: &[(&str, &str)] = &[
     ("64:ff9b:1::/48", "local-use IPv4/IPv6 translation"),
     ("100::/64", "discard-only"),
     ("100:0:0:1::/64", "dummy IPv6 prefix"),
-    ("2001::/23", "IETF protocol assignments (Teredo 2001::/32 included)"),
+    (
+        "2001::/23",
+        "IETF protocol assignments (Teredo 2001::/32 included)",
+    ),
     ("2001:db8::/32", "documentation"),
     ("2002::/16", "6to4"),
     ("2620:4f:8000::/48", "direct delegation AS112 service"),
@@ -116,12 +125,22 @@ pub const SPECIAL_PURPOSE: &[(&str, &str)] = &[
 
 fn special_nets() -> &'static [(IpNet, &'static str)] {
     static NETS: std::sync::OnceLock<Vec<(IpNet, &'static str)>> = std::sync::OnceLock::new();
-    NETS.get_or_init(|| SPECIAL_PURPOSE.iter().map(|(n, why)| (n.parse().expect("a valid network"), *why)).collect())
+    NETS.get_or_init(|| {
+        SPECIAL_PURPOSE
+            .iter()
+            .map(|(n, why)| (n.parse().expect("a valid network"), *why))
+            .collect()
+    })
 }
 
 /// The special-purpose range `ip` lies in, if any (see [`SPECIAL_PURPOSE`]).
 pub fn special_range(ip: IpAddr) -> Option<(&'static IpNet, &'static str)> {
-    special_nets().iter().find(|(n, _)| n.contains(&ip)).map(|(n, why)| (n, *why))
+    // The most specific range names it (255.255.255.255 lies in 240.0.0.0/4 too).
+    special_nets()
+        .iter()
+        .filter(|(n, _)| n.contains(&ip))
+        .max_by_key(|(n, _)| n.prefix_len())
+        .map(|(n, why)| (n, *why))
 }
 
 /// Whether `ip` is special-purpose or one of this machine's own addresses.
@@ -133,7 +152,11 @@ pub fn is_internal(ip: IpAddr) -> bool {
 /// points inward as surely as 127.0.0.1 does.
 pub fn own_addresses() -> &'static [IpAddr] {
     static OWN: std::sync::OnceLock<Vec<IpAddr>> = std::sync::OnceLock::new();
-    OWN.get_or_init(|| if_addrs::get_if_addrs().map(|v| v.into_iter().map(|i| i.ip()).collect()).unwrap_or_default())
+    OWN.get_or_init(|| {
+        if_addrs::get_if_addrs()
+            .map(|v| v.into_iter().map(|i| i.ip()).collect())
+            .unwrap_or_default()
+    })
 }
 
 /// A resolver for the hub's HTTP client that drops every address the policy refuses and fails
@@ -279,7 +302,13 @@ mod tests {
             let e = p.check_ip(ip(a)).expect_err(a);
             assert!(e.contains(why), "{a}: {e:?} should name {why:?}");
         }
-        for a in ["93.184.216.34", "8.8.8.8", "1.1.1.1", "2606:2800:220:1:248:1893:25c8:1946", "2a00:1450:4001:800::200e"] {
+        for a in [
+            "93.184.216.34",
+            "8.8.8.8",
+            "1.1.1.1",
+            "2606:2800:220:1:248:1893:25c8:1946",
+            "2a00:1450:4001:800::200e",
+        ] {
             if !own_addresses().contains(&ip(a)) {
                 assert!(p.permits(ip(a)), "{a} should be allowed");
             }

@@ -11,7 +11,7 @@ use resourcesync_hub::model::Timestamp;
 use resourcesync_hub::store::Store;
 
 use crate::subscriber::{TestSubscriber, Verify};
-use crate::support::{test_config, TestApp};
+use crate::support::{add_file_set, change_line, md5_hex, test_config, TestApp};
 
 const TOKEN: &str = "pub-token";
 
@@ -728,5 +728,61 @@ async fn retries_follow_the_schedule_and_honour_retry_after() {
         s.deliveries("/down").iter().any(|d| d.text() == "<m3/>")
     })
     .await;
+    app.stop().await;
+}
+
+/// The hub's own topics are published by the hub alone: anonymous pings of a set's change
+/// topic are refused and never cause a delivery; the subscriber gets each notification once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_of_the_hubs_own_topics_are_refused_and_deliver_nothing() {
+    let (mut c, dir) = hub_config();
+    add_file_set(&mut c, "papers", &dir.path().join("root"), None);
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let topic = app.config.change_topic("papers");
+    // The set is configured, so it exists (and its topic) before anything is ingested.
+    subscribed(&app, &sub, &topic, "/changes", &[]).await;
+    app.ingest_ok(
+        "papers",
+        &change_line("created", "b.txt", &md5_hex(b"b"), 1),
+    )
+    .await;
+    sub.wait_deliveries("/changes", 1).await;
+    for _ in 0..10 {
+        let (s, text) = form(&app, &[("hub.mode", "publish"), ("hub.url", &topic)]).await;
+        assert_eq!(s, 403, "{text}");
+        assert!(text.contains("published by this hub itself"), "{text}");
+    }
+    // Absence: give a wrongly accepted ping time to be delivered before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        sub.deliveries("/changes").len(),
+        1,
+        "each notification once"
+    );
+    app.stop().await;
+}
+
+/// A subscription form sent with another Content-Type gets 415 and a plain reason.
+#[tokio::test]
+async fn a_form_with_the_wrong_content_type_gets_415() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    for ct in ["text/plain", "application/json"] {
+        let r = app
+            .client
+            .post(app.url("/hub"))
+            .header("content-type", ct)
+            .body("hub.mode=subscribe&hub.topic=https://example.org/t&hub.callback=https://example.org/cb")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 415);
+        let text = r.text().await.unwrap();
+        assert!(
+            text.contains("application/x-www-form-urlencoded") && text.contains(ct),
+            "{text}"
+        );
+    }
     app.stop().await;
 }
