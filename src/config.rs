@@ -131,6 +131,8 @@ pub struct HubConfig {
     pub max_retry_after_secs: u64,
     pub request_timeout_secs: u64,
     pub max_concurrent_deliveries: usize,
+    pub slow_delivery_ms: u64,
+    pub max_concurrent_deliveries_per_host: usize,
     pub max_body_bytes: usize,
     pub requests_per_callback_per_minute: u32,
     pub history_days: u64,
@@ -392,9 +394,10 @@ impl Config {
         }
         if h.request_timeout_secs == 0
             || h.max_concurrent_deliveries == 0
+            || h.max_concurrent_deliveries_per_host == 0
             || h.requests_per_callback_per_minute == 0
         {
-            return bad("hub.request_timeout_secs, max_concurrent_deliveries and requests_per_callback_per_minute must be at least 1".into());
+            return bad("hub.request_timeout_secs, max_concurrent_deliveries, max_concurrent_deliveries_per_host and requests_per_callback_per_minute must be at least 1".into());
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
 use reqwest::StatusCode;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -39,7 +39,14 @@ pub(super) struct Lane {
 }
 
 impl Lane {
-    pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, backlog: Vec<Arc<Message>>) -> Lane {
+    /// `suspect`: deliver from the suspect pool until an attempt succeeds quickly (new and
+    /// failing subscribers).
+    pub(super) fn spawn(
+        hub: &Arc<Hub>,
+        sub: Subscription,
+        backlog: Vec<Arc<Message>>,
+        suspect: bool,
+    ) -> Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
         // Only the head can have been in retry.
@@ -70,7 +77,7 @@ impl Lane {
             born: Instant::now(),
         };
         hub.tasks
-            .spawn(run_lane(hub.clone(), sub, queue, rx).instrument(span));
+            .spawn(run_lane(hub.clone(), sub, queue, rx, suspect).instrument(span));
         lane
     }
 
@@ -153,6 +160,7 @@ async fn run_lane(
     mut sub: Subscription,
     mut queue: VecDeque<Job>,
     mut rx: mpsc::UnboundedReceiver<LaneMsg>,
+    mut suspect: bool,
 ) {
     // A subscription's callback never changes (a new callback is a new subscription).
     let target = target(&hub, &sub);
@@ -201,14 +209,35 @@ async fn run_lane(
         let started = std::time::Instant::now();
         // A delivery under way is finished even when the hub stops (it is bounded by
         // hub.request_timeout_secs): cut off, it would be made again by whoever delivers next.
+        // Isolation: a proven subscriber takes a slot of the healthy pool; a new, failing or
+        // slow one a slot of its host's budget and then of the suspect pool, so hung callbacks
+        // (however many, on however few hosts) never hold a healthy subscriber's slot.
         let attempt = {
+            let host = suspect.then(|| hub.host_permits(&target));
+            let _host = match &host {
+                Some(h) => Some(tokio::select! {
+                    biased;
+                    _ = hub.cancel.cancelled() => return,
+                    p = h.acquire() => p,
+                }),
+                None => None,
+            };
+            let pool = if suspect {
+                &hub.suspect_permits
+            } else {
+                &hub.permits
+            };
             let _permit = tokio::select! {
                 biased;
                 _ = hub.cancel.cancelled() => return,
-                p = hub.permits.acquire() => p,
+                p = pool.acquire() => p,
             };
-            deliver(&hub, &sub, &target, &message).await
+            let t0 = std::time::Instant::now();
+            let a = deliver(&hub, &sub, &target, &message).await;
+            (a, t0.elapsed())
         };
+        let (attempt, took) = attempt;
+        suspect = !matches!(attempt, Attempt::Delivered(_)) || took > hub.settings.slow_delivery;
         let job = queue.front_mut().expect("the job is still at the head");
         let attempts = job.attempts + 1;
         let at = Timestamp::now();
@@ -292,6 +321,25 @@ async fn run_lane(
 }
 
 impl Hub {
+    /// The delivery slots of a callback's host (shared by all its subscriptions).
+    fn host_permits(&self, target: &Result<url::Url, String>) -> Arc<Semaphore> {
+        let host = target
+            .as_ref()
+            .ok()
+            .and_then(|u| u.host_str().map(str::to_ascii_lowercase))
+            .unwrap_or_default();
+        let mut m = self.host_permits.lock().expect("host permits");
+        // Hosts no lane uses any more are forgotten (the map stays as small as the live set).
+        if m.len() > 4096 {
+            m.retain(|_, s| {
+                Arc::strong_count(s) > 1 || s.available_permits() < self.settings.max_per_host
+            });
+        }
+        m.entry(host)
+            .or_insert_with(|| Arc::new(Semaphore::new(self.settings.max_per_host)))
+            .clone()
+    }
+
     fn record(&self, o: Outcome) {
         let _ = self.outcomes.send(o);
     }
@@ -318,7 +366,8 @@ impl Hub {
             Some(lane) => lane.update(sub),
             None => {
                 let id = sub.id;
-                lanes.insert(id, Lane::spawn(self, sub, Vec::new()));
+                // A new subscriber proves itself in the suspect pool first.
+                lanes.insert(id, Lane::spawn(self, sub, Vec::new(), true));
             }
         }
     }

@@ -73,6 +73,9 @@ pub struct HubSettings {
     pub max_retry_after: Duration,
     pub request_timeout: Duration,
     pub max_concurrent: usize,
+    /// An attempt longer than this makes its subscriber "slow" (the suspect pool).
+    pub slow_delivery: Duration,
+    pub max_per_host: usize,
     pub max_body_bytes: usize,
     pub requests_per_minute: u32,
     pub history: Duration,
@@ -99,6 +102,8 @@ impl HubSettings {
             max_retry_after: Duration::from_secs(h.max_retry_after_secs),
             request_timeout: Duration::from_secs(h.request_timeout_secs),
             max_concurrent: h.max_concurrent_deliveries,
+            slow_delivery: Duration::from_millis(h.slow_delivery_ms),
+            max_per_host: h.max_concurrent_deliveries_per_host,
             max_body_bytes: h.max_body_bytes,
             requests_per_minute: h.requests_per_callback_per_minute,
             history: Duration::from_secs(h.history_days * 86_400),
@@ -204,7 +209,13 @@ pub struct Hub {
     client: reqwest::Client,
     lanes: tokio::sync::Mutex<HashMap<SubscriptionId, Lane>>,
     outcomes: mpsc::UnboundedSender<model::Outcome>,
+    /// Delivery slots of healthy subscribers.
     permits: Arc<Semaphore>,
+    /// Delivery slots of new, failing and slow subscribers: hung callbacks wait here, never
+    /// in the healthy pool.
+    suspect_permits: Arc<Semaphore>,
+    /// Delivery slots per callback host.
+    host_permits: Mutex<HashMap<String, Arc<Semaphore>>>,
     limiter: RateLimiter,
     /// Stops lanes, verifications and fetches.
     cancel: CancellationToken,
@@ -261,6 +272,8 @@ impl Hub {
         ));
         let hub = Arc::new(Hub {
             permits: Arc::new(Semaphore::new(settings.max_concurrent)),
+            suspect_permits: Arc::new(Semaphore::new((settings.max_concurrent / 4).max(1))),
+            host_permits: Mutex::new(HashMap::new()),
             limiter: RateLimiter::new(settings.requests_per_minute),
             settings,
             store,
@@ -307,7 +320,9 @@ impl Hub {
         let mut lanes = self.lanes.lock().await;
         for sub in subs {
             let q = backlog.remove(&sub.id).unwrap_or_default();
-            lanes.insert(sub.id, Lane::spawn(self, sub, q));
+            // Restored subscribers start healthy unless they were failing.
+            let suspect = sub.attempts > 0;
+            lanes.insert(sub.id, Lane::spawn(self, sub, q, suspect));
         }
         let subscriptions = lanes.len();
         drop(lanes);
@@ -426,7 +441,8 @@ impl Hub {
                     }
                 }
                 None => {
-                    lanes.insert(sub.id, Lane::spawn(self, sub, queue));
+                    let suspect = sub.attempts > 0;
+                    lanes.insert(sub.id, Lane::spawn(self, sub, queue, suspect));
                 }
             }
         }

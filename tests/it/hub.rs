@@ -786,3 +786,36 @@ async fn a_form_with_the_wrong_content_type_gets_415() {
     }
     app.stop().await;
 }
+
+/// Isolation: 50 callbacks that never answer, on the same host as a healthy subscriber, with
+/// only 20 delivery slots: new and failing subscribers deliver from their own budget, so the
+/// healthy one still gets every publish within a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_callbacks_never_take_a_healthy_subscribers_slots() {
+    let (mut c, _d) = hub_config();
+    c.hub.max_concurrent_deliveries = 20;
+    c.hub.request_timeout_secs = 3;
+    let app = start(c).await;
+    let t = topic(&app, "t");
+    let healthy = TestSubscriber::start().await;
+    subscribed(&app, &healthy, &t, "/ok", &[]).await;
+    fat_ping(&app, &t, "<first/>").await;
+    healthy.wait_deliveries("/ok", 1).await;
+
+    let hung = TestSubscriber::start().await;
+    hung.set_delay(Duration::from_secs(60));
+    for i in 0..50 {
+        subscribed(&app, &hung, &t, &format!("/hung{i}"), &[]).await;
+    }
+    for n in 2..=6 {
+        let sent = std::time::Instant::now();
+        fat_ping(&app, &t, &format!("<n{n}/>")).await;
+        healthy.wait_deliveries("/ok", n).await;
+        assert!(
+            sent.elapsed() < Duration::from_secs(1),
+            "publish {n} reached the healthy subscriber after {:?}",
+            sent.elapsed()
+        );
+    }
+    app.stop().await;
+}
