@@ -170,11 +170,15 @@ impl HarvestConfig {
             return bad("follow.check_interval_secs must be at least 1".into());
         }
         if self.push.enabled {
-            if self.push.listen.parse::<std::net::SocketAddr>().is_err() {
-                return bad(format!(
-                    "push.listen {:?} is not an address like 0.0.0.0:8900",
-                    self.push.listen
-                ));
+            match self.push.listen.parse::<std::net::SocketAddr>() {
+                Err(_) => return bad(format!("push.listen {:?} is not an address like 0.0.0.0:8900", self.push.listen)),
+                Ok(a) if a.ip().is_unspecified() && self.push.callback_url.is_empty() => {
+                    return bad(format!(
+                        "push.listen {:?} listens on every interface: set push.callback_url to the URL the hub can call back",
+                        self.push.listen
+                    ))
+                }
+                Ok(_) => {}
             }
             if !self.push.callback_url.is_empty()
                 && url::Url::parse(&self.push.callback_url).is_err()
@@ -221,5 +225,10 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("source.url"));
+        std::fs::write(&f, "[push]\nlisten = \"0.0.0.0:8900\"\n").unwrap();
+        assert!(HarvestConfig::load(Some(&f))
+            .unwrap_err()
+            .to_string()
+            .contains("push.callback_url"));
     }
 }
