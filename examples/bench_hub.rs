@@ -153,6 +153,7 @@ async fn main() -> anyhow::Result<()> {
     config.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
     config.hub.publisher_token = "bench".into();
     config.hub.requests_per_callback_per_minute = 1000;
+    config.hub.requests_per_host_per_minute = 1_000_000;
     config.hub.request_timeout_secs =
         arg("--request-timeout-secs").map_or(10, |s| s.parse().expect("--request-timeout-secs N"));
     let hung: usize = arg("--hung").map_or(0, |s| s.parse().expect("--hung N"));

@@ -135,6 +135,7 @@ pub struct HubConfig {
     pub max_concurrent_deliveries_per_host: usize,
     pub max_body_bytes: usize,
     pub requests_per_callback_per_minute: u32,
+    pub requests_per_host_per_minute: u32,
     pub history_days: u64,
 }
 
@@ -395,6 +396,7 @@ impl Config {
         if h.request_timeout_secs == 0
             || h.max_concurrent_deliveries == 0
             || h.max_concurrent_deliveries_per_host == 0
+            || h.requests_per_host_per_minute == 0
             || h.requests_per_callback_per_minute == 0
         {
             return bad("hub.request_timeout_secs, max_concurrent_deliveries, max_concurrent_deliveries_per_host and requests_per_callback_per_minute must be at least 1".into());

@@ -78,6 +78,7 @@ pub struct HubSettings {
     pub max_per_host: usize,
     pub max_body_bytes: usize,
     pub requests_per_minute: u32,
+    pub requests_per_host_per_minute: u32,
     pub history: Duration,
 }
 
@@ -106,6 +107,7 @@ impl HubSettings {
             max_per_host: h.max_concurrent_deliveries_per_host,
             max_body_bytes: h.max_body_bytes,
             requests_per_minute: h.requests_per_callback_per_minute,
+            requests_per_host_per_minute: h.requests_per_host_per_minute,
             history: Duration::from_secs(h.history_days * 86_400),
         }
     }
@@ -217,6 +219,7 @@ pub struct Hub {
     /// Delivery slots per callback host.
     host_permits: Mutex<HashMap<String, Arc<Semaphore>>>,
     limiter: RateLimiter,
+    host_limiter: RateLimiter,
     /// Stops lanes, verifications and fetches.
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -275,6 +278,7 @@ impl Hub {
             suspect_permits: Arc::new(Semaphore::new((settings.max_concurrent / 4).max(1))),
             host_permits: Mutex::new(HashMap::new()),
             limiter: RateLimiter::new(settings.requests_per_minute),
+            host_limiter: RateLimiter::new(settings.requests_per_host_per_minute),
             settings,
             store,
             policy,
@@ -480,6 +484,12 @@ impl Hub {
         if let Err(wait) = self.limiter.check(req.callback.as_str()) {
             return Err(HubError::TooManyRequests(format!(
                 "too many requests for this callback; try again in {wait} seconds"
+            )));
+        }
+        let host = cb_url.host_str().unwrap_or("").to_ascii_lowercase();
+        if let Err(wait) = self.host_limiter.check(&host) {
+            return Err(HubError::TooManyRequests(format!(
+                "too many requests for callbacks on {host}; try again in {wait} seconds"
             )));
         }
         let (mode, reason) = match (mode, self.settings.topic_refusal(&req.topic)) {

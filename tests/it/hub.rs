@@ -819,3 +819,25 @@ async fn hung_callbacks_never_take_a_healthy_subscribers_slots() {
     }
     app.stop().await;
 }
+
+/// One host registering many callbacks is limited as a whole, not only per callback URL.
+#[tokio::test]
+async fn subscribe_requests_are_limited_per_callback_host() {
+    let (mut c, _d) = hub_config();
+    c.hub.requests_per_host_per_minute = 5;
+    let app = start(c).await;
+    let t = topic(&app, "t");
+    let mut statuses = Vec::new();
+    for i in 0..7 {
+        let (s, _) = subscribe(&app, &t, &format!("http://127.0.0.1:1/cb{i}"), &[]).await;
+        statuses.push(s);
+    }
+    assert_eq!(
+        statuses,
+        [202, 202, 202, 202, 202, 429, 429],
+        "distinct callbacks, one host"
+    );
+    let (s, text) = subscribe(&app, &t, "http://127.0.0.2:1/other", &[]).await;
+    assert_eq!(s, 202, "another host is not held back: {text}");
+    app.stop().await;
+}
