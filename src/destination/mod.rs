@@ -118,51 +118,16 @@ impl Harvester {
             );
         };
         let started = Timestamp::now();
-        let tmp = self.output.temp_dir().to_path_buf();
-        let first = self
-            .fetcher
-            .document_to_file(rl, &tmp)
-            .await
-            .map_err(|e| anyhow::anyhow!("Resource List: {e}"))?;
-        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(first.path())?))?;
-        let at = reader
-            .header()
-            .md
-            .get("at")
-            .and_then(|a| Timestamp::parse(a).ok());
+        let (header, parts) = self.list_parts(rl, "Resource List").await?;
+        let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let bar = progress(&format!("baseline {}", set.info.name));
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<Change> = Vec::new();
         let mut fetched = 0u64;
-        let parts: Vec<String> = if reader.header().is_index {
-            let mut r = reader;
-            let mut v = Vec::new();
-            while let Some(e) = r.next_entry()? {
-                v.push(e.loc);
-            }
-            v
-        } else {
-            vec![]
-        };
-        let mut readers: Vec<(Option<String>, Option<tempfile::NamedTempFile>)> =
-            if parts.is_empty() {
-                vec![(None, Some(first))]
-            } else {
-                parts.into_iter().map(|p| (Some(p), None)).collect()
-            };
-        for (url, file) in readers.drain(..) {
-            let file = match (url, file) {
-                (_, Some(f)) => f,
-                (Some(u), None) => self
-                    .fetcher
-                    .document_to_file(&u, &tmp)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("Resource List part: {e}"))?,
-                (None, None) => unreachable!(),
-            };
-            let mut r =
-                EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
+        for part in parts {
+            let mut doc = self.open_part(part, "Resource List part").await?;
+            let r = &mut doc.reader;
             while let Some(e) = r.next_entry()? {
                 let c = entry_change(&e, "created", at.unwrap_or(started));
                 bar.inc(1);
@@ -230,44 +195,30 @@ impl Harvester {
         let Some(p) = row.position else {
             return Ok((0, None));
         };
-        let tmp = self.output.temp_dir().to_path_buf();
-        let first = self
-            .fetcher
-            .document_to_file(cl, &tmp)
-            .await
-            .map_err(|e| anyhow::anyhow!("Change List {cl}: {e}"))?;
-        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(first.path())?))?;
-        let mut lists: Vec<(String, Option<tempfile::NamedTempFile>)> = Vec::new();
-        if reader.header().is_index {
-            let mut r = reader;
-            let mut entries: Vec<ParsedEntry> = Vec::new();
-            while let Some(e) = r.next_entry()? {
-                entries.push(e);
-            }
-            entries.sort_by_key(|e| e.md.get("from").and_then(|f| Timestamp::parse(f).ok()));
-            for e in entries {
-                let until = e.md.get("until").and_then(|u| Timestamp::parse(u).ok());
-                if until.is_none_or(|u| u > p) {
-                    lists.push((e.loc, None));
+        let (_, parts) = self.list_parts(cl, "Change List").await?;
+        // Closed lists that end at or before P are done; the rest in chronological order.
+        let from = |p: &Part| match p {
+            Part::There(e) => e.md.get("from").and_then(|f| Timestamp::parse(f).ok()),
+            Part::Here(_) => None,
+        };
+        let mut parts: Vec<Part> = parts
+            .into_iter()
+            .filter(|part| match part {
+                Part::There(e) => {
+                    e.md.get("until")
+                        .and_then(|u| Timestamp::parse(u).ok())
+                        .is_none_or(|u| u > p)
                 }
-            }
-        } else {
-            lists.push((cl.clone(), Some(first)));
-        }
+                Part::Here(_) => true,
+            })
+            .collect();
+        parts.sort_by_key(from);
         let mut new = 0;
         let mut newest: Option<Timestamp> = None;
         let mut newest_new: Option<Timestamp> = None;
-        for (url, file) in lists {
-            let file = match file {
-                Some(f) => f,
-                None => self
-                    .fetcher
-                    .document_to_file(&url, &tmp)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("Change List {url}: {e}"))?,
-            };
-            let mut r =
-                EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
+        for part in parts {
+            let mut doc = self.open_part(part, "Change List").await?;
+            let r = &mut doc.reader;
             let mut batch = Vec::new();
             loop {
                 let entry = r.next_entry()?;
@@ -464,6 +415,61 @@ impl Harvester {
         .await
         {
             tracing::warn!(set = %set.info.name, error = %e, "subscription request failed; retried at the next check");
+        }
+    }
+}
+
+/// A document fetched to a temporary file, read entry by entry (the file lives as long as this).
+struct OnDisk {
+    reader: EntryReader<std::io::BufReader<std::fs::File>>,
+    _file: tempfile::NamedTempFile,
+}
+
+/// One document of a list: the list itself (already open), or an entry of its index.
+enum Part {
+    Here(Box<OnDisk>),
+    There(ParsedEntry),
+}
+
+impl Harvester {
+    async fn open_doc(&self, url: &str, what: &str) -> anyhow::Result<OnDisk> {
+        let file = self
+            .fetcher
+            .document_to_file(url, self.output.temp_dir())
+            .await
+            .map_err(|e| anyhow::anyhow!("{what} {url}: {e}"))?;
+        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))
+            .map_err(|e| anyhow::anyhow!("{what} {url}: {e}"))?;
+        Ok(OnDisk {
+            reader,
+            _file: file,
+        })
+    }
+
+    /// A list's header and its documents: itself when it is not an index, else the entries
+    /// of its index (each opened with [`Harvester::open_part`] when its turn comes, so only
+    /// one part is on disk at a time).
+    async fn list_parts(
+        &self,
+        url: &str,
+        what: &str,
+    ) -> anyhow::Result<(sitemap::Document, Vec<Part>)> {
+        let mut d = self.open_doc(url, what).await?;
+        let header = d.reader.header().clone();
+        if !header.is_index {
+            return Ok((header, vec![Part::Here(Box::new(d))]));
+        }
+        let mut parts = Vec::new();
+        while let Some(e) = d.reader.next_entry()? {
+            parts.push(Part::There(e));
+        }
+        Ok((header, parts))
+    }
+
+    async fn open_part(&self, part: Part, what: &str) -> anyhow::Result<OnDisk> {
+        match part {
+            Part::Here(d) => Ok(*d),
+            Part::There(e) => self.open_doc(&e.loc, what).await,
         }
     }
 }
@@ -890,44 +896,16 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
     let sets = h.discover().await?;
     let mut out = String::new();
     let mut in_sync = true;
-    let tmp = h.output.temp_dir().to_path_buf();
     for s in &sets {
         let Some(rl) = &s.info.resourcelist else {
             continue;
         };
         let mut listed: HashSet<String> = HashSet::new();
         let (mut missing, mut differ) = (Vec::new(), Vec::new());
-        let first = h
-            .fetcher
-            .document_to_file(rl, &tmp)
-            .await
-            .map_err(|e| anyhow::anyhow!("Resource List: {e}"))?;
-        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(first.path())?))?;
-        let parts: Vec<Option<String>> = if reader.header().is_index {
-            let mut r = reader;
-            let mut v = Vec::new();
-            while let Some(e) = r.next_entry()? {
-                v.push(Some(e.loc));
-            }
-            v
-        } else {
-            vec![None]
-        };
+        let (_, parts) = h.list_parts(rl, "Resource List").await?;
         for part in parts {
-            let file = match part {
-                Some(u) => h
-                    .fetcher
-                    .document_to_file(&u, &tmp)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("Resource List part: {e}"))?,
-                None => h
-                    .fetcher
-                    .document_to_file(rl, &tmp)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("Resource List: {e}"))?,
-            };
-            let mut r =
-                EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))?;
+            let mut doc = h.open_part(part, "Resource List part").await?;
+            let r = &mut doc.reader;
             while let Some(e) = r.next_entry()? {
                 let c = entry_change(&e, "created", Timestamp(0));
                 listed.insert(c.uri.clone());
