@@ -91,6 +91,15 @@ fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, AppError> {
         .map_err(|e| AppError::BadRequest(e.body_text()))
 }
 
+/// A topic filter in the normal form the store keys use (`~` and `%7E` are one topic).
+fn topic_key(t: Option<String>) -> Option<String> {
+    t.map(|t| {
+        Topic::parse(&t)
+            .map(|k| k.as_str().to_string())
+            .unwrap_or(t)
+    })
+}
+
 fn sub_id(p: Result<Path<String>, PathRejection>) -> Result<i64, AppError> {
     let Path(id) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
     id.parse::<i64>()
@@ -259,7 +268,11 @@ async fn list_subscriptions(
             .await?
             .into_iter()
             .filter(|i| i.mode != crate::model::websub::IntentMode::Denied && i.id > after)
-            .filter(|i| p.topic.as_deref().is_none_or(|t| i.topic.as_str() == t))
+            .filter(|i| {
+                topic_key(p.topic.clone())
+                    .as_deref()
+                    .is_none_or(|t| i.topic.as_str() == t)
+            })
             .filter(|i| {
                 p.callback
                     .as_deref()
@@ -277,7 +290,7 @@ async fn list_subscriptions(
         }));
     }
     let filter = SubscriptionFilter {
-        topic: p.topic,
+        topic: topic_key(p.topic.clone()),
         callback_contains: p.callback,
         state: p.state,
         after: Some(after),
@@ -535,7 +548,7 @@ async fn list_deliveries(
     };
     let f = AttemptFilter {
         subscription_id,
-        topic: q.topic,
+        topic: topic_key(q.topic),
         outcome: q.outcome,
         limit: limit(q.limit, 100)?,
     };

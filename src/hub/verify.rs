@@ -52,7 +52,8 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
     {
         let mut q = url.query_pairs_mut();
         q.append_pair("hub.mode", intent.mode.as_str());
-        q.append_pair("hub.topic", intent.topic.as_str());
+        // The topic exactly as the subscriber gave it (WebSub §5.3).
+        q.append_pair("hub.topic", intent.topic.given());
         match intent.mode {
             IntentMode::Denied => {
                 if let Some(r) = &intent.reason {

@@ -9,17 +9,55 @@ use serde::Serialize;
 pub use super::signature::{signature, SignatureAlg};
 use super::Timestamp;
 
+/// The form URLs are matched in (WebSub §5.1 leaves equivalence to RFC 3986 §6): the URL
+/// parser's normal form (scheme and host lower-case, default port dropped, an empty path as
+/// `/`, no fragment) with percent-encoded unreserved characters decoded (`%7E` is `~`) and
+/// other escapes in upper case.
+pub fn url_key(u: &url::Url) -> String {
+    let s = u.as_str();
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+            && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit)
+        {
+            let v = u8::from_str_radix(&s[i + 1..i + 3], 16).expect("two hex digits");
+            if v.is_ascii_alphanumeric() || matches!(v, b'-' | b'.' | b'_' | b'~') {
+                out.push(v as char);
+            } else {
+                out.push('%');
+                out.push_str(&s[i + 1..i + 3].to_ascii_uppercase());
+            }
+            i += 3;
+        } else {
+            out.push(b[i] as char);
+            i += 1;
+        }
+    }
+    out
+}
+
 macro_rules! url_newtype {
     ($(#[$m:meta])* $name:ident) => {
         $(#[$m])*
-        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-        pub struct $name(String);
+        ///
+        /// Kept as the subscriber or publisher gave it (sent back exactly so, WebSub §5.3 and §6),
+        /// compared by its normal form ([`url_key`]): equality, hashing and the store's keys use
+        /// the latter.
+        #[derive(Debug, Clone)]
+        pub struct $name {
+            key: String,
+            given: String,
+        }
 
         impl $name {
             /// Parses an absolute http(s) URL (the caller names it in errors).
             pub fn parse(s: &str) -> Result<$name, String> {
                 let what = stringify!($name).to_ascii_lowercase();
-                let u = url::Url::parse(s.trim()).map_err(|e| format!("{what} {s:?} is not a URL: {e}"))?;
+                let given = s.trim();
+                let u = url::Url::parse(given).map_err(|e| format!("{what} {s:?} is not a URL: {e}"))?;
                 if u.scheme() != "http" && u.scheme() != "https" {
                     return Err(format!("{what} {s:?} must be an http or https URL"));
                 }
@@ -28,26 +66,71 @@ macro_rules! url_newtype {
                 }
                 let mut u = u;
                 u.set_fragment(None);
-                Ok($name(u.to_string()))
+                let given = given.split('#').next().unwrap_or(given).to_string();
+                Ok($name { key: url_key(&u), given })
             }
 
-            /// A value read back from the store (already parsed once).
-            pub fn from_stored(s: String) -> $name {
-                $name(s)
+            /// A value read back from the store: its key, and the form it was given in (older
+            /// records have none: the key then).
+            pub fn from_stored(key: String) -> $name {
+                $name { given: key.clone(), key }
             }
 
+            pub fn from_stored_given(key: String, given: Option<String>) -> $name {
+                $name { given: given.unwrap_or_else(|| key.clone()), key }
+            }
+
+            /// The normal form: what the store keys and matching use.
             pub fn as_str(&self) -> &str {
-                &self.0
+                &self.key
             }
 
+            /// Exactly as given (to send back).
+            pub fn given(&self) -> &str {
+                &self.given
+            }
+
+            /// The URL to connect to (parsed from the given form).
             pub fn url(&self) -> url::Url {
-                url::Url::parse(&self.0).expect("stored URLs parse")
+                url::Url::parse(&self.given).or_else(|_| url::Url::parse(&self.key)).expect("stored URLs parse")
+            }
+        }
+
+        impl PartialEq for $name {
+            fn eq(&self, other: &Self) -> bool {
+                self.key == other.key
+            }
+        }
+
+        impl Eq for $name {}
+
+        impl std::hash::Hash for $name {
+            fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+                self.key.hash(h)
+            }
+        }
+
+        impl PartialOrd for $name {
+            fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+                Some(self.cmp(other))
+            }
+        }
+
+        impl Ord for $name {
+            fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+                self.key.cmp(&other.key)
+            }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&self.given)
             }
         }
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
+                f.write_str(&self.given)
             }
         }
     };

@@ -841,3 +841,42 @@ async fn subscribe_requests_are_limited_per_callback_host() {
     assert_eq!(s, 202, "another host is not held back: {text}");
     app.stop().await;
 }
+
+/// Topic and callback are sent back exactly as given (WebSub §5.3, §6): a topic without a
+/// path, with an upper-case host or with `%7E` reaches the subscriber's verification as it was
+/// written; and `~` and `%7E` name one topic, so they are one subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verification_carries_the_topic_exactly_as_subscribed() {
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let port = app.addr.rsplit(':').next().unwrap().to_string();
+    let topics = [
+        format!("http://127.0.0.1:{port}"),
+        format!("http://LOCALHOST:{port}/topics/Upper"),
+        format!("http://127.0.0.1:{port}/topics/%7Eann/feed"),
+    ];
+    for (i, t) in topics.iter().enumerate() {
+        let (s, text) = subscribe(&app, t, &sub.url(&format!("/exact{i}")), &[]).await;
+        assert_eq!(s, 202, "{t}: {text}");
+        let v = sub.wait_verifications(&format!("/exact{i}"), 1).await;
+        assert_eq!(
+            v[0]["hub.topic"],
+            t.as_str(),
+            "sent back exactly as subscribed"
+        );
+    }
+    // `~` and `%7E`: one topic, one subscription (updated in place).
+    let tilde = format!("http://127.0.0.1:{port}/topics/~ann/feed");
+    let (s, _) = subscribe(&app, &tilde, &sub.url("/exact2"), &[]).await;
+    assert_eq!(s, 202);
+    let v = sub.wait_verifications("/exact2", 2).await;
+    assert_eq!(v[1]["hub.topic"], tilde.as_str());
+    wait_subscribers(&app, &topics[2], 1).await;
+    assert_eq!(
+        subscriber_count(&app, &tilde).await,
+        1,
+        "~ and %7E are one subscription"
+    );
+    app.stop().await;
+}

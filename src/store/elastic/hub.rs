@@ -101,14 +101,22 @@ struct SubDoc {
     last_failure_at: Option<i64>,
     last_failure_status: Option<u16>,
     last_failure_error: Option<String>,
+    /// The topic and callback as given (`topic`/`callback` hold their normal form).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    topic_given: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    callback_given: Option<String>,
 }
 
 impl SubDoc {
     fn subscription(&self) -> Result<Subscription, StoreError> {
         Ok(Subscription {
             id: self.id,
-            topic: Topic::from_stored(self.topic.clone()),
-            callback: Callback::from_stored(self.callback.clone()),
+            topic: Topic::from_stored_given(self.topic.clone(), self.topic_given.clone()),
+            callback: Callback::from_stored_given(
+                self.callback.clone(),
+                self.callback_given.clone(),
+            ),
             secret: self.secret.clone(),
             alg: SignatureAlg::parse(&self.alg)
                 .ok_or_else(|| corrupt(format!("subscription {}: alg {}", self.id, self.alg)))?,
@@ -160,6 +168,10 @@ struct IntentDoc {
     reason: Option<String>,
     requested_at: i64,
     verify_token: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    topic_given: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    callback_given: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -447,6 +459,8 @@ impl ElasticStore {
             reason: i.reason,
             requested_at: i.requested_at.0,
             verify_token: i.verify_token,
+            topic_given: Some(i.topic.given().into()),
+            callback_given: Some(i.callback.given().into()),
         };
         let src = json!({"kind": "intent", "id": doc.id, "doc": doc});
         if !self
@@ -469,8 +483,8 @@ impl ElasticStore {
                 Ok(Intent {
                     id: i.id,
                     mode: IntentMode::parse(&i.mode).unwrap_or(IntentMode::Denied),
-                    topic: Topic::from_stored(i.topic),
-                    callback: Callback::from_stored(i.callback),
+                    topic: Topic::from_stored_given(i.topic, i.topic_given),
+                    callback: Callback::from_stored_given(i.callback, i.callback_given),
                     lease_secs: i.lease_secs,
                     secret: i.secret,
                     alg: SignatureAlg::parse(&i.alg)
@@ -519,6 +533,8 @@ impl ElasticStore {
                                 last_failure_at: None,
                                 last_failure_status: None,
                                 last_failure_error: None,
+                                topic_given: Some(intent.topic.given().into()),
+                                callback_given: Some(intent.callback.given().into()),
                             };
                             if self
                                 .es
@@ -535,6 +551,8 @@ impl ElasticStore {
                                 s.cursor = s.cursor.max(newest);
                             }
                             s.secret = intent.secret.clone();
+                            s.topic_given = Some(intent.topic.given().into());
+                            s.callback_given = Some(intent.callback.given().into());
                             s.alg = intent.alg.as_str().into();
                             s.lease_secs = intent.lease_secs;
                             s.lease_start = verified_at.0;

@@ -21,7 +21,10 @@ use crate::store::{NotifyState, StoreError};
 
 const SUB_COLS: &str =
     "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
-     created_at, cursor, attempts, next_attempt_at";
+     created_at, cursor, attempts, next_attempt_at, topic_given, callback_given";
+
+/// How many columns [`SUB_COLS`] has (a listing's own columns follow).
+const SUB_N: usize = 15;
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
@@ -36,8 +39,8 @@ fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
 fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
     Ok(Subscription {
         id: r.get(0)?,
-        topic: Topic::from_stored(r.get(1)?),
-        callback: Callback::from_stored(r.get(2)?),
+        topic: Topic::from_stored_given(r.get(1)?, r.get(13)?),
+        callback: Callback::from_stored_given(r.get(2)?, r.get(14)?),
         secret: r.get(3)?,
         alg: alg_from(r.get(4)?)?,
         lease_secs: r.get::<_, i64>(5)? as u64,
@@ -71,8 +74,9 @@ impl EmbeddedStore {
     pub async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         self.write(move |c| {
             c.execute(
-                "INSERT INTO hub_intents (mode, topic, callback, lease_secs, secret, alg, reason, requested_at, verify_token)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
+                "INSERT INTO hub_intents (mode, topic, callback, lease_secs, secret, alg, reason, requested_at, verify_token,
+                                          topic_given, callback_given)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
                 params![
                     i.mode.as_str(),
                     i.topic.as_str(),
@@ -82,7 +86,9 @@ impl EmbeddedStore {
                     i.alg.as_str(),
                     i.reason,
                     i.requested_at.0,
-                    i.verify_token
+                    i.verify_token,
+                    i.topic.given(),
+                    i.callback.given()
                 ],
             )?;
             Ok(c.last_insert_rowid())
@@ -93,7 +99,8 @@ impl EmbeddedStore {
     pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare(
-                "SELECT id, mode, topic, callback, lease_secs, secret, alg, reason, requested_at, verify_token
+                "SELECT id, mode, topic, callback, lease_secs, secret, alg, reason, requested_at, verify_token,
+                        topic_given, callback_given
                  FROM hub_intents ORDER BY id",
             )?;
             let rows = st.query_map([], |r| {
@@ -101,8 +108,8 @@ impl EmbeddedStore {
                 Ok(Intent {
                     id: r.get(0)?,
                     mode: IntentMode::parse(&mode).unwrap_or(IntentMode::Denied),
-                    topic: Topic::from_stored(r.get(2)?),
-                    callback: Callback::from_stored(r.get(3)?),
+                    topic: Topic::from_stored_given(r.get(2)?, r.get(10)?),
+                    callback: Callback::from_stored_given(r.get(3)?, r.get(11)?),
                     lease_secs: r.get::<_, i64>(4)? as u64,
                     secret: r.get(5)?,
                     alg: alg_from(r.get(6)?)?,
@@ -135,9 +142,11 @@ impl EmbeddedStore {
                     let sub = tx.query_row(
                         &format!(
                             "INSERT INTO hub_subscriptions
-                               (topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, created_at, cursor)
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?6, (SELECT coalesce(max(id), 0) FROM hub_messages))
+                               (topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, created_at, cursor,
+                                topic_given, callback_given)
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?6, (SELECT coalesce(max(id), 0) FROM hub_messages), ?8, ?9)
                              ON CONFLICT (topic, callback) DO UPDATE SET
+                               topic_given = excluded.topic_given, callback_given = excluded.callback_given,
                                secret = excluded.secret, alg = excluded.alg, lease_secs = excluded.lease_secs,
                                lease_start = excluded.lease_start, expires_at = excluded.expires_at,
                                verified_at = excluded.verified_at,
@@ -153,7 +162,9 @@ impl EmbeddedStore {
                             intent.alg.as_str(),
                             intent.lease_secs as i64,
                             verified_at.0,
-                            expires.0
+                            expires.0,
+                            intent.topic.given(),
+                            intent.callback.given()
                         ],
                         sub_from_row,
                     )?;
@@ -512,7 +523,7 @@ const STATE_SQL: &str = "(CASE WHEN s.expires_at <= ?6 THEN 'expired' \
      WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
      ELSE 'active' END)";
 
-/// Columns 13.. of a listing (after SUB_COLS): counters, last success/failure, queue depth,
+/// Columns SUB_N.. of a listing (after SUB_COLS): counters, last success/failure, queue depth,
 /// state.
 fn stats_cols() -> String {
     format!(
@@ -523,20 +534,20 @@ fn stats_cols() -> String {
 }
 
 fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
-    let state: String = r.get(21)?;
+    let state: String = r.get(SUB_N + 8)?;
     Ok(SubscriptionStats {
         state: Some(match state.as_str() {
             "expired" => SubState::Expired,
             "failing" => SubState::Failing,
             _ => SubState::Active,
         }),
-        delivered: r.get::<_, i64>(13)? as u64,
-        failed: r.get::<_, i64>(14)? as u64,
-        last_success_at: r.get::<_, Option<i64>>(15)?.map(Timestamp),
-        last_success_status: r.get(16)?,
-        last_failure_at: r.get::<_, Option<i64>>(17)?.map(Timestamp),
-        last_failure_status: r.get(18)?,
-        last_failure_error: r.get(19)?,
-        pending: r.get::<_, i64>(20)? as u64,
+        delivered: r.get::<_, i64>(SUB_N)? as u64,
+        failed: r.get::<_, i64>(SUB_N + 1)? as u64,
+        last_success_at: r.get::<_, Option<i64>>(SUB_N + 2)?.map(Timestamp),
+        last_success_status: r.get(SUB_N + 3)?,
+        last_failure_at: r.get::<_, Option<i64>>(SUB_N + 4)?.map(Timestamp),
+        last_failure_status: r.get(SUB_N + 5)?,
+        last_failure_error: r.get(SUB_N + 6)?,
+        pending: r.get::<_, i64>(SUB_N + 7)? as u64,
     })
 }

@@ -142,6 +142,23 @@ impl EmbeddedStore {
         let conn = open_conn(path)?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(HUB_SCHEMA)?;
+        // Additive columns of later builds: the topic and callback as given (the key columns
+        // hold their normal form).
+        for (table, column) in [
+            ("hub_intents", "topic_given"),
+            ("hub_intents", "callback_given"),
+            ("hub_subscriptions", "topic_given"),
+            ("hub_subscriptions", "callback_given"),
+        ] {
+            let has: bool = conn
+                .prepare(&format!(
+                    "SELECT 1 FROM pragma_table_info('{table}') WHERE name = ?1"
+                ))?
+                .exists([column])?;
+            if !has {
+                conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT"))?;
+            }
+        }
         let version: Option<String> = conn
             .query_row(
                 "SELECT value FROM meta WHERE key='schema_version'",
