@@ -40,44 +40,21 @@ pub(super) struct Lane {
 
 impl Lane {
     /// `suspect`: deliver from the suspect pool until an attempt succeeds quickly (new and
-    /// failing subscribers).
-    pub(super) fn spawn(
-        hub: &Arc<Hub>,
-        sub: Subscription,
-        backlog: Vec<Arc<Message>>,
-        suspect: bool,
-    ) -> Lane {
+    /// failing subscribers). The lane reads its queue from the message log after the
+    /// subscription's cursor, [`LANE_BATCH`] messages at a time.
+    pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, suspect: bool) -> Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
-        // Only the head can have been in retry.
-        let mut queue: VecDeque<Job> = backlog
-            .into_iter()
-            .map(|message| Job {
-                message,
-                attempts: 0,
-                due: None,
-            })
-            .collect();
-        if let Some(head) = queue.front_mut() {
-            head.attempts = sub.attempts;
-            head.due = sub.next_attempt_at.map(|nb| {
-                let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
-                Instant::now() + Duration::from_micros(wait)
-            });
-        }
-        let last = queue
-            .back()
-            .map_or(sub.cursor, |j| j.message.id.max(sub.cursor));
         let lane = Lane {
             tx,
             topic: sub.topic.clone(),
             expires_at: sub.expires_at,
             verified_at: sub.verified_at,
-            last,
+            last: sub.cursor,
             born: Instant::now(),
         };
         hub.tasks
-            .spawn(run_lane(hub.clone(), sub, queue, rx, suspect).instrument(span));
+            .spawn(run_lane(hub.clone(), sub, rx, suspect).instrument(span));
         lane
     }
 
@@ -112,6 +89,10 @@ impl Lane {
     }
 }
 
+/// How many messages a lane holds at most; the rest stay in the log and are read when the
+/// queue runs low. A subscriber with 100,000 pending messages costs the hub this many.
+pub(super) const LANE_BATCH: usize = 256;
+
 struct Job {
     message: Arc<Message>,
     /// Failed attempts so far.
@@ -131,14 +112,37 @@ enum Attempt {
     },
 }
 
+/// Where a lane's queue stands against the log.
+struct Window {
+    /// The newest message queued (or delivered): what is at or below it is not queued again.
+    through: MessageId,
+    /// Messages after `through` may be in the log but not in the queue: read them from there.
+    behind: bool,
+}
+
 /// Applies a lane message; `false` when the lane's handle is gone (unsubscribed).
-fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job>) -> bool {
+fn absorb(
+    msg: Option<LaneMsg>,
+    sub: &mut Subscription,
+    queue: &mut VecDeque<Job>,
+    w: &mut Window,
+) -> bool {
     match msg {
-        Some(LaneMsg::Job(message)) => queue.push_back(Job {
-            message,
-            attempts: 0,
-            due: None,
-        }),
+        Some(LaneMsg::Job(message)) => {
+            if message.id <= w.through {
+                // Read from the log already.
+            } else if w.behind || queue.len() >= LANE_BATCH {
+                // Left in the log; read back when the queue runs low.
+                w.behind = true;
+            } else {
+                w.through = message.id;
+                queue.push_back(Job {
+                    message,
+                    attempts: 0,
+                    due: None,
+                });
+            }
+        }
         Some(LaneMsg::Update(s)) => *sub = s,
         Some(LaneMsg::RetryNow(failed)) => {
             if let Some(head) = queue.front_mut() {
@@ -158,27 +162,70 @@ fn absorb(msg: Option<LaneMsg>, sub: &mut Subscription, queue: &mut VecDeque<Job
 async fn run_lane(
     hub: Arc<Hub>,
     mut sub: Subscription,
-    mut queue: VecDeque<Job>,
     mut rx: mpsc::UnboundedReceiver<LaneMsg>,
     mut suspect: bool,
 ) {
     // A subscription's callback never changes (a new callback is a new subscription).
     let target = target(&hub, &sub);
+    let mut queue: VecDeque<Job> = VecDeque::new();
+    let mut w = Window {
+        through: sub.cursor,
+        behind: true,
+    };
+    // The retry state of the message at the head when the lane starts (after a restart).
+    let mut resume = (sub.attempts > 0).then_some((sub.attempts, sub.next_attempt_at));
     loop {
         loop {
             match rx.try_recv() {
                 Ok(m) => {
-                    absorb(Some(m), &mut sub, &mut queue);
+                    absorb(Some(m), &mut sub, &mut queue, &mut w);
                 }
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
+            }
+        }
+        if w.behind && queue.len() < LANE_BATCH / 2 {
+            let want = LANE_BATCH - queue.len();
+            match hub
+                .store
+                .hub_messages_after(Some(&sub.topic), w.through, want)
+                .await
+            {
+                Ok(batch) => {
+                    w.behind = batch.len() >= want;
+                    for message in batch {
+                        w.through = message.id;
+                        queue.push_back(Job {
+                            message,
+                            attempts: 0,
+                            due: None,
+                        });
+                    }
+                    if let (Some((attempts, next)), Some(head)) = (resume.take(), queue.front_mut())
+                    {
+                        head.attempts = attempts;
+                        head.due = next.map(|nb| {
+                            let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
+                            Instant::now() + Duration::from_micros(wait)
+                        });
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the subscription's queue from the log failed; retrying");
+                    tokio::select! {
+                        biased;
+                        _ = hub.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                    continue;
+                }
             }
         }
         let Some(head) = queue.front() else {
             tokio::select! {
                 biased;
                 _ = hub.cancel.cancelled() => return,
-                m = rx.recv() => if !absorb(m, &mut sub, &mut queue) { return },
+                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w) { return },
             }
             continue;
         };
@@ -186,14 +233,14 @@ async fn run_lane(
             tokio::select! {
                 biased;
                 _ = hub.cancel.cancelled() => return,
-                m = rx.recv() => if !absorb(m, &mut sub, &mut queue) { return },
+                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w) { return },
                 _ = tokio::time::sleep_until(due) => {}
             }
             continue;
         }
         let now = Timestamp::now();
         if sub.expires_at <= now {
-            let through = queue.back().map_or(0, |j| j.message.id);
+            let through = w.through;
             tracing::info!(
                 skipped = queue.len(),
                 "lease ended; queued deliveries dropped"
@@ -367,7 +414,7 @@ impl Hub {
             None => {
                 let id = sub.id;
                 // A new subscriber proves itself in the suspect pool first.
-                lanes.insert(id, Lane::spawn(self, sub, Vec::new(), true));
+                lanes.insert(id, Lane::spawn(self, sub, true));
             }
         }
     }

@@ -230,6 +230,8 @@ pub struct Hub {
     /// Whether this process delivers (always on the embedded store; on a shared store, while
     /// it holds the delivery lease).
     delivering: AtomicBool,
+    /// The newest message handed to the lanes from the log (shared store).
+    synced_through: std::sync::atomic::AtomicI64,
     /// This process's name in leases.
     owner: String,
 }
@@ -292,6 +294,7 @@ impl Hub {
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
             delivering: AtomicBool::new(false),
+            synced_through: std::sync::atomic::AtomicI64::new(0),
             owner: format!("{}-{}", std::process::id(), challenge()),
         });
         if hub.store.is_shared() {
@@ -319,14 +322,16 @@ impl Hub {
         intents_older_than: Option<Duration>,
     ) -> Result<(), StoreError> {
         let subs = self.store.hub_subscriptions().await?;
-        let mut backlog = self.store.hub_backlog().await?;
-        let queued: usize = backlog.values().map(Vec::len).sum();
+        // Lanes read their own queues from the log; messages after this one reach them as
+        // they are published (or, on a shared store, by `dispatch_new`).
+        let last = self.store.hub_last_message().await?;
         let mut lanes = self.lanes.lock().await;
+        self.synced_through.store(last, Ordering::SeqCst);
+        let queued = 0usize;
         for sub in subs {
-            let q = backlog.remove(&sub.id).unwrap_or_default();
             // Restored subscribers start healthy unless they were failing.
             let suspect = sub.attempts > 0;
-            lanes.insert(sub.id, Lane::spawn(self, sub, q, suspect));
+            lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
         }
         let subscriptions = lanes.len();
         drop(lanes);
@@ -426,7 +431,6 @@ impl Hub {
     async fn sync(self: &Arc<Self>) -> Result<(), StoreError> {
         let started = tokio::time::Instant::now();
         let subs = self.store.hub_subscriptions().await?;
-        let mut backlog = self.store.hub_backlog().await?;
         let mut lanes = self.lanes.lock().await;
         if !self.is_delivering() {
             return Ok(());
@@ -434,22 +438,20 @@ impl Hub {
         let ids: HashSet<SubscriptionId> = subs.iter().map(|s| s.id).collect();
         lanes.retain(|id, lane| ids.contains(id) || lane.born > started);
         for sub in subs {
-            let queue = backlog.remove(&sub.id).unwrap_or_default();
             match lanes.get_mut(&sub.id) {
                 Some(lane) => {
                     if lane.renewed(&sub) {
                         lane.update(sub);
                     }
-                    for m in queue {
-                        lane.push(m);
-                    }
                 }
                 None => {
                     let suspect = sub.attempts > 0;
-                    lanes.insert(sub.id, Lane::spawn(self, sub, queue, suspect));
+                    lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
                 }
             }
         }
+        // Messages other processes appended since the last look: only those are read.
+        self.dispatch_new(&mut lanes, Timestamp::now()).await?;
         Ok(())
     }
 
@@ -581,22 +583,38 @@ impl Hub {
         messages: &[model::Message],
         now: Timestamp,
     ) -> Result<Vec<usize>, StoreError> {
-        let backlog = self.store.hub_backlog().await?;
-        let mut taken: HashMap<model::MessageId, usize> = HashMap::new();
-        for (id, queue) in backlog {
-            let Some(lane) = lanes.get_mut(&id) else {
-                continue;
-            };
-            for m in queue {
-                if lane.wants(&m.topic, now) && lane.push(m.clone()) {
-                    *taken.entry(m.id).or_default() += 1;
-                }
-            }
-        }
+        let taken = self.dispatch_new(lanes, now).await?;
         Ok(messages
             .iter()
             .map(|m| taken.get(&m.id).copied().unwrap_or(0))
             .collect())
+    }
+
+    /// Hands the lanes every message appended to the log after the last one handed, in
+    /// number order, a bounded batch at a time (a lane keeps what it has room for and reads
+    /// the rest from the log itself). Returns how many lanes took each message.
+    async fn dispatch_new(
+        &self,
+        lanes: &mut HashMap<SubscriptionId, Lane>,
+        now: Timestamp,
+    ) -> Result<HashMap<model::MessageId, usize>, StoreError> {
+        const BATCH: usize = 1000;
+        let mut taken: HashMap<model::MessageId, usize> = HashMap::new();
+        loop {
+            let after = self.synced_through.load(Ordering::SeqCst);
+            let batch = self.store.hub_messages_after(None, after, BATCH).await?;
+            for m in &batch {
+                for lane in lanes.values_mut() {
+                    if lane.wants(&m.topic, now) && lane.push(m.clone()) {
+                        *taken.entry(m.id).or_default() += 1;
+                    }
+                }
+                self.synced_through.fetch_max(m.id, Ordering::SeqCst);
+            }
+            if batch.len() < BATCH {
+                return Ok(taken);
+            }
+        }
     }
 
     /// A WebSub ping: fetches each topic that has subscribers, in the background, and

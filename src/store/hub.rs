@@ -116,13 +116,25 @@ impl Store {
         }
     }
 
-    /// Every subscription's queue: its topic's messages after its cursor, in order.
-    pub async fn hub_backlog(
+    /// Up to `limit` messages after `after`, in number order: of one topic, or of every topic
+    /// (`None`). Lanes read their queues from here a bounded batch at a time.
+    pub async fn hub_messages_after(
         &self,
-    ) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
+        topic: Option<&Topic>,
+        after: MessageId,
+        limit: usize,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_backlog().await,
-            Store::Elasticsearch(s) => s.hub_backlog().await,
+            Store::Embedded(s) => s.hub_messages_after(topic, after, limit).await,
+            Store::Elasticsearch(s) => s.hub_messages_after(topic, after, limit).await,
+        }
+    }
+
+    /// The newest message's number (0 when none).
+    pub async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_last_message().await,
+            Store::Elasticsearch(s) => s.hub_max_seq().await,
         }
     }
 

@@ -323,6 +323,36 @@ impl ElasticStore {
     }
 
     /// The newest message number (0 when the log is empty).
+    /// Up to `limit` messages after `after` (of one topic, or all), in number order.
+    pub async fn hub_messages_after(
+        &self,
+        topic: Option<&Topic>,
+        after: MessageId,
+        limit: usize,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
+        let mut filter = vec![
+            json!({"term": {"kind": "msg"}}),
+            json!({"range": {"seq": {"gt": after}}}),
+        ];
+        if let Some(t) = topic {
+            filter.push(json!({"term": {"topic": t.as_str()}}));
+        }
+        let (docs, _) = self
+            .page(
+                &self.hub,
+                json!({"bool": {"filter": filter}}),
+                json!([{"seq": "asc"}]),
+                None,
+                limit,
+            )
+            .await?;
+        docs.iter().map(|d| message_from(d).map(Arc::new)).collect()
+    }
+
+    pub async fn hub_max_seq(&self) -> Result<MessageId, StoreError> {
+        self.max_seq().await
+    }
+
     async fn max_seq(&self) -> Result<MessageId, StoreError> {
         let (docs, _) = self
             .page(
@@ -786,40 +816,6 @@ impl ElasticStore {
             )
             .await?;
         Ok(())
-    }
-
-    pub async fn hub_backlog(
-        &self,
-    ) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
-        let subs = self.subs(json!({"match_all": {}})).await?;
-        let mut low: BTreeMap<String, i64> = BTreeMap::new();
-        for (s, _) in &subs {
-            let e = low.entry(s.topic.clone()).or_insert(s.cursor);
-            *e = (*e).min(s.cursor);
-        }
-        let mut by_topic: HashMap<String, Vec<Arc<Message>>> = HashMap::new();
-        for (topic, after) in low {
-            let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"topic": topic}}, {"range": {"seq": {"gt": after}}}]}});
-            let docs = self.all(q, json!([{"seq": "asc"}])).await?;
-            by_topic.insert(
-                topic,
-                docs.iter()
-                    .map(|d| message_from(d).map(Arc::new))
-                    .collect::<Result<_, _>>()?,
-            );
-        }
-        let mut out = HashMap::new();
-        for (s, _) in subs {
-            let q: Vec<Arc<Message>> = by_topic[&s.topic]
-                .iter()
-                .filter(|m| m.id > s.cursor)
-                .cloned()
-                .collect();
-            if !q.is_empty() {
-                out.insert(s.id, q);
-            }
-        }
-        Ok(out)
     }
 
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {

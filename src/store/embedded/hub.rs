@@ -4,7 +4,6 @@
 //! after its cursor, so a crash after the publisher got its answer can only lead to a delivery
 //! made twice, never to one not made.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -13,8 +12,9 @@ use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 use super::EmbeddedStore;
 use crate::model::websub::SignatureAlg;
 use crate::model::websub::{
-    Callback, HubTotals, Intent, IntentMode, Message, Outcome, Resolution, SubState, Subscription,
-    SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
+    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, SubState,
+    Subscription, SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo,
+    TopicSummary,
 };
 use crate::model::Timestamp;
 use crate::store::{NotifyState, StoreError};
@@ -266,31 +266,33 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Every subscription's queue: the messages of its topic after its cursor, in order.
-    pub async fn hub_backlog(
+    pub async fn hub_messages_after(
         &self,
-    ) -> Result<HashMap<SubscriptionId, Vec<Arc<Message>>>, StoreError> {
+        topic: Option<&Topic>,
+        after: MessageId,
+        limit: usize,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
+        let topic = topic.map(|t| t.as_str().to_string());
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT id, topic, content_type, body, published_at FROM hub_messages
+                 WHERE id > ?1 AND (?2 IS NULL OR topic = ?2) ORDER BY id LIMIT ?3",
+            )?;
+            let rows = st.query_map(params![after, topic, limit as i64], message_from_row)?;
+            Ok(rows
+                .map(|r| r.map(Arc::new))
+                .collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    pub async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
         self.read(|c| {
-            let mut messages: HashMap<i64, Arc<Message>> = HashMap::new();
-            let mut st = c.prepare(
-                "SELECT id, topic, content_type, body, published_at FROM hub_messages m
-                 WHERE EXISTS (SELECT 1 FROM hub_subscriptions s WHERE s.topic = m.topic AND s.cursor < m.id)",
-            )?;
-            for m in st.query_map([], message_from_row)? {
-                let m = m?;
-                messages.insert(m.id, Arc::new(m));
-            }
-            let mut st = c.prepare(
-                "SELECT s.id, m.id FROM hub_subscriptions s JOIN hub_messages m ON m.topic = s.topic AND m.id > s.cursor
-                 ORDER BY s.id, m.id",
-            )?;
-            let mut out: HashMap<SubscriptionId, Vec<Arc<Message>>> = HashMap::new();
-            for row in st.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)))? {
-                let (sub, msg) = row?;
-                let m = messages.get(&msg).cloned().ok_or_else(|| StoreError::Corrupt(format!("message {msg} vanished")))?;
-                out.entry(sub).or_default().push(m);
-            }
-            Ok(out)
+            Ok(
+                c.query_row("SELECT coalesce(max(id), 0) FROM hub_messages", [], |r| {
+                    r.get(0)
+                })?,
+            )
         })
         .await
     }
