@@ -11,7 +11,7 @@ use resourcesync_hub::model::Timestamp;
 use resourcesync_hub::store::Store;
 
 use crate::subscriber::{TestSubscriber, Verify};
-use crate::support::{add_file_set, change_line, md5_hex, test_config, TestApp};
+use crate::support::{add_file_set, change_line, md5_hex, test_config, wait_until, TestApp};
 
 const TOKEN: &str = "pub-token";
 
@@ -877,6 +877,138 @@ async fn verification_carries_the_topic_exactly_as_subscribed() {
         subscriber_count(&app, &tilde).await,
         1,
         "~ and %7E are one subscription"
+    );
+    app.stop().await;
+}
+
+/// A receiver for the backlog test: answers 500 until told otherwise, then records the
+/// number each delivery carries (`<n i="K">`), nothing else.
+#[derive(Clone, Default)]
+struct Counter {
+    fail: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    got: std::sync::Arc<std::sync::Mutex<Vec<usize>>>,
+    attempts: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+async fn counter_receiver(c: Counter) -> String {
+    use axum::routing::get;
+    async fn verify(
+        axum::extract::Query(q): axum::extract::Query<std::collections::HashMap<String, String>>,
+    ) -> String {
+        q.get("hub.challenge").cloned().unwrap_or_default()
+    }
+    async fn post(
+        axum::extract::State(c): axum::extract::State<Counter>,
+        body: axum::body::Bytes,
+    ) -> axum::http::StatusCode {
+        c.attempts.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if c.fail.load(std::sync::atomic::Ordering::SeqCst) {
+            return axum::http::StatusCode::INTERNAL_SERVER_ERROR;
+        }
+        let s = std::str::from_utf8(&body).unwrap_or("");
+        let n = s
+            .split('"')
+            .nth(1)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(usize::MAX);
+        c.got.lock().unwrap().push(n);
+        axum::http::StatusCode::NO_CONTENT
+    }
+    let app = axum::Router::new()
+        .route("/dead", get(verify).post(post))
+        .with_state(c);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{addr}/dead")
+}
+
+fn rss_mb() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap()
+        .split_whitespace()
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
+    kb / 1024.0
+}
+
+/// 100,000 messages (1 KB each) queued for a subscriber that answers 500: the hub holds a
+/// bounded window of them, not the backlog (its memory does not grow by the backlog's
+/// 100 MB), and once the subscriber recovers it receives every one, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_subscribers_backlog_costs_bounded_memory_and_arrives_in_order() {
+    const N: usize = 100_000;
+    let (mut c, _d) = hub_config();
+    c.hub.retry_schedule_secs = vec![1; 60];
+    c.hub.retry_jitter = 0.0;
+    let app = start(c.clone()).await;
+    let counter = Counter::default();
+    counter
+        .fail
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let cb = counter_receiver(counter.clone()).await;
+    let t = topic(&app, "backlog");
+    let (s, _) = subscribe(&app, &t, &cb, &[]).await;
+    assert_eq!(s, 202);
+    wait_subscribers(&app, &t, 1).await;
+    app.stop().await;
+
+    // The backlog, written straight into the log while the hub is down.
+    let store = Store::open_embedded(&c.database_path()).unwrap();
+    let topic = Topic::parse(&t).unwrap();
+    let pad = "x".repeat(1000);
+    for chunk in 0..N / 1000 {
+        let payloads = (0..1000)
+            .map(|k| {
+                (
+                    topic.clone(),
+                    "application/xml".to_string(),
+                    bytes::Bytes::from(format!("<n i=\"{}\">{pad}</n>", chunk * 1000 + k)),
+                )
+            })
+            .collect();
+        store
+            .hub_publish(payloads, None, Timestamp::now())
+            .await
+            .unwrap();
+    }
+    drop(store);
+
+    let before = rss_mb();
+    let app = start(c).await;
+    wait_until("the first attempt at the dead subscriber", || async {
+        counter.attempts.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    let during = rss_mb();
+    assert!(
+        during - before < 40.0,
+        "RSS grew by {:.0} MB with a {N}-message backlog",
+        during - before
+    );
+
+    counter
+        .fail
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let deadline = std::time::Instant::now() + Duration::from_secs(300);
+    while counter.got.lock().unwrap().len() < N {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {N} delivered",
+            counter.got.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = counter.got.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        (0..N).collect::<Vec<_>>(),
+        "every message, once, in order"
     );
     app.stop().await;
 }
