@@ -136,6 +136,7 @@ pub struct HubConfig {
     pub max_body_bytes: usize,
     pub requests_per_callback_per_minute: u32,
     pub requests_per_host_per_minute: u32,
+    pub max_subscriptions_per_host: u64,
     pub history_days: u64,
 }
 

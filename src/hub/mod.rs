@@ -79,6 +79,7 @@ pub struct HubSettings {
     pub max_body_bytes: usize,
     pub requests_per_minute: u32,
     pub requests_per_host_per_minute: u32,
+    pub max_subscriptions_per_host: u64,
     pub history: Duration,
 }
 
@@ -108,6 +109,7 @@ impl HubSettings {
             max_body_bytes: h.max_body_bytes,
             requests_per_minute: h.requests_per_callback_per_minute,
             requests_per_host_per_minute: h.requests_per_host_per_minute,
+            max_subscriptions_per_host: h.max_subscriptions_per_host,
             history: Duration::from_secs(h.history_days * 86_400),
         }
     }
@@ -493,6 +495,31 @@ impl Hub {
             return Err(HubError::TooManyRequests(format!(
                 "too many requests for callbacks on {host}; try again in {wait} seconds"
             )));
+        }
+        if mode == IntentMode::Subscribe
+            && self
+                .store
+                .hub_subscription(&req.topic, &req.callback)
+                .await?
+                .is_none()
+        {
+            // Every subscription whose callback is on this host, whatever the scheme and port
+            // (callbacks are kept in normal form: scheme and host in lower case).
+            let host = cb_url.host_str().unwrap_or("").to_ascii_lowercase();
+            let mut held = 0;
+            for scheme in ["http", "https"] {
+                for sep in ["/", ":"] {
+                    held += self
+                        .store
+                        .hub_count_callbacks(&format!("{scheme}://{host}{sep}"))
+                        .await?;
+                }
+            }
+            if held >= self.settings.max_subscriptions_per_host {
+                return Err(HubError::Forbidden(format!(
+                    "{host} holds {held} subscriptions already, the most this hub allows one callback host (hub.max_subscriptions_per_host)"
+                )));
+            }
         }
         let (mode, reason) = match (mode, self.settings.topic_refusal(&req.topic)) {
             (IntentMode::Subscribe, Some(reason)) => (IntentMode::Denied, Some(reason)),

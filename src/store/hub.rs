@@ -100,6 +100,15 @@ impl Store {
         }
     }
 
+    /// How many subscriptions have a callback starting with `prefix` (`scheme://host/` or
+    /// `scheme://host:`: one host's).
+    pub async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_count_callbacks(prefix).await,
+            Store::Elasticsearch(s) => s.hub_count_callbacks(prefix).await,
+        }
+    }
+
     /// Appends messages to the log, each as its topic's latest (one write per message, whatever
     /// the number of subscribers: their queues are the messages after their cursors). With
     /// `state`, a set's notifier state moves from version `.0` to `.1` in the same transaction,

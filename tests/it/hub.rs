@@ -1012,3 +1012,23 @@ async fn a_dead_subscribers_backlog_costs_bounded_memory_and_arrives_in_order() 
     );
     app.stop().await;
 }
+
+/// One callback host holds at most `hub.max_subscriptions_per_host` subscriptions; renewing
+/// one it holds is still fine.
+#[tokio::test]
+async fn subscriptions_per_callback_host_are_capped() {
+    let (mut c, _d) = hub_config();
+    c.hub.max_subscriptions_per_host = 3;
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "t");
+    for i in 0..3 {
+        subscribed(&app, &sub, &t, &format!("/cap{i}"), &[]).await;
+    }
+    let (s, text) = subscribe(&app, &t, &sub.url("/cap3"), &[]).await;
+    assert_eq!(s, 403, "{text}");
+    assert!(text.contains("hub.max_subscriptions_per_host"), "{text}");
+    let (s, text) = subscribe(&app, &t, &sub.url("/cap0"), &[]).await;
+    assert_eq!(s, 202, "a renewal is not a new subscription: {text}");
+    app.stop().await;
+}

@@ -888,6 +888,16 @@ impl ElasticStore {
         }
     }
 
+    pub async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
+        let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"prefix": {"callback": prefix}}]}}});
+        Ok(self
+            .es
+            .ok(Method::Post, &format!("/{}/_count", self.hub), Some(q))
+            .await?["count"]
+            .as_u64()
+            .unwrap_or(0))
+    }
+
     pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         let t = self.es.get_doc(&self.hub, &topic_doc_id(topic)).await?;
         let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"term": {"topic": topic.as_str()}}]}}});

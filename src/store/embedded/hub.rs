@@ -286,6 +286,18 @@ impl EmbeddedStore {
         .await
     }
 
+    pub async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
+        let prefix = prefix.to_string();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM hub_subscriptions WHERE substr(callback, 1, length(?1)) = ?1",
+                [prefix],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
+        .await
+    }
+
     pub async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
         self.read(|c| {
             Ok(
