@@ -249,7 +249,8 @@ async fn run_lane(
             hub.record(Outcome::Skipped {
                 sub: sub.id,
                 through,
-            });
+            })
+            .await;
             continue;
         }
         let message = head.message.clone();
@@ -309,7 +310,8 @@ async fn run_lane(
                     attempts,
                     at,
                     status,
-                });
+                })
+                .await;
                 queue.pop_front();
             }
             Attempt::Gone => {
@@ -342,7 +344,8 @@ async fn run_lane(
                             next_at,
                             status,
                             error,
-                        });
+                        })
+                        .await;
                         job.attempts = attempts;
                         job.due = Some(Instant::now() + wait);
                     }
@@ -355,7 +358,8 @@ async fn run_lane(
                             at,
                             status,
                             error,
-                        });
+                        })
+                        .await;
                         queue.pop_front();
                     }
                 }
@@ -387,8 +391,10 @@ impl Hub {
             .clone()
     }
 
-    fn record(&self, o: Outcome) {
-        let _ = self.outcomes.send(o);
+    /// Hands an outcome to the writer; waits while the writer is a full buffer behind (the
+    /// lanes slow down with the store rather than buffer without bound).
+    async fn record(&self, o: Outcome) {
+        let _ = self.outcomes.send(o).await;
     }
 
     /// 410 Gone: the subscription ends (WebSub §7).
@@ -564,7 +570,7 @@ const WRITER_GATHER: Duration = Duration::from_millis(50);
 /// Records outcomes in batches (one transaction each) until stopped, then drains.
 pub(super) async fn run_writer(
     store: Store,
-    mut rx: mpsc::UnboundedReceiver<Outcome>,
+    mut rx: mpsc::Receiver<Outcome>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
 ) {

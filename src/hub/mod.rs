@@ -212,7 +212,8 @@ pub struct Hub {
     policy: Arc<AddressPolicy>,
     client: reqwest::Client,
     lanes: tokio::sync::Mutex<HashMap<SubscriptionId, Lane>>,
-    outcomes: mpsc::UnboundedSender<model::Outcome>,
+    /// Delivery outcomes on their way to the store (bounded: see `OUTCOME_BUFFER`).
+    outcomes: mpsc::Sender<model::Outcome>,
     /// Delivery slots of healthy subscribers.
     permits: Arc<Semaphore>,
     /// Delivery slots of new, failing and slow subscribers: hung callbacks wait here, never
@@ -237,6 +238,9 @@ pub struct Hub {
     /// This process's name in leases.
     owner: String,
 }
+
+/// Outcomes buffered for the writer before lanes wait for it.
+const OUTCOME_BUFFER: usize = 10_000;
 
 /// On a shared store one process at a time delivers and notifies: the holder of this lease.
 const DELIVERY_LEASE: &str = "delivery";
@@ -268,7 +272,7 @@ impl Hub {
             .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
             .pool_idle_timeout(Duration::from_secs(60))
             .build()?;
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mpsc::channel(OUTCOME_BUFFER);
         let writer_stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
         let writer = tokio::spawn(delivery::run_writer(
