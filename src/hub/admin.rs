@@ -82,11 +82,8 @@ impl Hub {
         let Some((sub, _)) = self.store.hub_detail(id, now).await? else {
             return Ok(false);
         };
-        {
-            let mut lanes = self.lanes.lock().await;
-            self.store.hub_remove_subscription(id).await?;
-            lanes.remove(&id);
-        }
+        self.store.hub_remove_subscription(id).await?;
+        self.lanes().remove(&id);
         tracing::info!(subscription = id, topic = %sub.topic, callback = %sub.callback, denied = deny.is_some(), "subscription deleted by an admin");
         if let Some(reason) = deny {
             let mut intent = Intent {
@@ -132,18 +129,21 @@ impl Hub {
     /// Queues a subscription's failed deliveries again and ends any wait before its next retry.
     /// Returns how many failed deliveries were queued, or `None` for no such subscription.
     pub async fn retry_now(&self, id: SubscriptionId) -> Result<Option<usize>, StoreError> {
-        let lanes = self.lanes.lock().await;
         if !self.is_delivering() {
             return Err(StoreError::Unavailable(
                 "this process is on standby (another process holds the delivery lease): retry through the delivering process".into(),
             ));
         }
-        let Some(lane) = lanes.get(&id) else {
+        if !self.lanes().contains_key(&id) {
             return Ok(None);
-        };
+        }
         let messages = self.store.hub_take_failures(id).await?;
         let n = messages.len();
-        lane.retry_now(messages);
+        match self.lanes().get(&id) {
+            Some(lane) => lane.retry_now(messages),
+            // Removed meanwhile: nothing to retry for.
+            None => return Ok(None),
+        }
         Ok(Some(n))
     }
 }

@@ -399,11 +399,10 @@ impl Hub {
 
     /// 410 Gone: the subscription ends (WebSub §7).
     async fn remove_gone(&self, id: i64) {
-        let mut lanes = self.lanes.lock().await;
         if let Err(e) = self.store.hub_remove_subscription(id).await {
             tracing::error!(subscription = id, error = %e, "could not remove a gone subscription");
         }
-        lanes.remove(&id);
+        self.lanes().remove(&id);
     }
 
     /// Hands a verified subscription to its lane, starting one for a new subscription.

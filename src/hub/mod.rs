@@ -4,9 +4,11 @@
 //! holds only queues that are rebuilt from it at start. It never imports axum.
 //!
 //! Concurrency: every subscription has one *lane*, a task delivering its queue in order, so a
-//! failing subscriber holds up only itself. The lane map is behind one async mutex that is held
-//! across a publish's store write and the hand-off to the lanes, and across every change to the
-//! set of subscriptions, so lanes receive deliveries in publish order.
+//! failing subscriber holds up only itself. A lane's queue is its topic's message log after its
+//! cursor, read a bounded batch at a time; published messages are also handed to it directly.
+//! Publishing (the store write and the hand-off) is serialised by its own async mutex, so lanes
+//! receive messages in number order; the lane map is a plain mutex never held across I/O, so
+//! verification, removal and admin calls never wait on a publish's store write.
 
 pub mod admin;
 mod delivery;
@@ -211,7 +213,12 @@ pub struct Hub {
     store: Store,
     policy: Arc<AddressPolicy>,
     client: reqwest::Client,
-    lanes: tokio::sync::Mutex<HashMap<SubscriptionId, Lane>>,
+    /// The lanes: a plain mutex, never held across I/O (only to look lanes up, start, stop
+    /// or feed them).
+    lanes: Mutex<HashMap<SubscriptionId, Lane>>,
+    /// Serialises publishing (the store write and the hand-off to the lanes), so that lanes
+    /// receive messages in number order; nothing else waits on it.
+    publish_order: tokio::sync::Mutex<()>,
     /// Delivery outcomes on their way to the store (bounded: see `OUTCOME_BUFFER`).
     outcomes: mpsc::Sender<model::Outcome>,
     /// Delivery slots of healthy subscribers.
@@ -291,7 +298,8 @@ impl Hub {
             store,
             policy,
             client,
-            lanes: tokio::sync::Mutex::new(HashMap::new()),
+            lanes: Mutex::new(HashMap::new()),
+            publish_order: tokio::sync::Mutex::new(()),
             outcomes: tx,
             cancel: CancellationToken::new(),
             tasks: TaskTracker::new(),
@@ -331,16 +339,17 @@ impl Hub {
         // Lanes read their own queues from the log; messages after this one reach them as
         // they are published (or, on a shared store, by `dispatch_new`).
         let last = self.store.hub_last_message().await?;
-        let mut lanes = self.lanes.lock().await;
-        self.synced_through.store(last, Ordering::SeqCst);
         let queued = 0usize;
-        for sub in subs {
-            // Restored subscribers start healthy unless they were failing.
-            let suspect = sub.attempts > 0;
-            lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
-        }
-        let subscriptions = lanes.len();
-        drop(lanes);
+        let subscriptions = {
+            let mut lanes = self.lanes();
+            self.synced_through.store(last, Ordering::SeqCst);
+            for sub in subs {
+                // Restored subscribers start healthy unless they were failing.
+                let suspect = sub.attempts > 0;
+                lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
+            }
+            lanes.len()
+        };
         let mut intents = self.store.hub_intents().await?;
         if let Some(age) = intents_older_than {
             let cut = Timestamp::now().micros() - age.as_micros() as i64;
@@ -416,9 +425,9 @@ impl Hub {
     }
 
     async fn take_over(self: &Arc<Self>) {
-        let _lanes = self.lanes.lock().await;
+        let lanes = self.lanes();
         self.delivering.store(true, Ordering::SeqCst);
-        drop(_lanes);
+        drop(lanes);
         tracing::info!(owner = %self.owner, "this process holds the delivery lease: delivering and notifying");
         if let Err(e) = self.restore(Some(Duration::from_secs(30))).await {
             tracing::warn!(error = %e, "hub: restoring queues failed; the next sync retries");
@@ -426,7 +435,7 @@ impl Hub {
     }
 
     async fn stand_down(&self) {
-        let mut lanes = self.lanes.lock().await;
+        let mut lanes = self.lanes();
         self.delivering.store(false, Ordering::SeqCst);
         lanes.clear();
     }
@@ -437,28 +446,36 @@ impl Hub {
     async fn sync(self: &Arc<Self>) -> Result<(), StoreError> {
         let started = tokio::time::Instant::now();
         let subs = self.store.hub_subscriptions().await?;
-        let mut lanes = self.lanes.lock().await;
-        if !self.is_delivering() {
-            return Ok(());
-        }
-        let ids: HashSet<SubscriptionId> = subs.iter().map(|s| s.id).collect();
-        lanes.retain(|id, lane| ids.contains(id) || lane.born > started);
-        for sub in subs {
-            match lanes.get_mut(&sub.id) {
-                Some(lane) => {
-                    if lane.renewed(&sub) {
-                        lane.update(sub);
+        {
+            let mut lanes = self.lanes();
+            if !self.is_delivering() {
+                return Ok(());
+            }
+            let ids: HashSet<SubscriptionId> = subs.iter().map(|s| s.id).collect();
+            lanes.retain(|id, lane| ids.contains(id) || lane.born > started);
+            for sub in subs {
+                match lanes.get_mut(&sub.id) {
+                    Some(lane) => {
+                        if lane.renewed(&sub) {
+                            lane.update(sub);
+                        }
                     }
-                }
-                None => {
-                    let suspect = sub.attempts > 0;
-                    lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
+                    None => {
+                        let suspect = sub.attempts > 0;
+                        lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
+                    }
                 }
             }
         }
         // Messages other processes appended since the last look: only those are read.
-        self.dispatch_new(&mut lanes, Timestamp::now()).await?;
+        let _order = self.publish_order.lock().await;
+        self.dispatch_new(Timestamp::now()).await?;
         Ok(())
+    }
+
+    /// The lane map (a short critical section: never held across an await).
+    fn lanes(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, Lane>> {
+        self.lanes.lock().expect("the lane map")
     }
 
     pub fn settings(&self) -> &HubSettings {
@@ -582,12 +599,13 @@ impl Hub {
         payloads: Vec<(Topic, String, Bytes)>,
         state: Option<(i64, NotifyState)>,
     ) -> Result<Vec<usize>, StoreError> {
-        let mut lanes = self.lanes.lock().await;
+        let _order = self.publish_order.lock().await;
         let now = Timestamp::now();
         let messages = self.store.hub_publish(payloads, state, now).await?;
         if self.store.is_shared() {
-            return self.catch_up(&mut lanes, &messages, now).await;
+            return self.catch_up(&messages, now).await;
         }
+        let mut lanes = self.lanes();
         let mut counts = Vec::with_capacity(messages.len());
         for message in messages {
             let message = Arc::new(message);
@@ -610,11 +628,10 @@ impl Hub {
     /// many lanes took each of `messages`.
     async fn catch_up(
         &self,
-        lanes: &mut HashMap<SubscriptionId, Lane>,
         messages: &[model::Message],
         now: Timestamp,
     ) -> Result<Vec<usize>, StoreError> {
-        let taken = self.dispatch_new(lanes, now).await?;
+        let taken = self.dispatch_new(now).await?;
         Ok(messages
             .iter()
             .map(|m| taken.get(&m.id).copied().unwrap_or(0))
@@ -624,9 +641,9 @@ impl Hub {
     /// Hands the lanes every message appended to the log after the last one handed, in
     /// number order, a bounded batch at a time (a lane keeps what it has room for and reads
     /// the rest from the log itself). Returns how many lanes took each message.
+    /// Callers hold `publish_order`.
     async fn dispatch_new(
         &self,
-        lanes: &mut HashMap<SubscriptionId, Lane>,
         now: Timestamp,
     ) -> Result<HashMap<model::MessageId, usize>, StoreError> {
         const BATCH: usize = 1000;
@@ -634,6 +651,7 @@ impl Hub {
         loop {
             let after = self.synced_through.load(Ordering::SeqCst);
             let batch = self.store.hub_messages_after(None, after, BATCH).await?;
+            let mut lanes = self.lanes();
             for m in &batch {
                 for lane in lanes.values_mut() {
                     if lane.wants(&m.topic, now) && lane.push(m.clone()) {

@@ -24,16 +24,17 @@ pub(super) async fn verify(hub: &Arc<Hub>, intent: Intent) {
                 Resolution::Dropped
             }
         };
-        let mut lanes = hub.lanes.lock().await;
+        // The lane map is not held across the store write: a lane reads its queue from the
+        // log after the subscription's cursor, so a message published meanwhile is not missed.
         match hub.store.hub_resolve(intent.clone(), resolution.clone()).await {
             Ok(Some(sub)) => match resolution {
                 Resolution::Subscribed { .. } => {
                     tracing::info!(subscription = sub.id, lease_secs = sub.lease_secs, "subscription verified");
-                    hub.lane_update(sub, &mut lanes);
+                    hub.lane_update(sub, &mut hub.lanes());
                 }
                 _ => {
                     tracing::info!(subscription = sub.id, "unsubscribed");
-                    lanes.remove(&sub.id);
+                    hub.lanes().remove(&sub.id);
                 }
             },
             Ok(None) => {}
