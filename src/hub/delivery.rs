@@ -30,6 +30,11 @@ enum LaneMsg {
 /// The handle of a subscription's delivery task. Dropping it ends the task.
 pub(super) struct Lane {
     tx: mpsc::UnboundedSender<LaneMsg>,
+    /// Jobs sent and not yet taken by the lane: past [`IN_FLIGHT`], a message is not sent
+    /// but left in the log, and `missed` tells the lane to read it from there. The channel
+    /// holds at most that many jobs (control messages are rare).
+    in_channel: Arc<std::sync::atomic::AtomicUsize>,
+    missed: Arc<std::sync::atomic::AtomicBool>,
     topic: Topic,
     expires_at: Timestamp,
     verified_at: Timestamp,
@@ -45,8 +50,16 @@ impl Lane {
     pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, suspect: bool) -> Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
+        let in_channel = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let missed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let signals = Signals {
+            in_channel: in_channel.clone(),
+            missed: missed.clone(),
+        };
         let lane = Lane {
             tx,
+            in_channel,
+            missed,
             topic: sub.topic.clone(),
             expires_at: sub.expires_at,
             verified_at: sub.verified_at,
@@ -54,7 +67,7 @@ impl Lane {
             born: Instant::now(),
         };
         hub.tasks
-            .spawn(run_lane(hub.clone(), sub, rx, suspect).instrument(span));
+            .spawn(run_lane(hub.clone(), sub, rx, signals, suspect).instrument(span));
         lane
     }
 
@@ -69,7 +82,14 @@ impl Lane {
             return false;
         }
         self.last = m.id;
-        let _ = self.tx.send(LaneMsg::Job(m));
+        use std::sync::atomic::Ordering::SeqCst;
+        if self.in_channel.load(SeqCst) >= IN_FLIGHT {
+            // The lane is busy (a slow delivery): it reads this one from the log.
+            self.missed.store(true, SeqCst);
+        } else {
+            self.in_channel.fetch_add(1, SeqCst);
+            let _ = self.tx.send(LaneMsg::Job(m));
+        }
         true
     }
 
@@ -87,6 +107,15 @@ impl Lane {
         self.verified_at = sub.verified_at;
         let _ = self.tx.send(LaneMsg::Update(sub));
     }
+}
+
+/// Jobs in a lane's channel at most (see `Lane::in_channel`).
+const IN_FLIGHT: usize = 64;
+
+/// What a lane's handle tells its task besides messages.
+struct Signals {
+    in_channel: Arc<std::sync::atomic::AtomicUsize>,
+    missed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// How many messages a lane holds at most; the rest stay in the log and are read when the
@@ -126,9 +155,21 @@ fn absorb(
     sub: &mut Subscription,
     queue: &mut VecDeque<Job>,
     w: &mut Window,
+    signals: &Signals,
 ) -> bool {
     match msg {
         Some(LaneMsg::Job(message)) => {
+            signals
+                .in_channel
+                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            // A message skipped before this one (the channel was full) is in the log: from
+            // here on the lane reads from there, so the order holds.
+            if signals
+                .missed
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+            {
+                w.behind = true;
+            }
             if message.id <= w.through {
                 // Read from the log already.
             } else if w.behind || queue.len() >= LANE_BATCH {
@@ -163,6 +204,7 @@ async fn run_lane(
     hub: Arc<Hub>,
     mut sub: Subscription,
     mut rx: mpsc::UnboundedReceiver<LaneMsg>,
+    signals: Signals,
     mut suspect: bool,
 ) {
     // A subscription's callback never changes (a new callback is a new subscription).
@@ -178,11 +220,17 @@ async fn run_lane(
         loop {
             match rx.try_recv() {
                 Ok(m) => {
-                    absorb(Some(m), &mut sub, &mut queue, &mut w);
+                    absorb(Some(m), &mut sub, &mut queue, &mut w, &signals);
                 }
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
+        }
+        if signals
+            .missed
+            .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            w.behind = true;
         }
         if w.behind && queue.len() < LANE_BATCH / 2 {
             let want = LANE_BATCH - queue.len();
@@ -225,7 +273,7 @@ async fn run_lane(
             tokio::select! {
                 biased;
                 _ = hub.cancel.cancelled() => return,
-                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w) { return },
+                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w, &signals) { return },
             }
             continue;
         };
@@ -233,7 +281,7 @@ async fn run_lane(
             tokio::select! {
                 biased;
                 _ = hub.cancel.cancelled() => return,
-                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w) { return },
+                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w, &signals) { return },
                 _ = tokio::time::sleep_until(due) => {}
             }
             continue;

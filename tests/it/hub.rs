@@ -986,6 +986,7 @@ async fn a_dead_subscribers_backlog_costs_bounded_memory_and_arrives_in_order() 
     })
     .await;
     let during = rss_mb();
+    eprintln!("RSS before {before:.0} MB, with the backlog pending {during:.0} MB");
     assert!(
         during - before < 40.0,
         "RSS grew by {:.0} MB with a {N}-message backlog",
