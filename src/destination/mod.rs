@@ -751,9 +751,25 @@ pub async fn run(
     };
     drop(tx);
     let h = harvester;
-    let sets = tokio::select! {
-        s = h.discover() => s?,
-        _ = cancel.cancelled() => return Ok(()),
+    // A source that cannot be read yet (down, restarting, overloaded) is tried again with
+    // growing pauses: a long-lived harvester does not give up at start.
+    let mut pause = Duration::from_secs(1);
+    let sets = loop {
+        let found = tokio::select! {
+            s = h.discover() => s,
+            _ = cancel.cancelled() => return Ok(()),
+        };
+        match found {
+            Ok(s) => break s,
+            Err(e) => {
+                tracing::warn!(error = %format!("{e:#}"), retry_in = ?pause, "cannot read the source yet");
+                tokio::select! {
+                    _ = tokio::time::sleep(pause) => {}
+                    _ = cancel.cancelled() => return Ok(()),
+                }
+                pause = (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
+            }
+        }
     };
     tracing::info!(sets = ?sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>(), "following");
     for s in &sets {
@@ -764,9 +780,14 @@ pub async fn run(
         // (the Change Lists would bring it anyway).
         h.keep_subscribed(s, false).await;
         if !h.row(s.row.id)?.baseline_done {
-            tokio::select! {
-                r = h.baseline(s) => r?,
+            let done = tokio::select! {
+                r = h.baseline(s) => r,
                 _ = cancel.cancelled() => break,
+            };
+            if let Err(e) = done {
+                // Resumed at the next check (what was fetched is kept).
+                tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
+                continue;
             }
         }
         match h.catch_up(s).await {
@@ -794,6 +815,16 @@ pub async fn run(
             }
             _ = tick.tick() => {
                 for s in &sets {
+                    if !h.row(s.row.id)?.baseline_done {
+                        let done = tokio::select! {
+                            r = h.baseline(s) => r,
+                            _ = cancel.cancelled() => break,
+                        };
+                        if let Err(e) = done {
+                            tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
+                            continue;
+                        }
+                    }
                     match h.catch_up(s).await {
                         Ok(found) => {
                             let missed = h.push_missed(s, found);

@@ -15,19 +15,31 @@ pub struct TestHarvester {
     pub cfg: HarvestConfig,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    /// Set when the harvester stopped with an error (shown by `wait_state`).
+    ended: std::sync::Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl TestHarvester {
     pub async fn start(cfg: HarvestConfig) -> TestHarvester {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let (tx, rx) = oneshot::channel::<()>();
-        let handle = tokio::spawn(destination::run(cfg.clone(), Some(listener), async move {
+        let ended = std::sync::Arc::new(std::sync::Mutex::new(None));
+        let note = ended.clone();
+        let run = destination::run(cfg.clone(), Some(listener), async move {
             let _ = rx.await;
-        }));
+        });
+        let handle = tokio::spawn(async move {
+            let r = run.await;
+            if let Err(e) = &r {
+                *note.lock().unwrap() = Some(format!("{e:#}"));
+            }
+            r
+        });
         TestHarvester {
             cfg,
             stop: Some(tx),
             handle: Some(handle),
+            ended,
         }
     }
 
@@ -72,6 +84,9 @@ pub async fn wait_state(h: &TestHarvester, what: &str, secs: u64, check: impl Fn
     loop {
         if check(&h.state()) {
             return;
+        }
+        if let Some(e) = h.ended.lock().unwrap().clone() {
+            panic!("the harvester stopped while waiting for {what}: {e}");
         }
         assert!(
             std::time::Instant::now() < deadline,
