@@ -1,5 +1,5 @@
 //! resourcesync-hub: a ResourceSync source (ANSI/NISO Z39.99-2017) and a change-notification
-//! push hub (WebSub), in one binary.
+//! push hub (WebSub), in one binary, with the destination (`harvest`) beside them.
 //!
 //! # Layout
 //!
@@ -7,8 +7,8 @@
 //! `tests/it/layout.rs`):
 //! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`];
-//! 6. [`notify`], [`ingest`], [`import`], [`workers`]; 7. [`error`], [`demo`]; 8. [`http`];
-//!    9. [`app`].
+//! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`];
+//!    8. [`http`]; 9. [`app`].
 //!
 //! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
 //!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
@@ -26,6 +26,10 @@
 //! - [`workers`]: background loops (Change List rollover).
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
 //! - [`demo`]: the demo set behind `serve --demo`.
+//! - [`destination`]: the second wing, `resourcesync-hub harvest`: discovery, streaming baseline,
+//!   push subscription with gap filling from the Change Lists, its own state database and outputs.
+//!   It shares [`model`], [`sitemap`] and [`digest`] and never uses the server's store, hub,
+//!   source or notifier (the layout test checks that too).
 
 pub mod admin_cli;
 pub mod app;
