@@ -112,6 +112,8 @@ pub struct SourceConfig {
     pub describedby: String,
     pub cache_max_bytes: usize,
     pub store_page_size: usize,
+    pub max_concurrent_builds: usize,
+    pub max_queued_builds: usize,
     pub rollover_check_secs: u64,
 }
 
@@ -311,8 +313,10 @@ impl Config {
                 }
             }
         }
-        if self.source.store_page_size == 0 {
-            return bad("source.store_page_size must be at least 1".into());
+        if self.source.store_page_size == 0 || self.source.max_concurrent_builds == 0 {
+            return bad(
+                "source.store_page_size and source.max_concurrent_builds must be at least 1".into(),
+            );
         }
         self.validate_hub()?;
         let n = &self.notify;

@@ -46,6 +46,9 @@ pub enum AppError {
     },
     #[error("service unavailable: {0}")]
     Unavailable(String),
+    /// Too much work at once (page builds): 503 with a short `Retry-After`.
+    #[error("{0}")]
+    Busy(String),
 }
 
 impl AppError {
@@ -57,7 +60,7 @@ impl AppError {
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AppError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            AppError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            AppError::Unavailable(_) | AppError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }
@@ -72,6 +75,7 @@ impl From<SourceError> for AppError {
     fn from(e: SourceError) -> Self {
         match e {
             SourceError::NotFound(m) => AppError::NotFound(m),
+            SourceError::Busy(m) => AppError::Busy(m),
             SourceError::Store(e) => e.into(),
         }
     }
@@ -94,10 +98,15 @@ fn e_msg(lines: &[LineError]) -> String {
     IngestError::Invalid(lines.to_vec()).to_string()
 }
 
+/// Marks a 503 that shed load (not a store failure), for the metrics.
+#[derive(Debug, Clone, Copy)]
+pub struct Shed;
+
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
         let status = self.status();
-        if status.is_server_error() {
+        let busy = matches!(self, AppError::Busy(_));
+        if status.is_server_error() && !busy {
             tracing::error!(error = %self, "request failed");
         }
         let mut resp = match &self {
@@ -111,7 +120,11 @@ impl IntoResponse for AppError {
                 .into_response(),
             other => (status, Json(json!({ "error": other.to_string() }))).into_response(),
         };
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if busy {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.extensions_mut().insert(Shed);
+        } else if status == StatusCode::SERVICE_UNAVAILABLE {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
         }

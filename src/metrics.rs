@@ -19,6 +19,11 @@ pub struct StateLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SetLabel {
     pub set: String,
 }
@@ -36,6 +41,10 @@ pub struct Metrics {
     /// 1 while this process delivers and notifies (always on the embedded store; on a shared
     /// store, while it holds the delivery lease), else 0.
     pub delivering: Gauge,
+    /// Documents generated, by kind (a page served from the cache is not counted).
+    pub pages_built: Family<KindLabel, Counter>,
+    /// Page builds waiting for a build slot.
+    pub build_queue: Gauge,
     /// Age in seconds of the oldest change not yet notified (0 when none), per set.
     pub poller_lag_seconds: Family<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
@@ -75,6 +84,18 @@ impl Default for Metrics {
             "Subscriptions by state",
             subscriptions.clone(),
         );
+        let pages_built = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "pages_built",
+            "Documents generated (not served from a cache), by kind",
+            pages_built.clone(),
+        );
+        let build_queue = Gauge::default();
+        registry.register(
+            "build_queue",
+            "Page builds waiting for a build slot",
+            build_queue.clone(),
+        );
         let delivering = Gauge::default();
         registry.register(
             "delivering",
@@ -96,6 +117,8 @@ impl Default for Metrics {
             queue_depth,
             subscriptions,
             delivering,
+            pages_built,
+            build_queue,
             poller_lag_seconds,
         }
     }

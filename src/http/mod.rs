@@ -107,7 +107,9 @@ async fn count_unavailable(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let resp = next.run(req).await;
-    if resp.status() == StatusCode::SERVICE_UNAVAILABLE {
+    if resp.status() == StatusCode::SERVICE_UNAVAILABLE
+        && resp.extensions().get::<crate::error::Shed>().is_none()
+    {
         st.hub.metrics().store_errors.inc();
     }
     resp

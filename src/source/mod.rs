@@ -30,6 +30,20 @@ pub enum DocKind {
     ChangeListNo(SetName, u32),
 }
 
+impl DocKind {
+    /// The label of `rshub_pages_built_total{kind}`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            DocKind::SourceDescription => "source_description",
+            DocKind::CapabilityList(_) => "capability_list",
+            DocKind::ResourceList(_) => "resource_list",
+            DocKind::ResourceListPart(..) => "resource_list_part",
+            DocKind::ChangeList(_) => "change_list",
+            DocKind::ChangeListNo(..) => "change_list_no",
+        }
+    }
+}
+
 /// A generated document with its HTTP validators.
 #[derive(Debug)]
 pub struct Doc {
@@ -74,6 +88,9 @@ impl Doc {
 pub enum SourceError {
     #[error("{0}")]
     NotFound(String),
+    /// Every build slot is taken and the queue is full: try again shortly.
+    #[error("{0}")]
+    Busy(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -122,17 +139,38 @@ pub struct Source {
     store: Store,
     urls: Urls,
     cache: PageCache,
+    metrics: Arc<crate::metrics::Metrics>,
+    /// Build slots (`source.max_concurrent_builds`).
+    builds: tokio::sync::Semaphore,
+    /// Builds waiting for a slot (at most `source.max_queued_builds`).
+    queued: std::sync::atomic::AtomicUsize,
+    /// One lock per page being built: concurrent requests for it wait for that one build.
+    inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 impl Source {
     pub fn new(config: Arc<Config>, store: Store) -> Source {
+        Source::with_metrics(config, store, Arc::new(crate::metrics::Metrics::default()))
+    }
+
+    /// A source that counts its builds in `metrics` (the server's, for `/metrics`).
+    pub fn with_metrics(
+        config: Arc<Config>,
+        store: Store,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Source {
         let urls = Urls::new(&config.base_url());
         let cache = PageCache::new(config.source.cache_max_bytes);
+        let builds = tokio::sync::Semaphore::new(config.source.max_concurrent_builds);
         Source {
             config,
             store,
             urls,
             cache,
+            metrics,
+            builds,
+            queued: std::sync::atomic::AtomicUsize::new(0),
+            inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
         }
     }
 
@@ -168,25 +206,73 @@ impl Source {
     }
 
     /// The document, from the cache when nothing under it changed since it was generated.
+    /// Pages are built once however many ask at the same moment (the others wait for that
+    /// build), at most `source.max_concurrent_builds` at once, with a bounded queue beyond
+    /// which the answer is [`SourceError::Busy`].
     pub async fn document(&self, kind: &DocKind) -> Result<Arc<Doc>, SourceError> {
         let plan = self.plan(kind).await?;
         let key = format!("{kind:?}");
-        if let Some(doc) = self.cache.get(&key) {
-            if doc.version == plan.version {
+        if let Some(doc) = self.cached(&key, &plan) {
+            return Ok(doc);
+        }
+        let flight = self
+            .inflight
+            .lock()
+            .expect("inflight")
+            .entry(key.clone())
+            .or_default()
+            .clone();
+        let result = async {
+            let _one = flight.lock().await;
+            if let Some(doc) = self.cached(&key, &plan) {
                 return Ok(doc);
             }
+            let _slot = self.build_slot().await?;
+            let (body, entries) = self.generate(kind, &plan).await?;
+            self.metrics
+                .pages_built
+                .get_or_create(&crate::metrics::KindLabel { kind: kind.label() })
+                .inc();
+            let doc = Arc::new(Doc {
+                etag: format!("\"{}\"", hex_digest(Md5::digest(body.as_bytes()))),
+                body: Bytes::from(body),
+                last_modified: plan.last_modified,
+                version: plan.version.clone(),
+                entries,
+                gzip: std::sync::OnceLock::new(),
+            });
+            self.cache.insert(key.clone(), doc.clone());
+            Ok(doc)
         }
-        let (body, entries) = self.generate(kind, &plan).await?;
-        let doc = Arc::new(Doc {
-            etag: format!("\"{}\"", hex_digest(Md5::digest(body.as_bytes()))),
-            body: Bytes::from(body),
-            last_modified: plan.last_modified,
-            version: plan.version,
-            entries,
-            gzip: std::sync::OnceLock::new(),
-        });
-        self.cache.insert(key, doc.clone());
-        Ok(doc)
+        .await;
+        let mut inflight = self.inflight.lock().expect("inflight");
+        if Arc::strong_count(&flight) <= 2 {
+            inflight.remove(&key);
+        }
+        result
+    }
+
+    fn cached(&self, key: &str, plan: &Plan) -> Option<Arc<Doc>> {
+        self.cache.get(key).filter(|d| d.version == plan.version)
+    }
+
+    /// A build slot, waiting in the bounded queue when all are taken.
+    async fn build_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, SourceError> {
+        use std::sync::atomic::Ordering::SeqCst;
+        if let Ok(p) = self.builds.try_acquire() {
+            return Ok(p);
+        }
+        if self.queued.fetch_add(1, SeqCst) >= self.config.source.max_queued_builds {
+            self.queued.fetch_sub(1, SeqCst);
+            return Err(SourceError::Busy(
+                "every page build slot is taken and the queue is full; try again shortly".into(),
+            ));
+        }
+        self.metrics.build_queue.inc();
+        let p = self.builds.acquire().await;
+        self.queued.fetch_sub(1, SeqCst);
+        self.metrics.build_queue.dec();
+        Ok(p.expect("the build semaphore is never closed"))
     }
 
     async fn known_set(&self, set: &SetName) -> Result<(), SourceError> {

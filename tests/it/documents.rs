@@ -494,3 +494,109 @@ async fn every_error_is_json_with_a_plain_reason() {
     }
     app.stop().await;
 }
+
+/// `rshub_pages_built_total{kind}` from /metrics.
+async fn pages_built(app: &TestApp, kind: &str) -> u64 {
+    let m = app.get_text("/metrics").await;
+    let want = format!("rshub_pages_built_total{{kind=\"{kind}\"}} ");
+    m.lines()
+        .find_map(|l| l.strip_prefix(&want))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// A set of `n` URL resources in parts of `per_part`.
+async fn big_set(
+    n: usize,
+    per_part: u32,
+    tweak: impl FnOnce(&mut resourcesync_hub::config::Config),
+) -> (TestApp, tempfile::TempDir) {
+    let (mut c, dir) = test_config();
+    c.sets.insert(
+        "big".into(),
+        resourcesync_hub::config::SetOverrides {
+            max_items_in_list: Some(per_part),
+            ..Default::default()
+        },
+    );
+    tweak(&mut c);
+    let app = TestApp::start_with(c).await;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let lines: Vec<String> = chunk
+            .iter()
+            .map(|i| format!(r#"{{"change":"created","location":{{"type":"url","value":"http://example.org/r/{i}"}},"md5":"{}","length":1}}"#, md5_hex(i.to_string().as_bytes())))
+            .collect();
+        app.ingest_ok("big", &lines.join("\n")).await;
+    }
+    (app, dir)
+}
+
+/// 50 concurrent requests for one page nobody has asked for yet: one build, one body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_for_one_page_cause_one_build() {
+    let (app, _d) = big_set(4000, 2000, |_| {}).await;
+    let before = pages_built(&app, "resource_list_part").await;
+    let reqs = (0..50).map(|_| {
+        let (c, url) = (app.client.clone(), app.url("/sets/big/resourcelist/2.xml"));
+        tokio::spawn(async move { c.get(url).send().await.unwrap().text().await.unwrap() })
+    });
+    let mut bodies = std::collections::HashSet::new();
+    for r in reqs.collect::<Vec<_>>() {
+        bodies.insert(r.await.unwrap());
+    }
+    assert_eq!(bodies.len(), 1, "every request got the same document");
+    assert_eq!(
+        pages_built(&app, "resource_list_part").await - before,
+        1,
+        "exactly one build"
+    );
+    app.stop().await;
+}
+
+/// With one build slot and a queue of two, a burst for 20 distinct pages is answered 503 with
+/// Retry-After beyond the queue, never by piling up builds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_beyond_the_build_queue_gets_503_with_retry_after() {
+    let (app, _d) = big_set(40_000, 2000, |c| {
+        c.source.max_concurrent_builds = 1;
+        c.source.max_queued_builds = 2;
+    })
+    .await;
+    let reqs: Vec<_> = (1..=20)
+        .map(|n| {
+            let (c, url) = (
+                app.client.clone(),
+                app.url(&format!("/sets/big/resourcelist/{n}.xml")),
+            );
+            tokio::spawn(async move {
+                let r = c.get(url).send().await.unwrap();
+                (
+                    r.status().as_u16(),
+                    r.headers()
+                        .get("retry-after")
+                        .map(|v| v.to_str().unwrap().to_string()),
+                )
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for r in reqs {
+        answers.push(r.await.unwrap());
+    }
+    let shed: Vec<_> = answers.iter().filter(|(s, _)| *s == 503).collect();
+    let served = answers.iter().filter(|(s, _)| *s == 200).count();
+    assert!(
+        !shed.is_empty() && served >= 3,
+        "some built, the rest shed: {answers:?}"
+    );
+    assert!(
+        shed.iter().all(|(_, ra)| ra.as_deref() == Some("1")),
+        "{answers:?}"
+    );
+    assert_eq!(served + shed.len(), 20, "{answers:?}");
+    // Load shedding is not a store failure.
+    assert!(app
+        .get_text("/metrics")
+        .await
+        .contains("rshub_store_errors_total 0"));
+    app.stop().await;
+}
