@@ -380,7 +380,10 @@ async fn schemathesis_passes_every_check_against_the_openapi_document() {
     assert_eq!(fat_ping(&app, &t, "<x/>").await.0, 200);
     let url = app.url("/admin/v1/openapi.json");
     let out = tokio::task::spawn_blocking(move || {
+        // Its caches (.schemathesis, .hypothesis) go to a scratch folder, not the repository.
+        let scratch = tempfile::tempdir().unwrap();
         std::process::Command::new(PyEnv::get().python())
+            .current_dir(scratch.path())
             .args([
                 "-m",
                 "schemathesis.cli",
