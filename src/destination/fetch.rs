@@ -130,12 +130,7 @@ impl Fetcher {
                 .await
                 .map_err(|e| transport(url, e))?;
             check_status(url, &r)?;
-            let mut w = std::io::BufWriter::new(tmp.as_file());
-            while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
-                w.write_all(&chunk).map_err(|e| local(dir, e))?;
-            }
-            w.flush().map_err(|e| local(dir, e))?;
-            drop(w);
+            copy_body(url, &mut r, tmp.as_file(), dir, |_| {}).await?;
             Ok(tmp)
         })
         .await
@@ -155,13 +150,11 @@ impl Fetcher {
             check_status(url, &r)?;
             let mut h = Md5::new();
             let mut length = 0u64;
-            let mut w = std::io::BufWriter::new(file);
-            while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
-                h.update(&chunk);
+            copy_body(url, &mut r, &file, dir, |chunk| {
+                h.update(chunk);
                 length += chunk.len() as u64;
-                w.write_all(&chunk).map_err(|e| local(dir, e))?;
-            }
-            w.flush().map_err(|e| local(dir, e))?;
+            })
+            .await?;
             Ok(Downloaded {
                 path: path.to_path_buf(),
                 length,
@@ -170,6 +163,22 @@ impl Fetcher {
         })
         .await
     }
+}
+
+/// Streams a response body into `file` (buffered), showing each chunk to `each` on the way.
+async fn copy_body(
+    url: &str,
+    r: &mut reqwest::Response,
+    file: &std::fs::File,
+    dir: &Path,
+    mut each: impl FnMut(&[u8]),
+) -> Result<(), FetchError> {
+    let mut w = std::io::BufWriter::new(file);
+    while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
+        each(&chunk);
+        w.write_all(&chunk).map_err(|e| local(dir, e))?;
+    }
+    w.flush().map_err(|e| local(dir, e))
 }
 
 fn transport(url: &str, e: reqwest::Error) -> FetchError {

@@ -79,10 +79,6 @@ impl Harvester {
         })
     }
 
-    pub fn state(&self) -> &Arc<State> {
-        &self.state
-    }
-
     async fn discover(&self) -> anyhow::Result<Vec<Followed>> {
         let infos =
             discover::discover(&self.fetcher, &self.cfg.source.url, &self.cfg.source.sets).await?;
@@ -170,6 +166,30 @@ impl Harvester {
         self.state.finish_baseline(set.row.id, position)?;
         tracing::info!(set = %set.info.name, fetched, failed = failures.len(), position = %position, "baseline done");
         Ok(())
+    }
+
+    /// Runs the set's baseline if it is not done yet: `Some(true)` when it is done,
+    /// `Some(false)` when it was interrupted by an error (logged; resumed at the next check,
+    /// what was fetched is kept), `None` when the harvester is stopping.
+    async fn baselined(
+        &self,
+        set: &Followed,
+        cancel: &tokio_util::sync::CancellationToken,
+    ) -> anyhow::Result<Option<bool>> {
+        if self.row(set.row.id)?.baseline_done {
+            return Ok(Some(true));
+        }
+        let done = tokio::select! {
+            r = self.baseline(set) => r,
+            _ = cancel.cancelled() => return Ok(None),
+        };
+        Ok(Some(match done {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
+                false
+            }
+        }))
     }
 
     /// The parts a fetch task needs (cheap clones).
@@ -779,16 +799,10 @@ pub async fn run(
         // Subscribe first, so that nothing published during the baseline is lost to push
         // (the Change Lists would bring it anyway).
         h.keep_subscribed(s, false).await;
-        if !h.row(s.row.id)?.baseline_done {
-            let done = tokio::select! {
-                r = h.baseline(s) => r,
-                _ = cancel.cancelled() => break,
-            };
-            if let Err(e) = done {
-                // Resumed at the next check (what was fetched is kept).
-                tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
-                continue;
-            }
+        match h.baselined(s, &cancel).await? {
+            Some(true) => {}
+            Some(false) => continue,
+            None => break,
         }
         match h.catch_up(s).await {
             Ok(found) => {
@@ -815,15 +829,10 @@ pub async fn run(
             }
             _ = tick.tick() => {
                 for s in &sets {
-                    if !h.row(s.row.id)?.baseline_done {
-                        let done = tokio::select! {
-                            r = h.baseline(s) => r,
-                            _ = cancel.cancelled() => break,
-                        };
-                        if let Err(e) = done {
-                            tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
-                            continue;
-                        }
+                    match h.baselined(s, &cancel).await? {
+                        Some(true) => {}
+                        Some(false) => continue,
+                        None => break,
                     }
                     match h.catch_up(s).await {
                         Ok(found) => {

@@ -339,7 +339,6 @@ impl Hub {
         // Lanes read their own queues from the log; messages after this one reach them as
         // they are published (or, on a shared store, by `dispatch_new`).
         let last = self.store.hub_last_message().await?;
-        let queued = 0usize;
         let subscriptions = {
             let mut lanes = self.lanes();
             self.synced_through.store(last, Ordering::SeqCst);
@@ -357,7 +356,6 @@ impl Hub {
         }
         tracing::info!(
             subscriptions,
-            pending_deliveries = queued,
             verifications = intents.len(),
             hub = %self.settings.hub_url,
             "hub started"

@@ -67,8 +67,8 @@ fn relative_path(rest: &str) -> anyhow::Result<PathBuf> {
 }
 
 impl Output for Mirror {
-    fn put(&self, _item: &Item, file: &Path) -> anyhow::Result<String> {
-        let target = self.locate(_item.uri)?;
+    fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String> {
+        let target = self.locate(item.uri)?;
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;

@@ -349,11 +349,8 @@ impl ElasticStore {
         docs.iter().map(|d| message_from(d).map(Arc::new)).collect()
     }
 
+    /// The newest message's number (0 when none).
     pub async fn hub_max_seq(&self) -> Result<MessageId, StoreError> {
-        self.max_seq().await
-    }
-
-    async fn max_seq(&self) -> Result<MessageId, StoreError> {
         let (docs, _) = self
             .page(
                 &self.hub,
@@ -375,7 +372,7 @@ impl ElasticStore {
         origin: Option<String>,
         now: Timestamp,
     ) -> Result<Message, StoreError> {
-        let mut n = self.max_seq().await? + 1;
+        let mut n = self.hub_max_seq().await? + 1;
         let src = |n: i64| {
             json!({"kind": "msg", "seq": n, "topic": topic.as_str(), "at": now.0, "origin": origin,
                    "doc": {"content_type": content_type, "body": b64(body)}})
@@ -537,7 +534,7 @@ impl ElasticStore {
             Resolution::Dropped => None,
             Resolution::Subscribed { verified_at } => {
                 let expires = verified_at.plus_secs(intent.lease_secs);
-                let newest = self.max_seq().await?;
+                let newest = self.hub_max_seq().await?;
                 let mut written = None;
                 for _ in 0..100 {
                     match self.get_sub(&doc_id).await? {
