@@ -354,8 +354,11 @@ impl Hub {
             let cut = Timestamp::now().micros() - age.as_micros() as i64;
             intents.retain(|i| i.requested_at.micros() < cut);
         }
+        // What the lanes will read from the log (a count, not the messages).
+        let pending = self.store.hub_totals(Timestamp::now()).await?.queue_depth;
         tracing::info!(
             subscriptions,
+            pending_deliveries = pending,
             verifications = intents.len(),
             hub = %self.settings.hub_url,
             "hub started"
