@@ -73,20 +73,20 @@ fn start_osmem() -> anyhow::Result<(String, std::process::Child)> {
     Ok((v["url"].as_str().unwrap_or_default().to_string(), child))
 }
 
-async fn populate(source: &Source, set: &SetName, n: u64) -> anyhow::Result<f64> {
-    let store = source.store();
+async fn populate(config: &Config, store: &Store, set: &SetName, n: u64) -> anyhow::Result<f64> {
     if store.counts(set).await?.resources == n {
         return Ok(0.0);
     }
     let t = Instant::now();
-    let policy = source.list_policy(set);
+    let policy = resourcesync_hub::source::list_policy(config, set);
+    let sc = config.set_config(set.as_str());
     for start in (0..n).step_by(5000) {
         let batch = (start..(start + 5000).min(n))
             .map(|i| {
                 let location =
                     Location::rel_path(format!("collection-{}/paper-{i:08}.pdf", i % 100));
                 NewChange {
-                    key: location.key(&source.set_config(set)).expect("a valid path"),
+                    key: location.key(&sc).expect("a valid path"),
                     location,
                     change: ChangeType::Created,
                     datetime: None,
@@ -119,7 +119,11 @@ async fn measure(
         (0.0, 0.0, 0.0, 0u64, 0usize, 0usize);
     for _ in 0..rounds {
         for p in &parts {
-            let source = Source::new(config.clone(), store.clone());
+            // A fresh page cache each time: every page is built, none read back.
+            let cache = tempfile::tempdir()?;
+            let mut c = (**config).clone();
+            c.source.cache_dir = cache.path().to_string_lossy().into_owned();
+            let source = Source::open(Arc::new(c), store.clone())?;
             let (c0, s0, r0, t) = (
                 cpu_secs(&me),
                 server_pid.map_or(0.0, cpu_secs),
@@ -134,7 +138,7 @@ async fn measure(
             server_cpu += server_pid.map_or(0.0, cpu_secs) - s0;
             requests += elastic::requests_sent() - r0;
             pages += 1;
-            entries += doc.entries;
+            entries += doc.entries();
         }
     }
     let per = |x: f64| x / pages as f64 * 1e3;
@@ -181,7 +185,7 @@ async fn main() -> anyhow::Result<()> {
     let embedded = Store::open_embedded(&config.database_path())?;
     let es = Store::Elasticsearch(elastic::ElasticStore::open(&config.store.elasticsearch).await?);
     for (name, store) in [("embedded", &embedded), ("elasticsearch", &es)] {
-        let s = populate(&Source::new(config.clone(), store.clone()), &set, n).await?;
+        let s = populate(&config, store, &set, n).await?;
         if s > 0.0 {
             println!(
                 "{name}: ingested {n} resources in {s:.1} s ({:.0} changes/s)",

@@ -41,10 +41,13 @@ async fn main() -> anyhow::Result<()> {
     let mut config = Config::defaults();
     config.server.data_dir = dir.clone();
     config.server.base_url = "http://bench.example".into();
+    // A fresh page cache: every page is built (none read back from an earlier run).
+    let cache = tempfile::tempdir()?;
+    config.source.cache_dir = cache.path().to_string_lossy().into_owned();
     let config = Arc::new(config);
     let store = Store::open_embedded(&config.database_path())?;
     let set = SetName::parse("bench").map_err(anyhow::Error::msg)?;
-    let source = Source::new(config.clone(), store.clone());
+    let source = Source::open(config.clone(), store.clone())?;
 
     if std::env::var_os("RSHUB_BENCH_PHASE").is_none() {
         let have = store.counts(&set).await?.resources;
@@ -106,20 +109,20 @@ async fn main() -> anyhow::Result<()> {
     println!(
         "part {cold_no} served cold: {:.1} ms ({} entries, {:.1} MB)",
         t.elapsed().as_secs_f64() * 1e3,
-        cold.entries,
-        cold.body.len() as f64 / 1e6
+        cold.entries(),
+        cold.len(false) as f64 / 1e6
     );
 
     let t = Instant::now();
     let index = source.document(&DocKind::ResourceList(set.clone())).await?;
     let mut entries = 0usize;
-    let mut bytes = index.body.len();
+    let mut bytes = index.len(false);
     for p in &parts {
         let doc = source
             .document(&DocKind::ResourceListPart(set.clone(), p.no))
             .await?;
-        entries += doc.entries;
-        bytes += doc.body.len();
+        entries += doc.entries();
+        bytes += doc.len(false);
     }
     let s = t.elapsed().as_secs_f64();
     println!(
@@ -132,10 +135,11 @@ async fn main() -> anyhow::Result<()> {
         "peak RSS (VmHWM) of the generating process: {:.1} MB",
         peak_rss_mb()
     );
-    let (hits, misses, held) = source.cache().stats();
+    let (memory, disk) = source.cache_bytes();
     println!(
-        "page cache: {hits} hits, {misses} misses, {:.1} MB held",
-        held as f64 / 1e6
+        "page cache: {:.1} MB in memory, {:.1} MB on disk",
+        memory as f64 / 1e6,
+        disk as f64 / 1e6
     );
     Ok(())
 }

@@ -76,11 +76,11 @@ pub async fn run(
     }
     let hub = Hub::start(&config, store.clone()).await?;
     let store_is_shared = store.is_shared();
-    let source = Arc::new(Source::with_metrics(
+    let source = Arc::new(Source::open_with_metrics(
         config.clone(),
         store,
         hub.metrics().clone(),
-    ));
+    )?);
     if config.ingest.token.is_empty() {
         tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
     }

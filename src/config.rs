@@ -111,6 +111,9 @@ pub struct IngestConfig {
 pub struct SourceConfig {
     pub describedby: String,
     pub cache_max_bytes: usize,
+    pub memory_page_max_bytes: usize,
+    pub cache_dir: String,
+    pub disk_cache_max_bytes: u64,
     pub store_page_size: usize,
     pub max_concurrent_builds: usize,
     pub max_queued_builds: usize,
@@ -466,6 +469,15 @@ impl Config {
 
     pub fn database_path(&self) -> PathBuf {
         self.server.data_dir.join("rshub.sqlite")
+    }
+
+    /// The page cache's directory: `source.cache_dir`, or `<data_dir>/pages` when empty.
+    pub fn page_cache_dir(&self) -> PathBuf {
+        if self.source.cache_dir.is_empty() {
+            self.server.data_dir.join("pages")
+        } else {
+            PathBuf::from(&self.source.cache_dir)
+        }
     }
 }
 

@@ -77,6 +77,7 @@ impl From<SourceError> for AppError {
             SourceError::NotFound(m) => AppError::NotFound(m),
             SourceError::Busy(m) => AppError::Busy(m),
             SourceError::Store(e) => e.into(),
+            SourceError::Cache(m) => AppError::Unavailable(m),
         }
     }
 }

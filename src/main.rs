@@ -144,14 +144,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 let store = app::open_store(&config).await?;
                 let set = resourcesync_hub::model::SetName::parse(demo::DEMO_SET)
                     .map_err(anyhow::Error::msg)?;
-                let source = resourcesync_hub::source::Source::new(
-                    std::sync::Arc::new(config.clone()),
-                    store.clone(),
-                );
                 let r = import::import_dir(
                     &store,
                     &config.set_config(demo::DEMO_SET),
-                    source.list_policy(&set),
+                    resourcesync_hub::source::list_policy(&config, &set),
                     &dir,
                     false,
                 )
@@ -172,14 +168,10 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             announce_store(&config, &overrides)?;
             warn_unserved(&config, &set, &dir);
             let store = app::open_store(&config).await?;
-            let source = resourcesync_hub::source::Source::new(
-                std::sync::Arc::new(config.clone()),
-                store.clone(),
-            );
             let report = import::import_dir(
                 &store,
                 &config.set_config(&set),
-                source.list_policy(&name),
+                resourcesync_hub::source::list_policy(&config, &name),
                 &dir,
                 std::io::stderr().is_terminal(),
             )

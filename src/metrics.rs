@@ -24,6 +24,12 @@ pub struct KindLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TierLabel {
+    /// `memory` or `disk`.
+    pub tier: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SetLabel {
     pub set: String,
 }
@@ -45,6 +51,10 @@ pub struct Metrics {
     pub pages_built: Family<KindLabel, Counter>,
     /// Page builds waiting for a build slot.
     pub build_queue: Gauge,
+    /// Bytes held by the page cache, per tier (both forms of every page).
+    pub page_cache_bytes: Family<TierLabel, Gauge>,
+    /// Requests answered from the page cache, per tier.
+    pub page_cache_hits: Family<TierLabel, Counter>,
     /// Age in seconds of the oldest change not yet notified (0 when none), per set.
     pub poller_lag_seconds: Family<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
@@ -96,6 +106,18 @@ impl Default for Metrics {
             "Page builds waiting for a build slot",
             build_queue.clone(),
         );
+        let page_cache_bytes = Family::<TierLabel, Gauge>::default();
+        registry.register(
+            "page_cache_bytes",
+            "Bytes held by the page cache (identity and gzip forms), per tier",
+            page_cache_bytes.clone(),
+        );
+        let page_cache_hits = Family::<TierLabel, Counter>::default();
+        registry.register(
+            "page_cache_hits",
+            "Documents served from the page cache without a build, per tier",
+            page_cache_hits.clone(),
+        );
         let delivering = Gauge::default();
         registry.register(
             "delivering",
@@ -119,6 +141,8 @@ impl Default for Metrics {
             delivering,
             pages_built,
             build_queue,
+            page_cache_bytes,
+            page_cache_hits,
             poller_lag_seconds,
         }
     }

@@ -1,5 +1,7 @@
-//! GET handlers for the ResourceSync documents, with ETag / Last-Modified and 304s.
+//! GET handlers for the ResourceSync documents: served from the page cache (memory, or the
+//! page's file), with ETag / Last-Modified, 304s, gzip negotiation and single byte ranges.
 
+use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -7,7 +9,7 @@ use axum::response::{IntoResponse, Response};
 use super::AppState;
 use crate::error::AppError;
 use crate::model::{SetName, Timestamp};
-use crate::source::DocKind;
+use crate::source::{DocKind, Opened};
 
 pub async fn source_description(
     State(st): State<AppState>,
@@ -78,45 +80,107 @@ fn number_xml(s: &str) -> Result<u32, AppError> {
 }
 
 async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Response, AppError> {
-    let doc = st.source.document(&kind).await?;
     let gzip = accepts_gzip(headers);
-    let etag = if gzip {
-        doc.gzip_etag()
-    } else {
-        doc.etag.clone()
+    let opened = st.source.open_document(&kind, gzip).await?;
+    let doc = match &opened {
+        Opened::Memory(d, _) | Opened::File(d, _) => d.clone(),
     };
-    let last_modified = doc.last_modified.floor_secs();
-    let validators = [
-        (
-            header::ETAG,
-            HeaderValue::from_str(&etag).expect("etag is ascii"),
-        ),
-        (
-            header::LAST_MODIFIED,
-            HeaderValue::from_str(&last_modified.to_http_date()).expect("date is ascii"),
-        ),
-        (header::VARY, HeaderValue::from_static("accept-encoding")),
-    ];
-    if not_modified(headers, &etag, last_modified) {
-        return Ok((StatusCode::NOT_MODIFIED, validators).into_response());
+    let etag = doc.etag(gzip);
+    let last_modified = doc.last_modified().floor_secs();
+    let mut out = HeaderMap::new();
+    out.insert(
+        header::ETAG,
+        HeaderValue::from_str(etag).expect("etag is ascii"),
+    );
+    out.insert(
+        header::LAST_MODIFIED,
+        HeaderValue::from_str(&last_modified.to_http_date()).expect("date is ascii"),
+    );
+    out.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    if not_modified(headers, etag, last_modified) {
+        return Ok((StatusCode::NOT_MODIFIED, out).into_response());
     }
-    let ct = (
+    out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    out.insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/xml"),
     );
-    if !gzip {
-        return Ok((StatusCode::OK, validators, [ct], doc.body.clone()).into_response());
+    if gzip {
+        out.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
-    let body = if doc.has_gzip() {
-        doc.gzipped().clone()
-    } else {
-        let d = doc.clone();
-        tokio::task::spawn_blocking(move || d.gzipped().clone())
-            .await
-            .map_err(|e| AppError::Unavailable(format!("compressing a document: {e}")))?
+    let len = doc.len(gzip);
+    let range = match requested_range(headers, etag, last_modified, len) {
+        Ok(r) => r,
+        Err(()) => {
+            out.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"),
+            );
+            return Ok((StatusCode::RANGE_NOT_SATISFIABLE, out).into_response());
+        }
     };
-    let ce = (header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
-    Ok((StatusCode::OK, validators, [ct, ce], body).into_response())
+    let (status, start, n) = match &range {
+        Some(r) => {
+            out.insert(
+                header::CONTENT_RANGE,
+                HeaderValue::from_str(&format!("bytes {}-{}/{len}", r.start(), r.end()))
+                    .expect("ascii"),
+            );
+            (StatusCode::PARTIAL_CONTENT, *r.start(), r.end() - r.start() + 1)
+        }
+        None => (StatusCode::OK, 0, len),
+    };
+    out.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
+    let body = match opened {
+        Opened::Memory(_, bytes) => Body::from(bytes.slice(start as usize..(start + n) as usize)),
+        Opened::File(_, file) => {
+            use tokio::io::{AsyncReadExt, AsyncSeekExt};
+            let mut file = tokio::fs::File::from_std(file);
+            if start > 0 {
+                file.seek(std::io::SeekFrom::Start(start))
+                    .await
+                    .map_err(|e| AppError::Unavailable(format!("reading a cached page: {e}")))?;
+            }
+            Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
+                file.take(n),
+                256 * 1024,
+            ))
+        }
+    };
+    Ok((status, out, body).into_response())
+}
+
+/// The one byte range to send (RFC 9110 §14): `None` for the whole representation (no
+/// `Range`, one we do not parse, several ranges, or an `If-Range` that no longer matches),
+/// `Err` when the range lies beyond the end (416).
+fn requested_range(
+    headers: &HeaderMap,
+    etag: &str,
+    last_modified: Timestamp,
+    len: u64,
+) -> Result<Option<std::ops::RangeInclusive<u64>>, ()> {
+    let Some(range) = headers.get(header::RANGE).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    if let Some(cond) = headers.get(header::IF_RANGE).and_then(|v| v.to_str().ok()) {
+        let cond = cond.trim();
+        let current = if cond.starts_with('"') {
+            cond == etag
+        } else {
+            Timestamp::parse_http_date(cond) == Some(last_modified)
+        };
+        if !current {
+            return Ok(None);
+        }
+    }
+    let Ok(parsed) = http_range_header::parse_range_header(range) else {
+        return Ok(None);
+    };
+    match parsed.validate(len) {
+        Ok(ranges) if ranges.len() == 1 => Ok(ranges.into_iter().next()),
+        Ok(_) => Ok(None),
+        Err(_) => Err(()),
+    }
 }
 
 /// Whether the client takes gzip (`Accept-Encoding: gzip` or `*`, without `q=0`).

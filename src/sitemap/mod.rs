@@ -153,6 +153,22 @@ impl SitemapWriter {
         self.entries == 0
     }
 
+    /// Takes the entries written since the last call, for a caller streaming the document
+    /// out: it then writes [`Self::head`] + the taken entries + [`Self::tail`].
+    pub fn take_entries(&mut self) -> String {
+        std::mem::take(&mut self.body)
+    }
+
+    /// The XML declaration, the root's start tag and the top-level `rs:ln`/`rs:md`.
+    pub fn head(&self) -> &str {
+        &self.head
+    }
+
+    /// The root's end tag.
+    pub fn tail(&self) -> String {
+        format!("</{}>\n", self.root.tags().0)
+    }
+
     /// The document. The small header is inserted in front of the body in place, so a large
     /// page is never held twice.
     pub fn finish(self) -> String {

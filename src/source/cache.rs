@@ -1,11 +1,27 @@
-//! The page cache: generated documents kept by key under a byte budget, least recently used
-//! first out. Validity is the caller's business (each `Doc` carries the version it was made from).
+//! The memory tier of the page cache: small pages (both forms) kept by key under a byte
+//! budget, least recently used first out. Large pages are served from the disk tier's files.
+//! Validity is the caller's business (each page carries the version it was made from).
 
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use lru::LruCache;
 
-use super::Doc;
+use super::disk::PageMeta;
+
+/// A page held in memory.
+#[derive(Debug)]
+pub struct MemPage {
+    pub meta: Arc<PageMeta>,
+    pub identity: Bytes,
+    pub gzip: Bytes,
+}
+
+impl MemPage {
+    fn bytes(&self) -> usize {
+        self.identity.len() + self.gzip.len()
+    }
+}
 
 pub struct PageCache {
     inner: Mutex<Inner>,
@@ -13,10 +29,8 @@ pub struct PageCache {
 }
 
 struct Inner {
-    map: LruCache<String, Arc<Doc>>,
+    map: LruCache<String, Arc<MemPage>>,
     bytes: usize,
-    hits: u64,
-    misses: u64,
 }
 
 impl PageCache {
@@ -25,47 +39,39 @@ impl PageCache {
             inner: Mutex::new(Inner {
                 map: LruCache::unbounded(),
                 bytes: 0,
-                hits: 0,
-                misses: 0,
             }),
             max_bytes,
         }
     }
 
-    pub fn get(&self, key: &str) -> Option<Arc<Doc>> {
+    /// The page of `key` when it was built from `version`.
+    pub fn get(&self, key: &str, version: &str) -> Option<Arc<MemPage>> {
         let mut g = self.inner.lock().expect("cache lock");
-        let found = g.map.get(key).cloned();
-        if found.is_some() {
-            g.hits += 1;
-        } else {
-            g.misses += 1;
-        }
-        found
+        g.map.get(key).filter(|p| p.meta.version == version).cloned()
     }
 
-    /// Stores a document; one larger than the whole budget is not kept.
-    pub fn insert(&self, key: String, doc: Arc<Doc>) {
-        let size = doc.body.len();
+    /// Stores a page; one larger than the whole budget is not kept.
+    pub fn insert(&self, page: Arc<MemPage>) {
+        let size = page.bytes();
         let mut g = self.inner.lock().expect("cache lock");
-        if let Some(old) = g.map.pop(&key) {
-            g.bytes -= old.body.len();
+        if let Some(old) = g.map.pop(&page.meta.key) {
+            g.bytes -= old.bytes();
         }
         if size > self.max_bytes {
             return;
         }
         while g.bytes + size > self.max_bytes {
             match g.map.pop_lru() {
-                Some((_, old)) => g.bytes -= old.body.len(),
+                Some((_, old)) => g.bytes -= old.bytes(),
                 None => break,
             }
         }
         g.bytes += size;
-        g.map.put(key, doc);
+        g.map.put(page.meta.key.clone(), page);
     }
 
-    /// (hits, misses, bytes held): for the benchmark and, later, metrics.
-    pub fn stats(&self) -> (u64, u64, usize) {
-        let g = self.inner.lock().expect("cache lock");
-        (g.hits, g.misses, g.bytes)
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.inner.lock().expect("cache lock").bytes
     }
 }

@@ -1,15 +1,21 @@
 //! The pull side of ResourceSync: Source Description, Capability Lists, Resource Lists (and their
 //! index), Change Lists (and their index), generated from the store on request and kept in a
 //! page cache that regenerates a page only when the data under it changed.
+//!
+//! The page cache has two tiers: every page and its gzip form as files on disk ([`disk`],
+//! surviving restarts, with a byte budget), and the small hot pages in memory ([`cache`]).
 
 mod cache;
+pub mod disk;
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use md5::{Digest, Md5};
+use sha2::Digest;
 
-pub use cache::PageCache;
+pub use cache::{MemPage, PageCache};
+pub use disk::{DiskCache, PageMeta, Spool};
 
 use crate::config::{Config, SITEMAP_MAX_BYTES};
 use crate::digest::hex_digest;
@@ -44,44 +50,77 @@ impl DocKind {
     }
 }
 
-/// A generated document with its HTTP validators.
-#[derive(Debug)]
+/// A document ready to serve: its validators, and where its bytes are (memory for small hot
+/// pages, else the disk cache's files).
+#[derive(Debug, Clone)]
 pub struct Doc {
-    pub body: Bytes,
-    /// A strong ETag (quoted MD5 of the body).
-    pub etag: String,
-    pub last_modified: Timestamp,
-    /// What the page was generated from; a different version means regenerate.
-    version: String,
-    /// Number of `<url>`/`<sitemap>` entries.
-    pub entries: usize,
-    /// The gzip form, made on first request for it.
-    gzip: std::sync::OnceLock<Bytes>,
+    pub meta: Arc<PageMeta>,
+    mem: Option<Arc<MemPage>>,
+    paths: Arc<[PathBuf; 2]>,
 }
 
 impl Doc {
-    /// The body gzipped (computed once; CPU-heavy for large pages, so call it off the async
-    /// threads).
-    pub fn gzipped(&self) -> &Bytes {
-        self.gzip.get_or_init(|| {
-            use std::io::Write;
-            let mut enc = flate2::write::GzEncoder::new(
-                Vec::with_capacity(self.body.len() / 4),
-                flate2::Compression::fast(),
-            );
-            enc.write_all(&self.body).expect("writing to memory");
-            Bytes::from(enc.finish().expect("writing to memory"))
+    /// Number of `<url>`/`<sitemap>` entries.
+    pub fn entries(&self) -> usize {
+        self.meta.entries
+    }
+
+    pub fn last_modified(&self) -> Timestamp {
+        Timestamp(self.meta.last_modified)
+    }
+
+    /// The strong ETag of one form (the gzip form has its own).
+    pub fn etag(&self, gzip: bool) -> &str {
+        if gzip {
+            &self.meta.gzip_etag
+        } else {
+            &self.meta.etag
+        }
+    }
+
+    /// Length of one form in bytes.
+    pub fn len(&self, gzip: bool) -> u64 {
+        if gzip {
+            self.meta.gzip_len
+        } else {
+            self.meta.len
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.meta.len == 0
+    }
+
+    /// One form's bytes when the page is held in memory.
+    pub fn in_memory(&self, gzip: bool) -> Option<Bytes> {
+        self.mem.as_ref().map(|m| {
+            if gzip {
+                m.gzip.clone()
+            } else {
+                m.identity.clone()
+            }
         })
     }
 
-    pub fn has_gzip(&self) -> bool {
-        self.gzip.get().is_some()
+    /// The file holding one form. It may be replaced by a newer version at any moment: open
+    /// it and read from the open file ([`Source::open_document`] retries when it is already gone).
+    pub fn path(&self, gzip: bool) -> &Path {
+        &self.paths[gzip as usize]
     }
 
-    /// The strong ETag of the gzip form: a different representation has a different tag.
-    pub fn gzip_etag(&self) -> String {
-        format!("{}-gzip\"", self.etag.trim_end_matches('"'))
+    /// One form, whole (for tools and benchmarks; the server streams from the file).
+    pub fn read(&self, gzip: bool) -> std::io::Result<Bytes> {
+        match self.in_memory(gzip) {
+            Some(b) => Ok(b),
+            None => std::fs::read(self.path(gzip)).map(Bytes::from),
+        }
     }
+}
+
+/// A document opened for one response: its bytes in memory, or its file opened.
+pub enum Opened {
+    Memory(Doc, Bytes),
+    File(Doc, std::fs::File),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +132,25 @@ pub enum SourceError {
     Busy(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The page cache's files could not be written or read (disk full, permissions).
+    #[error("page cache: {0}")]
+    Cache(String),
+}
+
+impl From<std::io::Error> for SourceError {
+    fn from(e: std::io::Error) -> Self {
+        SourceError::Cache(e.to_string())
+    }
+}
+
+/// Runs blocking file and formatting work on tokio's blocking pool, off the async threads
+/// that ingest, the notifier and the hub run on.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, SourceError> + Send + 'static,
+) -> Result<T, SourceError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| SourceError::Cache(format!("a page task failed: {e}")))?
 }
 
 /// The URL map, in one place.
@@ -138,7 +196,12 @@ pub struct Source {
     config: Arc<Config>,
     store: Store,
     urls: Urls,
-    cache: PageCache,
+    memory: PageCache,
+    disk: Arc<DiskCache>,
+    /// What every page depends on besides the store (software version, URLs, set
+    /// configuration): part of every page's version, so a restart with another configuration
+    /// does not serve pages made under the old one.
+    fingerprint: String,
     metrics: Arc<crate::metrics::Metrics>,
     /// Build slots (`source.max_concurrent_builds`).
     builds: tokio::sync::Semaphore,
@@ -148,30 +211,70 @@ pub struct Source {
     inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
+/// How the store cuts a set's lists (the configuration's limits and the sitemap size limit).
+pub fn list_policy(config: &Config, set: &SetName) -> ListPolicy {
+    let sc = config.set_config(set.as_str());
+    ListPolicy {
+        max_items: sc.max_items_in_list,
+        max_bytes: SITEMAP_MAX_BYTES,
+        rollover_secs: sc.changelist_rollover_secs,
+        max_future_skew_secs: config.ingest.max_future_skew_secs,
+    }
+}
+
 impl Source {
-    pub fn new(config: Arc<Config>, store: Store) -> Source {
-        Source::with_metrics(config, store, Arc::new(crate::metrics::Metrics::default()))
+    /// Opens the source with its page cache directory (`source.cache_dir`, by default
+    /// `<data_dir>/pages`), reading back the pages a previous run left there.
+    pub fn open(config: Arc<Config>, store: Store) -> Result<Source, SourceError> {
+        Source::open_with_metrics(config, store, Arc::new(crate::metrics::Metrics::default()))
     }
 
-    /// A source that counts its builds in `metrics` (the server's, for `/metrics`).
-    pub fn with_metrics(
+    /// A source that counts its builds and cache hits in `metrics` (the server's, for
+    /// `/metrics`).
+    pub fn open_with_metrics(
         config: Arc<Config>,
         store: Store,
         metrics: Arc<crate::metrics::Metrics>,
-    ) -> Source {
+    ) -> Result<Source, SourceError> {
+        let dir = config.page_cache_dir();
+        let disk = DiskCache::open(&dir, config.source.disk_cache_max_bytes).map_err(|e| {
+            SourceError::Cache(format!(
+                "cannot open the page cache directory {} (source.cache_dir): {e}",
+                dir.display()
+            ))
+        })?;
+        let fingerprint = {
+            let inputs = serde_json::json!({
+                "software": env!("CARGO_PKG_VERSION"),
+                "base_url": config.base_url(),
+                "describedby": config.source.describedby,
+                "hub": config.hub_url(),
+                "topic_path": config.hub.topic_path,
+                "notify": config.notify.enabled,
+                "set_defaults": config.set_defaults,
+                "sets": config.sets,
+            });
+            let mut h = hex_digest(sha2::Sha256::digest(inputs.to_string().as_bytes()));
+            h.truncate(16);
+            h
+        };
         let urls = Urls::new(&config.base_url());
-        let cache = PageCache::new(config.source.cache_max_bytes);
+        let memory = PageCache::new(config.source.cache_max_bytes);
         let builds = tokio::sync::Semaphore::new(config.source.max_concurrent_builds);
-        Source {
+        let source = Source {
             config,
             store,
             urls,
-            cache,
+            memory,
+            disk: Arc::new(disk),
+            fingerprint,
             metrics,
             builds,
             queued: std::sync::atomic::AtomicUsize::new(0),
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
-        }
+        };
+        source.update_cache_gauges();
+        Ok(source)
     }
 
     pub fn urls(&self) -> &Urls {
@@ -192,27 +295,54 @@ impl Source {
 
     /// How the store cuts this set's lists.
     pub fn list_policy(&self, set: &SetName) -> ListPolicy {
-        let sc = self.set_config(set);
-        ListPolicy {
-            max_items: sc.max_items_in_list,
-            max_bytes: SITEMAP_MAX_BYTES,
-            rollover_secs: sc.changelist_rollover_secs,
-            max_future_skew_secs: self.config.ingest.max_future_skew_secs,
+        list_policy(&self.config, set)
+    }
+
+    /// Bytes held by the (memory, disk) tiers of the page cache.
+    pub fn cache_bytes(&self) -> (usize, u64) {
+        (self.memory.bytes(), self.disk.bytes())
+    }
+
+    fn update_cache_gauges(&self) {
+        use crate::metrics::TierLabel;
+        let (mem, disk) = self.cache_bytes();
+        let g = &self.metrics.page_cache_bytes;
+        g.get_or_create(&TierLabel { tier: "memory" })
+            .set(mem as i64);
+        g.get_or_create(&TierLabel { tier: "disk" }).set(disk as i64);
+    }
+
+    /// The document opened for one response: from memory, or with its file open (retrying
+    /// when a newer version replaced the file between lookup and open).
+    pub async fn open_document(&self, kind: &DocKind, gzip: bool) -> Result<Opened, SourceError> {
+        let mut tries = 0;
+        loop {
+            let doc = self.document(kind).await?;
+            if let Some(b) = doc.in_memory(gzip) {
+                return Ok(Opened::Memory(doc, b));
+            }
+            match std::fs::File::open(doc.path(gzip)) {
+                Ok(f) => return Ok(Opened::File(doc, f)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 3 => tries += 1,
+                Err(e) => {
+                    return Err(SourceError::Cache(format!(
+                        "cannot open {}: {e}",
+                        doc.path(gzip).display()
+                    )))
+                }
+            }
         }
     }
 
-    pub fn cache(&self) -> &PageCache {
-        &self.cache
-    }
-
-    /// The document, from the cache when nothing under it changed since it was generated.
-    /// Pages are built once however many ask at the same moment (the others wait for that
-    /// build), at most `source.max_concurrent_builds` at once, with a bounded queue beyond
-    /// which the answer is [`SourceError::Busy`].
-    pub async fn document(&self, kind: &DocKind) -> Result<Arc<Doc>, SourceError> {
+    /// The document, from the page cache when nothing under it changed since it was
+    /// generated. Pages are built once however many ask at the same moment (the others wait
+    /// for that build), at most `source.max_concurrent_builds` at once, with a bounded queue
+    /// beyond which the answer is [`SourceError::Busy`].
+    pub async fn document(&self, kind: &DocKind) -> Result<Doc, SourceError> {
         let plan = self.plan(kind).await?;
         let key = format!("{kind:?}");
-        if let Some(doc) = self.cached(&key, &plan) {
+        let version = format!("{}|{}", self.fingerprint, plan.version);
+        if let Some(doc) = self.cached(&key, &version).await? {
             return Ok(doc);
         }
         let flight = self
@@ -224,24 +354,29 @@ impl Source {
             .clone();
         let result = async {
             let _one = flight.lock().await;
-            if let Some(doc) = self.cached(&key, &plan) {
+            if let Some(doc) = self.cached(&key, &version).await? {
                 return Ok(doc);
             }
             let _slot = self.build_slot().await?;
-            let (body, entries) = self.generate(kind, &plan).await?;
+            let gen = self.generate(kind, &plan).await?;
+            let disk = self.disk.clone();
+            let last_modified = plan.last_modified.0;
+            let (k, v) = (key.clone(), version.clone());
+            let meta = blocking(move || {
+                let Gen {
+                    mut w, mut spool, ..
+                } = gen;
+                spool.write(w.take_entries().as_bytes())?;
+                let page = spool.finish(w.head().as_bytes(), w.tail().as_bytes(), w.entries())?;
+                Ok(disk.put(&k, &v, last_modified, page)?)
+            })
+            .await?;
             self.metrics
                 .pages_built
                 .get_or_create(&crate::metrics::KindLabel { kind: kind.label() })
                 .inc();
-            let doc = Arc::new(Doc {
-                etag: format!("\"{}\"", hex_digest(Md5::digest(body.as_bytes()))),
-                body: Bytes::from(body),
-                last_modified: plan.last_modified,
-                version: plan.version.clone(),
-                entries,
-                gzip: std::sync::OnceLock::new(),
-            });
-            self.cache.insert(key.clone(), doc.clone());
+            let doc = self.remember(meta).await?;
+            self.update_cache_gauges();
             Ok(doc)
         }
         .await;
@@ -252,8 +387,64 @@ impl Source {
         result
     }
 
-    fn cached(&self, key: &str, plan: &Plan) -> Option<Arc<Doc>> {
-        self.cache.get(key).filter(|d| d.version == plan.version)
+    /// The page from the memory tier, else the disk tier (small pages found on disk are
+    /// brought into memory).
+    async fn cached(&self, key: &str, version: &str) -> Result<Option<Doc>, SourceError> {
+        use crate::metrics::TierLabel;
+        if let Some(page) = self.memory.get(key, version) {
+            self.metrics
+                .page_cache_hits
+                .get_or_create(&TierLabel { tier: "memory" })
+                .inc();
+            return Ok(Some(Doc {
+                meta: page.meta.clone(),
+                paths: self.paths(&page.meta),
+                mem: Some(page),
+            }));
+        }
+        let Some(meta) = self.disk.get(key, version) else {
+            return Ok(None);
+        };
+        self.metrics
+            .page_cache_hits
+            .get_or_create(&TierLabel { tier: "disk" })
+            .inc();
+        Ok(Some(self.remember(meta).await?))
+    }
+
+    fn paths(&self, meta: &PageMeta) -> Arc<[PathBuf; 2]> {
+        Arc::new([self.disk.path(meta, false), self.disk.path(meta, true)])
+    }
+
+    /// A document for a page on disk, kept in memory too when it is small.
+    async fn remember(&self, meta: Arc<PageMeta>) -> Result<Doc, SourceError> {
+        let paths = self.paths(&meta);
+        let mut doc = Doc {
+            meta: meta.clone(),
+            mem: None,
+            paths: paths.clone(),
+        };
+        if meta.bytes() <= self.config.source.memory_page_max_bytes as u64 {
+            let read = blocking(move || {
+                Ok((
+                    Bytes::from(std::fs::read(&paths[0])?),
+                    Bytes::from(std::fs::read(&paths[1])?),
+                ))
+            })
+            .await;
+            // Replaced meanwhile: serve from the file (open_document retries).
+            if let Ok((identity, gzip)) = read {
+                let page = Arc::new(MemPage {
+                    meta,
+                    identity,
+                    gzip,
+                });
+                self.memory.insert(page.clone());
+                self.update_cache_gauges();
+                doc.mem = Some(page);
+            }
+        }
+        Ok(doc)
     }
 
     /// A build slot, waiting in the bounded queue when all are taken.
@@ -275,14 +466,16 @@ impl Source {
         Ok(p.expect("the build semaphore is never closed"))
     }
 
-    async fn known_set(&self, set: &SetName) -> Result<(), SourceError> {
-        if self.store.sets().await?.iter().any(|s| &s.name == set) {
-            Ok(())
-        } else {
-            Err(SourceError::NotFound(format!(
-                "no resource set named {set:?}"
-            )))
-        }
+    /// The set's creation time (part of its pages' versions: a set deleted and created again
+    /// never matches pages cached from the old one), or NotFound.
+    async fn known_set(&self, set: &SetName) -> Result<Timestamp, SourceError> {
+        self.store
+            .sets()
+            .await?
+            .into_iter()
+            .find(|s| &s.name == set)
+            .map(|s| s.created_at)
+            .ok_or_else(|| SourceError::NotFound(format!("no resource set named {set:?}")))
     }
 
     /// Works out, from the store's bookkeeping alone, what a document would be generated from.
@@ -296,7 +489,10 @@ impl Source {
                     .map(|s| s.created_at)
                     .max()
                     .unwrap_or(Timestamp(0));
-                Ok(Plan::new(format!("sets:{}", names.join(",")), last))
+                Ok(Plan::new(
+                    format!("sets:{}:{}", names.join(","), last.0),
+                    last,
+                ))
             }
             DocKind::CapabilityList(set) => {
                 let created = self
@@ -307,10 +503,10 @@ impl Source {
                     .find(|s| &s.name == set)
                     .ok_or_else(|| SourceError::NotFound(format!("no resource set named {set:?}")))?
                     .created_at;
-                Ok(Plan::new("capabilitylist".into(), created))
+                Ok(Plan::new(format!("{}:capabilitylist", created.0), created))
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {
-                self.known_set(set).await?;
+                let created = self.known_set(set).await?.0;
                 let latest_change = self
                     .store
                     .changelists(set)
@@ -344,7 +540,7 @@ impl Source {
                 };
                 match part {
                     Some(p) => Ok(Plan {
-                        version: format!("part:{}:{}:{indexed}", p.no, p.last_seq),
+                        version: format!("{created}:part:{}:{}:{indexed}", p.no, p.last_seq),
                         last_modified: p.last_change,
                         part: Some(p),
                         indexed,
@@ -360,7 +556,7 @@ impl Source {
                             .max()
                             .unwrap_or(Timestamp(0));
                         Ok(Plan {
-                            version: format!("index:{}", nos.join(",")),
+                            version: format!("{created}:index:{}", nos.join(",")),
                             last_modified: last,
                             part: None,
                             indexed,
@@ -372,7 +568,7 @@ impl Source {
                 }
             }
             DocKind::ChangeList(set) | DocKind::ChangeListNo(set, _) => {
-                self.known_set(set).await?;
+                let created = self.known_set(set).await?.0;
                 let lists = self.store.changelists(set).await?;
                 let indexed = lists.len() > 1;
                 let list = match kind {
@@ -384,22 +580,27 @@ impl Source {
                     _ if indexed => None,
                     _ => lists.first().cloned(),
                 };
+                // The index lists each list's interval only: it changes when a list is
+                // closed or opened, not with every change.
                 let version = match &list {
                     Some(l) => format!(
-                        "list:{}:{:?}:{}:{}:{indexed}",
+                        "{created}:list:{}:{:?}:{}:{}:{indexed}",
                         l.no, l.until, l.count, l.last_seq
                     ),
                     None => format!(
-                        "clindex:{}:{}",
-                        lists.len(),
-                        lists.last().map_or(0, |l| l.last_seq)
+                        "{created}:clindex:{}",
+                        lists
+                            .iter()
+                            .map(|l| format!("{}/{:?}/{:?}", l.no, l.from, l.until))
+                            .collect::<Vec<_>>()
+                            .join(",")
                     ),
                 };
                 let last_modified = match &list {
                     Some(l) => l.until.or(l.last_change).unwrap_or(l.from),
                     None => lists
                         .iter()
-                        .filter_map(|l| l.last_change.or(Some(l.from)))
+                        .map(|l| l.until.unwrap_or(l.from))
                         .max()
                         .unwrap_or(Timestamp(0)),
                 };
@@ -420,7 +621,7 @@ impl Source {
         }
     }
 
-    async fn generate(&self, kind: &DocKind, plan: &Plan) -> Result<(String, usize), SourceError> {
+    async fn generate(&self, kind: &DocKind, plan: &Plan) -> Result<Gen, SourceError> {
         // A Resource List's `at` is just after the newest change it reflects (L + 1µs) when
         // that is earlier than now. A change stamped before now but committed after this read
         // is dated after L (the store dates changes strictly increasingly), so it cannot fall
@@ -469,7 +670,7 @@ impl Source {
                         &links,
                     );
                 }
-                (w.entries(), w.finish())
+                self.gen(w)?
             }
             DocKind::CapabilityList(set) => {
                 let sc = self.set_config(set);
@@ -543,7 +744,7 @@ impl Source {
                         &hub_ln,
                     );
                 }
-                (w.entries(), w.finish())
+                self.gen(w)?
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {
                 let up = self.urls.capability_list(set);
@@ -570,7 +771,7 @@ impl Source {
                                 &[],
                             );
                         }
-                        (w.entries(), w.finish())
+                        self.gen(w)?
                     }
                     Some(part) => self.resource_list_part(set, part, plan.indexed, at).await?,
                 }
@@ -605,7 +806,7 @@ impl Source {
                                 &[],
                             );
                         }
-                        (w.entries(), w.finish())
+                        self.gen(w)?
                     }
                     _ => {
                         let list = plan.lists.first().ok_or_else(|| {
@@ -616,7 +817,16 @@ impl Source {
                 }
             }
         };
-        Ok((out.1, out.0))
+        Ok(out)
+    }
+
+    /// A page whose entries are all in the writer.
+    fn gen(&self, w: SitemapWriter) -> Result<Gen, SourceError> {
+        Ok(Gen {
+            w,
+            spool: self.disk.spool()?,
+            bytes: 0,
+        })
     }
 
     async fn resource_list_part(
@@ -625,8 +835,8 @@ impl Source {
         part: &PartInfo,
         indexed: bool,
         at: Timestamp,
-    ) -> Result<(usize, String), SourceError> {
-        let sc = self.set_config(set);
+    ) -> Result<Gen, SourceError> {
+        let sc = Arc::new(self.set_config(set));
         let up = self.urls.capability_list(set);
         let index = self.urls.resource_list(set);
         let mut links = vec![Ln {
@@ -647,13 +857,7 @@ impl Source {
             completed,
             ..Md::default()
         };
-        let mut w = SitemapWriter::with_capacity(
-            Root::Urlset,
-            &md(None),
-            &links,
-            256 * part.count as usize + 1024,
-        );
-        let mut loc = String::new();
+        let mut gen = self.gen(SitemapWriter::new(Root::Urlset, &md(None), &links))?;
         let mut cursor = None;
         if part.count > 0 {
             loop {
@@ -666,17 +870,24 @@ impl Source {
                         self.config.source.store_page_size,
                     )
                     .await?;
-                for r in &page.items {
-                    write_resource(&mut w, &sc, r, &mut loc);
-                }
-                match page.next {
+                let (items, next) = (page.items, page.next);
+                let sc = sc.clone();
+                gen = gen
+                    .write_rows(move |w| {
+                        let mut loc = String::new();
+                        for r in &items {
+                            write_resource(w, &sc, r, &mut loc);
+                        }
+                    })
+                    .await?;
+                match next {
                     Some(c) => cursor = Some(c),
                     None => break,
                 }
             }
         }
-        w.set_header(&md(Some(Timestamp::now())), &links);
-        Ok((w.entries(), w.finish()))
+        gen.w.set_header(&md(Some(Timestamp::now())), &links);
+        Ok(gen)
     }
 
     async fn change_list(
@@ -684,8 +895,8 @@ impl Source {
         set: &SetName,
         list: &ChangeListInfo,
         indexed: bool,
-    ) -> Result<(usize, String), SourceError> {
-        let sc = self.set_config(set);
+    ) -> Result<Gen, SourceError> {
+        let sc = Arc::new(self.set_config(set));
         let up = self.urls.capability_list(set);
         let index = self.urls.change_list(set);
         let mut links = vec![Ln {
@@ -706,13 +917,7 @@ impl Source {
             until: list.until,
             ..Md::default()
         };
-        let mut w = SitemapWriter::with_capacity(
-            Root::Urlset,
-            &md,
-            &links,
-            300 * list.count as usize + 1024,
-        );
-        let mut loc = String::new();
+        let mut gen = self.gen(SitemapWriter::new(Root::Urlset, &md, &links))?;
         let mut cursor = None;
         loop {
             let page = self
@@ -725,18 +930,52 @@ impl Source {
                     self.config.source.store_page_size,
                 )
                 .await?;
-            for c in &page.items {
-                write_change(&mut w, &sc, c, &mut loc);
-            }
-            match page.next {
+            let (items, next) = (page.items, page.next);
+            let sc = sc.clone();
+            gen = gen
+                .write_rows(move |w| {
+                    let mut loc = String::new();
+                    for c in &items {
+                        write_change(w, &sc, c, &mut loc);
+                    }
+                })
+                .await?;
+            match next {
                 Some(c) => cursor = Some(c),
                 None => break,
             }
         }
-        if w.len() as u64 > SITEMAP_MAX_BYTES {
-            tracing::warn!(set = %set, list = list.no, bytes = w.len(), "change list exceeds the sitemap size limit");
+        if gen.bytes > SITEMAP_MAX_BYTES {
+            tracing::warn!(set = %set, list = list.no, bytes = gen.bytes, "change list exceeds the sitemap size limit");
         }
-        Ok((w.entries(), w.finish()))
+        Ok(gen)
+    }
+}
+
+/// A page being generated: the writer, and the spool its entries are moved to as they
+/// accumulate, so a 50 MB page is never held in memory.
+struct Gen {
+    w: SitemapWriter,
+    spool: Spool,
+    /// Entry bytes moved to the spool so far.
+    bytes: u64,
+}
+
+impl Gen {
+    /// Formats one batch of rows and spools it, on the blocking pool.
+    async fn write_rows(
+        self,
+        f: impl FnOnce(&mut SitemapWriter) + Send + 'static,
+    ) -> Result<Gen, SourceError> {
+        blocking(move || {
+            let mut g = self;
+            f(&mut g.w);
+            let entries = g.w.take_entries();
+            g.bytes += entries.len() as u64;
+            g.spool.write(entries.as_bytes())?;
+            Ok(g)
+        })
+        .await
     }
 }
 

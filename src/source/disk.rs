@@ -1,0 +1,354 @@
+//! The disk tier of the page cache: every generated document and its gzip form as files in the
+//! cache directory, with a small JSON record per page naming the version it was built from.
+//!
+//! - Pages are streamed to a spool file while they are generated, then written out once with
+//!   their MD5 and gzip form ([`Spool::finish`]): memory stays bounded whatever the page size.
+//! - Files are written under temporary names and renamed into place, the record last: a crash
+//!   never leaves a torn page behind a record. [`DiskCache::open`] removes leftovers.
+//! - A new version of a page gets new file names; the old files are unlinked, so a response
+//!   already reading them finishes from the open file.
+//! - Least recently used pages go first past the byte budget. Records survive a restart, so
+//!   pages do too.
+
+use std::fs::{self, File};
+use std::io::{self, BufWriter, Read, Seek, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use lru::LruCache;
+use md5::{Digest, Md5};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+use crate::digest::hex_digest;
+
+/// What is known of a stored page without reading it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PageMeta {
+    /// The page's cache key (its [`super::DocKind`]).
+    pub key: String,
+    /// What it was generated from; a different version means regenerate.
+    pub version: String,
+    /// Strong ETag of the identity form (quoted MD5).
+    pub etag: String,
+    /// Strong ETag of the gzip form (a different representation has a different tag).
+    pub gzip_etag: String,
+    /// Microseconds since the epoch.
+    pub last_modified: i64,
+    /// Number of `<url>`/`<sitemap>` entries.
+    pub entries: usize,
+    pub len: u64,
+    pub gzip_len: u64,
+    /// File stem in the cache directory: `<stem>.xml` and `<stem>.xml.gz`.
+    pub stem: String,
+}
+
+impl PageMeta {
+    pub fn bytes(&self) -> u64 {
+        self.len + self.gzip_len
+    }
+}
+
+pub struct DiskCache {
+    dir: PathBuf,
+    tmp: PathBuf,
+    max_bytes: u64,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    map: LruCache<String, Arc<PageMeta>>,
+    bytes: u64,
+}
+
+fn sha_hex(s: &str, n: usize) -> String {
+    let mut h = hex_digest(Sha256::digest(s.as_bytes()));
+    h.truncate(n);
+    h
+}
+
+impl DiskCache {
+    /// Opens (creating) the cache directory and reads back the pages it holds, removing
+    /// temporary files, records whose files are missing or short, and files no record names.
+    pub fn open(dir: &Path, max_bytes: u64) -> io::Result<DiskCache> {
+        let tmp = dir.join("tmp");
+        fs::create_dir_all(&tmp)?;
+        for e in fs::read_dir(&tmp)? {
+            let _ = fs::remove_file(e?.path());
+        }
+        let mut records = Vec::new();
+        let mut files = Vec::new();
+        for e in fs::read_dir(dir)? {
+            let e = e?;
+            let path = e.path();
+            if !e.file_type()?.is_file() {
+                continue;
+            }
+            if path.extension().is_some_and(|x| x == "json") {
+                let meta = fs::read(&path)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<PageMeta>(&b).ok())
+                    .filter(|m| {
+                        size_of(&dir.join(format!("{}.xml", m.stem))) == Some(m.len)
+                            && size_of(&dir.join(format!("{}.xml.gz", m.stem))) == Some(m.gzip_len)
+                            && path.file_stem().is_some_and(|s| *s == *sha_hex(&m.key, 32))
+                    });
+                match meta {
+                    Some(m) => {
+                        let modified = e.metadata()?.modified()?;
+                        records.push((modified, m));
+                    }
+                    None => {
+                        tracing::warn!(file = %path.display(), "page cache record unreadable or its files are incomplete: removed");
+                        let _ = fs::remove_file(&path);
+                    }
+                }
+            } else {
+                files.push(path);
+            }
+        }
+        records.sort_by_key(|(t, _)| *t);
+        let mut inner = Inner {
+            map: LruCache::unbounded(),
+            bytes: 0,
+        };
+        let live: std::collections::HashSet<String> =
+            records.iter().map(|(_, m)| m.stem.clone()).collect();
+        for f in files {
+            let stem = f
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split('.').next())
+                .unwrap_or_default()
+                .to_string();
+            if !live.contains(&stem) {
+                let _ = fs::remove_file(&f);
+            }
+        }
+        for (_, m) in records {
+            inner.bytes += m.bytes();
+            inner.map.put(m.key.clone(), Arc::new(m));
+        }
+        let cache = DiskCache {
+            dir: dir.to_path_buf(),
+            tmp,
+            max_bytes,
+            inner: Mutex::new(inner),
+        };
+        cache.evict(&mut cache.inner.lock().expect("disk cache lock"));
+        Ok(cache)
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The stored page of `key` when it was built from `version`.
+    pub fn get(&self, key: &str, version: &str) -> Option<Arc<PageMeta>> {
+        let mut g = self.inner.lock().expect("disk cache lock");
+        g.map.get(key).filter(|m| m.version == version).cloned()
+    }
+
+    pub fn path(&self, meta: &PageMeta, gzip: bool) -> PathBuf {
+        self.dir.join(if gzip {
+            format!("{}.xml.gz", meta.stem)
+        } else {
+            format!("{}.xml", meta.stem)
+        })
+    }
+
+    /// Bytes held (both forms of every page).
+    pub fn bytes(&self) -> u64 {
+        self.inner.lock().expect("disk cache lock").bytes
+    }
+
+    /// A spool for a page about to be generated.
+    pub fn spool(&self) -> io::Result<Spool> {
+        Ok(Spool {
+            file: BufWriter::with_capacity(256 * 1024, tempfile::tempfile_in(&self.tmp)?),
+            tmp: self.tmp.clone(),
+        })
+    }
+
+    /// Moves a finished page into place and records it (replacing the key's previous
+    /// version), then evicts past the budget. Blocking file work: call it off the async threads.
+    pub fn put(
+        &self,
+        key: &str,
+        version: &str,
+        last_modified: i64,
+        page: Finished,
+    ) -> io::Result<Arc<PageMeta>> {
+        let stem = format!("{}-{}", sha_hex(key, 32), sha_hex(version, 16));
+        let meta = PageMeta {
+            key: key.to_string(),
+            version: version.to_string(),
+            etag: page.etag,
+            gzip_etag: page.gzip_etag,
+            last_modified,
+            entries: page.entries,
+            len: page.len,
+            gzip_len: page.gzip_len,
+            stem,
+        };
+        page.identity
+            .persist(self.path(&meta, false))
+            .map_err(|e| e.error)?;
+        page.gzip
+            .persist(self.path(&meta, true))
+            .map_err(|e| e.error)?;
+        let mut rec = tempfile::NamedTempFile::new_in(&self.tmp)?;
+        serde_json::to_writer(&mut rec, &meta)?;
+        rec.persist(self.dir.join(format!("{}.json", sha_hex(key, 32))))
+            .map_err(|e| e.error)?;
+        let meta = Arc::new(meta);
+        let mut g = self.inner.lock().expect("disk cache lock");
+        if let Some(old) = g.map.put(meta.key.clone(), meta.clone()) {
+            g.bytes -= old.bytes();
+            if old.stem != meta.stem {
+                self.remove_files(&old);
+            }
+        }
+        g.bytes += meta.bytes();
+        self.evict(&mut g);
+        Ok(meta)
+    }
+
+    /// Evicts least recently used pages until the budget holds (keeping at least the newest).
+    fn evict(&self, g: &mut Inner) {
+        while g.bytes > self.max_bytes && g.map.len() > 1 {
+            let Some((key, old)) = g.map.pop_lru() else {
+                break;
+            };
+            g.bytes -= old.bytes();
+            let _ = fs::remove_file(self.dir.join(format!("{}.json", sha_hex(&key, 32))));
+            self.remove_files(&old);
+        }
+    }
+
+    fn remove_files(&self, m: &PageMeta) {
+        let _ = fs::remove_file(self.path(m, false));
+        let _ = fs::remove_file(self.path(m, true));
+    }
+}
+
+fn size_of(p: &Path) -> Option<u64> {
+    fs::metadata(p).ok().map(|m| m.len())
+}
+
+/// A page being generated: the entries go to an unnamed temporary file as they are written.
+pub struct Spool {
+    file: BufWriter<File>,
+    tmp: PathBuf,
+}
+
+/// A generated page, in temporary files of the cache directory.
+pub struct Finished {
+    identity: tempfile::NamedTempFile,
+    gzip: tempfile::NamedTempFile,
+    pub etag: String,
+    pub gzip_etag: String,
+    pub len: u64,
+    pub gzip_len: u64,
+    pub entries: usize,
+}
+
+impl Spool {
+    pub fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.file.write_all(bytes)
+    }
+
+    /// Writes the page out once: `head`, the spooled entries, `tail`, computing its MD5 and
+    /// writing its gzip form in the same pass. Blocking: call it off the async threads.
+    pub fn finish(self, head: &[u8], tail: &[u8], entries: usize) -> io::Result<Finished> {
+        let mut spooled = self.file.into_inner().map_err(|e| e.into_error())?;
+        spooled.rewind()?;
+        let mut identity = tempfile::NamedTempFile::new_in(&self.tmp)?;
+        let gzip = tempfile::NamedTempFile::new_in(&self.tmp)?;
+        let mut out = BufWriter::with_capacity(256 * 1024, identity.as_file_mut());
+        let mut gz = flate2::write::GzEncoder::new(
+            BufWriter::with_capacity(64 * 1024, gzip.as_file()),
+            flate2::Compression::fast(),
+        );
+        let mut md5 = Md5::new();
+        let mut len = 0u64;
+        let mut put = |b: &[u8]| -> io::Result<()> {
+            md5.update(b);
+            out.write_all(b)?;
+            gz.write_all(b)?;
+            len += b.len() as u64;
+            Ok(())
+        };
+        put(head)?;
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = spooled.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            put(&buf[..n])?;
+        }
+        put(tail)?;
+        out.flush()?;
+        drop(out);
+        gz.finish()?.flush()?;
+        let gzip_len = gzip.as_file().metadata()?.len();
+        let hex = hex_digest(md5.finalize());
+        Ok(Finished {
+            identity,
+            gzip,
+            etag: format!("\"{hex}\""),
+            gzip_etag: format!("\"{hex}-gzip\""),
+            len,
+            gzip_len,
+            entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(c: &DiskCache, body: &str) -> Finished {
+        let mut s = c.spool().unwrap();
+        s.write(body.as_bytes()).unwrap();
+        s.finish(b"<head>", b"</head>", 1).unwrap()
+    }
+
+    #[test]
+    fn pages_survive_reopening_and_a_new_version_replaces_the_old_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
+        let m = c.put("k", "v1", 7, page(&c, "one")).unwrap();
+        assert_eq!(fs::read(c.path(&m, false)).unwrap(), b"<head>one</head>");
+        let mut gz = flate2::read::GzDecoder::new(File::open(c.path(&m, true)).unwrap());
+        let mut s = String::new();
+        gz.read_to_string(&mut s).unwrap();
+        assert_eq!(s, "<head>one</head>");
+        assert_eq!(m.etag, format!("\"{}\"", hex_digest(Md5::digest(b"<head>one</head>"))));
+        let m2 = c.put("k", "v2", 8, page(&c, "two")).unwrap();
+        assert!(!c.path(&m, false).exists(), "the old version's file is removed");
+        drop(c);
+        let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
+        assert_eq!(c.get("k", "v2").as_deref(), Some(&*m2));
+        assert!(c.get("k", "v1").is_none());
+    }
+
+    #[test]
+    fn a_torn_page_is_dropped_at_open_and_the_budget_evicts_the_oldest() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path(), 200).unwrap();
+        let a = c.put("a", "v", 1, page(&c, &"x".repeat(60))).unwrap();
+        let b = c.put("b", "v", 1, page(&c, &"y".repeat(60))).unwrap();
+        assert!(c.get("a", "v").is_none(), "a was evicted: {}", c.bytes());
+        assert!(!c.path(&a, false).exists());
+        assert!(c.get("b", "v").is_some());
+        fs::write(c.path(&b, false), b"short").unwrap();
+        drop(c);
+        let c = DiskCache::open(dir.path(), 200).unwrap();
+        assert!(c.get("b", "v").is_none(), "a page whose file is torn is not served");
+        assert_eq!(c.bytes(), 0);
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "only tmp/ is left");
+    }
+}
