@@ -126,7 +126,11 @@ async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Resp
                 HeaderValue::from_str(&format!("bytes {}-{}/{len}", r.start(), r.end()))
                     .expect("ascii"),
             );
-            (StatusCode::PARTIAL_CONTENT, *r.start(), r.end() - r.start() + 1)
+            (
+                StatusCode::PARTIAL_CONTENT,
+                *r.start(),
+                r.end() - r.start() + 1,
+            )
         }
         None => (StatusCode::OK, 0, len),
     };

@@ -47,7 +47,10 @@ impl PageCache {
     /// The page of `key` when it was built from `version`.
     pub fn get(&self, key: &str, version: &str) -> Option<Arc<MemPage>> {
         let mut g = self.inner.lock().expect("cache lock");
-        g.map.get(key).filter(|p| p.meta.version == version).cloned()
+        g.map
+            .get(key)
+            .filter(|p| p.meta.version == version)
+            .cloned()
     }
 
     /// Stores a page; one larger than the whole budget is not kept.

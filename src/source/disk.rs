@@ -326,9 +326,15 @@ mod tests {
         let mut s = String::new();
         gz.read_to_string(&mut s).unwrap();
         assert_eq!(s, "<head>one</head>");
-        assert_eq!(m.etag, format!("\"{}\"", hex_digest(Md5::digest(b"<head>one</head>"))));
+        assert_eq!(
+            m.etag,
+            format!("\"{}\"", hex_digest(Md5::digest(b"<head>one</head>")))
+        );
         let m2 = c.put("k", "v2", 8, page(&c, "two")).unwrap();
-        assert!(!c.path(&m, false).exists(), "the old version's file is removed");
+        assert!(
+            !c.path(&m, false).exists(),
+            "the old version's file is removed"
+        );
         drop(c);
         let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(c.get("k", "v2").as_deref(), Some(&*m2));
@@ -347,8 +353,15 @@ mod tests {
         fs::write(c.path(&b, false), b"short").unwrap();
         drop(c);
         let c = DiskCache::open(dir.path(), 200).unwrap();
-        assert!(c.get("b", "v").is_none(), "a page whose file is torn is not served");
+        assert!(
+            c.get("b", "v").is_none(),
+            "a page whose file is torn is not served"
+        );
         assert_eq!(c.bytes(), 0);
-        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1, "only tmp/ is left");
+        assert_eq!(
+            fs::read_dir(dir.path()).unwrap().count(),
+            1,
+            "only tmp/ is left"
+        );
     }
 }

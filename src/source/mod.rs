@@ -309,7 +309,8 @@ impl Source {
         let g = &self.metrics.page_cache_bytes;
         g.get_or_create(&TierLabel { tier: "memory" })
             .set(mem as i64);
-        g.get_or_create(&TierLabel { tier: "disk" }).set(disk as i64);
+        g.get_or_create(&TierLabel { tier: "disk" })
+            .set(disk as i64);
     }
 
     /// The document opened for one response: from memory, or with its file open (retrying

@@ -552,29 +552,73 @@ async fn concurrent_requests_for_one_page_cause_one_build() {
     app.stop().await;
 }
 
+/// `VmRSS` or `VmHWM` of a process, in MB.
+fn proc_mb(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+        .map(|kb| kb.parse::<f64>().unwrap() / 1024.0)
+        .unwrap()
+}
+
 /// With one build slot and a queue of two, a burst for 20 distinct pages is answered 503 with
-/// Retry-After beyond the queue, never by piling up builds.
+/// Retry-After beyond the queue, never by piling up builds: the server (the real binary, so
+/// its memory can be read) peaks no higher during the burst than a few pages' worth (measured:
+/// +17 MB; with 20 build slots instead of one, +67 MB).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_burst_beyond_the_build_queue_gets_503_with_retry_after() {
-    let (app, _d) = big_set(40_000, 2000, |c| {
-        c.source.max_concurrent_builds = 1;
-        c.source.max_queued_builds = 2;
-    })
-    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("config.toml");
+    std::fs::write(
+        &config,
+        "[source]\nmax_concurrent_builds = 1\nmax_queued_builds = 2\n\n[sets.big]\nmax_items_in_list = 5000\n",
+    )
+    .unwrap();
+    let server = ChildServer::serve(
+        &[
+            "--config",
+            config.to_str().unwrap(),
+            "--data-dir",
+            tmp.path().join("data").to_str().unwrap(),
+        ],
+        &[],
+    );
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    for start in (0..100_000).step_by(10_000) {
+        let lines: Vec<String> = (start..start + 10_000)
+            .map(|i| format!(r#"{{"change":"created","location":{{"type":"url","value":"http://example.org/records/{i:08}"}},"md5":"{}","length":{i},"mime":"application/xml"}}"#, md5_hex(i.to_string().as_bytes())))
+            .collect();
+        let r = client
+            .post(server.url("/api/v1/resource-sets/big/changes"))
+            .header("content-type", "application/x-ndjson")
+            .body(lines.join("\n"))
+            .send()
+            .await
+            .unwrap();
+        assert!(r.status().is_success(), "{}", r.text().await.unwrap());
+    }
+    let pid = server.child.id();
+    let rss_before = proc_mb(pid, "VmRSS");
+    // Resets the peak (VmHWM) to the current RSS.
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5").unwrap();
     let reqs: Vec<_> = (1..=20)
         .map(|n| {
             let (c, url) = (
-                app.client.clone(),
-                app.url(&format!("/sets/big/resourcelist/{n}.xml")),
+                client.clone(),
+                server.url(&format!("/sets/big/resourcelist/{n}.xml")),
             );
             tokio::spawn(async move {
                 let r = c.get(url).send().await.unwrap();
-                (
-                    r.status().as_u16(),
-                    r.headers()
-                        .get("retry-after")
-                        .map(|v| v.to_str().unwrap().to_string()),
-                )
+                let status = r.status().as_u16();
+                let retry = r
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_string());
+                let body = r.bytes().await.unwrap();
+                assert!(status != 200 || body.len() > 100_000, "a whole part");
+                (status, retry)
             })
         })
         .collect();
@@ -582,6 +626,7 @@ async fn a_burst_beyond_the_build_queue_gets_503_with_retry_after() {
     for r in reqs {
         answers.push(r.await.unwrap());
     }
+    let peak = proc_mb(pid, "VmHWM");
     let shed: Vec<_> = answers.iter().filter(|(s, _)| *s == 503).collect();
     let served = answers.iter().filter(|(s, _)| *s == 200).count();
     assert!(
@@ -593,10 +638,234 @@ async fn a_burst_beyond_the_build_queue_gets_503_with_retry_after() {
         "{answers:?}"
     );
     assert_eq!(served + shed.len(), 20, "{answers:?}");
-    // Load shedding is not a store failure.
-    assert!(app
-        .get_text("/metrics")
+    assert!(
+        peak - rss_before < 40.0,
+        "the burst raised the server's memory from {rss_before:.1} MB to a peak of {peak:.1} MB"
+    );
+    let metrics = client
+        .get(server.url("/metrics"))
+        .send()
         .await
-        .contains("rshub_store_errors_total 0"));
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    // Load shedding is not a store failure.
+    assert!(metrics.contains("rshub_store_errors_total 0"), "{metrics}");
+    eprintln!("burst: RSS {rss_before:.1} MB before, peak {peak:.1} MB during");
+}
+
+/// Every document the server advertises, walked down from the Source Description.
+async fn every_path(app: &TestApp) -> Vec<String> {
+    let base = app.config.base_url();
+    let mut paths = vec!["/.well-known/resourcesync".to_string()];
+    let mut i = 0;
+    while i < paths.len() {
+        let (_, doc) = app.get_doc(&paths[i].clone()).await;
+        let cap = doc.md.get("capability").cloned().unwrap_or_default();
+        // Entries are documents in the description, capability lists and indexes only.
+        if doc.is_index || cap == "description" || cap == "capabilitylist" {
+            for e in &doc.entries {
+                if e.loc.starts_with(&base) && e.loc.ends_with(".xml") {
+                    let p = app.path_of(&e.loc);
+                    if !paths.contains(&p) {
+                        paths.push(p);
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    paths
+}
+
+/// Both forms of every document: path -> (identity, gzip) bodies.
+async fn fetch_all(app: &TestApp, paths: &[String]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .build()
+        .unwrap();
+    let mut out = Vec::new();
+    for p in paths {
+        let id = plain.get(app.url(p)).send().await.unwrap();
+        assert_eq!(id.status(), 200, "{p}");
+        let id = id.bytes().await.unwrap().to_vec();
+        let gz = plain
+            .get(app.url(p))
+            .header(header::ACCEPT_ENCODING, "gzip")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(gz.headers()[header::CONTENT_ENCODING], "gzip", "{p}");
+        out.push((id, gz.bytes().await.unwrap().to_vec()));
+    }
+    out
+}
+
+/// Every `rshub_pages_built_total` counter, by kind.
+async fn builds(app: &TestApp) -> std::collections::BTreeMap<String, u64> {
+    app.get_text("/metrics")
+        .await
+        .lines()
+        .filter_map(|l| l.strip_prefix("rshub_pages_built_total{kind=\""))
+        .filter_map(|l| l.split_once("\"} "))
+        .map(|(k, v)| (k.to_string(), v.trim().parse().unwrap()))
+        .filter(|(_, v)| *v > 0)
+        .collect()
+}
+
+/// Pages live on disk: a restarted server serves every document without building it, a
+/// change rebuilds exactly the part holding the resource and the open Change List, and a
+/// closed Change List is built once over the whole run.
+#[tokio::test]
+async fn pages_survive_a_restart_and_a_change_rebuilds_only_what_it_touched() {
+    let (app, dir) = {
+        // A fixed base URL: the documents stay the same whichever port the server gets.
+        let (app, dir) = populated_app().await;
+        let mut c = app.config.clone();
+        c.server.base_url = "http://rs.example.org".into();
+        c.server.listen = "127.0.0.1:0".into();
+        app.stop().await;
+        std::fs::remove_dir_all(c.page_cache_dir()).unwrap();
+        (TestApp::start_with(c).await, dir)
+    };
+    let paths = every_path(&app).await;
+    let lists = paths.iter().filter(|p| p.contains("/changelist/")).count();
+    assert!(
+        lists >= 3 && paths.iter().any(|p| p.contains("/resourcelist/")),
+        "{paths:?}"
+    );
+    let before = fetch_all(&app, &paths).await;
+    assert_eq!(fetch_all(&app, &paths).await, before);
+    let first = builds(&app).await;
+    assert_eq!(
+        first.get("change_list_no").copied(),
+        Some(lists as u64),
+        "each Change List built once: {first:?}"
+    );
+    let config = app.config.clone();
+    app.stop().await;
+
+    let app = TestApp::start_with(config.clone()).await;
+    assert_eq!(every_path(&app).await, paths);
+    assert_eq!(fetch_all(&app, &paths).await, before, "the same bytes");
+    assert_eq!(
+        builds(&app).await,
+        Default::default(),
+        "nothing rebuilt after the restart"
+    );
+    let metrics = app.get_text("/metrics").await;
+    assert!(
+        metrics.contains("rshub_page_cache_hits_total{tier=\"disk\"}")
+            && metrics.contains("rshub_page_cache_bytes{tier=\"disk\"}"),
+        "{metrics}"
+    );
+
+    app.ingest_ok(
+        "papers",
+        &change_line("updated", "p4.txt", &md5_hex(b"changed"), 7),
+    )
+    .await;
+    assert_eq!(
+        every_path(&app).await,
+        paths,
+        "no list was opened or closed"
+    );
+    let after = fetch_all(&app, &paths).await;
+    let changed: Vec<&String> = paths
+        .iter()
+        .zip(before.iter().zip(&after))
+        .filter(|(_, (b, a))| b != a)
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(changed.len(), 2, "one part and the open list: {changed:?}");
+    assert!(changed[0].contains("/resourcelist/"), "{changed:?}");
+    assert_eq!(
+        changed[1],
+        paths.iter().rfind(|p| p.contains("/changelist/")).unwrap()
+    );
+    assert_eq!(
+        builds(&app).await,
+        [
+            ("change_list_no".to_string(), 1),
+            ("resource_list_part".to_string(), 1)
+        ]
+        .into(),
+        "exactly those two were built"
+    );
+    app.stop().await;
+    drop(dir);
+}
+
+/// `Range` on a part: the bytes asked for with 206, of the form negotiated; `If-Range` with an
+/// old validator gives the whole new document; a range past the end gives 416.
+#[tokio::test]
+async fn byte_ranges_of_both_forms() {
+    let (app, _dir) = populated_app().await;
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .build()
+        .unwrap();
+    let url = app.url("/sets/papers/resourcelist/1.xml");
+    for enc in ["identity", "gzip"] {
+        let whole = plain
+            .get(&url)
+            .header(header::ACCEPT_ENCODING, enc)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(whole.headers()[header::ACCEPT_RANGES], "bytes");
+        let etag = whole.headers()[header::ETAG].to_str().unwrap().to_string();
+        let whole = whole.bytes().await.unwrap();
+        assert!(whole.len() > 200, "{enc}: {} bytes", whole.len());
+        let r = plain
+            .get(&url)
+            .header(header::ACCEPT_ENCODING, enc)
+            .header(header::RANGE, "bytes=100-199")
+            .header(header::IF_RANGE, &etag)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 206, "{enc}");
+        assert_eq!(
+            r.headers()[header::CONTENT_RANGE],
+            format!("bytes 100-199/{}", whole.len()).as_str()
+        );
+        assert_eq!(r.headers()[header::ETAG], etag.as_str());
+        assert_eq!(r.bytes().await.unwrap(), whole.slice(100..200), "{enc}");
+        let tail = plain
+            .get(&url)
+            .header(header::ACCEPT_ENCODING, enc)
+            .header(header::RANGE, "bytes=150-")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(tail.status(), 206);
+        assert_eq!(tail.bytes().await.unwrap(), whole.slice(150..), "{enc}");
+        let stale = plain
+            .get(&url)
+            .header(header::ACCEPT_ENCODING, enc)
+            .header(header::RANGE, "bytes=100-199")
+            .header(header::IF_RANGE, "\"an-older-version\"")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(stale.status(), 200, "a changed document is sent whole");
+        assert_eq!(stale.bytes().await.unwrap(), whole);
+        let past = plain
+            .get(&url)
+            .header(header::ACCEPT_ENCODING, enc)
+            .header(header::RANGE, format!("bytes={}-", whole.len() + 10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(past.status(), 416);
+        assert_eq!(
+            past.headers()[header::CONTENT_RANGE],
+            format!("bytes */{}", whole.len()).as_str()
+        );
+    }
     app.stop().await;
 }
