@@ -15,10 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::{ElasticStore, Versioned};
-use crate::model::{
-    Change, ChangeType, Location, NewChange, Resource, ResourceKey, ResourceMeta, SetName,
-    Timestamp,
-};
+use crate::model::{Change, ChangeType, NewChange, Resource, ResourceKey, SetName, Timestamp};
 use crate::store::{
     entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy,
     OpenTotals, Page, PartInfo, StoreError,
@@ -158,57 +155,18 @@ fn resource_doc(set: &SetName, c: &NewChange, part: u32, seq: i64, now: Timestam
     })
 }
 
-fn ts_field(v: &Value) -> Option<Timestamp> {
-    v.as_str().and_then(|s| Timestamp::parse(s).ok())
-}
-
-fn meta_from(s: &Value) -> Result<ResourceMeta, StoreError> {
-    Ok(ResourceMeta {
-        length: s["length"].as_u64(),
-        md5: s["md5"].as_str().map(str::to_string),
-        mime: s["mime"].as_str().map(str::to_string),
-        lastmod: ts_field(&s["lastmod"]),
-        ln: if s["ln"].is_null() {
-            vec![]
-        } else {
-            serde_json::from_value(s["ln"].clone()).map_err(store_err)?
-        },
-    })
-}
-
-fn location_from(s: &Value) -> Result<Location, StoreError> {
-    serde_json::from_value(s["location"].clone()).map_err(store_err)
-}
-
 fn change_from(s: &Value) -> Result<Change, StoreError> {
-    let change = match s["change"].as_str() {
-        Some("created") => ChangeType::Created,
-        Some("updated") => ChangeType::Updated,
-        Some("deleted") => ChangeType::Deleted,
-        other => {
-            return Err(StoreError::Corrupt(format!(
-                "change document with change {other:?}"
-            )))
-        }
-    };
-    Ok(Change {
-        id: s["seq"].as_i64().unwrap_or(0),
-        key: ResourceKey(s["key"].as_str().unwrap_or_default().to_string()),
-        location: location_from(s)?,
-        change,
-        datetime: Timestamp(s["datetime_us"].as_i64().unwrap_or(0)),
-        meta: meta_from(s)?,
-        timestamp: ts_field(&s["timestamp"]).unwrap_or(Timestamp(0)),
-    })
+    use serde::Deserialize;
+    typed::ChangeSource::deserialize(s)
+        .map_err(store_err)
+        .and_then(Change::try_from)
 }
 
 fn resource_from(s: &Value) -> Result<Resource, StoreError> {
-    Ok(Resource {
-        key: ResourceKey(s["key"].as_str().unwrap_or_default().to_string()),
-        location: location_from(s)?,
-        meta: meta_from(s)?,
-        timestamp: ts_field(&s["timestamp"]).unwrap_or(Timestamp(0)),
-    })
+    use serde::Deserialize;
+    typed::ResourceSource::deserialize(s)
+        .map(Resource::from)
+        .map_err(store_err)
 }
 
 impl ElasticStore {
@@ -617,6 +575,35 @@ impl ElasticStore {
         ))
     }
 
+    /// Like [`Self::page`], the hits decoded straight into typed sources.
+    async fn typed_page<S: serde::de::DeserializeOwned>(
+        &self,
+        index: &str,
+        query: Value,
+        sort: Value,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<(Vec<S>, Option<Cursor>), StoreError> {
+        let mut body =
+            json!({"size": limit, "query": query, "sort": sort, "track_total_hits": false});
+        if let Some(Cursor(c)) = after {
+            body["search_after"] = serde_json::from_str(&c)
+                .map_err(|_| StoreError::Corrupt(format!("bad cursor {c:?}")))?;
+        }
+        let r: typed::Search<S> = self
+            .es
+            .ok_typed(Method::Post, &format!("/{index}/_search"), Some(body))
+            .await?;
+        let hits = r.hits.hits;
+        let next = (hits.len() == limit)
+            .then(|| {
+                hits.last()
+                    .map(|h| Cursor(Value::from(h.sort.clone()).to_string()))
+            })
+            .flatten();
+        Ok((hits.into_iter().map(|h| h.source).collect(), next))
+    }
+
     pub async fn resources(
         &self,
         set: &SetName,
@@ -629,7 +616,7 @@ impl ElasticStore {
             filter.push(json!({"term": {"part": p}}));
         }
         let (docs, next) = self
-            .page(
+            .typed_page::<typed::ResourceSource>(
                 &self.resources,
                 json!({"bool": {"filter": filter}}),
                 json!([{"part": "asc"}, {"key": "asc"}]),
@@ -638,7 +625,7 @@ impl ElasticStore {
             )
             .await?;
         Ok(Page {
-            items: docs.iter().map(resource_from).collect::<Result<_, _>>()?,
+            items: docs.into_iter().map(Resource::from).collect(),
             next,
         })
     }
@@ -674,7 +661,7 @@ impl ElasticStore {
             {"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}, self.committed(set).await?
         ]}});
         let (docs, next) = self
-            .page(
+            .typed_page::<typed::ChangeSource>(
                 &self.changes,
                 q,
                 json!([{"datetime_us": "asc"}, {"seq": "asc"}]),
@@ -683,7 +670,10 @@ impl ElasticStore {
             )
             .await?;
         Ok(Page {
-            items: docs.iter().map(change_from).collect::<Result<_, _>>()?,
+            items: docs
+                .into_iter()
+                .map(Change::try_from)
+                .collect::<Result<_, _>>()?,
             next,
         })
     }
@@ -740,6 +730,122 @@ impl ElasticStore {
             Err(StoreError::Unavailable(format!(
                 "indices {recreated:?} were missing (cluster rebuilt or indices deleted) and have been recreated empty with their mappings"
             )))
+        }
+    }
+}
+
+/// Search answers decoded into structs: a page build reads thousands of hits, and building a
+/// `serde_json::Value` tree for each (then picking it apart) was most of its CPU.
+mod typed {
+    use serde::{Deserialize, Deserializer};
+
+    use crate::model::{
+        Change, ChangeType, Link, Location, Resource, ResourceKey, ResourceMeta, Timestamp,
+    };
+    use crate::store::StoreError;
+
+    #[derive(Deserialize)]
+    pub struct Search<S> {
+        pub hits: Hits<S>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Hits<S> {
+        pub hits: Vec<Hit<S>>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct Hit<S> {
+        #[serde(rename = "_source")]
+        pub source: S,
+        #[serde(default)]
+        pub sort: Vec<serde_json::Value>,
+    }
+
+    /// A field of the wrong JSON type reads as absent, as the untyped decoding did.
+    fn lenient<'de, D: Deserializer<'de>, T: serde::de::DeserializeOwned>(
+        d: D,
+    ) -> Result<Option<T>, D::Error> {
+        let v = serde_json::Value::deserialize(d)?;
+        Ok(serde_json::from_value(v).ok())
+    }
+
+    #[derive(Deserialize)]
+    pub struct ResourceSource {
+        #[serde(default)]
+        key: String,
+        location: Location,
+        #[serde(default, deserialize_with = "lenient")]
+        length: Option<u64>,
+        #[serde(default, deserialize_with = "lenient")]
+        md5: Option<String>,
+        #[serde(default, deserialize_with = "lenient")]
+        mime: Option<String>,
+        #[serde(default, deserialize_with = "lenient")]
+        lastmod: Option<String>,
+        #[serde(default)]
+        ln: Option<Vec<Link>>,
+        #[serde(default, deserialize_with = "lenient")]
+        timestamp: Option<String>,
+    }
+
+    #[derive(Deserialize)]
+    pub struct ChangeSource {
+        #[serde(flatten)]
+        resource: ResourceSource,
+        #[serde(default, deserialize_with = "lenient")]
+        seq: Option<i64>,
+        #[serde(default, deserialize_with = "lenient")]
+        change: Option<String>,
+        #[serde(default, deserialize_with = "lenient")]
+        datetime_us: Option<i64>,
+    }
+
+    fn ts(s: Option<String>) -> Option<Timestamp> {
+        s.and_then(|s| Timestamp::parse(&s).ok())
+    }
+
+    impl From<ResourceSource> for Resource {
+        fn from(s: ResourceSource) -> Resource {
+            Resource {
+                key: ResourceKey(s.key),
+                location: s.location,
+                meta: ResourceMeta {
+                    length: s.length,
+                    md5: s.md5,
+                    mime: s.mime,
+                    lastmod: ts(s.lastmod),
+                    ln: s.ln.unwrap_or_default(),
+                },
+                timestamp: ts(s.timestamp).unwrap_or(Timestamp(0)),
+            }
+        }
+    }
+
+    impl TryFrom<ChangeSource> for Change {
+        type Error = StoreError;
+
+        fn try_from(s: ChangeSource) -> Result<Change, StoreError> {
+            let change = match s.change.as_deref() {
+                Some("created") => ChangeType::Created,
+                Some("updated") => ChangeType::Updated,
+                Some("deleted") => ChangeType::Deleted,
+                other => {
+                    return Err(StoreError::Corrupt(format!(
+                        "change document with change {other:?}"
+                    )))
+                }
+            };
+            let r = Resource::from(s.resource);
+            Ok(Change {
+                id: s.seq.unwrap_or(0),
+                key: r.key,
+                location: r.location,
+                change,
+                datetime: Timestamp(s.datetime_us.unwrap_or(0)),
+                meta: r.meta,
+                timestamp: r.timestamp,
+            })
         }
     }
 }

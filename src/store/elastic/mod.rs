@@ -112,12 +112,12 @@ impl Es {
     }
 
     /// One request: `(status, JSON body)`; transport failures are `Unavailable`.
-    pub async fn call(
+    pub async fn call_text(
         &self,
         method: Method,
         path: &str,
         body: Option<Value>,
-    ) -> Result<(u16, Value), StoreError> {
+    ) -> Result<(u16, String), StoreError> {
         count_request();
         let resp = match body {
             Some(b) => {
@@ -144,12 +144,45 @@ impl Es {
             .text()
             .await
             .map_err(|e| StoreError::Unavailable(format!("elasticsearch at {}: {e}", self.url)))?;
+        Ok((status, text))
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), StoreError> {
+        let (status, text) = self.call_text(method, path, body).await?;
         let value = if text.is_empty() {
             Value::Null
         } else {
             serde_json::from_str(&text).unwrap_or(Value::String(text))
         };
         Ok((status, value))
+    }
+
+    /// A request that must succeed, its answer decoded straight into `T` (no intermediate
+    /// `Value` tree: the hot path of page builds).
+    pub async fn ok_typed<T: serde::de::DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T, StoreError> {
+        let (status, text) = self.call_text(method, path, body).await?;
+        if (200..300).contains(&status) {
+            return serde_json::from_str(&text).map_err(|e| {
+                StoreError::Corrupt(format!("elasticsearch {path}: unexpected answer: {e}"))
+            });
+        }
+        let v = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        let msg = format!("elasticsearch {path}: {status} {}", reason(&v));
+        Err(if status >= 500 {
+            StoreError::Unavailable(msg)
+        } else {
+            StoreError::Corrupt(msg)
+        })
     }
 
     /// A request that must succeed (2xx).
