@@ -114,6 +114,7 @@ pub struct SourceConfig {
     pub memory_page_max_bytes: usize,
     pub cache_dir: String,
     pub disk_cache_max_bytes: u64,
+    pub rebuild_interval_ms: u64,
     pub store_page_size: usize,
     pub max_concurrent_builds: usize,
     pub max_queued_builds: usize,

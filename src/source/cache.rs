@@ -53,6 +53,11 @@ impl PageCache {
             .cloned()
     }
 
+    /// The page held for `key`, whatever version it was built from.
+    pub fn latest(&self, key: &str) -> Option<Arc<MemPage>> {
+        self.inner.lock().expect("cache lock").map.get(key).cloned()
+    }
+
     /// Stores a page; one larger than the whole budget is not kept.
     pub fn insert(&self, page: Arc<MemPage>) {
         let size = page.bytes();

@@ -35,6 +35,9 @@ pub struct PageMeta {
     pub gzip_etag: String,
     /// Microseconds since the epoch.
     pub last_modified: i64,
+    /// When the page was built (microseconds since the epoch).
+    #[serde(default)]
+    pub built_at: i64,
     /// Number of `<url>`/`<sitemap>` entries.
     pub entries: usize,
     pub len: u64,
@@ -149,6 +152,16 @@ impl DiskCache {
         g.map.get(key).filter(|m| m.version == version).cloned()
     }
 
+    /// The stored page of `key`, whatever version it was built from.
+    pub fn latest(&self, key: &str) -> Option<Arc<PageMeta>> {
+        self.inner
+            .lock()
+            .expect("disk cache lock")
+            .map
+            .get(key)
+            .cloned()
+    }
+
     pub fn path(&self, meta: &PageMeta, gzip: bool) -> PathBuf {
         self.dir.join(if gzip {
             format!("{}.xml.gz", meta.stem)
@@ -186,6 +199,7 @@ impl DiskCache {
             etag: page.etag,
             gzip_etag: page.gzip_etag,
             last_modified,
+            built_at: crate::model::Timestamp::now().0,
             entries: page.entries,
             len: page.len,
             gzip_len: page.gzip_len,

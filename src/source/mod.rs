@@ -346,6 +346,21 @@ impl Source {
         if let Some(doc) = self.cached(&key, &version).await? {
             return Ok(doc);
         }
+        // The page changed since it was built. Readers get the last build, at once, while it
+        // is being rebuilt (at most one build old) and while it is younger than
+        // `source.rebuild_interval_ms` (a page under a steady stream of changes is rebuilt at
+        // most that often, not for every reader); its `at`/`completed`/`from` say what it
+        // reflects, so a destination continuing from there misses nothing. The request that
+        // starts a build waits for it.
+        let building = self.inflight.lock().expect("inflight").contains_key(&key);
+        let interval = self.config.source.rebuild_interval_ms as i64 * 1000;
+        if building || interval > 0 {
+            if let Some(doc) = self.latest(&key).await? {
+                if building || Timestamp::now().0 - doc.meta.built_at < interval {
+                    return Ok(doc);
+                }
+            }
+        }
         let flight = self
             .inflight
             .lock()
@@ -411,6 +426,21 @@ impl Source {
             .get_or_create(&TierLabel { tier: "disk" })
             .inc();
         Ok(Some(self.remember(meta).await?))
+    }
+
+    /// The newest page held for `key`, whatever its version.
+    async fn latest(&self, key: &str) -> Result<Option<Doc>, SourceError> {
+        if let Some(page) = self.memory.latest(key) {
+            return Ok(Some(Doc {
+                meta: page.meta.clone(),
+                paths: self.paths(&page.meta),
+                mem: Some(page),
+            }));
+        }
+        match self.disk.latest(key) {
+            Some(meta) => Ok(Some(self.remember(meta).await?)),
+            None => Ok(None),
+        }
     }
 
     fn paths(&self, meta: &PageMeta) -> Arc<[PathBuf; 2]> {

@@ -869,3 +869,53 @@ async fn byte_ranges_of_both_forms() {
     }
     app.stop().await;
 }
+
+/// With `source.rebuild_interval_ms`, a page whose data keeps changing is rebuilt at most once
+/// per interval: readers in between get the last build at once (its validators unchanged), and
+/// after the interval the next reader gets the changes.
+#[tokio::test]
+async fn a_page_under_steady_changes_is_rebuilt_at_most_once_per_interval() {
+    let (mut c, _dir) = test_config();
+    c.source.rebuild_interval_ms = 1500;
+    let app = TestApp::start_with(c).await;
+    app.ingest_ok("s", &change_line("created", "a.txt", &md5_hex(b"a"), 1))
+        .await;
+    let part = || async {
+        let r = app
+            .client
+            .get(app.url("/sets/s/resourcelist.xml"))
+            .send()
+            .await
+            .unwrap();
+        let etag = r.headers()[header::ETAG].to_str().unwrap().to_string();
+        (etag, r.text().await.unwrap())
+    };
+    let (etag, body) = part().await;
+    let built = pages_built(&app, "resource_list").await;
+    let started = std::time::Instant::now();
+    for i in 0..5 {
+        app.ingest_ok(
+            "s",
+            &change_line("created", &format!("b{i}.txt"), &md5_hex(b"b"), 1),
+        )
+        .await;
+        let (e, b) = part().await;
+        if started.elapsed() < std::time::Duration::from_millis(1200) {
+            assert_eq!((&e, &b), (&etag, &body), "served from the last build");
+        }
+    }
+    wait_until("the changes reach the Resource List", || async {
+        part().await.1.contains("/b4.txt")
+    })
+    .await;
+    assert!(
+        started.elapsed() >= std::time::Duration::from_millis(1400),
+        "not before the interval"
+    );
+    let rebuilt = pages_built(&app, "resource_list").await - built;
+    assert!(
+        rebuilt <= 2,
+        "{rebuilt} builds for five changes in one interval"
+    );
+    app.stop().await;
+}

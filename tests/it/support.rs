@@ -26,6 +26,10 @@ pub fn test_config() -> (Config, tempfile::TempDir) {
     c.server.listen = "127.0.0.1:0".into();
     c.server.data_dir = dir.path().join("data");
     c.server.shutdown_grace_secs = 2;
+    // Every request after a change sees it (the default rebuilds a changed page at most once
+    // a second; `documents::a_page_under_steady_changes_is_rebuilt_at_most_once_per_interval`
+    // covers that).
+    c.source.rebuild_interval_ms = 0;
     (c, dir)
 }
 

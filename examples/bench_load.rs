@@ -1,0 +1,561 @@
+//! Benchmark: the source under load, next to nginx serving the same documents as static files.
+//!
+//! ```text
+//! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
+//!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
+//!     [--dir /tmp/rshub-load]
+//! ```
+//!
+//! 1. Fills an embedded store (once; kept in `--dir`) with `--resources` URL resources in
+//!    Resource List parts of `--part`, created in `--lists` batches an hour apart, so each batch
+//!    is its own closed Change List.
+//! 2. Starts the real server as a child process (this program again), and a receiver here with
+//!    `--subscribers` callbacks subscribed to the set's change notifications.
+//! 3. For `--secs`: `--readers` keep-alive readers fetch every document in turn (identity and
+//!    gzip alternately, bodies read to the end), while `--rate` updates a second are ingested.
+//!    Prints documents/s, MB/s, latency p50/p99, 503s, ingest achieved, notification lag p99
+//!    (ingest answered → notification received), and the server's RSS before, peak and after.
+//! 4. The same readers, for the same time, against nginx (Debian package `nginx`) started here
+//!    on loopback with a configuration written here, serving the documents as static files:
+//!    our own responses from step 2's warm-up, with `gzip_static` for the gzip forms. Prints
+//!    nginx's figures and the ratios.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{Query, State};
+use axum::routing::get;
+use axum::Router;
+use resourcesync_hub::config::{Config, SetOverrides};
+use resourcesync_hub::model::{ChangeType, Location, NewChange, ResourceMeta, SetName, Timestamp};
+use resourcesync_hub::store::Store;
+
+const SET: &str = "bench";
+
+fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map(|v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name}: cannot read {v:?}"))
+        })
+        .unwrap_or(default)
+}
+
+fn config(dir: &Path, part: u32) -> Config {
+    let mut c = Config::defaults();
+    c.server.data_dir = dir.join("data");
+    c.hub.allow_networks = vec!["127.0.0.0/8".parse().expect("a network")];
+    c.hub.requests_per_host_per_minute = 100_000;
+    c.hub.max_subscriptions_per_host = 100_000;
+    c.sets.insert(
+        SET.into(),
+        SetOverrides {
+            max_items_in_list: Some(part),
+            changelist_rollover_secs: Some(3600),
+            ..Default::default()
+        },
+    );
+    c
+}
+
+fn proc_mb(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+fn record_url(i: u64) -> String {
+    format!("http://records.example.org/r/{i:08}")
+}
+
+/// The store, filled once: `lists` batches one hour apart (each its own Change List).
+async fn populate(c: &Config, n: u64, lists: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&c.server.data_dir)?;
+    let store = Store::open_embedded(&c.database_path())?;
+    let set = SetName::parse(SET).map_err(anyhow::Error::msg)?;
+    let have = store.counts(&set).await?.resources;
+    if have == n {
+        return Ok(());
+    }
+    anyhow::ensure!(
+        have == 0,
+        "{} holds {have} resources, not {n}: remove it first",
+        c.server.data_dir.display()
+    );
+    let t = Instant::now();
+    let policy = resourcesync_hub::source::list_policy(c, &set);
+    let sc = c.set_config(SET);
+    let per = n / lists;
+    let start = Timestamp::now().0 - (lists as i64 + 1) * 3_601_000_000;
+    for l in 0..lists {
+        let at = Timestamp(start + l as i64 * 3_601_000_000);
+        let first = l * per;
+        let last = if l + 1 == lists { n } else { first + per };
+        for chunk in (first..last).step_by(5000) {
+            let batch = (chunk..(chunk + 5000).min(last))
+                .map(|i| {
+                    let location = Location::url(record_url(i));
+                    NewChange {
+                        key: location.key(&sc).expect("a valid URL"),
+                        location,
+                        change: ChangeType::Created,
+                        datetime: Some(at),
+                        meta: ResourceMeta {
+                            length: Some(1000 + i),
+                            md5: Some(format!("{:032x}", i)),
+                            mime: Some("application/xml".into()),
+                            lastmod: Some(at),
+                            ln: vec![],
+                        },
+                    }
+                })
+                .collect();
+            store.apply(&set, batch, policy.clone(), at).await?;
+        }
+    }
+    println!(
+        "filled {}: {n} resources in {lists} Change Lists, {:.0} s",
+        c.server.data_dir.display(),
+        t.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The server phase: serve `--dir` on 127.0.0.1:0, print the address, stop when stdin closes.
+async fn serve(dir: PathBuf, part: u32) -> anyhow::Result<()> {
+    let c = config(&dir, part);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("{}", listener.local_addr()?);
+    let stop = async {
+        let _ = tokio::task::spawn_blocking(|| {
+            let mut s = String::new();
+            let _ = std::io::stdin().read_line(&mut s);
+        })
+        .await;
+    };
+    resourcesync_hub::app::run(c, listener, stop).await
+}
+
+#[derive(Default)]
+struct Figures {
+    docs: AtomicU64,
+    bytes: AtomicU64,
+    busy: AtomicU64,
+    errors: AtomicU64,
+    latencies_us: Mutex<Vec<u64>>,
+}
+
+impl Figures {
+    fn print(&self, name: &str, secs: f64) -> (f64, f64) {
+        let mut l = self.latencies_us.lock().unwrap().clone();
+        l.sort_unstable();
+        let q = |p: f64| l.get(((l.len() as f64 * p) as usize).min(l.len().saturating_sub(1)));
+        let (p50, p99) = (
+            q(0.50).copied().unwrap_or(0) as f64 / 1e3,
+            q(0.99).copied().unwrap_or(0) as f64 / 1e3,
+        );
+        let docs = self.docs.load(Relaxed) as f64 / secs;
+        println!(
+            "{name}: {docs:.0} documents/s, {:.0} MB/s, p50 {p50:.1} ms, p99 {p99:.1} ms, {} answered 503, {} errors",
+            self.bytes.load(Relaxed) as f64 / secs / 1e6,
+            self.busy.load(Relaxed),
+            self.errors.load(Relaxed)
+        );
+        (docs, p99)
+    }
+}
+
+/// `readers` tasks fetching `paths` in turn (identity, then gzip) until `secs` pass.
+async fn read_load(base: &str, paths: &[String], readers: usize, secs: u64) -> Arc<Figures> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .pool_max_idle_per_host(readers)
+        .build()
+        .expect("a client");
+    let figures = Arc::new(Figures::default());
+    let next = Arc::new(AtomicUsize::new(0));
+    let urls: Arc<Vec<String>> = Arc::new(paths.iter().map(|p| format!("{base}{p}")).collect());
+    let end = Instant::now() + Duration::from_secs(secs);
+    let tasks: Vec<_> = (0..readers)
+        .map(|_| {
+            let (client, figures, next, urls) =
+                (client.clone(), figures.clone(), next.clone(), urls.clone());
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    let i = next.fetch_add(1, Relaxed);
+                    let url = &urls[(i / 2) % urls.len()];
+                    let enc = if i % 2 == 0 { "identity" } else { "gzip" };
+                    let t = Instant::now();
+                    let r = client.get(url).header("accept-encoding", enc).send().await;
+                    let mut resp = match r {
+                        Ok(r) => r,
+                        Err(_) => {
+                            figures.errors.fetch_add(1, Relaxed);
+                            continue;
+                        }
+                    };
+                    if resp.status() == 503 {
+                        figures.busy.fetch_add(1, Relaxed);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue;
+                    }
+                    let mut n = 0u64;
+                    let mut ok = resp.status() == 200;
+                    loop {
+                        match resp.chunk().await {
+                            Ok(Some(c)) => n += c.len() as u64,
+                            Ok(None) => break,
+                            Err(_) => {
+                                ok = false;
+                                break;
+                            }
+                        }
+                    }
+                    if !ok {
+                        figures.errors.fetch_add(1, Relaxed);
+                        continue;
+                    }
+                    figures.docs.fetch_add(1, Relaxed);
+                    figures.bytes.fetch_add(n, Relaxed);
+                    figures
+                        .latencies_us
+                        .lock()
+                        .unwrap()
+                        .push(t.elapsed().as_micros() as u64);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        let _ = t.await;
+    }
+    figures
+}
+
+/// Every document, walked down from the Source Description (paths, not URLs).
+async fn every_path(client: &reqwest::Client, base: &str) -> anyhow::Result<Vec<String>> {
+    let mut paths = vec!["/.well-known/resourcesync".to_string()];
+    let mut i = 0;
+    while i < paths.len() {
+        let body = client
+            .get(format!("{base}{}", paths[i]))
+            .send()
+            .await?
+            .bytes()
+            .await?;
+        let doc = resourcesync_hub::sitemap::parse(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let cap = doc.md.get("capability").cloned().unwrap_or_default();
+        if doc.is_index || cap == "description" || cap == "capabilitylist" {
+            for e in &doc.entries {
+                if let Some(p) = e.loc.strip_prefix(base) {
+                    if p.ends_with(".xml") && !paths.iter().any(|x| x == p) {
+                        paths.push(p.to_string());
+                    }
+                }
+            }
+        }
+        i += 1;
+    }
+    Ok(paths)
+}
+
+/// Notification receipts: each notified record → lag from the ingest answer for its update.
+struct Sink {
+    sent: Mutex<std::collections::HashMap<u64, Instant>>,
+    lags_us: Mutex<Vec<u64>>,
+    verified: AtomicUsize,
+}
+
+async fn verify(
+    State(s): State<Arc<Sink>>,
+    Query(q): Query<std::collections::HashMap<String, String>>,
+) -> String {
+    s.verified.fetch_add(1, Relaxed);
+    q.get("hub.challenge").cloned().unwrap_or_default()
+}
+
+async fn receive(State(s): State<Arc<Sink>>, body: axum::body::Bytes) -> &'static str {
+    let now = Instant::now();
+    let text = String::from_utf8_lossy(&body);
+    let sent = s.sent.lock().unwrap();
+    let mut lags = Vec::new();
+    for part in text.split("<loc>").skip(1) {
+        let loc = part.split("</loc>").next().unwrap_or("");
+        if let Some(i) = loc
+            .strip_prefix("http://records.example.org/r/")
+            .and_then(|i| i.parse::<u64>().ok())
+        {
+            if let Some(t) = sent.get(&i) {
+                lags.push(now.duration_since(*t).as_micros() as u64);
+            }
+        }
+    }
+    drop(sent);
+    s.lags_us.lock().unwrap().extend(lags);
+    ""
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// Writes the documents under `www` as nginx will serve them, and starts nginx.
+fn start_nginx(dir: &Path) -> anyhow::Result<(std::process::Child, String)> {
+    let bin = ["/usr/sbin/nginx", "nginx"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("-v")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .ok_or_else(|| anyhow::anyhow!("nginx is not installed: apt-get install nginx"))?;
+    let port = free_port();
+    let d = dir.display();
+    let conf = format!(
+        "daemon off;\nworker_processes auto;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
+         events {{ worker_connections 4096; }}\n\
+         http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n\
+           keepalive_requests 1000000;\n  gzip_static on;\n  etag on;\n\
+           types {{ application/xml xml; }}\n  default_type application/xml;\n\
+           client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
+           uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n\
+           server {{ listen 127.0.0.1:{port}; root {d}/www; }}\n}}\n"
+    );
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    let child = std::process::Command::new(bin)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .arg("-p")
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    Ok((child, format!("http://127.0.0.1:{port}")))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let dir = PathBuf::from(arg("--dir", "/tmp/rshub-load".to_string()));
+    let part: u32 = arg("--part", 50_000);
+    if std::env::var_os("RSHUB_BENCH_PHASE").is_some() {
+        return serve(dir, part).await;
+    }
+    let n: u64 = arg("--resources", 200_000);
+    let lists: u64 = arg("--lists", 10);
+    let secs: u64 = arg("--secs", 60);
+    let readers: usize = arg("--readers", 200);
+    let rate: u64 = arg("--rate", 500);
+    let subscribers: usize = arg("--subscribers", 100);
+    let c = config(&dir, part);
+    populate(&c, n, lists).await?;
+    let _ = std::fs::remove_dir_all(c.page_cache_dir());
+
+    // The server, as a child process: its memory is its own.
+    let mut server = std::process::Command::new(std::env::current_exe()?)
+        .args(std::env::args().skip(1))
+        .env("RSHUB_BENCH_PHASE", "serve")
+        .env("RUST_LOG", "warn")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let addr = {
+        use std::io::BufRead;
+        let mut line = String::new();
+        std::io::BufReader::new(server.stdout.take().expect("piped")).read_line(&mut line)?;
+        line.trim().to_string()
+    };
+    let base = format!("http://{addr}");
+    let pid = server.id();
+    let client = reqwest::Client::builder().no_proxy().no_gzip().build()?;
+
+    // Subscribers.
+    let sink = Arc::new(Sink {
+        sent: Mutex::new(Default::default()),
+        lags_us: Mutex::new(Vec::new()),
+        verified: AtomicUsize::new(0),
+    });
+    let recv = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let recv_addr = recv.local_addr()?;
+    let app = Router::new()
+        .route("/cb/{id}", get(verify).post(receive))
+        .with_state(sink.clone());
+    tokio::spawn(async move { axum::serve(recv, app).await });
+    let mut sc = c.clone();
+    sc.server.base_url = base.clone();
+    let topic = sc.change_topic(SET);
+    for i in 0..subscribers {
+        let r = client
+            .post(format!("{base}/hub"))
+            .form(&[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic.as_str()),
+                ("hub.callback", &format!("http://{recv_addr}/cb/{i}")),
+            ])
+            .send()
+            .await?;
+        anyhow::ensure!(r.status() == 202, "subscribe: {}", r.text().await?);
+    }
+    while sink.verified.load(Relaxed) < subscribers {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Warm-up: every document once in both forms; these bytes are what nginx will serve.
+    let paths = every_path(&client, &base).await?;
+    let www = dir.join("nginx").join("www");
+    let _ = std::fs::remove_dir_all(&www);
+    let t = Instant::now();
+    let mut total = 0u64;
+    for p in &paths {
+        for gzip in [false, true] {
+            let r = client
+                .get(format!("{base}{p}"))
+                .header("accept-encoding", if gzip { "gzip" } else { "identity" })
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 200, "{p}: {}", r.status());
+            let body = r.bytes().await?;
+            total += body.len() as u64;
+            let file = www.join(p.trim_start_matches('/'));
+            std::fs::create_dir_all(file.parent().expect("a folder"))?;
+            let file = if gzip {
+                PathBuf::from(format!("{}.gz", file.display()))
+            } else {
+                file
+            };
+            std::fs::write(file, &body)?;
+        }
+    }
+    println!(
+        "{} documents ({} Resource List parts, {} Change Lists), {:.0} MB in both forms, built in {:.1} s",
+        paths.len(),
+        paths.iter().filter(|p| p.contains("/resourcelist/")).count(),
+        paths.iter().filter(|p| p.contains("/changelist/")).count(),
+        total as f64 / 1e6,
+        t.elapsed().as_secs_f64()
+    );
+    // nginx serves the Source Description at this path as a file.
+    let rss_start = proc_mb(pid, "VmRSS");
+    std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
+
+    // Ingest: `rate` updates a second, in batches every 100 ms.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ingested = Arc::new(AtomicU64::new(0));
+    let ingest = {
+        let (client, base, sink, stop, ingested) = (
+            client.clone(),
+            base.clone(),
+            sink.clone(),
+            stop.clone(),
+            ingested.clone(),
+        );
+        tokio::spawn(async move {
+            let per = (rate / 10).max(1);
+            let mut tick = tokio::time::interval(Duration::from_millis(100));
+            let mut b = 0u64;
+            while !stop.load(Relaxed) {
+                tick.tick().await;
+                // Updates of existing records, spread over every part.
+                let records: Vec<u64> = (0..per).map(|j| ((b * per + j) * 7919) % n).collect();
+                let lines: Vec<String> = records
+                    .iter()
+                    .map(|i| {
+                        format!(
+                            r#"{{"change":"updated","location":{{"type":"url","value":"{}"}},"md5":"{:032x}","length":{b},"mime":"application/xml"}}"#,
+                            record_url(*i),
+                            b * 1000 + i
+                        )
+                    })
+                    .collect();
+                let body = lines.join("\n");
+                let r = client
+                    .post(format!("{base}/api/v1/resource-sets/{SET}/changes"))
+                    .header("content-type", "application/x-ndjson")
+                    .body(body)
+                    .send()
+                    .await;
+                if r.is_ok_and(|r| r.status().is_success()) {
+                    let now = Instant::now();
+                    let mut sent = sink.sent.lock().unwrap();
+                    for i in records {
+                        sent.insert(i, now);
+                    }
+                    ingested.fetch_add(per, Relaxed);
+                }
+                b += 1;
+            }
+        })
+    };
+    let t = Instant::now();
+    let ours = read_load(&base, &paths, readers, secs).await;
+    let elapsed = t.elapsed().as_secs_f64();
+    stop.store(true, Relaxed);
+    let _ = ingest.await;
+    let peak = proc_mb(pid, "VmHWM");
+    println!(
+        "\n{readers} readers for {secs} s over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
+        paths.len()
+    );
+    let (our_docs, our_p99) = ours.print("resourcesync-hub", elapsed);
+    // Let the last notifications arrive and the server settle.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let rss_end = proc_mb(pid, "VmRSS");
+    let mut lags = sink.lags_us.lock().unwrap().clone();
+    lags.sort_unstable();
+    let lag_p99 = lags
+        .get((lags.len() as f64 * 0.99) as usize)
+        .copied()
+        .unwrap_or(0) as f64
+        / 1e3;
+    println!(
+        "  ingest {:.0} changes/s; notification lag p99 {lag_p99:.0} ms over {} receipts; server RSS {rss_start:.0} MB before, peak {peak:.0} MB, {rss_end:.0} MB 5 s after",
+        ingested.load(Relaxed) as f64 / elapsed,
+        lags.len()
+    );
+    drop(server.stdin.take());
+    let _ = server.wait();
+
+    let (mut nginx, nbase) = start_nginx(&dir.join("nginx"))?;
+    let mut up = false;
+    for _ in 0..100 {
+        if client
+            .get(format!("{nbase}{}", paths[1]))
+            .send()
+            .await
+            .is_ok()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::ensure!(
+        up,
+        "nginx did not start: see {}/nginx/nginx-error.log",
+        dir.display()
+    );
+    let t = Instant::now();
+    let theirs = read_load(&nbase, &paths, readers, secs).await;
+    let (their_docs, their_p99) = theirs.print("nginx (static files)", t.elapsed().as_secs_f64());
+    let _ = nginx.kill();
+    let _ = nginx.wait();
+    println!(
+        "\nratio: documents/s {:.0}% of nginx's; p99 {:.1}× nginx's",
+        our_docs / their_docs * 100.0,
+        our_p99 / their_p99
+    );
+    Ok(())
+}
