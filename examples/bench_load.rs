@@ -119,7 +119,7 @@ async fn populate(c: &Config, n: u64, lists: u64) -> anyhow::Result<()> {
                     }
                 })
                 .collect();
-            store.apply(&set, batch, policy.clone(), at).await?;
+            store.apply(&set, batch, policy, at).await?;
         }
     }
     println!(
