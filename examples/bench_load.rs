@@ -368,7 +368,10 @@ async fn main() -> anyhow::Result<()> {
     let mut server = std::process::Command::new(std::env::current_exe()?)
         .args(std::env::args().skip(1))
         .env("RSHUB_BENCH_PHASE", "serve")
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()?;
@@ -409,7 +412,13 @@ async fn main() -> anyhow::Result<()> {
             .await?;
         anyhow::ensure!(r.status() == 202, "subscribe: {}", r.text().await?);
     }
+    let t = Instant::now();
     while sink.verified.load(Relaxed) < subscribers {
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(60),
+            "only {} of {subscribers} subscriptions verified in 60 s",
+            sink.verified.load(Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 
@@ -550,7 +559,10 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let theirs = read_load(&nbase, &paths, readers, secs).await;
     let (their_docs, their_p99) = theirs.print("nginx (static files)", t.elapsed().as_secs_f64());
-    let _ = nginx.kill();
+    // SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.
+    let _ = std::process::Command::new("kill")
+        .arg(nginx.id().to_string())
+        .status();
     let _ = nginx.wait();
     println!(
         "\nratio: documents/s {:.0}% of nginx's; p99 {:.1}× nginx's",

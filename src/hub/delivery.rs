@@ -122,6 +122,14 @@ struct Signals {
 /// queue runs low. A subscriber with 100,000 pending messages costs the hub this many.
 pub(super) const LANE_BATCH: usize = 256;
 
+/// Bodies a lane reads from the log at once (at least one message): a backlog of large
+/// notifications for many dead subscribers must not be read into memory once per lane.
+pub(super) const LANE_BYTES: usize = 4 << 20;
+
+/// Log reads of lanes under way at once, hub-wide: with [`LANE_BYTES`], bounds what
+/// catching-up lanes hold in memory while reading.
+pub(super) const LOG_READS: usize = 4;
+
 struct Job {
     message: Arc<Message>,
     /// Failed attempts so far.
@@ -147,6 +155,8 @@ struct Window {
     through: MessageId,
     /// Messages after `through` may be in the log but not in the queue: read them from there.
     behind: bool,
+    /// Average body size of the last batch read from the log.
+    avg_bytes: usize,
 }
 
 /// Applies a lane message; `false` when the lane's handle is gone (unsubscribed).
@@ -213,6 +223,7 @@ async fn run_lane(
     let mut w = Window {
         through: sub.cursor,
         behind: true,
+        avg_bytes: 64 << 10,
     };
     // The retry state of the message at the head when the lane starts (after a restart).
     let mut resume = (sub.attempts > 0).then_some((sub.attempts, sub.next_attempt_at));
@@ -232,16 +243,27 @@ async fn run_lane(
         {
             w.behind = true;
         }
-        if w.behind && queue.len() < LANE_BATCH / 2 {
-            let want = LANE_BATCH - queue.len();
-            match hub
-                .store
-                .hub_messages_after(Some(&sub.topic), w.through, want)
-                .await
-            {
+        if w.behind
+            && queue.len() < LANE_BATCH / 2
+            && queue.iter().map(|j| j.message.body.len()).sum::<usize>() < LANE_BYTES / 2
+        {
+            // As many as the last read's average size fits in LANE_BYTES (the embedded store
+            // bounds the bytes itself; this bounds them on Elasticsearch).
+            let want = (LANE_BYTES / w.avg_bytes.max(1)).clamp(1, LANE_BATCH - queue.len());
+            let read = {
+                let _slot = hub.log_reads.acquire().await;
+                hub.store
+                    .hub_messages_after(Some(&sub.topic), w.through, want, LANE_BYTES)
+                    .await
+            };
+            match read {
                 Ok(batch) => {
-                    w.behind = batch.len() >= want;
-                    for message in batch {
+                    w.behind = !batch.is_empty();
+                    if !batch.is_empty() {
+                        w.avg_bytes =
+                            batch.iter().map(|m| m.body.len()).sum::<usize>() / batch.len();
+                    }
+                    for message in hub.shared(batch) {
                         w.through = message.id;
                         queue.push_back(Job {
                             message,

@@ -228,6 +228,10 @@ pub struct Hub {
     suspect_permits: Arc<Semaphore>,
     /// Delivery slots per callback host.
     host_permits: Mutex<HashMap<String, Arc<Semaphore>>>,
+    /// Lanes' log reads under way (`delivery::LOG_READS`).
+    log_reads: Semaphore,
+    /// Messages lanes hold, by number: lanes reading the same part of the log share one copy.
+    loaded: Mutex<HashMap<model::MessageId, std::sync::Weak<model::Message>>>,
     limiter: RateLimiter,
     host_limiter: RateLimiter,
     /// Stops lanes, verifications and fetches.
@@ -292,6 +296,8 @@ impl Hub {
             permits: Arc::new(Semaphore::new(settings.max_concurrent)),
             suspect_permits: Arc::new(Semaphore::new((settings.max_concurrent / 4).max(1))),
             host_permits: Mutex::new(HashMap::new()),
+            log_reads: Semaphore::new(delivery::LOG_READS),
+            loaded: Mutex::new(HashMap::new()),
             limiter: RateLimiter::new(settings.requests_per_minute),
             host_limiter: RateLimiter::new(settings.requests_per_host_per_minute),
             settings,
@@ -642,6 +648,27 @@ impl Hub {
     /// Hands the lanes every message appended to the log after the last one handed, in
     /// number order, a bounded batch at a time (a lane keeps what it has room for and reads
     /// the rest from the log itself). Returns how many lanes took each message.
+    /// The batch with each message replaced by the copy another lane already holds, if any.
+    fn shared(&self, batch: Vec<Arc<model::Message>>) -> Vec<Arc<model::Message>> {
+        let mut loaded = self.loaded.lock().expect("loaded lock");
+        let out = batch
+            .into_iter()
+            .map(
+                |m| match loaded.get(&m.id).and_then(std::sync::Weak::upgrade) {
+                    Some(held) => held,
+                    None => {
+                        loaded.insert(m.id, Arc::downgrade(&m));
+                        m
+                    }
+                },
+            )
+            .collect();
+        if loaded.len() > 4 * delivery::LANE_BATCH {
+            loaded.retain(|_, w| w.strong_count() > 0);
+        }
+        out
+    }
+
     /// Callers hold `publish_order`.
     async fn dispatch_new(
         &self,
@@ -651,7 +678,10 @@ impl Hub {
         let mut taken: HashMap<model::MessageId, usize> = HashMap::new();
         loop {
             let after = self.synced_through.load(Ordering::SeqCst);
-            let batch = self.store.hub_messages_after(None, after, BATCH).await?;
+            let batch = self
+                .store
+                .hub_messages_after(None, after, BATCH, delivery::LANE_BYTES * 4)
+                .await?;
             let mut lanes = self.lanes();
             for m in &batch {
                 for lane in lanes.values_mut() {

@@ -126,15 +126,17 @@ impl Store {
     }
 
     /// Up to `limit` messages after `after`, in number order: of one topic, or of every topic
-    /// (`None`). Lanes read their queues from here a bounded batch at a time.
+    /// (`None`), and on the embedded store no more than `max_bytes` of bodies (at least one
+    /// message). Lanes read their queues from here a bounded batch at a time.
     pub async fn hub_messages_after(
         &self,
         topic: Option<&Topic>,
         after: MessageId,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Arc<Message>>, StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_messages_after(topic, after, limit).await,
+            Store::Embedded(s) => s.hub_messages_after(topic, after, limit, max_bytes).await,
             Store::Elasticsearch(s) => s.hub_messages_after(topic, after, limit).await,
         }
     }

@@ -271,14 +271,36 @@ impl EmbeddedStore {
         topic: Option<&Topic>,
         after: MessageId,
         limit: usize,
+        max_bytes: usize,
     ) -> Result<Vec<Arc<Message>>, StoreError> {
         let topic = topic.map(|t| t.as_str().to_string());
         self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT id, topic, content_type, body, published_at FROM hub_messages
+            // Sizes first (length() of a blob does not read it), so that a backlog of large
+            // notifications is never read whole into memory.
+            let mut sizes = c.prepare_cached(
+                "SELECT id, length(body) FROM hub_messages
                  WHERE id > ?1 AND (?2 IS NULL OR topic = ?2) ORDER BY id LIMIT ?3",
             )?;
-            let rows = st.query_map(params![after, topic, limit as i64], message_from_row)?;
+            let mut through = after;
+            let mut bytes = 0usize;
+            let mut rows = sizes.query(params![after, topic, limit as i64])?;
+            while let Some(r) = rows.next()? {
+                let (id, len): (i64, i64) = (r.get(0)?, r.get(1)?);
+                if through > after && bytes + len as usize > max_bytes {
+                    break;
+                }
+                bytes += len as usize;
+                through = id;
+            }
+            drop(rows);
+            let mut st = c.prepare_cached(
+                "SELECT id, topic, content_type, body, published_at FROM hub_messages
+                 WHERE id > ?1 AND id <= ?4 AND (?2 IS NULL OR topic = ?2) ORDER BY id LIMIT ?3",
+            )?;
+            let rows = st.query_map(
+                params![after, topic, limit as i64, through],
+                message_from_row,
+            )?;
             Ok(rows
                 .map(|r| r.map(Arc::new))
                 .collect::<Result<Vec<_>, _>>()?)
