@@ -6,7 +6,7 @@
 //!     [--dir /tmp/rshub-load]
 //! ```
 //!
-//! 1. Fills an embedded store (once; kept in `--dir`) with `--resources` URL resources in
+//! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
 //!    Resource List parts of `--part`, created in `--lists` batches an hour apart, so each batch
 //!    is its own closed Change List.
 //! 2. Starts the real server as a child process (this program again), and a receiver here with
@@ -132,6 +132,10 @@ async fn populate(c: &Config, n: u64, lists: u64) -> anyhow::Result<()> {
 
 /// The server phase: serve `--dir` on 127.0.0.1:0, print the address, stop when stdin closes.
 async fn serve(dir: PathBuf, part: u32) -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
     let c = config(&dir, part);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     println!("{}", listener.local_addr()?);
@@ -360,9 +364,19 @@ async fn main() -> anyhow::Result<()> {
     let readers: usize = arg("--readers", 200);
     let rate: u64 = arg("--rate", 500);
     let subscribers: usize = arg("--subscribers", 100);
+    // The set is made once in `seed/`; every run starts from a copy (no subscriptions, pages
+    // or notifications left by an earlier run).
+    let seed = config(&dir.join("seed"), part);
+    populate(&seed, n, lists).await?;
     let c = config(&dir, part);
-    populate(&c, n, lists).await?;
-    let _ = std::fs::remove_dir_all(c.page_cache_dir());
+    let _ = std::fs::remove_dir_all(&c.server.data_dir);
+    std::fs::create_dir_all(&c.server.data_dir)?;
+    for e in std::fs::read_dir(&seed.server.data_dir)? {
+        let e = e?;
+        if e.file_name().to_string_lossy().starts_with("rshub.sqlite") {
+            std::fs::copy(e.path(), c.server.data_dir.join(e.file_name()))?;
+        }
+    }
 
     // The server, as a child process: its memory is its own.
     let mut server = std::process::Command::new(std::env::current_exe()?)
@@ -395,6 +409,7 @@ async fn main() -> anyhow::Result<()> {
     let recv_addr = recv.local_addr()?;
     let app = Router::new()
         .route("/cb/{id}", get(verify).post(receive))
+        .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(sink.clone());
     tokio::spawn(async move { axum::serve(recv, app).await });
     let mut sc = c.clone();
@@ -520,7 +535,7 @@ async fn main() -> anyhow::Result<()> {
     );
     let (our_docs, our_p99) = ours.print("resourcesync-hub", elapsed);
     // Let the last notifications arrive and the server settle.
-    tokio::time::sleep(Duration::from_secs(5)).await;
+    tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_end = proc_mb(pid, "VmRSS");
     let mut lags = sink.lags_us.lock().unwrap().clone();
     lags.sort_unstable();
@@ -530,7 +545,7 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(0) as f64
         / 1e3;
     println!(
-        "  ingest {:.0} changes/s; notification lag p99 {lag_p99:.0} ms over {} receipts; server RSS {rss_start:.0} MB before, peak {peak:.0} MB, {rss_end:.0} MB 5 s after",
+        "  ingest {:.0} changes/s; notification lag p99 {lag_p99:.0} ms over {} receipts; server RSS {rss_start:.0} MB before, peak {peak:.0} MB, {rss_end:.0} MB 10 s after",
         ingested.load(Relaxed) as f64 / elapsed,
         lags.len()
     );

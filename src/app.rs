@@ -58,6 +58,7 @@ pub async fn run(
     listener: TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    workers::memory::configure();
     let addr = listener.local_addr()?;
     resolve_base_url(&mut config, addr);
     let config = Arc::new(config);
@@ -86,6 +87,7 @@ pub async fn run(
     }
     let cancel = CancellationToken::new();
     let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
+    let trimmer = tokio::spawn(workers::memory::run(Duration::from_secs(5), cancel.clone()));
     let notifier = config
         .notify
         .enabled
@@ -146,6 +148,7 @@ pub async fn run(
         },
     }
     let _ = rollover.await;
+    let _ = trimmer.await;
     for task in [poller, adopter].into_iter().flatten() {
         let _ = task.await;
     }

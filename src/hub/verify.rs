@@ -73,13 +73,15 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         }
     }
     let sent_at = Timestamp::now();
-    let resp = hub
-        .client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("callback unreachable: {}", error_chain(&e)))
-        .and_then(|r| hub.policy.check_peer(&r).map(|_| r));
+    // Once more at once when the request failed short of a timeout: the usual cause is a
+    // pooled keep-alive connection the callback's server had closed (after an earlier
+    // delivery), and a verification GET may be repeated.
+    let resp = match hub.client.get(url.clone()).send().await {
+        Err(e) if !e.is_timeout() => hub.client.get(url).send().await,
+        r => r,
+    }
+    .map_err(|e| format!("callback unreachable: {}", error_chain(&e)))
+    .and_then(|r| hub.policy.check_peer(&r).map(|_| r));
     if intent.mode == IntentMode::Denied {
         match resp {
             Ok(r) => {
