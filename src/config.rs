@@ -115,6 +115,7 @@ pub struct SourceConfig {
     pub cache_dir: String,
     pub disk_cache_max_bytes: u64,
     pub rebuild_interval_ms: u64,
+    pub max_concurrent_file_reads: usize,
     pub store_page_size: usize,
     pub max_concurrent_builds: usize,
     pub max_queued_builds: usize,
@@ -317,9 +318,12 @@ impl Config {
                 }
             }
         }
-        if self.source.store_page_size == 0 || self.source.max_concurrent_builds == 0 {
+        if self.source.store_page_size == 0
+            || self.source.max_concurrent_builds == 0
+            || self.source.max_concurrent_file_reads == 0
+        {
             return bad(
-                "source.store_page_size and source.max_concurrent_builds must be at least 1".into(),
+                "source.store_page_size, source.max_concurrent_builds and source.max_concurrent_file_reads must be at least 1".into(),
             );
         }
         self.validate_hub()?;

@@ -138,17 +138,7 @@ async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Resp
     let body = match opened {
         Opened::Memory(_, bytes) => Body::from(bytes.slice(start as usize..(start + n) as usize)),
         Opened::File(_, file) => {
-            use tokio::io::{AsyncReadExt, AsyncSeekExt};
-            let mut file = tokio::fs::File::from_std(file);
-            if start > 0 {
-                file.seek(std::io::SeekFrom::Start(start))
-                    .await
-                    .map_err(|e| AppError::Unavailable(format!("reading a cached page: {e}")))?;
-            }
-            Body::from_stream(tokio_util::io::ReaderStream::with_capacity(
-                file.take(n),
-                256 * 1024,
-            ))
+            Body::from_stream(file_chunks(file, start, n, st.source.file_reads().clone()))
         }
     };
     Ok((status, out, body).into_response())
@@ -222,4 +212,42 @@ fn not_modified(headers: &HeaderMap, etag: &str, last_modified: Timestamp) -> bo
         .and_then(|v| v.to_str().ok())
         .and_then(Timestamp::parse_http_date)
         .is_some_and(|since| last_modified <= since)
+}
+
+/// `n` bytes of `file` from `start`, in 256 KB chunks read on the blocking pool, at most
+/// `source.file_reads` permits' worth at once server-wide: hundreds of readers streaming large
+/// pages then keep a few threads busy, not hundreds, and the async threads (ingest, the
+/// notifier, the hub) keep their share of the CPU.
+fn file_chunks(
+    file: std::fs::File,
+    start: u64,
+    n: u64,
+    slots: std::sync::Arc<tokio::sync::Semaphore>,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
+    const CHUNK: u64 = 256 * 1024;
+    futures_util::stream::try_unfold((Some(file), start, n), move |(file, pos, left)| {
+        let slots = slots.clone();
+        async move {
+            let Some(file) = file.filter(|_| left > 0) else {
+                return Ok(None);
+            };
+            let permit = slots
+                .acquire_owned()
+                .await
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            let want = left.min(CHUNK);
+            let (file, buf) = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                let mut buf = vec![0u8; want as usize];
+                std::os::unix::fs::FileExt::read_exact_at(&file, &mut buf, pos)?;
+                Ok::<_, std::io::Error>((file, buf))
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+            Ok(Some((
+                bytes::Bytes::from(buf),
+                (Some(file), pos + want, left - want),
+            )))
+        }
+    })
 }

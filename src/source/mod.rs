@@ -209,6 +209,8 @@ pub struct Source {
     queued: std::sync::atomic::AtomicUsize,
     /// One lock per page being built: concurrent requests for it wait for that one build.
     inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Reads of page files under way at once, server-wide (`source.max_concurrent_file_reads`).
+    file_reads: Arc<tokio::sync::Semaphore>,
 }
 
 /// How the store cuts a set's lists (the configuration's limits and the sitemap size limit).
@@ -261,6 +263,9 @@ impl Source {
         let urls = Urls::new(&config.base_url());
         let memory = PageCache::new(config.source.cache_max_bytes);
         let builds = tokio::sync::Semaphore::new(config.source.max_concurrent_builds);
+        let file_reads = Arc::new(tokio::sync::Semaphore::new(
+            config.source.max_concurrent_file_reads,
+        ));
         let source = Source {
             config,
             store,
@@ -272,6 +277,7 @@ impl Source {
             builds,
             queued: std::sync::atomic::AtomicUsize::new(0),
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
+            file_reads,
         };
         source.update_cache_gauges();
         Ok(source)
@@ -296,6 +302,11 @@ impl Source {
     /// How the store cuts this set's lists.
     pub fn list_policy(&self, set: &SetName) -> ListPolicy {
         list_policy(&self.config, set)
+    }
+
+    /// Permits for reading page files (see `http::documents`).
+    pub fn file_reads(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.file_reads
     }
 
     /// Bytes held by the (memory, disk) tiers of the page cache.
