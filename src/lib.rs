@@ -16,7 +16,8 @@
 //! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch,
 //!   shareable by several processes).
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
-//! - [`source`]: the pull side: every document, generated from the store, with a page cache.
+//! - [`source`]: the pull side: every document, generated from the store, kept with its gzip
+//!   form in a page cache on disk (surviving restarts) and, for small pages, in memory.
 //! - [`hub`]: the WebSub hub: requests, verification, signatures, address policy, delivery lanes.
 //! - [`notify`]: the poller turning store changes into change and framework notifications.
 //! - [`metrics`]: Prometheus metrics; [`admin_cli`]: the `admin` commands.
