@@ -73,6 +73,16 @@ enum HarvestCommand {
     Audit,
     /// Print the commented default harvest configuration.
     Config,
+    /// Ingestion 3 output: write a new complete snapshot now (previous snapshot + the changes
+    /// journaled since); prints what it wrote as JSON.
+    Snapshot,
+    /// Ingestion 3 output: recreate the provider's record set as of a past time, written as a
+    /// new harvest activity whose provenance names the snapshot it came from.
+    Recreate {
+        /// The time, as an RFC 3339 / W3C datetime (e.g. 2026-11-23T10:00:00Z).
+        #[arg(long, value_name = "DATETIME")]
+        at: String,
+    },
 }
 
 #[derive(Args)]
@@ -266,6 +276,17 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
             if !in_sync {
                 std::process::exit(1);
             }
+            Ok(())
+        }
+        HarvestCommand::Snapshot => {
+            println!("{}", destination::snapshot(&cfg).await?);
+            Ok(())
+        }
+        HarvestCommand::Recreate { at } => {
+            let at = resourcesync_hub::model::Timestamp::parse(&at).map_err(|e| {
+                anyhow::anyhow!("--at {at:?} is not a datetime like 2026-11-23T10:00:00Z: {e}")
+            })?;
+            println!("{}", destination::recreate(&cfg, at).await?);
             Ok(())
         }
         HarvestCommand::Config => unreachable!(),

@@ -42,6 +42,8 @@ pub struct StateSection {
 #[serde(rename_all = "lowercase")]
 pub enum OutputKind {
     Mirror,
+    /// DPLA's Ingestion 3 archive (Avro snapshots per provider).
+    Ingestion3,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -58,6 +60,19 @@ pub struct OutputSection {
     /// A command run (by `sh -c`) for every applied change, with the change as JSON on its
     /// standard input; a failure counts as a failed apply and is retried. Empty: none.
     pub exec: String,
+    /// Ingestion 3: the provider token (the archive's top folder, and in file names).
+    pub provider: String,
+    /// Ingestion 3: where the archive is kept: a local folder, or `s3://bucket/prefix`.
+    pub root: String,
+    /// Ingestion 3 on S3: endpoint (empty: AWS), region, path-style addressing. Credentials
+    /// come from the standard AWS environment variables.
+    pub s3_endpoint: String,
+    pub s3_region: String,
+    pub s3_path_style: bool,
+    /// Ingestion 3: a new complete snapshot this often (0: only on `harvest snapshot`).
+    pub snapshot_interval_secs: u64,
+    /// Ingestion 3: Avro part files are cut at about this size.
+    pub part_max_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -190,6 +205,24 @@ impl HarvestConfig {
             }
             if self.push.lease_secs < 60 {
                 return bad("push.lease_secs must be at least 60".into());
+            }
+        }
+        if self.output.kind == OutputKind::Ingestion3 {
+            let p = &self.output.provider;
+            if p.is_empty()
+                || !p
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            {
+                return bad(format!(
+                    "output.provider {p:?} must be a token like cdl or mdl (lowercase letters, digits, - and _)"
+                ));
+            }
+            if self.output.root.is_empty() {
+                return bad("output.root must be a folder or s3://bucket/prefix".into());
+            }
+            if self.output.part_max_bytes < 1024 {
+                return bad("output.part_max_bytes must be at least 1024".into());
             }
         }
         for m in &self.output.map {

@@ -43,6 +43,8 @@ pub struct Downloaded {
     pub path: PathBuf,
     pub length: u64,
     pub md5: String,
+    /// The response's `Content-Type`.
+    pub mime: Option<String>,
 }
 
 impl Fetcher {
@@ -148,6 +150,11 @@ impl Fetcher {
                 .await
                 .map_err(|e| transport(url, e))?;
             check_status(url, &r)?;
+            let mime = r
+                .headers()
+                .get(reqwest::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string);
             let mut h = Md5::new();
             let mut length = 0u64;
             copy_body(url, &mut r, &file, dir, |chunk| {
@@ -159,6 +166,7 @@ impl Fetcher {
                 path: path.to_path_buf(),
                 length,
                 md5: hex_digest(h.finalize()),
+                mime,
             })
         })
         .await

@@ -67,6 +67,10 @@ impl Harvester {
         let state = Arc::new(State::open(&cfg.database_path())?);
         let output: Arc<dyn Output> = match cfg.output.kind {
             config::OutputKind::Mirror => Arc::new(Mirror::new(&cfg.output)?),
+            config::OutputKind::Ingestion3 => Arc::new(output::ingestion3::Ingestion3::open(
+                &cfg.output,
+                &cfg.state.dir,
+            )?),
         };
         let fetcher = Fetcher::new(&cfg.fetch);
         Ok(Harvester {
@@ -98,6 +102,23 @@ impl Harvester {
         self.state
             .set_by_id(id)?
             .ok_or_else(|| anyhow::anyhow!("set {id} vanished from the state"))
+    }
+
+    /// The output's periodic work (snapshots of the Ingestion 3 archive), off the async
+    /// threads; a failure is logged and tried again at the next check.
+    async fn housekeeping(&self, sets: &[Followed]) {
+        let mut baselined = true;
+        for s in sets {
+            baselined &= self.row(s.row.id).is_ok_and(|r| r.baseline_done);
+        }
+        let output = self.output.clone();
+        match tokio::task::spawn_blocking(move || output.housekeeping(baselined)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(error = %format!("{e:#}"), "output housekeeping failed; tried again at the next check")
+            }
+            Err(e) => tracing::warn!(error = %e, "output housekeeping panicked"),
+        }
     }
 
     // ---- baseline ----
@@ -528,11 +549,12 @@ impl Worker {
             return Err(format!("{}: {e}", c.uri));
         }
         let output = self.output.clone();
-        let (set, uri, md5, path) = (
+        let (set, uri, md5, path, mime) = (
             set.to_string(),
             c.uri.clone(),
             d.md5.clone(),
             d.path.clone(),
+            d.mime.clone(),
         );
         let length = d.length;
         let placed = tokio::task::spawn_blocking(move || {
@@ -542,7 +564,7 @@ impl Worker {
                     uri: &uri,
                     md5: &md5,
                     length,
-                    mime: None,
+                    mime: mime.as_deref(),
                 },
                 &path,
             );
@@ -815,6 +837,7 @@ pub async fn run(
             }
         }
     }
+    h.housekeeping(&sets).await;
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -842,6 +865,7 @@ pub async fn run(
                         Err(e) => tracing::warn!(set = %s.info.name, error = %e, "periodic catch-up failed"),
                     }
                 }
+                h.housekeeping(&sets).await;
             }
         }
     }
@@ -849,6 +873,30 @@ pub async fn run(
         let _ = s.await;
     }
     Ok(())
+}
+
+fn ingestion3(cfg: &HarvestConfig) -> anyhow::Result<Arc<output::ingestion3::Ingestion3>> {
+    if cfg.output.kind != config::OutputKind::Ingestion3 {
+        anyhow::bail!("this works on the Ingestion 3 archive: set output.kind = \"ingestion3\"");
+    }
+    Ok(Arc::new(output::ingestion3::Ingestion3::open(
+        &cfg.output,
+        &cfg.state.dir,
+    )?))
+}
+
+/// `harvest snapshot`: a new complete snapshot of the Ingestion 3 archive now (JSON report).
+pub async fn snapshot(cfg: &HarvestConfig) -> anyhow::Result<String> {
+    let out = ingestion3(cfg)?;
+    let r = tokio::task::spawn_blocking(move || out.snapshot()).await??;
+    Ok(serde_json::to_string(&r)?)
+}
+
+/// `harvest recreate --at T`: the provider's record set as of `at`, as a new activity.
+pub async fn recreate(cfg: &HarvestConfig, at: Timestamp) -> anyhow::Result<String> {
+    let out = ingestion3(cfg)?;
+    let r = tokio::task::spawn_blocking(move || out.recreate(at)).await??;
+    Ok(serde_json::to_string(&r)?)
 }
 
 /// `harvest status`: position, lag, subscription, queue and failures, as text.

@@ -97,21 +97,21 @@ pub async fn wait_state(h: &TestHarvester, what: &str, secs: u64, check: impl Fn
     }
 }
 
-fn set_done(s: &State, held: u64) -> bool {
+pub fn set_done(s: &State, held: u64) -> bool {
     s.sets()
         .unwrap()
         .first()
         .is_some_and(|r| r.baseline_done && s.count_held(r.id).unwrap() == held)
 }
 
-fn applied(s: &State) -> u64 {
+pub fn applied(s: &State) -> u64 {
     s.sets()
         .unwrap()
         .first()
         .map_or(0, |r| s.applied_count(r.id).unwrap())
 }
 
-fn pending(s: &State) -> u64 {
+pub fn pending(s: &State) -> u64 {
     s.sets()
         .unwrap()
         .first()

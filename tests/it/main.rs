@@ -12,6 +12,7 @@ mod harvest;
 mod hub;
 mod hub_crash;
 mod ingest;
+mod ingestion3;
 mod layout;
 mod multi;
 mod notify;

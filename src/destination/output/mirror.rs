@@ -140,14 +140,12 @@ mod tests {
     fn paths_from_uris() {
         let dir = tempfile::tempdir().unwrap();
         let cfg = OutputSection {
-            kind: crate::destination::config::OutputKind::Mirror,
             dir: dir.path().to_path_buf(),
             map: vec![MapEntry {
                 uri: "http://h:8080/files/papers/".into(),
                 dir: "/srv/papers".into(),
             }],
-            keep_deleted: false,
-            exec: String::new(),
+            ..crate::destination::config::HarvestConfig::defaults().output
         };
         let m = Mirror::new(&cfg).unwrap();
         assert_eq!(

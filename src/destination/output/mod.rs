@@ -1,6 +1,7 @@
 //! Where harvested resources go: one small trait, one file per output. The mirror folder is
 //! the default; the Ingestion 3 archive plugs in beside it.
 
+pub mod ingestion3;
 mod mirror;
 
 use std::path::Path;
@@ -14,7 +15,7 @@ pub struct Item<'a> {
     pub uri: &'a str,
     pub md5: &'a str,
     pub length: u64,
-    /// The resource's media type, when the source gave one.
+    /// The resource's media type (the `Content-Type` it was served with).
     pub mime: Option<&'a str>,
 }
 
@@ -34,4 +35,11 @@ pub trait Output: Send + Sync {
     fn download_path(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
     /// The path a resource has (or would have) in the output, for audits.
     fn locate(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
+    /// Called at start and at every periodic check (blocking, off the async threads);
+    /// `baselined`: every followed set has finished its baseline. The Ingestion 3 archive
+    /// writes its snapshots from here.
+    fn housekeeping(&self, baselined: bool) -> anyhow::Result<()> {
+        let _ = baselined;
+        Ok(())
+    }
 }

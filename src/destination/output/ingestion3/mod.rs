@@ -1,0 +1,810 @@
+//! The Ingestion 3 archive (DPLA's storage layout, seed 004): what the harvester gets, kept as
+//! `dpla.avro.v1.OriginalRecord` Avro snapshots in a folder tree per provider, so that the
+//! provider's record set at any past time can be recreated.
+//!
+//! ```text
+//! <provider>/harvest/<yyyymmdd>/<ts>-<provider>-OriginalRecord.v1.avro/
+//!     part-00000.avro …  _MANIFEST  _LOGS/ops/<ts>.csv  _LOGS/skipped.csv  _SUCCESS
+//! <provider>/harvest/<yyyymmdd>/<ts>-<provider>-OriginalRecord.v1-prov.json
+//! <provider>/plan/<ts>/<ts>-OriginalRecord.v1.json
+//! <provider>/journal/<first seq>-<last seq>.avro
+//! ```
+//!
+//! - **Every harvest activity is a complete snapshot** (DPLA's pipeline reads the newest folder
+//!   under `harvest/` as the provider's whole record set). Snapshot = previous snapshot +
+//!   the changes journaled since, written as a new activity with `_LOGS/ops/<ts>.csv`
+//!   (`id,operation`: insert, update, delete) and a provenance file naming the previous one.
+//! - **The journal.** Each applied change is first committed to a local SQLite journal in the
+//!   harvester's state folder (synchronous, before the harvester records the change as
+//!   applied), and exported to `<provider>/journal/` as Avro segments (`rshub.JournalEntry`:
+//!   seq, at, op, id, mimetype, document) at least every `JOURNAL_EXPORT_SECS` and before
+//!   every snapshot. `journal/` is outside `harvest/`, so DPLA's tools never take it for a
+//!   harvest.
+//! - **Crash safety.** `_SUCCESS` is written last; a snapshot interrupted by a crash is
+//!   recorded as unfinished in the local journal and redone (same timestamp, same paths,
+//!   partial objects removed first) when the harvester or `harvest snapshot` starts again.
+//! - Resources the `MimeType` enum cannot hold (anything but JSON, XML, Turtle) are not
+//!   archived: they are listed with their media type in `_LOGS/skipped.csv`.
+
+pub mod record;
+mod store;
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rusqlite::{params, Connection, OptionalExtension};
+
+use super::{Item, Output};
+use crate::destination::config::OutputSection;
+use crate::model::Timestamp;
+use record::{mime_symbol, OriginalRecord, PartWriter, SCHEMA_NAME};
+pub use store::Archive;
+
+/// The journal is exported to storage at least this often (checked at each change).
+const JOURNAL_EXPORT_SECS: i64 = 10;
+
+pub struct Ingestion3 {
+    archive: Archive,
+    provider: String,
+    journal: Mutex<Connection>,
+    tmp: PathBuf,
+    part_max_bytes: u64,
+    interval_secs: u64,
+    last_export: Mutex<i64>,
+}
+
+/// What a snapshot wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SnapshotReport {
+    /// The activity folder, relative to the provider folder.
+    pub activity: String,
+    pub records: u64,
+    pub inserted: u64,
+    pub updated: u64,
+    pub deleted: u64,
+    pub skipped: u64,
+}
+
+/// `yyyymmdd_hhmmss` (UTC).
+pub fn ts_string(t: Timestamp) -> String {
+    chrono::DateTime::from_timestamp_micros(t.0)
+        .unwrap_or_default()
+        .format("%Y%m%d_%H%M%S")
+        .to_string()
+}
+
+impl Ingestion3 {
+    pub fn open(cfg: &OutputSection, state_dir: &Path) -> anyhow::Result<Ingestion3> {
+        let tmp = state_dir.join("ingestion3-tmp");
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
+        for e in std::fs::read_dir(&tmp)?.flatten() {
+            let _ = std::fs::remove_file(e.path());
+        }
+        let conn = Connection::open(state_dir.join("ingestion3.sqlite"))?;
+        conn.busy_timeout(std::time::Duration::from_secs(10))?;
+        conn.execute_batch(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+             CREATE TABLE IF NOT EXISTS journal (
+               seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, op TEXT NOT NULL,
+               id TEXT NOT NULL, mimetype TEXT, document TEXT);
+             CREATE INDEX IF NOT EXISTS journal_id ON journal (id, seq);
+             CREATE TABLE IF NOT EXISTS skipped (id TEXT PRIMARY KEY, mime TEXT, at INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS exported (one INTEGER PRIMARY KEY CHECK (one = 1), through INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS snapshots (
+               ts TEXT PRIMARY KEY, activity TEXT NOT NULL, through INTEGER NOT NULL,
+               records INTEGER, done INTEGER NOT NULL DEFAULT 0);",
+        )?;
+        Ok(Ingestion3 {
+            archive: Archive::open(cfg)?,
+            provider: cfg.provider.clone(),
+            journal: Mutex::new(conn),
+            tmp,
+            part_max_bytes: cfg.part_max_bytes,
+            interval_secs: cfg.snapshot_interval_secs,
+            last_export: Mutex::new(0),
+        })
+    }
+
+    pub fn archive(&self) -> &Archive {
+        &self.archive
+    }
+
+    fn journal(&self) -> std::sync::MutexGuard<'_, Connection> {
+        self.journal.lock().expect("journal lock")
+    }
+
+    fn record(
+        &self,
+        op: &str,
+        id: &str,
+        mimetype: Option<&str>,
+        doc: Option<&str>,
+    ) -> anyhow::Result<()> {
+        let now = Timestamp::now().0;
+        self.journal().execute(
+            "INSERT INTO journal (at, op, id, mimetype, document) VALUES (?1, ?2, ?3, ?4, ?5)",
+            params![now, op, id, mimetype, doc],
+        )?;
+        let due = {
+            let last = self.last_export.lock().expect("export lock");
+            now - *last > JOURNAL_EXPORT_SECS * 1_000_000
+        };
+        if due {
+            self.export_journal()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the journal entries not yet in storage as one segment there.
+    pub fn export_journal(&self) -> anyhow::Result<()> {
+        let (from, rows) = {
+            let c = self.journal();
+            let from: i64 = c
+                .query_row("SELECT through FROM exported", [], |r| r.get(0))
+                .optional()?
+                .unwrap_or(0);
+            let mut st = c.prepare(
+                "SELECT seq, at, op, id, mimetype, document FROM journal WHERE seq > ?1 ORDER BY seq",
+            )?;
+            let rows = st
+                .query_map([from], |r| {
+                    Ok(store::JournalEntry {
+                        seq: r.get(0)?,
+                        at: r.get(1)?,
+                        op: r.get(2)?,
+                        id: r.get(3)?,
+                        mimetype: r.get(4)?,
+                        document: r.get(5)?,
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            (from, rows)
+        };
+        *self.last_export.lock().expect("export lock") = Timestamp::now().0;
+        let Some(last) = rows.last().map(|r| r.seq) else {
+            return Ok(());
+        };
+        let path = format!(
+            "{}/journal/{:020}-{:020}.avro",
+            self.provider,
+            from + 1,
+            last
+        );
+        self.archive
+            .put_bytes(&path, store::journal_segment(&rows)?)?;
+        self.journal().execute(
+            "INSERT INTO exported (one, through) VALUES (1, ?1)
+             ON CONFLICT (one) DO UPDATE SET through = excluded.through",
+            [last],
+        )?;
+        Ok(())
+    }
+
+    /// Finishes a snapshot a crash interrupted, if any.
+    pub fn finish_interrupted(&self) -> anyhow::Result<Option<SnapshotReport>> {
+        let open: Option<String> = self
+            .journal()
+            .query_row(
+                "SELECT ts FROM snapshots WHERE done = 0 ORDER BY ts LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        match open {
+            Some(ts) => {
+                tracing::warn!(ts = %ts, "finishing the snapshot an earlier run left unfinished");
+                self.snapshot_at(&ts).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// A new complete snapshot: the previous one plus the changes journaled since.
+    pub fn snapshot(&self) -> anyhow::Result<SnapshotReport> {
+        if let Some(r) = self.finish_interrupted()? {
+            return Ok(r);
+        }
+        let ts = self.free_ts()?;
+        self.snapshot_at(&ts)
+    }
+
+    /// The current second as an activity timestamp, waiting for the next second while an
+    /// activity (a snapshot or a recreation) already has it: two would share a folder.
+    fn free_ts(&self) -> anyhow::Result<String> {
+        loop {
+            let ts = ts_string(Timestamp::now());
+            let taken = self
+                .journal()
+                .query_row("SELECT 1 FROM snapshots WHERE ts = ?1", [&ts], |_| Ok(()))
+                .optional()?
+                .is_some()
+                || !self
+                    .archive
+                    .list(&format!("{}/{}", self.provider, self.activity_name(&ts)))?
+                    .is_empty();
+            if !taken {
+                return Ok(ts);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        }
+    }
+
+    fn activity_name(&self, ts: &str) -> String {
+        format!(
+            "harvest/{}/{ts}-{}-{SCHEMA_NAME}.avro",
+            &ts[..8],
+            self.provider
+        )
+    }
+
+    fn snapshot_at(&self, ts: &str) -> anyhow::Result<SnapshotReport> {
+        self.export_journal()?;
+        let activity = self.activity_name(ts);
+        let (prev, prev_through, through) = {
+            let c = self.journal();
+            let prev: Option<(String, i64)> = c
+                .query_row(
+                    "SELECT activity, through FROM snapshots WHERE done = 1 ORDER BY ts DESC LIMIT 1",
+                    [],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .optional()?;
+            let through: i64 = match c
+                .query_row("SELECT through FROM snapshots WHERE ts = ?1", [ts], |r| {
+                    r.get(0)
+                })
+                .optional()?
+            {
+                Some(t) => t,
+                None => {
+                    let t: i64 =
+                        c.query_row("SELECT coalesce(max(seq), 0) FROM journal", [], |r| {
+                            r.get(0)
+                        })?;
+                    c.execute(
+                        "INSERT INTO snapshots (ts, activity, through) VALUES (?1, ?2, ?3)",
+                        params![ts, activity, t],
+                    )?;
+                    t
+                }
+            };
+            let prev_through = prev.as_ref().map_or(0, |p| p.1);
+            (prev.map(|p| p.0), prev_through, through)
+        };
+        // When the newest change folded in was applied: the snapshot is the state as of then.
+        let through_at: i64 = self
+            .journal()
+            .query_row("SELECT at FROM journal WHERE seq = ?1", [through], |r| {
+                r.get(0)
+            })
+            .optional()?
+            .unwrap_or(0);
+        let base = format!("{}/{activity}", self.provider);
+        // A folder left by an interrupted try of this snapshot: start it over.
+        self.archive.delete_prefix(&base)?;
+
+        let started = chrono::NaiveDateTime::parse_from_str(ts, "%Y%m%d_%H%M%S")?
+            .and_utc()
+            .timestamp();
+        // The newest change per resource since the previous snapshot.
+        {
+            let c = self.journal();
+            c.execute_batch("DROP TABLE IF EXISTS temp.latest")?;
+            c.execute(
+                "CREATE TEMP TABLE latest AS SELECT id, max(seq) AS seq, 0 AS in_prev FROM journal
+                 WHERE seq > ?1 AND seq <= ?2 GROUP BY id",
+                [prev_through, through],
+            )?;
+            c.execute_batch("CREATE UNIQUE INDEX temp.latest_id ON latest (id)")?;
+        }
+        let schema = record::schema();
+        let mut parts = Parts::new(self, &base, &schema)?;
+        if let Some(prev) = &prev {
+            for part in self
+                .archive
+                .list(&format!("{}/{prev}", self.provider))?
+                .into_iter()
+                .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("part-")))
+            {
+                let local = self.archive.fetch_to(&part, &self.tmp)?;
+                let file = std::io::BufReader::new(std::fs::File::open(&local)?);
+                let changed = |id: &str| -> anyhow::Result<bool> {
+                    let c = self.journal();
+                    Ok(c.execute("UPDATE latest SET in_prev = 1 WHERE id = ?1", [id])? > 0)
+                };
+                record::for_each(file, |mut r| {
+                    if !changed(&r.id)? {
+                        r.ingest_date = started;
+                        parts.append(&r)?;
+                    }
+                    Ok(())
+                })?;
+                let _ = std::fs::remove_file(local);
+            }
+        }
+        // The changes: the newest upsert of each resource, and the operations log.
+        let mut ops = String::from("id,operation\n");
+        let (mut inserted, mut updated, mut deleted) = (0u64, 0u64, 0u64);
+        {
+            let c = self.journal();
+            let mut st = c.prepare(
+                "SELECT j.id, j.op, j.mimetype, j.document, l.in_prev FROM latest l
+                 JOIN journal j ON j.seq = l.seq ORDER BY j.seq",
+            )?;
+            let mut rows = st.query([])?;
+            while let Some(row) = rows.next()? {
+                let (id, op, mimetype, doc, in_prev): (
+                    String,
+                    String,
+                    Option<String>,
+                    Option<String>,
+                    bool,
+                ) = (
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                );
+                let operation = match (op.as_str(), in_prev) {
+                    ("upsert", false) => "insert",
+                    ("upsert", true) => "update",
+                    (_, true) => "delete",
+                    // Created and deleted between two snapshots: never in one.
+                    (_, false) => continue,
+                };
+                match operation {
+                    "insert" => inserted += 1,
+                    "update" => updated += 1,
+                    _ => deleted += 1,
+                }
+                ops.push_str(&csv_field(&id));
+                ops.push(',');
+                ops.push_str(operation);
+                ops.push('\n');
+                if op == "upsert" {
+                    let mimetype = mimetype
+                        .as_deref()
+                        .and_then(|m| record::SYMBOLS.iter().copied().find(|s| *s == m))
+                        .ok_or_else(|| {
+                            anyhow::anyhow!("journal entry for {id} without a mimetype")
+                        })?;
+                    parts.append(&OriginalRecord {
+                        id,
+                        ingest_date: started,
+                        provider: self.provider.clone(),
+                        document: doc.unwrap_or_default(),
+                        mimetype,
+                    })?;
+                }
+            }
+        }
+        let records = parts.finish()?;
+        let mut skipped_csv = String::from("id,mimetype\n");
+        let mut skipped = 0u64;
+        {
+            let c = self.journal();
+            let mut st = c.prepare("SELECT id, mime FROM skipped ORDER BY id")?;
+            let mut rows = st.query([])?;
+            while let Some(row) = rows.next()? {
+                let (id, mime): (String, Option<String>) = (row.get(0)?, row.get(1)?);
+                skipped_csv.push_str(&format!(
+                    "{},{}\n",
+                    csv_field(&id),
+                    csv_field(mime.as_deref().unwrap_or(""))
+                ));
+                skipped += 1;
+            }
+        }
+        self.finish_activity(
+            ts,
+            &activity,
+            records,
+            prev.as_deref().unwrap_or("resourcesync"),
+            vec![
+                (format!("ops/{ts}.csv"), ops.into_bytes()),
+                ("skipped.csv".into(), skipped_csv.into_bytes()),
+                // What this snapshot folds in: `recreate` applies journal entries after it.
+                (
+                    "journal.json".into(),
+                    serde_json::to_vec(&serde_json::json!({
+                        "through_seq": through,
+                        "through_at_us": through_at,
+                    }))?,
+                ),
+            ],
+        )?;
+        {
+            let c = self.journal();
+            c.execute(
+                "UPDATE snapshots SET done = 1, records = ?2 WHERE ts = ?1",
+                params![ts, records as i64],
+            )?;
+            // Exported, and folded into this snapshot: the local copy is no longer needed.
+            c.execute("DELETE FROM journal WHERE seq <= ?1", [through])?;
+        }
+        Ok(SnapshotReport {
+            activity,
+            records,
+            inserted,
+            updated,
+            deleted,
+            skipped,
+        })
+    }
+    /// Writes what completes an activity whose parts are stored: its `_LOGS` files, the
+    /// `_MANIFEST`, the provenance file beside it, the plan file, and `_SUCCESS` last.
+    fn finish_activity(
+        &self,
+        ts: &str,
+        activity: &str,
+        records: u64,
+        generator: &str,
+        logs: Vec<(String, Vec<u8>)>,
+    ) -> anyhow::Result<()> {
+        let base = format!("{}/{activity}", self.provider);
+        let version = format!("resourcesync-hub {}", env!("CARGO_PKG_VERSION"));
+        for (name, bytes) in logs {
+            self.archive
+                .put_bytes(&format!("{base}/_LOGS/{name}"), bytes)?;
+        }
+        let start = chrono::NaiveDateTime::parse_from_str(ts, "%Y%m%d_%H%M%S")?;
+        self.archive.put_bytes(
+            &format!("{base}/_MANIFEST"),
+            format!(
+                "Activity: Harvest\nProvider: {}\nRecord count: {records}\nStart date/time: {}\n",
+                self.provider,
+                start.format("%Y-%m-%d %H:%M:%S")
+            )
+            .into_bytes(),
+        )?;
+        self.archive.put_bytes(
+            &format!(
+                "{}/{}-prov.json",
+                self.provider,
+                activity.trim_end_matches(".avro")
+            ),
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "generator": generator,
+                "version": version,
+            }))?,
+        )?;
+        self.archive.put_bytes(
+            &format!("{}/plan/{ts}/{ts}-{SCHEMA_NAME}.json", self.provider),
+            serde_json::to_vec_pretty(&serde_json::json!({
+                "harvest": activity,
+                "version": version,
+            }))?,
+        )?;
+        // Last: the folder is complete.
+        self.archive
+            .put_bytes(&format!("{base}/_SUCCESS"), Vec::new())?;
+        Ok(())
+    }
+
+    /// The provider's record set as of `at`, written as a new harvest activity: the newest
+    /// snapshot started at or before `at` (found by walking back through the date folders)
+    /// plus the journal entries after it up to `at`; its provenance names that snapshot.
+    pub fn recreate(&self, at: Timestamp) -> anyhow::Result<SnapshotReport> {
+        self.export_journal()?;
+        let want = ts_string(at);
+        let mut dates: Vec<String> = self
+            .archive
+            .list(&format!("{}/harvest", self.provider))?
+            .into_iter()
+            .filter_map(|p| p.split('/').nth(2).map(str::to_string))
+            .collect();
+        dates.dedup();
+        let mut base: Option<(String, i64)> = None;
+        'walk: for date in dates.iter().rev().filter(|d| d.as_str() <= &want[..8]) {
+            let objects = self
+                .archive
+                .list(&format!("{}/harvest/{date}", self.provider))?;
+            let mut done: Vec<String> = objects
+                .iter()
+                .filter_map(|p| p.strip_suffix("/_SUCCESS"))
+                .filter(|a| {
+                    !objects
+                        .iter()
+                        .any(|o| o == &format!("{a}/_LOGS/recreated.json"))
+                })
+                .map(str::to_string)
+                .collect();
+            done.sort();
+            for a in done.iter().rev() {
+                let name = a.rsplit('/').next().unwrap_or_default();
+                if name.len() < 15 || name[..15] > *want {
+                    continue;
+                }
+                // Within the same second as `at`: only if what it folds in is not newer.
+                let local = self
+                    .archive
+                    .fetch_to(&format!("{a}/_LOGS/journal.json"), &self.tmp)?;
+                let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&local)?)?;
+                let _ = std::fs::remove_file(local);
+                if v["through_at_us"].as_i64().unwrap_or(0) <= at.0 {
+                    base = Some((a.clone(), v["through_seq"].as_i64().unwrap_or(0)));
+                    break 'walk;
+                }
+            }
+        }
+        let (base_activity, through) = base.ok_or_else(|| {
+            anyhow::anyhow!(
+                "no snapshot of {} started at or before {want}",
+                self.provider
+            )
+        })?;
+        // The newest entry per resource after the snapshot, up to `at`.
+        let mut latest: std::collections::BTreeMap<String, store::JournalEntry> =
+            Default::default();
+        for seg in self.archive.list(&format!("{}/journal", self.provider))? {
+            let last: i64 = seg
+                .rsplit('/')
+                .next()
+                .and_then(|n| n.trim_end_matches(".avro").split('-').nth(1))
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(i64::MAX);
+            if last <= through {
+                continue;
+            }
+            let local = self.archive.fetch_to(&seg, &self.tmp)?;
+            let entries =
+                store::read_journal(std::io::BufReader::new(std::fs::File::open(&local)?))?;
+            let _ = std::fs::remove_file(local);
+            for e in entries {
+                if e.seq > through && e.at <= at.0 {
+                    match latest.get(&e.id) {
+                        Some(old) if old.seq >= e.seq => {}
+                        _ => {
+                            latest.insert(e.id.clone(), e);
+                        }
+                    }
+                }
+            }
+        }
+        let ts = self.free_ts()?;
+        let activity = self.activity_name(&ts);
+        let base = format!("{}/{activity}", self.provider);
+        let started = Timestamp::now().0 / 1_000_000;
+        let schema = record::schema();
+        let mut parts = Parts::new(self, &base, &schema)?;
+        for part in self
+            .archive
+            .list(&base_activity)?
+            .into_iter()
+            .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("part-")))
+        {
+            let local = self.archive.fetch_to(&part, &self.tmp)?;
+            record::for_each(
+                std::io::BufReader::new(std::fs::File::open(&local)?),
+                |mut r| {
+                    if !latest.contains_key(&r.id) {
+                        r.ingest_date = started;
+                        parts.append(&r)?;
+                    }
+                    Ok(())
+                },
+            )?;
+            let _ = std::fs::remove_file(local);
+        }
+        let (mut inserted, mut deleted) = (0, 0);
+        for (id, e) in latest {
+            if e.op == "upsert" {
+                inserted += 1;
+                let mimetype = e
+                    .mimetype
+                    .as_deref()
+                    .and_then(|m| record::SYMBOLS.iter().copied().find(|s| *s == m))
+                    .ok_or_else(|| anyhow::anyhow!("journal entry for {id} without a mimetype"))?;
+                parts.append(&OriginalRecord {
+                    id,
+                    ingest_date: started,
+                    provider: self.provider.clone(),
+                    document: e.document.unwrap_or_default(),
+                    mimetype,
+                })?;
+            } else {
+                deleted += 1;
+            }
+        }
+        let records = parts.finish()?;
+        let generator = base_activity
+            .strip_prefix(&format!("{}/", self.provider))
+            .unwrap_or(&base_activity)
+            .to_string();
+        self.finish_activity(
+            &ts,
+            &activity,
+            records,
+            &generator,
+            vec![(
+                "recreated.json".into(),
+                serde_json::to_vec_pretty(&serde_json::json!({
+                    "at": at.to_string(),
+                    "from": generator,
+                    "journal_after_seq": through,
+                }))?,
+            )],
+        )?;
+        Ok(SnapshotReport {
+            activity,
+            records,
+            inserted,
+            updated: 0,
+            deleted,
+            skipped: 0,
+        })
+    }
+}
+
+/// A CSV field (RFC 4180 quoting when needed).
+fn csv_field(s: &str) -> String {
+    if s.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", s.replace('"', "\"\""))
+    } else {
+        s.to_string()
+    }
+}
+
+/// The part files of one snapshot: written locally, cut at `part_max_bytes`, then stored.
+struct Parts<'a> {
+    out: &'a Ingestion3,
+    base: String,
+    schema: &'a apache_avro::Schema,
+    current: Option<(
+        PartWriter<'a, std::io::BufWriter<std::fs::File>>,
+        PathBuf,
+        u64,
+    )>,
+    next: u32,
+    records: u64,
+}
+
+impl<'a> Parts<'a> {
+    fn new(
+        out: &'a Ingestion3,
+        base: &str,
+        schema: &'a apache_avro::Schema,
+    ) -> anyhow::Result<Parts<'a>> {
+        Ok(Parts {
+            out,
+            base: base.to_string(),
+            schema,
+            current: None,
+            next: 0,
+            records: 0,
+        })
+    }
+
+    fn append(&mut self, r: &OriginalRecord) -> anyhow::Result<()> {
+        if self.current.is_none() {
+            let path = self.out.tmp.join(format!("part-{:05}.avro", self.next));
+            let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            self.current = Some((PartWriter::new(self.schema, file)?, path, 0));
+        }
+        let (w, _, bytes) = self.current.as_mut().expect("a part");
+        w.append(r)?;
+        *bytes += (r.document.len() + r.id.len() + 32) as u64;
+        self.records += 1;
+        if *bytes >= self.out.part_max_bytes {
+            self.close()?;
+        }
+        Ok(())
+    }
+
+    fn close(&mut self) -> anyhow::Result<()> {
+        if let Some((w, path, _)) = self.current.take() {
+            let mut file = w.finish()?;
+            std::io::Write::flush(&mut file)?;
+            drop(file);
+            let name = format!("{}/part-{:05}.avro", self.base, self.next);
+            self.out.archive.put_file(&name, &path)?;
+            let _ = std::fs::remove_file(&path);
+            self.next += 1;
+        }
+        Ok(())
+    }
+
+    /// Closes the last part (an empty snapshot still gets one, empty, part) and returns the
+    /// record count.
+    fn finish(mut self) -> anyhow::Result<u64> {
+        if self.next == 0 && self.current.is_none() {
+            let path = self.out.tmp.join("part-00000.avro");
+            let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            self.current = Some((PartWriter::new(self.schema, file)?, path, 0));
+        }
+        self.close()?;
+        Ok(self.records)
+    }
+}
+
+impl Output for Ingestion3 {
+    fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String> {
+        let mime = item.mime.unwrap_or("");
+        let symbol = mime_symbol(mime);
+        let document = match symbol {
+            Some(_) => Some(
+                String::from_utf8(std::fs::read(file)?)
+                    .map_err(|_| anyhow::anyhow!("{}: the document is not UTF-8 text", item.uri))?,
+            ),
+            None => None,
+        };
+        let _ = std::fs::remove_file(file);
+        match (symbol, document) {
+            (Some(sym), Some(doc)) => {
+                self.journal()
+                    .execute("DELETE FROM skipped WHERE id = ?1", [item.uri])?;
+                self.record("upsert", item.uri, Some(sym), Some(&doc))?;
+                Ok(format!("ingestion3 journal ({sym})"))
+            }
+            _ => {
+                // Not archived; a record it replaces is removed from the next snapshot.
+                self.journal().execute(
+                    "INSERT INTO skipped (id, mime, at) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (id) DO UPDATE SET mime = excluded.mime, at = excluded.at",
+                    params![item.uri, mime, Timestamp::now().0],
+                )?;
+                self.record("delete", item.uri, None, None)?;
+                Ok(format!("not archived: {mime:?} is not JSON, XML or Turtle"))
+            }
+        }
+    }
+
+    fn delete(&self, _set: &str, uri: &str) -> anyhow::Result<()> {
+        self.journal()
+            .execute("DELETE FROM skipped WHERE id = ?1", [uri])?;
+        self.record("delete", uri, None, None)
+    }
+
+    fn temp_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    fn download_path(&self, uri: &str) -> anyhow::Result<PathBuf> {
+        use sha2::Digest;
+        let h = crate::digest::hex_digest(sha2::Sha256::digest(uri.as_bytes()));
+        Ok(self.tmp.join(format!("{h}.part")))
+    }
+
+    fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
+        anyhow::bail!("{uri}: the ingestion3 output keeps records in Avro snapshots, not files")
+    }
+
+    /// Finishes an interrupted snapshot, exports the journal, and writes a snapshot when the
+    /// baseline has none yet or `snapshot_interval_secs` passed since the last one.
+    fn housekeeping(&self, baselined: bool) -> anyhow::Result<()> {
+        self.finish_interrupted()?;
+        self.export_journal()?;
+        if !baselined {
+            return Ok(());
+        }
+        let last: Option<String> = self
+            .journal()
+            .query_row(
+                "SELECT ts FROM snapshots WHERE done = 1 ORDER BY ts DESC LIMIT 1",
+                [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        let due = match &last {
+            None => true,
+            Some(ts) => {
+                let at = chrono::NaiveDateTime::parse_from_str(ts, "%Y%m%d_%H%M%S")?
+                    .and_utc()
+                    .timestamp();
+                self.interval_secs > 0
+                    && chrono::Utc::now().timestamp() - at >= self.interval_secs as i64
+                    && self
+                        .journal()
+                        .query_row("SELECT count(*) FROM journal", [], |r| r.get::<_, i64>(0))?
+                        > 0
+            }
+        };
+        if due {
+            let r = self.snapshot()?;
+            tracing::info!(activity = %r.activity, records = r.records, inserted = r.inserted, updated = r.updated, deleted = r.deleted, skipped = r.skipped, "Ingestion 3 snapshot written");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,268 @@
+//! The Ingestion 3 output: baseline snapshot, changes by push, `harvest snapshot`, `harvest
+//! recreate`, read back with fastavro (the reference reader).
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use resourcesync_hub::destination::{self, config::OutputKind};
+
+use crate::harvest::{applied, file_line, harvest_config, set_done, wait_state, TestHarvester};
+use crate::hub::hub_config;
+use crate::support::*;
+
+/// An XML record's ingest line (the file server serves `.xml` as `text/xml`).
+fn xml_line(root: &Path, change: &str, i: usize, version: u32) -> String {
+    file_line(
+        root,
+        change,
+        &format!("r/{i:04}.xml"),
+        &format!("<record n=\"{i}\" v=\"{version}\"/>"),
+    )
+}
+
+/// What fastavro reads from an activity folder: (records by id, schemas, codecs).
+fn read_activity(folder: &Path) -> (BTreeMap<String, serde_json::Value>, serde_json::Value) {
+    let out = std::process::Command::new(PyEnv::get().python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/tools/read_avro.py"
+        ))
+        .arg(folder)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let records = v["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap().to_string(), r.clone()))
+        .collect();
+    (records, v)
+}
+
+/// The documents the source holds: URI -> content (only the `.xml` ones are archived).
+fn source_state(root: &Path, base: &str) -> BTreeMap<String, String> {
+    walkdir::WalkDir::new(root)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "xml"))
+        .map(|e| {
+            let rel = e
+                .path()
+                .strip_prefix(root)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            (
+                format!("{base}/files/papers/{rel}"),
+                std::fs::read_to_string(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+fn assert_records_equal(
+    got: &BTreeMap<String, serde_json::Value>,
+    want: &BTreeMap<String, String>,
+    what: &str,
+) {
+    let got_ids: Vec<&String> = got.keys().collect();
+    let want_ids: Vec<&String> = want.keys().collect();
+    assert_eq!(got_ids, want_ids, "{what}: the same resources");
+    for (id, doc) in want {
+        let r = &got[id];
+        assert_eq!(r["document"].as_str(), Some(doc.as_str()), "{what}: {id}");
+        assert_eq!(r["mimetype"], "application_xml", "{what}: {id}");
+        assert_eq!(r["provider"], "test", "{what}: {id}");
+    }
+}
+
+/// The activity folders (with `_SUCCESS`) under the archive, oldest first.
+fn activities(archive: &Path) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = walkdir::WalkDir::new(archive.join("test/harvest"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name() == "_SUCCESS")
+        .map(|e| e.path().parent().unwrap().to_path_buf())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_push_snapshot_and_recreate_match_the_source() {
+    let (mut c, dir) = hub_config();
+    let root = dir.path().join("root");
+    add_file_set(&mut c, "papers", &root, None);
+    let app = TestApp::start_with(c).await;
+    let base = app.config.base_url();
+    let mut lines: Vec<String> = (0..500).map(|i| xml_line(&root, "created", i, 1)).collect();
+    // Not JSON, XML or Turtle: counted and listed, not archived.
+    lines.push(file_line(&root, "created", "notes.txt", "plain text\n"));
+    app.ingest_ok("papers", &lines.join("\n")).await;
+
+    let archive = dir.path().join("archive");
+    let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
+    hc.output.kind = OutputKind::Ingestion3;
+    hc.output.provider = "test".into();
+    hc.output.root = archive.to_string_lossy().into_owned();
+    hc.output.snapshot_interval_secs = 0;
+    hc.output.part_max_bytes = 8 * 1024;
+    hc.follow.check_interval_secs = 3600;
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "the baseline", 120, |s| set_done(s, 501)).await;
+    wait_until("the baseline snapshot", || async {
+        !activities(&archive).is_empty()
+    })
+    .await;
+    let first = activities(&archive).remove(0);
+    let (records, raw) = read_activity(&first);
+    assert_records_equal(&records, &source_state(&root, &base), "baseline snapshot");
+    assert!(
+        raw["codecs"].as_array().unwrap().len() > 1,
+        "cut into several parts at part_max_bytes"
+    );
+    assert!(raw["codecs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|c| c == "snappy"));
+    let schema = &raw["schemas"][0];
+    assert_eq!(schema["name"], "dpla.avro.v1.OriginalRecord");
+    assert_eq!(
+        schema["fields"][4]["type"]["symbols"],
+        serde_json::json!(["application_json", "application_xml", "text_turtle"])
+    );
+    // The seed's layout and file formats.
+    let name = first.file_name().unwrap().to_string_lossy().into_owned();
+    let ts = &name[..15];
+    assert_eq!(
+        first.strip_prefix(&archive).unwrap(),
+        Path::new(&format!(
+            "test/harvest/{}/{ts}-test-OriginalRecord.v1.avro",
+            &ts[..8]
+        ))
+    );
+    let manifest = std::fs::read_to_string(first.join("_MANIFEST")).unwrap();
+    let m: Vec<&str> = manifest.lines().collect();
+    assert_eq!(m.len(), 4, "{manifest}");
+    assert_eq!(m[0], "Activity: Harvest");
+    assert_eq!(m[1], "Provider: test");
+    assert_eq!(m[2], "Record count: 500");
+    assert!(m[3].starts_with("Start date/time: 20"), "{manifest}");
+    let prov: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(first.with_file_name(format!("{ts}-test-OriginalRecord.v1-prov.json")))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(prov["version"]
+        .as_str()
+        .unwrap()
+        .starts_with("resourcesync-hub "));
+    let plan: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(archive.join(format!("test/plan/{ts}/{ts}-OriginalRecord.v1.json")))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        plan["harvest"],
+        format!("harvest/{}/{name}", &ts[..8]).as_str()
+    );
+    let skipped = std::fs::read_to_string(first.join("_LOGS/skipped.csv")).unwrap();
+    assert_eq!(
+        skipped,
+        format!("id,mimetype\n{base}/files/papers/notes.txt,text/plain\n")
+    );
+
+    // 40 changes by push, in two batches; T lies between them.
+    let batch1: Vec<String> = (0..10)
+        .map(|i| xml_line(&root, "created", 1000 + i, 1))
+        .chain((0..10).map(|i| xml_line(&root, "updated", i, 2)))
+        .collect();
+    app.ingest_ok("papers", &batch1.join("\n")).await;
+    wait_state(&h, "the first batch", 60, |s| applied(s) >= 20).await;
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let t = resourcesync_hub::model::Timestamp::now();
+    let at_t = source_state(&root, &base);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let mut batch2: Vec<String> = (10..20)
+        .map(|i| {
+            std::fs::remove_file(root.join(format!("r/{i:04}.xml"))).unwrap();
+            format!(
+                r#"{{"change":"deleted","location":{{"type":"rel_path","value":"r/{i:04}.xml"}}}}"#
+            )
+        })
+        .collect();
+    batch2.extend((20..30).map(|i| xml_line(&root, "updated", i, 2)));
+    app.ingest_ok("papers", &batch2.join("\n")).await;
+    wait_state(&h, "the second batch", 60, |s| applied(s) >= 40).await;
+
+    let report: serde_json::Value =
+        serde_json::from_str(&destination::snapshot(&hc).await.unwrap()).unwrap();
+    assert_eq!(
+        (&report["inserted"], &report["updated"], &report["deleted"]),
+        (&10.into(), &20.into(), &10.into()),
+        "{report}"
+    );
+    let acts = activities(&archive);
+    assert_eq!(acts.len(), 2);
+    let second = &acts[1];
+    let (records, _) = read_activity(second);
+    assert_records_equal(&records, &source_state(&root, &base), "second snapshot");
+    let ops_file = std::fs::read_dir(second.join("_LOGS/ops"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let ops = std::fs::read_to_string(ops_file).unwrap();
+    let mut ops: Vec<&str> = ops.lines().collect();
+    assert_eq!(ops.remove(0), "id,operation");
+    let mut want: Vec<String> = (0..10)
+        .map(|i| format!("{base}/files/papers/r/{:04}.xml,insert", 1000 + i))
+        .chain((0..10).map(|i| format!("{base}/files/papers/r/{i:04}.xml,update")))
+        .chain((10..20).map(|i| format!("{base}/files/papers/r/{i:04}.xml,delete")))
+        .chain((20..30).map(|i| format!("{base}/files/papers/r/{i:04}.xml,update")))
+        .collect();
+    want.sort();
+    ops.sort();
+    assert_eq!(ops, want, "exactly the 40 changes");
+    let prov: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(second.with_file_name(format!(
+            "{}-prov.json",
+            second
+                .file_name()
+                .unwrap()
+                .to_string_lossy()
+                .trim_end_matches(".avro")
+        )))
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        prov["generator"],
+        first
+            .strip_prefix(archive.join("test"))
+            .unwrap()
+            .to_str()
+            .unwrap()
+    );
+    h.stop().await;
+
+    // Recreate the state at T (between the batches) from the first snapshot + the journal.
+    let report: serde_json::Value =
+        serde_json::from_str(&destination::recreate(&hc, t).await.unwrap()).unwrap();
+    let recreated = archive
+        .join("test")
+        .join(report["activity"].as_str().unwrap());
+    let (records, _) = read_activity(&recreated);
+    assert_records_equal(&records, &at_t, "recreated at T");
+    assert!(recreated.join("_SUCCESS").exists());
+    app.stop().await;
+}
