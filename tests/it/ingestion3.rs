@@ -95,8 +95,9 @@ fn activities(archive: &Path) -> Vec<std::path::PathBuf> {
     v
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn baseline_push_snapshot_and_recreate_match_the_source() {
+/// The whole story on one storage; returns the archive's object paths with timestamps
+/// replaced by `TS` (to compare storages).
+async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
     let (mut c, dir) = hub_config();
     let root = dir.path().join("root");
     add_file_set(&mut c, "papers", &root, None);
@@ -107,17 +108,34 @@ async fn baseline_push_snapshot_and_recreate_match_the_source() {
     lines.push(file_line(&root, "created", "notes.txt", "plain text\n"));
     app.ingest_ok("papers", &lines.join("\n")).await;
 
+    // Local: the archive itself. S3: a copy of the bucket, refreshed before each look.
     let archive = dir.path().join("archive");
     let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
     hc.output.kind = OutputKind::Ingestion3;
     hc.output.provider = "test".into();
     hc.output.root = archive.to_string_lossy().into_owned();
+    if let Some(s3) = s3 {
+        hc.output.root = "s3://archive/dpla".into();
+        hc.output.s3_endpoint = s3.endpoint.clone();
+        hc.output.s3_path_style = true;
+    }
+    let look = |hc: &destination::config::HarvestConfig| {
+        let (out, dest) = (hc.output.clone(), archive.clone());
+        async move {
+            if s3.is_some() {
+                tokio::task::spawn_blocking(move || copy_down(&out, &dest))
+                    .await
+                    .unwrap();
+            }
+        }
+    };
     hc.output.snapshot_interval_secs = 0;
     hc.output.part_max_bytes = 8 * 1024;
     hc.follow.check_interval_secs = 3600;
     let h = TestHarvester::start(hc.clone()).await;
     wait_state(&h, "the baseline", 120, |s| set_done(s, 501)).await;
     wait_until("the baseline snapshot", || async {
+        look(&hc).await;
         !activities(&archive).is_empty()
     })
     .await;
@@ -210,6 +228,7 @@ async fn baseline_push_snapshot_and_recreate_match_the_source() {
         (&10.into(), &20.into(), &10.into()),
         "{report}"
     );
+    look(&hc).await;
     let acts = activities(&archive);
     assert_eq!(acts.len(), 2);
     let second = &acts[1];
@@ -258,6 +277,7 @@ async fn baseline_push_snapshot_and_recreate_match_the_source() {
     // Recreate the state at T (between the batches) from the first snapshot + the journal.
     let report: serde_json::Value =
         serde_json::from_str(&destination::recreate(&hc, t).await.unwrap()).unwrap();
+    look(&hc).await;
     let recreated = archive
         .join("test")
         .join(report["activity"].as_str().unwrap());
@@ -265,4 +285,113 @@ async fn baseline_push_snapshot_and_recreate_match_the_source() {
     assert_records_equal(&records, &at_t, "recreated at T");
     assert!(recreated.join("_SUCCESS").exists());
     app.stop().await;
+    let ts = regex_free_ts(&archive);
+    drop(dir);
+    ts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_push_snapshot_and_recreate_match_the_source() {
+    let local = end_to_end(None).await;
+    let s3 = MotoS3::start("archive");
+    let remote = end_to_end(Some(&s3)).await;
+    assert_eq!(local, remote, "the same objects on S3 as in a local folder");
+}
+
+/// Every file under `archive`, relative, with each `yyyymmdd_hhmmss` and `yyyymmdd` folder
+/// name replaced, sorted.
+fn regex_free_ts(archive: &Path) -> Vec<String> {
+    let mut v: Vec<String> = walkdir::WalkDir::new(archive)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .map(|e| {
+            let rel = e
+                .path()
+                .strip_prefix(archive)
+                .unwrap()
+                .to_string_lossy()
+                .into_owned();
+            // Digits runs of 8 (a date) and 8_6 (a timestamp) become TS; journal sequence
+            // numbers (20 digits) are kept.
+            let mut out = String::new();
+            let mut digits = String::new();
+            for ch in rel.chars().chain(std::iter::once('/')) {
+                if ch.is_ascii_digit() || (ch == '_' && digits.len() == 8) {
+                    digits.push(ch);
+                    continue;
+                }
+                if digits.len() == 8 || digits.len() == 15 {
+                    out.push_str("TS");
+                } else {
+                    out.push_str(&digits);
+                }
+                digits.clear();
+                out.push(ch);
+            }
+            out.pop();
+            out
+        })
+        .collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+/// Copies every object of the archive into `dest` (for reading it as files).
+fn copy_down(out: &resourcesync_hub::destination::config::OutputSection, dest: &Path) {
+    let archive = destination::output::ingestion3::Archive::open(out).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    for key in archive.list("").unwrap() {
+        let target = dest.join(&key);
+        if target.exists() {
+            continue;
+        }
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        let local = archive.fetch_to(&key, tmp.path()).unwrap();
+        std::fs::rename(local, target).unwrap();
+    }
+}
+
+/// moto's S3 server on 127.0.0.1 (port chosen by the OS), with one bucket; stops when dropped.
+pub struct MotoS3 {
+    child: std::process::Child,
+    pub endpoint: String,
+}
+
+impl MotoS3 {
+    pub fn start(bucket: &str) -> MotoS3 {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(PyEnv::get().python())
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/tools/moto_s3.py"
+            ))
+            .arg(bucket)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line)
+            .unwrap_or_else(|e| panic!("moto_s3.py printed {line:?}: {e}"));
+        // The standard AWS variables: the only credentials the output reads.
+        std::env::set_var("AWS_ACCESS_KEY_ID", "test");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test");
+        MotoS3 {
+            child,
+            endpoint: v["endpoint"].as_str().unwrap().to_string(),
+        }
+    }
+}
+
+impl Drop for MotoS3 {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -142,6 +142,12 @@ impl Archive {
                             source: Box::new(e),
                         })?;
                 }
+                tokio::io::AsyncWriteExt::flush(&mut file)
+                    .await
+                    .map_err(|e| object_store::Error::Generic {
+                        store: "local",
+                        source: Box::new(e),
+                    })?;
                 Ok::<_, object_store::Error>(())
             })
             .map_err(|e| self.context("cannot read", path, e))?;
