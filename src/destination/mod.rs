@@ -8,7 +8,8 @@
 //! - [`fetch`]: HTTP with retries; resources streamed to disk and measured.
 //! - [`state`]: the durable position, queue, log and subscription (SQLite).
 //! - [`follow`]: the callback server and the subscription.
-//! - [`output`]: where resources go (the mirror folder).
+//! - [`output`]: where resources go: the mirror folder, or the Ingestion 3 archive (Avro
+//!   snapshots per provider, on a local folder or S3).
 //!
 //! The position of a set is a datetime P: every change dated before P has been applied
 //! (or, with `fetch.skip_failed`, given up on and listed). Baseline: P = the Resource List's

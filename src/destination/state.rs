@@ -241,7 +241,7 @@ impl State {
     /// Queues changes not yet applied nor queued; returns how many were new.
     pub fn enqueue(&self, set_id: i64, changes: &[Change]) -> R<usize> {
         let mut c = self.c();
-        let tx = c.transaction()?;
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         let mut n = 0;
         {
             let mut done = tx.prepare_cached("SELECT 1 FROM applied WHERE set_id = ?1 AND uri = ?2 AND change = ?3 AND datetime = ?4")?;
@@ -317,7 +317,7 @@ impl State {
     /// in one transaction.
     pub fn applied(&self, set_id: i64, p: &Pending, held: Option<&Held>) -> R<()> {
         let mut c = self.c();
-        let tx = c.transaction()?;
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?;
         tx.execute(
             "INSERT OR IGNORE INTO applied (set_id, uri, change, datetime, applied_at) VALUES (?1, ?2, ?3, ?4, ?5)",

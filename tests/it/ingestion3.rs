@@ -395,3 +395,89 @@ impl Drop for MotoS3 {
         let _ = self.child.wait();
     }
 }
+
+/// `harvest snapshot` killed (SIGKILL) while it writes parts: the folder it leaves has no
+/// `_SUCCESS`; run again, it finishes that same snapshot, complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_killed_mid_write_is_finished_by_the_next_run() {
+    use resourcesync_hub::destination::output::{ingestion3::Ingestion3, Item, Output};
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let config = dir.path().join("harvest.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[source]\nurl = \"http://127.0.0.1:9/\"\n[state]\ndir = \"{}\"\n[output]\nkind = \"ingestion3\"\nprovider = \"test\"\nroot = \"{}\"\npart_max_bytes = 16384\nsnapshot_interval_secs = 0\n",
+            dir.path().join("state").display(),
+            archive.display()
+        ),
+    )
+    .unwrap();
+    let cfg = destination::config::HarvestConfig::load(Some(&config)).unwrap();
+    // 20,000 journaled records of 2 KB (about 2,500 parts).
+    let n = 20_000;
+    let out = cfg.output.clone();
+    let state_dir = cfg.state.dir.clone();
+    tokio::task::spawn_blocking(move || {
+        let o = Ingestion3::open(&out, &state_dir).unwrap();
+        for i in 0..n {
+            let uri = format!("http://example.org/r/{i:05}");
+            let path = o.download_path(&uri).unwrap();
+            std::fs::write(&path, format!("<r n=\"{i}\">{}</r>", "x".repeat(2000))).unwrap();
+            let item = Item {
+                set: "s",
+                uri: &uri,
+                md5: "",
+                length: 0,
+                mime: Some("application/xml"),
+            };
+            o.put(&item, &path).unwrap();
+        }
+    })
+    .await
+    .unwrap();
+    let snapshot = || {
+        std::process::Command::new(ChildServer::BIN)
+            .args(["harvest", "--config", config.to_str().unwrap(), "snapshot"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let mut child = snapshot();
+    let parts = |a: &Path| {
+        walkdir::WalkDir::new(a)
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("part-"))
+            .count()
+    };
+    wait_until("the snapshot to be writing parts", || async {
+        parts(&archive) >= 20
+    })
+    .await;
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let success = || {
+        walkdir::WalkDir::new(&archive)
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name() == "_SUCCESS")
+            .count()
+    };
+    assert_eq!(
+        success(),
+        0,
+        "killed after {} parts: no _SUCCESS",
+        parts(&archive)
+    );
+
+    let out = snapshot().wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(activities(&archive).len(), 1, "the same snapshot, finished");
+    assert_eq!(success(), 1);
+    let (records, _) = read_activity(&activities(&archive)[0]);
+    assert_eq!(records.len(), n);
+    let manifest = std::fs::read_to_string(activities(&archive)[0].join("_MANIFEST")).unwrap();
+    assert!(manifest.contains("Record count: 20000"), "{manifest}");
+}

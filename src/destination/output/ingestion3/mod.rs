@@ -15,8 +15,8 @@
 //!   the changes journaled since, written as a new activity with `_LOGS/ops/<ts>.csv`
 //!   (`id,operation`: insert, update, delete) and a provenance file naming the previous one.
 //! - **The journal.** Each applied change is first committed to a local SQLite journal in the
-//!   harvester's state folder (synchronous, before the harvester records the change as
-//!   applied), and exported to `<provider>/journal/` as Avro segments (`rshub.JournalEntry`:
+//!   harvester's state folder (before the harvester records the change as applied, with the
+//!   same durability as that record: WAL, survives a killed process), and exported to `<provider>/journal/` as Avro segments (`rshub.JournalEntry`:
 //!   seq, at, op, id, mimetype, document) at least every `JOURNAL_EXPORT_SECS` and before
 //!   every snapshot. `journal/` is outside `harvest/`, so DPLA's tools never take it for a
 //!   harvest.
@@ -29,6 +29,7 @@
 pub mod record;
 mod store;
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -84,7 +85,7 @@ impl Ingestion3 {
         let conn = Connection::open(state_dir.join("ingestion3.sqlite"))?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL;
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
              CREATE TABLE IF NOT EXISTS journal (
                seq INTEGER PRIMARY KEY AUTOINCREMENT, at INTEGER NOT NULL, op TEXT NOT NULL,
                id TEXT NOT NULL, mimetype TEXT, document TEXT);
@@ -136,49 +137,56 @@ impl Ingestion3 {
         Ok(())
     }
 
-    /// Writes the journal entries not yet in storage as one segment there.
+    /// Writes the journal entries not yet in storage there, as segments of at most
+    /// `SEGMENT_ROWS` entries (memory stays bounded however far behind the export is).
     pub fn export_journal(&self) -> anyhow::Result<()> {
-        let (from, rows) = {
-            let c = self.journal();
-            let from: i64 = c
-                .query_row("SELECT through FROM exported", [], |r| r.get(0))
-                .optional()?
-                .unwrap_or(0);
-            let mut st = c.prepare(
-                "SELECT seq, at, op, id, mimetype, document FROM journal WHERE seq > ?1 ORDER BY seq",
-            )?;
-            let rows = st
-                .query_map([from], |r| {
-                    Ok(store::JournalEntry {
-                        seq: r.get(0)?,
-                        at: r.get(1)?,
-                        op: r.get(2)?,
-                        id: r.get(3)?,
-                        mimetype: r.get(4)?,
-                        document: r.get(5)?,
-                    })
-                })?
-                .collect::<Result<Vec<_>, _>>()?;
-            (from, rows)
-        };
+        const SEGMENT_ROWS: i64 = 2000;
         *self.last_export.lock().expect("export lock") = Timestamp::now().0;
-        let Some(last) = rows.last().map(|r| r.seq) else {
-            return Ok(());
-        };
-        let path = format!(
-            "{}/journal/{:020}-{:020}.avro",
-            self.provider,
-            from + 1,
-            last
-        );
-        self.archive
-            .put_bytes(&path, store::journal_segment(&rows)?)?;
-        self.journal().execute(
-            "INSERT INTO exported (one, through) VALUES (1, ?1)
-             ON CONFLICT (one) DO UPDATE SET through = excluded.through",
-            [last],
-        )?;
-        Ok(())
+        loop {
+            let (from, rows) = {
+                let c = self.journal();
+                let from: i64 = c
+                    .query_row("SELECT through FROM exported", [], |r| r.get(0))
+                    .optional()?
+                    .unwrap_or(0);
+                let mut st = c.prepare_cached(
+                    "SELECT seq, at, op, id, mimetype, document FROM journal WHERE seq > ?1
+                     ORDER BY seq LIMIT ?2",
+                )?;
+                let rows = st
+                    .query_map([from, SEGMENT_ROWS], |r| {
+                        Ok(store::JournalEntry {
+                            seq: r.get(0)?,
+                            at: r.get(1)?,
+                            op: r.get(2)?,
+                            id: r.get(3)?,
+                            mimetype: r.get(4)?,
+                            document: r.get(5)?,
+                        })
+                    })?
+                    .collect::<Result<Vec<_>, _>>()?;
+                (from, rows)
+            };
+            let Some(last) = rows.last().map(|r| r.seq) else {
+                return Ok(());
+            };
+            let path = format!(
+                "{}/journal/{:020}-{:020}.avro",
+                self.provider,
+                from + 1,
+                last
+            );
+            self.archive
+                .put_bytes(&path, store::journal_segment(&rows)?)?;
+            self.journal().execute(
+                "INSERT INTO exported (one, through) VALUES (1, ?1)
+                 ON CONFLICT (one) DO UPDATE SET through = excluded.through",
+                [last],
+            )?;
+            if (rows.len() as i64) < SEGMENT_ROWS {
+                return Ok(());
+            }
+        }
     }
 
     /// Finishes a snapshot a crash interrupted, if any.
@@ -324,7 +332,10 @@ impl Ingestion3 {
             }
         }
         // The changes: the newest upsert of each resource, and the operations log.
-        let mut ops = String::from("id,operation\n");
+        // The operations log, on disk while it grows (a baseline logs every record).
+        let ops_path = self.tmp.join(format!("ops-{ts}.csv"));
+        let mut ops = std::io::BufWriter::new(std::fs::File::create(&ops_path)?);
+        std::io::Write::write_all(&mut ops, b"id,operation\n")?;
         let (mut inserted, mut updated, mut deleted) = (0u64, 0u64, 0u64);
         {
             let c = self.journal();
@@ -359,10 +370,7 @@ impl Ingestion3 {
                     "update" => updated += 1,
                     _ => deleted += 1,
                 }
-                ops.push_str(&csv_field(&id));
-                ops.push(',');
-                ops.push_str(operation);
-                ops.push('\n');
+                writeln!(ops, "{},{operation}", csv_field(&id))?;
                 if op == "upsert" {
                     let mimetype = mimetype
                         .as_deref()
@@ -381,6 +389,11 @@ impl Ingestion3 {
             }
         }
         let records = parts.finish()?;
+        std::io::Write::flush(&mut ops)?;
+        drop(ops);
+        self.archive
+            .put_file(&format!("{base}/_LOGS/ops/{ts}.csv"), &ops_path)?;
+        let _ = std::fs::remove_file(&ops_path);
         let mut skipped_csv = String::from("id,mimetype\n");
         let mut skipped = 0u64;
         {
@@ -403,7 +416,6 @@ impl Ingestion3 {
             records,
             prev.as_deref().unwrap_or("resourcesync"),
             vec![
-                (format!("ops/{ts}.csv"), ops.into_bytes()),
                 ("skipped.csv".into(), skipped_csv.into_bytes()),
                 // What this snapshot folds in: `recreate` applies journal entries after it.
                 (
