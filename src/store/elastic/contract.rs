@@ -555,27 +555,12 @@ impl ElasticStore {
         after: Option<Cursor>,
         limit: usize,
     ) -> Result<(Vec<Value>, Option<Cursor>), StoreError> {
-        let mut body =
-            json!({"size": limit, "query": query, "sort": sort, "track_total_hits": false});
-        if let Some(Cursor(c)) = after {
-            body["search_after"] = serde_json::from_str(&c)
-                .map_err(|_| StoreError::Corrupt(format!("bad cursor {c:?}")))?;
-        }
-        let v = self
-            .es
-            .ok(Method::Post, &format!("/{index}/_search"), Some(body))
-            .await?;
-        let hits = v["hits"]["hits"].as_array().cloned().unwrap_or_default();
-        let next = (hits.len() == limit)
-            .then(|| hits.last().map(|h| Cursor(h["sort"].to_string())))
-            .flatten();
-        Ok((
-            hits.into_iter().map(|h| h["_source"].clone()).collect(),
-            next,
-        ))
+        self.typed_page::<Value>(index, query, sort, after, limit)
+            .await
     }
 
-    /// Like [`Self::page`], the hits decoded straight into typed sources.
+    /// One page of a search, its hits' sources decoded straight into `S` (no `Value` tree
+    /// for typed sources); [`Self::page`] is this with `Value`.
     async fn typed_page<S: serde::de::DeserializeOwned>(
         &self,
         index: &str,
