@@ -105,21 +105,28 @@ impl Harvester {
             .ok_or_else(|| anyhow::anyhow!("set {id} vanished from the state"))
     }
 
-    /// The output's periodic work (snapshots of the Ingestion 3 archive), off the async
-    /// threads; a failure is logged and tried again at the next check.
-    async fn housekeeping(&self, sets: &[Followed]) {
+    /// Starts the output's periodic work (snapshots of the Ingestion 3 archive) off the
+    /// async threads unless the last one still runs: notifications go on being applied
+    /// while a snapshot of millions of records is written. A failure is logged and tried
+    /// again at the next check.
+    fn housekeeping(&self, sets: &[Followed], running: &mut Option<tokio::task::JoinHandle<()>>) {
+        if running.as_ref().is_some_and(|t| !t.is_finished()) {
+            return;
+        }
         let mut baselined = true;
         for s in sets {
             baselined &= self.row(s.row.id).is_ok_and(|r| r.baseline_done);
         }
         let output = self.output.clone();
-        match tokio::task::spawn_blocking(move || output.housekeeping(baselined)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(error = %format!("{e:#}"), "output housekeeping failed; tried again at the next check")
+        *running = Some(tokio::spawn(async move {
+            match tokio::task::spawn_blocking(move || output.housekeeping(baselined)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %format!("{e:#}"), "output housekeeping failed; tried again at the next check")
+                }
+                Err(e) => tracing::warn!(error = %e, "output housekeeping panicked"),
             }
-            Err(e) => tracing::warn!(error = %e, "output housekeeping panicked"),
-        }
+        }));
     }
 
     // ---- baseline ----
@@ -838,7 +845,8 @@ pub async fn run(
             }
         }
     }
-    h.housekeeping(&sets).await;
+    let mut housekeeping = None;
+    h.housekeeping(&sets, &mut housekeeping);
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -866,9 +874,14 @@ pub async fn run(
                         Err(e) => tracing::warn!(set = %s.info.name, error = %e, "periodic catch-up failed"),
                     }
                 }
-                h.housekeeping(&sets).await;
+                h.housekeeping(&sets, &mut housekeeping);
             }
         }
+    }
+    // A snapshot being written stops at its next record and is redone at the next start.
+    h.output.interrupt();
+    if let Some(t) = housekeeping {
+        let _ = t.await;
     }
     if let Some(s) = server {
         let _ = s.await;
@@ -983,64 +996,83 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
 pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
     let h = Harvester::new(cfg.clone(), String::new())?;
     let sets = h.discover().await?;
+    let output = h.output.clone();
+    let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
     let mut out = String::new();
     let mut in_sync = true;
+    let list = |out: &mut String, what: &str, list: &[String]| {
+        for u in list.iter().take(20) {
+            out.push_str(&format!("  {what}: {u}\n"));
+        }
+        if list.len() > 20 {
+            out.push_str(&format!("  … and {} more {what}\n", list.len() - 20));
+        }
+    };
     for s in &sets {
         let Some(rl) = &s.info.resourcelist else {
             continue;
         };
         let mut listed: HashSet<String> = HashSet::new();
-        let (mut missing, mut differ) = (Vec::new(), Vec::new());
+        let (mut missing, mut differ, mut not_archived) = (Vec::new(), Vec::new(), 0u64);
         let (_, parts) = h.list_parts(rl, "Resource List").await?;
         for part in parts {
             let mut doc = h.open_part(part, "Resource List part").await?;
             let r = &mut doc.reader;
             while let Some(e) = r.next_entry()? {
                 let c = entry_change(&e, "created", Timestamp(0));
-                listed.insert(c.uri.clone());
-                let path = h.output.locate(&c.uri)?;
-                match file_facts(&path) {
-                    None => missing.push(c.uri),
-                    Some((len, md5)) => {
-                        if c.length.is_some_and(|l| l != len)
+                match auditor.holding(&c.uri)? {
+                    output::Holding::Missing => missing.push(c.uri.clone()),
+                    output::Holding::NotArchived(_) => not_archived += 1,
+                    output::Holding::Held { length, md5 } => {
+                        if c.length.is_some_and(|l| l != length)
                             || c.md5
                                 .as_deref()
                                 .is_some_and(|m| !m.eq_ignore_ascii_case(&md5))
                         {
-                            differ.push(c.uri);
+                            differ.push(c.uri.clone());
                         }
                     }
                 }
+                listed.insert(c.uri);
             }
         }
-        let extra: Vec<String> = h
-            .state
-            .held_uris(s.row.id)?
-            .into_iter()
-            .filter(|u| !listed.contains(u))
-            .collect();
+        // The mirror: what the harvester's record holds for this set. (The archive tells
+        // what it holds itself, over all sets, below.)
+        let extra: Vec<String> = if cfg.output.kind == config::OutputKind::Mirror {
+            h.state
+                .held_uris(s.row.id)?
+                .into_iter()
+                .filter(|u| !listed.contains(u))
+                .collect()
+        } else {
+            Vec::new()
+        };
         let ok = missing.is_empty() && differ.is_empty() && extra.is_empty();
         in_sync &= ok;
         out.push_str(&format!(
-            "set {}: {} listed, {} missing, {} different, {} held but no longer listed\n",
+            "set {}: {} listed, {} missing, {} different, {} held but no longer listed{}\n",
             s.info.name,
             listed.len(),
             missing.len(),
             differ.len(),
+            extra.len(),
+            if not_archived > 0 {
+                format!(", {not_archived} not archived (not JSON, XML or Turtle)")
+            } else {
+                String::new()
+            }
+        ));
+        list(&mut out, "missing", &missing);
+        list(&mut out, "different", &differ);
+        list(&mut out, "extra", &extra);
+    }
+    if let Some(extra) = auditor.unlisted()? {
+        in_sync &= extra.is_empty();
+        out.push_str(&format!(
+            "archive: {} records no set lists any more\n",
             extra.len()
         ));
-        for (what, list) in [
-            ("missing", &missing),
-            ("different", &differ),
-            ("extra", &extra),
-        ] {
-            for u in list.iter().take(20) {
-                out.push_str(&format!("  {what}: {u}\n"));
-            }
-            if list.len() > 20 {
-                out.push_str(&format!("  … and {} more {what}\n", list.len() - 20));
-            }
-        }
+        list(&mut out, "extra", &extra);
     }
     out.push_str(if in_sync {
         "IN SYNC\n"
@@ -1048,23 +1080,4 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
         "NOT IN SYNC\n"
     });
     Ok((out, in_sync))
-}
-
-/// Length and md5 of a file, or `None` when it is not there.
-fn file_facts(path: &std::path::Path) -> Option<(u64, String)> {
-    use md5::{Digest, Md5};
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut h = Md5::new();
-    let mut buf = vec![0u8; 64 * 1024];
-    let mut len = 0u64;
-    loop {
-        let n = f.read(&mut buf).ok()?;
-        if n == 0 {
-            break;
-        }
-        len += n as u64;
-        h.update(&buf[..n]);
-    }
-    Some((len, crate::digest::hex_digest(h.finalize())))
 }

@@ -466,13 +466,13 @@ async fn a_lost_subscription_is_caught_up_and_renewed() {
 }
 
 /// The harvester as a child process (`harvest --config FILE`), its log drained.
-struct ChildHarvester {
+pub struct ChildHarvester {
     child: std::process::Child,
     log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl ChildHarvester {
-    fn start(config: &Path) -> ChildHarvester {
+    pub fn start(config: &Path) -> ChildHarvester {
         use std::io::{BufRead, BufReader};
         let mut child = std::process::Command::new(ChildServer::BIN)
             .args(["harvest", "--config"])
@@ -495,7 +495,7 @@ impl ChildHarvester {
         ChildHarvester { child, log }
     }
 
-    fn kill(mut self) {
+    pub fn kill(mut self) {
         self.child.kill().unwrap();
         self.child.wait().unwrap();
     }
@@ -509,7 +509,7 @@ impl Drop for ChildHarvester {
 }
 
 /// A free loopback port for a child's callback server.
-fn free_port() -> u16 {
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

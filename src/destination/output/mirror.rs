@@ -6,26 +6,25 @@ use std::path::{Component, Path, PathBuf};
 
 use percent_encoding::percent_decode_str;
 
-use super::{Item, Output};
+use super::{file_facts, Auditor, Holding, Item, Output};
 use crate::destination::config::{MapEntry, OutputSection};
 
+#[derive(Clone)]
 pub struct Mirror {
     dir: PathBuf,
     map: Vec<MapEntry>,
     keep_deleted: bool,
-    tmp: PathBuf,
+    tmp: std::sync::Arc<super::Scratch>,
 }
 
 impl Mirror {
     pub fn new(cfg: &OutputSection) -> anyhow::Result<Mirror> {
-        let tmp = cfg.dir.join(".rshub-tmp");
-        std::fs::create_dir_all(&tmp).map_err(|e| {
-            anyhow::anyhow!("cannot create the mirror folder {}: {e}", tmp.display())
+        let parent = cfg.dir.join(".rshub-tmp");
+        std::fs::create_dir_all(&parent).map_err(|e| {
+            anyhow::anyhow!("cannot create the mirror folder {}: {e}", parent.display())
         })?;
-        // Leftovers of a run killed mid-download.
-        for e in std::fs::read_dir(&tmp)?.flatten() {
-            let _ = std::fs::remove_file(e.path());
-        }
+        // Leftovers of a run killed mid-read are removed; a running one's are kept.
+        let tmp = std::sync::Arc::new(super::Scratch::open(&parent)?);
         let mut map = cfg.map.clone();
         map.sort_by_key(|m| std::cmp::Reverse(m.uri.len()));
         Ok(Mirror {
@@ -97,7 +96,7 @@ impl Output for Mirror {
     }
 
     fn temp_dir(&self) -> &Path {
-        &self.tmp
+        self.tmp.path()
     }
 
     fn download_path(&self, uri: &str) -> anyhow::Result<PathBuf> {
@@ -111,7 +110,14 @@ impl Output for Mirror {
         Ok(target.with_file_name(name))
     }
 
-    fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
+    fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Mirror {
+    /// The path a resource has (or would have) in the mirror.
+    pub fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
         for m in &self.map {
             if let Some(rest) = uri.strip_prefix(&m.uri) {
                 return Ok(m.dir.join(relative_path(rest)?));
@@ -129,6 +135,21 @@ impl Output for Mirror {
             .find(['/', '?'])
             .map_or(uri.len(), |i| after_scheme + i)..];
         Ok(self.dir.join(host).join(relative_path(rest)?))
+    }
+}
+
+impl Auditor for Mirror {
+    fn holding(&mut self, uri: &str) -> anyhow::Result<Holding> {
+        Ok(match file_facts(&self.locate(uri)?) {
+            Some((length, md5)) => Holding::Held { length, md5 },
+            None => Holding::Missing,
+        })
+    }
+
+    /// The mirror cannot tell its files from others in the folder: the harvester's record
+    /// says what it holds.
+    fn unlisted(&mut self) -> anyhow::Result<Option<Vec<String>>> {
+        Ok(None)
     }
 }
 

@@ -33,13 +33,105 @@ pub trait Output: Send + Sync {
     /// a rename within one folder. One per resource (a resource is never fetched twice at
     /// once), so a leftover of a killed run is simply overwritten by the next try.
     fn download_path(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
-    /// The path a resource has (or would have) in the output, for audits.
-    fn locate(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
+    /// What the output holds, for `harvest audit` (called off the async threads; the
+    /// auditor's own calls are quick).
+    fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>>;
+    /// Shutdown: long work in `housekeeping` stops soon, to be finished at the next start.
+    fn interrupt(&self) {}
     /// Called at start and at every periodic check (blocking, off the async threads);
     /// `baselined`: every followed set has finished its baseline. The Ingestion 3 archive
     /// writes its snapshots from here.
     fn housekeeping(&self, baselined: bool) -> anyhow::Result<()> {
         let _ = baselined;
         Ok(())
+    }
+}
+
+/// What an output holds of a resource.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Holding {
+    Missing,
+    Held {
+        length: u64,
+        md5: String,
+    },
+    /// Deliberately not kept (the Ingestion 3 archive keeps only metadata records).
+    NotArchived(String),
+}
+
+/// Reads what an output holds, resource by resource, for `harvest audit`.
+pub trait Auditor {
+    fn holding(&mut self, uri: &str) -> anyhow::Result<Holding>;
+    /// What the output holds that no `holding` call asked about (call it after them), or
+    /// `None` when the output cannot tell (the harvester's record is used then).
+    fn unlisted(&mut self) -> anyhow::Result<Option<Vec<String>>>;
+}
+
+/// Length and md5 (hex) of a file, or `None` when it is not there.
+pub fn file_facts(path: &Path) -> Option<(u64, String)> {
+    use md5::{Digest, Md5};
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut h = Md5::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut len = 0u64;
+    loop {
+        let n = f.read(&mut buf).ok()?;
+        if n == 0 {
+            break;
+        }
+        len += n as u64;
+        h.update(&buf[..n]);
+    }
+    Some((len, crate::digest::hex_digest(h.finalize())))
+}
+
+/// A scratch folder of its own, `<parent>/<pid>-<n>`, locked for as long as it is
+/// held: a harvester and a `harvest audit` or `snapshot` beside it never remove each other's
+/// files, while folders left by processes that ended (killed, say) are removed at the next
+/// open. Removed when dropped.
+pub struct Scratch {
+    path: std::path::PathBuf,
+    _lock: std::fs::File,
+}
+
+impl Scratch {
+    pub fn open(parent: &Path) -> anyhow::Result<Scratch> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = parent.join(format!("{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&path)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+        let lock = std::fs::File::create(path.join(".lock"))?;
+        lock.try_lock().map_err(|e| {
+            anyhow::anyhow!("cannot lock the scratch folder {}: {e}", path.display())
+        })?;
+        for e in std::fs::read_dir(parent)?.flatten() {
+            let p = e.path();
+            if p == path {
+                continue;
+            }
+            if !p.is_dir() {
+                // Leftovers of the layout before per-process folders.
+                let _ = std::fs::remove_file(&p);
+                continue;
+            }
+            let free = std::fs::File::open(p.join(".lock")).is_ok_and(|f| f.try_lock().is_ok())
+                || !p.join(".lock").exists();
+            if free {
+                let _ = std::fs::remove_dir_all(&p);
+            }
+        }
+        Ok(Scratch { path, _lock: lock })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
     }
 }

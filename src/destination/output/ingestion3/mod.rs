@@ -35,7 +35,7 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::{Item, Output};
+use super::{Auditor, Holding, Item, Output};
 use crate::destination::config::OutputSection;
 use crate::model::Timestamp;
 use record::{mime_symbol, OriginalRecord, PartWriter, SCHEMA_NAME};
@@ -47,8 +47,17 @@ const JOURNAL_EXPORT_SECS: i64 = 10;
 pub struct Ingestion3 {
     archive: Archive,
     provider: String,
+    /// The connection that appends to the journal (short statements only: a snapshot reads
+    /// on a connection of its own, so puts never wait for one).
     journal: Mutex<Connection>,
+    db_path: PathBuf,
+    /// One export at a time (two would write overlapping segments).
+    exporting: Mutex<()>,
+    /// Set on shutdown: a snapshot in progress stops at its next record and is redone at the
+    /// next start.
+    stop: std::sync::atomic::AtomicBool,
     tmp: PathBuf,
+    _scratch: super::Scratch,
     part_max_bytes: u64,
     interval_secs: u64,
     last_export: Mutex<i64>,
@@ -76,13 +85,13 @@ pub fn ts_string(t: Timestamp) -> String {
 
 impl Ingestion3 {
     pub fn open(cfg: &OutputSection, state_dir: &Path) -> anyhow::Result<Ingestion3> {
-        let tmp = state_dir.join("ingestion3-tmp");
-        std::fs::create_dir_all(&tmp)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", tmp.display()))?;
-        for e in std::fs::read_dir(&tmp)?.flatten() {
-            let _ = std::fs::remove_file(e.path());
-        }
-        let conn = Connection::open(state_dir.join("ingestion3.sqlite"))?;
+        let parent = state_dir.join("ingestion3-tmp");
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+        let scratch = super::Scratch::open(&parent)?;
+        let tmp = scratch.path().to_path_buf();
+        let db_path = state_dir.join("ingestion3.sqlite");
+        let conn = Connection::open(&db_path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.execute_batch(
             "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
@@ -100,10 +109,15 @@ impl Ingestion3 {
             archive: Archive::open(cfg)?,
             provider: cfg.provider.clone(),
             journal: Mutex::new(conn),
+            db_path,
+            exporting: Mutex::new(()),
+            stop: Default::default(),
             tmp,
+            _scratch: scratch,
             part_max_bytes: cfg.part_max_bytes,
             interval_secs: cfg.snapshot_interval_secs,
-            last_export: Mutex::new(0),
+            // The first export comes with housekeeping or JOURNAL_EXPORT_SECS from now.
+            last_export: Mutex::new(Timestamp::now().0),
         })
     }
 
@@ -113,6 +127,44 @@ impl Ingestion3 {
 
     fn journal(&self) -> std::sync::MutexGuard<'_, Connection> {
         self.journal.lock().expect("journal lock")
+    }
+
+    /// A connection of its own, for long reads (WAL: they see a consistent state and never
+    /// block the appends); its temporary tables spill to disk, not memory.
+    fn reader(&self) -> anyhow::Result<Connection> {
+        let c = Connection::open(&self.db_path)?;
+        c.busy_timeout(std::time::Duration::from_secs(10))?;
+        c.execute_batch("PRAGMA temp_store = FILE; PRAGMA cache_size = -8000;")?;
+        Ok(c)
+    }
+
+    fn check_stop(&self) -> anyhow::Result<()> {
+        if self.stop.load(std::sync::atomic::Ordering::Relaxed) {
+            anyhow::bail!("interrupted by shutdown; the snapshot is finished at the next start");
+        }
+        Ok(())
+    }
+
+    /// The part files of a stored activity (`<provider>/…`), streamed record by record
+    /// through `f`, one part downloaded at a time.
+    fn for_each_record(
+        &self,
+        activity: &str,
+        mut f: impl FnMut(OriginalRecord) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        for part in self
+            .archive
+            .list(activity)?
+            .into_iter()
+            .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("part-")))
+        {
+            let local = self.archive.fetch_to(&part, &self.tmp)?;
+            let file = std::io::BufReader::new(std::fs::File::open(&local)?);
+            let r = record::for_each(file, &mut f);
+            let _ = std::fs::remove_file(local);
+            r?;
+        }
+        Ok(())
     }
 
     fn record(
@@ -131,7 +183,8 @@ impl Ingestion3 {
             let last = self.last_export.lock().expect("export lock");
             now - *last > JOURNAL_EXPORT_SECS * 1_000_000
         };
-        if due {
+        // Another put (or a snapshot) exporting already covers this one soon enough.
+        if due && self.exporting.try_lock().is_ok() {
             self.export_journal()?;
         }
         Ok(())
@@ -141,6 +194,7 @@ impl Ingestion3 {
     /// `SEGMENT_ROWS` entries (memory stays bounded however far behind the export is).
     pub fn export_journal(&self) -> anyhow::Result<()> {
         const SEGMENT_ROWS: i64 = 2000;
+        let _one = self.exporting.lock().expect("export lock");
         *self.last_export.lock().expect("export lock") = Timestamp::now().0;
         loop {
             let (from, rows) = {
@@ -189,8 +243,41 @@ impl Ingestion3 {
         }
     }
 
+    /// The lock that one process at a time holds while it writes activities (the harvester's
+    /// housekeeping, `harvest snapshot`, `harvest recreate`): `None` while another holds it.
+    fn try_activity_lock(&self) -> anyhow::Result<Option<std::fs::File>> {
+        let path = self.db_path.with_file_name("ingestion3.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+        match f.try_lock() {
+            Ok(()) => Ok(Some(f)),
+            Err(std::fs::TryLockError::WouldBlock) => Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => {
+                Err(anyhow::anyhow!("cannot lock {}: {e}", path.display()))
+            }
+        }
+    }
+
+    fn activity_lock(&self) -> anyhow::Result<std::fs::File> {
+        self.try_activity_lock()?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "another process (the running harvester, or another `harvest snapshot` or \
+                 `recreate`) is writing an activity of this archive now; try again when it is done"
+            )
+        })
+    }
+
     /// Finishes a snapshot a crash interrupted, if any.
     pub fn finish_interrupted(&self) -> anyhow::Result<Option<SnapshotReport>> {
+        let _lock = self.activity_lock()?;
+        self.finish_interrupted_locked()
+    }
+
+    fn finish_interrupted_locked(&self) -> anyhow::Result<Option<SnapshotReport>> {
         let open: Option<String> = self
             .journal()
             .query_row(
@@ -210,7 +297,12 @@ impl Ingestion3 {
 
     /// A new complete snapshot: the previous one plus the changes journaled since.
     pub fn snapshot(&self) -> anyhow::Result<SnapshotReport> {
-        if let Some(r) = self.finish_interrupted()? {
+        let _lock = self.activity_lock()?;
+        self.snapshot_locked()
+    }
+
+    fn snapshot_locked(&self) -> anyhow::Result<SnapshotReport> {
+        if let Some(r) = self.finish_interrupted_locked()? {
             return Ok(r);
         }
         let ts = self.free_ts()?;
@@ -295,51 +387,35 @@ impl Ingestion3 {
         let started = chrono::NaiveDateTime::parse_from_str(ts, "%Y%m%d_%H%M%S")?
             .and_utc()
             .timestamp();
-        // The newest change per resource since the previous snapshot.
-        {
-            let c = self.journal();
-            c.execute_batch("DROP TABLE IF EXISTS temp.latest")?;
-            c.execute(
-                "CREATE TEMP TABLE latest AS SELECT id, max(seq) AS seq, 0 AS in_prev FROM journal
-                 WHERE seq > ?1 AND seq <= ?2 GROUP BY id",
-                [prev_through, through],
-            )?;
-            c.execute_batch("CREATE UNIQUE INDEX temp.latest_id ON latest (id)")?;
-        }
+        // The newest change per resource since the previous snapshot, on a connection of
+        // the snapshot's own: changes applied meanwhile go on being journaled.
+        let r = self.reader()?;
+        r.execute(
+            "CREATE TEMP TABLE latest AS SELECT id, max(seq) AS seq, 0 AS in_prev FROM journal
+             WHERE seq > ?1 AND seq <= ?2 GROUP BY id",
+            [prev_through, through],
+        )?;
+        r.execute_batch("CREATE UNIQUE INDEX temp.latest_id ON latest (id)")?;
         let schema = record::schema();
         let mut parts = Parts::new(self, &base, &schema)?;
         if let Some(prev) = &prev {
-            for part in self
-                .archive
-                .list(&format!("{}/{prev}", self.provider))?
-                .into_iter()
-                .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("part-")))
-            {
-                let local = self.archive.fetch_to(&part, &self.tmp)?;
-                let file = std::io::BufReader::new(std::fs::File::open(&local)?);
-                let changed = |id: &str| -> anyhow::Result<bool> {
-                    let c = self.journal();
-                    Ok(c.execute("UPDATE latest SET in_prev = 1 WHERE id = ?1", [id])? > 0)
-                };
-                record::for_each(file, |mut r| {
-                    if !changed(&r.id)? {
-                        r.ingest_date = started;
-                        parts.append(&r)?;
-                    }
-                    Ok(())
-                })?;
-                let _ = std::fs::remove_file(local);
-            }
+            let mut mark = r.prepare("UPDATE latest SET in_prev = 1 WHERE id = ?1")?;
+            self.for_each_record(&format!("{}/{prev}", self.provider), |mut rec| {
+                if mark.execute([&rec.id])? == 0 {
+                    rec.ingest_date = started;
+                    parts.append(&rec)?;
+                }
+                Ok(())
+            })?;
         }
-        // The changes: the newest upsert of each resource, and the operations log.
-        // The operations log, on disk while it grows (a baseline logs every record).
+        // The changes: the newest upsert of each resource, and the operations log (on disk
+        // while it grows: a baseline logs every record).
         let ops_path = self.tmp.join(format!("ops-{ts}.csv"));
         let mut ops = std::io::BufWriter::new(std::fs::File::create(&ops_path)?);
         std::io::Write::write_all(&mut ops, b"id,operation\n")?;
         let (mut inserted, mut updated, mut deleted) = (0u64, 0u64, 0u64);
         {
-            let c = self.journal();
-            let mut st = c.prepare(
+            let mut st = r.prepare(
                 "SELECT j.id, j.op, j.mimetype, j.document, l.in_prev FROM latest l
                  JOIN journal j ON j.seq = l.seq ORDER BY j.seq",
             )?;
@@ -372,18 +448,12 @@ impl Ingestion3 {
                 }
                 writeln!(ops, "{},{operation}", csv_field(&id))?;
                 if op == "upsert" {
-                    let mimetype = mimetype
-                        .as_deref()
-                        .and_then(|m| record::SYMBOLS.iter().copied().find(|s| *s == m))
-                        .ok_or_else(|| {
-                            anyhow::anyhow!("journal entry for {id} without a mimetype")
-                        })?;
                     parts.append(&OriginalRecord {
+                        mimetype: stored_symbol(&id, mimetype.as_deref())?,
                         id,
                         ingest_date: started,
                         provider: self.provider.clone(),
                         document: doc.unwrap_or_default(),
-                        mimetype,
                     })?;
                 }
             }
@@ -394,38 +464,43 @@ impl Ingestion3 {
         self.archive
             .put_file(&format!("{base}/_LOGS/ops/{ts}.csv"), &ops_path)?;
         let _ = std::fs::remove_file(&ops_path);
-        let mut skipped_csv = String::from("id,mimetype\n");
+        // The resources not archived, also on disk while listed (there may be millions).
+        let skipped_path = self.tmp.join(format!("skipped-{ts}.csv"));
+        let mut skipped_csv = std::io::BufWriter::new(std::fs::File::create(&skipped_path)?);
+        std::io::Write::write_all(&mut skipped_csv, b"id,mimetype\n")?;
         let mut skipped = 0u64;
         {
-            let c = self.journal();
-            let mut st = c.prepare("SELECT id, mime FROM skipped ORDER BY id")?;
+            let mut st = r.prepare("SELECT id, mime FROM skipped ORDER BY id")?;
             let mut rows = st.query([])?;
             while let Some(row) = rows.next()? {
                 let (id, mime): (String, Option<String>) = (row.get(0)?, row.get(1)?);
-                skipped_csv.push_str(&format!(
-                    "{},{}\n",
+                writeln!(
+                    skipped_csv,
+                    "{},{}",
                     csv_field(&id),
                     csv_field(mime.as_deref().unwrap_or(""))
-                ));
+                )?;
                 skipped += 1;
             }
         }
+        std::io::Write::flush(&mut skipped_csv)?;
+        drop(skipped_csv);
+        self.archive
+            .put_file(&format!("{base}/_LOGS/skipped.csv"), &skipped_path)?;
+        let _ = std::fs::remove_file(&skipped_path);
         self.finish_activity(
             ts,
             &activity,
             records,
             prev.as_deref().unwrap_or("resourcesync"),
-            vec![
-                ("skipped.csv".into(), skipped_csv.into_bytes()),
-                // What this snapshot folds in: `recreate` applies journal entries after it.
-                (
-                    "journal.json".into(),
-                    serde_json::to_vec(&serde_json::json!({
-                        "through_seq": through,
-                        "through_at_us": through_at,
-                    }))?,
-                ),
-            ],
+            // What this snapshot folds in: `recreate` applies journal entries after it.
+            vec![(
+                "journal.json".into(),
+                serde_json::to_vec(&serde_json::json!({
+                    "through_seq": through,
+                    "through_at_us": through_at,
+                }))?,
+            )],
         )?;
         {
             let c = self.journal();
@@ -499,6 +574,7 @@ impl Ingestion3 {
     /// snapshot started at or before `at` (found by walking back through the date folders)
     /// plus the journal entries after it up to `at`; its provenance names that snapshot.
     pub fn recreate(&self, at: Timestamp) -> anyhow::Result<SnapshotReport> {
+        let _lock = self.activity_lock()?;
         self.export_journal()?;
         let want = ts_string(at);
         let mut dates: Vec<String> = self
@@ -547,32 +623,41 @@ impl Ingestion3 {
                 self.provider
             )
         })?;
-        // The newest entry per resource after the snapshot, up to `at`.
-        let mut latest: std::collections::BTreeMap<String, store::JournalEntry> =
-            Default::default();
-        for seg in self.archive.list(&format!("{}/journal", self.provider))? {
-            let last: i64 = seg
-                .rsplit('/')
-                .next()
-                .and_then(|n| n.trim_end_matches(".avro").split('-').nth(1))
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(i64::MAX);
-            if last <= through {
-                continue;
-            }
-            let local = self.archive.fetch_to(&seg, &self.tmp)?;
-            let entries =
-                store::read_journal(std::io::BufReader::new(std::fs::File::open(&local)?))?;
-            let _ = std::fs::remove_file(local);
-            for e in entries {
-                if e.seq > through && e.at <= at.0 {
-                    match latest.get(&e.id) {
-                        Some(old) if old.seq >= e.seq => {}
-                        _ => {
-                            latest.insert(e.id.clone(), e);
-                        }
+        // The newest entry per resource after the snapshot, up to `at`: a temporary table
+        // (on disk when large), not memory, whatever the number of changes.
+        let r = self.reader()?;
+        r.execute_batch(
+            "CREATE TEMP TABLE upto (id TEXT PRIMARY KEY, seq INTEGER NOT NULL, op TEXT NOT NULL,
+               mimetype TEXT, document TEXT)",
+        )?;
+        {
+            let mut put = r.prepare(
+                "INSERT INTO upto (id, seq, op, mimetype, document) VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT (id) DO UPDATE SET seq = excluded.seq, op = excluded.op,
+                   mimetype = excluded.mimetype, document = excluded.document
+                 WHERE excluded.seq > upto.seq",
+            )?;
+            for seg in self.archive.list(&format!("{}/journal", self.provider))? {
+                let last: i64 = seg
+                    .rsplit('/')
+                    .next()
+                    .and_then(|n| n.trim_end_matches(".avro").split('-').nth(1))
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or(i64::MAX);
+                if last <= through {
+                    continue;
+                }
+                let local = self.archive.fetch_to(&seg, &self.tmp)?;
+                let entries =
+                    store::read_journal(std::io::BufReader::new(std::fs::File::open(&local)?));
+                let _ = std::fs::remove_file(local);
+                r.execute_batch("BEGIN")?;
+                for e in entries? {
+                    if e.seq > through && e.at <= at.0 {
+                        put.execute(params![e.id, e.seq, e.op, e.mimetype, e.document])?;
                     }
                 }
+                r.execute_batch("COMMIT")?;
             }
         }
         let ts = self.free_ts()?;
@@ -581,43 +666,35 @@ impl Ingestion3 {
         let started = Timestamp::now().0 / 1_000_000;
         let schema = record::schema();
         let mut parts = Parts::new(self, &base, &schema)?;
-        for part in self
-            .archive
-            .list(&base_activity)?
-            .into_iter()
-            .filter(|p| p.rsplit('/').next().is_some_and(|n| n.starts_with("part-")))
         {
-            let local = self.archive.fetch_to(&part, &self.tmp)?;
-            record::for_each(
-                std::io::BufReader::new(std::fs::File::open(&local)?),
-                |mut r| {
-                    if !latest.contains_key(&r.id) {
-                        r.ingest_date = started;
-                        parts.append(&r)?;
-                    }
-                    Ok(())
-                },
-            )?;
-            let _ = std::fs::remove_file(local);
+            let mut changed = r.prepare("SELECT 1 FROM upto WHERE id = ?1")?;
+            self.for_each_record(&base_activity, |mut rec| {
+                if !changed.exists([&rec.id])? {
+                    rec.ingest_date = started;
+                    parts.append(&rec)?;
+                }
+                Ok(())
+            })?;
         }
         let (mut inserted, mut deleted) = (0, 0);
-        for (id, e) in latest {
-            if e.op == "upsert" {
-                inserted += 1;
-                let mimetype = e
-                    .mimetype
-                    .as_deref()
-                    .and_then(|m| record::SYMBOLS.iter().copied().find(|s| *s == m))
-                    .ok_or_else(|| anyhow::anyhow!("journal entry for {id} without a mimetype"))?;
-                parts.append(&OriginalRecord {
-                    id,
-                    ingest_date: started,
-                    provider: self.provider.clone(),
-                    document: e.document.unwrap_or_default(),
-                    mimetype,
-                })?;
-            } else {
-                deleted += 1;
+        {
+            let mut st = r.prepare("SELECT id, op, mimetype, document FROM upto ORDER BY id")?;
+            let mut rows = st.query([])?;
+            while let Some(row) = rows.next()? {
+                let (id, op, mimetype, document): (String, String, Option<String>, Option<String>) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?);
+                if op == "upsert" {
+                    inserted += 1;
+                    parts.append(&OriginalRecord {
+                        mimetype: stored_symbol(&id, mimetype.as_deref())?,
+                        id,
+                        ingest_date: started,
+                        provider: self.provider.clone(),
+                        document: document.unwrap_or_default(),
+                    })?;
+                } else {
+                    deleted += 1;
+                }
             }
         }
         let records = parts.finish()?;
@@ -648,6 +725,107 @@ impl Ingestion3 {
             skipped: 0,
         })
     }
+}
+
+/// The archive's current record set (the newest snapshot + the journal since, and the
+/// resources not archived) indexed by id in a temporary table, for `harvest audit`.
+struct Audit {
+    c: Connection,
+}
+
+impl Ingestion3 {
+    fn audit_index(&self) -> anyhow::Result<Audit> {
+        use md5::Digest;
+        let c = self.reader()?;
+        c.execute_batch(
+            "CREATE TEMP TABLE held (id TEXT PRIMARY KEY, len INTEGER, md5 TEXT, skipped TEXT,
+               seen INTEGER NOT NULL DEFAULT 0);
+             BEGIN;",
+        )?;
+        let base: Option<(String, i64)> = c
+            .query_row(
+                "SELECT activity, through FROM snapshots WHERE done = 1 ORDER BY ts DESC LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        let facts = |doc: &[u8]| {
+            (
+                doc.len() as i64,
+                crate::digest::hex_digest(md5::Md5::digest(doc)),
+            )
+        };
+        {
+            let mut put =
+                c.prepare("INSERT OR REPLACE INTO held (id, len, md5) VALUES (?1, ?2, ?3)")?;
+            if let Some((activity, _)) = &base {
+                self.for_each_record(&format!("{}/{activity}", self.provider), |r| {
+                    let (len, md5) = facts(r.document.as_bytes());
+                    put.execute(params![r.id, len, md5])?;
+                    Ok(())
+                })?;
+            }
+            let mut del = c.prepare("DELETE FROM held WHERE id = ?1")?;
+            let mut st =
+                c.prepare("SELECT op, id, document FROM journal WHERE seq > ?1 ORDER BY seq")?;
+            let mut rows = st.query([base.as_ref().map_or(0, |b| b.1)])?;
+            while let Some(row) = rows.next()? {
+                let (op, id, doc): (String, String, Option<String>) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?);
+                if op == "upsert" {
+                    let (len, md5) = facts(doc.unwrap_or_default().as_bytes());
+                    put.execute(params![id, len, md5])?;
+                } else {
+                    del.execute([id])?;
+                }
+            }
+        }
+        c.execute_batch(
+            "INSERT OR REPLACE INTO held (id, skipped) SELECT id, coalesce(mime, '') FROM skipped;
+             COMMIT;",
+        )?;
+        Ok(Audit { c })
+    }
+}
+
+impl Auditor for Audit {
+    fn holding(&mut self, uri: &str) -> anyhow::Result<Holding> {
+        let found: Option<(Option<i64>, Option<String>, Option<String>)> = self
+            .c
+            .query_row(
+                "UPDATE held SET seen = 1 WHERE id = ?1 RETURNING len, md5, skipped",
+                [uri],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?;
+        Ok(match found {
+            None => Holding::Missing,
+            Some((_, _, Some(mime))) => Holding::NotArchived(format!(
+                "{mime:?} is not JSON, XML or Turtle (listed in _LOGS/skipped.csv)"
+            )),
+            Some((len, md5, None)) => Holding::Held {
+                length: len.unwrap_or(0) as u64,
+                md5: md5.unwrap_or_default(),
+            },
+        })
+    }
+
+    fn unlisted(&mut self) -> anyhow::Result<Option<Vec<String>>> {
+        let mut st = self
+            .c
+            .prepare("SELECT id FROM held WHERE seen = 0 ORDER BY id")?;
+        let ids = st
+            .query_map([], |r| r.get(0))?
+            .collect::<Result<Vec<String>, _>>()?;
+        Ok(Some(ids))
+    }
+}
+
+/// A journaled mimetype as the enum symbol it was stored as.
+fn stored_symbol(id: &str, mimetype: Option<&str>) -> anyhow::Result<&'static str> {
+    mimetype
+        .and_then(|m| record::SYMBOLS.iter().copied().find(|s| *s == m))
+        .ok_or_else(|| anyhow::anyhow!("journal entry for {id} without a mimetype"))
 }
 
 /// A CSV field (RFC 4180 quoting when needed).
@@ -690,6 +868,7 @@ impl<'a> Parts<'a> {
     }
 
     fn append(&mut self, r: &OriginalRecord) -> anyhow::Result<()> {
+        self.out.check_stop()?;
         if self.current.is_none() {
             let path = self.out.tmp.join(format!("part-{:05}.avro", self.next));
             let file = std::io::BufWriter::new(std::fs::File::create(&path)?);
@@ -779,14 +958,24 @@ impl Output for Ingestion3 {
         Ok(self.tmp.join(format!("{h}.part")))
     }
 
-    fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
-        anyhow::bail!("{uri}: the ingestion3 output keeps records in Avro snapshots, not files")
+    fn interrupt(&self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>> {
+        Ok(Box::new(self.audit_index()?))
     }
 
     /// Finishes an interrupted snapshot, exports the journal, and writes a snapshot when the
     /// baseline has none yet or `snapshot_interval_secs` passed since the last one.
     fn housekeeping(&self, baselined: bool) -> anyhow::Result<()> {
-        self.finish_interrupted()?;
+        let Some(_lock) = self.try_activity_lock()? else {
+            tracing::debug!(
+                "another process writes an activity; housekeeping waits for the next check"
+            );
+            return self.export_journal();
+        };
+        self.finish_interrupted_locked()?;
         self.export_journal()?;
         if !baselined {
             return Ok(());
@@ -814,7 +1003,7 @@ impl Output for Ingestion3 {
             }
         };
         if due {
-            let r = self.snapshot()?;
+            let r = self.snapshot_locked()?;
             tracing::info!(activity = %r.activity, records = r.records, inserted = r.inserted, updated = r.updated, deleted = r.deleted, skipped = r.skipped, "Ingestion 3 snapshot written");
         }
         Ok(())
