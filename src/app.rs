@@ -111,11 +111,26 @@ pub async fn run(
     if config.hub.publisher_token.is_empty() {
         tracing::info!("hub.publisher_token is not set: fat pings (POSTed payloads) are refused");
     }
+    let dumps = if config.dumps.enabled {
+        Some(crate::dump::Dumps::open(
+            config.clone(),
+            source.clone(),
+            hub.clone(),
+        )?)
+    } else {
+        None
+    };
+    if let Some(d) = &dumps {
+        // What earlier runs built is offered before the first request.
+        d.restore().await;
+    }
+    let dump_builder = dumps.clone().map(|d| tokio::spawn(d.run(cancel.clone())));
     let app = http::router(AppState {
         config: config.clone(),
         source,
         hub: hub.clone(),
         notifier,
+        dumps,
     });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 
@@ -149,7 +164,7 @@ pub async fn run(
     }
     let _ = rollover.await;
     let _ = trimmer.await;
-    for task in [poller, adopter].into_iter().flatten() {
+    for task in [poller, adopter, dump_builder].into_iter().flatten() {
         let _ = task.await;
     }
     hub.shutdown().await;

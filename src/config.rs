@@ -29,6 +29,7 @@ pub struct Config {
     pub hub: HubConfig,
     pub admin: AdminConfig,
     pub notify: NotifyConfig,
+    pub dumps: DumpsConfig,
     pub set_defaults: SetDefaults,
     #[serde(default)]
     pub sets: BTreeMap<String, SetOverrides>,
@@ -159,6 +160,29 @@ pub struct NotifyConfig {
     pub max_entries: usize,
     pub max_delay_ms: u64,
     pub hold_back_secs: u64,
+}
+
+/// How bitstreams are packed in dump packages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DumpCompression {
+    Deflate,
+    Stored,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct DumpsConfig {
+    pub enabled: bool,
+    pub dir: String,
+    pub package_max_bytes: u64,
+    pub package_max_entries: u32,
+    pub compression: DumpCompression,
+    pub compression_level: u32,
+    pub interval_secs: u64,
+    pub change_fraction: f64,
+    pub check_interval_secs: u64,
+    pub keep_replaced_secs: u64,
+    pub fetch_remote: bool,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -297,6 +321,34 @@ impl Config {
                     ))
                 }
             }
+        }
+        let d = &self.dumps;
+        if d.package_max_entries == 0 || d.package_max_entries > SITEMAP_MAX_ITEMS {
+            return bad(format!(
+                "dumps.package_max_entries {} must be between 1 and {SITEMAP_MAX_ITEMS} (a manifest is a sitemap)",
+                d.package_max_entries
+            ));
+        }
+        if d.package_max_bytes < 1024 {
+            return bad(format!(
+                "dumps.package_max_bytes {} is smaller than 1024",
+                d.package_max_bytes
+            ));
+        }
+        if !(1..=9).contains(&d.compression_level) {
+            return bad(format!(
+                "dumps.compression_level {} must be 1 (fastest) to 9 (smallest)",
+                d.compression_level
+            ));
+        }
+        if !(d.change_fraction > 0.0 && d.change_fraction.is_finite()) {
+            return bad(format!(
+                "dumps.change_fraction {} must be a positive fraction such as 0.1",
+                d.change_fraction
+            ));
+        }
+        if d.check_interval_secs == 0 {
+            return bad("dumps.check_interval_secs must be at least 1".into());
         }
         match self.store.backend {
             Backend::Embedded => {}
@@ -474,6 +526,15 @@ impl Config {
 
     pub fn database_path(&self) -> PathBuf {
         self.server.data_dir.join("rshub.sqlite")
+    }
+
+    /// The dumps' directory: `dumps.dir`, or `<data_dir>/dumps` when empty.
+    pub fn dumps_dir(&self) -> PathBuf {
+        if self.dumps.dir.is_empty() {
+            self.server.data_dir.join("dumps")
+        } else {
+            PathBuf::from(&self.dumps.dir)
+        }
     }
 
     /// The page cache's directory: `source.cache_dir`, or `<data_dir>/pages` when empty.

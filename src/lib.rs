@@ -7,8 +7,8 @@
 //! `tests/it/layout.rs`):
 //! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`];
-//! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`];
-//!    8. [`http`]; 9. [`app`].
+//! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
+//!    [`dump`]; 8. [`http`]; 9. [`app`].
 //!
 //! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
 //!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
@@ -27,6 +27,8 @@
 //! - [`workers`]: background loops (Change List rollover).
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
 //! - [`demo`]: the demo set behind `serve --demo`.
+//! - [`dump`]: Resource Dumps and Change Dumps: ZIP packages built in the background from the
+//!   sets' files, replaced atomically, announced by framework notifications.
 //! - [`destination`]: the second wing, `resourcesync-hub harvest`: discovery, streaming baseline,
 //!   push subscription with gap filling from the Change Lists, its own state database and outputs.
 //!   It shares [`model`], [`sitemap`] and [`digest`] and never uses the server's store, hub,
@@ -38,6 +40,7 @@ pub mod config;
 pub mod demo;
 pub mod destination;
 pub mod digest;
+pub mod dump;
 pub mod error;
 pub mod http;
 pub mod hub;

@@ -68,6 +68,105 @@ pub async fn change_list_no(
     .await
 }
 
+/// The dump file a request names, or a 404 that says why there is none.
+async fn dump(
+    st: &AppState,
+    set: &str,
+    f: crate::dump::DumpFile<'_>,
+    what: &str,
+    h: &HeaderMap,
+) -> Result<Response, AppError> {
+    let Some(dumps) = &st.dumps else {
+        return Err(AppError::NotFound(
+            "this server offers no dumps (dumps.enabled = false)".into(),
+        ));
+    };
+    let set = set_name(set)?;
+    match dumps.file(&set, f) {
+        Some(path) => dump_file(st, path, h).await,
+        None => Err(AppError::NotFound(format!(
+            "set {set} has no {what}: dumps are built in the background (see the Capability List)"
+        ))),
+    }
+}
+
+pub async fn resource_dump(
+    State(st): State<AppState>,
+    Path(set): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    dump(
+        &st,
+        &set,
+        crate::dump::DumpFile::ResourceDump,
+        "Resource Dump",
+        &h,
+    )
+    .await
+}
+
+pub async fn resource_dump_file(
+    State(st): State<AppState>,
+    Path((set, generation, name)): Path<(String, String, String)>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    let f = crate::dump::DumpFile::ResourceDumpFile {
+        generation: &generation,
+        name: &name,
+    };
+    dump(
+        &st,
+        &set,
+        f,
+        "such Resource Dump file (a replaced dump is kept for dumps.keep_replaced_secs)",
+        &h,
+    )
+    .await
+}
+
+pub async fn change_dump_index(
+    State(st): State<AppState>,
+    Path(set): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    dump(
+        &st,
+        &set,
+        crate::dump::DumpFile::ChangeDumpIndex,
+        "Change Dump yet",
+        &h,
+    )
+    .await
+}
+
+pub async fn change_dump_no(
+    State(st): State<AppState>,
+    Path((set, no)): Path<(String, String)>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    let no = number_xml(&no)?;
+    dump(
+        &st,
+        &set,
+        crate::dump::DumpFile::ChangeDump(no),
+        &format!("Change Dump {no}"),
+        &h,
+    )
+    .await
+}
+
+pub async fn change_dump_file(
+    State(st): State<AppState>,
+    Path((set, no, name)): Path<(String, String, String)>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    let no: u32 = no
+        .parse()
+        .map_err(|_| AppError::NotFound(format!("{no:?} is not a Change Dump number")))?;
+    let f = crate::dump::DumpFile::ChangeDumpFile { no, name: &name };
+    dump(&st, &set, f, &format!("such file in Change Dump {no}"), &h).await
+}
+
 fn set_name(s: &str) -> Result<SetName, AppError> {
     SetName::parse(s).map_err(AppError::NotFound)
 }
@@ -82,41 +181,117 @@ fn number_xml(s: &str) -> Result<u32, AppError> {
 async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Response, AppError> {
     let gzip = accepts_gzip(headers);
     let opened = st.source.open_document(&kind, gzip).await?;
-    let doc = match &opened {
-        Opened::Memory(d, _) | Opened::File(d, _) => d.clone(),
+    let (doc, body) = match opened {
+        Opened::Memory(d, b) => (d, Body_::Memory(b)),
+        Opened::File(d, f) => (d, Body_::File(f)),
     };
-    let etag = doc.etag(gzip);
-    let last_modified = doc.last_modified().floor_secs();
+    Ok(respond(
+        st,
+        headers,
+        Representation {
+            etag: doc.etag(gzip),
+            last_modified: doc.last_modified().floor_secs(),
+            len: doc.len(gzip),
+            content_type: "application/xml",
+            gzip,
+            vary: true,
+        },
+        body,
+    ))
+}
+
+/// A dump's file (package, manifest copy, dump document), immutable once written: served
+/// with a validator from its length and modification time, conditional requests and single
+/// byte ranges, never compressed on the fly (a resumed download must get the same bytes).
+pub async fn dump_file(
+    st: &AppState,
+    path: std::path::PathBuf,
+    headers: &HeaderMap,
+) -> Result<Response, AppError> {
+    let file = std::fs::File::open(&path)
+        .map_err(|_| AppError::NotFound("no such dump file (it may have been replaced)".into()))?;
+    let meta = file
+        .metadata()
+        .map_err(|_| AppError::NotFound("no such dump file (it may have been replaced)".into()))?;
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    let etag = format!("\"{:x}-{:x}\"", modified.as_nanos(), meta.len());
+    let zip = path.extension().is_some_and(|e| e == "zip");
+    Ok(respond(
+        st,
+        headers,
+        Representation {
+            etag: &etag,
+            last_modified: Timestamp(modified.as_micros() as i64).floor_secs(),
+            len: meta.len(),
+            content_type: if zip {
+                "application/zip"
+            } else {
+                "application/xml"
+            },
+            gzip: false,
+            vary: false,
+        },
+        Body_::File(file),
+    ))
+}
+
+/// What a response describes.
+struct Representation<'a> {
+    etag: &'a str,
+    last_modified: Timestamp,
+    len: u64,
+    content_type: &'static str,
+    /// The bytes are the gzip form (`Content-Encoding: gzip`).
+    gzip: bool,
+    /// The representation depends on `Accept-Encoding`.
+    vary: bool,
+}
+
+/// Where a response's bytes come from.
+enum Body_ {
+    Memory(bytes::Bytes),
+    File(std::fs::File),
+}
+
+/// The one response logic of documents and dump files: validators, 304, `Range` /
+/// `If-Range` (206, 416), and the body from memory or streamed from the open file.
+fn respond(st: &AppState, headers: &HeaderMap, r: Representation, body: Body_) -> Response {
     let mut out = HeaderMap::new();
     out.insert(
         header::ETAG,
-        HeaderValue::from_str(etag).expect("etag is ascii"),
+        HeaderValue::from_str(r.etag).expect("etag is ascii"),
     );
     out.insert(
         header::LAST_MODIFIED,
-        HeaderValue::from_str(&last_modified.to_http_date()).expect("date is ascii"),
+        HeaderValue::from_str(&r.last_modified.to_http_date()).expect("date is ascii"),
     );
-    out.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
-    if not_modified(headers, etag, last_modified) {
-        return Ok((StatusCode::NOT_MODIFIED, out).into_response());
+    if r.vary {
+        out.insert(header::VARY, HeaderValue::from_static("accept-encoding"));
+    }
+    if not_modified(headers, r.etag, r.last_modified) {
+        return (StatusCode::NOT_MODIFIED, out).into_response();
     }
     out.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
     out.insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/xml"),
+        HeaderValue::from_static(r.content_type),
     );
-    if gzip {
+    if r.gzip {
         out.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
     }
-    let len = doc.len(gzip);
-    let range = match requested_range(headers, etag, last_modified, len) {
+    let len = r.len;
+    let range = match requested_range(headers, r.etag, r.last_modified, len) {
         Ok(r) => r,
         Err(()) => {
             out.insert(
                 header::CONTENT_RANGE,
                 HeaderValue::from_str(&format!("bytes */{len}")).expect("ascii"),
             );
-            return Ok((StatusCode::RANGE_NOT_SATISFIABLE, out).into_response());
+            return (StatusCode::RANGE_NOT_SATISFIABLE, out).into_response();
         }
     };
     let (status, start, n) = match &range {
@@ -135,13 +310,13 @@ async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Resp
         None => (StatusCode::OK, 0, len),
     };
     out.insert(header::CONTENT_LENGTH, HeaderValue::from(n));
-    let body = match opened {
-        Opened::Memory(_, bytes) => Body::from(bytes.slice(start as usize..(start + n) as usize)),
-        Opened::File(_, file) => {
+    let body = match body {
+        Body_::Memory(bytes) => Body::from(bytes.slice(start as usize..(start + n) as usize)),
+        Body_::File(file) => {
             Body::from_stream(file_chunks(file, start, n, st.source.file_reads().clone()))
         }
     };
-    Ok((status, out, body).into_response())
+    (status, out, body).into_response()
 }
 
 /// The one byte range to send (RFC 9110 §14): `None` for the whole representation (no

@@ -13,7 +13,8 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
-use tower_http::compression::CompressionLayer;
+use tower_http::compression::predicate::{NotForContentType, Predicate};
+use tower_http::compression::{CompressionLayer, DefaultPredicate};
 use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
@@ -30,6 +31,8 @@ pub struct AppState {
     pub hub: Arc<Hub>,
     /// The notification poller, when `notify.enabled`.
     pub notifier: Option<Arc<Notifier>>,
+    /// The dumps, when `dumps.enabled`.
+    pub dumps: Option<Arc<crate::dump::Dumps>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -57,6 +60,26 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/sets/{set}/changelist/{no}",
             get(documents::change_list_no),
+        )
+        .route(
+            "/sets/{set}/resourcedump.xml",
+            get(documents::resource_dump),
+        )
+        .route(
+            "/sets/{set}/resourcedump/{generation}/{name}",
+            get(documents::resource_dump_file),
+        )
+        .route(
+            "/sets/{set}/changedump.xml",
+            get(documents::change_dump_index),
+        )
+        .route(
+            "/sets/{set}/changedump/{no}",
+            get(documents::change_dump_no),
+        )
+        .route(
+            "/sets/{set}/changedump/{no}/{name}",
+            get(documents::change_dump_file),
         )
         .route(
             "/api/v1/resource-sets/{set}/changes",
@@ -95,7 +118,11 @@ pub fn router(state: AppState) -> Router {
         state.clone(),
         count_unavailable,
     ))
-    .layer(CompressionLayer::new())
+    // ZIP packages are served as they are: compressing them again costs CPU for nothing, and
+    // a resumed download needs the same bytes.
+    .layer(CompressionLayer::new().compress_when(
+        DefaultPredicate::new().and(NotForContentType::const_new("application/zip")),
+    ))
     .layer(TraceLayer::new_for_http())
     .with_state(state)
 }

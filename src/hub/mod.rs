@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::model::websub::{signature, SignatureAlg};
-pub use policy::{is_internal, AddressPolicy};
+pub use policy::{guarded_client, is_internal, AddressPolicy};
 pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest};
 
 use crate::config::Config;
@@ -267,22 +267,19 @@ impl Hub {
     pub async fn start(config: &Config, store: Store) -> anyhow::Result<Arc<Hub>> {
         let settings = HubSettings::from_config(config);
         let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks));
-        let client = reqwest::Client::builder()
-            .user_agent(concat!(
+        let client = policy::guarded_client(
+            &policy,
+            concat!(
                 "resourcesync-hub/",
                 env!("CARGO_PKG_VERSION"),
                 " (WebSub hub)"
-            ))
-            .dns_resolver(Arc::new(policy::SafeResolver {
-                policy: policy.clone(),
-            }))
-            .redirect(reqwest::redirect::Policy::none())
-            .no_proxy()
-            .no_gzip()
-            .timeout(settings.request_timeout)
-            .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
-            .pool_idle_timeout(Duration::from_secs(60))
-            .build()?;
+            ),
+        )
+        .no_gzip()
+        .timeout(settings.request_timeout)
+        .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build()?;
         let (tx, rx) = mpsc::channel(OUTCOME_BUFFER);
         let writer_stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());

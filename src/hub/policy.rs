@@ -191,6 +191,19 @@ impl Resolve for SafeResolver {
     }
 }
 
+/// An HTTP client that calls only addresses `policy` permits (checked where names are
+/// resolved; the peer of each response is checked with [`AddressPolicy::check_peer`]), follows
+/// no redirects and uses no proxy: the hub's, and the dump builder's for remote resources.
+pub fn guarded_client(policy: &Arc<AddressPolicy>, user_agent: &str) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .user_agent(user_agent)
+        .dns_resolver(Arc::new(SafeResolver {
+            policy: policy.clone(),
+        }))
+        .redirect(reqwest::redirect::Policy::none())
+        .no_proxy()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

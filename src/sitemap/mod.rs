@@ -43,6 +43,8 @@ pub struct Md<'a> {
     pub length: Option<u64>,
     /// A media type; parameters (`; charset=…`) are stripped when written.
     pub mime: Option<&'a str>,
+    /// Where the bitstream lies in a dump package (Resource and Change Dump Manifests).
+    pub path: Option<&'a str>,
 }
 
 impl Md<'_> {
@@ -57,6 +59,7 @@ impl Md<'_> {
             && self.md5.is_none()
             && self.length.is_none()
             && self.mime.is_none()
+            && self.path.is_none()
     }
 }
 
@@ -232,6 +235,9 @@ fn write_md(buf: &mut String, md: &Md) {
     }
     if let Some(m) = md.mime {
         attr(buf, "type", bare_media_type(m));
+    }
+    if let Some(p) = md.path {
+        attr(buf, "path", p);
     }
     buf.push_str("/>\n");
 }

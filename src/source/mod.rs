@@ -186,6 +186,23 @@ impl Urls {
     pub fn change_list_no(&self, set: &SetName, no: u32) -> String {
         format!("{}/sets/{set}/changelist/{no}.xml", self.base)
     }
+    pub fn resource_dump(&self, set: &SetName) -> String {
+        format!("{}/sets/{set}/resourcedump.xml", self.base)
+    }
+    /// A file of one Resource Dump generation (a package, a manifest copy, an index part).
+    pub fn resource_dump_file(&self, set: &SetName, generation: &str, name: &str) -> String {
+        format!("{}/sets/{set}/resourcedump/{generation}/{name}", self.base)
+    }
+    pub fn change_dump(&self, set: &SetName) -> String {
+        format!("{}/sets/{set}/changedump.xml", self.base)
+    }
+    pub fn change_dump_no(&self, set: &SetName, no: u32) -> String {
+        format!("{}/sets/{set}/changedump/{no}.xml", self.base)
+    }
+    /// A file of the Change Dump of closed Change List `no` (a package, a manifest copy).
+    pub fn change_dump_file(&self, set: &SetName, no: u32, name: &str) -> String {
+        format!("{}/sets/{set}/changedump/{no}/{name}", self.base)
+    }
     pub fn ingest(&self, set: &SetName) -> String {
         format!("{}/api/v1/resource-sets/{set}/changes", self.base)
     }
@@ -211,6 +228,15 @@ pub struct Source {
     inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Reads of page files under way at once, server-wide (`source.max_concurrent_file_reads`).
     file_reads: Arc<tokio::sync::Semaphore>,
+    /// Capabilities offered beside the lists, per set (`resourcedump`, `changedump` -> URL),
+    /// told by the module that builds them: part of the Capability List and its version.
+    /// When one changed is the Capability List's Last-Modified.
+    advertised: std::sync::Mutex<
+        std::collections::BTreeMap<
+            SetName,
+            std::collections::BTreeMap<&'static str, (String, Timestamp)>,
+        >,
+    >,
 }
 
 /// How the store cuts a set's lists (the configuration's limits and the sitemap size limit).
@@ -278,6 +304,7 @@ impl Source {
             queued: std::sync::atomic::AtomicUsize::new(0),
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
             file_reads,
+            advertised: Default::default(),
         };
         source.update_cache_gauges();
         Ok(source)
@@ -302,6 +329,31 @@ impl Source {
     /// How the store cuts this set's lists.
     pub fn list_policy(&self, set: &SetName) -> ListPolicy {
         list_policy(&self.config, set)
+    }
+
+    /// Offers (`Some(url)`) or withdraws (`None`) a capability of a set beside its lists in
+    /// its Capability List; returns whether that changed the Capability List.
+    pub fn advertise(&self, set: &SetName, capability: &'static str, url: Option<String>) -> bool {
+        let mut all = self.advertised.lock().expect("advertised");
+        let caps = all.entry(set.clone()).or_default();
+        match url {
+            Some(u) if caps.get(capability).is_some_and(|(old, _)| *old == u) => false,
+            Some(u) => {
+                caps.insert(capability, (u, Timestamp::now()));
+                true
+            }
+            None => caps.remove(capability).is_some(),
+        }
+    }
+
+    /// The capabilities advertised beside a set's lists, with when each was last changed.
+    pub fn advertised(&self, set: &SetName) -> Vec<(&'static str, String, Timestamp)> {
+        self.advertised
+            .lock()
+            .expect("advertised")
+            .get(set)
+            .map(|m| m.iter().map(|(k, (u, t))| (*k, u.clone(), *t)).collect())
+            .unwrap_or_default()
     }
 
     /// Permits for reading page files (see `http::documents`).
@@ -545,7 +597,16 @@ impl Source {
                     .find(|s| &s.name == set)
                     .ok_or_else(|| SourceError::NotFound(format!("no resource set named {set:?}")))?
                     .created_at;
-                Ok(Plan::new(format!("{}:capabilitylist", created.0), created))
+                let extra = self.advertised(set);
+                let changed = extra.iter().map(|e| e.2).max().unwrap_or(created);
+                let extra: Vec<String> = extra
+                    .into_iter()
+                    .map(|(c, u, _)| format!("{c}={u}"))
+                    .collect();
+                Ok(Plan::new(
+                    format!("{}:capabilitylist:{}", created.0, extra.join(",")),
+                    created.max(changed),
+                ))
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {
                 let created = self.known_set(set).await?.0;
@@ -757,6 +818,17 @@ impl Source {
                     },
                     &[],
                 );
+                for (capability, url, _) in self.advertised(set) {
+                    w.entry(
+                        &url,
+                        None,
+                        &Md {
+                            capability: Some(capability),
+                            ..Md::default()
+                        },
+                        &[],
+                    );
+                }
                 if self.config.notify.enabled {
                     // The notification channels: the topic is the <loc>, the hub an rs:ln.
                     let hub = self.config.hub_url();

@@ -12,7 +12,7 @@ const FLOORS: &[&[&str]] = &[
     &["store", "sitemap"],
     &["source", "hub"],
     &["notify", "ingest", "import", "workers", "destination"],
-    &["error", "demo"],
+    &["error", "demo", "dump"],
     &["http"],
     &["app"],
 ];
