@@ -6,6 +6,7 @@ mod support;
 
 mod cli;
 mod documents;
+mod dumps;
 mod elastic;
 mod external;
 mod harvest;
