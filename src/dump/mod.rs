@@ -418,7 +418,7 @@ impl Dumps {
         sc: &SetConfig,
         key: &ResourceKey,
         rt: &tokio::runtime::Handle,
-    ) -> Result<Option<(Box<dyn Read + Send>, u64, String)>, BuildError> {
+    ) -> Result<Option<Bitstream>, BuildError> {
         if let (Some(rel), Some(root)) = (key.0.strip_prefix("path:"), sc.root_dir()) {
             return match std::fs::File::open(root.join(rel)) {
                 Ok(f) => {
@@ -997,6 +997,9 @@ impl Dumps {
         }
     }
 }
+
+/// A resource's bytes to pack: a reader, its expected length, and its name in the package.
+type Bitstream = (Box<dyn Read + Send>, u64, String);
 
 /// A remote resource's body as a blocking reader (the packer is synchronous).
 struct RemoteBody {

@@ -231,13 +231,11 @@ pub struct Source {
     /// Capabilities offered beside the lists, per set (`resourcedump`, `changedump` -> URL),
     /// told by the module that builds them: part of the Capability List and its version.
     /// When one changed is the Capability List's Last-Modified.
-    advertised: std::sync::Mutex<
-        std::collections::BTreeMap<
-            SetName,
-            std::collections::BTreeMap<&'static str, (String, Timestamp)>,
-        >,
-    >,
+    advertised: std::sync::Mutex<std::collections::BTreeMap<SetName, Advertised>>,
 }
+
+/// A set's capabilities beside its lists: capability -> (URL, when it last changed).
+type Advertised = std::collections::BTreeMap<&'static str, (String, Timestamp)>;
 
 /// How the store cuts a set's lists (the configuration's limits and the sitemap size limit).
 pub fn list_policy(config: &Config, set: &SetName) -> ListPolicy {
