@@ -30,6 +30,16 @@ pub struct SourceSection {
     /// Which sets to follow: Capability List URLs, or the set names in their paths; empty =
     /// every Capability List of the Source Description.
     pub sets: Vec<String>,
+    /// What the baseline reads: the Resource List (one GET per resource) or the Resource
+    /// Dump (a few large resumable downloads).
+    pub baseline: BaselineFrom,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaselineFrom {
+    ResourceList,
+    Dump,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

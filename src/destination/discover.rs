@@ -12,6 +12,7 @@ pub struct SetInfo {
     /// A short name: the path segment before `capabilitylist.xml`, else the file name.
     pub name: String,
     pub resourcelist: Option<String>,
+    pub resourcedump: Option<String>,
     pub changelist: Option<String>,
     /// The change-notification topic and the hub that serves it.
     pub topic: Option<String>,
@@ -68,6 +69,7 @@ pub async fn discover(f: &Fetcher, url: &str, wanted: &[String]) -> anyhow::Resu
             capability: cap.clone(),
             name,
             resourcelist: find("resourcelist").map(|e| e.loc.clone()),
+            resourcedump: find("resourcedump").map(|e| e.loc.clone()),
             changelist: find("changelist").map(|e| e.loc.clone()),
             topic: notification.map(|e| e.loc.clone()),
             hub: notification.and_then(|e| {

@@ -20,6 +20,8 @@ pub struct Fetcher {
     client: reqwest::Client,
     /// For documents (Resource List parts, Change Lists): gzip welcome, they shrink ~10×.
     documents: reqwest::Client,
+    /// For dump packages (gigabytes): no limit on the whole transfer, only on silence.
+    packages: reqwest::Client,
     cfg: FetchSection,
 }
 
@@ -49,9 +51,8 @@ pub struct Downloaded {
 
 impl Fetcher {
     pub fn new(cfg: &FetchSection) -> Fetcher {
-        let builder = || {
+        let base = || {
             reqwest::Client::builder()
-                .timeout(Duration::from_secs(cfg.timeout_secs))
                 .connect_timeout(Duration::from_secs(cfg.timeout_secs.min(30)))
                 .no_proxy()
                 .user_agent(concat!(
@@ -59,9 +60,15 @@ impl Fetcher {
                     env!("CARGO_PKG_VERSION")
                 ))
         };
+        let builder = || base().timeout(Duration::from_secs(cfg.timeout_secs));
         Fetcher {
             client: builder().no_gzip().build().expect("an HTTP client"),
             documents: builder().build().expect("an HTTP client"),
+            packages: base()
+                .read_timeout(Duration::from_secs(cfg.timeout_secs))
+                .no_gzip()
+                .build()
+                .expect("an HTTP client"),
             cfg: cfg.clone(),
         }
     }
@@ -168,6 +175,97 @@ impl Fetcher {
                 md5: hex_digest(h.finalize()),
                 mime,
             })
+        })
+        .await
+    }
+}
+
+impl Fetcher {
+    /// A large file (a dump package) into `path`, resumed where it stopped: after a dropped
+    /// connection, and after a restart (`path` and `<path>.etag` are kept), a try asks for the
+    /// rest with `Range` and `If-Range` (the ETag of the first response) and starts over when
+    /// the server answers with the whole file (it changed). Returns the file's length.
+    pub async fn download_resumable(
+        &self,
+        url: &str,
+        path: &Path,
+        expected: Option<u64>,
+    ) -> Result<u64, FetchError> {
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let etag_path = path.with_extension("etag");
+        self.with_retries(|| async {
+            let have = std::fs::metadata(path).map_or(0, |m| m.len());
+            if have > 0 && expected == Some(have) {
+                return Ok(have);
+            }
+            let etag = std::fs::read_to_string(&etag_path).ok();
+            let mut req = self.packages.get(url);
+            if let (true, Some(tag)) = (have > 0, &etag) {
+                req = req
+                    .header(reqwest::header::RANGE, format!("bytes={have}-"))
+                    .header(reqwest::header::IF_RANGE, tag.as_str());
+            }
+            let mut r = req.send().await.map_err(|e| transport(url, e))?;
+            let resumed = r.status() == StatusCode::PARTIAL_CONTENT;
+            if r.status() == StatusCode::RANGE_NOT_SATISFIABLE {
+                // What we hold is longer than the file now: start over.
+                let _ = std::fs::remove_file(path);
+                return Err(FetchError {
+                    message: format!(
+                        "GET {url}: the partial download no longer fits; starting over"
+                    ),
+                    retry: true,
+                    retry_after: None,
+                });
+            }
+            check_status(url, &r)?;
+            if resumed {
+                let start = r
+                    .headers()
+                    .get(reqwest::header::CONTENT_RANGE)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(|v| v.strip_prefix("bytes "))
+                    .and_then(|v| v.split('-').next())
+                    .and_then(|v| v.parse::<u64>().ok());
+                if start != Some(have) {
+                    let _ = std::fs::remove_file(path);
+                    return Err(FetchError {
+                        message: format!(
+                            "GET {url}: the server resumed at {start:?}, not at {have}"
+                        ),
+                        retry: true,
+                        retry_after: None,
+                    });
+                }
+            } else if let Some(tag) = r
+                .headers()
+                .get(reqwest::header::ETAG)
+                .and_then(|v| v.to_str().ok())
+            {
+                std::fs::write(&etag_path, tag).map_err(|e| local(dir, e))?;
+            } else {
+                let _ = std::fs::remove_file(&etag_path);
+            }
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(resumed)
+                .write(true)
+                .truncate(!resumed)
+                .open(path)
+                .map_err(|e| local(dir, e))?;
+            if resumed {
+                tracing::info!(url, from = have, "resuming a package download");
+            }
+            copy_body(url, &mut r, &file, dir, |_| {}).await?;
+            let len = std::fs::metadata(path).map_err(|e| local(dir, e))?.len();
+            match expected {
+                Some(e) if e != len => Err(FetchError {
+                    message: format!("GET {url}: {len} bytes, the dump lists {e}"),
+                    retry: false,
+                    retry_after: None,
+                }),
+                _ => Ok(len),
+            }
         })
         .await
     }

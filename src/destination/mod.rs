@@ -136,6 +136,14 @@ impl Harvester {
     /// md5 and length is not fetched again. Failures are queued as changes dated just before
     /// the list's `at`, so they hold the position until they are applied.
     async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
+        if self.cfg.source.baseline == config::BaselineFrom::Dump {
+            match &set.info.resourcedump {
+                Some(rd) => return self.baseline_from_dump(set, rd).await,
+                None => {
+                    tracing::warn!(set = %set.info.name, "source.baseline = \"dump\", but the set offers no Resource Dump: baselining from its Resource List")
+                }
+            }
+        }
         let Some(rl) = &set.info.resourcelist else {
             anyhow::bail!(
                 "set {}: its Capability List has no Resource List to baseline from",
@@ -194,6 +202,66 @@ impl Harvester {
         self.state.enqueue(set.row.id, &failures)?;
         self.state.finish_baseline(set.row.id, position)?;
         tracing::info!(set = %set.info.name, fetched, failed = failures.len(), position = %position, "baseline done");
+        Ok(())
+    }
+
+    /// The baseline from the set's Resource Dump: each package downloaded (resumed after a
+    /// dropped connection or a restart: the partial file is kept under `state.dir`), unpacked,
+    /// every bitstream checked against its manifest's md5 and length before the output gets
+    /// it. What fails a check, or is not in a package, is queued like a failed fetch (it holds
+    /// the position until fetched on its own). The position is then the dump's `at`.
+    async fn baseline_from_dump(&self, set: &Followed, url: &str) -> anyhow::Result<()> {
+        let started = Timestamp::now();
+        let (header, parts) = self.list_parts(url, "Resource Dump").await?;
+        if header.md.get("capability").map(String::as_str) != Some("resourcedump") {
+            anyhow::bail!("{url} is not a Resource Dump");
+        }
+        let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
+        let position = at.unwrap_or(started);
+        let downloads = self.cfg.state.dir.join("dump-downloads");
+        std::fs::create_dir_all(&downloads)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", downloads.display()))?;
+        let bar = progress(&format!(
+            "baseline {} from its Resource Dump",
+            set.info.name
+        ));
+        let (mut failures, mut placed) = (Vec::new(), 0u64);
+        for part in parts {
+            let mut doc = self.open_part(part, "Resource Dump").await?;
+            while let Some(e) = doc.reader.next_entry()? {
+                use sha2::Digest;
+                let name = crate::digest::hex_digest(sha2::Sha256::digest(e.loc.as_bytes()));
+                let local = downloads.join(format!("{}.zip", &name[..32]));
+                let expected = e.md.get("length").and_then(|l| l.parse().ok());
+                self.fetcher
+                    .download_resumable(&e.loc, &local, expected)
+                    .await
+                    .map_err(|err| anyhow::anyhow!("package {}: {err}", e.loc))?;
+                let (worker, set_name, set_id, file, b) = (
+                    self.clone_parts(),
+                    set.info.name.clone(),
+                    set.row.id,
+                    local.clone(),
+                    bar.clone(),
+                );
+                let (n, failed) = tokio::task::spawn_blocking(move || {
+                    worker.unpack(&set_name, set_id, &file, position, &b)
+                })
+                .await??;
+                placed += n;
+                failures.extend(failed);
+                let _ = std::fs::remove_file(&local);
+                let _ = std::fs::remove_file(local.with_extension("etag"));
+            }
+        }
+        bar.finish_and_clear();
+        for f in &mut failures {
+            tracing::warn!(uri = %f.uri, "not in the dump as listed: queued to be fetched on its own");
+            f.datetime = Timestamp(position.0 - 1);
+        }
+        self.state.enqueue(set.row.id, &failures)?;
+        self.state.finish_baseline(set.row.id, position)?;
+        tracing::info!(set = %set.info.name, placed, queued = failures.len(), position = %position, "baseline from the Resource Dump done");
         Ok(())
     }
 
@@ -589,6 +657,122 @@ impl Worker {
             length: Some(d.length),
             path: placed,
         })
+    }
+
+    /// Unpacks one Resource Dump package (blocking): every manifest entry's bitstream,
+    /// checked against the manifest, handed to the output and recorded as held. Returns how
+    /// many were placed and the entries that could not be (to fetch on their own).
+    fn unpack(
+        &self,
+        set: &str,
+        set_id: i64,
+        zip_path: &std::path::Path,
+        at: Timestamp,
+        bar: &ProgressBar,
+    ) -> anyhow::Result<(u64, Vec<Change>)> {
+        use md5::Digest;
+        use std::io::Read;
+        let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
+            .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
+        let mut manifest = Vec::new();
+        z.by_name("manifest.xml")
+            .map_err(|e| anyhow::anyhow!("a package without manifest.xml: {e}"))?
+            .take(64 << 20)
+            .read_to_end(&mut manifest)?;
+        let mut reader = EntryReader::new(&manifest[..])
+            .map_err(|e| anyhow::anyhow!("the package's manifest.xml: {e}"))?;
+        if reader.header().md.get("capability").map(String::as_str) != Some("resourcedump-manifest")
+        {
+            anyhow::bail!("the package's manifest.xml is not a Resource Dump Manifest");
+        }
+        let (mut placed, mut failed) = (0u64, Vec::new());
+        while let Some(e) = reader.next_entry()? {
+            bar.inc(1);
+            let c = entry_change(&e, "created", at);
+            if let Some(h) = self.state.held(set_id, &c.uri)? {
+                if h.md5.is_some()
+                    && h.md5 == c.md5
+                    && h.length == c.length
+                    && std::path::Path::new(&h.path).exists()
+                {
+                    continue;
+                }
+            }
+            let Some(inner) =
+                e.md.get("path")
+                    .map(|p| p.trim_start_matches('/').to_string())
+            else {
+                failed.push(c);
+                continue;
+            };
+            let dest = self.output.download_path(&c.uri)?;
+            let measured = (|| -> anyhow::Result<(u64, String)> {
+                let mut f = z.by_name(&inner)?;
+                // Never more than the manifest promises (a package is not trusted further).
+                let limit = c.length.unwrap_or(f.size()).saturating_add(1);
+                let mut out = std::io::BufWriter::new(std::fs::File::create(&dest)?);
+                let (mut h, mut n, mut buf) = (md5::Md5::new(), 0u64, vec![0u8; 64 * 1024]);
+                let mut r = (&mut f).take(limit);
+                loop {
+                    let k = r.read(&mut buf)?;
+                    if k == 0 {
+                        break;
+                    }
+                    h.update(&buf[..k]);
+                    std::io::Write::write_all(&mut out, &buf[..k])?;
+                    n += k as u64;
+                }
+                std::io::Write::flush(&mut out)?;
+                Ok((n, crate::digest::hex_digest(h.finalize())))
+            })();
+            let ok = match &measured {
+                Ok((n, md5)) => {
+                    c.length.is_none_or(|l| l == *n)
+                        && c.md5.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(md5))
+                }
+                Err(_) => false,
+            };
+            let Ok((length, md5)) = measured.map_err(|err| {
+                tracing::warn!(uri = %c.uri, error = %err, "cannot unpack a bitstream");
+            }) else {
+                let _ = std::fs::remove_file(&dest);
+                failed.push(c);
+                continue;
+            };
+            if !ok {
+                tracing::warn!(uri = %c.uri, length, md5 = %md5, "a bitstream does not match its manifest entry");
+                let _ = std::fs::remove_file(&dest);
+                failed.push(c);
+                continue;
+            }
+            let item = Item {
+                set,
+                uri: &c.uri,
+                md5: &md5,
+                length,
+                mime: e.md.get("type").map(String::as_str),
+            };
+            match self.output.put(&item, &dest) {
+                Ok(path) => {
+                    self.state.hold(
+                        set_id,
+                        &c.uri,
+                        &Held {
+                            md5: Some(md5),
+                            length: Some(length),
+                            path,
+                        },
+                    )?;
+                    placed += 1;
+                }
+                Err(err) => {
+                    let _ = std::fs::remove_file(&dest);
+                    tracing::warn!(uri = %c.uri, error = %err, "the output refused a bitstream");
+                    failed.push(c);
+                }
+            }
+        }
+        Ok((placed, failed))
     }
 
     /// One resource's queued changes, in order. The last change decides the content: the

@@ -509,3 +509,49 @@ async fn a_download_under_way_survives_its_dump_being_replaced_and_removed() {
     drop(dir);
     app.stop().await;
 }
+
+/// `source.baseline = "dump"`: the destination baselines from the Resource Dump (the source's
+/// files are removed after the dump was built, so no resource could be fetched on its own),
+/// then follows the changes made after the dump, and its audit says IN SYNC.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destination_baselines_from_the_dump_and_ends_in_sync() {
+    use crate::harvest::{applied, harvest_config, set_done, wait_state, TestHarvester};
+    let (mut c, dir, root) = dump_config(50_000);
+    // One dump: the test removes files behind it, which a new one would leave out.
+    c.dumps.change_fraction = 100.0;
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..60)
+        .map(|i| file_line(&root, "created", &format!("d/{i:03}.txt"), &body(i, 1)))
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    wait_until("the Resource Dump", || async {
+        status(&app, "/sets/papers/resourcedump.xml").await == 200
+    })
+    .await;
+    for i in 0..60 {
+        std::fs::remove_file(root.join(format!("d/{i:03}.txt"))).unwrap();
+    }
+    // After the dump: 5 creates (new files) for the Change Lists to bring.
+    let lines: Vec<String> = (60..65)
+        .map(|i| file_line(&root, "created", &format!("d/{i:03}.txt"), &body(i, 1)))
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+
+    let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
+    hc.source.baseline = resourcesync_hub::destination::config::BaselineFrom::Dump;
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(
+        &h,
+        "the baseline from the dump and the 5 later creates",
+        60,
+        |s| set_done(s, 65) && applied(s) >= 5,
+    )
+    .await;
+    let (report, ok) = resourcesync_hub::destination::audit(&hc).await.unwrap();
+    assert!(
+        ok && report.contains("65 listed, 0 missing, 0 different"),
+        "{report}"
+    );
+    h.stop().await;
+    app.stop().await;
+}
