@@ -314,7 +314,7 @@ impl Dumps {
         let _ = stopper.await;
     }
 
-    /// One look at every set: Change Dumps of newly closed lists, a Resource Dump when due,
+    /// One look at every set: a Resource Dump when due, Change Dumps of newly closed lists,
     /// replaced generations past their time removed.
     pub async fn pass(self: &Arc<Self>) -> anyhow::Result<()> {
         for s in self.store().sets().await? {
@@ -332,6 +332,20 @@ impl Dumps {
             if unchanged_since_refused {
                 continue;
             }
+            // The Resource Dump first: a new destination baselines from it.
+            if let Some(why) = self.resource_dump_due(&set).await? {
+                tracing::info!(set = %set, why, "building a Resource Dump");
+                match self.build_resource_dump(&set).await {
+                    Ok(info) => {
+                        tracing::info!(set = %set, generation = %info.generation, resources = info.resources, missing = info.missing, packages = info.packages.len(), "Resource Dump built");
+                        self.unavailable.lock().expect("unavailable").remove(&set);
+                        self.announce_pending(&set).await?;
+                    }
+                    Err(BuildError::Unavailable(why)) => self.note_unavailable(&set, why, changes),
+                    Err(BuildError::Stopped) => return Ok(()),
+                    Err(BuildError::Other(e)) => return Err(e),
+                }
+            }
             for list in self.store().changelists(&set).await? {
                 if list.until.is_none() || self.change_dump(&set, list.no).is_some() {
                     continue;
@@ -346,19 +360,6 @@ impl Dumps {
                         self.note_unavailable(&set, why, changes);
                         break;
                     }
-                    Err(BuildError::Stopped) => return Ok(()),
-                    Err(BuildError::Other(e)) => return Err(e),
-                }
-            }
-            if let Some(why) = self.resource_dump_due(&set).await? {
-                tracing::info!(set = %set, why, "building a Resource Dump");
-                match self.build_resource_dump(&set).await {
-                    Ok(info) => {
-                        tracing::info!(set = %set, generation = %info.generation, resources = info.resources, missing = info.missing, packages = info.packages.len(), "Resource Dump built");
-                        self.unavailable.lock().expect("unavailable").remove(&set);
-                        self.announce_pending(&set).await?;
-                    }
-                    Err(BuildError::Unavailable(why)) => self.note_unavailable(&set, why, changes),
                     Err(BuildError::Stopped) => return Ok(()),
                     Err(BuildError::Other(e)) => return Err(e),
                 }
