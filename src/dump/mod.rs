@@ -425,7 +425,7 @@ impl Dumps {
                 Ok(f) => {
                     let len = f.metadata()?.len();
                     Ok(Some((
-                        Box::new(std::io::BufReader::with_capacity(256 * 1024, f)),
+                        Box::new(std::io::BufReader::with_capacity(64 * 1024, f)),
                         len,
                         rel.to_string(),
                     )))

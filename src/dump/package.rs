@@ -69,12 +69,100 @@ pub struct Package {
 }
 
 struct Open {
-    zip: ZipWriter<BufWriter<File>>,
-    scratch: PathBuf,
     entries: Vec<Entry>,
+    /// Per entry with a bitstream: (lane, index in that lane's scratch ZIP).
+    placed: Vec<Option<(usize, usize)>>,
+    /// Jobs sent to each lane for this package.
+    sent: Vec<usize>,
     bytes: u64,
     at: Timestamp,
     from: Option<Timestamp>,
+}
+
+/// Work for a lane: pack a bitstream, or finish the package's scratch ZIP.
+enum Job {
+    Add {
+        package: usize,
+        path: String,
+        size: u64,
+        body: Box<dyn Read + Send>,
+    },
+    Close(std::sync::mpsc::Sender<std::io::Result<(PathBuf, Vec<Packed>)>>),
+}
+
+/// A thread compressing and hashing bitstreams into a scratch ZIP of its own, so that a
+/// package is packed on every core.
+struct Lane {
+    tx: std::sync::mpsc::SyncSender<Job>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+fn lane_loop(
+    rx: std::sync::mpsc::Receiver<Job>,
+    dir: PathBuf,
+    lane: usize,
+    options: impl Fn(bool) -> SimpleFileOptions,
+) {
+    let mut zip: Option<ZipWriter<BufWriter<File>>> = None;
+    let mut scratch = PathBuf::new();
+    let mut packed: Vec<Packed> = Vec::new();
+    let mut failed: Option<std::io::Error> = None;
+    while let Ok(job) = rx.recv() {
+        match job {
+            Job::Add {
+                package,
+                path,
+                size,
+                body,
+            } => {
+                if failed.is_some() {
+                    continue;
+                }
+                let r = (|| -> std::io::Result<Packed> {
+                    if zip.is_none() {
+                        // One scratch file per package: the last one may still be assembled.
+                        scratch = scratch_path(&dir, lane, package);
+                        zip = Some(ZipWriter::new(BufWriter::with_capacity(
+                            256 * 1024,
+                            File::create(&scratch)?,
+                        )));
+                    }
+                    let z = zip.as_mut().expect("opened");
+                    z.start_file(path.as_str(), options(size >= u32::MAX as u64 / 2))
+                        .map_err(zip_err)?;
+                    let mut m = Measured {
+                        inner: body,
+                        md5: md5::Md5::new(),
+                        length: 0,
+                    };
+                    std::io::copy(&mut m, z)?;
+                    Ok(Packed {
+                        path: format!("/{path}"),
+                        md5: crate::digest::hex_digest(m.md5.finalize()),
+                        length: m.length,
+                    })
+                })();
+                match r {
+                    Ok(p) => packed.push(p),
+                    Err(e) => failed = Some(e),
+                }
+            }
+            Job::Close(reply) => {
+                let r = match failed.take() {
+                    Some(e) => Err(e),
+                    None => (|| {
+                        if let Some(z) = zip.take() {
+                            z.finish().map_err(zip_err)?.flush()?;
+                        }
+                        Ok((scratch.clone(), std::mem::take(&mut packed)))
+                    })(),
+                };
+                zip = None;
+                packed.clear();
+                let _ = reply.send(r);
+            }
+        }
+    }
 }
 
 pub struct Packer {
@@ -87,6 +175,10 @@ pub struct Packer {
     packages: Vec<Package>,
     /// Where the next package's interval starts (Change Dumps).
     next_from: Option<Timestamp>,
+    lanes: Vec<Lane>,
+    next_lane: usize,
+    /// Packages being assembled (manifest + raw copies) while the lanes pack the next.
+    assembling: Vec<std::thread::JoinHandle<std::io::Result<Package>>>,
 }
 
 /// Reads through to `inner`, measuring what passes.
@@ -116,6 +208,18 @@ impl Packer {
         up: String,
         from: Option<Timestamp>,
     ) -> Packer {
+        let n = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        let lanes = (0..n)
+            .map(|i| {
+                let (tx, rx) = std::sync::mpsc::sync_channel(32);
+                let dir = dir.to_path_buf();
+                let thread = std::thread::Builder::new()
+                    .name(format!("dump-lane-{i}"))
+                    .spawn(move || lane_loop(rx, dir, i, move |large| file_options(opts, large)))
+                    .expect("a dump packing thread");
+                Lane { tx, thread }
+            })
+            .collect();
         Packer {
             dir: dir.to_path_buf(),
             opts,
@@ -124,42 +228,29 @@ impl Packer {
             open: None,
             packages: Vec::new(),
             next_from: from,
+            lanes,
+            next_lane: 0,
+            assembling: Vec::new(),
         }
     }
 
-    fn options(&self, large: bool) -> SimpleFileOptions {
-        let o = SimpleFileOptions::default().large_file(large);
-        match self.opts.compression {
-            DumpCompression::Stored => o.compression_method(CompressionMethod::Stored),
-            DumpCompression::Deflate => o
-                .compression_method(CompressionMethod::Deflated)
-                .compression_level(Some(self.opts.level as i64)),
-        }
-    }
-
-    fn open(&mut self) -> std::io::Result<&mut Open> {
+    fn open(&mut self) -> &mut Open {
         if self.open.is_none() {
-            let scratch = self
-                .dir
-                .join(format!(".{:05}.packing", self.packages.len()));
-            let zip = ZipWriter::new(BufWriter::with_capacity(
-                256 * 1024,
-                File::create(&scratch)?,
-            ));
             self.open = Some(Open {
-                zip,
-                scratch,
                 entries: Vec::new(),
+                placed: Vec::new(),
+                sent: vec![0; self.lanes.len()],
                 bytes: 0,
                 at: Timestamp::now(),
                 from: self.next_from,
             });
         }
-        Ok(self.open.as_mut().expect("opened"))
+        self.open.as_mut().expect("opened")
     }
 
-    /// Packs one bitstream read from `body` (`size`: its expected length, for ZIP64) at
-    /// `path` (without the leading `/`) and records its manifest entry.
+    /// Packs one bitstream read from `body` (`size`: its expected length) at `path`
+    /// (without the leading `/`) and records its manifest entry. The bitstream is read,
+    /// hashed and compressed by one of the packing lanes.
     #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
@@ -170,30 +261,32 @@ impl Packer {
         datetime: Option<Timestamp>,
         path: &str,
         size: u64,
-        body: impl Read,
+        body: Box<dyn Read + Send>,
     ) -> std::io::Result<()> {
-        let options = self.options(size >= u32::MAX as u64 / 2);
-        let open = self.open()?;
-        open.zip.start_file(path, options).map_err(zip_err)?;
-        let mut m = Measured {
-            inner: body,
-            md5: md5::Md5::new(),
-            length: 0,
-        };
-        std::io::copy(&mut m, &mut open.zip)?;
-        open.bytes += m.length;
+        let lane = self.next_lane;
+        self.next_lane = (lane + 1) % self.lanes.len();
+        self.lanes[lane]
+            .tx
+            .send(Job::Add {
+                package: self.packages.len() + self.assembling.len(),
+                path: path.to_string(),
+                size,
+                body,
+            })
+            .map_err(|_| std::io::Error::other("a dump packing thread stopped"))?;
+        let open = self.open();
+        let index = open.sent[lane];
+        open.sent[lane] += 1;
+        open.bytes += size;
         open.entries.push(Entry {
             loc,
             lastmod,
             mime,
-            packed: Some(Packed {
-                path: format!("/{path}"),
-                md5: crate::digest::hex_digest(m.md5.finalize()),
-                length: m.length,
-            }),
+            packed: None,
             change,
             datetime,
         });
+        open.placed.push(Some((lane, index)));
         Ok(())
     }
 
@@ -204,7 +297,7 @@ impl Packer {
         change: ChangeType,
         datetime: Timestamp,
     ) -> std::io::Result<()> {
-        let open = self.open()?;
+        let open = self.open();
         open.entries.push(Entry {
             loc,
             lastmod: None,
@@ -213,6 +306,7 @@ impl Packer {
             change: Some(change),
             datetime: Some(datetime),
         });
+        open.placed.push(None);
         Ok(())
     }
 
@@ -225,48 +319,69 @@ impl Packer {
 
     /// Closes the open package (`until`: where its interval ends, for Change Dumps).
     pub fn close(&mut self, until: Option<Timestamp>) -> std::io::Result<()> {
-        let Some(open) = self.open.take() else {
+        let Some(mut open) = self.open.take() else {
             return Ok(());
         };
         self.next_from = until;
-        let completed = Timestamp::now();
-        let n = self.packages.len();
-        let zip_name = format!("{n:05}.zip");
-        let manifest_name = format!("{n:05}-manifest.xml");
-        let manifest = self.manifest(&open, completed, until);
-        open.zip.finish().map_err(zip_err)?.flush()?;
-        let final_tmp = self.dir.join(format!(".{zip_name}.tmp"));
-        {
-            let mut packed = ZipArchive::new(File::open(&open.scratch)?).map_err(zip_err)?;
-            let mut out = ZipWriter::new(BufWriter::with_capacity(
-                256 * 1024,
-                File::create(&final_tmp)?,
-            ));
-            out.start_file("manifest.xml", self.options(false))
-                .map_err(zip_err)?;
-            out.write_all(manifest.as_bytes())?;
-            for i in 0..packed.len() {
-                out.raw_copy_file(packed.by_index_raw(i).map_err(zip_err)?)
-                    .map_err(zip_err)?;
+        // Each lane finishes its scratch ZIP and tells what it packed, in order.
+        let mut scratch: Vec<Option<(PathBuf, Vec<Packed>)>> = Vec::new();
+        let mut first_error = None;
+        for (i, lane) in self.lanes.iter().enumerate() {
+            if open.sent[i] == 0 {
+                scratch.push(None);
+                continue;
             }
-            let mut f = out.finish().map_err(zip_err)?;
-            f.flush()?;
-            f.get_ref().sync_all()?;
+            let (tx, rx) = std::sync::mpsc::channel();
+            let got = lane
+                .tx
+                .send(Job::Close(tx))
+                .ok()
+                .and_then(|_| rx.recv().ok())
+                .unwrap_or_else(|| Err(std::io::Error::other("a dump packing thread stopped")));
+            match got {
+                Ok(s) => scratch.push(Some(s)),
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                    scratch.push(None);
+                }
+            }
         }
-        std::fs::remove_file(&open.scratch)?;
-        std::fs::write(self.dir.join(&manifest_name), manifest.as_bytes())?;
-        std::fs::rename(&final_tmp, self.dir.join(&zip_name))?;
-        let length = std::fs::metadata(self.dir.join(&zip_name))?.len();
-        self.packages.push(Package {
-            zip: zip_name,
-            manifest: manifest_name,
-            length,
-            entries: open.entries.len(),
-            at: open.at,
-            completed,
-            from: open.from,
-            until,
-        });
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        for (e, placed) in open.entries.iter_mut().zip(&open.placed) {
+            if let Some((lane, index)) = placed {
+                e.packed = scratch[*lane]
+                    .as_ref()
+                    .and_then(|s| s.1.get(*index))
+                    .cloned();
+            }
+        }
+        let completed = Timestamp::now();
+        let n = self.packages.len() + self.assembling.len();
+        let manifest = self.manifest(&open, completed, until);
+        let (dir, opts) = (self.dir.clone(), self.opts);
+        // At most one package assembles while the next is packed (bounded disk and threads).
+        if !self.assembling.is_empty() {
+            self.collect_one()?;
+        }
+        self.assembling.push(std::thread::spawn(move || {
+            assemble(&dir, opts, n, &manifest, &open, &scratch, completed, until)
+        }));
+        Ok(())
+    }
+
+    /// Waits for the oldest package being assembled.
+    fn collect_one(&mut self) -> std::io::Result<()> {
+        if self.assembling.is_empty() {
+            return Ok(());
+        }
+        let p = self
+            .assembling
+            .remove(0)
+            .join()
+            .map_err(|_| std::io::Error::other("a dump assembly thread panicked"))??;
+        self.packages.push(p);
         Ok(())
     }
 
@@ -318,7 +433,106 @@ impl Packer {
     /// Closes the last package; returns every package written, in order.
     pub fn finish(mut self, until: Option<Timestamp>) -> std::io::Result<Vec<Package>> {
         self.close(until)?;
-        Ok(self.packages)
+        while !self.assembling.is_empty() {
+            self.collect_one()?;
+        }
+        let packages = std::mem::take(&mut self.packages);
+        self.stop_lanes();
+        Ok(packages)
+    }
+
+    fn stop_lanes(&mut self) {
+        for lane in self.lanes.drain(..) {
+            drop(lane.tx);
+            let _ = lane.thread.join();
+        }
+    }
+}
+
+impl Drop for Packer {
+    /// A build abandoned midway: the lanes stop and their scratch files go.
+    fn drop(&mut self) {
+        self.stop_lanes();
+        for t in self.assembling.drain(..) {
+            let _ = t.join();
+        }
+        for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().ends_with(".packing") {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
+fn scratch_path(dir: &Path, lane: usize, package: usize) -> PathBuf {
+    dir.join(format!(".lane-{lane}-{package:05}.packing"))
+}
+
+/// Writes package `n`: its manifest first, then the lanes' packed entries in manifest order
+/// (raw copies, not compressed again); the manifest copy beside it.
+#[allow(clippy::too_many_arguments)]
+fn assemble(
+    dir: &Path,
+    opts: Options,
+    n: usize,
+    manifest: &str,
+    open: &Open,
+    scratch: &[Option<(PathBuf, Vec<Packed>)>],
+    completed: Timestamp,
+    until: Option<Timestamp>,
+) -> std::io::Result<Package> {
+    let zip_name = format!("{n:05}.zip");
+    let manifest_name = format!("{n:05}-manifest.xml");
+    let final_tmp = dir.join(format!(".{zip_name}.tmp"));
+    {
+        let mut archives: Vec<Option<ZipArchive<File>>> = Vec::new();
+        for s in scratch {
+            archives.push(match s {
+                Some((p, _)) => Some(ZipArchive::new(File::open(p)?).map_err(zip_err)?),
+                None => None,
+            });
+        }
+        let mut out = ZipWriter::new(BufWriter::with_capacity(
+            256 * 1024,
+            File::create(&final_tmp)?,
+        ));
+        out.start_file("manifest.xml", file_options(opts, false))
+            .map_err(zip_err)?;
+        out.write_all(manifest.as_bytes())?;
+        for (lane, index) in open.placed.iter().flatten() {
+            let a = archives[*lane].as_mut().expect("the lane's scratch ZIP");
+            out.raw_copy_file(a.by_index_raw(*index).map_err(zip_err)?)
+                .map_err(zip_err)?;
+        }
+        let mut f = out.finish().map_err(zip_err)?;
+        f.flush()?;
+        f.get_ref().sync_all()?;
+    }
+    for (p, _) in scratch.iter().flatten() {
+        std::fs::remove_file(p)?;
+    }
+    std::fs::write(dir.join(&manifest_name), manifest.as_bytes())?;
+    std::fs::rename(&final_tmp, dir.join(&zip_name))?;
+    let length = std::fs::metadata(dir.join(&zip_name))?.len();
+    Ok(Package {
+        zip: zip_name,
+        manifest: manifest_name,
+        length,
+        entries: open.entries.len(),
+        at: open.at,
+        completed,
+        from: open.from,
+        until,
+    })
+}
+
+fn file_options(opts: Options, large: bool) -> SimpleFileOptions {
+    let o = SimpleFileOptions::default().large_file(large);
+    match opts.compression {
+        DumpCompression::Stored => o.compression_method(CompressionMethod::Stored),
+        DumpCompression::Deflate => o
+            .compression_method(CompressionMethod::Deflated)
+            .compression_level(Some(opts.level as i64)),
     }
 }
 
@@ -359,7 +573,7 @@ mod tests {
                 None,
                 &format!("resources/r/{i}"),
                 body.len() as u64,
-                body.as_bytes(),
+                Box::new(std::io::Cursor::new(body.into_bytes())),
             )
             .unwrap();
             if p.is_full() {
