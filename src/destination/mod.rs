@@ -226,6 +226,10 @@ impl Harvester {
             set.info.name
         ));
         let (mut failures, mut placed) = (Vec::new(), 0u64);
+        // Packages are unpacked on every core while the next one downloads.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        let mut unpacking: tokio::task::JoinSet<anyhow::Result<(u64, Vec<Change>)>> =
+            tokio::task::JoinSet::new();
         for part in parts {
             let mut doc = self.open_part(part, "Resource Dump").await?;
             while let Some(e) = doc.reader.next_entry()? {
@@ -244,15 +248,27 @@ impl Harvester {
                     local.clone(),
                     bar.clone(),
                 );
-                let (n, failed) = tokio::task::spawn_blocking(move || {
-                    worker.unpack(&set_name, set_id, &file, position, &b)
-                })
-                .await??;
-                placed += n;
-                failures.extend(failed);
-                let _ = std::fs::remove_file(&local);
-                let _ = std::fs::remove_file(local.with_extension("etag"));
+                while unpacking.len() >= cores {
+                    if let Some(done) = unpacking.join_next().await {
+                        let (n, failed) = done??;
+                        placed += n;
+                        failures.extend(failed);
+                    }
+                }
+                unpacking.spawn_blocking(move || {
+                    let r = worker.unpack(&set_name, set_id, &file, position, &b);
+                    if r.is_ok() {
+                        let _ = std::fs::remove_file(&file);
+                        let _ = std::fs::remove_file(file.with_extension("etag"));
+                    }
+                    r
+                });
             }
+        }
+        while let Some(done) = unpacking.join_next().await {
+            let (n, failed) = done??;
+            placed += n;
+            failures.extend(failed);
         }
         bar.finish_and_clear();
         for f in &mut failures {
@@ -670,7 +686,6 @@ impl Worker {
         at: Timestamp,
         bar: &ProgressBar,
     ) -> anyhow::Result<(u64, Vec<Change>)> {
-        use md5::Digest;
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
             .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
@@ -685,10 +700,58 @@ impl Worker {
         {
             anyhow::bail!("the package's manifest.xml is not a Resource Dump Manifest");
         }
-        let (mut placed, mut failed) = (0u64, Vec::new());
+        let mut entries = Vec::new();
         while let Some(e) = reader.next_entry()? {
+            entries.push(e);
+        }
+        drop(z);
+        // The entries split over the cores, each part read through its own handle.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        let chunk = entries.len().div_ceil(cores).max(1);
+        let results: Vec<anyhow::Result<(u64, Vec<Change>)>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = entries
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || self.unpack_entries(set, set_id, zip_path, part, at, bar))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("an unpacking thread panicked")))
+                })
+                .collect()
+        });
+        let (mut placed, mut failed) = (0u64, Vec::new());
+        for r in results {
+            let (n, f) = r?;
+            placed += n;
+            failed.extend(f);
+        }
+        Ok((placed, failed))
+    }
+
+    /// Unpacks some entries of a package (see [`Worker::unpack`]).
+    fn unpack_entries(
+        &self,
+        set: &str,
+        set_id: i64,
+        zip_path: &std::path::Path,
+        entries: &[ParsedEntry],
+        at: Timestamp,
+        bar: &ProgressBar,
+    ) -> anyhow::Result<(u64, Vec<Change>)> {
+        use md5::Digest;
+        use std::io::Read;
+        let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
+        let (mut placed, mut failed) = (0u64, Vec::new());
+        // Recorded a thousand at a time (a crash before a batch is recorded only means those
+        // are unpacked again at the next start).
+        let mut holds: Vec<(String, Held)> = Vec::new();
+        for e in entries {
             bar.inc(1);
-            let c = entry_change(&e, "created", at);
+            let c = entry_change(e, "created", at);
             if let Some(h) = self.state.held(set_id, &c.uri)? {
                 if h.md5.is_some()
                     && h.md5 == c.md5
@@ -754,15 +817,18 @@ impl Worker {
             };
             match self.output.put(&item, &dest) {
                 Ok(path) => {
-                    self.state.hold(
-                        set_id,
-                        &c.uri,
-                        &Held {
+                    holds.push((
+                        c.uri,
+                        Held {
                             md5: Some(md5),
                             length: Some(length),
                             path,
                         },
-                    )?;
+                    ));
+                    if holds.len() >= 1000 {
+                        self.state.hold_many(set_id, &holds)?;
+                        holds.clear();
+                    }
                     placed += 1;
                 }
                 Err(err) => {
@@ -772,6 +838,7 @@ impl Worker {
                 }
             }
         }
+        self.state.hold_many(set_id, &holds)?;
         Ok((placed, failed))
     }
 

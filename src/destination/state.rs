@@ -220,6 +220,28 @@ impl State {
         Ok(())
     }
 
+    /// Records many resources as held, in one transaction (the dump baseline's batches).
+    pub fn hold_many(&self, set_id: i64, held: &[(String, Held)]) -> R<()> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        {
+            let mut st = tx.prepare_cached(
+                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path) VALUES (?1, ?2, ?3, ?4, ?5)",
+            )?;
+            for (uri, h) in held {
+                st.execute(params![
+                    set_id,
+                    uri,
+                    h.md5,
+                    h.length.map(|n| n as i64),
+                    h.path
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// Every resource held, in URI order (for the audit).
     pub fn held_uris(&self, set_id: i64) -> R<Vec<String>> {
         let c = self.c();
