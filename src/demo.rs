@@ -32,6 +32,9 @@ pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
             resource_root_dir: Some(dir.clone()),
             ..SetOverrides::default()
         });
+    // Something to look at: the set's Resource Dump and, once a Change List closes, its
+    // Change Dumps.
+    config.dumps.enabled = true;
     config.validate()?;
     Ok(dir)
 }
