@@ -207,16 +207,17 @@ impl Fetcher {
             }
             let mut r = req.send().await.map_err(|e| transport(url, e))?;
             let resumed = r.status() == StatusCode::PARTIAL_CONTENT;
-            if r.status() == StatusCode::RANGE_NOT_SATISFIABLE {
-                // What we hold is longer than the file now: start over.
+            // The partial file cannot be continued: drop it, and the next try starts over.
+            let start_over = |why: String| {
                 let _ = std::fs::remove_file(path);
-                return Err(FetchError {
-                    message: format!(
-                        "GET {url}: the partial download no longer fits; starting over"
-                    ),
+                Err(FetchError {
+                    message: format!("GET {url}: {why}; starting over"),
                     retry: true,
                     retry_after: None,
-                });
+                })
+            };
+            if r.status() == StatusCode::RANGE_NOT_SATISFIABLE {
+                return start_over("the partial download is longer than the file now".into());
             }
             check_status(url, &r)?;
             if resumed {
@@ -228,14 +229,7 @@ impl Fetcher {
                     .and_then(|v| v.split('-').next())
                     .and_then(|v| v.parse::<u64>().ok());
                 if start != Some(have) {
-                    let _ = std::fs::remove_file(path);
-                    return Err(FetchError {
-                        message: format!(
-                            "GET {url}: the server resumed at {start:?}, not at {have}"
-                        ),
-                        retry: true,
-                        retry_after: None,
-                    });
+                    return start_over(format!("the server resumed at {start:?}, not at {have}"));
                 }
             } else if let Some(tag) = r
                 .headers()

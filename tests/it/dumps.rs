@@ -76,20 +76,8 @@ async fn download(
 
 /// What `tests/tools/check_dump.py` finds in the packages (it fails on any mismatch).
 fn check(files: &[PathBuf]) -> serde_json::Value {
-    let out = std::process::Command::new(PyEnv::get().python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/tools/check_dump.py"
-        ))
-        .args(files)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    let args: Vec<&std::ffi::OsStr> = files.iter().map(|f| f.as_os_str()).collect();
+    py_tool_json("check_dump.py", &args)
 }
 
 /// (loc, md5, length) of every bitstream in the checked packages.

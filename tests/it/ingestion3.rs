@@ -26,20 +26,7 @@ fn xml_line(root: &Path, change: &str, i: usize, version: u32) -> String {
 
 /// What fastavro reads from an activity folder: (records by id, schemas, codecs).
 fn read_activity(folder: &Path) -> (BTreeMap<String, serde_json::Value>, serde_json::Value) {
-    let out = std::process::Command::new(PyEnv::get().python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/tools/read_avro.py"
-        ))
-        .arg(folder)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let v = py_tool_json("read_avro.py", &[folder.as_os_str()]);
     let records = v["records"]
         .as_array()
         .unwrap()

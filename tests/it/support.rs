@@ -224,6 +224,26 @@ impl PyEnv {
     }
 }
 
+/// Runs one of `tests/tools/` with the environment's Python on `args`; its standard output
+/// parsed as JSON (panics with its standard error when it fails).
+pub fn py_tool_json(tool: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let out = Command::new(PyEnv::get().python())
+        .arg(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("tests/tools")
+                .join(tool),
+        )
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{tool}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{tool} printed no JSON: {e}"))
+}
+
 /// Validates documents against the sitemaps.org and ResourceSync XSDs in `tests/schemas`
 /// (`tests/tools/validate_rs_xml.py`); panics with its report otherwise.
 pub fn assert_valid(docs: &[(&str, &str)]) {
