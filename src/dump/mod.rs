@@ -56,6 +56,9 @@ use package::{Kind, Options, Package, Packer};
 /// The served Resource Dump of a set (`rd/current.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResourceDumpInfo {
+    /// The base URL its documents were written under (a restart under another one rebuilds).
+    #[serde(default)]
+    pub base_url: String,
     pub generation: String,
     pub at: Timestamp,
     pub completed: Timestamp,
@@ -71,6 +74,8 @@ pub struct ResourceDumpInfo {
 /// The Change Dump of one closed Change List (`cd/<no>/info.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ChangeDumpInfo {
+    #[serde(default)]
+    pub base_url: String,
     pub no: u32,
     pub from: Timestamp,
     pub until: Timestamp,
@@ -255,6 +260,20 @@ impl Dumps {
             }
         };
         for s in sets {
+            // Documents written under another base URL advertise addresses that are gone:
+            // rebuilt under this one.
+            let base = self.urls().base();
+            let stale = self
+                .resource_dump(&s.name)
+                .is_some_and(|d| d.base_url != base)
+                || self
+                    .change_dumps(&s.name)
+                    .iter()
+                    .any(|d| d.base_url != base);
+            if stale {
+                tracing::info!(set = %s.name, "dumps written under another base URL: rebuilt");
+                let _ = std::fs::remove_dir_all(self.set_dir(&s.name));
+            }
             for sub in ["rd", "cd"] {
                 for e in std::fs::read_dir(self.set_dir(&s.name).join(sub))
                     .into_iter()
@@ -321,7 +340,18 @@ impl Dumps {
             if self.stop.load(Ordering::Relaxed) {
                 break;
             }
-            let set = s.name;
+            // One set's trouble (a remote resource that cannot be fetched, say) never holds
+            // up the others' dumps.
+            if let Err(e) = self.pass_set(&s.name).await {
+                tracing::warn!(set = %s.name, error = %format!("{e:#}"), "dumps: building failed; retried at the next pass");
+            }
+        }
+        Ok(())
+    }
+
+    async fn pass_set(self: &Arc<Self>, set: &SetName) -> anyhow::Result<()> {
+        let set = set.clone();
+        {
             let changes = self.store().counts(&set).await?.changes;
             let unchanged_since_refused = self
                 .unavailable
@@ -330,7 +360,7 @@ impl Dumps {
                 .get(&set)
                 .is_some_and(|(_, at)| *at == changes);
             if unchanged_since_refused {
-                continue;
+                return Ok(());
             }
             // The Resource Dump first: a new destination baselines from it.
             if let Some(why) = self.resource_dump_due(&set).await? {
@@ -586,6 +616,7 @@ impl Dumps {
         let completed = Timestamp::now();
         self.write_resource_dump_documents(set, dir, generation, at, completed, &packages, &up)?;
         let info = ResourceDumpInfo {
+            base_url: self.urls().base().to_string(),
             generation: generation.to_string(),
             at,
             completed,
@@ -755,6 +786,7 @@ impl Dumps {
         }
         std::fs::write(building.join("changedump.xml"), w.finish())?;
         let info = ChangeDumpInfo {
+            base_url: self.urls().base().to_string(),
             no: list.no,
             from: list.from,
             until,

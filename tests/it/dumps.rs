@@ -543,3 +543,91 @@ async fn a_destination_baselines_from_the_dump_and_ends_in_sync() {
     h.stop().await;
     app.stop().await;
 }
+
+/// A set of resources at other URLs offers no dump without `dumps.fetch_remote`; with it, its
+/// resources are fetched through the guarded client, and more packages than a document holds
+/// make the Resource Dump an index.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_resources_are_dumped_only_with_fetch_remote_and_many_packages_get_an_index() {
+    let (mut c, dir, root) = dump_config(50_000);
+    // "aremote" sorts first: the builder has tried it once "papers" has a dump.
+    c.sets.insert(
+        "aremote".into(),
+        resourcesync_hub::config::SetOverrides {
+            max_items_in_list: Some(2),
+            ..Default::default()
+        },
+    );
+    c.dumps.package_max_entries = 1;
+    let app = TestApp::start_with(c.clone()).await;
+    // The remote resources: the same files, served by another server.
+    let (mut fc, _files_dir) = test_config();
+    add_file_set(&mut fc, "papers", &root, None);
+    let file_server = TestApp::start_with(fc).await;
+    let remote_base = file_server.config.base_url();
+    let lines: Vec<String> = (0..5)
+        .map(|i| file_line(&root, "created", &format!("r/{i}.txt"), &body(i, 1)))
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    let remote: Vec<String> = (0..5)
+        .map(|i| {
+            let b = body(i, 1);
+            format!(
+                r#"{{"change":"created","location":{{"type":"url","value":"{remote_base}/files/papers/r/{i}.txt"}},"length":{},"md5":"{}","mime":"text/plain"}}"#,
+                b.len(),
+                md5_hex(b.as_bytes())
+            )
+        })
+        .collect();
+    app.ingest_ok("aremote", &remote.join("\n")).await;
+    wait_until("the dump of papers", || async {
+        status(&app, "/sets/papers/resourcedump.xml").await == 200
+    })
+    .await;
+    assert_eq!(status(&app, "/sets/aremote/resourcedump.xml").await, 404);
+    let (cap, _) = app.get_doc("/sets/aremote/capabilitylist.xml").await;
+    assert!(!cap.contains("resourcedump"), "{cap}");
+    let data = app.stop().await;
+
+    c.dumps.fetch_remote = true;
+    let app = TestApp::start_with(c).await;
+    wait_until("the dump of aremote", || async {
+        status(&app, "/sets/aremote/resourcedump.xml").await == 200
+    })
+    .await;
+    let base = app.config.base_url();
+    let (index_body, index) = app.get_doc("/sets/aremote/resourcedump.xml").await;
+    assert!(index.is_index, "5 packages, 2 per document: an index");
+    assert_eq!(index.md["capability"], "resourcedump");
+    assert_eq!(index.entries.len(), 3);
+    let work = tempfile::tempdir().unwrap();
+    let (mut files, mut docs) = (Vec::new(), vec![("index".to_string(), index_body)]);
+    for (i, part) in index.entries.iter().enumerate() {
+        let d = work.path().join(i.to_string());
+        std::fs::create_dir_all(&d).unwrap();
+        let (f, more) = download(&app, &part.loc, &d).await;
+        let doc = sitemap::parse(more[0].1.as_bytes()).unwrap();
+        assert_eq!(
+            doc.link("index"),
+            Some(format!("{base}/sets/aremote/resourcedump.xml").as_str())
+        );
+        files.extend(f);
+        docs.extend(more);
+    }
+    let want: BTreeSet<(String, String, u64)> = (0..5)
+        .map(|i| {
+            let b = body(i, 1);
+            (
+                format!("{remote_base}/files/papers/r/{i}.txt"),
+                md5_hex(b.as_bytes()),
+                b.len() as u64,
+            )
+        })
+        .collect();
+    assert_eq!(packed(&check(&files)), want);
+    let named: Vec<(&str, &str)> = docs.iter().map(|(n, b)| (n.as_str(), b.as_str())).collect();
+    assert_valid(&named);
+    drop((dir, data));
+    app.stop().await;
+    file_server.stop().await;
+}
