@@ -164,14 +164,8 @@ impl Harvester {
             while let Some(e) = r.next_entry()? {
                 let c = entry_change(&e, "created", at.unwrap_or(started));
                 bar.inc(1);
-                if let Some(h) = self.state.held(set.row.id, &c.uri)? {
-                    if h.md5.is_some()
-                        && h.md5 == c.md5
-                        && h.length == c.length
-                        && std::path::Path::new(&h.path).exists()
-                    {
-                        continue;
-                    }
+                if self.state.holds_as_listed(set.row.id, &c)? {
+                    continue;
                 }
                 let permit = sem.clone().acquire_owned().await?;
                 let (this, name, set_id) = (self.clone_parts(), set.info.name.clone(), set.row.id);
@@ -226,10 +220,12 @@ impl Harvester {
             set.info.name
         ));
         let (mut failures, mut placed) = (Vec::new(), 0u64);
-        // Packages are unpacked on every core while the next one downloads.
-        let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
-        let mut unpacking: tokio::task::JoinSet<anyhow::Result<(u64, Vec<Change>)>> =
-            tokio::task::JoinSet::new();
+        let mut tally = |(n, failed): Unpacked| {
+            placed += n;
+            failures.extend(failed);
+        };
+        // A package is unpacked (on every core) while the next one downloads.
+        let mut unpacking: Option<tokio::task::JoinHandle<anyhow::Result<Unpacked>>> = None;
         for part in parts {
             let mut doc = self.open_part(part, "Resource Dump").await?;
             while let Some(e) = doc.reader.next_entry()? {
@@ -248,27 +244,21 @@ impl Harvester {
                     local.clone(),
                     bar.clone(),
                 );
-                while unpacking.len() >= cores {
-                    if let Some(done) = unpacking.join_next().await {
-                        let (n, failed) = done??;
-                        placed += n;
-                        failures.extend(failed);
-                    }
+                if let Some(previous) = unpacking.take() {
+                    tally(previous.await??);
                 }
-                unpacking.spawn_blocking(move || {
+                unpacking = Some(tokio::task::spawn_blocking(move || {
                     let r = worker.unpack(&set_name, set_id, &file, position, &b);
                     if r.is_ok() {
                         let _ = std::fs::remove_file(&file);
                         let _ = std::fs::remove_file(file.with_extension("etag"));
                     }
                     r
-                });
+                }));
             }
         }
-        while let Some(done) = unpacking.join_next().await {
-            let (n, failed) = done??;
-            placed += n;
-            failures.extend(failed);
+        if let Some(last) = unpacking {
+            tally(last.await??);
         }
         bar.finish_and_clear();
         for f in &mut failures {
@@ -607,6 +597,10 @@ impl Harvester {
     }
 }
 
+/// What unpacking a dump package did: bitstreams placed, and the entries to fetch on their
+/// own.
+type Unpacked = (u64, Vec<Change>);
+
 /// What a fetch task needs.
 struct Worker {
     state: Arc<State>,
@@ -627,16 +621,7 @@ impl Worker {
             .download(&c.uri, &path)
             .await
             .map_err(|e| e.to_string())?;
-        let checked = match (c.length, c.md5.as_deref()) {
-            (Some(l), _) if l != d.length => {
-                Err(format!("length {} instead of the listed {l}", d.length))
-            }
-            (_, Some(m)) if !m.eq_ignore_ascii_case(&d.md5) => {
-                Err(format!("md5 {} instead of the listed {m}", d.md5))
-            }
-            _ => Ok(()),
-        };
-        if let Err(e) = checked {
+        if let Err(e) = c.check(d.length, &d.md5) {
             let _ = std::fs::remove_file(&d.path);
             return Err(format!("{}: {e}", c.uri));
         }
@@ -685,7 +670,7 @@ impl Worker {
         zip_path: &std::path::Path,
         at: Timestamp,
         bar: &ProgressBar,
-    ) -> anyhow::Result<(u64, Vec<Change>)> {
+    ) -> anyhow::Result<Unpacked> {
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
             .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
@@ -708,7 +693,7 @@ impl Worker {
         // The entries split over the cores, each part read through its own handle.
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
         let chunk = entries.len().div_ceil(cores).max(1);
-        let results: Vec<anyhow::Result<(u64, Vec<Change>)>> = std::thread::scope(|scope| {
+        let results: Vec<anyhow::Result<Unpacked>> = std::thread::scope(|scope| {
             let handles: Vec<_> = entries
                 .chunks(chunk)
                 .map(|part| {
@@ -741,7 +726,7 @@ impl Worker {
         entries: &[ParsedEntry],
         at: Timestamp,
         bar: &ProgressBar,
-    ) -> anyhow::Result<(u64, Vec<Change>)> {
+    ) -> anyhow::Result<Unpacked> {
         use md5::Digest;
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
@@ -752,14 +737,8 @@ impl Worker {
         for e in entries {
             bar.inc(1);
             let c = entry_change(e, "created", at);
-            if let Some(h) = self.state.held(set_id, &c.uri)? {
-                if h.md5.is_some()
-                    && h.md5 == c.md5
-                    && h.length == c.length
-                    && std::path::Path::new(&h.path).exists()
-                {
-                    continue;
-                }
+            if self.state.holds_as_listed(set_id, &c)? {
+                continue;
             }
             let Some(inner) =
                 e.md.get("path")
@@ -788,26 +767,18 @@ impl Worker {
                 std::io::Write::flush(&mut out)?;
                 Ok((n, crate::digest::hex_digest(h.finalize())))
             })();
-            let ok = match &measured {
-                Ok((n, md5)) => {
-                    c.length.is_none_or(|l| l == *n)
-                        && c.md5.as_deref().is_none_or(|m| m.eq_ignore_ascii_case(md5))
+            let checked = measured
+                .map_err(|err| format!("cannot unpack it: {err:#}"))
+                .and_then(|(length, md5)| c.check(length, &md5).map(|_| (length, md5)));
+            let (length, md5) = match checked {
+                Ok(m) => m,
+                Err(why) => {
+                    tracing::warn!(uri = %c.uri, error = %why, "a bitstream of the dump does not match its manifest entry");
+                    let _ = std::fs::remove_file(&dest);
+                    failed.push(c);
+                    continue;
                 }
-                Err(_) => false,
             };
-            let Ok((length, md5)) = measured.map_err(|err| {
-                tracing::warn!(uri = %c.uri, error = %err, "cannot unpack a bitstream");
-            }) else {
-                let _ = std::fs::remove_file(&dest);
-                failed.push(c);
-                continue;
-            };
-            if !ok {
-                tracing::warn!(uri = %c.uri, length, md5 = %md5, "a bitstream does not match its manifest entry");
-                let _ = std::fs::remove_file(&dest);
-                failed.push(c);
-                continue;
-            }
             let item = Item {
                 set,
                 uri: &c.uri,
@@ -1275,11 +1246,7 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
                     output::Holding::Missing => missing.push(c.uri.clone()),
                     output::Holding::NotArchived(_) => not_archived += 1,
                     output::Holding::Held { length, md5 } => {
-                        if c.length.is_some_and(|l| l != length)
-                            || c.md5
-                                .as_deref()
-                                .is_some_and(|m| !m.eq_ignore_ascii_case(&md5))
-                        {
+                        if c.check(length, &md5).is_err() {
                             differ.push(c.uri.clone());
                         }
                     }

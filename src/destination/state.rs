@@ -26,6 +26,22 @@ pub struct Change {
     pub lastmod: Option<Timestamp>,
 }
 
+impl Change {
+    /// Whether bytes of `length` with `md5` are what this entry lists (what it omits is
+    /// not checked); `Err` says how they differ.
+    pub fn check(&self, length: u64, md5: &str) -> Result<(), String> {
+        match (self.length, self.md5.as_deref()) {
+            (Some(l), _) if l != length => {
+                Err(format!("length {length} instead of the listed {l}"))
+            }
+            (_, Some(m)) if !m.eq_ignore_ascii_case(md5) => {
+                Err(format!("md5 {md5} instead of the listed {m}"))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// A queued change with its history.
 #[derive(Debug, Clone)]
 pub struct Pending {
@@ -209,6 +225,17 @@ impl State {
                 },
             )
             .optional()?)
+    }
+
+    /// Whether the resource is held with the md5 and length `c` lists and its file still
+    /// exists: a resumed baseline does not fetch (or unpack) it again.
+    pub fn holds_as_listed(&self, set_id: i64, c: &Change) -> R<bool> {
+        Ok(self.held(set_id, &c.uri)?.is_some_and(|h| {
+            h.md5.is_some()
+                && h.md5 == c.md5
+                && h.length == c.length
+                && std::path::Path::new(&h.path).exists()
+        }))
     }
 
     /// Records a resource written by the baseline.

@@ -50,7 +50,7 @@ use crate::model::{ChangeType, ResourceKey, SetConfig, SetName, Timestamp};
 use crate::notify::render::{framework_notification, FrameworkEntry};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::source::{Source, Urls};
-use crate::store::{ChangeListInfo, Store};
+use crate::store::{ChangeListInfo, Counts, Store};
 use package::{Kind, Options, Package, Packer};
 
 /// The served Resource Dump of a set (`rd/current.json`).
@@ -350,52 +350,51 @@ impl Dumps {
     }
 
     async fn pass_set(self: &Arc<Self>, set: &SetName) -> anyhow::Result<()> {
-        let set = set.clone();
-        {
-            let changes = self.store().counts(&set).await?.changes;
-            let unchanged_since_refused = self
-                .unavailable
-                .lock()
-                .expect("unavailable")
-                .get(&set)
-                .is_some_and(|(_, at)| *at == changes);
-            if unchanged_since_refused {
-                return Ok(());
-            }
-            // The Resource Dump first: a new destination baselines from it.
-            if let Some(why) = self.resource_dump_due(&set).await? {
-                tracing::info!(set = %set, why, "building a Resource Dump");
-                match self.build_resource_dump(&set).await {
-                    Ok(info) => {
-                        tracing::info!(set = %set, generation = %info.generation, resources = info.resources, missing = info.missing, packages = info.packages.len(), "Resource Dump built");
-                        self.unavailable.lock().expect("unavailable").remove(&set);
-                        self.announce_pending(&set).await?;
-                    }
-                    Err(BuildError::Unavailable(why)) => self.note_unavailable(&set, why, changes),
-                    Err(BuildError::Stopped) => return Ok(()),
-                    Err(BuildError::Other(e)) => return Err(e),
-                }
-            }
-            for list in self.store().changelists(&set).await? {
-                if list.until.is_none() || self.change_dump(&set, list.no).is_some() {
-                    continue;
-                }
-                match self.build_change_dump(&set, &list).await {
-                    Ok(Some(info)) => {
-                        tracing::info!(set = %set, list = list.no, packages = info.packages.len(), "Change Dump built");
-                        self.announce_pending(&set).await?;
-                    }
-                    Ok(None) => {}
-                    Err(BuildError::Unavailable(why)) => {
-                        self.note_unavailable(&set, why, changes);
-                        break;
-                    }
-                    Err(BuildError::Stopped) => return Ok(()),
-                    Err(BuildError::Other(e)) => return Err(e),
-                }
-            }
-            self.remove_replaced(&set);
+        let counts = self.store().counts(set).await?;
+        let unchanged_since_refused = self
+            .unavailable
+            .lock()
+            .expect("unavailable")
+            .get(set)
+            .is_some_and(|(_, at)| *at == counts.changes);
+        if unchanged_since_refused {
+            return Ok(());
         }
+        // The Resource Dump first: a new destination baselines from it.
+        if let Some(why) = self.resource_dump_due(set, counts) {
+            tracing::info!(set = %set, why, "building a Resource Dump");
+            match self.build_resource_dump(set, counts.changes).await {
+                Ok(info) => {
+                    tracing::info!(set = %set, generation = %info.generation, resources = info.resources, missing = info.missing, packages = info.packages.len(), "Resource Dump built");
+                    self.unavailable.lock().expect("unavailable").remove(set);
+                    self.announce_pending(set).await?;
+                }
+                Err(BuildError::Unavailable(why)) => {
+                    self.note_unavailable(set, why, counts.changes)
+                }
+                Err(BuildError::Stopped) => return Ok(()),
+                Err(BuildError::Other(e)) => return Err(e),
+            }
+        }
+        for list in self.store().changelists(set).await? {
+            if list.until.is_none() || self.change_dump(set, list.no).is_some() {
+                continue;
+            }
+            match self.build_change_dump(set, &list).await {
+                Ok(Some(info)) => {
+                    tracing::info!(set = %set, list = list.no, packages = info.packages.len(), "Change Dump built");
+                    self.announce_pending(set).await?;
+                }
+                Ok(None) => {}
+                Err(BuildError::Unavailable(why)) => {
+                    self.note_unavailable(set, why, counts.changes);
+                    break;
+                }
+                Err(BuildError::Stopped) => return Ok(()),
+                Err(BuildError::Other(e)) => return Err(e),
+            }
+        }
+        self.remove_replaced(set);
         Ok(())
     }
 
@@ -409,27 +408,26 @@ impl Dumps {
         u.insert(set.clone(), (why, changes));
     }
 
-    /// Why a new Resource Dump is due, if it is.
-    async fn resource_dump_due(&self, set: &SetName) -> anyhow::Result<Option<&'static str>> {
-        let counts = self.store().counts(set).await?;
+    /// Why a new Resource Dump is due, if it is (`counts`: the set's, now).
+    fn resource_dump_due(&self, set: &SetName, counts: Counts) -> Option<&'static str> {
         if counts.resources == 0 {
-            return Ok(None);
+            return None;
         }
         let Some(cur) = self.resource_dump(set) else {
-            return Ok(Some("the set has none yet"));
+            return Some("the set has none yet");
         };
         let changed = counts.changes.saturating_sub(cur.changes);
         if changed == 0 {
-            return Ok(None);
+            return None;
         }
         let d = &self.config.dumps;
         if Timestamp::now() >= cur.completed.plus_secs(d.interval_secs) {
-            return Ok(Some("dumps.interval_secs passed and the set changed"));
+            return Some("dumps.interval_secs passed and the set changed");
         }
         if changed as f64 > d.change_fraction * cur.resources.max(1) as f64 {
-            return Ok(Some("more than dumps.change_fraction of the set changed"));
+            return Some("more than dumps.change_fraction of the set changed");
         }
-        Ok(None)
+        None
     }
 
     fn options(&self) -> Options {
@@ -511,13 +509,14 @@ impl Dumps {
         Ok(())
     }
 
-    /// Builds a new Resource Dump generation and switches to it.
+    /// Builds a new Resource Dump generation and switches to it (`changes`: the set's change
+    /// count as the build starts).
     async fn build_resource_dump(
         self: &Arc<Self>,
         set: &SetName,
+        changes: u64,
     ) -> Result<ResourceDumpInfo, BuildError> {
         let store = self.store().clone();
-        let counts = store.counts(set).await?;
         // As for the Resource List: just after the newest change seen, so a change committed
         // after a page was read is dated after `at` and reaches the destination through the
         // Change Lists.
@@ -531,7 +530,7 @@ impl Dumps {
         let building = rd.join(format!(".building-{generation}"));
         std::fs::create_dir_all(&building)?;
         let result = self
-            .write_resource_dump(set, &building, &generation, at, counts.changes)
+            .write_resource_dump(set, &building, &generation, at, changes)
             .await;
         let info = match result {
             Ok(i) => i,
@@ -670,23 +669,9 @@ impl Dumps {
             }
             let mut w = SitemapWriter::new(Root::Urlset, &top, &links);
             for p in packages {
-                let manifest = urls.resource_dump_file(set, generation, &p.manifest);
-                w.entry(
-                    &urls.resource_dump_file(set, generation, &p.zip),
-                    None,
-                    &Md {
-                        mime: Some("application/zip"),
-                        length: Some(p.length),
-                        at: Some(p.at),
-                        completed: Some(p.completed),
-                        ..Md::default()
-                    },
-                    &[Ln {
-                        rel: "contents",
-                        href: &manifest,
-                        mime: Some("application/xml"),
-                    }],
-                );
+                package_entry(&mut w, p, |name| {
+                    urls.resource_dump_file(set, generation, name)
+                });
             }
             w.finish()
         };
@@ -766,23 +751,7 @@ impl Dumps {
             ],
         );
         for p in &packages {
-            let manifest = urls.change_dump_file(set, list.no, &p.manifest);
-            w.entry(
-                &urls.change_dump_file(set, list.no, &p.zip),
-                None,
-                &Md {
-                    mime: Some("application/zip"),
-                    length: Some(p.length),
-                    from: p.from,
-                    until: p.until,
-                    ..Md::default()
-                },
-                &[Ln {
-                    rel: "contents",
-                    href: &manifest,
-                    mime: Some("application/xml"),
-                }],
-            );
+            package_entry(&mut w, p, |name| urls.change_dump_file(set, list.no, name));
         }
         std::fs::write(building.join("changedump.xml"), w.finish())?;
         let info = ChangeDumpInfo {
@@ -1029,6 +998,31 @@ impl Dumps {
             }
         }
     }
+}
+
+/// A package's entry in a Resource Dump or Change Dump: its URL, type, length, the interval
+/// it covers (`at`/`completed` of a Resource Dump package, `from`/`until` of a Change Dump
+/// one), and `rel="contents"` to its manifest copy; `url` maps a file name to its URL.
+fn package_entry(w: &mut SitemapWriter, p: &Package, url: impl Fn(&str) -> String) {
+    let changes = p.from.is_some();
+    w.entry(
+        &url(&p.zip),
+        None,
+        &Md {
+            mime: Some("application/zip"),
+            length: Some(p.length),
+            at: (!changes).then_some(p.at),
+            completed: (!changes).then_some(p.completed),
+            from: p.from,
+            until: p.until,
+            ..Md::default()
+        },
+        &[Ln {
+            rel: "contents",
+            href: &url(&p.manifest),
+            mime: Some("application/xml"),
+        }],
+    );
 }
 
 /// A resource's bytes to pack: a reader, its expected length, and its name in the package.

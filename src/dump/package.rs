@@ -177,8 +177,8 @@ pub struct Packer {
     next_from: Option<Timestamp>,
     lanes: Vec<Lane>,
     next_lane: usize,
-    /// Packages being assembled (manifest + raw copies) while the lanes pack the next.
-    assembling: Vec<std::thread::JoinHandle<std::io::Result<Package>>>,
+    /// The package being assembled (manifest + raw copies) while the lanes pack the next.
+    assembling: Option<std::thread::JoinHandle<std::io::Result<Package>>>,
 }
 
 /// Reads through to `inner`, measuring what passes.
@@ -230,7 +230,7 @@ impl Packer {
             next_from: from,
             lanes,
             next_lane: 0,
-            assembling: Vec::new(),
+            assembling: None,
         }
     }
 
@@ -268,7 +268,7 @@ impl Packer {
         self.lanes[lane]
             .tx
             .send(Job::Add {
-                package: self.packages.len() + self.assembling.len(),
+                package: self.package_no(),
                 path: path.to_string(),
                 size,
                 body,
@@ -358,27 +358,28 @@ impl Packer {
             }
         }
         let completed = Timestamp::now();
-        let n = self.packages.len() + self.assembling.len();
+        let n = self.package_no();
         let manifest = self.manifest(&open, completed, until);
         let (dir, opts) = (self.dir.clone(), self.opts);
         // At most one package assembles while the next is packed (bounded disk and threads).
-        if !self.assembling.is_empty() {
-            self.collect_one()?;
-        }
-        self.assembling.push(std::thread::spawn(move || {
+        self.collect_assembled()?;
+        self.assembling = Some(std::thread::spawn(move || {
             assemble(&dir, opts, n, &manifest, &open, &scratch, completed, until)
         }));
         Ok(())
     }
 
-    /// Waits for the oldest package being assembled.
-    fn collect_one(&mut self) -> std::io::Result<()> {
-        if self.assembling.is_empty() {
+    /// The number of the package being packed now.
+    fn package_no(&self) -> usize {
+        self.packages.len() + self.assembling.is_some() as usize
+    }
+
+    /// Waits for the package being assembled, if any.
+    fn collect_assembled(&mut self) -> std::io::Result<()> {
+        let Some(t) = self.assembling.take() else {
             return Ok(());
-        }
-        let p = self
-            .assembling
-            .remove(0)
+        };
+        let p = t
             .join()
             .map_err(|_| std::io::Error::other("a dump assembly thread panicked"))??;
         self.packages.push(p);
@@ -433,9 +434,7 @@ impl Packer {
     /// Closes the last package; returns every package written, in order.
     pub fn finish(mut self, until: Option<Timestamp>) -> std::io::Result<Vec<Package>> {
         self.close(until)?;
-        while !self.assembling.is_empty() {
-            self.collect_one()?;
-        }
+        self.collect_assembled()?;
         let packages = std::mem::take(&mut self.packages);
         self.stop_lanes();
         Ok(packages)
@@ -453,7 +452,7 @@ impl Drop for Packer {
     /// A build abandoned midway: the lanes stop and their scratch files go.
     fn drop(&mut self) {
         self.stop_lanes();
-        for t in self.assembling.drain(..) {
+        if let Some(t) = self.assembling.take() {
             let _ = t.join();
         }
         for e in std::fs::read_dir(&self.dir).into_iter().flatten().flatten() {
