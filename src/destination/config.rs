@@ -33,6 +33,9 @@ pub struct SourceSection {
     /// What the baseline reads: the Resource List (one GET per resource) or the Resource
     /// Dump (a few large resumable downloads).
     pub baseline: BaselineFrom,
+    /// Hosts besides the source's own authority that its documents and resources may lie
+    /// on (`host`, `host:port`, `*.domain`); everything else is refused before connecting.
+    pub allow_hosts: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -105,6 +108,17 @@ pub struct FetchSection {
     pub max_tries: u32,
     /// Move the position past a failed resource (and say so) instead of waiting for it.
     pub skip_failed: bool,
+    /// Longer URLs are refused (and never logged whole).
+    pub max_url_length: usize,
+    /// The largest document (list, index, manifest) read, after decompression.
+    pub max_document_bytes: u64,
+    /// The largest resource read when its list gives no length (a listed length is a limit
+    /// of its own: never more than it plus one byte is read).
+    pub max_resource_bytes: u64,
+    /// The longest wait for response headers or for the next bytes of a body; a body must
+    /// also bring `min_bytes_per_sec` × this in every such window, or it is cut off.
+    pub idle_timeout_secs: u64,
+    pub min_bytes_per_sec: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -116,6 +130,10 @@ pub struct PushSection {
     /// The callback URL the hub calls (it must reach `listen`); empty: `http://<listen>`.
     pub callback_url: String,
     pub lease_secs: u64,
+    /// The largest delivery read; larger ones are answered 413 unread.
+    pub max_body_bytes: u64,
+    /// Deliveries read at once; more are answered 503 with Retry-After.
+    pub max_concurrent_deliveries: usize,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -188,8 +206,20 @@ impl HarvestConfig {
                 "fetch.concurrency, fetch.attempts and fetch.max_tries must be at least 1".into(),
             );
         }
-        if self.fetch.timeout_secs == 0 {
-            return bad("fetch.timeout_secs must be at least 1".into());
+        if self.fetch.timeout_secs == 0 || self.fetch.idle_timeout_secs == 0 {
+            return bad("fetch.timeout_secs and fetch.idle_timeout_secs must be at least 1".into());
+        }
+        if self.fetch.max_url_length < 64 {
+            return bad("fetch.max_url_length must be at least 64".into());
+        }
+        if self.fetch.max_document_bytes < 1024 || self.fetch.max_resource_bytes == 0 {
+            return bad(
+                "fetch.max_document_bytes must be at least 1024 and fetch.max_resource_bytes at least 1"
+                    .into(),
+            );
+        }
+        if let Err(e) = self.scope() {
+            return bad(e);
         }
         if self.follow.check_interval_secs == 0 {
             return bad("follow.check_interval_secs must be at least 1".into());
@@ -216,6 +246,9 @@ impl HarvestConfig {
             if self.push.lease_secs < 60 {
                 return bad("push.lease_secs must be at least 60".into());
             }
+            if self.push.max_body_bytes < 1024 || self.push.max_concurrent_deliveries == 0 {
+                return bad("push.max_body_bytes must be at least 1024 and push.max_concurrent_deliveries at least 1".into());
+            }
         }
         if self.output.kind == OutputKind::Ingestion3 {
             let p = &self.output.provider;
@@ -241,6 +274,15 @@ impl HarvestConfig {
             }
         }
         Ok(())
+    }
+
+    /// The source's trust boundary: its authority, widened by `source.allow_hosts`.
+    pub fn scope(&self) -> Result<super::scope::Scope, String> {
+        super::scope::Scope::new(
+            &self.source.url,
+            &self.source.allow_hosts,
+            self.fetch.max_url_length,
+        )
     }
 
     pub fn database_path(&self) -> PathBuf {

@@ -3,6 +3,7 @@
 //! documents and its change-notification topic and hub.
 
 use super::fetch::Fetcher;
+use super::scope::short;
 use crate::sitemap;
 
 /// What one Capability List offers.
@@ -17,15 +18,39 @@ pub struct SetInfo {
     /// The change-notification topic and the hub that serves it.
     pub topic: Option<String>,
     pub hub: Option<String>,
+    /// Documents (and the hub) its Capability List names outside the source's scope, with
+    /// why: left out above.
+    pub refused: Vec<(String, String)>,
 }
 
-/// The sets at `url`, restricted to `wanted` (Capability List URLs or set names) when given.
-pub async fn discover(f: &Fetcher, url: &str, wanted: &[String]) -> anyhow::Result<Vec<SetInfo>> {
+/// Capability Lists followed at most (a Source Description listing more is cut there).
+const MAX_SETS: usize = 1000;
+
+/// Parses a small document through the bounded reader.
+pub fn parse(body: &[u8], max_token: usize) -> Result<sitemap::Document, sitemap::ReadError> {
+    let mut r = sitemap::EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
+        body, max_token,
+    )))?;
+    let mut doc = r.header().clone();
+    while let Some(e) = r.next_entry()? {
+        doc.entries.push(e);
+    }
+    Ok(doc)
+}
+
+/// The sets at `url`, restricted to `wanted` (Capability List URLs or set names) when given,
+/// and the Capability Lists the Source Description names outside the source's scope.
+pub async fn discover(
+    f: &Fetcher,
+    url: &str,
+    wanted: &[String],
+    max_token: usize,
+) -> anyhow::Result<(Vec<SetInfo>, Vec<(String, String)>)> {
     let doc = match f
         .document(url)
         .await
         .ok()
-        .and_then(|b| sitemap::parse(&b).ok())
+        .and_then(|b| parse(&b, max_token).ok())
     {
         Some(d) => d,
         None => {
@@ -33,7 +58,15 @@ pub async fn discover(f: &Fetcher, url: &str, wanted: &[String]) -> anyhow::Resu
             let body = f.document(&sd).await.map_err(|e| {
                 anyhow::anyhow!("{url} is neither a Source Description nor a Capability List, and {sd} cannot be read: {e}")
             })?;
-            sitemap::parse(&body).map_err(|e| anyhow::anyhow!("{sd}: {e}"))?
+            parse(&body, max_token).map_err(|e| anyhow::anyhow!("{sd}: {e}"))?
+        }
+    };
+    let mut refused = Vec::new();
+    let admit = |loc: &str, refused: &mut Vec<(String, String)>| match f.scope().check(loc) {
+        Ok(_) => true,
+        Err(r) => {
+            refused.push((loc.to_string(), r.to_string()));
+            false
         }
     };
     let capability_lists: Vec<String> = match doc.md.get("capability").map(String::as_str) {
@@ -41,13 +74,28 @@ pub async fn discover(f: &Fetcher, url: &str, wanted: &[String]) -> anyhow::Resu
             .entries
             .iter()
             .filter(|e| e.md.get("capability").map(String::as_str) == Some("capabilitylist"))
+            .filter(|e| admit(&e.loc, &mut refused))
             .map(|e| e.loc.clone())
+            .take(MAX_SETS)
             .collect(),
         Some("capabilitylist") => vec![url.to_string()],
         other => anyhow::bail!(
-            "{url} is a {other:?} document, not a Source Description or Capability List"
+            "{} is a {} document, not a Source Description or Capability List",
+            short(url),
+            other.map_or("ResourceSync".into(), |o| format!("{:?}", short(o)))
         ),
     };
+    if let Some(w) = wanted.iter().find(|w| {
+        !capability_lists
+            .iter()
+            .any(|c| *w == c || **w == set_name(c))
+    }) {
+        let names: Vec<String> = capability_lists.iter().map(|c| set_name(c)).collect();
+        anyhow::bail!(
+            "source.sets names {w:?}, which the source does not offer; it offers: {}",
+            names.join(", ")
+        );
+    }
     let mut out = Vec::new();
     for cap in capability_lists {
         let name = set_name(&cap);
@@ -57,33 +105,54 @@ pub async fn discover(f: &Fetcher, url: &str, wanted: &[String]) -> anyhow::Resu
         let body = f
             .document(&cap)
             .await
-            .map_err(|e| anyhow::anyhow!("Capability List {cap}: {e}"))?;
-        let d = sitemap::parse(&body).map_err(|e| anyhow::anyhow!("Capability List {cap}: {e}"))?;
-        let find = |c: &str| {
+            .map_err(|e| anyhow::anyhow!("Capability List {}: {e}", short(&cap)))?;
+        let d = parse(&body, max_token)
+            .map_err(|e| anyhow::anyhow!("Capability List {}: {e}", short(&cap)))?;
+        let mut set_refused = Vec::new();
+        let mut find = |c: &str| {
             d.entries
                 .iter()
                 .find(|e| e.md.get("capability").map(String::as_str) == Some(c))
+                .filter(|e| admit(&e.loc, &mut set_refused))
+                .map(|e| e.loc.clone())
         };
-        let notification = find("change-notification");
-        out.push(SetInfo {
-            capability: cap.clone(),
-            name,
-            resourcelist: find("resourcelist").map(|e| e.loc.clone()),
-            resourcedump: find("resourcedump").map(|e| e.loc.clone()),
-            changelist: find("changelist").map(|e| e.loc.clone()),
-            topic: notification.map(|e| e.loc.clone()),
-            hub: notification.and_then(|e| {
+        let (resourcelist, resourcedump, changelist) = (
+            find("resourcelist"),
+            find("resourcedump"),
+            find("changelist"),
+        );
+        let notification = d
+            .entries
+            .iter()
+            .find(|e| e.md.get("capability").map(String::as_str) == Some("change-notification"));
+        let hub = notification
+            .and_then(|e| {
                 e.links
                     .iter()
                     .find(|l| l.get("rel").map(String::as_str) == Some("hub"))
                     .and_then(|l| l.get("href").cloned())
-            }),
+            })
+            .filter(|h| admit(h, &mut set_refused));
+        out.push(SetInfo {
+            capability: cap.clone(),
+            name,
+            resourcelist,
+            resourcedump,
+            changelist,
+            topic: notification
+                .map(|e| e.loc.clone())
+                .filter(|t| t.len() <= f.scope().max_url_length()),
+            hub,
+            refused: set_refused,
         });
     }
     if out.is_empty() {
-        anyhow::bail!("no Capability List at {url} matches source.sets = {wanted:?}");
+        anyhow::bail!(
+            "no Capability List at {} matches source.sets = {wanted:?}",
+            short(url)
+        );
     }
-    Ok(out)
+    Ok((out, refused))
 }
 
 /// `http://h/sets/papers/capabilitylist.xml` -> `papers`; `http://h/caps/x.xml` -> `x.xml`.

@@ -1,16 +1,24 @@
-//! Fetching from the source: documents and resources, with retries (exponential backoff,
-//! `Retry-After` honoured) for what may pass (timeouts, connection errors, 408, 429, 5xx), and
-//! resources streamed to a temporary file while their length and md5 are computed, so memory
-//! stays bounded whatever their size.
+//! Fetching from the source: the destination's one way out. Every request (documents,
+//! resources, dump packages, the subscription request to the hub, and every redirect) is
+//! checked against the source's [`Scope`] before it connects, and every body is read through
+//! [`Fetcher::read_body`]: bounded in size (a listed length, or a configured cap), cut off
+//! when it stays silent or trickles (`fetch.idle_timeout_secs`, `fetch.min_bytes_per_sec`).
+//! Retries (exponential backoff, `Retry-After` honoured) are only for what fails fast and may
+//! pass (connection errors, 408, 429, 5xx); what is slow or wrong is handed back at once, so a
+//! bad resource never holds a fetch slot for long. Resources are streamed to a file while
+//! their length and md5 are computed.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use md5::{Digest, Md5};
 use reqwest::StatusCode;
+use tokio::time::Instant;
 
 use super::config::FetchSection;
+use super::scope::{short, Refusal, Scope};
 use crate::digest::hex_digest;
 
 #[derive(Clone)]
@@ -23,14 +31,36 @@ pub struct Fetcher {
     /// For dump packages (gigabytes): no limit on the whole transfer, only on silence.
     packages: reqwest::Client,
     cfg: FetchSection,
+    scope: Arc<Scope>,
 }
 
-/// Why a fetch failed: `retry` when another try may succeed.
+/// Why a fetch failed: `retry` when another try within this pass may succeed; `refused` when
+/// the URL (or a redirect) lies outside the source's scope: the source's error, not to retry.
 #[derive(Debug, Clone)]
 pub struct FetchError {
     pub message: String,
     pub retry: bool,
     pub retry_after: Option<Duration>,
+    pub refused: Option<Refusal>,
+}
+
+impl FetchError {
+    fn fail(message: String) -> FetchError {
+        FetchError {
+            message,
+            retry: false,
+            retry_after: None,
+            refused: None,
+        }
+    }
+
+    fn refused(url: &str, r: Refusal) -> FetchError {
+        FetchError {
+            message: format!("{}: refused: {r}", short(url)),
+            refused: Some(r),
+            ..FetchError::fail(String::new())
+        }
+    }
 }
 
 impl std::fmt::Display for FetchError {
@@ -38,6 +68,8 @@ impl std::fmt::Display for FetchError {
         f.write_str(&self.message)
     }
 }
+
+impl std::error::Error for FetchError {}
 
 /// A resource on disk, with what it measured.
 #[derive(Debug)]
@@ -50,31 +82,46 @@ pub struct Downloaded {
 }
 
 impl Fetcher {
-    pub fn new(cfg: &FetchSection) -> Fetcher {
+    pub fn new(cfg: &FetchSection, scope: Scope) -> Fetcher {
+        let scope = Arc::new(scope);
         let base = || {
+            let s = scope.clone();
             reqwest::Client::builder()
-                .connect_timeout(Duration::from_secs(cfg.timeout_secs.min(30)))
+                .connect_timeout(Duration::from_secs(
+                    cfg.timeout_secs.min(cfg.idle_timeout_secs).min(30),
+                ))
                 .no_proxy()
                 .user_agent(concat!(
                     "resourcesync-hub-harvest/",
                     env!("CARGO_PKG_VERSION")
                 ))
+                // Every redirect target is checked against the scope before it is followed.
+                .redirect(reqwest::redirect::Policy::custom(move |a| {
+                    if a.previous().len() >= 10 {
+                        return a.error("more than 10 redirects");
+                    }
+                    match s.check_parsed(a.url()) {
+                        Ok(()) => a.follow(),
+                        Err(r) => a.error(r),
+                    }
+                }))
         };
         let builder = || base().timeout(Duration::from_secs(cfg.timeout_secs));
         Fetcher {
             client: builder().no_gzip().build().expect("an HTTP client"),
             documents: builder().build().expect("an HTTP client"),
-            packages: base()
-                .read_timeout(Duration::from_secs(cfg.timeout_secs))
-                .no_gzip()
-                .build()
-                .expect("an HTTP client"),
+            packages: base().no_gzip().build().expect("an HTTP client"),
             cfg: cfg.clone(),
+            scope,
         }
     }
 
-    pub fn client(&self) -> &reqwest::Client {
-        &self.client
+    pub fn scope(&self) -> &Scope {
+        &self.scope
+    }
+
+    pub fn max_document_bytes(&self) -> u64 {
+        self.cfg.max_document_bytes
     }
 
     /// Runs `op` up to `fetch.attempts` times while its error says to retry, waiting with
@@ -106,77 +153,222 @@ impl Fetcher {
         }
     }
 
-    /// A document (a Capability List, a Resource List part, a Change List…), whole. Fine for
-    /// documents up to the sitemap limit of 50 MB; resources go through [`Fetcher::download`].
+    /// Sends `req` for `url` (checked against the scope first) and waits for the response
+    /// headers at most `fetch.idle_timeout_secs`; a status that is not a success is an error.
+    async fn send(
+        &self,
+        url: &str,
+        req: impl FnOnce(&str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, FetchError> {
+        let r = self.send_unchecked(url, req).await?;
+        check_status(url, &r)?;
+        Ok(r)
+    }
+
+    /// As [`Fetcher::send`], whatever the status.
+    async fn send_unchecked(
+        &self,
+        url: &str,
+        req: impl FnOnce(&str) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, FetchError> {
+        let u = self
+            .scope
+            .check(url)
+            .map_err(|r| FetchError::refused(url, r))?;
+        let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
+        let r = tokio::time::timeout(idle, req(u.as_str()).send())
+            .await
+            .map_err(|_| {
+                FetchError::fail(format!(
+                    "{}: no response in {} s (fetch.idle_timeout_secs)",
+                    short(url),
+                    idle.as_secs()
+                ))
+            })?
+            .map_err(|e| transport(url, e))?;
+        Ok(r)
+    }
+
+    /// A body, chunk by chunk, to `each`: at most `limit` bytes (an error as soon as the
+    /// `Content-Length` or the bytes read pass it; `what` names the limit in the message), cut
+    /// off when a window of `fetch.idle_timeout_secs` brings nothing or less than
+    /// `fetch.min_bytes_per_sec` on average. Returns the bytes read.
+    async fn read_body(
+        &self,
+        url: &str,
+        r: &mut reqwest::Response,
+        limit: u64,
+        what: &str,
+        mut each: impl FnMut(&[u8]) -> std::io::Result<()>,
+    ) -> Result<u64, FetchError> {
+        let too_long = |n: String| {
+            FetchError::fail(format!("{}: {n}, more than {what} ({limit})", short(url)))
+        };
+        if let Some(n) = r.content_length().filter(|n| *n > limit) {
+            return Err(too_long(format!("Content-Length {n}")));
+        }
+        let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
+        let need = self.cfg.min_bytes_per_sec.saturating_mul(idle.as_secs());
+        let (mut window_end, mut in_window, mut total) = (Instant::now() + idle, 0u64, 0u64);
+        loop {
+            let next = tokio::time::timeout_at(window_end, r.chunk()).await;
+            let window_over = next.is_err() || Instant::now() >= window_end;
+            match next {
+                Err(_) => {}
+                Ok(Err(e)) => return Err(transport(url, e)),
+                Ok(Ok(None)) => return Ok(total),
+                Ok(Ok(Some(chunk))) => {
+                    total += chunk.len() as u64;
+                    in_window += chunk.len() as u64;
+                    if total > limit {
+                        return Err(too_long(format!("more than {limit} bytes")));
+                    }
+                    each(&chunk).map_err(|e| FetchError::fail(format!("writing: {e}")))?;
+                }
+            }
+            if window_over {
+                if in_window == 0 || in_window < need {
+                    return Err(FetchError::fail(format!(
+                        "{}: too slow: {in_window} bytes in {} s (fetch.idle_timeout_secs, fetch.min_bytes_per_sec); tried again at a later pass",
+                        short(url),
+                        idle.as_secs()
+                    )));
+                }
+                window_end = Instant::now() + idle;
+                in_window = 0;
+            }
+        }
+    }
+
+    /// A small document (a Source Description, a Capability List) whole, at most
+    /// `fetch.max_document_bytes`.
     pub async fn document(&self, url: &str) -> Result<Vec<u8>, FetchError> {
         self.with_retries(|| async {
-            let r = self
-                .documents
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| transport(url, e))?;
-            check_status(url, &r)?;
-            let b = r.bytes().await.map_err(|e| transport(url, e))?;
-            Ok(b.to_vec())
+            let mut r = self.send(url, |u| self.documents.get(u)).await?;
+            let mut out = Vec::new();
+            self.read_body(
+                url,
+                &mut r,
+                self.cfg.max_document_bytes,
+                "fetch.max_document_bytes",
+                |c| {
+                    out.extend_from_slice(c);
+                    Ok(())
+                },
+            )
+            .await?;
+            Ok(out)
         })
         .await
     }
 
-    /// A document streamed into a temporary file under `dir` (for Resource List parts and
-    /// Change Lists that may be large); the file is removed when the returned handle drops.
+    /// A document streamed into a temporary file under `dir` (Resource List parts and Change
+    /// Lists may be large), at most `fetch.max_document_bytes`; the file is removed when the
+    /// returned handle drops.
     pub async fn document_to_file(
         &self,
         url: &str,
         dir: &Path,
     ) -> Result<tempfile::NamedTempFile, FetchError> {
         self.with_retries(|| async {
+            let mut r = self.send(url, |u| self.documents.get(u)).await?;
             let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| local(dir, e))?;
-            let mut r = self
-                .documents
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| transport(url, e))?;
-            check_status(url, &r)?;
-            copy_body(url, &mut r, tmp.as_file(), dir, |_| {}).await?;
+            let mut w = std::io::BufWriter::new(tmp.as_file());
+            self.read_body(
+                url,
+                &mut r,
+                self.cfg.max_document_bytes,
+                "fetch.max_document_bytes",
+                |c| w.write_all(c),
+            )
+            .await?;
+            w.flush().map_err(|e| local(dir, e))?;
+            drop(w);
             Ok(tmp)
         })
         .await
     }
 
-    /// A resource into the file `path` (created or truncated), measured on the way.
-    pub async fn download(&self, url: &str, path: &Path) -> Result<Downloaded, FetchError> {
+    /// A resource into the file `path` (created or truncated), measured on the way: at most
+    /// its `listed` length plus one byte, or `fetch.max_resource_bytes` when unlisted. The
+    /// file is removed when the fetch fails.
+    pub async fn download(
+        &self,
+        url: &str,
+        path: &Path,
+        listed: Option<u64>,
+    ) -> Result<Downloaded, FetchError> {
         let dir = path.parent().unwrap_or(Path::new("."));
-        self.with_retries(|| async {
-            let file = std::fs::File::create(path).map_err(|e| local(dir, e))?;
-            let mut r = self
-                .client
-                .get(url)
-                .send()
-                .await
-                .map_err(|e| transport(url, e))?;
-            check_status(url, &r)?;
-            let mime = r
-                .headers()
-                .get(reqwest::header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string);
-            let mut h = Md5::new();
-            let mut length = 0u64;
-            copy_body(url, &mut r, &file, dir, |chunk| {
-                h.update(chunk);
-                length += chunk.len() as u64;
+        let (limit, what) = match listed {
+            Some(l) => (l, "its listed length"),
+            None => (self.cfg.max_resource_bytes, "fetch.max_resource_bytes"),
+        };
+        let r = self
+            .with_retries(|| async {
+                let mut r = self.send(url, |u| self.client.get(u)).await?;
+                let mime = r
+                    .headers()
+                    .get(reqwest::header::CONTENT_TYPE)
+                    .and_then(|v| v.to_str().ok())
+                    .map(|s| short(s).into_owned());
+                let file = std::fs::File::create(path).map_err(|e| local(dir, e))?;
+                let mut w = std::io::BufWriter::new(&file);
+                let mut h = Md5::new();
+                let length = self
+                    .read_body(url, &mut r, limit, what, |c| {
+                        h.update(c);
+                        w.write_all(c)
+                    })
+                    .await?;
+                w.flush().map_err(|e| local(dir, e))?;
+                Ok(Downloaded {
+                    path: path.to_path_buf(),
+                    length,
+                    md5: hex_digest(h.finalize()),
+                    mime,
+                })
             })
-            .await?;
-            Ok(Downloaded {
-                path: path.to_path_buf(),
-                length,
-                md5: hex_digest(h.finalize()),
-                mime,
-            })
-        })
-        .await
+            .await;
+        if r.is_err() {
+            let _ = std::fs::remove_file(path);
+        }
+        r
+    }
+
+    /// A form POST (the subscription request to a hub); the status and the start of the
+    /// answer's text.
+    pub async fn post_form(
+        &self,
+        url: &str,
+        form: &[(&str, &str)],
+    ) -> Result<(StatusCode, String), FetchError> {
+        let u = self
+            .scope
+            .check(url)
+            .map_err(|r| FetchError::refused(url, r))?;
+        let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
+        let mut r = tokio::time::timeout(idle, self.documents.post(u).form(form).send())
+            .await
+            .map_err(|_| {
+                FetchError::fail(format!(
+                    "{}: no response in {} s",
+                    short(url),
+                    idle.as_secs()
+                ))
+            })?
+            .map_err(|e| transport(url, e))?;
+        let status = r.status();
+        let mut text = Vec::new();
+        while text.len() < 4096 {
+            match tokio::time::timeout(idle, r.chunk()).await {
+                Ok(Ok(Some(c))) => text.extend_from_slice(&c),
+                _ => break,
+            }
+        }
+        Ok((
+            status,
+            short(String::from_utf8_lossy(&text).trim()).into_owned(),
+        ))
     }
 }
 
@@ -184,7 +376,9 @@ impl Fetcher {
     /// A large file (a dump package) into `path`, resumed where it stopped: after a dropped
     /// connection, and after a restart (`path` and `<path>.etag` are kept), a try asks for the
     /// rest with `Range` and `If-Range` (the ETag of the first response) and starts over when
-    /// the server answers with the whole file (it changed). Returns the file's length.
+    /// the server answers with the whole file (it changed). Never more than `expected` (the
+    /// dump's listed length; `fetch.max_resource_bytes` when unlisted) is read: a longer
+    /// package fails at once, without a retry. Returns the file's length.
     pub async fn download_resumable(
         &self,
         url: &str,
@@ -193,108 +387,152 @@ impl Fetcher {
     ) -> Result<u64, FetchError> {
         let dir = path.parent().unwrap_or(Path::new("."));
         let etag_path = path.with_extension("etag");
-        self.with_retries(|| async {
-            let have = std::fs::metadata(path).map_or(0, |m| m.len());
-            if have > 0 && expected == Some(have) {
-                return Ok(have);
-            }
-            let etag = std::fs::read_to_string(&etag_path).ok();
-            let mut req = self.packages.get(url);
-            if let (true, Some(tag)) = (have > 0, &etag) {
-                req = req
-                    .header(reqwest::header::RANGE, format!("bytes={have}-"))
-                    .header(reqwest::header::IF_RANGE, tag.as_str());
-            }
-            let mut r = req.send().await.map_err(|e| transport(url, e))?;
-            let resumed = r.status() == StatusCode::PARTIAL_CONTENT;
-            // The partial file cannot be continued: drop it, and the next try starts over.
-            let start_over = |why: String| {
-                let _ = std::fs::remove_file(path);
-                Err(FetchError {
-                    message: format!("GET {url}: {why}; starting over"),
-                    retry: true,
-                    retry_after: None,
-                })
-            };
-            if r.status() == StatusCode::RANGE_NOT_SATISFIABLE {
-                return start_over("the partial download is longer than the file now".into());
-            }
-            check_status(url, &r)?;
-            if resumed {
-                let start = r
-                    .headers()
-                    .get(reqwest::header::CONTENT_RANGE)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("bytes "))
-                    .and_then(|v| v.split('-').next())
-                    .and_then(|v| v.parse::<u64>().ok());
-                if start != Some(have) {
-                    return start_over(format!("the server resumed at {start:?}, not at {have}"));
+        let limit = expected.unwrap_or(self.cfg.max_resource_bytes);
+        let r = self
+            .with_retries(|| async {
+                let have = std::fs::metadata(path).map_or(0, |m| m.len());
+                if have > 0 && expected == Some(have) {
+                    return Ok(have);
                 }
-            } else if let Some(tag) = r
-                .headers()
-                .get(reqwest::header::ETAG)
-                .and_then(|v| v.to_str().ok())
-            {
-                std::fs::write(&etag_path, tag).map_err(|e| local(dir, e))?;
-            } else {
-                let _ = std::fs::remove_file(&etag_path);
-            }
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(resumed)
-                .write(true)
-                .truncate(!resumed)
-                .open(path)
-                .map_err(|e| local(dir, e))?;
-            if resumed {
-                tracing::info!(url, from = have, "resuming a package download");
-            }
-            copy_body(url, &mut r, &file, dir, |_| {}).await?;
-            let len = std::fs::metadata(path).map_err(|e| local(dir, e))?.len();
-            match expected {
-                Some(e) if e != len => Err(FetchError {
-                    message: format!("GET {url}: {len} bytes, the dump lists {e}"),
-                    retry: false,
-                    retry_after: None,
-                }),
-                _ => Ok(len),
-            }
-        })
-        .await
+                if have >= limit {
+                    let _ = std::fs::remove_file(path);
+                    return Err(FetchError::fail(format!(
+                        "{}: a partial download of {have} bytes, the dump lists {limit}",
+                        short(url)
+                    )));
+                }
+                let etag = std::fs::read_to_string(&etag_path).ok();
+                let mut r = self
+                    .send_unchecked(url, |u| {
+                        let mut req = self.packages.get(u);
+                        if let (true, Some(tag)) = (have > 0, &etag) {
+                            req = req
+                                .header(reqwest::header::RANGE, format!("bytes={have}-"))
+                                .header(reqwest::header::IF_RANGE, tag.as_str());
+                        }
+                        req
+                    })
+                    .await?;
+                if r.status() == StatusCode::RANGE_NOT_SATISFIABLE {
+                    // The partial file is longer than the file now: the next try starts over.
+                    let _ = std::fs::remove_file(path);
+                    return Err(FetchError {
+                        retry: true,
+                        ..FetchError::fail(format!(
+                            "{}: the partial download is longer than the file now; starting over",
+                            short(url)
+                        ))
+                    });
+                }
+                check_status(url, &r)?;
+                let resumed = r.status() == StatusCode::PARTIAL_CONTENT;
+                if resumed {
+                    let start = r
+                        .headers()
+                        .get(reqwest::header::CONTENT_RANGE)
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.strip_prefix("bytes "))
+                        .and_then(|v| v.split('-').next())
+                        .and_then(|v| v.parse::<u64>().ok());
+                    if start != Some(have) {
+                        let _ = std::fs::remove_file(path);
+                        return Err(FetchError {
+                            retry: true,
+                            ..FetchError::fail(format!(
+                                "{}: the server resumed at {}, not at {have}; starting over",
+                                short(url),
+                                start.map_or("an unknown offset".into(), |s| s.to_string())
+                            ))
+                        });
+                    }
+                    tracing::info!(url = %short(url), from = have, "resuming a package download");
+                } else if let Some(tag) = r
+                    .headers()
+                    .get(reqwest::header::ETAG)
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|t| t.len() <= 256)
+                {
+                    std::fs::write(&etag_path, tag).map_err(|e| local(dir, e))?;
+                } else {
+                    let _ = std::fs::remove_file(&etag_path);
+                }
+                let file = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(resumed)
+                    .write(true)
+                    .truncate(!resumed)
+                    .open(path)
+                    .map_err(|e| local(dir, e))?;
+                let mut w = std::io::BufWriter::new(&file);
+                let start = if resumed { have } else { 0 };
+                self.read_body(
+                    url,
+                    &mut r,
+                    limit - start,
+                    "the dump's listed length",
+                    |c| w.write_all(c),
+                )
+                .await?;
+                w.flush().map_err(|e| local(dir, e))?;
+                let len = std::fs::metadata(path).map_err(|e| local(dir, e))?.len();
+                match expected {
+                    Some(e) if e != len => Err(FetchError::fail(format!(
+                        "{}: {len} bytes, the dump lists {e}",
+                        short(url)
+                    ))),
+                    _ => Ok(len),
+                }
+            })
+            .await;
+        // What cannot be resumed is not kept (a dropped connection's partial file is).
+        if r.as_ref().is_err_and(|e| !e.retry) {
+            let _ = std::fs::remove_file(path);
+            let _ = std::fs::remove_file(&etag_path);
+        }
+        r
     }
 }
 
-/// Streams a response body into `file` (buffered), showing each chunk to `each` on the way.
-async fn copy_body(
-    url: &str,
-    r: &mut reqwest::Response,
-    file: &std::fs::File,
-    dir: &Path,
-    mut each: impl FnMut(&[u8]),
-) -> Result<(), FetchError> {
-    let mut w = std::io::BufWriter::new(file);
-    while let Some(chunk) = r.chunk().await.map_err(|e| transport(url, e))? {
-        each(&chunk);
-        w.write_all(&chunk).map_err(|e| local(dir, e))?;
+/// An error with its causes, as words ("… : tcp connect error: Connection refused").
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        src = s.source();
     }
-    w.flush().map_err(|e| local(dir, e))
+    out
 }
 
 fn transport(url: &str, e: reqwest::Error) -> FetchError {
+    // A redirect the scope refused.
+    let mut src: Option<&dyn std::error::Error> = Some(&e);
+    while let Some(s) = src {
+        if let Some(r) = s.downcast_ref::<Refusal>() {
+            return FetchError {
+                message: format!("{}: redirected {r}", short(url)),
+                refused: Some(r.clone()),
+                ..FetchError::fail(String::new())
+            };
+        }
+        src = s.source();
+    }
+    let slow = e.is_timeout();
+    let retry = !slow && (e.is_connect() || e.is_request() || e.is_body());
     FetchError {
-        message: format!("GET {url}: {e}"),
-        retry: e.is_timeout() || e.is_connect() || e.is_request() || e.is_body(),
+        message: format!("{}: {}", short(url), chain(&e.without_url())),
+        retry,
         retry_after: None,
+        refused: None,
     }
 }
 
 fn local(dir: &Path, e: std::io::Error) -> FetchError {
-    FetchError {
-        message: format!("writing under {}: {e}", dir.display()),
-        retry: false,
-        retry_after: None,
-    }
+    FetchError::fail(format!("writing under {}: {e}", dir.display()))
 }
 
 fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
@@ -323,9 +561,10 @@ fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
                 })
         });
     Err(FetchError {
-        message: format!("GET {url}: {s}"),
+        message: format!("{}: {s}", short(url)),
         retry,
         retry_after,
+        refused: None,
     })
 }
 
@@ -335,24 +574,21 @@ mod tests {
 
     #[tokio::test]
     async fn retries_only_what_may_pass() {
+        let cfg = crate::destination::config::HarvestConfig::defaults().fetch;
         let cfg = FetchSection {
-            concurrency: 1,
-            timeout_secs: 5,
             attempts: 3,
             backoff_initial_ms: 1,
             backoff_max_ms: 2,
-            max_tries: 1,
-            skip_failed: false,
+            ..cfg
         };
-        let f = Fetcher::new(&cfg);
+        let f = Fetcher::new(&cfg, Scope::new("http://127.0.0.1:1/", &[], 2048).unwrap());
         let calls = std::sync::atomic::AtomicU32::new(0);
         let r: Result<(), _> = f
             .with_retries(|| async {
                 calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 Err(FetchError {
-                    message: "503".into(),
                     retry: true,
-                    retry_after: None,
+                    ..FetchError::fail("503".into())
                 })
             })
             .await;
@@ -362,13 +598,12 @@ mod tests {
         let _ = f
             .with_retries(|| async {
                 calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                Err::<(), _>(FetchError {
-                    message: "404".into(),
-                    retry: false,
-                    retry_after: None,
-                })
+                Err::<(), _>(FetchError::fail("404".into()))
             })
             .await;
         assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+        // Outside the scope: refused before connecting.
+        let e = f.document("http://127.0.0.1:2/x").await.unwrap_err();
+        assert!(e.refused.is_some() && !e.retry, "{e}");
     }
 }

@@ -1,20 +1,29 @@
-//! Push: the callback server a hub delivers to, and the subscription it serves. Verification
-//! of intent is answered only for a subscription this destination asked for (topic and
-//! callback as requested); deliveries are checked against `X-Hub-Signature` in constant time,
-//! and an unsigned or wrongly signed one is acknowledged (WebSub §8) but ignored and counted.
+//! Push: the callback server a hub delivers to, and the subscription it serves. Each
+//! subscription's callback URL carries a random token (`/cb/{set id}/{token}`): only the hub
+//! it was given to can reach it. Verification of intent is answered only for a subscription
+//! this destination asked for (topic and callback as requested), and a denial only while the
+//! request is in flight. Deliveries are checked before their body is read: an unknown callback
+//! is answered 410 and an unsigned delivery 202 (WebSub §8: acknowledged, ignored, counted)
+//! unread; a body is read only up to `push.max_body_bytes`, at most
+//! `push.max_concurrent_deliveries` at once (more: 503 with Retry-After), and then checked
+//! against `X-Hub-Signature` in constant time.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State as AxState};
+use axum::extract::{Path, Query, Request, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use subtle::ConstantTimeEq;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Semaphore};
 
+use super::config::PushSection;
+use super::fetch::Fetcher;
+use super::scope::short;
 use super::state::{State, Subscription};
 use crate::model::websub::{signature, SignatureAlg};
 use crate::model::Timestamp;
@@ -30,27 +39,56 @@ pub struct Push {
 struct Ctx {
     state: Arc<State>,
     tx: mpsc::Sender<Push>,
+    bodies: Arc<Semaphore>,
+    max_body: u64,
 }
 
-/// The callback routes: `GET` (verification) and `POST` (deliveries) on `/cb/{set id}`.
-pub fn router(state: Arc<State>, tx: mpsc::Sender<Push>) -> Router {
+/// The callback routes: `GET` (verification) and `POST` (deliveries) on
+/// `/cb/{set id}/{token}`; the token-less form of earlier versions answers 410 to deliveries
+/// (the hub drops that subscription) and 404 to verifications.
+pub fn router(state: Arc<State>, tx: mpsc::Sender<Push>, cfg: &PushSection) -> Router {
     Router::new()
-        .route("/cb/{id}", get(verify).post(deliver))
-        .layer(axum::extract::DefaultBodyLimit::max(64 << 20))
-        .with_state(Ctx { state, tx })
+        .route("/cb/{id}/{token}", get(verify).post(deliver))
+        .route(
+            "/cb/{id}",
+            get(|| async { StatusCode::NOT_FOUND }).post(|| async { StatusCode::GONE }),
+        )
+        .with_state(Ctx {
+            state,
+            tx,
+            bodies: Arc::new(Semaphore::new(cfg.max_concurrent_deliveries)),
+            max_body: cfg.max_body_bytes,
+        })
 }
 
-/// The callback URL of a set under the configured base.
-pub fn callback_url(base: &str, set_id: i64) -> String {
-    format!("{}/cb/{set_id}", base.trim_end_matches('/'))
+/// The callback URL of a set under the configured base, with its token.
+pub fn callback_url(base: &str, set_id: i64, token: &str) -> String {
+    format!("{}/cb/{set_id}/{token}", base.trim_end_matches('/'))
+}
+
+/// A fresh callback token (hex of 16 random bytes).
+pub fn new_token() -> anyhow::Result<String> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b)
+        .map_err(|e| anyhow::anyhow!("no randomness for a callback token: {e}"))?;
+    Ok(crate::digest::hex_digest(b))
+}
+
+/// The subscription of set `id` when `token` is its callback's, compared in constant time.
+fn subscription_of(state: &State, id: i64, token: &str) -> Result<Option<Subscription>, ()> {
+    let sub = state.subscription(id).map_err(|_| ())?;
+    Ok(sub.filter(|s| {
+        let mine = s.callback.rsplit('/').next().unwrap_or("");
+        mine.len() == token.len() && bool::from(mine.as_bytes().ct_eq(token.as_bytes()))
+    }))
 }
 
 async fn verify(
     AxState(ctx): AxState<Ctx>,
-    Path(id): Path<i64>,
+    Path((id, token)): Path<(i64, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> impl IntoResponse {
-    let Ok(Some(sub)) = ctx.state.subscription(id) else {
+    let Ok(Some(sub)) = subscription_of(&ctx.state, id, &token) else {
         return (StatusCode::NOT_FOUND, String::new());
     };
     let mode = q.get("hub.mode").map(String::as_str);
@@ -73,8 +111,9 @@ async fn verify(
             tracing::info!(topic = %sub.topic, lease_seconds = lease, "subscription verified");
             (StatusCode::OK, challenge.clone())
         }
-        Some("denied") if topic_matches => {
-            let reason = q.get("hub.reason").cloned().unwrap_or_default();
+        // A denial is an answer to a request in flight, not a way to end a subscription.
+        Some("denied") if topic_matches && sub.state == "requested" => {
+            let reason = short(q.get("hub.reason").map_or("", String::as_str)).into_owned();
             tracing::warn!(topic = %sub.topic, reason = %reason, "the hub denied the subscription");
             let _ = ctx.state.denied(id, &reason);
             (StatusCode::OK, String::new())
@@ -100,40 +139,78 @@ pub fn signature_ok(header: &str, secret: &str, body: &[u8]) -> bool {
 
 async fn deliver(
     AxState(ctx): AxState<Ctx>,
-    Path(id): Path<i64>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> StatusCode {
-    let sub = match ctx.state.subscription(id) {
+    Path((id, token)): Path<(i64, String)>,
+    req: Request,
+) -> Response {
+    let sub = match subscription_of(&ctx.state, id, &token) {
         Ok(Some(s)) => s,
         // Not subscribed here (any more): 410 tells the hub to stop.
-        Ok(None) => return StatusCode::GONE,
-        Err(_) => return StatusCode::SERVICE_UNAVAILABLE,
+        Ok(None) => return StatusCode::GONE.into_response(),
+        Err(()) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
     };
-    let sig = headers.get("x-hub-signature").and_then(|v| v.to_str().ok());
-    match sig {
-        Some(h) if signature_ok(h, &sub.secret, &body) => {}
-        other => {
-            let what = if other.is_some() {
-                "bad_signature"
-            } else {
-                "unsigned"
-            };
-            tracing::warn!(topic = %sub.topic, kind = what, bytes = body.len(), "delivery ignored: not signed with our secret");
-            let _ = ctx.state.bump(what);
-            return StatusCode::ACCEPTED;
+    let headers: &HeaderMap = req.headers();
+    let Some(sig) = headers
+        .get("x-hub-signature")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+    else {
+        tracing::warn!(topic = %sub.topic, "delivery ignored unread: not signed");
+        let _ = ctx.state.bump("unsigned");
+        return StatusCode::ACCEPTED.into_response();
+    };
+    let too_large = || {
+        (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "a delivery is read up to {} bytes (push.max_body_bytes)",
+                ctx.max_body
+            ),
+        )
+            .into_response()
+    };
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > ctx.max_body) {
+        return too_large();
+    }
+    let Ok(_permit) = ctx.bodies.clone().try_acquire_owned() else {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "5")],
+            "busy reading other deliveries (push.max_concurrent_deliveries)",
+        )
+            .into_response();
+    };
+    let read = tokio::time::timeout(
+        Duration::from_secs(30),
+        axum::body::to_bytes(req.into_body(), ctx.max_body as usize),
+    )
+    .await;
+    let body = match read {
+        Ok(Ok(b)) => b,
+        Ok(Err(_)) => return too_large(),
+        Err(_) => {
+            return (StatusCode::REQUEST_TIMEOUT, "the body took more than 30 s").into_response()
         }
+    };
+    if !signature_ok(&sig, &sub.secret, &body) {
+        tracing::warn!(topic = %sub.topic, bytes = body.len(), "delivery ignored: not signed with our secret");
+        let _ = ctx.state.bump("bad_signature");
+        return StatusCode::ACCEPTED.into_response();
     }
     if ctx.tx.send(Push { set_id: id, body }).await.is_err() {
-        return StatusCode::SERVICE_UNAVAILABLE;
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
     }
-    StatusCode::ACCEPTED
+    StatusCode::ACCEPTED.into_response()
 }
 
 /// Asks the hub for a subscription (or its renewal, keeping the secret). The answer to come
-/// is the hub's verification request to the callback.
+/// is the hub's verification request to the callback. The hub is reached through the
+/// fetcher, so it too must lie inside the source's scope.
 pub async fn subscribe(
-    client: &reqwest::Client,
+    fetcher: &Fetcher,
     state: &State,
     set_id: i64,
     hub: &str,
@@ -163,27 +240,27 @@ pub async fn subscribe(
         reason: None,
     })?;
     let lease = lease_secs.to_string();
-    let r = client
-        .post(hub)
-        .form(&[
-            ("hub.mode", "subscribe"),
-            ("hub.topic", topic),
-            ("hub.callback", callback),
-            ("hub.secret", secret.as_str()),
-            ("hub.lease_seconds", lease.as_str()),
-        ])
-        .send()
+    let (status, text) = fetcher
+        .post_form(
+            hub,
+            &[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic),
+                ("hub.callback", callback),
+                ("hub.secret", secret.as_str()),
+                ("hub.lease_seconds", lease.as_str()),
+            ],
+        )
         .await
-        .map_err(|e| anyhow::anyhow!("subscribing at {hub}: {e}"))?;
-    let status = r.status();
+        .map_err(|e| anyhow::anyhow!("subscribing at {}: {e}", short(hub)))?;
     if !status.is_success() {
-        let text = r.text().await.unwrap_or_default();
         anyhow::bail!(
-            "the hub {hub} refused the subscription to {topic}: {status} {}",
-            text.trim()
+            "the hub {} refused the subscription to {}: {status} {text}",
+            short(hub),
+            short(topic)
         );
     }
-    tracing::info!(hub, topic, callback, "subscription requested");
+    tracing::info!(hub = %short(hub), topic = %short(topic), "subscription requested");
     Ok(())
 }
 

@@ -4,9 +4,12 @@
 //! verified. It shares the model and the sitemap reader with the server, never its store.
 //!
 //! - [`config`], `harvest.toml` and its defaults.
+//! - [`scope`]: the trust boundary (which URLs a source may make it reach) and log-safe text.
 //! - [`discover`]: Source Description -> Capability Lists -> documents, topic and hub.
-//! - [`fetch`]: HTTP with retries; resources streamed to disk and measured.
-//! - [`state`]: the durable position, queue, log and subscription (SQLite).
+//! - [`fetch`]: HTTP, the one way out: scope-checked, bounded bodies, retries; resources
+//!   streamed to disk and measured.
+//! - [`state`]: the durable position, queue, log, refusals, file claims and subscription
+//!   (SQLite).
 //! - [`follow`]: the callback server and the subscription.
 //! - [`output`]: where resources go: the mirror folder, or the Ingestion 3 archive (Avro
 //!   snapshots per provider, on a local folder or S3).
@@ -18,16 +21,22 @@
 //! Change Lists from P (push may be silent). Every change goes through the queue: applied in
 //! order per resource, logged once, retried while it fails; P never passes the oldest change
 //! still queued.
+//!
+//! A source is not trusted: what it names outside its scope, URLs over the length limit, list
+//! documents listed as resources and URIs that would share a file with another are *refused*:
+//! recorded (shown by `harvest status`), logged once, never fetched and never waited for.
 
 pub mod config;
 pub mod discover;
 pub mod fetch;
 pub mod follow;
 pub mod output;
+pub mod scope;
 pub mod state;
 
 use std::collections::{BTreeMap, HashSet};
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -39,6 +48,7 @@ use config::HarvestConfig;
 use discover::SetInfo;
 use fetch::Fetcher;
 use output::{Item, Mirror, Output};
+use scope::short;
 use state::{Change, Held, Pending, SetRow, State};
 
 use crate::model::Timestamp;
@@ -54,6 +64,8 @@ pub struct Harvester {
     callback_base: String,
     /// Per set, the newest change the Change Lists brought that no delivery has confirmed yet.
     unconfirmed: std::sync::Mutex<std::collections::HashMap<i64, Timestamp>>,
+    /// Set on shutdown: blocking work (unpacking a dump package) stops at its next entry.
+    stop: Arc<AtomicBool>,
 }
 
 /// A followed set: its row and what its Capability List offers.
@@ -61,6 +73,45 @@ pub struct Harvester {
 struct Followed {
     row: SetRow,
     info: SetInfo,
+}
+
+/// Why a resource was not applied: a failure (retried, holds the position) or a refusal (the
+/// source's error: recorded, not retried, not waited for).
+#[derive(Debug, Clone)]
+enum NotApplied {
+    Failed(String),
+    Refused(String),
+}
+
+impl std::fmt::Display for NotApplied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotApplied::Failed(m) | NotApplied::Refused(m) => f.write_str(m),
+        }
+    }
+}
+
+impl From<fetch::FetchError> for NotApplied {
+    fn from(e: fetch::FetchError) -> Self {
+        match e.refused {
+            Some(r) => NotApplied::Refused(r.to_string()),
+            None => NotApplied::Failed(e.message),
+        }
+    }
+}
+
+/// The longest XML token read from a source's documents: past the longest URL accepted, so
+/// that a cut `<loc>` is always refused as too long.
+fn max_token(cfg: &HarvestConfig) -> usize {
+    (cfg.fetch.max_url_length + 1).max(64 * 1024)
+}
+
+/// Records a refusal of `uri` for a set; logged the first time only.
+fn refuse(state: &State, set: &str, set_id: i64, uri: &str, reason: &str) -> anyhow::Result<()> {
+    if state.refuse(set_id, uri, reason)? {
+        tracing::warn!(set, uri = %short(uri), reason, "refused (listed in harvest status; not fetched, not waited for)");
+    }
+    Ok(())
 }
 
 impl Harvester {
@@ -73,7 +124,8 @@ impl Harvester {
                 &cfg.state.dir,
             )?),
         };
-        let fetcher = Fetcher::new(&cfg.fetch);
+        let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
+        let fetcher = Fetcher::new(&cfg.fetch, scope);
         Ok(Harvester {
             cfg,
             state,
@@ -81,19 +133,29 @@ impl Harvester {
             output,
             callback_base,
             unconfirmed: Default::default(),
+            stop: Arc::new(AtomicBool::new(false)),
         })
     }
 
     async fn discover(&self) -> anyhow::Result<Vec<Followed>> {
-        let infos =
-            discover::discover(&self.fetcher, &self.cfg.source.url, &self.cfg.source.sets).await?;
+        let (infos, refused) = discover::discover(
+            &self.fetcher,
+            &self.cfg.source.url,
+            &self.cfg.source.sets,
+            max_token(&self.cfg),
+        )
+        .await?;
+        for (uri, why) in refused {
+            refuse(&self.state, "-", 0, &uri, &why)?;
+        }
         infos
             .into_iter()
             .map(|info| {
-                Ok(Followed {
-                    row: self.state.set(&info.capability, &info.name)?,
-                    info,
-                })
+                let row = self.state.set(&info.capability, &info.name)?;
+                for (uri, why) in &info.refused {
+                    refuse(&self.state, &info.name, row.id, uri, why)?;
+                }
+                Ok(Followed { row, info })
             })
             .collect()
     }
@@ -129,41 +191,89 @@ impl Harvester {
         }));
     }
 
+    /// Whether an entry's URL may be fetched for the set: inside the source's scope and not
+    /// one of the documents being read (an index or list is never a resource). A refusal is
+    /// recorded.
+    fn admit(&self, set: &Followed, loc: &str, docs: &HashSet<String>) -> anyhow::Result<bool> {
+        let why = match self.fetcher.scope().check(loc) {
+            Err(r) => r.to_string(),
+            Ok(_) if docs.contains(loc) => {
+                "a list document of the source, listed as a resource".to_string()
+            }
+            Ok(_) => return Ok(true),
+        };
+        refuse(&self.state, &set.info.name, set.row.id, loc, &why)?;
+        Ok(false)
+    }
+
     // ---- baseline ----
 
-    /// Walks the Resource List (through its index, one part at a time, streamed) and fetches
-    /// what is not held yet with bounded concurrency. Resumable: what is held with the listed
-    /// md5 and length is not fetched again. Failures are queued as changes dated just before
-    /// the list's `at`, so they hold the position until they are applied.
+    /// The set's baseline: from its Resource Dump when configured and usable, else (or for
+    /// what the dump did not hold as the Resource List lists it) from its Resource List.
     async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
+        let mut from_dump = None;
         if self.cfg.source.baseline == config::BaselineFrom::Dump {
             match &set.info.resourcedump {
-                Some(rd) => return self.baseline_from_dump(set, rd).await,
+                Some(rd) => match self.baseline_from_dump(set, rd).await? {
+                    Ok((position, 0)) => {
+                        self.state.finish_baseline(set.row.id, position)?;
+                        return Ok(());
+                    }
+                    Ok((position, missed)) => {
+                        tracing::info!(set = %set.info.name, missed, "bitstreams of the dump did not match its manifest (or could not be placed): fetched on their own, checked against the Resource List");
+                        from_dump = Some(position);
+                    }
+                    Err(e) => {
+                        tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "the Resource Dump cannot be used: baselining from the Resource List");
+                    }
+                },
                 None => {
                     tracing::warn!(set = %set.info.name, "source.baseline = \"dump\", but the set offers no Resource Dump: baselining from its Resource List")
                 }
             }
         }
+        self.baseline_from_list(set, from_dump).await
+    }
+
+    /// Walks the Resource List (through its index, one part at a time, streamed) and fetches
+    /// what is not held as listed yet with bounded concurrency. Resumable: what is held as
+    /// listed is not fetched again. Failures are queued as changes dated just before the
+    /// list's `at`, so they hold the position until they are applied; refusals are recorded.
+    /// After a dump baseline the position is the earlier of the dump's and the list's `at`.
+    async fn baseline_from_list(
+        &self,
+        set: &Followed,
+        from_dump: Option<Timestamp>,
+    ) -> anyhow::Result<()> {
         let Some(rl) = &set.info.resourcelist else {
             anyhow::bail!(
-                "set {}: its Capability List has no Resource List to baseline from",
+                "set {}: its Capability List has no Resource List (inside the source's scope) to baseline from",
                 set.info.name
             );
         };
         let started = Timestamp::now();
-        let (header, parts) = self.list_parts(rl, "Resource List").await?;
+        let (header, parts, mut docs) = self.list_parts(set, rl, "Resource List").await?;
         let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let bar = progress(&format!("baseline {}", set.info.name));
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<Change> = Vec::new();
-        let mut fetched = 0u64;
+        let (mut fetched, mut refused) = (0u64, 0u64);
         for part in parts {
-            let mut doc = self.open_part(part, "Resource List part").await?;
+            let Some(mut doc) = self
+                .open_part(set, part, "Resource List part", &mut docs)
+                .await?
+            else {
+                continue;
+            };
             let r = &mut doc.reader;
             while let Some(e) = r.next_entry()? {
-                let c = entry_change(&e, "created", at.unwrap_or(started));
                 bar.inc(1);
+                if !self.admit(set, &e.loc, &docs)? {
+                    refused += 1;
+                    continue;
+                }
+                let c = entry_change(&e, "created", at.unwrap_or(started));
                 if self.state.holds_as_listed(set.row.id, &c)? {
                     continue;
                 }
@@ -171,44 +281,80 @@ impl Harvester {
                 let (this, name, set_id) = (self.clone_parts(), set.info.name.clone(), set.row.id);
                 tasks.spawn(async move {
                     let _permit = permit;
-                    let r = this.fetch_verify_put(&name, &c).await;
-                    if let Ok(h) = &r {
-                        if let Err(e) = this.state.hold(set_id, &c.uri, h) {
-                            return (c, Err(e.to_string()));
-                        }
-                    }
-                    (c, r.map(|_| ()))
+                    let r = this.fetch_verify_put(&name, set_id, &c).await;
+                    let r = match r {
+                        Ok(h) => this
+                            .state
+                            .hold(set_id, &c.uri, &h)
+                            .map_err(|e| NotApplied::Failed(e.to_string())),
+                        Err(e) => Err(e),
+                    };
+                    (c, r)
                 });
                 while let Some(done) = tasks.try_join_next() {
-                    collect(done?, &mut failures, &mut fetched);
+                    self.collect(set, done?, &mut failures, &mut fetched, &mut refused)?;
                 }
             }
         }
         while let Some(done) = tasks.join_next().await {
-            collect(done?, &mut failures, &mut fetched);
+            self.collect(set, done?, &mut failures, &mut fetched, &mut refused)?;
         }
         bar.finish_and_clear();
         // Without `at` (a source that omits it), the time the walk started is the safe start.
-        let position = at.unwrap_or(started);
+        let mut position = at.unwrap_or(started);
+        if let Some(d) = from_dump {
+            position = position.min(d);
+        }
         for f in &mut failures {
             f.datetime = Timestamp(position.0 - 1);
         }
         self.state.enqueue(set.row.id, &failures)?;
         self.state.finish_baseline(set.row.id, position)?;
-        tracing::info!(set = %set.info.name, fetched, failed = failures.len(), position = %position, "baseline done");
+        tracing::info!(set = %set.info.name, fetched, failed = failures.len(), refused, position = %position, "baseline done");
+        Ok(())
+    }
+
+    fn collect(
+        &self,
+        set: &Followed,
+        done: (Change, Result<(), NotApplied>),
+        failures: &mut Vec<Change>,
+        fetched: &mut u64,
+        refused: &mut u64,
+    ) -> anyhow::Result<()> {
+        match done.1 {
+            Ok(()) => *fetched += 1,
+            Err(NotApplied::Refused(why)) => {
+                *refused += 1;
+                refuse(&self.state, &set.info.name, set.row.id, &done.0.uri, &why)?;
+            }
+            Err(NotApplied::Failed(e)) => {
+                tracing::warn!(uri = %short(&done.0.uri), error = %e, "baseline fetch failed: queued for retry");
+                failures.push(done.0);
+            }
+        }
         Ok(())
     }
 
     /// The baseline from the set's Resource Dump: each package downloaded (resumed after a
-    /// dropped connection or a restart: the partial file is kept under `state.dir`), unpacked,
-    /// every bitstream checked against its manifest's md5 and length before the output gets
-    /// it. What fails a check, or is not in a package, is queued like a failed fetch (it holds
-    /// the position until fetched on its own). The position is then the dump's `at`.
-    async fn baseline_from_dump(&self, set: &Followed, url: &str) -> anyhow::Result<()> {
+    /// dropped connection or a restart: the partial file is kept under `state.dir`), never
+    /// past its listed length, unpacked, every bitstream checked against its manifest's md5
+    /// and length before the output gets it. Returns `Err` for what may pass (a package
+    /// download that keeps failing: tried again at the next check), `Ok(Err)` when the dump
+    /// cannot be used (a package longer than listed, refused, not a ZIP…: the Resource List is
+    /// used instead), else the dump's `at` and how many bitstreams could not be placed.
+    async fn baseline_from_dump(
+        &self,
+        set: &Followed,
+        url: &str,
+    ) -> anyhow::Result<anyhow::Result<(Timestamp, u64)>> {
         let started = Timestamp::now();
-        let (header, parts) = self.list_parts(url, "Resource Dump").await?;
+        let (header, parts, mut docs) = self.list_parts(set, url, "Resource Dump").await?;
         if header.md.get("capability").map(String::as_str) != Some("resourcedump") {
-            anyhow::bail!("{url} is not a Resource Dump");
+            return Ok(Err(anyhow::anyhow!(
+                "{} is not a Resource Dump",
+                short(url)
+            )));
         }
         let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let position = at.unwrap_or(started);
@@ -219,24 +365,55 @@ impl Harvester {
             "baseline {} from its Resource Dump",
             set.info.name
         ));
-        let (mut failures, mut placed) = (Vec::new(), 0u64);
-        let mut tally = |(n, failed): Unpacked| {
-            placed += n;
-            failures.extend(failed);
-        };
+        let (mut missed, mut placed) = (0u64, 0u64);
         // A package is unpacked (on every core) while the next one downloads.
         let mut unpacking: Option<tokio::task::JoinHandle<anyhow::Result<Unpacked>>> = None;
+        let finish = |r: Result<anyhow::Result<Unpacked>, tokio::task::JoinError>,
+                      placed: &mut u64,
+                      missed: &mut u64|
+         -> anyhow::Result<()> {
+            let (n, m) = r??;
+            *placed += n;
+            *missed += m;
+            Ok(())
+        };
         for part in parts {
-            let mut doc = self.open_part(part, "Resource Dump").await?;
+            let Some(mut doc) = self
+                .open_part(set, part, "Resource Dump", &mut docs)
+                .await?
+            else {
+                return Ok(Err(anyhow::anyhow!("a part of its index was refused")));
+            };
             while let Some(e) = doc.reader.next_entry()? {
                 use sha2::Digest;
                 let name = crate::digest::hex_digest(sha2::Sha256::digest(e.loc.as_bytes()));
                 let local = downloads.join(format!("{}.zip", &name[..32]));
                 let expected = e.md.get("length").and_then(|l| l.parse().ok());
-                self.fetcher
+                if let Err(err) = self
+                    .fetcher
                     .download_resumable(&e.loc, &local, expected)
                     .await
-                    .map_err(|err| anyhow::anyhow!("package {}: {err}", e.loc))?;
+                {
+                    if let Some(r) = &err.refused {
+                        refuse(
+                            &self.state,
+                            &set.info.name,
+                            set.row.id,
+                            &e.loc,
+                            &r.to_string(),
+                        )?;
+                    }
+                    let retry = err.retry;
+                    let err = anyhow::anyhow!("package {}: {err}", short(&e.loc));
+                    return if retry {
+                        Err(err)
+                    } else {
+                        if let Some(u) = unpacking.take() {
+                            let _ = u.await;
+                        }
+                        Ok(Err(err))
+                    };
+                }
                 let (worker, set_name, set_id, file, b) = (
                     self.clone_parts(),
                     set.info.name.clone(),
@@ -245,7 +422,9 @@ impl Harvester {
                     bar.clone(),
                 );
                 if let Some(previous) = unpacking.take() {
-                    tally(previous.await??);
+                    if let Err(e) = finish(previous.await, &mut placed, &mut missed) {
+                        return Ok(Err(e));
+                    }
                 }
                 unpacking = Some(tokio::task::spawn_blocking(move || {
                     let r = worker.unpack(&set_name, set_id, &file, position, &b);
@@ -258,41 +437,29 @@ impl Harvester {
             }
         }
         if let Some(last) = unpacking {
-            tally(last.await??);
+            if let Err(e) = finish(last.await, &mut placed, &mut missed) {
+                return Ok(Err(e));
+            }
         }
         bar.finish_and_clear();
-        for f in &mut failures {
-            tracing::warn!(uri = %f.uri, "not in the dump as listed: queued to be fetched on its own");
-            f.datetime = Timestamp(position.0 - 1);
-        }
-        self.state.enqueue(set.row.id, &failures)?;
-        self.state.finish_baseline(set.row.id, position)?;
-        tracing::info!(set = %set.info.name, placed, queued = failures.len(), position = %position, "baseline from the Resource Dump done");
-        Ok(())
+        tracing::info!(set = %set.info.name, placed, missed, position = %position, "baseline from the Resource Dump done");
+        Ok(Ok((position, missed)))
     }
 
-    /// Runs the set's baseline if it is not done yet: `Some(true)` when it is done,
-    /// `Some(false)` when it was interrupted by an error (logged; resumed at the next check,
-    /// what was fetched is kept), `None` when the harvester is stopping.
-    async fn baselined(
-        &self,
-        set: &Followed,
-        cancel: &tokio_util::sync::CancellationToken,
-    ) -> anyhow::Result<Option<bool>> {
+    /// Runs the set's baseline if it is not done yet: `true` when it is done, `false` when it
+    /// was interrupted by an error (logged; resumed at the next check, what was fetched is
+    /// kept).
+    async fn baselined(&self, set: &Followed) -> anyhow::Result<bool> {
         if self.row(set.row.id)?.baseline_done {
-            return Ok(Some(true));
+            return Ok(true);
         }
-        let done = tokio::select! {
-            r = self.baseline(set) => r,
-            _ = cancel.cancelled() => return Ok(None),
-        };
-        Ok(Some(match done {
+        Ok(match self.baseline(set).await {
             Ok(()) => true,
             Err(e) => {
                 tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
                 false
             }
-        }))
+        })
     }
 
     /// The parts a fetch task needs (cheap clones).
@@ -302,6 +469,11 @@ impl Harvester {
             fetcher: self.fetcher.clone(),
             output: self.output.clone(),
             exec: self.cfg.output.exec.clone(),
+            stop: self.stop.clone(),
+            backoff: (
+                self.cfg.fetch.backoff_initial_ms,
+                self.cfg.fetch.backoff_max_ms,
+            ),
         })
     }
 
@@ -318,7 +490,7 @@ impl Harvester {
         let Some(p) = row.position else {
             return Ok((0, None));
         };
-        let (_, parts) = self.list_parts(cl, "Change List").await?;
+        let (_, parts, mut docs) = self.list_parts(set, cl, "Change List").await?;
         // Closed lists that end at or before P are done; the rest in chronological order.
         let from = |p: &Part| match p {
             Part::There(e) => e.md.get("from").and_then(|f| Timestamp::parse(f).ok()),
@@ -340,7 +512,9 @@ impl Harvester {
         let mut newest: Option<Timestamp> = None;
         let mut newest_new: Option<Timestamp> = None;
         for part in parts {
-            let mut doc = self.open_part(part, "Change List").await?;
+            let Some(mut doc) = self.open_part(set, part, "Change List", &mut docs).await? else {
+                continue;
+            };
             let r = &mut doc.reader;
             let mut batch = Vec::new();
             loop {
@@ -348,6 +522,9 @@ impl Harvester {
                 let end = entry.is_none();
                 if let Some(e) = entry {
                     let Some(mut c) = change_of(&e) else { continue };
+                    if !self.admit(set, &c.uri, &docs)? {
+                        continue;
+                    }
                     newest = newest.max(Some(c.datetime));
                     if e.md.contains_key("datetime") {
                         if c.datetime >= p {
@@ -410,15 +587,23 @@ impl Harvester {
     }
 
     /// Whether an entry without a `datetime` still has to be applied: a deletion of something
-    /// held, or a creation/update whose length or md5 differ from what is held.
+    /// held, or a creation/update whose length or md5 differ from what is held, or, when md5
+    /// cannot tell (the list or the record has none), whose `lastmod` is newer. A URL refused
+    /// before is not taken again.
     fn undated_is_new(&self, set_id: i64, c: &Change) -> anyhow::Result<bool> {
+        if self.state.is_refused(set_id, &c.uri)? {
+            return Ok(false);
+        }
         let held = self.state.held(set_id, &c.uri)?;
         Ok(match (c.change.as_str(), held) {
             ("deleted", held) => held.is_some(),
             (_, None) => true,
             (_, Some(h)) => {
                 c.length.is_some_and(|l| Some(l) != h.length)
-                    || c.md5.as_ref().is_some_and(|m| Some(m) != h.md5.as_ref())
+                    || match (&c.md5, &h.md5) {
+                        (Some(m), Some(held_md5)) => m != held_md5,
+                        _ => c.newer_than(&h),
+                    }
             }
         })
     }
@@ -433,16 +618,23 @@ impl Harvester {
         Ok(())
     }
 
-    /// Applies a notification: a gap before it is filled from the Change Lists first.
+    /// Applies a notification: a gap before it is filled from the Change Lists first. Its
+    /// entries outside the source's scope are refused (a signed notification is trusted as
+    /// the hub's, not for what it names).
     async fn on_push(&self, set: &Followed, body: &[u8]) -> anyhow::Result<()> {
-        let doc = sitemap::parse(body)?;
+        let doc = discover::parse(body, max_token(&self.cfg))?;
         if doc.md.get("capability").map(String::as_str) != Some("change-notification") {
             tracing::warn!(set = %set.info.name, "a delivery that is not a change notification: ignored");
             return Ok(());
         }
         let from = doc.md.get("from").and_then(|f| Timestamp::parse(f).ok());
         let until = doc.md.get("until").and_then(|u| Timestamp::parse(u).ok());
-        let changes: Vec<Change> = doc.entries.iter().filter_map(change_of).collect();
+        let mut changes: Vec<Change> = Vec::new();
+        for c in doc.entries.iter().filter_map(change_of) {
+            if self.admit(set, &c.uri, &HashSet::new())? {
+                changes.push(c);
+            }
+        }
         self.state
             .pushed(set.row.id, changes.iter().map(|c| c.datetime).max())?;
         let row = self.row(set.row.id)?;
@@ -465,11 +657,13 @@ impl Harvester {
 
     /// Applies the queue: per resource in order (a later change of a resource collapses onto
     /// the earlier ones: its content is what is fetched and checked), resources concurrently.
+    /// A resource still in its backoff after a failed try waits for a later pass.
     async fn drain(&self, set: &Followed) -> anyhow::Result<()> {
         let pending = self.state.pending(set.row.id)?;
         if pending.is_empty() {
             return Ok(());
         }
+        let now = Timestamp::now();
         let mut by_uri: BTreeMap<String, Vec<Pending>> = BTreeMap::new();
         for p in pending {
             by_uri.entry(p.change.uri.clone()).or_default().push(p);
@@ -477,6 +671,9 @@ impl Harvester {
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
         for (_, queue) in by_uri {
+            if queue.iter().any(|p| p.not_before.is_some_and(|t| t > now)) {
+                continue;
+            }
             let permit = sem.clone().acquire_owned().await?;
             let w = self.clone_parts();
             let (name, id) = (set.info.name.clone(), set.row.id);
@@ -493,8 +690,9 @@ impl Harvester {
     }
 
     /// Keeps the push subscription alive: asks for one when there is none, when the last
-    /// request was not verified within a minute, when two thirds of the lease have passed, or
-    /// when `force` (the Change Lists brought changes push did not).
+    /// request was not verified within a minute, when two thirds of the lease have passed,
+    /// when the callback changed, or when `force` (the Change Lists brought changes push did
+    /// not).
     async fn keep_subscribed(&self, set: &Followed, force: bool) {
         if !self.cfg.push.enabled {
             return;
@@ -503,31 +701,49 @@ impl Harvester {
             return;
         };
         let now = Timestamp::now();
-        let due = match self.state.subscription(set.row.id) {
-            Ok(Some(s)) if s.topic == *topic => match s.state.as_str() {
-                "active" => {
-                    let lease = s.lease_secs.unwrap_or(self.cfg.push.lease_secs);
-                    force
-                        || now
-                            >= s.verified_at
-                                .unwrap_or(s.requested_at)
-                                .plus_secs(lease * 2 / 3)
+        let ours = format!(
+            "{}/cb/{}/",
+            self.callback_base.trim_end_matches('/'),
+            set.row.id
+        );
+        let current = self.state.subscription(set.row.id).ok().flatten();
+        let due = match &current {
+            Some(s) if s.topic == *topic && s.callback.starts_with(&ours) => {
+                match s.state.as_str() {
+                    "active" => {
+                        let lease = s.lease_secs.unwrap_or(self.cfg.push.lease_secs);
+                        force
+                            || now
+                                >= s.verified_at
+                                    .unwrap_or(s.requested_at)
+                                    .plus_secs(lease * 2 / 3)
+                    }
+                    "requested" => now >= s.requested_at.plus_secs(60),
+                    _ => {
+                        now >= s
+                            .requested_at
+                            .plus_secs(self.cfg.follow.check_interval_secs.max(60))
+                    }
                 }
-                "requested" => now >= s.requested_at.plus_secs(60),
-                _ => {
-                    now >= s
-                        .requested_at
-                        .plus_secs(self.cfg.follow.check_interval_secs.max(60))
-                }
-            },
+            }
             _ => true,
         };
         if !due {
             return;
         }
-        let callback = follow::callback_url(&self.callback_base, set.row.id);
+        // The callback keeps its token across renewals; a new one for a new callback.
+        let callback = match current.filter(|s| s.callback.starts_with(&ours)) {
+            Some(s) => s.callback,
+            None => match follow::new_token() {
+                Ok(t) => follow::callback_url(&self.callback_base, set.row.id, &t),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no callback token");
+                    return;
+                }
+            },
+        };
         if let Err(e) = follow::subscribe(
-            self.fetcher.client(),
+            &self.fetcher,
             &self.state,
             set.row.id,
             hub,
@@ -537,14 +753,14 @@ impl Harvester {
         )
         .await
         {
-            tracing::warn!(set = %set.info.name, error = %e, "subscription request failed; retried at the next check");
+            tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "subscription request failed; retried at the next check");
         }
     }
 }
 
 /// A document fetched to a temporary file, read entry by entry (the file lives as long as this).
 struct OnDisk {
-    reader: EntryReader<std::io::BufReader<std::fs::File>>,
+    reader: EntryReader<std::io::BufReader<sitemap::Bounded<std::fs::File>>>,
     _file: tempfile::NamedTempFile,
 }
 
@@ -555,14 +771,27 @@ enum Part {
 }
 
 impl Harvester {
-    async fn open_doc(&self, url: &str, what: &str) -> anyhow::Result<OnDisk> {
+    async fn open_doc(&self, url: &str, what: &str) -> Result<OnDisk, fetch::FetchError> {
         let file = self
             .fetcher
             .document_to_file(url, self.output.temp_dir())
             .await
-            .map_err(|e| anyhow::anyhow!("{what} {url}: {e}"))?;
-        let reader = EntryReader::new(std::io::BufReader::new(std::fs::File::open(file.path())?))
-            .map_err(|e| anyhow::anyhow!("{what} {url}: {e}"))?;
+            .map_err(|e| fetch::FetchError {
+                message: format!("{what} {e}"),
+                ..e
+            })?;
+        let bad = |e: String| fetch::FetchError {
+            message: format!("{what} {}: {e}", short(url)),
+            retry: false,
+            retry_after: None,
+            refused: None,
+        };
+        let f = std::fs::File::open(file.path()).map_err(|e| bad(e.to_string()))?;
+        let reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
+            f,
+            max_token(&self.cfg),
+        )))
+        .map_err(|e| bad(short(&e.to_string()).into_owned()))?;
         Ok(OnDisk {
             reader,
             _file: file,
@@ -571,35 +800,59 @@ impl Harvester {
 
     /// A list's header and its documents: itself when it is not an index, else the entries
     /// of its index (each opened with [`Harvester::open_part`] when its turn comes, so only
-    /// one part is on disk at a time).
+    /// one part is on disk at a time); and the URLs of the documents read so far (never
+    /// resources).
     async fn list_parts(
         &self,
+        set: &Followed,
         url: &str,
         what: &str,
-    ) -> anyhow::Result<(sitemap::Document, Vec<Part>)> {
+    ) -> anyhow::Result<(sitemap::Document, Vec<Part>, HashSet<String>)> {
         let mut d = self.open_doc(url, what).await?;
         let header = d.reader.header().clone();
+        let mut docs = HashSet::from([url.to_string()]);
         if !header.is_index {
-            return Ok((header, vec![Part::Here(Box::new(d))]));
+            return Ok((header, vec![Part::Here(Box::new(d))], docs));
         }
         let mut parts = Vec::new();
         while let Some(e) = d.reader.next_entry()? {
-            parts.push(Part::There(e));
+            if self.admit(set, &e.loc, &HashSet::new())? && docs.insert(e.loc.clone()) {
+                parts.push(Part::There(e));
+            }
         }
-        Ok((header, parts))
+        Ok((header, parts, docs))
     }
 
-    async fn open_part(&self, part: Part, what: &str) -> anyhow::Result<OnDisk> {
-        match part {
-            Part::Here(d) => Ok(*d),
-            Part::There(e) => self.open_doc(&e.loc, what).await,
-        }
+    /// Opens a part of a list; `None` when it is refused (recorded): outside the scope, or an
+    /// index itself (the spec allows one level of index).
+    async fn open_part(
+        &self,
+        set: &Followed,
+        part: Part,
+        what: &str,
+        docs: &mut HashSet<String>,
+    ) -> anyhow::Result<Option<OnDisk>> {
+        let e = match part {
+            Part::Here(d) => return Ok(Some(*d)),
+            Part::There(e) => e,
+        };
+        docs.insert(e.loc.clone());
+        let why = match self.open_doc(&e.loc, what).await {
+            Ok(d) if !d.reader.header().is_index => return Ok(Some(d)),
+            Ok(_) => "a sitemap index inside an index (one level is allowed)".to_string(),
+            Err(err) => match err.refused {
+                Some(r) => r.to_string(),
+                None => return Err(err.into()),
+            },
+        };
+        refuse(&self.state, &set.info.name, set.row.id, &e.loc, &why)?;
+        Ok(None)
     }
 }
 
-/// What unpacking a dump package did: bitstreams placed, and the entries to fetch on their
-/// own.
-type Unpacked = (u64, Vec<Change>);
+/// What unpacking a dump package did: bitstreams placed, and how many could not be (fetched
+/// on their own from the Resource List).
+type Unpacked = (u64, u64);
 
 /// What a fetch task needs.
 struct Worker {
@@ -607,23 +860,53 @@ struct Worker {
     fetcher: Fetcher,
     output: Arc<dyn Output>,
     exec: String,
+    stop: Arc<AtomicBool>,
+    /// `fetch.backoff_initial_ms`, `fetch.backoff_max_ms`: the pause before a failed resource
+    /// is tried again grows from the first by 4× per try, up to ten times the second.
+    backoff: (u64, u64),
 }
 
 impl Worker {
+    /// Claims the file `uri` gets in the output (outputs that name files after URIs): a URI
+    /// that would share one with another resource is refused, never written over it.
+    fn claim(&self, uri: &str) -> Result<(), NotApplied> {
+        let target = self
+            .output
+            .target(uri)
+            .map_err(|e| NotApplied::Refused(format!("{e:#}")))?;
+        if let Some(t) = target {
+            let path = t.display().to_string();
+            if let Some(other) = self
+                .state
+                .claim(&path, uri)
+                .map_err(|e| NotApplied::Failed(e.to_string()))?
+            {
+                return Err(NotApplied::Refused(format!(
+                    "its file in the output would be the file (or a folder) of {}",
+                    short(&other)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Fetches, checks length and md5 against `c`, and hands the file to the output.
-    async fn fetch_verify_put(&self, set: &str, c: &Change) -> Result<Held, String> {
+    async fn fetch_verify_put(
+        &self,
+        set: &str,
+        set_id: i64,
+        c: &Change,
+    ) -> Result<Held, NotApplied> {
+        let _ = set_id;
+        self.claim(&c.uri)?;
         let path = self
             .output
             .download_path(&c.uri)
-            .map_err(|e| e.to_string())?;
-        let d = self
-            .fetcher
-            .download(&c.uri, &path)
-            .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| NotApplied::Refused(format!("{e:#}")))?;
+        let d = self.fetcher.download(&c.uri, &path, c.length).await?;
         if let Err(e) = c.check(d.length, &d.md5) {
             let _ = std::fs::remove_file(&d.path);
-            return Err(format!("{}: {e}", c.uri));
+            return Err(NotApplied::Failed(format!("{}: {e}", short(&c.uri))));
         }
         let output = self.output.clone();
         let (set, uri, md5, path, mime) = (
@@ -651,18 +934,19 @@ impl Worker {
             r
         })
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| NotApplied::Failed(e.to_string()))?
+        .map_err(|e| NotApplied::Failed(format!("{e:#}")))?;
         Ok(Held {
             md5: Some(d.md5),
             length: Some(d.length),
             path: placed,
+            lastmod: c.lastmod.or(Some(c.datetime)),
         })
     }
 
     /// Unpacks one Resource Dump package (blocking): every manifest entry's bitstream,
     /// checked against the manifest, handed to the output and recorded as held. Returns how
-    /// many were placed and the entries that could not be (to fetch on their own).
+    /// many were placed and how many could not be. Stops at the next entry on shutdown.
     fn unpack(
         &self,
         set: &str,
@@ -675,12 +959,20 @@ impl Worker {
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
             .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
         let mut manifest = Vec::new();
+        let max_doc = self.fetcher.max_document_bytes();
         z.by_name("manifest.xml")
             .map_err(|e| anyhow::anyhow!("a package without manifest.xml: {e}"))?
-            .take(64 << 20)
+            .take(max_doc + 1)
             .read_to_end(&mut manifest)?;
-        let mut reader = EntryReader::new(&manifest[..])
-            .map_err(|e| anyhow::anyhow!("the package's manifest.xml: {e}"))?;
+        if manifest.len() as u64 > max_doc {
+            anyhow::bail!("the package's manifest.xml is larger than fetch.max_document_bytes");
+        }
+        let max_token = (self.fetcher.scope().max_url_length() + 1).max(64 * 1024);
+        let mut reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
+            &manifest[..],
+            max_token,
+        )))
+        .map_err(|e| anyhow::anyhow!("the package's manifest.xml: {e}"))?;
         if reader.header().md.get("capability").map(String::as_str) != Some("resourcedump-manifest")
         {
             anyhow::bail!("the package's manifest.xml is not a Resource Dump Manifest");
@@ -689,7 +981,7 @@ impl Worker {
         while let Some(e) = reader.next_entry()? {
             entries.push(e);
         }
-        drop(z);
+        drop((z, manifest));
         // The entries split over the cores, each part read through its own handle.
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
         let chunk = entries.len().div_ceil(cores).max(1);
@@ -708,16 +1000,17 @@ impl Worker {
                 })
                 .collect()
         });
-        let (mut placed, mut failed) = (0u64, Vec::new());
+        let (mut placed, mut missed) = (0u64, 0u64);
         for r in results {
-            let (n, f) = r?;
+            let (n, m) = r?;
             placed += n;
-            failed.extend(f);
+            missed += m;
         }
-        Ok((placed, failed))
+        Ok((placed, missed))
     }
 
-    /// Unpacks some entries of a package (see [`Worker::unpack`]).
+    /// Unpacks some entries of a package (see [`Worker::unpack`]). An entry outside the
+    /// source's scope is refused: its bytes never reach the output.
     fn unpack_entries(
         &self,
         set: &str,
@@ -730,12 +1023,20 @@ impl Worker {
         use md5::Digest;
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
-        let (mut placed, mut failed) = (0u64, Vec::new());
+        let (mut placed, mut missed) = (0u64, 0u64);
         // Recorded a thousand at a time (a crash before a batch is recorded only means those
         // are unpacked again at the next start).
         let mut holds: Vec<(String, Held)> = Vec::new();
         for e in entries {
+            if self.stop.load(Ordering::Relaxed) {
+                self.state.hold_many(set_id, &holds)?;
+                anyhow::bail!("stopping");
+            }
             bar.inc(1);
+            if let Err(r) = self.fetcher.scope().check(&e.loc) {
+                refuse(&self.state, set, set_id, &e.loc, &r.to_string())?;
+                continue;
+            }
             let c = entry_change(e, "created", at);
             if self.state.holds_as_listed(set_id, &c)? {
                 continue;
@@ -744,10 +1045,24 @@ impl Worker {
                 e.md.get("path")
                     .map(|p| p.trim_start_matches('/').to_string())
             else {
-                failed.push(c);
+                missed += 1;
                 continue;
             };
-            let dest = self.output.download_path(&c.uri)?;
+            if let Err(why) = self.claim(&c.uri) {
+                if let NotApplied::Refused(r) = &why {
+                    refuse(&self.state, set, set_id, &c.uri, r)?;
+                } else {
+                    missed += 1;
+                }
+                continue;
+            }
+            let dest = match self.output.download_path(&c.uri) {
+                Ok(d) => d,
+                Err(err) => {
+                    refuse(&self.state, set, set_id, &c.uri, &format!("{err:#}"))?;
+                    continue;
+                }
+            };
             let measured = (|| -> anyhow::Result<(u64, String)> {
                 let mut f = z.by_name(&inner)?;
                 // Never more than the manifest promises (a package is not trusted further).
@@ -773,9 +1088,9 @@ impl Worker {
             let (length, md5) = match checked {
                 Ok(m) => m,
                 Err(why) => {
-                    tracing::warn!(uri = %c.uri, error = %why, "a bitstream of the dump does not match its manifest entry");
+                    tracing::warn!(uri = %short(&c.uri), error = %why, "a bitstream of the dump does not match its manifest entry: fetched on its own");
                     let _ = std::fs::remove_file(&dest);
-                    failed.push(c);
+                    missed += 1;
                     continue;
                 }
             };
@@ -794,6 +1109,7 @@ impl Worker {
                             md5: Some(md5),
                             length: Some(length),
                             path,
+                            lastmod: c.lastmod.or(Some(at)),
                         },
                     ));
                     if holds.len() >= 1000 {
@@ -804,17 +1120,18 @@ impl Worker {
                 }
                 Err(err) => {
                     let _ = std::fs::remove_file(&dest);
-                    tracing::warn!(uri = %c.uri, error = %err, "the output refused a bitstream");
-                    failed.push(c);
+                    tracing::warn!(uri = %short(&c.uri), error = %format!("{err:#}"), "the output refused a bitstream");
+                    missed += 1;
                 }
             }
         }
         self.state.hold_many(set_id, &holds)?;
-        Ok((placed, failed))
+        Ok((placed, missed))
     }
 
     /// One resource's queued changes, in order. The last change decides the content: the
-    /// earlier ones are applied with it (each logged once, the hook run for each).
+    /// earlier ones are applied with it (each logged once, the hook run for each). A refusal
+    /// (outside the scope, a file another resource has) takes them out of the queue.
     async fn apply_queue(
         &self,
         set: &str,
@@ -824,7 +1141,7 @@ impl Worker {
         skip: bool,
     ) -> anyhow::Result<()> {
         let last = queue.last().expect("a non-empty queue").clone();
-        let result: Result<Option<Held>, String> = if last.change.change == "deleted" {
+        let result: Result<Option<Held>, NotApplied> = if last.change.change == "deleted" {
             let (output, set_s, uri) = (
                 self.output.clone(),
                 set.to_string(),
@@ -833,9 +1150,11 @@ impl Worker {
             tokio::task::spawn_blocking(move || output.delete(&set_s, &uri))
                 .await?
                 .map(|_| None)
-                .map_err(|e| e.to_string())
+                .map_err(|e| NotApplied::Failed(format!("{e:#}")))
         } else {
-            self.fetch_verify_put(set, &last.change).await.map(Some)
+            self.fetch_verify_put(set, set_id, &last.change)
+                .await
+                .map(Some)
         };
         let result = match result {
             Ok(held) => {
@@ -846,7 +1165,7 @@ impl Worker {
                         break;
                     }
                 }
-                hook.map(|_| held)
+                hook.map(|_| held).map_err(NotApplied::Failed)
             }
             Err(e) => Err(e),
         };
@@ -856,18 +1175,37 @@ impl Worker {
                     self.state.applied(set_id, p, held.as_ref())?;
                 }
             }
-            Err(e) => {
-                let p = self.state.attempt_failed(&last, &e, max_tries, skip)?;
+            Err(NotApplied::Refused(why)) => {
+                for p in &queue {
+                    self.state.refuse_change(set_id, p, &why)?;
+                }
+                tracing::warn!(set, uri = %short(&last.change.uri), reason = %why, "refused (listed in harvest status; not fetched, not waited for)");
+            }
+            Err(NotApplied::Failed(e)) => {
+                let (first, max) = self.backoff;
+                let pause_ms = first
+                    .saturating_mul(4u64.saturating_pow(last.tries + 1))
+                    .min(max.saturating_mul(10));
+                let not_before = Timestamp(
+                    Timestamp::now()
+                        .0
+                        .saturating_add((pause_ms as i64).saturating_mul(1000)),
+                );
+                let p = self
+                    .state
+                    .attempt_failed(&last, &e, max_tries, skip, not_before)?;
                 // Earlier changes of the resource share the outcome of the last one.
                 for earlier in &queue[..queue.len() - 1] {
-                    self.state.attempt_failed(earlier, &e, max_tries, skip)?;
+                    self.state
+                        .attempt_failed(earlier, &e, max_tries, skip, not_before)?;
                 }
+                let uri = short(&last.change.uri);
                 if p.skipped {
-                    tracing::warn!(set, uri = %last.change.uri, tries = p.tries, error = %e, "giving up on a change (fetch.skip_failed): the position moves past it");
+                    tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "giving up on a change (fetch.skip_failed): the position moves past it");
                 } else if p.failed {
-                    tracing::warn!(set, uri = %last.change.uri, tries = p.tries, error = %e, "change failed; it holds the position and is retried at every check");
+                    tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "change failed; it holds the position and is retried at every check");
                 } else {
-                    tracing::info!(set, uri = %last.change.uri, tries = p.tries, error = %e, "change not applied yet; retried");
+                    tracing::info!(set, uri = %uri, tries = p.tries, error = %e, "change not applied yet; retried");
                 }
             }
         }
@@ -913,16 +1251,6 @@ impl Worker {
         })
         .await;
         out.unwrap_or_else(|_| Err("exec hook timed out after 600 s".into()))
-    }
-}
-
-fn collect(done: (Change, Result<(), String>), failures: &mut Vec<Change>, fetched: &mut u64) {
-    match done.1 {
-        Ok(()) => *fetched += 1,
-        Err(e) => {
-            tracing::warn!(uri = %done.0.uri, error = %e, "baseline fetch failed: queued for retry");
-            failures.push(done.0);
-        }
     }
 }
 
@@ -972,12 +1300,15 @@ fn md5_of(e: &ParsedEntry) -> Option<String> {
     e.md.get("hash")?
         .split_whitespace()
         .find_map(|h| h.strip_prefix("md5:"))
+        .filter(|h| h.len() == 32)
         .map(|h| h.to_ascii_lowercase())
 }
 
 /// Runs the harvester until `shutdown`: discovery, baselines, the callback server (on
 /// `listener`, or `push.listen`), then notifications as they come and a catch-up every
-/// `follow.check_interval_secs`.
+/// `follow.check_interval_secs`. Shutdown stops it in every phase: the work under way is
+/// dropped (what it had applied is recorded; the rest is redone at the next start), blocking
+/// work stops at its next step, and the callback server is given a second to close.
 pub async fn run(
     cfg: HarvestConfig,
     listener: Option<TcpListener>,
@@ -992,7 +1323,6 @@ pub async fn run(
     });
     let mut callback_base = cfg.push.callback_url.clone();
     let mut server = None;
-    let state_for_server;
     let harvester = if cfg.push.enabled {
         let listener = match listener {
             Some(l) => l,
@@ -1004,8 +1334,7 @@ pub async fn run(
             callback_base = format!("http://{}", listener.local_addr()?);
         }
         let h = Harvester::new(cfg.clone(), callback_base.clone())?;
-        state_for_server = h.state.clone();
-        let app = follow::router(state_for_server, tx.clone());
+        let app = follow::router(h.state.clone(), tx.clone(), &cfg.push);
         let c = cancel.clone();
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
         use axum::serve::ListenerExt;
@@ -1023,90 +1352,92 @@ pub async fn run(
     };
     drop(tx);
     let h = harvester;
-    // A source that cannot be read yet (down, restarting, overloaded) is tried again with
-    // growing pauses: a long-lived harvester does not give up at start.
-    let mut pause = Duration::from_secs(1);
-    let sets = loop {
-        let found = tokio::select! {
-            s = h.discover() => s,
-            _ = cancel.cancelled() => return Ok(()),
-        };
-        match found {
-            Ok(s) => break s,
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), retry_in = ?pause, "cannot read the source yet");
-                tokio::select! {
-                    _ = tokio::time::sleep(pause) => {}
-                    _ = cancel.cancelled() => return Ok(()),
-                }
-                pause = (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
-            }
-        }
-    };
-    tracing::info!(sets = ?sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>(), "following");
-    for s in &sets {
-        if cancel.is_cancelled() {
-            break;
-        }
-        // Subscribe first, so that nothing published during the baseline is lost to push
-        // (the Change Lists would bring it anyway).
-        h.keep_subscribed(s, false).await;
-        match h.baselined(s, &cancel).await? {
-            Some(true) => {}
-            Some(false) => continue,
-            None => break,
-        }
-        match h.catch_up(s).await {
-            Ok(found) => {
-                if h.push_missed(s, found) {
-                    h.keep_subscribed(s, true).await;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(set = %s.info.name, error = %e, "catching up from the Change Lists failed; retried at the next check")
-            }
-        }
-    }
     let mut housekeeping = None;
-    h.housekeeping(&sets, &mut housekeeping);
-    let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    while !cancel.is_cancelled() {
-        tokio::select! {
-            _ = cancel.cancelled() => break,
-            Some(push) = rx.recv() => {
-                let Some(set) = sets.iter().find(|s| s.row.id == push.set_id) else { continue };
-                if let Err(e) = h.on_push(set, &push.body).await {
-                    tracing::warn!(set = %set.info.name, error = %e, "applying a notification failed; the next check catches up");
+    let work = async {
+        // A source that cannot be read yet (down, restarting, overloaded) is tried again with
+        // growing pauses: a long-lived harvester does not give up at start.
+        let mut pause = Duration::from_secs(1);
+        let sets = loop {
+            match h.discover().await {
+                Ok(s) => break s,
+                Err(e) => {
+                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?pause, "cannot read the source yet");
+                    tokio::time::sleep(pause).await;
+                    pause =
+                        (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
                 }
             }
-            _ = tick.tick() => {
-                for s in &sets {
-                    match h.baselined(s, &cancel).await? {
-                        Some(true) => {}
-                        Some(false) => continue,
-                        None => break,
-                    }
-                    match h.catch_up(s).await {
-                        Ok(found) => {
-                            let missed = h.push_missed(s, found);
-                            h.keep_subscribed(s, missed).await;
-                        }
-                        Err(e) => tracing::warn!(set = %s.info.name, error = %e, "periodic catch-up failed"),
+        };
+        tracing::info!(sets = ?sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>(), "following");
+        for s in &sets {
+            // Subscribe first, so that nothing published during the baseline is lost to push
+            // (the Change Lists would bring it anyway).
+            h.keep_subscribed(s, false).await;
+            if !h.baselined(s).await? {
+                continue;
+            }
+            match h.catch_up(s).await {
+                Ok(found) => {
+                    if h.push_missed(s, found) {
+                        h.keep_subscribed(s, true).await;
                     }
                 }
-                h.housekeeping(&sets, &mut housekeeping);
+                Err(e) => {
+                    tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "catching up from the Change Lists failed; retried at the next check")
+                }
             }
         }
+        h.housekeeping(&sets, &mut housekeeping);
+        let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                Some(push) = rx.recv() => {
+                    let Some(set) = sets.iter().find(|s| s.row.id == push.set_id) else { continue };
+                    if let Err(e) = h.on_push(set, &push.body).await {
+                        tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "applying a notification failed; the next check catches up");
+                    }
+                }
+                _ = tick.tick() => {
+                    for s in &sets {
+                        if !h.baselined(s).await? {
+                            continue;
+                        }
+                        match h.catch_up(s).await {
+                            Ok(found) => {
+                                let missed = h.push_missed(s, found);
+                                h.keep_subscribed(s, missed).await;
+                            }
+                            Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
+                        }
+                    }
+                    h.housekeeping(&sets, &mut housekeeping);
+                }
+            }
+        }
+        #[allow(unreachable_code)]
+        Ok::<(), anyhow::Error>(())
+    };
+    tokio::select! {
+        r = work => r?,
+        _ = cancel.cancelled() => {}
     }
-    // A snapshot being written stops at its next record and is redone at the next start.
+    // Blocking work stops at its next step: a package being unpacked at its next entry, a
+    // snapshot being written at its next record (redone at the next start).
+    h.stop.store(true, Ordering::Relaxed);
     h.output.interrupt();
     if let Some(t) = housekeeping {
         let _ = t.await;
     }
-    if let Some(s) = server {
-        let _ = s.await;
+    if let Some(mut s) = server {
+        // A delivery still being read (a hub trickling its body) does not hold the exit.
+        if tokio::time::timeout(Duration::from_secs(1), &mut s)
+            .await
+            .is_err()
+        {
+            s.abort();
+        }
     }
     Ok(())
 }
@@ -1135,7 +1466,7 @@ pub async fn recreate(cfg: &HarvestConfig, at: Timestamp) -> anyhow::Result<Stri
     Ok(serde_json::to_string(&r)?)
 }
 
-/// `harvest status`: position, lag, subscription, queue and failures, as text.
+/// `harvest status`: position, lag, subscription, queue, failures and refusals, as text.
 pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
     let db = cfg.database_path();
     if !db.exists() {
@@ -1146,7 +1477,8 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
     }
     let state = State::open(&db)?;
     let mut out = String::new();
-    for s in state.sets()? {
+    let sets = state.sets()?;
+    for s in &sets {
         let lag = match (s.source_latest, s.position) {
             (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
             (Some(_), Some(_)) => "0 s (up to date)".into(),
@@ -1178,7 +1510,7 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
                     sub.hub,
                     sub.topic,
                     sub.callback,
-                    sub.reason.map(|r| format!(", reason: {r}")).unwrap_or_default()
+                    sub.reason.map(|r| format!(", reason: {}", short(&r))).unwrap_or_default()
                 ));
             }
             None => out.push_str("  subscription:     none\n"),
@@ -1198,11 +1530,32 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
             out.push_str(&format!(
                 "  {what:8} {} {} {} (tries {}): {}\n",
                 p.change.change,
-                p.change.uri,
+                short(&p.change.uri),
                 p.change.datetime,
                 p.tries,
-                p.last_error.unwrap_or_default()
+                short(&p.last_error.unwrap_or_default())
             ));
+        }
+    }
+    let (refused, counts) = state.refusals(20)?;
+    if !counts.is_empty() {
+        let name = |id: i64| {
+            sets.iter()
+                .find(|s| s.id == id)
+                .map_or("the source".to_string(), |s| format!("set {}", s.name))
+        };
+        out.push_str("\nrefused (the source's errors: not fetched, not waited for):\n");
+        for (set, n) in &counts {
+            out.push_str(&format!("  {}: {n} URL(s)\n", name(*set)));
+            for r in refused.iter().filter(|r| r.set_id == *set) {
+                out.push_str(&format!(
+                    "    {} ({}x, last {}): {}\n",
+                    short(&r.uri),
+                    r.count,
+                    r.last_at,
+                    r.reason
+                ));
+            }
         }
     }
     out.push_str(&format!(
@@ -1213,8 +1566,38 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
     Ok(out)
 }
 
+/// A count and the first few of what it counts, for a report.
+#[derive(Default)]
+struct Sample {
+    n: u64,
+    first: Vec<String>,
+}
+
+impl Sample {
+    fn add(&mut self, what: String) {
+        self.n += 1;
+        if self.first.len() < 20 {
+            self.first.push(what);
+        }
+    }
+
+    fn list(&self, out: &mut String, what: &str) {
+        for u in &self.first {
+            out.push_str(&format!("  {what}: {u}\n"));
+        }
+        if self.n > self.first.len() as u64 {
+            out.push_str(&format!(
+                "  … and {} more {what}\n",
+                self.n - self.first.len() as u64
+            ));
+        }
+    }
+}
+
 /// `harvest audit`: compares what the destination holds with the source's current Resource
-/// List. Returns the report and whether it is in sync.
+/// List. Returns the report and whether it is in sync. Entries the harvester refuses (outside
+/// the scope, too long, names that cannot be files, a file another URI has) are reported as
+/// such and do not count against the sync; the rest are compared.
 pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
     let h = Harvester::new(cfg.clone(), String::new())?;
     let sets = h.discover().await?;
@@ -1222,32 +1605,59 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
     let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
     let mut out = String::new();
     let mut in_sync = true;
-    let list = |out: &mut String, what: &str, list: &[String]| {
-        for u in list.iter().take(20) {
-            out.push_str(&format!("  {what}: {u}\n"));
-        }
-        if list.len() > 20 {
-            out.push_str(&format!("  … and {} more {what}\n", list.len() - 20));
-        }
-    };
     for s in &sets {
         let Some(rl) = &s.info.resourcelist else {
             continue;
         };
         let mut listed: HashSet<String> = HashSet::new();
-        let (mut missing, mut differ, mut not_archived) = (Vec::new(), Vec::new(), 0u64);
-        let (_, parts) = h.list_parts(rl, "Resource List").await?;
+        let (mut missing, mut differ, mut refused) =
+            (Sample::default(), Sample::default(), Sample::default());
+        let mut not_archived = 0u64;
+        let (_, parts, mut docs) = h.list_parts(s, rl, "Resource List").await?;
         for part in parts {
-            let mut doc = h.open_part(part, "Resource List part").await?;
+            let Some(mut doc) = h
+                .open_part(s, part, "Resource List part", &mut docs)
+                .await?
+            else {
+                continue;
+            };
             let r = &mut doc.reader;
             while let Some(e) = r.next_entry()? {
                 let c = entry_change(&e, "created", Timestamp(0));
-                match auditor.holding(&c.uri)? {
-                    output::Holding::Missing => missing.push(c.uri.clone()),
-                    output::Holding::NotArchived(_) => not_archived += 1,
-                    output::Holding::Held { length, md5 } => {
-                        if c.check(length, &md5).is_err() {
-                            differ.push(c.uri.clone());
+                let uri = short(&c.uri).into_owned();
+                if let Err(why) = h.fetcher.scope().check(&c.uri) {
+                    refused.add(format!("{uri}: {why}"));
+                    continue;
+                }
+                if docs.contains(&c.uri) {
+                    refused.add(format!("{uri}: a list document, listed as a resource"));
+                    continue;
+                }
+                let other = match h.output.target(&c.uri) {
+                    Ok(Some(t)) => h
+                        .state
+                        .claimant(&t.display().to_string())?
+                        .filter(|o| *o != c.uri),
+                    _ => None,
+                };
+                if let Some(o) = other {
+                    refused.add(format!("{uri}: its file is the file of {}", short(&o)));
+                    listed.insert(c.uri);
+                    continue;
+                }
+                match auditor.holding(&c.uri) {
+                    Err(e) => refused.add(format!("{uri}: {}", short(&format!("{e:#}")))),
+                    Ok(output::Holding::Missing) => missing.add(uri),
+                    Ok(output::Holding::NotArchived(_)) => not_archived += 1,
+                    Ok(output::Holding::Held { length, md5 }) => {
+                        if let Err(why) = c.check(length, &md5) {
+                            differ.add(format!("{uri} ({why})"));
+                        } else if c.md5.is_none()
+                            && h.state
+                                .held(s.row.id, &c.uri)?
+                                .is_some_and(|held| c.newer_than(&held))
+                        {
+                            differ.add(format!("{uri} (the list's lastmod is newer than the copy's; it has no md5 to compare)"));
                         }
                     }
                 }
@@ -1256,33 +1666,41 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
         }
         // The mirror: what the harvester's record holds for this set. (The archive tells
         // what it holds itself, over all sets, below.)
-        let extra: Vec<String> = if cfg.output.kind == config::OutputKind::Mirror {
-            h.state
-                .held_uris(s.row.id)?
-                .into_iter()
-                .filter(|u| !listed.contains(u))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        let ok = missing.is_empty() && differ.is_empty() && extra.is_empty();
+        let mut extra = Sample::default();
+        if cfg.output.kind == config::OutputKind::Mirror {
+            for u in h.state.held_uris(s.row.id)? {
+                if !listed.contains(&u) {
+                    extra.add(short(&u).into_owned());
+                }
+            }
+        }
+        let ok = missing.n == 0 && differ.n == 0 && extra.n == 0;
         in_sync &= ok;
         out.push_str(&format!(
-            "set {}: {} listed, {} missing, {} different, {} held but no longer listed{}\n",
+            "set {}: {} listed, {} missing, {} different, {} held but no longer listed{}{}\n",
             s.info.name,
-            listed.len(),
-            missing.len(),
-            differ.len(),
-            extra.len(),
+            listed.len() as u64 + refused.n,
+            missing.n,
+            differ.n,
+            extra.n,
             if not_archived > 0 {
                 format!(", {not_archived} not archived (not JSON, XML or Turtle)")
             } else {
                 String::new()
+            },
+            if refused.n > 0 {
+                format!(
+                    ", {} refused (the source's errors, not harvested: below)",
+                    refused.n
+                )
+            } else {
+                String::new()
             }
         ));
-        list(&mut out, "missing", &missing);
-        list(&mut out, "different", &differ);
-        list(&mut out, "extra", &extra);
+        missing.list(&mut out, "missing");
+        differ.list(&mut out, "different");
+        extra.list(&mut out, "extra");
+        refused.list(&mut out, "refused");
     }
     if let Some(extra) = auditor.unlisted()? {
         in_sync &= extra.is_empty();
@@ -1290,7 +1708,11 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
             "archive: {} records no set lists any more\n",
             extra.len()
         ));
-        list(&mut out, "extra", &extra);
+        let mut sample = Sample::default();
+        for u in &extra {
+            sample.add(short(u).into_owned());
+        }
+        sample.list(&mut out, "extra");
     }
     out.push_str(if in_sync {
         "IN SYNC\n"

@@ -27,6 +27,16 @@ pub struct Change {
 }
 
 impl Change {
+    /// Whether this entry's `lastmod` is newer than what is held (by more than a second, as
+    /// `resync` compares): for lists without md5, the only sign of a same-length update.
+    pub fn newer_than(&self, held: &Held) -> bool {
+        match (self.lastmod, held.lastmod) {
+            (Some(l), Some(h)) => l.0 > h.0 + 1_000_000,
+            (Some(_), None) => true,
+            _ => false,
+        }
+    }
+
     /// Whether bytes of `length` with `md5` are what this entry lists (what it omits is
     /// not checked); `Err` says how they differ.
     pub fn check(&self, length: u64, md5: &str) -> Result<(), String> {
@@ -51,6 +61,8 @@ pub struct Pending {
     pub last_error: Option<String>,
     pub failed: bool,
     pub skipped: bool,
+    /// Not tried again before this (a backoff after a failed try).
+    pub not_before: Option<Timestamp>,
 }
 
 /// A set the destination follows.
@@ -90,7 +102,24 @@ pub struct Held {
     pub md5: Option<String>,
     pub length: Option<u64>,
     pub path: String,
+    /// The `lastmod` of the entry it was fetched for (what a list without md5 is compared by).
+    pub lastmod: Option<Timestamp>,
 }
+
+/// A URL the harvester refused (outside the source's scope, too long, a list document listed
+/// as a resource, a file name another resource has): not fetched, not waited for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    pub set_id: i64,
+    /// The URL, shortened when it was longer than any URL limit.
+    pub uri: String,
+    pub reason: String,
+    pub count: u64,
+    pub last_at: Timestamp,
+}
+
+/// Refusals kept per set; past this only counted (a hostile list cannot fill the disk).
+const MAX_REFUSED_ROWS: i64 = 10_000;
 
 pub struct State {
     conn: Mutex<Connection>,
@@ -138,8 +167,30 @@ impl State {
                set_id INTEGER PRIMARY KEY, hub TEXT NOT NULL, topic TEXT NOT NULL, callback TEXT NOT NULL,
                secret TEXT NOT NULL, state TEXT NOT NULL, requested_at INTEGER NOT NULL,
                verified_at INTEGER, lease_secs INTEGER, reason TEXT);
-             CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);",
+             CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS refused (
+               set_id INTEGER NOT NULL, uri TEXT NOT NULL, reason TEXT NOT NULL,
+               count INTEGER NOT NULL, first_at INTEGER NOT NULL, last_at INTEGER NOT NULL,
+               PRIMARY KEY (set_id, uri));",
         )?;
+        add_column(&conn, "resources", "lastmod", "INTEGER")?;
+        add_column(&conn, "pending", "not_before", "INTEGER")?;
+        // Which URI has which file: two URIs never share one. Filled from the resources held
+        // when the table is new (a state made before it existed).
+        let claims_new: bool = conn.query_row(
+            "SELECT COUNT(*) = 0 FROM sqlite_master WHERE type = 'table' AND name = 'claims'",
+            [],
+            |r| r.get(0),
+        )?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS claims (path TEXT PRIMARY KEY, uri TEXT NOT NULL);",
+        )?;
+        if claims_new {
+            conn.execute(
+                "INSERT OR IGNORE INTO claims (path, uri) SELECT path, uri FROM resources",
+                [],
+            )?;
+        }
         Ok(State {
             conn: Mutex::new(conn),
         })
@@ -214,35 +265,40 @@ impl State {
         Ok(self
             .c()
             .query_row(
-                "SELECT md5, length, path FROM resources WHERE set_id = ?1 AND uri = ?2",
+                "SELECT md5, length, path, lastmod FROM resources WHERE set_id = ?1 AND uri = ?2",
                 params![set_id, uri],
                 |r| {
                     Ok(Held {
                         md5: r.get(0)?,
                         length: r.get::<_, Option<i64>>(1)?.map(|n| n as u64),
                         path: r.get(2)?,
+                        lastmod: r.get::<_, Option<i64>>(3)?.map(Timestamp),
                     })
                 },
             )
             .optional()?)
     }
 
-    /// Whether the resource is held with the md5 and length `c` lists and its file still
-    /// exists: a resumed baseline does not fetch (or unpack) it again.
+    /// Whether the resource is held as `c` lists it and its file still exists: with the
+    /// listed md5 and length, or, for a list without md5, with the listed length and a
+    /// `lastmod` no older than the listed one. A resumed baseline does not fetch (or unpack)
+    /// it again.
     pub fn holds_as_listed(&self, set_id: i64, c: &Change) -> R<bool> {
         Ok(self.held(set_id, &c.uri)?.is_some_and(|h| {
-            h.md5.is_some()
-                && h.md5 == c.md5
-                && h.length == c.length
-                && std::path::Path::new(&h.path).exists()
+            let same = match (&c.md5, &h.md5) {
+                (Some(_), Some(_)) => h.md5 == c.md5,
+                (None, _) => c.lastmod.is_some() && !c.newer_than(&h),
+                (Some(_), None) => false,
+            };
+            same && h.length == c.length && std::path::Path::new(&h.path).exists()
         }))
     }
 
     /// Records a resource written by the baseline.
     pub fn hold(&self, set_id: i64, uri: &str, held: &Held) -> R<()> {
         self.c().execute(
-            "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![set_id, uri, held.md5, held.length.map(|n| n as i64), held.path],
+            "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![set_id, uri, held.md5, held.length.map(|n| n as i64), held.path, held.lastmod.map(|t| t.0)],
         )?;
         Ok(())
     }
@@ -253,7 +309,7 @@ impl State {
         let tx = c.transaction()?;
         {
             let mut st = tx.prepare_cached(
-                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path) VALUES (?1, ?2, ?3, ?4, ?5)",
+                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
             for (uri, h) in held {
                 st.execute(params![
@@ -261,7 +317,8 @@ impl State {
                     uri,
                     h.md5,
                     h.length.map(|n| n as i64),
-                    h.path
+                    h.path,
+                    h.lastmod.map(|t| t.0)
                 ])?;
             }
         }
@@ -320,7 +377,7 @@ impl State {
     pub fn pending(&self, set_id: i64) -> R<Vec<Pending>> {
         let c = self.c();
         let mut st = c.prepare(
-            "SELECT id, uri, change, datetime, md5, length, lastmod, tries, last_error, failed, skipped FROM pending
+            "SELECT id, uri, change, datetime, md5, length, lastmod, tries, last_error, failed, skipped, not_before FROM pending
              WHERE set_id = ?1 AND skipped = 0 ORDER BY datetime, id",
         )?;
         let rows = st
@@ -333,11 +390,11 @@ impl State {
     pub fn problems(&self) -> R<Vec<(i64, Pending)>> {
         let c = self.c();
         let mut st = c.prepare(
-            "SELECT id, uri, change, datetime, md5, length, lastmod, tries, last_error, failed, skipped, set_id FROM pending
-             WHERE failed = 1 OR skipped = 1 OR tries > 0 ORDER BY set_id, datetime, id",
+            "SELECT id, uri, change, datetime, md5, length, lastmod, tries, last_error, failed, skipped, not_before, set_id FROM pending
+             WHERE failed = 1 OR skipped = 1 OR tries > 0 ORDER BY set_id, datetime, id LIMIT 200",
         )?;
         let rows = st
-            .query_map([], |r| Ok((r.get(11)?, pending_row(r)?)))?
+            .query_map([], |r| Ok((r.get(12)?, pending_row(r)?)))?
             .collect::<Result<Vec<_>, _>>()?;
         Ok(rows)
     }
@@ -374,10 +431,13 @@ impl State {
         )?;
         match held {
             Some(h) => tx.execute(
-                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path) VALUES (?1, ?2, ?3, ?4, ?5)",
-                params![set_id, p.change.uri, h.md5, h.length.map(|n| n as i64), h.path],
+                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                params![set_id, p.change.uri, h.md5, h.length.map(|n| n as i64), h.path, h.lastmod.map(|t| t.0)],
             )?,
-            None => tx.execute("DELETE FROM resources WHERE set_id = ?1 AND uri = ?2", params![set_id, p.change.uri])?,
+            None => {
+                tx.execute("DELETE FROM claims WHERE uri = ?1 AND NOT EXISTS (SELECT 1 FROM resources WHERE uri = ?1 AND set_id != ?2)", params![p.change.uri, set_id])?;
+                tx.execute("DELETE FROM resources WHERE set_id = ?1 AND uri = ?2", params![set_id, p.change.uri])?
+            }
         };
         tx.commit()?;
         Ok(())
@@ -385,19 +445,22 @@ impl State {
 
     /// A failed attempt: counted; `failed` once `max_tries` is reached, and then `skipped`
     /// too when the configuration says to move on.
+    /// Not tried again before `not_before` (a backoff: a slow or broken resource does not take
+    /// a fetch slot at every pass).
     pub fn attempt_failed(
         &self,
         p: &Pending,
         error: &str,
         max_tries: u32,
         skip: bool,
+        not_before: Timestamp,
     ) -> R<Pending> {
         let tries = p.tries + 1;
         let failed = tries >= max_tries;
         let skipped = failed && skip;
         self.c().execute(
-            "UPDATE pending SET tries = ?2, last_error = ?3, failed = ?4, skipped = ?5 WHERE id = ?1",
-            params![p.id, tries, error, failed, skipped],
+            "UPDATE pending SET tries = ?2, last_error = ?3, failed = ?4, skipped = ?5, not_before = ?6 WHERE id = ?1",
+            params![p.id, tries, error, failed, skipped, not_before.0],
         )?;
         Ok(Pending {
             tries,
@@ -455,6 +518,148 @@ impl State {
         Ok(())
     }
 
+    /// Records a refused URL of a set (`0`: the source as a whole); `true` when it is new
+    /// (then it is worth a log line; a refusal seen again is only counted).
+    pub fn refuse(&self, set_id: i64, uri: &str, reason: &str) -> R<bool> {
+        let uri = super::scope::short(uri);
+        let mut c = self.c();
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let now = Timestamp::now().0;
+        let seen = tx.execute(
+            "UPDATE refused SET count = count + 1, last_at = ?3, reason = ?4 WHERE set_id = ?1 AND uri = ?2",
+            params![set_id, uri, now, reason],
+        )? > 0;
+        if !seen {
+            let rows: i64 = tx.query_row(
+                "SELECT COUNT(*) FROM refused WHERE set_id = ?1",
+                [set_id],
+                |r| r.get(0),
+            )?;
+            if rows < MAX_REFUSED_ROWS {
+                tx.execute(
+                    "INSERT INTO refused (set_id, uri, reason, count, first_at, last_at) VALUES (?1, ?2, ?3, 1, ?4, ?4)",
+                    params![set_id, uri, reason, now],
+                )?;
+            } else {
+                tx.execute(
+                    "INSERT INTO counters (name, value) VALUES (?1, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
+                    [format!("refused_more_{set_id}")],
+                )?;
+            }
+        }
+        tx.commit()?;
+        Ok(!seen)
+    }
+
+    /// Whether this URL of the set was refused before.
+    pub fn is_refused(&self, set_id: i64, uri: &str) -> R<bool> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT 1 FROM refused WHERE set_id = ?1 AND uri = ?2",
+                params![set_id, super::scope::short(uri)],
+                |_| Ok(()),
+            )
+            .optional()?
+            .is_some())
+    }
+
+    /// A queued change refused when applied (a redirect off the source, a file name another
+    /// resource has): out of the queue (it no longer holds the position), into `refused`.
+    pub fn refuse_change(&self, set_id: i64, p: &Pending, reason: &str) -> R<bool> {
+        self.c()
+            .execute("DELETE FROM pending WHERE id = ?1", [p.id])?;
+        self.refuse(set_id, &p.change.uri, reason)
+    }
+
+    /// The refusals, newest first (at most `limit` per set), and how many there are per set.
+    pub fn refusals(&self, limit: usize) -> R<(Vec<Refused>, Vec<(i64, u64)>)> {
+        let (rows, mut counts) = {
+            let c = self.c();
+            let mut st = c.prepare(
+                "SELECT set_id, uri, reason, count, last_at FROM (
+                   SELECT *, ROW_NUMBER() OVER (PARTITION BY set_id ORDER BY last_at DESC, uri) AS n FROM refused)
+                 WHERE n <= ?1 ORDER BY set_id, last_at DESC, uri",
+            )?;
+            let rows = st
+                .query_map([limit as i64], |r| {
+                    Ok(Refused {
+                        set_id: r.get(0)?,
+                        uri: r.get(1)?,
+                        reason: r.get(2)?,
+                        count: r.get::<_, i64>(3)? as u64,
+                        last_at: Timestamp(r.get(4)?),
+                    })
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut st =
+                c.prepare("SELECT set_id, COUNT(*) FROM refused GROUP BY set_id ORDER BY set_id")?;
+            let counts = st
+                .query_map([], |r| {
+                    Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)? as u64))
+                })?
+                .collect::<Result<Vec<_>, _>>()?;
+            (rows, counts)
+        };
+        for (set, n) in &mut counts {
+            *n += self.counter(&format!("refused_more_{set}"))?;
+        }
+        Ok((rows, counts))
+    }
+
+    /// Claims the file `path` for `uri` before it is written: `None` when it is free (or this
+    /// URI's already); else the URI that has it, or has a file where this one needs a folder
+    /// (or a folder where this one needs a file). Two URIs never share one file.
+    pub fn claim(&self, path: &str, uri: &str) -> R<Option<String>> {
+        let mut c = self.c();
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let other = {
+            let mut by_path =
+                tx.prepare_cached("SELECT uri FROM claims WHERE path = ?1 AND uri != ?2")?;
+            let mut other: Option<String> = by_path
+                .query_row(params![path, uri], |r| r.get(0))
+                .optional()?;
+            for up in Path::new(path).ancestors().skip(1) {
+                if other.is_some() {
+                    break;
+                }
+                if let Some(up) = up.to_str().filter(|u| !u.is_empty()) {
+                    other = by_path
+                        .query_row(params![up, uri], |r| r.get(0))
+                        .optional()?;
+                }
+            }
+            if other.is_none() {
+                other = tx
+                    .query_row(
+                        "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
+                        params![path, uri],
+                        |r| r.get(0),
+                    )
+                    .optional()?;
+            }
+            other
+        };
+        if other.is_none() {
+            tx.execute(
+                "INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)",
+                params![path, uri],
+            )?;
+        }
+        tx.commit()?;
+        Ok(other)
+    }
+
+    /// The URI that has the file `path`, if any.
+    pub fn claimant(&self, path: &str) -> R<Option<String>> {
+        Ok(self
+            .c()
+            .query_row("SELECT uri FROM claims WHERE path = ?1", [path], |r| {
+                r.get(0)
+            })
+            .optional()?)
+    }
+
     pub fn bump(&self, counter: &str) -> R<()> {
         self.c().execute(
             "INSERT INTO counters (name, value) VALUES (?1, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",
@@ -474,6 +679,19 @@ impl State {
             .optional()?
             .unwrap_or(0) as u64)
     }
+}
+
+/// Adds a column to a table made by an earlier version.
+fn add_column(c: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
+    let has: bool = c.query_row(
+        &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
+        [column],
+        |r| r.get(0),
+    )?;
+    if !has {
+        c.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
+    }
+    Ok(())
 }
 
 const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at FROM sets";
@@ -509,6 +727,7 @@ fn pending_row(r: &rusqlite::Row) -> rusqlite::Result<Pending> {
         last_error: r.get(8)?,
         failed: r.get(9)?,
         skipped: r.get(10)?,
+        not_before: r.get::<_, Option<i64>>(11)?.map(Timestamp),
     })
 }
 
@@ -573,6 +792,7 @@ mod tests {
                 md5: None,
                 length: Some(1),
                 path: "a".into(),
+                lastmod: None,
             }),
         )
         .unwrap();
@@ -582,9 +802,14 @@ mod tests {
             0,
             "applied already"
         );
-        let failed = s.attempt_failed(&p[1], "md5 mismatch", 2, false).unwrap();
+        let now = Timestamp::now();
+        let failed = s
+            .attempt_failed(&p[1], "md5 mismatch", 2, false, now)
+            .unwrap();
         assert!(!failed.failed);
-        let failed = s.attempt_failed(&failed, "md5 mismatch", 2, false).unwrap();
+        let failed = s
+            .attempt_failed(&failed, "md5 mismatch", 2, false, now)
+            .unwrap();
         assert!(failed.failed && !failed.skipped);
         assert_eq!(
             s.oldest_pending(set.id).unwrap(),
@@ -598,5 +823,41 @@ mod tests {
             Some(Timestamp(10)),
             "never back"
         );
+    }
+
+    #[test]
+    fn two_uris_never_claim_one_file_nor_a_file_and_a_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = State::open(&dir.path().join("h.sqlite")).unwrap();
+        assert_eq!(s.claim("/m/h/dir/index", "http://h/dir/").unwrap(), None);
+        assert_eq!(
+            s.claim("/m/h/dir/index", "http://h/dir/").unwrap(),
+            None,
+            "its own"
+        );
+        assert_eq!(
+            s.claim("/m/h/dir/index", "http://h/dir/index").unwrap(),
+            Some("http://h/dir/".into())
+        );
+        assert_eq!(
+            s.claim("/m/h/dir/index/x", "http://h/dir/index/x").unwrap(),
+            Some("http://h/dir/".into()),
+            "a file where a folder is needed"
+        );
+        assert_eq!(
+            s.claim("/m/h/dir", "http://h/dir").unwrap(),
+            Some("http://h/dir/".into()),
+            "a folder where a file is needed"
+        );
+        assert_eq!(s.claim("/m/h/dir0", "http://h/dir0").unwrap(), None);
+        assert_eq!(
+            s.claimant("/m/h/dir/index").unwrap().as_deref(),
+            Some("http://h/dir/")
+        );
+        assert!(s.refuse(1, "http://x/a", "off").unwrap());
+        assert!(!s.refuse(1, "http://x/a", "off").unwrap(), "seen before");
+        assert!(s.is_refused(1, "http://x/a").unwrap());
+        let (rows, counts) = s.refusals(10).unwrap();
+        assert_eq!((rows[0].count, counts), (2, vec![(1, 1)]));
     }
 }

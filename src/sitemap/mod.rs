@@ -4,7 +4,7 @@
 
 mod read;
 
-pub use read::{parse, Document, EntryReader, ParsedEntry, ReadError};
+pub use read::{parse, Bounded, Document, EntryReader, ParsedEntry, ReadError};
 
 use quick_xml::escape::escape;
 

@@ -4,7 +4,7 @@
 //! not by prefix, so documents from any writer read alike.
 
 use std::collections::BTreeMap;
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::name::ResolveResult;
@@ -44,6 +44,75 @@ impl Document {
             .iter()
             .find(|(r, _)| r == rel)
             .map(|(_, h)| h.as_str())
+    }
+}
+
+/// Links kept per entry (and in the header); more are ignored.
+const MAX_LINKS: usize = 64;
+
+/// A reader that bounds what one XML token can cost a streaming parser, which otherwise
+/// buffers a whole text node or tag however long: a text run (a `<loc>`'s URL, say) longer
+/// than `max` bytes is cut at `max` (and a character boundary), the rest dropped up to the
+/// next markup; a tag longer than `max` is an error. A reader of untrusted documents puts this
+/// under its [`EntryReader`] so that one 200 MB `<loc>` costs `max` bytes, not 200 MB; the cut
+/// text is then longer than any URL limit below `max` and refused as such.
+pub struct Bounded<R> {
+    inner: R,
+    max: usize,
+    run: usize,
+    in_tag: bool,
+    skipping: bool,
+}
+
+impl<R: Read> Bounded<R> {
+    pub fn new(inner: R, max: usize) -> Bounded<R> {
+        Bounded {
+            inner,
+            max,
+            run: 0,
+            in_tag: false,
+            skipping: false,
+        }
+    }
+}
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let n = self.inner.read(out)?;
+            if n == 0 {
+                return Ok(0);
+            }
+            let mut w = 0;
+            for r in 0..n {
+                let b = out[r];
+                if b == b'<' {
+                    (self.in_tag, self.run, self.skipping) = (true, 0, false);
+                } else if self.in_tag && b == b'>' {
+                    (self.in_tag, self.run) = (false, 0);
+                } else if self.skipping {
+                    continue;
+                } else {
+                    self.run += 1;
+                    // Past the limit, a character begun is finished (UTF-8 continuation bytes).
+                    if self.run > self.max && b & 0xC0 != 0x80 {
+                        if self.in_tag {
+                            return Err(std::io::Error::new(
+                                std::io::ErrorKind::InvalidData,
+                                format!("a tag longer than {} bytes", self.max),
+                            ));
+                        }
+                        self.skipping = true;
+                        continue;
+                    }
+                }
+                out[w] = b;
+                w += 1;
+            }
+            if w > 0 {
+                return Ok(w);
+            }
+        }
     }
 }
 
@@ -113,7 +182,7 @@ impl<R: BufRead> EntryReader<R> {
                             break;
                         }
                         b"md" if ns_rs => r.header.md = attrs(e)?,
-                        b"ln" if ns_rs => {
+                        b"ln" if ns_rs && r.header.links.len() < MAX_LINKS => {
                             let a = attrs(e)?;
                             r.header.links.push((
                                 a.get("rel").cloned().unwrap_or_default(),
@@ -177,7 +246,8 @@ impl<R: BufRead> EntryReader<R> {
                             }
                         }
                         b"ln" if ns_rs => {
-                            if let Some(en) = entry.as_mut() {
+                            if let Some(en) = entry.as_mut().filter(|en| en.links.len() < MAX_LINKS)
+                            {
                                 en.links.push(attrs(e)?);
                             }
                         }
@@ -271,6 +341,34 @@ mod tests {
         assert_eq!(
             (empty.entries.len(), empty.md["capability"].as_str()),
             (0, "changelist")
+        );
+    }
+
+    #[test]
+    fn a_bounded_reader_cuts_long_text_and_refuses_long_tags() {
+        let long = format!(
+            r#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url><loc>http://h/{}é></loc></url><url><loc>http://h/b</loc></url></urlset>"#,
+            "é".repeat(100_000)
+        );
+        let mut r =
+            EntryReader::new(std::io::BufReader::new(Bounded::new(long.as_bytes(), 1000))).unwrap();
+        let a = r.next_entry().unwrap().unwrap();
+        assert!(
+            a.loc.len() >= 1000 && a.loc.len() < 1010,
+            "cut on a character boundary: {}",
+            a.loc.len()
+        );
+        assert_eq!(r.next_entry().unwrap().unwrap().loc, "http://h/b");
+        let tag = format!(
+            r#"<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><url a="{}"/></urlset>"#,
+            "x".repeat(5000)
+        );
+        let mut r = EntryReader::new(std::io::BufReader::new(Bounded::new(tag.as_bytes(), 1000)))
+            .map(|_| ())
+            .map_err(|e| e.to_string());
+        assert!(
+            r.as_mut().is_err_and(|e| e.contains("longer than 1000")),
+            "{r:?}"
         );
     }
 }

@@ -36,6 +36,10 @@ impl Mirror {
     }
 }
 
+/// Names beginning with this are the harvester's own (download files, the scratch folder):
+/// no resource can have one.
+const RESERVED: &str = ".rshub-";
+
 /// A URI path as folder components: percent-decoded segments, none of them empty, `.`, `..`
 /// or holding a separator or NUL; a query is kept as part of the last name.
 fn relative_path(rest: &str) -> anyhow::Result<PathBuf> {
@@ -54,7 +58,16 @@ fn relative_path(rest: &str) -> anyhow::Result<PathBuf> {
             }
         }
         if name == "." || name == ".." || name.contains(['/', '\\', '\0']) {
-            anyhow::bail!("the URI path segment {seg:?} cannot be a file name");
+            anyhow::bail!(
+                "the URI path segment {:?} cannot be a file name",
+                crate::destination::scope::short(seg)
+            );
+        }
+        if name.starts_with(RESERVED) {
+            anyhow::bail!(
+                "the URI path segment {:?} begins with {RESERVED}, kept for the harvester's own files",
+                crate::destination::scope::short(seg)
+            );
         }
         out.push(name);
     }
@@ -105,9 +118,13 @@ impl Output for Mirror {
             std::fs::create_dir_all(parent)
                 .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
         }
-        let mut name = target.file_name().unwrap_or_default().to_os_string();
-        name.push(".rshub-part");
-        Ok(target.with_file_name(name))
+        use sha2::Digest;
+        let h = crate::digest::hex_digest(sha2::Sha256::digest(uri.as_bytes()));
+        Ok(target.with_file_name(format!("{RESERVED}part-{}", &h[..24])))
+    }
+
+    fn target(&self, uri: &str) -> anyhow::Result<Option<PathBuf>> {
+        self.locate(uri).map(Some)
     }
 
     fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>> {
@@ -123,7 +140,12 @@ impl Mirror {
                 return Ok(m.dir.join(relative_path(rest)?));
             }
         }
-        let u = url::Url::parse(uri).map_err(|e| anyhow::anyhow!("{uri:?} is not a URL: {e}"))?;
+        let u = url::Url::parse(uri).map_err(|e| {
+            anyhow::anyhow!(
+                "{:?} is not a URL: {e}",
+                crate::destination::scope::short(uri)
+            )
+        })?;
         let host = match u.port() {
             Some(p) => format!("{}_{p}", u.host_str().unwrap_or("_")),
             None => u.host_str().unwrap_or("_").to_string(),
@@ -183,5 +205,12 @@ mod tests {
         );
         assert!(m.locate("http://x.org/a/%2e%2e/b").is_err());
         assert!(m.locate("http://x.org/a/%2Fetc").is_err());
+        assert!(
+            m.locate("http://x.org/a/.rshub-part-0").is_err(),
+            "reserved"
+        );
+        assert!(m.locate("http://x.org/.rshub-tmp/x").is_err(), "reserved");
+        let part = m.download_path("http://x.org/a/b").unwrap();
+        assert_eq!(part.parent(), Some(dir.path().join("x.org/a").as_path()));
     }
 }

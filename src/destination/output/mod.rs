@@ -30,9 +30,17 @@ pub trait Output: Send + Sync {
     /// Where documents being read (Resource List parts, Change Lists) are kept meanwhile.
     fn temp_dir(&self) -> &Path;
     /// Where a resource is downloaded before `put`: beside its final place, so that `put` is
-    /// a rename within one folder. One per resource (a resource is never fetched twice at
-    /// once), so a leftover of a killed run is simply overwritten by the next try.
+    /// a rename within one folder, under a name no resource can have. One per resource (a
+    /// resource is never fetched twice at once), so a leftover of a killed run is simply
+    /// overwritten by the next try.
     fn download_path(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
+    /// The file a resource gets, for outputs that name files after URIs (the mirror): the
+    /// harvester claims it before writing, so two URIs never share one. `None`: records are
+    /// keyed by URI, nothing can collide.
+    fn target(&self, uri: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
+        let _ = uri;
+        Ok(None)
+    }
     /// What the output holds, for `harvest audit` (called off the async threads; the
     /// auditor's own calls are quick).
     fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>>;
