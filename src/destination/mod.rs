@@ -454,9 +454,14 @@ impl Harvester {
             return Ok(true);
         }
         Ok(match self.baseline(set).await {
-            Ok(()) => true,
+            Ok(()) => {
+                self.state.set_error(set.row.id, None)?;
+                true
+            }
             Err(e) => {
-                tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "baseline interrupted; resumed at the next check");
+                let e = format!("baseline: {e:#}");
+                tracing::warn!(set = %set.info.name, error = %e, "baseline interrupted; resumed at the next check");
+                self.state.set_error(set.row.id, Some(&e))?;
                 false
             }
         })
@@ -483,6 +488,13 @@ impl Harvester {
     /// queues what is new, applies the queue, and moves the position. Returns how many changes
     /// were new and the newest datetime among them.
     async fn catch_up(&self, set: &Followed) -> anyhow::Result<(usize, Option<Timestamp>)> {
+        let r = self.read_changes(set).await;
+        let error = r.as_ref().err().map(|e| format!("catching up: {e:#}"));
+        self.state.set_error(set.row.id, error.as_deref())?;
+        r
+    }
+
+    async fn read_changes(&self, set: &Followed) -> anyhow::Result<(usize, Option<Timestamp>)> {
         let Some(cl) = &set.info.changelist else {
             return Ok((0, None));
         };
@@ -1497,6 +1509,9 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
             s.checked_at.map_or("-".into(), |p| p.to_string()),
             s.last_push_at.map_or("-".into(), |p| p.to_string()),
         ));
+        if let Some(e) = &s.last_error {
+            out.push_str(&format!("  last error:       {}\n", short(e)));
+        }
         match state.subscription(s.id)? {
             Some(sub) => {
                 let expires = sub

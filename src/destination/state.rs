@@ -78,6 +78,8 @@ pub struct SetRow {
     pub source_latest: Option<Timestamp>,
     pub checked_at: Option<Timestamp>,
     pub last_push_at: Option<Timestamp>,
+    /// Why the last baseline or catch-up of the set failed (cleared by the next success).
+    pub last_error: Option<String>,
 }
 
 /// The push subscription of a set.
@@ -146,9 +148,25 @@ impl State {
         let conn = Connection::open(path)?;
         // Before anything else: `harvest status` and tests open it while the harvester writes.
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
-        conn.execute_batch(
-            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;
-             CREATE TABLE IF NOT EXISTS sets (
+        // Switching a new database to WAL takes a lock that does not wait for another process
+        // doing the same (a `harvest status` beside a starting harvester): tried again briefly.
+        for attempt in 0.. {
+            match conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get::<_, String>(0)) {
+                Ok(_) => break,
+                Err(rusqlite::Error::SqliteFailure(e, _))
+                    if e.code == rusqlite::ErrorCode::DatabaseBusy && attempt < 100 =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        // The schema and its upgrades in one write transaction: two processes opening the
+        // state at once take turns.
+        let mut conn = conn;
+        let tx = conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        tx.execute_batch(
+            "CREATE TABLE IF NOT EXISTS sets (
                id INTEGER PRIMARY KEY, capability TEXT NOT NULL UNIQUE, name TEXT NOT NULL,
                position INTEGER, baseline_done INTEGER NOT NULL DEFAULT 0,
                source_latest INTEGER, checked_at INTEGER, last_push_at INTEGER);
@@ -173,24 +191,27 @@ impl State {
                count INTEGER NOT NULL, first_at INTEGER NOT NULL, last_at INTEGER NOT NULL,
                PRIMARY KEY (set_id, uri));",
         )?;
-        add_column(&conn, "resources", "lastmod", "INTEGER")?;
-        add_column(&conn, "pending", "not_before", "INTEGER")?;
+        add_column(&tx, "resources", "lastmod", "INTEGER")?;
+        add_column(&tx, "pending", "not_before", "INTEGER")?;
+        add_column(&tx, "sets", "last_error", "TEXT")?;
         // Which URI has which file: two URIs never share one. Filled from the resources held
         // when the table is new (a state made before it existed).
-        let claims_new: bool = conn.query_row(
+        let claims_new: bool = tx.query_row(
             "SELECT COUNT(*) = 0 FROM sqlite_master WHERE type = 'table' AND name = 'claims'",
             [],
             |r| r.get(0),
         )?;
-        conn.execute_batch(
+        tx.execute_batch(
             "CREATE TABLE IF NOT EXISTS claims (path TEXT PRIMARY KEY, uri TEXT NOT NULL);",
         )?;
         if claims_new {
-            conn.execute(
+            tx.execute(
                 "INSERT OR IGNORE INTO claims (path, uri) SELECT path, uri FROM resources",
                 [],
             )?;
         }
+        tx.commit()?;
+        conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
         Ok(State {
             conn: Mutex::new(conn),
         })
@@ -241,6 +262,15 @@ impl State {
         self.c().execute(
             "UPDATE sets SET position = MAX(COALESCE(position, ?2), ?2) WHERE id = ?1",
             params![set_id, to.0],
+        )?;
+        Ok(())
+    }
+
+    /// Records (or, with `None`, clears) why the set's last baseline or catch-up failed.
+    pub fn set_error(&self, set_id: i64, error: Option<&str>) -> R<()> {
+        self.c().execute(
+            "UPDATE sets SET last_error = ?2 WHERE id = ?1",
+            params![set_id, error.map(|e| super::scope::short(e).into_owned())],
         )?;
         Ok(())
     }
@@ -694,7 +724,7 @@ fn add_column(c: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
     Ok(())
 }
 
-const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at FROM sets";
+const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at, last_error FROM sets";
 
 fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
     Ok(SetRow {
@@ -709,6 +739,7 @@ fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
             .map(Timestamp),
         checked_at: r.get::<_, Option<i64>>(6)?.map(Timestamp),
         last_push_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
+        last_error: r.get(8)?,
     })
 }
 
