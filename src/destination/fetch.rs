@@ -513,9 +513,10 @@ fn transport(url: &str, e: reqwest::Error) -> FetchError {
     let mut src: Option<&dyn std::error::Error> = Some(&e);
     while let Some(s) = src {
         if let Some(r) = s.downcast_ref::<Refusal>() {
+            let r = Refusal::Redirected(Box::new(r.clone()));
             return FetchError {
-                message: format!("{}: redirected {r}", short(url)),
-                refused: Some(r.clone()),
+                message: format!("{}: {r}", short(url)),
+                refused: Some(r),
                 ..FetchError::fail(String::new())
             };
         }

@@ -257,7 +257,7 @@ impl Harvester {
         let bar = progress(&format!("baseline {}", set.info.name));
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
-        let mut failures: Vec<Change> = Vec::new();
+        let mut failures: Vec<(Change, String)> = Vec::new();
         let (mut fetched, mut refused) = (0u64, 0u64);
         for part in parts {
             let Some(mut doc) = self
@@ -305,10 +305,13 @@ impl Harvester {
         if let Some(d) = from_dump {
             position = position.min(d);
         }
-        for f in &mut failures {
+        for (f, _) in &mut failures {
             f.datetime = Timestamp(position.0 - 1);
         }
-        self.state.enqueue(set.row.id, &failures)?;
+        let queued: Vec<Change> = failures.iter().map(|(c, _)| c.clone()).collect();
+        self.state.enqueue(set.row.id, &queued)?;
+        self.state
+            .defer(set.row.id, &failures, self.clone_parts().next_try(0))?;
         self.state.finish_baseline(set.row.id, position)?;
         tracing::info!(set = %set.info.name, fetched, failed = failures.len(), refused, position = %position, "baseline done");
         Ok(())
@@ -318,7 +321,7 @@ impl Harvester {
         &self,
         set: &Followed,
         done: (Change, Result<(), NotApplied>),
-        failures: &mut Vec<Change>,
+        failures: &mut Vec<(Change, String)>,
         fetched: &mut u64,
         refused: &mut u64,
     ) -> anyhow::Result<()> {
@@ -330,7 +333,7 @@ impl Harvester {
             }
             Err(NotApplied::Failed(e)) => {
                 tracing::warn!(uri = %short(&done.0.uri), error = %e, "baseline fetch failed: queued for retry");
-                failures.push(done.0);
+                failures.push((done.0, e));
             }
         }
         Ok(())
@@ -496,6 +499,8 @@ impl Harvester {
 
     async fn read_changes(&self, set: &Followed) -> anyhow::Result<(usize, Option<Timestamp>)> {
         let Some(cl) = &set.info.changelist else {
+            // No Change List: what the baseline could not fetch is still retried.
+            self.drain(set).await?;
             return Ok((0, None));
         };
         let row = self.row(set.row.id)?;
@@ -534,10 +539,11 @@ impl Harvester {
                 let end = entry.is_none();
                 if let Some(e) = entry {
                     let Some(mut c) = change_of(&e) else { continue };
+                    // A refused change is passed too: it never holds the position.
+                    newest = newest.max(Some(c.datetime));
                     if !self.admit(set, &c.uri, &docs)? {
                         continue;
                     }
-                    newest = newest.max(Some(c.datetime));
                     if e.md.contains_key("datetime") {
                         if c.datetime >= p {
                             batch.push(c);
@@ -669,7 +675,8 @@ impl Harvester {
 
     /// Applies the queue: per resource in order (a later change of a resource collapses onto
     /// the earlier ones: its content is what is fetched and checked), resources concurrently.
-    /// A resource still in its backoff after a failed try waits for a later pass.
+    /// A resource still in its backoff after a failed try waits for a later pass (or for a
+    /// newer change of it).
     async fn drain(&self, set: &Followed) -> anyhow::Result<()> {
         let pending = self.state.pending(set.row.id)?;
         if pending.is_empty() {
@@ -683,7 +690,11 @@ impl Harvester {
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
         for (_, queue) in by_uri {
-            if queue.iter().any(|p| p.not_before.is_some_and(|t| t > now)) {
+            // In its backoff, unless a newer change of it came meanwhile.
+            if queue
+                .last()
+                .is_some_and(|p| p.not_before.is_some_and(|t| t > now))
+            {
                 continue;
             }
             let permit = sem.clone().acquire_owned().await?;
@@ -828,9 +839,15 @@ impl Harvester {
         }
         let mut parts = Vec::new();
         while let Some(e) = d.reader.next_entry()? {
-            if self.admit(set, &e.loc, &HashSet::new())? && docs.insert(e.loc.clone()) {
-                parts.push(Part::There(e));
+            if !self.admit(set, &e.loc, &HashSet::new())? {
+                continue;
             }
+            if !docs.insert(e.loc.clone()) {
+                let why = "a list document listed again in its own index";
+                refuse(&self.state, &set.info.name, set.row.id, &e.loc, why)?;
+                continue;
+            }
+            parts.push(Part::There(e));
         }
         Ok((header, parts, docs))
     }
@@ -879,6 +896,20 @@ struct Worker {
 }
 
 impl Worker {
+    /// When a resource that failed its try number `tries` + 1 is tried again: the pause grows
+    /// from `fetch.backoff_initial_ms` by 4× per try, up to ten times `fetch.backoff_max_ms`.
+    fn next_try(&self, tries: u32) -> Timestamp {
+        let (first, max) = self.backoff;
+        let pause_ms = first
+            .saturating_mul(4u64.saturating_pow(tries + 1))
+            .min(max.saturating_mul(10));
+        Timestamp(
+            Timestamp::now()
+                .0
+                .saturating_add((pause_ms as i64).saturating_mul(1000)),
+        )
+    }
+
     /// Claims the file `uri` gets in the output (outputs that name files after URIs): a URI
     /// that would share one with another resource is refused, never written over it.
     fn claim(&self, uri: &str) -> Result<(), NotApplied> {
@@ -1194,15 +1225,7 @@ impl Worker {
                 tracing::warn!(set, uri = %short(&last.change.uri), reason = %why, "refused (listed in harvest status; not fetched, not waited for)");
             }
             Err(NotApplied::Failed(e)) => {
-                let (first, max) = self.backoff;
-                let pause_ms = first
-                    .saturating_mul(4u64.saturating_pow(last.tries + 1))
-                    .min(max.saturating_mul(10));
-                let not_before = Timestamp(
-                    Timestamp::now()
-                        .0
-                        .saturating_add((pause_ms as i64).saturating_mul(1000)),
-                );
+                let not_before = self.next_try(last.tries);
                 let p = self
                     .state
                     .attempt_failed(&last, &e, max_tries, skip, not_before)?;

@@ -37,6 +37,8 @@ pub enum Refusal {
     NotHttp,
     #[error("on {0}, outside the source's authority {1} (source.allow_hosts widens it)")]
     OffSource(String, String),
+    #[error("redirected {0}")]
+    Redirected(Box<Refusal>),
 }
 
 impl Scope {

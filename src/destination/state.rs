@@ -403,6 +403,31 @@ impl State {
         Ok(n)
     }
 
+    /// Records a failed first try of queued changes (the baseline's failures): their error,
+    /// and no new try before `not_before`.
+    pub fn defer(&self, set_id: i64, failed: &[(Change, String)], not_before: Timestamp) -> R<()> {
+        let mut c = self.c();
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        {
+            let mut st = tx.prepare_cached(
+                "UPDATE pending SET tries = tries + 1, last_error = ?5, not_before = ?6
+                 WHERE set_id = ?1 AND uri = ?2 AND change = ?3 AND datetime = ?4",
+            )?;
+            for (ch, error) in failed {
+                st.execute(params![
+                    set_id,
+                    ch.uri,
+                    ch.change,
+                    ch.datetime.0,
+                    error,
+                    not_before.0
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
     /// The queue of a set, oldest first (skipped ones left out).
     pub fn pending(&self, set_id: i64) -> R<Vec<Pending>> {
         let c = self.c();

@@ -10,6 +10,7 @@ mod dumps;
 mod elastic;
 mod external;
 mod harvest;
+mod hostile;
 mod hub;
 mod hub_crash;
 mod ingest;
