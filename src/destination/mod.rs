@@ -1672,10 +1672,7 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
                     continue;
                 }
                 let other = match h.output.target(&c.uri) {
-                    Ok(Some(t)) => h
-                        .state
-                        .claimant(&t.display().to_string())?
-                        .filter(|o| *o != c.uri),
+                    Ok(Some(t)) => h.state.claim_conflict(&t.display().to_string(), &c.uri)?,
                     _ => None,
                 };
                 if let Some(o) = other {

@@ -31,7 +31,7 @@ pub struct Scope {
 /// Why a URL is not fetched. Shown in `harvest status`; never carries the URL itself.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
-    #[error("a URL of {0} bytes, longer than fetch.max_url_length ({1})")]
+    #[error("a URL of {0} bytes or more, longer than fetch.max_url_length ({1})")]
     TooLong(usize, usize),
     #[error("not an http(s) URL")]
     NotHttp,

@@ -668,33 +668,7 @@ impl State {
     pub fn claim(&self, path: &str, uri: &str) -> R<Option<String>> {
         let mut c = self.c();
         let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let other = {
-            let mut by_path =
-                tx.prepare_cached("SELECT uri FROM claims WHERE path = ?1 AND uri != ?2")?;
-            let mut other: Option<String> = by_path
-                .query_row(params![path, uri], |r| r.get(0))
-                .optional()?;
-            for up in Path::new(path).ancestors().skip(1) {
-                if other.is_some() {
-                    break;
-                }
-                if let Some(up) = up.to_str().filter(|u| !u.is_empty()) {
-                    other = by_path
-                        .query_row(params![up, uri], |r| r.get(0))
-                        .optional()?;
-                }
-            }
-            if other.is_none() {
-                other = tx
-                    .query_row(
-                        "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
-                        params![path, uri],
-                        |r| r.get(0),
-                    )
-                    .optional()?;
-            }
-            other
-        };
+        let other = conflict(&tx, path, uri)?;
         if other.is_none() {
             tx.execute(
                 "INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)",
@@ -703,6 +677,12 @@ impl State {
         }
         tx.commit()?;
         Ok(other)
+    }
+
+    /// The URI whose file (or folder) stands in the way of `path` for `uri`, without claiming
+    /// anything (for the audit).
+    pub fn claim_conflict(&self, path: &str, uri: &str) -> R<Option<String>> {
+        conflict(&self.c(), path, uri)
     }
 
     /// The URI that has the file `path`, if any.
@@ -734,6 +714,28 @@ impl State {
             .optional()?
             .unwrap_or(0) as u64)
     }
+}
+
+/// The URI other than `uri` that has the file `path`, a file on the way to it, or a file under
+/// it (see [`State::claim`]).
+fn conflict(c: &Connection, path: &str, uri: &str) -> R<Option<String>> {
+    let mut by_path = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1 AND uri != ?2")?;
+    for p in Path::new(path).ancestors() {
+        if let Some(p) = p.to_str().filter(|p| !p.is_empty()) {
+            if let Some(other) = by_path
+                .query_row(params![p, uri], |r| r.get(0))
+                .optional()?
+            {
+                return Ok(Some(other));
+            }
+        }
+    }
+    Ok(c.query_row(
+        "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
+        params![path, uri],
+        |r| r.get(0),
+    )
+    .optional()?)
 }
 
 /// Adds a column to a table made by an earlier version.

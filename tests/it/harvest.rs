@@ -467,8 +467,8 @@ async fn a_lost_subscription_is_caught_up_and_renewed() {
 
 /// The harvester as a child process (`harvest --config FILE`), its log drained.
 pub struct ChildHarvester {
-    child: std::process::Child,
-    log: std::sync::Arc<std::sync::Mutex<String>>,
+    pub child: std::process::Child,
+    pub log: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl ChildHarvester {
@@ -493,6 +493,37 @@ impl ChildHarvester {
             }
         });
         ChildHarvester { child, log }
+    }
+
+    /// The process's peak resident memory so far, in bytes (`VmHWM`).
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kb * 1024
+    }
+
+    /// Sends SIGTERM and waits for the exit: how long it took, and the exit status.
+    pub fn terminate(mut self) -> (Duration, std::process::ExitStatus) {
+        let started = std::time::Instant::now();
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = started + Duration::from_secs(20);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return (started.elapsed(), s);
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still running 20 s after SIGTERM:\n{}",
+                self.log.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     pub fn kill(mut self) {

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode, Uri};
@@ -734,5 +734,516 @@ async fn trickling_resources_do_not_hold_every_slot() {
     let report = status(&hc);
     assert!(report.contains("too slow"), "{report}");
     // Cut off, not waited for: the stop is prompt although eight trickles may be under way.
+    h.stop().await;
+}
+
+/// POSTs `body` to `url` with chunked transfer encoding (no Content-Length) and an
+/// `X-Hub-Signature`; the answer's status (0 when there is none).
+async fn post_chunked(url: &str, sig: &str, body: &[u8]) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let u = url::Url::parse(url).unwrap();
+    let mut s = tokio::net::TcpStream::connect((u.host_str().unwrap(), u.port().unwrap()))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nX-Hub-Signature: {sig}\r\nContent-Type: application/xml\r\nTransfer-Encoding: chunked\r\n\r\n",
+        u.path(),
+        u.authority()
+    );
+    let _ = s.write_all(head.as_bytes()).await;
+    for c in body.chunks(1 << 20) {
+        let chunk = [format!("{:x}\r\n", c.len()).as_bytes(), c, b"\r\n"].concat();
+        if s.write_all(&chunk).await.is_err() {
+            break;
+        }
+    }
+    let _ = s.write_all(b"0\r\n\r\n").await;
+    let mut answer = vec![0u8; 64];
+    let n = s.read(&mut answer).await.unwrap_or(0);
+    String::from_utf8_lossy(&answer[..n])
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A harvest configuration file for a child harvester of `url` in `dir`; `extra` is added to
+/// the `[fetch]` table.
+fn child_config(dir: &Path, url: &str, push: bool, extra_fetch: &str) -> PathBuf {
+    let f = dir.join("harvest.toml");
+    std::fs::write(
+        &f,
+        format!(
+            "[source]\nurl = \"{url}\"\n[state]\ndir = \"{}\"\n[output]\ndir = \"{}\"\n[push]\nenabled = {push}\nlisten = \"127.0.0.1:{}\"\n[follow]\ncheck_interval_secs = 3600\n[fetch]\nbackoff_initial_ms = 20\n{extra_fetch}\n",
+            dir.join("state").display(),
+            dir.join("mirror").display(),
+            free_port()
+        ),
+    )
+    .unwrap();
+    f
+}
+
+/// Waits (up to `secs`) until `check` holds on the state of the harvester configured by `f`.
+async fn wait_child(f: &Path, what: &str, secs: u64, check: impl Fn(&State) -> bool) {
+    let db = HarvestConfig::load(Some(f)).unwrap().database_path();
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if db.exists() && check(&State::open(&db).unwrap()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for {what}:\n{}",
+            destination::status(&HarvestConfig::load(Some(f)).unwrap()).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A Resource List of 200 MB whose one `<loc>` is the whole of it, and one of 30 MB (under
+/// the document cap) with a 30 MB `<loc>` among three normal entries, streamed without a
+/// Content-Length: the first is cut at `fetch.max_document_bytes`, the long URL is refused
+/// without being read whole or logged, the normal entries are harvested; the harvester's peak
+/// memory stays under 200 MB and its log under 1 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_200_mb_loc_costs_neither_memory_nor_log() {
+    let src = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let streamed_loc = |prefix: String, loc_mb: usize, tail: String| {
+        move |_: &HeaderMap| {
+            let parts: Vec<Bytes> = std::iter::once(Bytes::from(prefix.clone()))
+                .chain(std::iter::repeat_n(
+                    Bytes::from(vec![b'a'; 1 << 20]),
+                    loc_mb,
+                ))
+                .chain(std::iter::once(Bytes::from(tail.clone())))
+                .collect();
+            Body::from_stream(futures_util::stream::iter(
+                parts.into_iter().map(Ok::<_, std::io::Error>),
+            ))
+            .into_response()
+        }
+    };
+    let head = urlset(&rl_md(), &[]).replace("</urlset>", "");
+    src.on(
+        "/big/rl.xml",
+        streamed_loc(
+            format!("{head}<url><loc>{}/", src.url("/big")),
+            200,
+            "</loc></url></urlset>".into(),
+        ),
+    );
+    let normal: Vec<String> = (0..3)
+        .map(|i| src.resource(&format!("/long/r{i}"), &format!("resource {i}\n")))
+        .collect();
+    src.on(
+        "/long/rl.xml",
+        streamed_loc(
+            format!(
+                "{head}{}<url><loc>{}/",
+                normal[..2].join(""),
+                src.url("/long")
+            ),
+            30,
+            format!("</loc></url>{}</urlset>", normal[2]),
+        ),
+    );
+    src.source(&[
+        src.set("big", &[("resourcelist", src.url("/big/rl.xml"))], false),
+        src.set("long", &[("resourcelist", src.url("/long/rl.xml"))], false),
+    ]);
+    let f = child_config(dir.path(), &src.url("/.well-known/resourcesync"), false, "");
+    let h = ChildHarvester::start(&f);
+    wait_child(
+        &f,
+        "the normal entries and the oversized list's error",
+        60,
+        |s| {
+            baseline_done(s, "long")
+                && s.count_held(set_id(s, "long")).unwrap() == 3
+                && s.sets().unwrap().iter().any(|r| {
+                    r.name == "big"
+                        && r.last_error
+                            .as_deref()
+                            .is_some_and(|e| e.contains("fetch.max_document_bytes"))
+                })
+        },
+    )
+    .await;
+    let rss = h.peak_rss();
+    let log = h.log.lock().unwrap().clone();
+    let cfg = HarvestConfig::load(Some(&f)).unwrap();
+    let report = status(&cfg);
+    h.kill();
+    eprintln!("peak RSS {} MB, log {} bytes", rss >> 20, log.len());
+    assert!(rss < 200 << 20, "peak RSS {} MB", rss >> 20);
+    assert!(log.len() < 1 << 20, "a log of {} bytes", log.len());
+    assert!(
+        report.contains("bytes or more, longer than fetch.max_url_length (2048)"),
+        "{report}"
+    );
+    assert!(report.len() < 16 << 10, "status of {} bytes", report.len());
+}
+
+/// Eight unsigned 60 MB deliveries at the right callback are answered unread, eight more
+/// signed with a wrong secret and no Content-Length are cut at `push.max_body_bytes`, at most
+/// `push.max_concurrent_deliveries` at once: the harvester's peak memory stays under 200 MB.
+/// A forged `denied` for its active subscription changes nothing; a callback without the
+/// subscription's token is unknown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn floods_at_the_callback_are_not_read() {
+    let src = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rl = vec![src.resource("/p/r0", "resource 0\n")];
+    src.xml("/p/rl.xml", urlset(&rl_md(), &rl));
+    src.source(&[src.set("p", &[("resourcelist", src.url("/p/rl.xml"))], true)]);
+    let f = child_config(dir.path(), &src.url("/.well-known/resourcesync"), true, "");
+    let h = ChildHarvester::start(&f);
+    let (callback, secret) = verify_subscription(&src).await;
+    wait_child(&f, "an active subscription", 20, |s| {
+        s.subscription(1)
+            .unwrap()
+            .is_some_and(|sub| sub.state == "active")
+    })
+    .await;
+    let client = reqwest::Client::new();
+    // Forged: a denial of the active subscription, and the callback without its token.
+    let topic = src.url("/p/notifications");
+    let denied = client
+        .get(&callback)
+        .query(&[("hub.mode", "denied"), ("hub.topic", topic.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 404);
+    let tokenless = callback.rsplit_once('/').unwrap().0.to_string();
+    let r = client
+        .post(format!("{tokenless}/0123456789abcdef0123456789abcdef"))
+        .body("x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 410);
+
+    let big = Bytes::from(vec![b'<'; 60 << 20]);
+    let mut sends = Vec::new();
+    for i in 0..16 {
+        let (client, callback, big) = (client.clone(), callback.clone(), big.clone());
+        let wrong = signature(SignatureAlg::Sha256, b"not the secret", b"x");
+        sends.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                client
+                    .post(&callback)
+                    .body(big)
+                    .send()
+                    .await
+                    .map(|r| r.status().as_u16())
+                    .unwrap_or(0)
+            } else {
+                // No Content-Length: read until the cap.
+                post_chunked(&callback, &wrong, &big).await
+            }
+        }));
+    }
+    let mut statuses = Vec::new();
+    for s in sends {
+        statuses.push(s.await.unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| [0, 202, 413, 503].contains(s)),
+        "{statuses:?}"
+    );
+    let rss = h.peak_rss();
+    let cfg = HarvestConfig::load(Some(&f)).unwrap();
+    let s = State::open(&cfg.database_path()).unwrap();
+    assert_eq!(s.subscription(1).unwrap().unwrap().state, "active");
+    assert!(s.counter("unsigned").unwrap() >= 1, "{statuses:?}");
+    let _ = secret;
+    h.kill();
+    eprintln!("peak RSS {} MB; answers {statuses:?}", rss >> 20);
+    assert!(rss < 200 << 20, "peak RSS {} MB", rss >> 20);
+}
+
+/// SIGTERM stops the harvester within 2 s in every phase, and what it holds is kept: while it
+/// reads a trickling Resource List (the baseline walk), while eight trickling resources are
+/// being downloaded, while a dump package of 20,000 entries is being unpacked (restarted, it
+/// finishes the baseline), and while the queue drains eight trickling updates (the position
+/// does not move, the updates stay queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_it_within_two_seconds_in_every_phase() {
+    let src = Hostile::start().await;
+    // The baseline walk: a list that trickles.
+    src.on("/walk/rl.xml", |_| {
+        trickle(SLOW, Duration::from_millis(200))
+    });
+    // Downloads: eight trickling resources.
+    let slow: Vec<String> = (0..8)
+        .map(|i| {
+            let path = format!("/dl/slow{i}");
+            src.on(&path, |_| trickle(SLOW, Duration::from_secs(1)));
+            entry(
+                &src.url(&path),
+                &described(std::str::from_utf8(SLOW).unwrap()),
+            )
+        })
+        .collect();
+    src.xml("/dl/rl.xml", urlset(&rl_md(), &slow));
+    // Unpacking: a package of 20,000 small files.
+    let n = 20_000;
+    let bodies: Vec<String> = (0..n).map(|i| format!("file {i}\n")).collect();
+    let mut rl = Vec::new();
+    let mut m = Vec::new();
+    for (i, b) in bodies.iter().enumerate() {
+        let loc = src.url(&format!("/un/f{i}"));
+        rl.push(entry(&loc, &described(b)));
+        m.push(entry(&loc, &format!(r#"{} path="/f{i}""#, described(b))));
+    }
+    let names: Vec<String> = (0..n).map(|i| format!("f{i}")).collect();
+    let files: Vec<(&str, &[u8])> = names
+        .iter()
+        .zip(&bodies)
+        .map(|(p, b)| (p.as_str(), b.as_bytes()))
+        .collect();
+    let p = package(
+        &urlset(
+            r#"capability="resourcedump-manifest" at="2026-01-01T00:00:00Z""#,
+            &m,
+        ),
+        &files,
+    );
+    let plen = p.len();
+    src.on("/un/p.zip", move |_| p.clone().into_response());
+    src.xml("/un/rl.xml", urlset(&rl_md(), &rl));
+    src.xml(
+        "/un/rd.xml",
+        urlset(
+            r#"capability="resourcedump" at="2026-01-01T00:00:00Z""#,
+            &[entry(&src.url("/un/p.zip"), &format!(r#"length="{plen}""#))],
+        ),
+    );
+    // Draining: a baseline of one resource, then a Change List updating eight, trickling.
+    src.xml(
+        "/dr/rl.xml",
+        urlset(&rl_md(), &[src.resource("/dr/r", "resource\n")]),
+    );
+    let updates: Vec<String> = (0..8)
+        .map(|i| {
+            entry(
+                &src.url(&format!("/dl/slow{i}")),
+                &format!(
+                    r#"change="updated" datetime="2026-01-02T00:00:00Z" {}"#,
+                    described(std::str::from_utf8(SLOW).unwrap())
+                ),
+            )
+        })
+        .collect();
+    src.xml(
+        "/dr/cl.xml",
+        urlset(
+            r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
+            &updates,
+        ),
+    );
+    let walk = src.set("walk", &[("resourcelist", src.url("/walk/rl.xml"))], false);
+    let dl = src.set("dl", &[("resourcelist", src.url("/dl/rl.xml"))], false);
+    let un = src.set(
+        "un",
+        &[
+            ("resourcelist", src.url("/un/rl.xml")),
+            ("resourcedump", src.url("/un/rd.xml")),
+        ],
+        false,
+    );
+    let dr = src.set(
+        "dr",
+        &[
+            ("resourcelist", src.url("/dr/rl.xml")),
+            ("changelist", src.url("/dr/cl.xml")),
+        ],
+        false,
+    );
+
+    let phase = |name: &'static str, cap: String| {
+        let dir = tempfile::tempdir().unwrap();
+        let f = child_config(dir.path(), &cap, false, "");
+        (dir, f, name)
+    };
+    let stopped = |h: ChildHarvester, what: &str| {
+        let log = h.log.clone();
+        let (took, status) = h.terminate();
+        eprintln!("{what}: stopped {} ms after SIGTERM", took.as_millis());
+        assert!(
+            took < Duration::from_secs(2) && status.success(),
+            "{what}: {status} after {took:?}\n{}",
+            log.lock().unwrap()
+        );
+    };
+
+    let (_d, f, what) = phase("the baseline walk", walk);
+    let h = ChildHarvester::start(&f);
+    wait_until("the list being read", || async {
+        src.hits("/walk/rl.xml") > 0
+    })
+    .await;
+    stopped(h, what);
+
+    let (_d, f, what) = phase("downloads", dl);
+    let h = ChildHarvester::start(&f);
+    wait_until("eight downloads under way", || async {
+        (0..8).all(|i| src.hits(&format!("/dl/slow{i}")) > 0)
+    })
+    .await;
+    stopped(h, what);
+
+    let (d, f, what) = phase("unpacking", un);
+    std::fs::write(
+        &f,
+        std::fs::read_to_string(&f)
+            .unwrap()
+            .replace("[source]\n", "[source]\nbaseline = \"dump\"\n"),
+    )
+    .unwrap();
+    let h = ChildHarvester::start(&f);
+    let host = url::Url::parse(&src.base).unwrap();
+    let unpacked = d.path().join(format!(
+        "mirror/{}_{}/un",
+        host.host_str().unwrap(),
+        host.port().unwrap()
+    ));
+    wait_until("unpacking under way", || {
+        let dir = unpacked.clone();
+        async move { std::fs::read_dir(&dir).is_ok_and(|mut e| e.next().is_some()) }
+    })
+    .await;
+    stopped(h, what);
+    let cfg = HarvestConfig::load(Some(&f)).unwrap();
+    let s = State::open(&cfg.database_path()).unwrap();
+    let held_then = s.count_held(1).unwrap();
+    assert!(
+        !s.sets().unwrap()[0].baseline_done && held_then < n as u64,
+        "stopped before the package was unpacked ({held_then} held)"
+    );
+    let h = ChildHarvester::start(&f);
+    wait_child(&f, "the rest of the dump baseline", 120, |s| {
+        baseline_done(s, "un") && s.count_held(1).unwrap() == n as u64
+    })
+    .await;
+    h.kill();
+    assert_eq!(src.hits("/un/f0"), 0, "everything came from the package");
+
+    let (_d, f, what) = phase("draining", dr);
+    let h = ChildHarvester::start(&f);
+    wait_child(&f, "the baseline", 20, |s| baseline_done(s, "dr")).await;
+    wait_until("eight updates being fetched", || async {
+        (0..8).all(|i| src.hits(&format!("/dl/slow{i}")) > 1)
+    })
+    .await;
+    let cfg = HarvestConfig::load(Some(&f)).unwrap();
+    let before = State::open(&cfg.database_path()).unwrap().sets().unwrap()[0].position;
+    stopped(h, what);
+    let s = State::open(&cfg.database_path()).unwrap();
+    assert_eq!(s.sets().unwrap()[0].position, before, "the position held");
+    assert_eq!(s.count_pending(1).unwrap(), 8, "the updates stay queued");
+}
+
+/// URIs that would share one file are detected: `dir/` and `dir/index`, `q?x=1` and
+/// `q%3Fx=1`, a file where another resource needs a folder; the second is refused with the
+/// first named, never written over it. A name of the harvester's own (`.rshub-part-…`) and
+/// one that cannot be a file (`%2e%2e`) are refused; `col.rshub-part` is an ordinary name and
+/// survives an update of `col`. `harvest audit` reports each bad entry and compares the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_that_collide_are_refused_not_overwritten() {
+    let src = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let pairs = [
+        ("/c/dir/", "/c/dir/index"),
+        ("/c/q?x=1", "/c/q%3Fx=1"),
+        ("/c/leaf", "/c/leaf/under"),
+    ];
+    let mut rl = Vec::new();
+    for (first, second) in pairs {
+        rl.push(src.resource(first, &format!("first {first}\n")));
+        rl.push(src.resource(second, &format!("second {second}\n")));
+    }
+    rl.push(src.resource("/c/.rshub-part-0123", "reserved\n"));
+    rl.push(src.resource("/c/%2e%2e/up", "up\n"));
+    rl.push(src.resource("/c/col", "col 1\n"));
+    rl.push(src.resource("/c/col.rshub-part", "part\n"));
+    src.xml("/c/rl.xml", urlset(&rl_md(), &rl));
+    let col2 = "col 2\n";
+    src.resource("/c/col", col2);
+    src.xml(
+        "/c/cl.xml",
+        urlset(
+            r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
+            &[entry(
+                &src.url("/c/col"),
+                &format!(
+                    r#"change="updated" datetime="2026-01-02T00:00:00Z" {}"#,
+                    described(col2)
+                ),
+            )],
+        ),
+    );
+    src.source(&[src.set(
+        "c",
+        &[
+            ("resourcelist", src.url("/c/rl.xml")),
+            ("changelist", src.url("/c/cl.xml")),
+        ],
+        false,
+    )]);
+    let mut hc = harvest_config(dir.path(), &src.url("/.well-known/resourcesync"));
+    hc.push.enabled = false;
+    hc.follow.check_interval_secs = 3600;
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "the baseline and the update", 30, |s| {
+        baseline_done(s, "c")
+            && s.applied_count(1).unwrap() >= 1
+            && s.count_pending(1).unwrap() == 0
+    })
+    .await;
+    let s = h.state();
+    for (first, _) in pairs {
+        let held = s.held(1, &src.url(first)).unwrap().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&held.path).unwrap(),
+            format!("first {first}\n"),
+            "{first} was overwritten"
+        );
+    }
+    let col = s.held(1, &src.url("/c/col")).unwrap().unwrap();
+    assert_eq!(std::fs::read_to_string(&col.path).unwrap(), col2);
+    let part = s.held(1, &src.url("/c/col.rshub-part")).unwrap().unwrap();
+    assert_eq!(std::fs::read_to_string(&part.path).unwrap(), "part\n");
+    assert_eq!(held(&s, 1), 5);
+    let report = status(&hc);
+    for (first, second) in pairs {
+        assert!(
+            report
+                .lines()
+                .any(|l| l.contains(&format!("{} (", src.url(second)))
+                    && l.contains(&src.url(first))),
+            "{second} not refused naming {first}:\n{report}"
+        );
+    }
+    assert!(
+        report.contains("kept for the harvester's own files"),
+        "{report}"
+    );
+    assert!(report.contains("cannot be a file name"), "{report}");
+
+    // The source's Resource List catches up with the update.
+    rl[8] = entry(&src.url("/c/col"), &described(col2));
+    src.xml("/c/rl.xml", urlset(&rl_md(), &rl));
+    let (report, in_sync) = destination::audit(&hc).await.unwrap();
+    assert!(in_sync, "{report}");
+    assert!(report.contains("5 refused"), "{report}");
+    assert!(report.contains("cannot be a file name"), "{report}");
+    // The rest is still compared: a changed copy is found.
+    std::fs::write(&col.path, "changed\n").unwrap();
+    let (report, in_sync) = destination::audit(&hc).await.unwrap();
+    assert!(!in_sync && report.contains("different"), "{report}");
     h.stop().await;
 }
