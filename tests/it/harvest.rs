@@ -704,7 +704,7 @@ fn resync_build(args: &[&str]) {
 /// A source nobody here wrote: documents made by the Python reference tool `resync-build` for
 /// a folder, served as static files. Baseline from its Resource List, then an incremental
 /// sync from the Change List it writes (no `datetime`, no md5, deletions dated by their old
-/// `lastmod`).
+/// `lastmod`), including an update that keeps the length (seen by its `lastmod` alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
     let dir = tempfile::tempdir().unwrap();
@@ -777,9 +777,21 @@ async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
         )
         .unwrap();
     }
+    // An update that keeps the length: without md5 in resync-build's lists, only its
+    // lastmod tells (the file's time is set ahead: lastmod has one-second resolution).
+    let same_length = files.join("sub/f5.txt");
+    std::fs::write(&same_length, "FILE 5\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&same_length)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
     std::fs::remove_file(files.join("sub/f19.txt")).unwrap();
     std::fs::write(files.join("sub/new.txt"), "new\n").unwrap();
+    let (rl_now, map_now) = (rl.clone(), map.clone());
     tokio::task::spawn_blocking(move || {
+        let (rl, map) = (rl_now, map_now);
         let tmp = cl.with_extension("new");
         resync_build(&[
             "--write-changelist",
@@ -794,9 +806,46 @@ async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
     .await
     .unwrap();
     wait_state(&h, "the incremental from the Change List", 30, |s| {
-        applied(s) == 5 && pending(s) == 0
+        applied(s) == 6 && pending(s) == 0
     })
     .await;
+    let f5 = h
+        .state()
+        .held(1, &format!("{base}/files/sub/f5.txt"))
+        .unwrap()
+        .unwrap();
+    assert_eq!(std::fs::read_to_string(f5.path).unwrap(), "FILE 5\n");
+    // The audit against a new Resource List (no md5 either): in sync; then a same-length
+    // change the harvester was not told of is seen by its lastmod.
+    let rebuild = |rl: PathBuf, map: String| async move {
+        tokio::task::spawn_blocking(move || {
+            resync_build(&[
+                "--write-resourcelist",
+                "--outfile",
+                rl.to_str().unwrap(),
+                &map,
+            ])
+        })
+        .await
+        .unwrap()
+    };
+    rebuild(rl.clone(), map.clone()).await;
+    let (report, in_sync) = audit(&hc).await;
+    assert!(in_sync, "{report}");
+    let f6 = files.join("sub/f6.txt");
+    std::fs::write(&f6, "FILE 6\n").unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&f6)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
+    rebuild(rl.clone(), map.clone()).await;
+    let (report, in_sync) = audit(&hc).await;
+    assert!(
+        !in_sync && report.contains("f6.txt (the list's lastmod is newer"),
+        "{report}"
+    );
     let held = h
         .state()
         .held(1, &format!("{base}/files/sub/f1.txt"))
