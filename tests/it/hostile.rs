@@ -205,12 +205,14 @@ fn rl_md() -> String {
     format!(r#"capability="resourcelist" {AT}"#)
 }
 
-/// A body streamed forever.
+/// A body that never ends: 1 MB at once, then silence (a harvester reading past the length
+/// it was given would leave a file of 1 MB lying for its idle timeout).
 fn endless() -> Response {
+    use futures_util::StreamExt;
     let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
-    let s = futures_util::stream::unfold(chunk, |c| async move {
-        Some((Ok::<_, std::io::Error>(c.clone()), c))
-    });
+    let s =
+        futures_util::stream::iter((0..16).map(move |_| Ok::<_, std::io::Error>(chunk.clone())))
+            .chain(futures_util::stream::pending());
     Body::from_stream(s).into_response()
 }
 
