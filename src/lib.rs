@@ -30,7 +30,9 @@
 //! - [`dump`]: Resource Dumps and Change Dumps: ZIP packages built in the background from the
 //!   sets' files, replaced atomically, announced by framework notifications.
 //! - [`destination`]: the second wing, `resourcesync-hub harvest`: discovery, streaming baseline,
-//!   push subscription with gap filling from the Change Lists, its own state database and outputs.
+//!   push subscription with gap filling from the Change Lists, its own state database and outputs,
+//!   behind one trust boundary (every request checked against the source's scope, every body
+//!   bounded: [`destination::scope`], [`destination::fetch`]).
 //!   It shares [`model`], [`sitemap`] and [`digest`] and never uses the server's store, hub,
 //!   source or notifier (the layout test checks that too).
 

@@ -729,10 +729,12 @@ async fn trickling_resources_do_not_hold_every_slot() {
     hc.push.enabled = false;
     let h = TestHarvester::start(hc.clone()).await;
     let normal: Vec<String> = (0..10).map(|i| src.url(&format!("/t/r{i}"))).collect();
+    let started = std::time::Instant::now();
     wait_state(&h, "the ten normal resources", 30, |s| {
         normal.iter().all(|u| s.held(1, u).unwrap().is_some())
     })
     .await;
+    eprintln!("the ten normal resources in after {:?}", started.elapsed());
     let report = status(&hc);
     assert!(report.contains("too slow"), "{report}");
     // Cut off, not waited for: the stop is prompt although eight trickles may be under way.
