@@ -120,6 +120,9 @@ pub struct Refused {
     pub last_at: Timestamp,
 }
 
+/// How many URLs each set (by id; `0`: the source) had refused.
+pub type RefusedCounts = Vec<(i64, u64)>;
+
 /// Refusals kept per set; past this only counted (a hostile list cannot fill the disk).
 const MAX_REFUSED_ROWS: i64 = 10_000;
 
@@ -628,7 +631,7 @@ impl State {
     }
 
     /// The refusals, newest first (at most `limit` per set), and how many there are per set.
-    pub fn refusals(&self, limit: usize) -> R<(Vec<Refused>, Vec<(i64, u64)>)> {
+    pub fn refusals(&self, limit: usize) -> R<(Vec<Refused>, RefusedCounts)> {
         let (rows, mut counts) = {
             let c = self.c();
             let mut st = c.prepare(
