@@ -37,6 +37,23 @@ pub struct ParsedEntry {
 #[error("not a ResourceSync document: {0}")]
 pub struct ReadError(String);
 
+impl ReadError {
+    /// A reading error in words, at most about 300 bytes: the parser's messages can quote the
+    /// document (a tag name, say), and documents come from untrusted peers.
+    fn of(e: impl std::fmt::Display) -> ReadError {
+        let mut m = e.to_string();
+        if m.len() > 300 {
+            let mut end = 300;
+            while !m.is_char_boundary(end) {
+                end -= 1;
+            }
+            m.truncate(end);
+            m.push('…');
+        }
+        ReadError(m)
+    }
+}
+
 impl Document {
     /// The `href` of the top-level link with this `rel`.
     pub fn link(&self, rel: &str) -> Option<&str> {
@@ -162,7 +179,7 @@ impl<R: BufRead> EntryReader<R> {
             let (ns, ev) = r
                 .reader
                 .read_resolved_event_into(&mut r.buf)
-                .map_err(|e| ReadError(e.to_string()))?;
+                .map_err(ReadError::of)?;
             let ns_sitemap = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == SITEMAP_NS);
             let ns_rs = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == RS_NS);
             match ev {
@@ -190,7 +207,7 @@ impl<R: BufRead> EntryReader<R> {
                             ));
                         }
                         other if !saw_root => {
-                            return Err(ReadError(format!(
+                            return Err(ReadError::of(format!(
                                 "the root element is {}, not a sitemaps.org urlset or sitemapindex",
                                 String::from_utf8_lossy(other)
                             )))
@@ -228,7 +245,7 @@ impl<R: BufRead> EntryReader<R> {
             let (ns, ev) = self
                 .reader
                 .read_resolved_event_into(&mut self.buf)
-                .map_err(|e| ReadError(e.to_string()))?;
+                .map_err(ReadError::of)?;
             let ns_sitemap = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == SITEMAP_NS);
             let ns_rs = matches!(ns, ResolveResult::Bound(n) if n.as_ref() == RS_NS);
             match ev {
@@ -257,7 +274,7 @@ impl<R: BufRead> EntryReader<R> {
                 Event::Text(t) => {
                     let s = t
                         .unescape()
-                        .map_err(|e| ReadError(e.to_string()))?
+                        .map_err(ReadError::of)?
                         .into_owned();
                     if let (Some(which), Some(en)) = (text, entry.as_mut()) {
                         match which {
@@ -296,14 +313,14 @@ impl<R: BufRead> EntryReader<R> {
 fn attrs(e: &BytesStart) -> Result<BTreeMap<String, String>, ReadError> {
     let mut m = BTreeMap::new();
     for a in e.attributes() {
-        let a = a.map_err(|e| ReadError(e.to_string()))?;
+        let a = a.map_err(ReadError::of)?;
         if a.key.as_ref().starts_with(b"xmlns") {
             continue;
         }
         let k = String::from_utf8_lossy(a.key.local_name().as_ref()).into_owned();
         let v = a
             .unescape_value()
-            .map_err(|e| ReadError(e.to_string()))?
+            .map_err(ReadError::of)?
             .into_owned();
         m.insert(k, v);
     }
