@@ -342,21 +342,10 @@ impl Fetcher {
         url: &str,
         form: &[(&str, &str)],
     ) -> Result<(StatusCode, String), FetchError> {
-        let u = self
-            .scope
-            .check(url)
-            .map_err(|r| FetchError::refused(url, r))?;
+        let mut r = self
+            .send_unchecked(url, |u| self.documents.post(u).form(form))
+            .await?;
         let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
-        let mut r = tokio::time::timeout(idle, self.documents.post(u).form(form).send())
-            .await
-            .map_err(|_| {
-                FetchError::fail(format!(
-                    "{}: no response in {} s",
-                    short(url),
-                    idle.as_secs()
-                ))
-            })?
-            .map_err(|e| transport(url, e))?;
         let status = r.status();
         let mut text = Vec::new();
         while text.len() < 4096 {

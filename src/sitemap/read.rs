@@ -272,10 +272,7 @@ impl<R: BufRead> EntryReader<R> {
                     }
                 }
                 Event::Text(t) => {
-                    let s = t
-                        .unescape()
-                        .map_err(ReadError::of)?
-                        .into_owned();
+                    let s = t.unescape().map_err(ReadError::of)?.into_owned();
                     if let (Some(which), Some(en)) = (text, entry.as_mut()) {
                         match which {
                             Text::Loc => en.loc.push_str(&s),
@@ -318,10 +315,7 @@ fn attrs(e: &BytesStart) -> Result<BTreeMap<String, String>, ReadError> {
             continue;
         }
         let k = String::from_utf8_lossy(a.key.local_name().as_ref()).into_owned();
-        let v = a
-            .unescape_value()
-            .map_err(ReadError::of)?
-            .into_owned();
+        let v = a.unescape_value().map_err(ReadError::of)?.into_owned();
         m.insert(k, v);
     }
     Ok(m)

@@ -685,6 +685,18 @@ async fn static_server(dir: PathBuf) -> String {
     format!("http://{addr}")
 }
 
+/// Writes `body` to `path` with a modification time 5 s ahead (what `resync-build` reads as
+/// `lastmod`, to the second).
+fn write_ahead(path: &Path, body: &str) {
+    std::fs::write(path, body).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
+        .unwrap();
+}
+
 fn resync_build(args: &[&str]) {
     let out = std::process::Command::new(PyEnv::get().bin("resync-build"))
         .args(args)
@@ -779,14 +791,7 @@ async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
     }
     // An update that keeps the length: without md5 in resync-build's lists, only its
     // lastmod tells (the file's time is set ahead: lastmod has one-second resolution).
-    let same_length = files.join("sub/f5.txt");
-    std::fs::write(&same_length, "FILE 5\n").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&same_length)
-        .unwrap()
-        .set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
-        .unwrap();
+    write_ahead(&files.join("sub/f5.txt"), "FILE 5\n");
     std::fs::remove_file(files.join("sub/f19.txt")).unwrap();
     std::fs::write(files.join("sub/new.txt"), "new\n").unwrap();
     let (rl_now, map_now) = (rl.clone(), map.clone());
@@ -832,14 +837,7 @@ async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
     rebuild(rl.clone(), map.clone()).await;
     let (report, in_sync) = audit(&hc).await;
     assert!(in_sync, "{report}");
-    let f6 = files.join("sub/f6.txt");
-    std::fs::write(&f6, "FILE 6\n").unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&f6)
-        .unwrap()
-        .set_modified(std::time::SystemTime::now() + Duration::from_secs(5))
-        .unwrap();
+    write_ahead(&files.join("sub/f6.txt"), "FILE 6\n");
     rebuild(rl.clone(), map.clone()).await;
     let (report, in_sync) = audit(&hc).await;
     assert!(

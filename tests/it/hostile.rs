@@ -201,6 +201,23 @@ pub fn sitemapindex(md: &str, locs: &[String]) -> String {
 
 const AT: &str = r#"at="2026-01-01T00:00:00Z""#;
 
+/// A Change List (open, from the lists' `at`) of these entries.
+fn changelist(entries: &[String]) -> String {
+    urlset(
+        r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
+        entries,
+    )
+}
+
+/// A change entry of `loc` at `datetime`, describing `body` when given.
+fn change(loc: &str, kind: &str, datetime: &str, body: Option<&str>) -> String {
+    let md = body.map(described).unwrap_or_default();
+    entry(
+        loc,
+        &format!(r#"change="{kind}" datetime="{datetime}" {md}"#),
+    )
+}
+
 fn rl_md() -> String {
     format!(r#"capability="resourcelist" {AT}"#)
 }
@@ -360,22 +377,15 @@ async fn nothing_outside_the_source_is_reached() {
     src.resource("/a/r1", r1);
     src.xml(
         "/a/cl.xml",
-        urlset(
-            r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
-            &[
-                entry(
-                    &src.url("/a/r1"),
-                    &format!(
-                        r#"change="updated" datetime="2026-01-02T00:00:00Z" {}"#,
-                        described(r1)
-                    ),
-                ),
-                entry(
-                    &canary.url("/z"),
-                    r#"change="created" datetime="2026-01-03T00:00:00Z""#,
-                ),
-            ],
-        ),
+        changelist(&[
+            change(
+                &src.url("/a/r1"),
+                "updated",
+                "2026-01-02T00:00:00Z",
+                Some(r1),
+            ),
+            change(&canary.url("/z"), "created", "2026-01-03T00:00:00Z", None),
+        ]),
     );
 
     let mut hc = harvest_config(dir.path(), &src.url("/.well-known/resourcesync"));
@@ -403,16 +413,12 @@ async fn nothing_outside_the_source_is_reached() {
     let note = urlset(
         r#"capability="change-notification" from="2026-01-03T00:00:00Z" until="2026-01-04T00:00:00Z""#,
         &[
-            entry(
-                &canary.url("/n"),
-                r#"change="created" datetime="2026-01-03T12:00:00Z""#,
-            ),
-            entry(
+            change(&canary.url("/n"), "created", "2026-01-03T12:00:00Z", None),
+            change(
                 &src.url("/a/r4"),
-                &format!(
-                    r#"change="created" datetime="2026-01-03T12:00:00Z" {}"#,
-                    described(r4)
-                ),
+                "created",
+                "2026-01-03T12:00:00Z",
+                Some(r4),
             ),
         ],
     );
@@ -465,6 +471,17 @@ async fn nothing_outside_the_source_is_reached() {
     h.stop().await;
 }
 
+/// A Resource Dump of one package listed with `length`.
+fn resourcedump(package: &str, length: usize) -> String {
+    urlset(
+        r#"capability="resourcedump" at="2026-01-01T00:00:00Z""#,
+        &[entry(
+            package,
+            &format!(r#"length="{length}" type="application/zip""#),
+        )],
+    )
+}
+
 /// A ZIP package: `manifest.xml` first, then each `(path, bytes)` stored.
 fn package(manifest: &str, files: &[(&str, &[u8])]) -> Vec<u8> {
     use std::io::Write;
@@ -497,13 +514,7 @@ async fn lying_dumps_are_checked_against_the_resource_list() {
             .map(|i| src.resource(&format!("/{set}/r{i}"), &body(i)))
             .collect();
         src.xml(&format!("/{set}/rl.xml"), urlset(&rl_md(), &rl));
-        src.xml(
-            &format!("/{set}/cl.xml"),
-            urlset(
-                r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
-                &[],
-            ),
-        );
+        src.xml(&format!("/{set}/cl.xml"), changelist(&[]));
         caps.push(src.set(
             set,
             &[
@@ -545,28 +556,10 @@ async fn lying_dumps_are_checked_against_the_resource_list() {
     let p1 = package(&manifest, &refs);
     let p1_len = p1.len();
     src.on("/d1/p1.zip", move |_| p1.clone().into_response());
-    src.xml(
-        "/d1/rd.xml",
-        urlset(
-            r#"capability="resourcedump" at="2026-01-01T00:00:00Z""#,
-            &[entry(
-                &src.url("/d1/p1.zip"),
-                &format!(r#"length="{p1_len}" type="application/zip""#),
-            )],
-        ),
-    );
+    src.xml("/d1/rd.xml", resourcedump(&src.url("/d1/p1.zip"), p1_len));
     // d2: a package far longer than listed.
     src.on("/d2/p1.zip", |_| vec![b'z'; 50_605].into_response());
-    src.xml(
-        "/d2/rd.xml",
-        urlset(
-            r#"capability="resourcedump" at="2026-01-01T00:00:00Z""#,
-            &[entry(
-                &src.url("/d2/p1.zip"),
-                r#"length="1000" type="application/zip""#,
-            )],
-        ),
-    );
+    src.xml("/d2/rd.xml", resourcedump(&src.url("/d2/p1.zip"), 1000));
 
     let mut hc = harvest_config(dir.path(), &src.url("/.well-known/resourcesync"));
     hc.source.baseline = destination::config::BaselineFrom::Dump;
@@ -1019,13 +1012,7 @@ async fn sigterm_stops_it_within_two_seconds_in_every_phase() {
     let plen = p.len();
     src.on("/un/p.zip", move |_| p.clone().into_response());
     src.xml("/un/rl.xml", urlset(&rl_md(), &rl));
-    src.xml(
-        "/un/rd.xml",
-        urlset(
-            r#"capability="resourcedump" at="2026-01-01T00:00:00Z""#,
-            &[entry(&src.url("/un/p.zip"), &format!(r#"length="{plen}""#))],
-        ),
-    );
+    src.xml("/un/rd.xml", resourcedump(&src.url("/un/p.zip"), plen));
     // Draining: a baseline of one resource, then a Change List updating eight, trickling.
     src.xml(
         "/dr/rl.xml",
@@ -1033,22 +1020,15 @@ async fn sigterm_stops_it_within_two_seconds_in_every_phase() {
     );
     let updates: Vec<String> = (0..8)
         .map(|i| {
-            entry(
+            change(
                 &src.url(&format!("/dl/slow{i}")),
-                &format!(
-                    r#"change="updated" datetime="2026-01-02T00:00:00Z" {}"#,
-                    described(std::str::from_utf8(SLOW).unwrap())
-                ),
+                "updated",
+                "2026-01-02T00:00:00Z",
+                Some(std::str::from_utf8(SLOW).unwrap()),
             )
         })
         .collect();
-    src.xml(
-        "/dr/cl.xml",
-        urlset(
-            r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
-            &updates,
-        ),
-    );
+    src.xml("/dr/cl.xml", changelist(&updates));
     let walk = src.set("walk", &[("resourcelist", src.url("/walk/rl.xml"))], false);
     let dl = src.set("dl", &[("resourcelist", src.url("/dl/rl.xml"))], false);
     let un = src.set(
@@ -1179,16 +1159,12 @@ async fn names_that_collide_are_refused_not_overwritten() {
     src.resource("/c/col", col2);
     src.xml(
         "/c/cl.xml",
-        urlset(
-            r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
-            &[entry(
-                &src.url("/c/col"),
-                &format!(
-                    r#"change="updated" datetime="2026-01-02T00:00:00Z" {}"#,
-                    described(col2)
-                ),
-            )],
-        ),
+        changelist(&[change(
+            &src.url("/c/col"),
+            "updated",
+            "2026-01-02T00:00:00Z",
+            Some(col2),
+        )]),
     );
     src.source(&[src.set(
         "c",
