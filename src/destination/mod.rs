@@ -66,7 +66,12 @@ pub struct Harvester {
     unconfirmed: std::sync::Mutex<std::collections::HashMap<i64, Timestamp>>,
     /// Set on shutdown: blocking work (unpacking a dump package) stops at its next entry.
     stop: Arc<AtomicBool>,
+    /// Files claimed by resources being fetched or unpacked (see [`Worker::claim`]).
+    in_flight: InFlight,
 }
+
+/// Output files being written, by path, with the URI each is for.
+type InFlight = Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>;
 
 /// A followed set: its row and what its Capability List offers.
 #[derive(Debug, Clone)]
@@ -134,6 +139,7 @@ impl Harvester {
             callback_base,
             unconfirmed: Default::default(),
             stop: Arc::new(AtomicBool::new(false)),
+            in_flight: Default::default(),
         })
     }
 
@@ -258,7 +264,7 @@ impl Harvester {
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<(Change, String)> = Vec::new();
-        let (mut fetched, mut refused) = (0u64, 0u64);
+        let (mut held, mut refused) = (Batch::default(), 0u64);
         for part in parts {
             let Some(mut doc) = self
                 .open_part(set, part, "Resource List part", &mut docs)
@@ -278,27 +284,27 @@ impl Harvester {
                     continue;
                 }
                 let permit = sem.clone().acquire_owned().await?;
-                let (this, name, set_id) = (self.clone_parts(), set.info.name.clone(), set.row.id);
+                let (this, name) = (self.clone_parts(), set.info.name.clone());
+                // Claimed in list order: of two URIs with one file, the first listed keeps it.
+                let claim = this.claim(&c.uri);
                 tasks.spawn(async move {
                     let _permit = permit;
-                    let r = this.fetch_verify_put(&name, set_id, &c).await;
-                    let r = match r {
-                        Ok(h) => this
-                            .state
-                            .hold(set_id, &c.uri, &h)
-                            .map_err(|e| NotApplied::Failed(e.to_string())),
+                    let r = match claim {
+                        Ok(claim) => this.fetch_verify_put(&name, &c, claim).await,
                         Err(e) => Err(e),
                     };
                     (c, r)
                 });
                 while let Some(done) = tasks.try_join_next() {
-                    self.collect(set, done?, &mut failures, &mut fetched, &mut refused)?;
+                    self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
                 }
             }
         }
         while let Some(done) = tasks.join_next().await {
-            self.collect(set, done?, &mut failures, &mut fetched, &mut refused)?;
+            self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
         }
+        held.record(&self.state, set.row.id, 0)?;
+        let fetched = held.recorded;
         bar.finish_and_clear();
         // Without `at` (a source that omits it), the time the walk started is the safe start.
         let mut position = at.unwrap_or(started);
@@ -320,13 +326,17 @@ impl Harvester {
     fn collect(
         &self,
         set: &Followed,
-        done: (Change, Result<(), NotApplied>),
+        done: (Change, Result<(Held, Claim), NotApplied>),
         failures: &mut Vec<(Change, String)>,
-        fetched: &mut u64,
+        held: &mut Batch,
         refused: &mut u64,
     ) -> anyhow::Result<()> {
         match done.1 {
-            Ok(()) => *fetched += 1,
+            Ok((h, claim)) => {
+                held.holds.push((done.0.uri, h));
+                held.claims.push(claim);
+                held.record(&self.state, set.row.id, 256)?;
+            }
             Err(NotApplied::Refused(why)) => {
                 *refused += 1;
                 refuse(&self.state, &set.info.name, set.row.id, &done.0.uri, &why)?;
@@ -478,6 +488,7 @@ impl Harvester {
             output: self.output.clone(),
             exec: self.cfg.output.exec.clone(),
             stop: self.stop.clone(),
+            in_flight: self.in_flight.clone(),
             backoff: (
                 self.cfg.fetch.backoff_initial_ms,
                 self.cfg.fetch.backoff_max_ms,
@@ -701,9 +712,15 @@ impl Harvester {
             let w = self.clone_parts();
             let (name, id) = (set.info.name.clone(), set.row.id);
             let (max_tries, skip) = (self.cfg.fetch.max_tries, self.cfg.fetch.skip_failed);
+            // Claimed in queue order (what is fetched: not a deletion).
+            let claim = queue
+                .last()
+                .filter(|p| p.change.change != "deleted")
+                .map(|p| w.claim(&p.change.uri));
             tasks.spawn(async move {
                 let _permit = permit;
-                w.apply_queue(&name, id, queue, max_tries, skip).await
+                w.apply_queue(&name, id, queue, claim, max_tries, skip)
+                    .await
             });
         }
         while let Some(r) = tasks.join_next().await {
@@ -879,6 +896,41 @@ impl Harvester {
     }
 }
 
+/// A file of the output claimed for a URI being written (see [`Worker::claim`]); let go when
+/// dropped.
+struct Claim(Option<(InFlight, String)>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some((writing, path)) = &self.0 {
+            writing.lock().expect("in-flight lock").remove(path);
+        }
+    }
+}
+
+/// Resources fetched by a baseline, recorded as held a batch at a time (one transaction for
+/// many: a crash before a batch is recorded only means those are fetched again), their files'
+/// claims kept until then.
+#[derive(Default)]
+struct Batch {
+    holds: Vec<(String, Held)>,
+    claims: Vec<Claim>,
+    recorded: u64,
+}
+
+impl Batch {
+    /// Records the batch once it has more than `over` resources.
+    fn record(&mut self, state: &State, set_id: i64, over: usize) -> anyhow::Result<()> {
+        if self.holds.len() > over {
+            state.hold_many(set_id, &self.holds)?;
+            self.recorded += self.holds.len() as u64;
+            self.holds.clear();
+            self.claims.clear();
+        }
+        Ok(())
+    }
+}
+
 /// What unpacking a dump package did: bitstreams placed, and how many could not be (fetched
 /// on their own from the Resource List).
 type Unpacked = (u64, u64);
@@ -890,6 +942,7 @@ struct Worker {
     output: Arc<dyn Output>,
     exec: String,
     stop: Arc<AtomicBool>,
+    in_flight: InFlight,
     /// `fetch.backoff_initial_ms`, `fetch.backoff_max_ms`: the pause before a failed resource
     /// is tried again grows from the first by 4× per try, up to ten times the second.
     backoff: (u64, u64),
@@ -911,37 +964,49 @@ impl Worker {
     }
 
     /// Claims the file `uri` gets in the output (outputs that name files after URIs): a URI
-    /// that would share one with another resource is refused, never written over it.
-    fn claim(&self, uri: &str) -> Result<(), NotApplied> {
+    /// whose file would be the file of another resource (held, or being written now), or
+    /// would need a folder where another's file is (or the other way round), is refused,
+    /// never written over it. The claim holds while the returned guard lives; it becomes
+    /// durable when the resource is recorded as held.
+    fn claim(&self, uri: &str) -> Result<Claim, NotApplied> {
         let target = self
             .output
             .target(uri)
             .map_err(|e| NotApplied::Refused(format!("{e:#}")))?;
-        if let Some(t) = target {
-            let path = t.display().to_string();
-            if let Some(other) = self
+        let Some((root, t)) = target else {
+            return Ok(Claim(None));
+        };
+        let path = t.display().to_string();
+        let mut writing = self.in_flight.lock().expect("in-flight lock");
+        let crosses =
+            |a: &str, b: &str| a == b || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'));
+        let mut other = writing
+            .iter()
+            .find(|(p, u)| *u != uri && (crosses(p, &path) || crosses(&path, p)))
+            .map(|(_, u)| u.clone());
+        if other.is_none() {
+            other = self
                 .state
-                .claim(&path, uri)
-                .map_err(|e| NotApplied::Failed(e.to_string()))?
-            {
-                return Err(NotApplied::Refused(format!(
-                    "its file in the output would be the file (or a folder) of {}",
-                    short(&other)
-                )));
-            }
+                .claim_conflict(&root.display().to_string(), &path, uri)
+                .map_err(|e| NotApplied::Failed(e.to_string()))?;
         }
-        Ok(())
+        if let Some(other) = other {
+            return Err(NotApplied::Refused(format!(
+                "its file in the output would be the file (or a folder) of {}",
+                short(&other)
+            )));
+        }
+        writing.insert(path.clone(), uri.to_string());
+        Ok(Claim(Some((self.in_flight.clone(), path))))
     }
 
     /// Fetches, checks length and md5 against `c`, and hands the file to the output.
     async fn fetch_verify_put(
         &self,
         set: &str,
-        set_id: i64,
         c: &Change,
-    ) -> Result<Held, NotApplied> {
-        let _ = set_id;
-        self.claim(&c.uri)?;
+        claim: Claim,
+    ) -> Result<(Held, Claim), NotApplied> {
         let path = self
             .output
             .download_path(&c.uri)
@@ -979,12 +1044,15 @@ impl Worker {
         .await
         .map_err(|e| NotApplied::Failed(e.to_string()))?
         .map_err(|e| NotApplied::Failed(format!("{e:#}")))?;
-        Ok(Held {
-            md5: Some(d.md5),
-            length: Some(d.length),
-            path: placed,
-            lastmod: c.lastmod.or(Some(c.datetime)),
-        })
+        Ok((
+            Held {
+                md5: Some(d.md5),
+                length: Some(d.length),
+                path: placed,
+                lastmod: c.lastmod.or(Some(c.datetime)),
+            },
+            claim,
+        ))
     }
 
     /// Unpacks one Resource Dump package (blocking): every manifest entry's bitstream,
@@ -1067,12 +1135,11 @@ impl Worker {
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
         let (mut placed, mut missed) = (0u64, 0u64);
-        // Recorded a thousand at a time (a crash before a batch is recorded only means those
-        // are unpacked again at the next start).
-        let mut holds: Vec<(String, Held)> = Vec::new();
+        // Recorded a thousand at a time.
+        let mut held = Batch::default();
         for e in entries {
             if self.stop.load(Ordering::Relaxed) {
-                self.state.hold_many(set_id, &holds)?;
+                held.record(&self.state, set_id, 0)?;
                 anyhow::bail!("stopping");
             }
             bar.inc(1);
@@ -1091,14 +1158,17 @@ impl Worker {
                 missed += 1;
                 continue;
             };
-            if let Err(why) = self.claim(&c.uri) {
-                if let NotApplied::Refused(r) = &why {
-                    refuse(&self.state, set, set_id, &c.uri, r)?;
-                } else {
-                    missed += 1;
+            let claim = match self.claim(&c.uri) {
+                Ok(claim) => claim,
+                Err(NotApplied::Refused(r)) => {
+                    refuse(&self.state, set, set_id, &c.uri, &r)?;
+                    continue;
                 }
-                continue;
-            }
+                Err(NotApplied::Failed(_)) => {
+                    missed += 1;
+                    continue;
+                }
+            };
             let dest = match self.output.download_path(&c.uri) {
                 Ok(d) => d,
                 Err(err) => {
@@ -1146,7 +1216,7 @@ impl Worker {
             };
             match self.output.put(&item, &dest) {
                 Ok(path) => {
-                    holds.push((
+                    held.holds.push((
                         c.uri,
                         Held {
                             md5: Some(md5),
@@ -1155,10 +1225,8 @@ impl Worker {
                             lastmod: c.lastmod.or(Some(at)),
                         },
                     ));
-                    if holds.len() >= 1000 {
-                        self.state.hold_many(set_id, &holds)?;
-                        holds.clear();
-                    }
+                    held.claims.push(claim);
+                    held.record(&self.state, set_id, 1000)?;
                     placed += 1;
                 }
                 Err(err) => {
@@ -1168,7 +1236,7 @@ impl Worker {
                 }
             }
         }
-        self.state.hold_many(set_id, &holds)?;
+        held.record(&self.state, set_id, 0)?;
         Ok((placed, missed))
     }
 
@@ -1180,10 +1248,13 @@ impl Worker {
         set: &str,
         set_id: i64,
         queue: Vec<Pending>,
+        claim: Option<Result<Claim, NotApplied>>,
         max_tries: u32,
         skip: bool,
     ) -> anyhow::Result<()> {
         let last = queue.last().expect("a non-empty queue").clone();
+        // The file's claim lives until the change is recorded as applied.
+        let mut kept = None;
         let result: Result<Option<Held>, NotApplied> = if last.change.change == "deleted" {
             let (output, set_s, uri) = (
                 self.output.clone(),
@@ -1195,9 +1266,20 @@ impl Worker {
                 .map(|_| None)
                 .map_err(|e| NotApplied::Failed(format!("{e:#}")))
         } else {
-            self.fetch_verify_put(set, set_id, &last.change)
-                .await
-                .map(Some)
+            match claim {
+                Some(Ok(claim)) => {
+                    self.fetch_verify_put(set, &last.change, claim)
+                        .await
+                        .map(|(held, c)| {
+                            kept = Some(c);
+                            Some(held)
+                        })
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(NotApplied::Failed(
+                    "no claim for a resource to fetch".into(),
+                )),
+            }
         };
         let result = match result {
             Ok(held) => {
@@ -1217,6 +1299,7 @@ impl Worker {
                 for p in &queue {
                     self.state.applied(set_id, p, held.as_ref())?;
                 }
+                drop(kept);
             }
             Err(NotApplied::Refused(why)) => {
                 for p in &queue {
@@ -1672,7 +1755,11 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
                     continue;
                 }
                 let other = match h.output.target(&c.uri) {
-                    Ok(Some(t)) => h.state.claim_conflict(&t.display().to_string(), &c.uri)?,
+                    Ok(Some((root, t))) => h.state.claim_conflict(
+                        &root.display().to_string(),
+                        &t.display().to_string(),
+                        &c.uri,
+                    )?,
                     _ => None,
                 };
                 if let Some(o) = other {

@@ -197,20 +197,37 @@ impl State {
         add_column(&tx, "resources", "lastmod", "INTEGER")?;
         add_column(&tx, "pending", "not_before", "INTEGER")?;
         add_column(&tx, "sets", "last_error", "TEXT")?;
-        // Which URI has which file: two URIs never share one. Filled from the resources held
-        // when the table is new (a state made before it existed).
-        let claims_new: bool = tx.query_row(
-            "SELECT COUNT(*) = 0 FROM sqlite_master WHERE type = 'table' AND name = 'claims'",
-            [],
-            |r| r.get(0),
-        )?;
-        tx.execute_batch(
-            "CREATE TABLE IF NOT EXISTS claims (path TEXT PRIMARY KEY, uri TEXT NOT NULL);",
-        )?;
-        if claims_new {
-            tx.execute(
-                "INSERT OR IGNORE INTO claims (path, uri) SELECT path, uri FROM resources",
+        // Which URI has which file: two URIs never share one. Keyed by path alone (no rowid:
+        // one b-tree to write per resource held). Filled from the resources held when the
+        // table is new (a state made before it existed), or copied from the first version's
+        // table (with a rowid).
+        let claims: Option<String> = tx
+            .query_row(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'claims'",
                 [],
+                |r| r.get(0),
+            )
+            .optional()?;
+        if !claims
+            .as_deref()
+            .is_some_and(|s| s.contains("WITHOUT ROWID"))
+        {
+            tx.execute_batch(
+                "CREATE TABLE claims_new (path TEXT PRIMARY KEY, uri TEXT NOT NULL) WITHOUT ROWID;",
+            )?;
+            let from = if claims.is_some() {
+                "claims"
+            } else {
+                "resources"
+            };
+            tx.execute(
+                &format!(
+                    "INSERT OR IGNORE INTO claims_new (path, uri) SELECT path, uri FROM {from}"
+                ),
+                [],
+            )?;
+            tx.execute_batch(
+                "DROP TABLE IF EXISTS claims; ALTER TABLE claims_new RENAME TO claims;",
             )?;
         }
         tx.commit()?;
@@ -327,16 +344,8 @@ impl State {
         }))
     }
 
-    /// Records a resource written by the baseline.
-    pub fn hold(&self, set_id: i64, uri: &str, held: &Held) -> R<()> {
-        self.c().execute(
-            "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![set_id, uri, held.md5, held.length.map(|n| n as i64), held.path, held.lastmod.map(|t| t.0)],
-        )?;
-        Ok(())
-    }
-
-    /// Records many resources as held, in one transaction (the dump baseline's batches).
+    /// Records resources as held, with their files' claims, in one transaction (the
+    /// baselines' batches).
     pub fn hold_many(&self, set_id: i64, held: &[(String, Held)]) -> R<()> {
         let mut c = self.c();
         let tx = c.transaction()?;
@@ -344,6 +353,8 @@ impl State {
             let mut st = tx.prepare_cached(
                 "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
             )?;
+            let mut claim =
+                tx.prepare_cached("INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)")?;
             for (uri, h) in held {
                 st.execute(params![
                     set_id,
@@ -353,6 +364,7 @@ impl State {
                     h.path,
                     h.lastmod.map(|t| t.0)
                 ])?;
+                claim.execute(params![h.path, uri])?;
             }
         }
         tx.commit()?;
@@ -488,13 +500,27 @@ impl State {
             params![set_id, p.change.uri, p.change.change, p.change.datetime.0, Timestamp::now().0],
         )?;
         match held {
-            Some(h) => tx.execute(
-                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                params![set_id, p.change.uri, h.md5, h.length.map(|n| n as i64), h.path, h.lastmod.map(|t| t.0)],
-            )?,
+            Some(h) => {
+                tx.execute(
+                    "INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)",
+                    params![h.path, p.change.uri],
+                )?;
+                tx.execute(
+                    "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                    params![set_id, p.change.uri, h.md5, h.length.map(|n| n as i64), h.path, h.lastmod.map(|t| t.0)],
+                )?
+            }
             None => {
-                tx.execute("DELETE FROM claims WHERE uri = ?1 AND NOT EXISTS (SELECT 1 FROM resources WHERE uri = ?1 AND set_id != ?2)", params![p.change.uri, set_id])?;
-                tx.execute("DELETE FROM resources WHERE set_id = ?1 AND uri = ?2", params![set_id, p.change.uri])?
+                // By the path it holds (claims are keyed by path), unless another set holds it too.
+                tx.execute(
+                    "DELETE FROM claims WHERE uri = ?1 AND path = (SELECT path FROM resources WHERE set_id = ?2 AND uri = ?1) \
+                     AND NOT EXISTS (SELECT 1 FROM resources WHERE uri = ?1 AND set_id != ?2)",
+                    params![p.change.uri, set_id],
+                )?;
+                tx.execute(
+                    "DELETE FROM resources WHERE set_id = ?1 AND uri = ?2",
+                    params![set_id, p.change.uri],
+                )?
             }
         };
         tx.commit()?;
@@ -665,27 +691,12 @@ impl State {
         Ok((rows, counts))
     }
 
-    /// Claims the file `path` for `uri` before it is written: `None` when it is free (or this
-    /// URI's already); else the URI that has it, or has a file where this one needs a folder
-    /// (or a folder where this one needs a file). Two URIs never share one file.
-    pub fn claim(&self, path: &str, uri: &str) -> R<Option<String>> {
-        let mut c = self.c();
-        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
-        let other = conflict(&tx, path, uri)?;
-        if other.is_none() {
-            tx.execute(
-                "INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)",
-                params![path, uri],
-            )?;
-        }
-        tx.commit()?;
-        Ok(other)
-    }
-
-    /// The URI whose file (or folder) stands in the way of `path` for `uri`, without claiming
-    /// anything (for the audit).
-    pub fn claim_conflict(&self, path: &str, uri: &str) -> R<Option<String>> {
-        conflict(&self.c(), path, uri)
+    /// The URI whose file (or folder) stands in the way of `path` (in the output folder `root`)
+    /// for `uri`: another URI has
+    /// that file, a file where `path` needs a folder, or a folder where it needs a file. A
+    /// held resource's file is its claim (recorded with it); two URIs never share one file.
+    pub fn claim_conflict(&self, root: &str, path: &str, uri: &str) -> R<Option<String>> {
+        conflict(&self.c(), root, path, uri)
     }
 
     /// The URI that has the file `path`, if any.
@@ -719,25 +730,28 @@ impl State {
     }
 }
 
-/// The URI other than `uri` that has the file `path`, a file on the way to it, or a file under
-/// it (see [`State::claim`]).
-fn conflict(c: &Connection, path: &str, uri: &str) -> R<Option<String>> {
-    let mut by_path = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1 AND uri != ?2")?;
-    for p in Path::new(path).ancestors() {
-        if let Some(p) = p.to_str().filter(|p| !p.is_empty()) {
-            if let Some(other) = by_path
-                .query_row(params![p, uri], |r| r.get(0))
-                .optional()?
-            {
-                return Ok(Some(other));
-            }
-        }
+/// The URI other than `uri` that has the file `path`, a file on the way to it from the output
+/// folder `root`, or a file under it (see [`State::claim_conflict`]). Two queries: the path
+/// and its folders up to `root` at once, then the range of paths under it.
+fn conflict(c: &Connection, root: &str, path: &str, uri: &str) -> R<Option<String>> {
+    let on_the_way: Vec<&str> = Path::new(path)
+        .ancestors()
+        .filter_map(|p| p.to_str())
+        .take_while(|p| p.len() > root.len() && p.starts_with(root))
+        .collect();
+    let marks = vec!["?"; on_the_way.len()].join(", ");
+    let mut st = c.prepare_cached(&format!(
+        "SELECT uri FROM claims WHERE path IN ({marks}) AND uri != ? LIMIT 1"
+    ))?;
+    let mut args: Vec<&dyn rusqlite::ToSql> = on_the_way.iter().map(|p| p as _).collect();
+    args.push(&uri);
+    if let Some(other) = st.query_row(&args[..], |r| r.get(0)).optional()? {
+        return Ok(Some(other));
     }
-    Ok(c.query_row(
+    Ok(c.prepare_cached(
         "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
-        params![path, uri],
-        |r| r.get(0),
-    )
+    )?
+    .query_row(params![path, uri], |r| r.get(0))
     .optional()?)
 }
 
@@ -890,31 +904,30 @@ mod tests {
     fn two_uris_never_claim_one_file_nor_a_file_and_a_folder() {
         let dir = tempfile::tempdir().unwrap();
         let s = State::open(&dir.path().join("h.sqlite")).unwrap();
-        assert_eq!(s.claim("/m/h/dir/index", "http://h/dir/").unwrap(), None);
+        let held = |path: &str| Held {
+            md5: None,
+            length: None,
+            path: path.into(),
+            lastmod: None,
+        };
+        let conflict = |path: &str, uri: &str| s.claim_conflict("/m", path, uri).unwrap();
+        assert_eq!(conflict("/m/h/dir/index", "http://h/dir/"), None);
+        s.hold_many(1, &[("http://h/dir/".into(), held("/m/h/dir/index"))])
+            .unwrap();
+        assert_eq!(conflict("/m/h/dir/index", "http://h/dir/"), None, "its own");
+        let first = Some("http://h/dir/".to_string());
+        assert_eq!(conflict("/m/h/dir/index", "http://h/dir/index"), first);
         assert_eq!(
-            s.claim("/m/h/dir/index", "http://h/dir/").unwrap(),
-            None,
-            "its own"
-        );
-        assert_eq!(
-            s.claim("/m/h/dir/index", "http://h/dir/index").unwrap(),
-            Some("http://h/dir/".into())
-        );
-        assert_eq!(
-            s.claim("/m/h/dir/index/x", "http://h/dir/index/x").unwrap(),
-            Some("http://h/dir/".into()),
+            conflict("/m/h/dir/index/x", "http://h/dir/index/x"),
+            first,
             "a file where a folder is needed"
         );
         assert_eq!(
-            s.claim("/m/h/dir", "http://h/dir").unwrap(),
-            Some("http://h/dir/".into()),
+            conflict("/m/h/dir", "http://h/dir"),
+            first,
             "a folder where a file is needed"
         );
-        assert_eq!(s.claim("/m/h/dir0", "http://h/dir0").unwrap(), None);
-        assert_eq!(
-            s.claimant("/m/h/dir/index").unwrap().as_deref(),
-            Some("http://h/dir/")
-        );
+        assert_eq!(conflict("/m/h/dir0", "http://h/dir0"), None);
         assert!(s.refuse(1, "http://x/a", "off").unwrap());
         assert!(!s.refuse(1, "http://x/a", "off").unwrap(), "seen before");
         assert!(s.is_refused(1, "http://x/a").unwrap());

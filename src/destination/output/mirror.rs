@@ -123,8 +123,8 @@ impl Output for Mirror {
         Ok(target.with_file_name(format!("{RESERVED}part-{}", &h[..24])))
     }
 
-    fn target(&self, uri: &str) -> anyhow::Result<Option<PathBuf>> {
-        self.locate(uri).map(Some)
+    fn target(&self, uri: &str) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+        self.locate_in(uri).map(Some)
     }
 
     fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>> {
@@ -135,9 +135,15 @@ impl Output for Mirror {
 impl Mirror {
     /// The path a resource has (or would have) in the mirror.
     pub fn locate(&self, uri: &str) -> anyhow::Result<PathBuf> {
+        self.locate_in(uri).map(|(_, path)| path)
+    }
+
+    /// The folder of the mirror a resource lies in (`output.dir`, or a mapped folder) and
+    /// its path.
+    fn locate_in(&self, uri: &str) -> anyhow::Result<(PathBuf, PathBuf)> {
         for m in &self.map {
             if let Some(rest) = uri.strip_prefix(&m.uri) {
-                return Ok(m.dir.join(relative_path(rest)?));
+                return Ok((m.dir.clone(), m.dir.join(relative_path(rest)?)));
             }
         }
         let u = url::Url::parse(uri).map_err(|e| {
@@ -156,7 +162,10 @@ impl Mirror {
         let rest = &uri[uri[after_scheme..]
             .find(['/', '?'])
             .map_or(uri.len(), |i| after_scheme + i)..];
-        Ok(self.dir.join(host).join(relative_path(rest)?))
+        Ok((
+            self.dir.clone(),
+            self.dir.join(host).join(relative_path(rest)?),
+        ))
     }
 }
 

@@ -34,10 +34,13 @@ pub trait Output: Send + Sync {
     /// resource is never fetched twice at once), so a leftover of a killed run is simply
     /// overwritten by the next try.
     fn download_path(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
-    /// The file a resource gets, for outputs that name files after URIs (the mirror): the
-    /// harvester claims it before writing, so two URIs never share one. `None`: records are
-    /// keyed by URI, nothing can collide.
-    fn target(&self, uri: &str) -> anyhow::Result<Option<std::path::PathBuf>> {
+    /// The file a resource gets and the output folder it lies in, for outputs that name files
+    /// after URIs (the mirror): the harvester claims it before writing, so two URIs never
+    /// share one. `None`: records are keyed by URI, nothing can collide.
+    fn target(
+        &self,
+        uri: &str,
+    ) -> anyhow::Result<Option<(std::path::PathBuf, std::path::PathBuf)>> {
         let _ = uri;
         Ok(None)
     }
