@@ -6,11 +6,11 @@ use serde_json::Value;
 #[derive(Args)]
 pub struct AdminArgs {
     /// Base URL of the running server.
-    #[arg(long, env = "RSHUB_ADMIN_URL", default_value = "http://127.0.0.1:8080")]
+    #[arg(long, env = "RSHUB_ADMIN_URL", default_value = "http://127.0.0.1:8080", global = true)]
     pub url: String,
-    /// The server's admin.token.
-    #[arg(long, env = "RSHUB_ADMIN_TOKEN", hide_env_values = true)]
-    pub token: String,
+    /// The server's admin.token (required; anywhere on the command line).
+    #[arg(long, env = "RSHUB_ADMIN_TOKEN", hide_env_values = true, global = true)]
+    pub token: Option<String>,
     #[command(subcommand)]
     pub command: AdminCommand,
 }
@@ -143,7 +143,11 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
     let api = Api {
         client: reqwest::Client::builder().no_proxy().build()?,
         base: args.url.trim_end_matches('/').to_string(),
-        token: args.token,
+        token: args.token.filter(|t| !t.is_empty()).ok_or_else(|| {
+            anyhow::anyhow!(
+                "the admin API needs the server's admin.token: give --token TOKEN (or RSHUB_ADMIN_TOKEN)"
+            )
+        })?,
     };
     match args.command {
         AdminCommand::Subscriptions(SubscriptionsCommand::List {

@@ -239,6 +239,25 @@ const SET_KEYS: &[&str] = &[
     "describedby",
 ];
 
+/// A relative path whose value came from a configuration file is taken from that file's
+/// folder (not from the working directory); one from the defaults, the environment or the
+/// command line stays relative to the working directory.
+pub fn beside_file(fig: &Figment, key: &str, path: &mut PathBuf) {
+    if path.is_absolute() {
+        return;
+    }
+    if let Some(figment::Source::File(file)) =
+        fig.find_metadata(key).and_then(|m| m.source.as_ref())
+    {
+        if let Some(folder) = std::path::absolute(file)
+            .ok()
+            .and_then(|f| f.parent().map(|p| p.to_path_buf()))
+        {
+            *path = folder.join(&*path);
+        }
+    }
+}
+
 impl Config {
     /// Loads every layer and validates the result. Unknown keys and variables, values of the
     /// wrong type and invalid values are all refused, naming the key and where it came from.
@@ -250,9 +269,10 @@ impl Config {
         if !unknown.is_empty() {
             return Err(ConfigError::Unknown(unknown.join("\n  ")));
         }
-        let cfg: Config = fig
+        let mut cfg: Config = fig
             .extract()
             .map_err(|e| ConfigError::Load(describe_errors(e, &env)))?;
+        cfg.paths_beside_file(&fig);
         cfg.validate()?;
         Ok(cfg)
     }
@@ -292,6 +312,21 @@ impl Config {
         match fig.find_metadata("server.data_dir")?.source.as_ref()? {
             figment::Source::File(p) => Some(p.display().to_string()),
             _ => None,
+        }
+    }
+
+    /// Relative paths given in the configuration file are taken from the file's folder.
+    fn paths_beside_file(&mut self, fig: &Figment) {
+        beside_file(fig, "server.data_dir", &mut self.server.data_dir);
+        for (key, value) in [
+            ("source.cache_dir", &mut self.source.cache_dir),
+            ("dumps.dir", &mut self.dumps.dir),
+        ] {
+            if !value.is_empty() {
+                let mut p = PathBuf::from(value.as_str());
+                beside_file(fig, key, &mut p);
+                *value = p.display().to_string();
+            }
         }
     }
 

@@ -35,6 +35,23 @@ pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
     // Something to look at: the set's Resource Dump and, once a Change List closes, its
     // Change Dumps.
     config.dumps.enabled = true;
+    // A harvester on this machine gets pushes: the hub calls back loopback addresses (it
+    // refuses them by default).
+    for net in ["127.0.0.0/8", "::1/128"] {
+        let net: ipnet::IpNet = net.parse().expect("a network");
+        if !config.hub.allow_networks.iter().any(|n| n.contains(&net)) {
+            config.hub.allow_networks.push(net);
+        }
+    }
+    tracing::info!(
+        "demo: the hub calls back loopback addresses (hub.allow_networks gains 127.0.0.0/8 and ::1/128), so a harvester on this machine gets pushes"
+    );
+    // The admin API to look at too: a token for this run unless one is configured.
+    if config.admin.token.is_empty() {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+        config.admin.token = crate::digest::hex_digest(b);
+    }
     config.validate()?;
     Ok(dir)
 }

@@ -163,7 +163,16 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 )
                 .await?;
                 tracing::info!(created = r.created, updated = r.updated, deleted = r.deleted, dir = %dir.display(), "demo set imported");
-                println!("Demo: open {}/.well-known/resourcesync", config.base_url());
+                let base = config.base_url();
+                println!("Demo: open {base}/ (the sets and their documents) or {base}/.well-known/resourcesync");
+                println!(
+                    "Admin API: {base}/admin/v1/openapi.json, with the token {}:
+  resourcesync-hub admin stats --url {base} --token {}",
+                    config.admin.token, config.admin.token
+                );
+                println!(
+                    "Harvest it: resourcesync-hub harvest config > harvest.toml, set source.url = \"{base}/.well-known/resourcesync\", then resourcesync-hub harvest --config harvest.toml"
+                );
             }
             app::run(config, listener, app::shutdown_signal()).await
         }

@@ -161,7 +161,7 @@ impl HarvestConfig {
             }
             fig = fig.merge(Toml::file_exact(f));
         }
-        let c: HarvestConfig = fig.extract().map_err(|e| {
+        let mut c: HarvestConfig = fig.extract().map_err(|e| {
             let lines: Vec<String> = e
                 .into_iter()
                 .map(|e| {
@@ -179,6 +179,17 @@ impl HarvestConfig {
                 .collect();
             HarvestConfigError::Invalid(lines.join("; "))
         })?;
+        // Relative paths in the file are taken from its folder.
+        crate::config::beside_file(&fig, "state.dir", &mut c.state.dir);
+        crate::config::beside_file(&fig, "output.dir", &mut c.output.dir);
+        for m in &mut c.output.map {
+            crate::config::beside_file(&fig, "output.map", &mut m.dir);
+        }
+        if !c.output.root.contains("://") {
+            let mut root = PathBuf::from(&c.output.root);
+            crate::config::beside_file(&fig, "output.root", &mut root);
+            c.output.root = root.display().to_string();
+        }
         c.validate()?;
         Ok(c)
     }

@@ -252,12 +252,13 @@ pub async fn subscribe(
             ],
         )
         .await
-        .map_err(|e| anyhow::anyhow!("subscribing at {}: {e}", short(hub)))?;
+        .map_err(|e| anyhow::anyhow!("cannot reach the hub {}: {e}", short(hub)))?;
     if !status.is_success() {
         anyhow::bail!(
-            "the hub {} refused the subscription to {}: {status} {text}",
+            "the hub {} refused the subscription (callback {}): {status} {}",
             short(hub),
-            short(topic)
+            short(callback),
+            short(text.trim())
         );
     }
     tracing::info!(hub = %short(hub), topic = %short(topic), "subscription requested");

@@ -771,6 +771,17 @@ impl Harvester {
         if !due {
             return;
         }
+        if let Some(s) = current.as_ref().filter(|s| s.state == "requested") {
+            self.subscription_problem(
+                set,
+                &format!(
+                    "the hub accepted the request but has not verified the callback {} within 60 s: the hub must be able to \
+                     reach it (push.listen, push.callback_url), and a hub may refuse to call loopback or private addresses \
+                     (resourcesync-hub: hub.allow_networks)",
+                    short(&s.callback)
+                ),
+            );
+        }
         // The callback keeps its token across renewals; a new one for a new callback.
         let callback = match current.filter(|s| s.callback.starts_with(&ours)) {
             Some(s) => s.callback,
@@ -793,7 +804,18 @@ impl Harvester {
         )
         .await
         {
-            tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "subscription request failed; retried at the next check");
+            self.subscription_problem(set, &format!("{e:#}"));
+        }
+    }
+
+    /// Records why a set's subscription does not work, logged once per reason; shown by
+    /// `harvest status`. Push is then replaced by reading Change Lists, and asked for again.
+    fn subscription_problem(&self, set: &Followed, reason: &str) {
+        let reason = short(reason);
+        match self.state.subscription_problem(set.row.id, &reason) {
+            Ok(true) => tracing::warn!(set = %set.info.name, reason = %reason, "no push: the subscription does not work (Change Lists are read every follow.check_interval_secs; asked again)"),
+            Ok(false) => tracing::debug!(set = %set.info.name, reason = %reason, "the subscription still does not work"),
+            Err(e) => tracing::warn!(error = %e, "cannot record the subscription's problem"),
         }
     }
 }
@@ -1626,13 +1648,12 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
                     .map(|(v, l)| v.plus_secs(l).to_string())
                     .unwrap_or("-".into());
                 out.push_str(&format!(
-                    "  subscription:     {} at {} (topic {}, callback {}, lease until {expires}{})\n",
-                    sub.state,
-                    sub.hub,
-                    sub.topic,
-                    sub.callback,
-                    sub.reason.map(|r| format!(", reason: {}", short(&r))).unwrap_or_default()
+                    "  subscription:     {} at {} (topic {}, callback {}, lease until {expires})\n",
+                    sub.state, sub.hub, sub.topic, sub.callback,
                 ));
+                if let Some(r) = sub.reason {
+                    out.push_str(&format!("  no push because:  {}\n", short(&r)));
+                }
             }
             None => out.push_str("  subscription:     none\n"),
         }

@@ -576,14 +576,26 @@ impl State {
             .optional()?)
     }
 
-    /// A subscription request sent (or about to be): replaces the previous one.
+    /// A subscription request sent (or about to be): replaces the previous one, keeping the
+    /// reason the previous one did not work (until the hub verifies this one).
     pub fn requested(&self, s: &Subscription) -> R<()> {
         self.c().execute(
-            "INSERT OR REPLACE INTO subscriptions (set_id, hub, topic, callback, secret, state, requested_at, verified_at, lease_secs, reason)
-             VALUES (?1, ?2, ?3, ?4, ?5, 'requested', ?6, NULL, NULL, NULL)",
+            "INSERT INTO subscriptions (set_id, hub, topic, callback, secret, state, requested_at, verified_at, lease_secs, reason)
+             VALUES (?1, ?2, ?3, ?4, ?5, 'requested', ?6, NULL, NULL, NULL)
+             ON CONFLICT (set_id) DO UPDATE SET hub = ?2, topic = ?3, callback = ?4, secret = ?5,
+               state = 'requested', requested_at = ?6, verified_at = NULL, lease_secs = NULL",
             params![s.set_id, s.hub, s.topic, s.callback, s.secret, s.requested_at.0],
         )?;
         Ok(())
+    }
+
+    /// Why a subscription does not work yet (the hub refused it, or never verified it);
+    /// `true` when the reason is new (then it is worth a log line).
+    pub fn subscription_problem(&self, set_id: i64, reason: &str) -> R<bool> {
+        Ok(self.c().execute(
+            "UPDATE subscriptions SET reason = ?2 WHERE set_id = ?1 AND reason IS NOT ?2",
+            params![set_id, reason],
+        )? > 0)
     }
 
     pub fn verified(&self, set_id: i64, lease_secs: u64) -> R<()> {

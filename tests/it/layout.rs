@@ -40,6 +40,53 @@ fn rust_files(p: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
+/// The top-level modules a file names after `crate::`, grouped imports too
+/// (`use crate::{model::X, sitemap}` names `model` and `sitemap`).
+fn crate_uses(text: &str) -> Vec<String> {
+    let ident = |s: &str| -> String {
+        s.trim_start()
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect()
+    };
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("crate::") {
+        let rest = &text[i + 7..];
+        if let Some(group) = rest.strip_prefix('{') {
+            // The top-level items of the group: split at commas outside nested braces.
+            let mut depth = 0;
+            let mut start = 0;
+            for (j, c) in group.char_indices() {
+                match c {
+                    '{' => depth += 1,
+                    '}' if depth == 0 => {
+                        out.push(ident(&group[start..j]));
+                        break;
+                    }
+                    '}' => depth -= 1,
+                    ',' if depth == 0 => {
+                        out.push(ident(&group[start..j]));
+                        start = j + 1;
+                    }
+                    _ => {}
+                }
+            }
+        } else {
+            out.push(ident(rest));
+        }
+    }
+    out.retain(|u| !u.is_empty());
+    out
+}
+
+#[test]
+fn grouped_imports_are_read() {
+    assert_eq!(
+        crate_uses("use crate::{model::{A, B}, sitemap,\n  hub::X};\nlet x = crate::store::y;"),
+        ["model", "sitemap", "hub", "store"]
+    );
+}
+
 #[test]
 fn modules_only_use_lower_floors() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
@@ -63,12 +110,8 @@ fn modules_only_use_lower_floors() {
         rust_files(&src.join(module), &mut files);
         for f in files {
             let text = std::fs::read_to_string(&f).unwrap();
-            for (i, _) in text.match_indices("crate::") {
-                let used: String = text[i + 7..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_lowercase() || *c == '_')
-                    .collect();
-                if used == module || used.is_empty() {
+            for used in crate_uses(&text) {
+                if used == module {
                     continue;
                 }
                 if module == "destination" && DESTINATION_NEVER_USES.contains(&used.as_str()) {
