@@ -6,7 +6,12 @@ use serde_json::Value;
 #[derive(Args)]
 pub struct AdminArgs {
     /// Base URL of the running server.
-    #[arg(long, env = "RSHUB_ADMIN_URL", default_value = "http://127.0.0.1:8080", global = true)]
+    #[arg(
+        long,
+        env = "RSHUB_ADMIN_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
     pub url: String,
     /// The server's admin.token (required; anywhere on the command line).
     #[arg(long, env = "RSHUB_ADMIN_TOKEN", hide_env_values = true, global = true)]

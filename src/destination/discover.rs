@@ -26,6 +26,12 @@ pub struct SetInfo {
 /// Capability Lists followed at most (a Source Description listing more is cut there).
 const MAX_SETS: usize = 1000;
 
+/// The configuration asks for what the source does not have (a set it does not offer):
+/// trying again will not help, so the harvester stops and says so.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigMismatch(pub String);
+
 /// Parses a small document through the bounded reader.
 pub fn parse(body: &[u8], max_token: usize) -> Result<sitemap::Document, sitemap::ReadError> {
     let mut r = sitemap::EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
@@ -46,19 +52,33 @@ pub async fn discover(
     wanted: &[String],
     max_token: usize,
 ) -> anyhow::Result<(Vec<SetInfo>, Vec<(String, String)>)> {
-    let doc = match f
-        .document(url)
-        .await
-        .ok()
-        .and_then(|b| parse(&b, max_token).ok())
-    {
-        Some(d) => d,
-        None => {
+    // The URL as given; when it answers with an HTTP error or is not a sitemap, the Source
+    // Description under it (a base URL). A source that cannot be reached at all is said so.
+    let first = match f.document(url).await {
+        Ok(b) => parse(&b, max_token).map_err(|e| e.to_string()),
+        Err(e) if e.status.is_some() || e.refused.is_some() => Err(e.message),
+        Err(e) => anyhow::bail!("cannot read the source: {}", e.message),
+    };
+    let doc = match first {
+        Ok(d) => d,
+        Err(why)
+            if url
+                .trim_end_matches('/')
+                .ends_with("/.well-known/resourcesync") =>
+        {
+            anyhow::bail!("cannot read the Source Description {}: {why}", short(url))
+        }
+        Err(why) => {
             let sd = format!("{}/.well-known/resourcesync", url.trim_end_matches('/'));
             let body = f.document(&sd).await.map_err(|e| {
-                anyhow::anyhow!("{url} is neither a Source Description nor a Capability List, and {sd} cannot be read: {e}")
+                anyhow::anyhow!(
+                    "{} is neither a Source Description nor a Capability List ({why}), and {} cannot be read: {}",
+                    short(url),
+                    short(&sd),
+                    e.message
+                )
             })?;
-            parse(&body, max_token).map_err(|e| anyhow::anyhow!("{sd}: {e}"))?
+            parse(&body, max_token).map_err(|e| anyhow::anyhow!("{}: {e}", short(&sd)))?
         }
     };
     let mut refused = Vec::new();
@@ -91,10 +111,11 @@ pub async fn discover(
             .any(|c| *w == c || **w == set_name(c))
     }) {
         let names: Vec<String> = capability_lists.iter().map(|c| set_name(c)).collect();
-        anyhow::bail!(
+        return Err(ConfigMismatch(format!(
             "source.sets names {w:?}, which the source does not offer; it offers: {}",
             names.join(", ")
-        );
+        ))
+        .into());
     }
     let mut out = Vec::new();
     for cap in capability_lists {

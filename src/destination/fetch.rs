@@ -42,6 +42,8 @@ pub struct FetchError {
     pub retry: bool,
     pub retry_after: Option<Duration>,
     pub refused: Option<Refusal>,
+    /// The HTTP status, when the server answered with one that is not a success.
+    pub status: Option<u16>,
 }
 
 impl FetchError {
@@ -51,6 +53,7 @@ impl FetchError {
             retry: false,
             retry_after: None,
             refused: None,
+            status: None,
         }
     }
 
@@ -513,12 +516,55 @@ fn transport(url: &str, e: reqwest::Error) -> FetchError {
     }
     let slow = e.is_timeout();
     let retry = !slow && (e.is_connect() || e.is_request() || e.is_body());
+    let e = e.without_url();
     FetchError {
-        message: format!("{}: {}", short(url), chain(&e.without_url())),
+        message: format!(
+            "{}: {}",
+            short(url),
+            in_words(&e).unwrap_or_else(|| chain(&e))
+        ),
         retry,
         retry_after: None,
         refused: None,
+        status: None,
     }
+}
+
+/// A transport error as a reader says it ("connection refused", "timed out"), when its
+/// causes name a known one; the technical chain otherwise.
+fn in_words(e: &reqwest::Error) -> Option<String> {
+    use std::io::ErrorKind;
+    if e.is_timeout() {
+        return Some(format!("timed out ({})", chain(e)));
+    }
+    let mut src: Option<&dyn std::error::Error> = Some(e);
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            let words = match io.kind() {
+                ErrorKind::ConnectionRefused => "connection refused (nothing listens on that port)",
+                ErrorKind::ConnectionReset => "connection reset by the server",
+                ErrorKind::ConnectionAborted => "connection aborted",
+                ErrorKind::TimedOut => "timed out connecting",
+                ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => {
+                    "host or network unreachable"
+                }
+                ErrorKind::UnexpectedEof => "the server closed the connection early",
+                _ => "",
+            };
+            if !words.is_empty() {
+                return Some(words.into());
+            }
+        }
+        let text = s.to_string();
+        if text.contains("dns error") || text.contains("failed to lookup address") {
+            return Some(format!("cannot resolve the host name ({})", chain(s)));
+        }
+        if text.contains("certificate") {
+            return Some(format!("TLS: {text}"));
+        }
+        src = s.source();
+    }
+    None
 }
 
 fn local(dir: &Path, e: std::io::Error) -> FetchError {
@@ -555,6 +601,7 @@ fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
         retry,
         retry_after,
         refused: None,
+        status: Some(s.as_u16()),
     })
 }
 

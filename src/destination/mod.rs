@@ -813,8 +813,12 @@ impl Harvester {
     fn subscription_problem(&self, set: &Followed, reason: &str) {
         let reason = short(reason);
         match self.state.subscription_problem(set.row.id, &reason) {
-            Ok(true) => tracing::warn!(set = %set.info.name, reason = %reason, "no push: the subscription does not work (Change Lists are read every follow.check_interval_secs; asked again)"),
-            Ok(false) => tracing::debug!(set = %set.info.name, reason = %reason, "the subscription still does not work"),
+            Ok(true) => {
+                tracing::warn!(set = %set.info.name, reason = %reason, "no push: the subscription does not work (Change Lists are read every follow.check_interval_secs; asked again)")
+            }
+            Ok(false) => {
+                tracing::debug!(set = %set.info.name, reason = %reason, "the subscription still does not work")
+            }
             Err(e) => tracing::warn!(error = %e, "cannot record the subscription's problem"),
         }
     }
@@ -847,6 +851,7 @@ impl Harvester {
             retry: false,
             retry_after: None,
             refused: None,
+            status: None,
         };
         let f = std::fs::File::open(file.path()).map_err(|e| bad(e.to_string()))?;
         let reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
@@ -1499,16 +1504,22 @@ pub async fn run(
         let mut pause = Duration::from_secs(1);
         let sets = loop {
             match h.discover().await {
-                Ok(s) => break s,
+                Ok(s) => {
+                    h.state.source_error("", None)?;
+                    break s;
+                }
+                Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => return Err(e),
                 Err(e) => {
-                    tracing::warn!(error = %format!("{e:#}"), retry_in = ?pause, "cannot read the source yet");
+                    let e = format!("{e:#}");
+                    h.state.source_error("", Some(&e))?;
+                    tracing::warn!(error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
                     tokio::time::sleep(pause).await;
                     pause =
                         (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
                 }
             }
         };
-        tracing::info!(sets = ?sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>(), "following");
+        tracing::info!(sets = %sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>().join(", "), "following");
         for s in &sets {
             // Subscribe first, so that nothing published during the baseline is lost to push
             // (the Change Lists would bring it anyway).
@@ -1616,7 +1627,13 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
         );
     }
     let state = State::open(&db)?;
-    let mut out = String::new();
+    let mut out = format!("source {}\n", cfg.source.url);
+    match state.source_failing("")? {
+        Some((e, since)) => out.push_str(&format!(
+            "  reachable:        NO, failing since {since}: {e}\n"
+        )),
+        None => out.push_str("  reachable:        yes\n"),
+    }
     let sets = state.sets()?;
     for s in &sets {
         let lag = match (s.source_latest, s.position) {

@@ -189,6 +189,8 @@ impl State {
                secret TEXT NOT NULL, state TEXT NOT NULL, requested_at INTEGER NOT NULL,
                verified_at INTEGER, lease_secs INTEGER, reason TEXT);
              CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS sources (
+               name TEXT PRIMARY KEY, last_error TEXT, failing_since INTEGER, ok_at INTEGER);
              CREATE TABLE IF NOT EXISTS refused (
                set_id INTEGER NOT NULL, uri TEXT NOT NULL, reason TEXT NOT NULL,
                count INTEGER NOT NULL, first_at INTEGER NOT NULL, last_at INTEGER NOT NULL,
@@ -293,6 +295,37 @@ impl State {
             params![set_id, error.map(|e| super::scope::short(e).into_owned())],
         )?;
         Ok(())
+    }
+
+    /// Records that the source (by name; `""` for the single `[source]`) could not be read,
+    /// and since when; `None`: it answered.
+    pub fn source_error(&self, name: &str, error: Option<&str>) -> R<()> {
+        let now = Timestamp::now().0;
+        match error {
+            Some(e) => self.c().execute(
+                "INSERT INTO sources (name, last_error, failing_since) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (name) DO UPDATE SET last_error = ?2, failing_since = COALESCE(failing_since, ?3)",
+                params![name, super::scope::short(e).into_owned(), now],
+            )?,
+            None => self.c().execute(
+                "INSERT INTO sources (name, ok_at) VALUES (?1, ?2)
+                 ON CONFLICT (name) DO UPDATE SET last_error = NULL, failing_since = NULL, ok_at = ?2",
+                params![name, now],
+            )?,
+        };
+        Ok(())
+    }
+
+    /// The source's last error and since when it fails, if it does.
+    pub fn source_failing(&self, name: &str) -> R<Option<(String, Timestamp)>> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT last_error, failing_since FROM sources WHERE name = ?1 AND last_error IS NOT NULL",
+                [name],
+                |r| Ok((r.get(0)?, Timestamp(r.get(1)?))),
+            )
+            .optional()?)
     }
 
     pub fn checked(&self, set_id: i64, source_latest: Option<Timestamp>) -> R<()> {

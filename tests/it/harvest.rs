@@ -473,8 +473,14 @@ pub struct ChildHarvester {
 
 impl ChildHarvester {
     pub fn start(config: &Path) -> ChildHarvester {
+        ChildHarvester::start_in(config, Path::new("."))
+    }
+
+    /// Started from the folder `cwd`.
+    pub fn start_in(config: &Path, cwd: &Path) -> ChildHarvester {
         use std::io::{BufRead, BufReader};
         let mut child = std::process::Command::new(ChildServer::BIN)
+            .current_dir(cwd)
             .args(["harvest", "--config"])
             .arg(config)
             .env("RUST_LOG", "info")

@@ -9,6 +9,7 @@ mod documents;
 mod dumps;
 mod elastic;
 mod external;
+mod first_hour;
 mod harvest;
 mod hostile;
 mod hub;
