@@ -84,7 +84,9 @@ impl Api {
             .bearer_auth(&self.token)
             .send()
             .await
-            .map_err(|e| anyhow::anyhow!("cannot reach {}: {e}", self.base))?;
+            .map_err(|e| {
+                anyhow::Error::new(e.without_url()).context(format!("cannot reach {}", self.base))
+            })?;
         let status = r.status();
         let text = r.text().await?;
         if !status.is_success() {

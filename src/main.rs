@@ -292,9 +292,8 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
             Ok(())
         }
         HarvestCommand::Recreate { at } => {
-            let at = resourcesync_hub::model::Timestamp::parse(&at).map_err(|e| {
-                anyhow::anyhow!("--at {at:?} is not a datetime like 2026-11-23T10:00:00Z: {e}")
-            })?;
+            let at = resourcesync_hub::model::Timestamp::parse_zoned(&at, "--at")
+                .map_err(|e| anyhow::anyhow!("{e} (a datetime like 2026-11-23T10:00:00Z)"))?;
             println!("{}", destination::recreate(&cfg, at).await?);
             Ok(())
         }

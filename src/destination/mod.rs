@@ -671,7 +671,7 @@ impl Harvester {
             return Ok(()); // baseline still running: the Change Lists will bring it
         };
         if from.is_none_or(|f| f > p) {
-            tracing::info!(set = %set.info.name, position = %p, from = ?from.map(|f| f.to_string()), "gap before a notification: filling it from the Change Lists");
+            tracing::info!(set = %set.info.name, position = %p, from = %from.map_or("-".to_string(), |f| f.to_string()), "gap before a notification: filling it from the Change Lists");
             self.catch_up(set).await?;
         }
         let p = self.row(set.row.id)?.position.unwrap_or(p);

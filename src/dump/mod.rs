@@ -472,7 +472,7 @@ impl Dumps {
         };
         let resp = rt
             .block_on(client.get(&url).send())
-            .map_err(|e| anyhow::anyhow!("fetching {url}: {e}"))?;
+            .map_err(|e| anyhow::Error::new(e.without_url()).context(format!("fetching {url}")))?;
         policy
             .check_peer(&resp)
             .map_err(|e| anyhow::anyhow!("fetching {url}: {e}"))?;

@@ -404,7 +404,7 @@ async fn run_lane(
                 hub.log_attempt(record);
                 match wait {
                     Some(wait) => {
-                        tracing::info!(message = msg, attempts, ?status, %error, retry_in = ?wait, "delivery failed; will retry");
+                        tracing::info!(message = msg, attempts, status = status.map_or(0, |s| s as u64), %error, retry_in_secs = wait.as_secs_f64(), "delivery failed; will retry");
                         let next_at = Timestamp(at.micros() + wait.as_micros() as i64);
                         hub.record(Outcome::Retry {
                             sub: sub_id,
@@ -420,7 +420,7 @@ async fn run_lane(
                         job.due = Some(Instant::now() + wait);
                     }
                     None => {
-                        tracing::warn!(message = msg, attempts, ?status, %error, "delivery failed; retry schedule exhausted");
+                        tracing::warn!(message = msg, attempts, status = status.map_or(0, |s| s as u64), %error, "delivery failed; retry schedule exhausted");
                         hub.record(Outcome::Failed {
                             sub: sub_id,
                             message: msg,

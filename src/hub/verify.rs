@@ -85,7 +85,11 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
     if intent.mode == IntentMode::Denied {
         match resp {
             Ok(r) => {
-                tracing::info!(status = r.status().as_u16(), reason = ?intent.reason, "denial sent")
+                tracing::info!(
+                    status = r.status().as_u16(),
+                    reason = intent.reason.as_deref().unwrap_or(""),
+                    "denial sent"
+                )
             }
             Err(e) => tracing::info!(error = %e, "denial could not be sent"),
         }

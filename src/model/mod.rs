@@ -88,11 +88,11 @@ pub struct ChangeEvent {
     pub md5: Option<String>,
     #[serde(default)]
     pub mime: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "time::zoned::lastmod")]
     pub lastmod: Option<Timestamp>,
     #[serde(default)]
     pub ln: Vec<Link>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "time::zoned::datetime")]
     pub datetime: Option<Timestamp>,
     /// Accepted for DIT documents that carry it; must name the set of the URL if present.
     #[serde(default)]

@@ -45,6 +45,21 @@ impl Timestamp {
         }
     }
 
+    /// As [`Timestamp::parse`], but a date-time without a zone (`Z` or an offset) is refused:
+    /// what our own API accepts says which instant it means. `field` names it in the error.
+    pub fn parse_zoned(s: &str, field: &str) -> Result<Timestamp, String> {
+        let t = s.trim();
+        let zoned = DateTime::parse_from_rfc3339(t).is_ok()
+            || DateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S%.f%z").is_ok();
+        if !zoned && NaiveDateTime::parse_from_str(t, "%Y-%m-%dT%H:%M:%S%.f").is_ok() {
+            return Err(format!(
+                "{field} {} has no time zone: add Z (UTC) or an offset such as +01:00",
+                super::location::excerpt(t)
+            ));
+        }
+        Timestamp::parse(s).map_err(|e| format!("{field} {e}"))
+    }
+
     fn parse_any(s: &str) -> Result<Timestamp, String> {
         let s = s.trim();
         if let Ok(t) = DateTime::parse_from_rfc3339(s) {
@@ -123,6 +138,33 @@ impl<'de> serde::Deserialize<'de> for Timestamp {
     }
 }
 
+/// Deserializers for fields of our own API that must carry a zone (see
+/// [`Timestamp::parse_zoned`]).
+pub mod zoned {
+    use super::Timestamp;
+    use serde::Deserialize;
+
+    fn named<'de, D: serde::Deserializer<'de>>(
+        d: D,
+        field: &str,
+    ) -> Result<Option<Timestamp>, D::Error> {
+        match Option::<String>::deserialize(d)? {
+            None => Ok(None),
+            Some(s) => Timestamp::parse_zoned(&s, field)
+                .map(Some)
+                .map_err(serde::de::Error::custom),
+        }
+    }
+
+    pub fn datetime<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+        named(d, "datetime")
+    }
+
+    pub fn lastmod<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Timestamp>, D::Error> {
+        named(d, "lastmod")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -135,6 +177,13 @@ mod tests {
         assert_eq!(Timestamp::parse("2016-03-01T12:30:00").unwrap(), z);
         assert_eq!(z.to_string(), "2016-03-01T12:30:00Z");
         assert!(Timestamp::parse("2016-03-01").is_err());
+        assert!(Timestamp::parse_zoned("2016-03-01T12:30:00", "datetime")
+            .unwrap_err()
+            .contains("has no time zone"));
+        assert_eq!(
+            Timestamp::parse_zoned("2016-03-01T12:30:00Z", "datetime"),
+            Ok(z)
+        );
         assert!(Timestamp::parse("yesterday")
             .unwrap_err()
             .contains("yesterday"));

@@ -142,6 +142,15 @@ async fn framing_size_and_datetime_checks() {
         .unwrap();
     assert_eq!(r.status(), 400);
 
+    // A datetime without a zone could mean any of 26 instants: refused, naming the field.
+    let zoneless = r#"{"change":"created","location":{"type":"url","value":"http://x.org/z"},"lastmod":"2024-01-01T00:00:00"}"#;
+    let r = app.ingest("s", zoneless).await;
+    assert_eq!(r.status(), 422);
+    let text = r.text().await.unwrap();
+    assert!(
+        text.contains(r#"lastmod \"2024-01-01T00:00:00\" has no time zone"#),
+        "{text}"
+    );
     let future = r#"{"change":"created","location":{"type":"url","value":"http://x.org/f"},"datetime":"2999-01-01T00:00:00Z"}"#;
     let r = app.ingest("s", future).await;
     assert_eq!(r.status(), 422);

@@ -269,7 +269,7 @@ impl Es {
     pub async fn check_indices(&self) -> Result<Vec<String>, StoreError> {
         let recreated = self.ensure_indices().await?;
         if !recreated.is_empty() {
-            tracing::error!(indices = ?recreated, "indices were missing (the cluster was rebuilt or they were deleted): \
+            tracing::error!(indices = %recreated.join(", "), "indices were missing (the cluster was rebuilt or they were deleted): \
                 recreated with their mappings; what they held is gone");
         }
         Ok(recreated)
