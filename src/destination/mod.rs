@@ -261,6 +261,7 @@ impl Harvester {
         let (header, parts, mut docs) = self.list_parts(set, rl, "Resource List").await?;
         let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let bar = progress(&format!("baseline {}", set.info.name));
+        let mut total = Total::new(parts.len());
         let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<(Change, String)> = Vec::new();
@@ -270,8 +271,10 @@ impl Harvester {
                 .open_part(set, part, "Resource List part", &mut docs)
                 .await?
             else {
+                total.skip(&bar);
                 continue;
             };
+            total.add(&bar, &doc);
             let r = &mut doc.reader;
             while let Some(e) = r.next_entry()? {
                 bar.inc(1);
@@ -1414,6 +1417,75 @@ fn progress(what: &str) -> ProgressBar {
     bar
 }
 
+/// The baseline's total for its progress bar: the entries of the parts read so far, and for
+/// the parts still to come, as many as the parts read had on average (parts are filled in
+/// order, so this is close).
+struct Total {
+    parts: usize,
+    opened: usize,
+    entries: u64,
+}
+
+impl Total {
+    fn new(parts: usize) -> Total {
+        Total {
+            parts,
+            opened: 0,
+            entries: 0,
+        }
+    }
+
+    /// A part opened: its entries counted (a quick scan of the file on disk).
+    fn add(&mut self, bar: &ProgressBar, doc: &OnDisk) {
+        self.opened += 1;
+        self.entries += count_entries(doc._file.path()).unwrap_or(0);
+        self.show(bar);
+    }
+
+    /// A part refused: one fewer to come.
+    fn skip(&mut self, bar: &ProgressBar) {
+        self.parts = self.parts.saturating_sub(1);
+        self.show(bar);
+    }
+
+    fn show(&self, bar: &ProgressBar) {
+        if self.opened == 0 {
+            return;
+        }
+        let rest = (self.parts.saturating_sub(self.opened)) as u64;
+        let len = self.entries + self.entries / self.opened as u64 * rest;
+        if bar.length().is_none() {
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {msg}: {pos}/{len} resources ({per_sec}, {eta} left) {elapsed}",
+                )
+                .expect("template"),
+            );
+        }
+        bar.set_length(len.max(bar.position()));
+    }
+}
+
+/// How many `<url>` entries a sitemap file holds (counted by their closing tags).
+fn count_entries(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::io::Read;
+    const TAG: &[u8] = b"</url>";
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut n, mut kept) = (0u64, 0usize);
+    loop {
+        let read = f.read(&mut buf[kept..])?;
+        if read == 0 {
+            return Ok(n);
+        }
+        let end = kept + read;
+        n += memchr::memmem::find_iter(&buf[..end], TAG).count() as u64;
+        // Keep a tail shorter than the tag: a tag cut by the chunk's end is counted next time.
+        kept = (TAG.len() - 1).min(end);
+        buf.copy_within(end - kept..end, 0);
+    }
+}
+
 /// A Resource List entry as a change of kind `kind` at `datetime`.
 fn entry_change(e: &ParsedEntry, kind: &str, datetime: Timestamp) -> Change {
     Change {
@@ -1880,4 +1952,19 @@ pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
         "NOT IN SYNC\n"
     });
     Ok((out, in_sync))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Entries are counted across the scan's 1 MiB chunks, a tag cut by a chunk's end too.
+    #[test]
+    fn entries_are_counted_across_chunks() {
+        let mut text = Vec::new();
+        text.extend_from_slice(b"<urlset><url><loc>a</loc></url>");
+        text.resize((1 << 20) - 3, b' ');
+        text.extend_from_slice(b"</url><url><loc>b</loc></url></urlset>");
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &text).unwrap();
+        assert_eq!(super::count_entries(f.path()).unwrap(), 3);
+    }
 }
