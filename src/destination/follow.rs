@@ -66,12 +66,32 @@ pub fn callback_url(base: &str, set_id: i64, token: &str) -> String {
     format!("{}/cb/{set_id}/{token}", base.trim_end_matches('/'))
 }
 
-/// A fresh callback token (hex of 16 random bytes).
-pub fn new_token() -> anyhow::Result<String> {
+/// A fresh callback token: the harvester's id (see [`State::harvester_id`]), a dot, and the
+/// hex of 16 random bytes.
+pub fn new_token(harvester: &str) -> anyhow::Result<String> {
     let mut b = [0u8; 16];
     getrandom::fill(&mut b)
         .map_err(|e| anyhow::anyhow!("no randomness for a callback token: {e}"))?;
-    Ok(crate::digest::hex_digest(b))
+    Ok(format!("{harvester}.{}", crate::digest::hex_digest(b)))
+}
+
+/// A request at a callback that carries another harvester's id: two harvesters share one
+/// callback URL. Said once (and counted for `harvest status`); answered 404, so the hub
+/// keeps retrying the other harvester's subscription rather than dropping it.
+fn foreign(state: &State, token: &str) -> bool {
+    let Some((other, _)) = token.split_once('.') else {
+        return false;
+    };
+    match state.harvester_id() {
+        Ok(mine) if mine != other => {
+            if state.counter("foreign").unwrap_or(0) == 0 {
+                tracing::warn!(other, mine = %mine, "a hub called back for another harvester's subscription: two harvesters share one callback URL (give each its own push.listen and push.callback_url)");
+            }
+            let _ = state.bump("foreign");
+            true
+        }
+        _ => false,
+    }
 }
 
 /// The subscription of set `id` when `token` is its callback's, compared in constant time.
@@ -89,6 +109,7 @@ async fn verify(
     Query(q): Query<HashMap<String, String>>,
 ) -> impl IntoResponse {
     let Ok(Some(sub)) = subscription_of(&ctx.state, id, &token) else {
+        foreign(&ctx.state, &token);
         return (StatusCode::NOT_FOUND, String::new());
     };
     let mode = q.get("hub.mode").map(String::as_str);
@@ -144,6 +165,8 @@ async fn deliver(
 ) -> Response {
     let sub = match subscription_of(&ctx.state, id, &token) {
         Ok(Some(s)) => s,
+        // Another harvester's: not ours to end.
+        Ok(None) if foreign(&ctx.state, &token) => return StatusCode::NOT_FOUND.into_response(),
         // Not subscribed here (any more): 410 tells the hub to stop.
         Ok(None) => return StatusCode::GONE.into_response(),
         Err(()) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),

@@ -788,7 +788,12 @@ impl Harvester {
         // The callback keeps its token across renewals; a new one for a new callback.
         let callback = match current.filter(|s| s.callback.starts_with(&ours)) {
             Some(s) => s.callback,
-            None => match follow::new_token() {
+            None => match self
+                .state
+                .harvester_id()
+                .map_err(anyhow::Error::from)
+                .and_then(|id| follow::new_token(&id))
+            {
                 Ok(t) => follow::callback_url(&self.callback_base, set.row.id, &t),
                 Err(e) => {
                     tracing::warn!(error = %e, "no callback token");
@@ -1544,7 +1549,14 @@ pub async fn run(
         let listener = match listener {
             Some(l) => l,
             None => TcpListener::bind(&cfg.push.listen).await.map_err(|e| {
-                anyhow::anyhow!("cannot listen on push.listen {}: {e}", cfg.push.listen)
+                if e.kind() == std::io::ErrorKind::AddrInUse {
+                    anyhow::anyhow!(
+                        "cannot listen on push.listen {}: another program (another harvester?) listens there; give each harvester its own push.listen port (and push.callback_url)",
+                        cfg.push.listen
+                    )
+                } else {
+                    anyhow::anyhow!("cannot listen on push.listen {}: {e}", cfg.push.listen)
+                }
             })?,
         };
         if callback_base.is_empty() {
@@ -1794,6 +1806,12 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
         state.counter("unsigned")?,
         state.counter("bad_signature")?
     ));
+    let foreign = state.counter("foreign")?;
+    if foreign > 0 {
+        out.push_str(&format!(
+            "callback requests for another harvester: {foreign} (two harvesters share one callback URL: give each its own push.listen and push.callback_url)\n"
+        ));
+    }
     Ok(out)
 }
 

@@ -754,6 +754,26 @@ impl State {
             .optional()?)
     }
 
+    /// This state's own id (12 hex digits, made once, kept): callback paths carry it, so
+    /// two harvesters never take each other's deliveries for their own.
+    pub fn harvester_id(&self) -> R<String> {
+        let mut b = [0u8; 6];
+        getrandom::fill(&mut b)
+            .map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?;
+        let fresh = b.iter().fold(0i64, |n, x| n << 8 | *x as i64);
+        let c = self.c();
+        c.execute(
+            "INSERT OR IGNORE INTO counters (name, value) VALUES ('harvester_id', ?1)",
+            [fresh],
+        )?;
+        let id: i64 = c.query_row(
+            "SELECT value FROM counters WHERE name = 'harvester_id'",
+            [],
+            |r| r.get(0),
+        )?;
+        Ok(format!("{id:012x}"))
+    }
+
     pub fn bump(&self, counter: &str) -> R<()> {
         self.c().execute(
             "INSERT INTO counters (name, value) VALUES (?1, 1) ON CONFLICT(name) DO UPDATE SET value = value + 1",

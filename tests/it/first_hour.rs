@@ -209,3 +209,68 @@ fn a_misspelled_set_is_an_error_naming_it() {
         "{err}"
     );
 }
+
+/// Two harvesters and one callback: the second on the same `push.listen` stops at once and
+/// says why; one that gives the first's URL as its `push.callback_url` never takes the
+/// first's deliveries, and the first says what it saw.
+#[test]
+fn two_harvesters_never_share_a_callback() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ChildServer::serve(
+        &[
+            "--demo",
+            "--data-dir",
+            tmp.path().join("data").to_str().unwrap(),
+        ],
+        &[],
+    );
+    let listen = format!("127.0.0.1:{}", free_port());
+    let harvester = |name: &str, edit: &dyn Fn(String) -> String| {
+        let dir = tmp.path().join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        harvest_toml(&dir, |t| {
+            let t = set_key(
+                t,
+                "source",
+                "url",
+                &format!("\"{}\"", server.url("/.well-known/resourcesync")),
+            );
+            edit(t)
+        })
+    };
+    let first = harvester("first", &|t| {
+        set_key(t, "push", "listen", &format!("\"{listen}\""))
+    });
+    let a = ChildHarvester::start(&first);
+    wait_status(&first, &a, "subscription:     active", 60);
+
+    let same_listen = harvester("second", &|t| {
+        set_key(t, "push", "listen", &format!("\"{listen}\""))
+    });
+    let out = std::process::Command::new(ChildServer::BIN)
+        .args(["harvest", "--config"])
+        .arg(&same_listen)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("another harvester?"), "{err}");
+
+    let same_url = harvester("third", &|t| {
+        let t = set_key(t, "push", "listen", "\"127.0.0.1:0\"");
+        set_key(t, "push", "callback_url", &format!("\"http://{listen}\""))
+    });
+    let c = ChildHarvester::start(&same_url);
+    wait_status(&first, &a, "callback requests for another harvester", 30);
+    assert!(
+        status(&first).contains("subscription:     active"),
+        "{}",
+        status(&first)
+    );
+    assert!(
+        !status(&same_url).contains("subscription:     active"),
+        "{}",
+        status(&same_url)
+    );
+    drop(c);
+}
