@@ -72,7 +72,7 @@ async fn main() -> anyhow::Result<()> {
     cfg.output.root = dir.join("archive").to_string_lossy().into_owned();
     cfg.validate()?;
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
-        let o = Ingestion3::open(&cfg.output, &cfg.state.dir)?;
+        let o = Ingestion3::open(&cfg)?;
         let t = Instant::now();
         journal(&o, 0, records, size, 1)?;
         let s = t.elapsed().as_secs_f64();

@@ -51,6 +51,18 @@ pub struct StateSection {
     pub dir: PathBuf,
 }
 
+/// Where the Ingestion 3 archive puts a harvest activity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Layout {
+    /// The storage specification (seed 004): `harvest/<yyyymmdd>/<ts>-<provider>-OriginalRecord.v1.avro/`.
+    #[serde(rename = "spec")]
+    Spec,
+    /// What DPLA's ingestion3 code reads today (`InputHelper.mostRecent`, `ingest.sh`): no
+    /// date level, no `.v1`: `harvest/<ts>-<provider>-OriginalRecord.avro/`.
+    #[serde(rename = "ingestion3-code")]
+    Ingestion3Code,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum OutputKind {
@@ -75,6 +87,8 @@ pub struct OutputSection {
     pub exec: String,
     /// Ingestion 3: the provider token (the archive's top folder, and in file names).
     pub provider: String,
+    /// Ingestion 3: the folder layout of harvest activities.
+    pub layout: Layout,
     /// Ingestion 3: where the archive is kept: a local folder, or `s3://bucket/prefix`.
     pub root: String,
     /// Ingestion 3 on S3: endpoint (empty: AWS), region, path-style addressing. Credentials
@@ -263,13 +277,14 @@ impl HarvestConfig {
         }
         if self.output.kind == OutputKind::Ingestion3 {
             let p = &self.output.provider;
+            // DPLA's activity paths (`\d{8}_\d{6}-[A-Za-z0-9]*-…`) take no `_` or `-` in it.
             if p.is_empty()
                 || !p
                     .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
             {
                 return bad(format!(
-                    "output.provider {p:?} must be a token like cdl or mdl (lowercase letters, digits, - and _)"
+                    "output.provider {p:?} must be a token like cdl or mdl: lowercase letters and digits only (DPLA's tools find no other)"
                 ));
             }
             if self.output.root.is_empty() {

@@ -124,10 +124,7 @@ impl Harvester {
         let state = Arc::new(State::open(&cfg.database_path())?);
         let output: Arc<dyn Output> = match cfg.output.kind {
             config::OutputKind::Mirror => Arc::new(Mirror::new(&cfg.output)?),
-            config::OutputKind::Ingestion3 => Arc::new(output::ingestion3::Ingestion3::open(
-                &cfg.output,
-                &cfg.state.dir,
-            )?),
+            config::OutputKind::Ingestion3 => Arc::new(output::ingestion3::Ingestion3::open(&cfg)?),
         };
         let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
         let fetcher = Fetcher::new(&cfg.fetch, scope);
@@ -1681,10 +1678,7 @@ fn ingestion3(cfg: &HarvestConfig) -> anyhow::Result<Arc<output::ingestion3::Ing
     if cfg.output.kind != config::OutputKind::Ingestion3 {
         anyhow::bail!("this works on the Ingestion 3 archive: set output.kind = \"ingestion3\"");
     }
-    Ok(Arc::new(output::ingestion3::Ingestion3::open(
-        &cfg.output,
-        &cfg.state.dir,
-    )?))
+    Ok(Arc::new(output::ingestion3::Ingestion3::open(cfg)?))
 }
 
 /// `harvest snapshot`: a new complete snapshot of the Ingestion 3 archive now (JSON report).
@@ -1778,6 +1772,17 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
                 p.tries,
                 short(&p.last_error.unwrap_or_default())
             ));
+        }
+    }
+    if cfg.output.kind == config::OutputKind::Ingestion3 {
+        let (n, first) = output::ingestion3::not_archived(&cfg.state.dir, 10)?;
+        if n > 0 {
+            out.push_str(&format!(
+                "\nnot archived ({n}; listed in the next snapshot's _LOGS/skipped.csv):\n"
+            ));
+            for (uri, why) in first {
+                out.push_str(&format!("  {}: {}\n", short(&uri), short(&why)));
+            }
         }
     }
     let (refused, counts) = state.refusals(20)?;

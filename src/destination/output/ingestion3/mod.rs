@@ -28,6 +28,7 @@
 
 pub mod record;
 mod store;
+mod text;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -36,7 +37,7 @@ use std::sync::Mutex;
 use rusqlite::{params, Connection, OptionalExtension};
 
 use super::{Auditor, Holding, Item, Output};
-use crate::destination::config::OutputSection;
+use crate::destination::config::{HarvestConfig, Layout};
 use crate::model::Timestamp;
 use record::{mime_symbol, OriginalRecord, PartWriter, SCHEMA_NAME};
 pub use store::Archive;
@@ -47,6 +48,9 @@ const JOURNAL_EXPORT_SECS: i64 = 10;
 pub struct Ingestion3 {
     archive: Archive,
     provider: String,
+    layout: Layout,
+    /// The source harvested (named in every activity's `_MANIFEST`).
+    source: String,
     /// The connection that appends to the journal (short statements only: a snapshot reads
     /// on a connection of its own, so puts never wait for one).
     journal: Mutex<Connection>,
@@ -83,8 +87,38 @@ pub fn ts_string(t: Timestamp) -> String {
         .to_string()
 }
 
+/// What `harvest status` says of the archive: how many resources are not archived, and
+/// the first few with why (read from the journal in `state_dir`, without opening the archive).
+pub fn not_archived(
+    state_dir: &Path,
+    first: usize,
+) -> anyhow::Result<(u64, Vec<(String, String)>)> {
+    let db = state_dir.join("ingestion3.sqlite");
+    if !db.exists() {
+        return Ok((0, Vec::new()));
+    }
+    let c = Connection::open_with_flags(&db, rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    let n: i64 = c.query_row("SELECT COUNT(*) FROM skipped", [], |r| r.get(0))?;
+    let has_reason: bool = c.query_row(
+        "SELECT COUNT(*) > 0 FROM pragma_table_info('skipped') WHERE name = 'reason'",
+        [],
+        |r| r.get(0),
+    )?;
+    let sql = if has_reason {
+        "SELECT id, coalesce(reason, 'media type ' || coalesce(mime, '')) FROM skipped ORDER BY at DESC LIMIT ?1"
+    } else {
+        "SELECT id, 'media type ' || coalesce(mime, '') FROM skipped ORDER BY at DESC LIMIT ?1"
+    };
+    let mut st = c.prepare(sql)?;
+    let rows = st
+        .query_map([first as i64], |r| Ok((r.get(0)?, r.get(1)?)))?
+        .collect::<Result<Vec<(String, String)>, _>>()?;
+    Ok((n as u64, rows))
+}
+
 impl Ingestion3 {
-    pub fn open(cfg: &OutputSection, state_dir: &Path) -> anyhow::Result<Ingestion3> {
+    pub fn open(harvest: &HarvestConfig) -> anyhow::Result<Ingestion3> {
+        let (cfg, state_dir) = (&harvest.output, harvest.state.dir.as_path());
         let parent = state_dir.join("ingestion3-tmp");
         std::fs::create_dir_all(&parent)
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
@@ -105,9 +139,19 @@ impl Ingestion3 {
                ts TEXT PRIMARY KEY, activity TEXT NOT NULL, through INTEGER NOT NULL,
                records INTEGER, done INTEGER NOT NULL DEFAULT 0);",
         )?;
+        let has_reason: bool = conn.query_row(
+            "SELECT COUNT(*) > 0 FROM pragma_table_info('skipped') WHERE name = 'reason'",
+            [],
+            |r| r.get(0),
+        )?;
+        if !has_reason {
+            conn.execute_batch("ALTER TABLE skipped ADD COLUMN reason TEXT;")?;
+        }
         Ok(Ingestion3 {
             archive: Archive::open(cfg)?,
             provider: cfg.provider.clone(),
+            layout: cfg.layout,
+            source: harvest.source.url.clone(),
             journal: Mutex::new(conn),
             db_path,
             exporting: Mutex::new(()),
@@ -330,12 +374,52 @@ impl Ingestion3 {
         }
     }
 
+    /// The schema name in file names: the specification's `OriginalRecord.v1`, or the
+    /// `OriginalRecord` DPLA's code looks for.
+    fn schema_name(&self) -> &'static str {
+        match self.layout {
+            Layout::Spec => SCHEMA_NAME,
+            Layout::Ingestion3Code => "OriginalRecord",
+        }
+    }
+
+    /// The plan file of the activity started at `ts` (relative to the provider's folder).
+    fn plan_name(&self, ts: &str) -> String {
+        format!("plan/{ts}/{ts}-{}.json", self.schema_name())
+    }
+
+    /// A harvest activity's folder (relative to the provider's).
     fn activity_name(&self, ts: &str) -> String {
-        format!(
-            "harvest/{}/{ts}-{}-{SCHEMA_NAME}.avro",
-            &ts[..8],
-            self.provider
-        )
+        let schema = self.schema_name();
+        match self.layout {
+            Layout::Spec => format!("harvest/{}/{ts}-{}-{schema}.avro", &ts[..8], self.provider),
+            Layout::Ingestion3Code => format!("harvest/{ts}-{}-{schema}.avro", self.provider),
+        }
+    }
+
+    /// The folders holding harvest activities whose date is `date` (yyyymmdd) or earlier,
+    /// newest first.
+    fn activity_folders(&self, date: &str) -> anyhow::Result<Vec<String>> {
+        let harvest = format!("{}/harvest", self.provider);
+        Ok(match self.layout {
+            Layout::Ingestion3Code => vec![harvest],
+            Layout::Spec => {
+                let mut dates: Vec<String> = self
+                    .archive
+                    .list(&harvest)?
+                    .into_iter()
+                    .filter_map(|p| p.split('/').nth(2).map(str::to_string))
+                    .filter(|d| d.as_str() <= date)
+                    .collect();
+                dates.sort();
+                dates.dedup();
+                dates
+                    .iter()
+                    .rev()
+                    .map(|d| format!("{harvest}/{d}"))
+                    .collect()
+            }
+        })
     }
 
     fn snapshot_at(&self, ts: &str) -> anyhow::Result<SnapshotReport> {
@@ -467,18 +551,20 @@ impl Ingestion3 {
         // The resources not archived, also on disk while listed (there may be millions).
         let skipped_path = self.tmp.join(format!("skipped-{ts}.csv"));
         let mut skipped_csv = std::io::BufWriter::new(std::fs::File::create(&skipped_path)?);
-        std::io::Write::write_all(&mut skipped_csv, b"id,mimetype\n")?;
+        std::io::Write::write_all(&mut skipped_csv, b"id,mimetype,reason\n")?;
         let mut skipped = 0u64;
         {
-            let mut st = r.prepare("SELECT id, mime FROM skipped ORDER BY id")?;
+            let mut st = r.prepare("SELECT id, mime, reason FROM skipped ORDER BY id")?;
             let mut rows = st.query([])?;
             while let Some(row) = rows.next()? {
-                let (id, mime): (String, Option<String>) = (row.get(0)?, row.get(1)?);
+                let (id, mime, reason): (String, Option<String>, Option<String>) =
+                    (row.get(0)?, row.get(1)?, row.get(2)?);
                 writeln!(
                     skipped_csv,
-                    "{},{}",
+                    "{},{},{}",
                     csv_field(&id),
-                    csv_field(mime.as_deref().unwrap_or(""))
+                    csv_field(mime.as_deref().unwrap_or("")),
+                    csv_field(reason.as_deref().unwrap_or(""))
                 )?;
                 skipped += 1;
             }
@@ -492,7 +578,8 @@ impl Ingestion3 {
             ts,
             &activity,
             records,
-            prev.as_deref().unwrap_or("resourcesync"),
+            // The first snapshot derives from no activity: it belongs to its plan.
+            &prev.unwrap_or_else(|| self.plan_name(ts)),
             // What this snapshot folds in: `recreate` applies journal entries after it.
             vec![(
                 "journal.json".into(),
@@ -540,9 +627,10 @@ impl Ingestion3 {
         self.archive.put_bytes(
             &format!("{base}/_MANIFEST"),
             format!(
-                "Activity: Harvest\nProvider: {}\nRecord count: {records}\nStart date/time: {}\n",
+                "Activity: Harvest\nProvider: {}\nRecord count: {records}\nStart date/time: {}\nInput: {} (ResourceSync, by resourcesync-hub harvest)\n",
                 self.provider,
-                start.format("%Y-%m-%d %H:%M:%S")
+                start.format("%Y-%m-%d %H:%M:%S"),
+                self.source
             )
             .into_bytes(),
         )?;
@@ -558,7 +646,7 @@ impl Ingestion3 {
             }))?,
         )?;
         self.archive.put_bytes(
-            &format!("{}/plan/{ts}/{ts}-{SCHEMA_NAME}.json", self.provider),
+            &format!("{}/{}", self.provider, self.plan_name(ts)),
             serde_json::to_vec_pretty(&serde_json::json!({
                 "harvest": activity,
                 "version": version,
@@ -577,18 +665,9 @@ impl Ingestion3 {
         let _lock = self.activity_lock()?;
         self.export_journal()?;
         let want = ts_string(at);
-        let mut dates: Vec<String> = self
-            .archive
-            .list(&format!("{}/harvest", self.provider))?
-            .into_iter()
-            .filter_map(|p| p.split('/').nth(2).map(str::to_string))
-            .collect();
-        dates.dedup();
         let mut base: Option<(String, i64)> = None;
-        'walk: for date in dates.iter().rev().filter(|d| d.as_str() <= &want[..8]) {
-            let objects = self
-                .archive
-                .list(&format!("{}/harvest/{date}", self.provider))?;
+        'walk: for folder in self.activity_folders(&want[..8])? {
+            let objects = self.archive.list(&folder)?;
             let mut done: Vec<String> = objects
                 .iter()
                 .filter_map(|p| p.strip_suffix("/_SUCCESS"))
@@ -913,31 +992,31 @@ impl<'a> Parts<'a> {
 impl Output for Ingestion3 {
     fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String> {
         let mime = item.mime.unwrap_or("");
-        let symbol = mime_symbol(mime);
-        let document = match symbol {
-            Some(_) => Some(
-                String::from_utf8(std::fs::read(file)?)
-                    .map_err(|_| anyhow::anyhow!("{}: the document is not UTF-8 text", item.uri))?,
-            ),
-            None => None,
+        let document = match mime_symbol(mime) {
+            Some(sym) => {
+                let bytes = std::fs::read(file)?;
+                text::document_text(&bytes, mime, sym == "application_xml").map(|d| (sym, d))
+            }
+            None => Err(format!("{mime:?} is not JSON, XML or Turtle")),
         };
         let _ = std::fs::remove_file(file);
-        match (symbol, document) {
-            (Some(sym), Some(doc)) => {
+        match document {
+            Ok((sym, doc)) => {
                 self.journal()
                     .execute("DELETE FROM skipped WHERE id = ?1", [item.uri])?;
                 self.record("upsert", item.uri, Some(sym), Some(&doc))?;
                 Ok(format!("ingestion3 journal ({sym})"))
             }
-            _ => {
-                // Not archived; a record it replaces is removed from the next snapshot.
+            Err(why) => {
+                // Not archived (listed in the next snapshot's _LOGS/skipped.csv and in
+                // `harvest status`); a record it replaces is removed from the next snapshot.
                 self.journal().execute(
-                    "INSERT INTO skipped (id, mime, at) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (id) DO UPDATE SET mime = excluded.mime, at = excluded.at",
-                    params![item.uri, mime, Timestamp::now().0],
+                    "INSERT INTO skipped (id, mime, at, reason) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (id) DO UPDATE SET mime = excluded.mime, at = excluded.at, reason = excluded.reason",
+                    params![item.uri, mime, Timestamp::now().0, why],
                 )?;
                 self.record("delete", item.uri, None, None)?;
-                Ok(format!("not archived: {mime:?} is not JSON, XML or Turtle"))
+                Ok(format!("not archived: {why}"))
             }
         }
     }
