@@ -159,11 +159,18 @@ async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
     );
     let manifest = std::fs::read_to_string(first.join("_MANIFEST")).unwrap();
     let m: Vec<&str> = manifest.lines().collect();
-    assert_eq!(m.len(), 4, "{manifest}");
+    assert_eq!(m.len(), 5, "{manifest}");
     assert_eq!(m[0], "Activity: Harvest");
     assert_eq!(m[1], "Provider: test");
     assert_eq!(m[2], "Record count: 500");
     assert!(m[3].starts_with("Start date/time: 20"), "{manifest}");
+    assert_eq!(
+        m[4],
+        format!(
+            "Input: {} (ResourceSync, by resourcesync-hub harvest)",
+            hc.source.url
+        )
+    );
     let prov: serde_json::Value = serde_json::from_slice(
         &std::fs::read(first.with_file_name(format!("{ts}-test-OriginalRecord.v1-prov.json")))
             .unwrap(),
@@ -173,6 +180,11 @@ async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
         .as_str()
         .unwrap()
         .starts_with("resourcesync-hub "));
+    assert_eq!(
+        prov["generator"],
+        format!("plan/{ts}/{ts}-OriginalRecord.v1.json").as_str(),
+        "the baseline belongs to its plan"
+    );
     let plan: serde_json::Value = serde_json::from_slice(
         &std::fs::read(archive.join(format!("test/plan/{ts}/{ts}-OriginalRecord.v1.json")))
             .unwrap(),
@@ -185,7 +197,12 @@ async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
     let skipped = std::fs::read_to_string(first.join("_LOGS/skipped.csv")).unwrap();
     assert_eq!(
         skipped,
-        format!("id,mimetype\n{base}/files/papers/notes.txt,text/plain\n")
+        format!("id,mimetype,reason\n{base}/files/papers/notes.txt,text/plain,\"media type text/plain is not JSON, XML or Turtle\"\n")
+    );
+    let status = destination::status(&hc).unwrap();
+    assert!(
+        status.contains("not archived (1;") && status.contains("notes.txt: media type text/plain"),
+        "{status}"
     );
 
     // 40 changes by push, in two batches; T lies between them.
@@ -302,6 +319,104 @@ async fn baseline_push_snapshot_and_recreate_match_the_source() {
     let s3 = MotoS3::start("archive");
     let remote = end_to_end(Some(&s3)).await;
     assert_eq!(local, remote, "the same objects on S3 as in a local folder");
+}
+
+/// DPLA's `InputHelper.mostRecent` / `scripts/ingest.sh` rule, applied here: the newest folder
+/// directly under `<provider>/harvest/` named `\d{8}_\d{6}-<provider>-OriginalRecord\.avro`
+/// that holds `_SUCCESS`.
+fn dpla_most_recent(archive: &Path, provider: &str) -> Option<std::path::PathBuf> {
+    let suffix = format!("-{provider}-OriginalRecord.avro");
+    let mut found: Vec<std::path::PathBuf> =
+        std::fs::read_dir(archive.join(provider).join("harvest"))
+            .ok()?
+            .filter_map(Result::ok)
+            .filter(|e| {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ts = name.strip_suffix(&suffix).unwrap_or("");
+                ts.len() == 15
+                    && ts
+                        .char_indices()
+                        .all(|(i, c)| if i == 8 { c == '_' } else { c.is_ascii_digit() })
+                    && e.path().join("_SUCCESS").is_file()
+            })
+            .map(|e| e.path())
+            .collect();
+    found.sort();
+    found.pop()
+}
+
+/// `output.layout = "ingestion3-code"`: DPLA's own rule finds the harvest, an ISO-8859-1
+/// record reads back with its characters (as UTF-8, its declaration saying so), and a
+/// provider token DPLA's paths cannot hold is refused at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dplas_code_finds_the_ingestion3_code_layout() {
+    let (mut c, dir) = hub_config();
+    let root = dir.path().join("root");
+    add_file_set(&mut c, "papers", &root, None);
+    let app = TestApp::start_with(c).await;
+    let base = app.config.base_url();
+    let mut lines: Vec<String> = (0..3).map(|i| xml_line(&root, "created", i, 1)).collect();
+    let mut latin1 = b"<?xml version=\"1.0\" encoding=\"ISO-8859-1\"?>\n<record>".to_vec();
+    latin1.extend_from_slice(b"M\xfcnchen, Fran\xe7ois</record>");
+    std::fs::write(root.join("latin1.xml"), &latin1).unwrap();
+    lines.push(format!(
+        r#"{{"change":"created","location":{{"type":"rel_path","value":"latin1.xml"}},"length":{},"md5":"{}","mime":"text/xml"}}"#,
+        latin1.len(),
+        md5_hex(&latin1)
+    ));
+    app.ingest_ok("papers", &lines.join("\n")).await;
+
+    let archive = dir.path().join("archive");
+    let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
+    hc.output.kind = OutputKind::Ingestion3;
+    hc.output.layout = resourcesync_hub::destination::config::Layout::Ingestion3Code;
+    hc.output.root = archive.to_string_lossy().into_owned();
+    hc.output.snapshot_interval_secs = 0;
+    hc.follow.check_interval_secs = 3600;
+    hc.output.provider = "my_hub".into();
+    let refused = hc.validate().unwrap_err().to_string();
+    assert!(
+        refused.contains("\"my_hub\"") && refused.contains("lowercase letters and digits"),
+        "{refused}"
+    );
+    hc.output.provider = "test".into();
+    hc.validate().unwrap();
+
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "the baseline", 120, |s| set_done(s, 4)).await;
+    wait_until("the baseline snapshot", || async {
+        dpla_most_recent(&archive, "test").is_some()
+    })
+    .await;
+    h.stop().await;
+    let found = dpla_most_recent(&archive, "test").unwrap();
+    let name = found.file_name().unwrap().to_string_lossy().into_owned();
+    let ts = &name[..15];
+    let (records, _) = read_activity(&found);
+    assert_eq!(records.len(), 4, "{records:?}");
+    assert_eq!(
+        records[&format!("{base}/files/papers/latin1.xml")]["document"],
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<record>München, François</record>"
+    );
+    // Beside it as the specification has them, where DPLA's rule never takes them for a
+    // harvest: the provenance (naming the plan) and the plan outside harvest/.
+    let prov: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(found.with_file_name(format!("{ts}-test-OriginalRecord-prov.json")))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        prov["generator"],
+        format!("plan/{ts}/{ts}-OriginalRecord.json").as_str()
+    );
+    let plan: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(archive.join(format!("test/plan/{ts}/{ts}-OriginalRecord.json"))).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(plan["harvest"], format!("harvest/{name}").as_str());
+    let status = destination::status(&hc).unwrap();
+    assert!(!status.contains("not archived"), "{status}");
+    app.stop().await;
 }
 
 /// Every file under `archive`, relative, with each `yyyymmdd_hhmmss` and `yyyymmdd` folder

@@ -997,7 +997,10 @@ impl Output for Ingestion3 {
                 let bytes = std::fs::read(file)?;
                 text::document_text(&bytes, mime, sym == "application_xml").map(|d| (sym, d))
             }
-            None => Err(format!("{mime:?} is not JSON, XML or Turtle")),
+            None if mime.is_empty() => {
+                Err("no media type (only JSON, XML and Turtle are archived)".into())
+            }
+            None => Err(format!("media type {mime} is not JSON, XML or Turtle")),
         };
         let _ = std::fs::remove_file(file);
         match document {
