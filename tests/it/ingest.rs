@@ -357,30 +357,104 @@ async fn no_request_splits_a_resource_from_its_change() {
     assert_eq!(counts.changes as usize, changes);
 }
 
-/// The README's ingest example, sent as its curl line sends it, to a server that has never
-/// seen the set: accepted, with its historical datetime kept.
-#[tokio::test]
-async fn the_readme_ingest_example_works_as_written() {
+/// The README's ingest example, run as written next to `serve --demo`: its shell lines in the
+/// folder the server was started from, its curl line as curl sends it. The new paper is listed
+/// and served as the event says (a harvester gets it, in sync).
+#[test]
+fn the_readme_ingest_example_works_as_written() {
     let readme =
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
     let section = &readme[readme.find("## Feeding it").expect("ingest section")..];
-    let json = section
-        .split("```json\n")
+    let script = section
+        .split("```sh\n")
         .nth(1)
         .unwrap()
         .split("```")
         .next()
         .unwrap();
-    let curl = section
+    let curl = script
         .lines()
         .find(|l| l.starts_with("curl ") && l.contains("@change.json"))
         .expect("a curl line");
     assert!(curl.contains("Content-Type: application/json"), "{curl}");
     let path = &curl[curl.find("http://127.0.0.1:8080").unwrap() + "http://127.0.0.1:8080".len()..];
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ChildServer::serve(
+        &[
+            "--demo",
+            "--data-dir",
+            tmp.path().join("data").to_str().unwrap(),
+        ],
+        &[],
+    );
+    let shell: String = script
+        .lines()
+        .filter(|l| *l != curl)
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let out = std::process::Command::new("sh")
+        .current_dir(tmp.path())
+        .args(["-e", "-c", &shell])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let c = reqwest::Client::builder().no_proxy().build().unwrap();
+        let r = c
+            .post(server.url(path.trim()))
+            .header("content-type", "application/json")
+            .body(std::fs::read(tmp.path().join("change.json")).unwrap())
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let body: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["applied"], 1, "{body}");
+        let rl = c
+            .get(server.url("/sets/demo/resourcelist.xml"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(rl.contains("papers/paper-013.txt"), "{rl}");
+        let file = c
+            .get(server.url("/files/demo/papers/paper-013.txt"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(file.status(), 200);
+        let bytes = file.bytes().await.unwrap();
+        let listed: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(tmp.path().join("change.json")).unwrap())
+                .unwrap();
+        assert_eq!(
+            md5_hex(&bytes),
+            listed["md5"].as_str().unwrap(),
+            "served as listed"
+        );
+        assert_eq!(bytes.len() as u64, listed["length"].as_u64().unwrap());
+    });
+}
+
+/// A backlog loaded into a new set keeps its historical datetimes: its first Change List
+/// starts at the backlog's first change; later changes still may not precede the open list.
+#[tokio::test]
+async fn a_backlog_keeps_its_datetimes() {
+    let json = r#"{"change": "created", "location": {"type": "rel_path", "value": "papers/p1.pdf"},
+ "length": 4385, "md5": "1584abdf8ebdc9802ac0c6a7402c8753", "mime": "application/pdf",
+ "lastmod": "2024-01-31T12:00:00Z", "datetime": "2024-01-31T12:00:05Z"}"#;
     let app = TestApp::start().await;
     let r = app
         .client
-        .post(app.url(path.trim()))
+        .post(app.url("/api/v1/resource-sets/papers/changes"))
         .header("content-type", "application/json")
         .body(json.to_string())
         .send()
@@ -396,11 +470,10 @@ async fn the_readme_ingest_example_works_as_written() {
         cl.md["from"], "2024-01-31T12:00:05Z",
         "the first Change List starts at the backlog's first change"
     );
-    // Later changes still may not precede the open list.
     let early = json.replace("2024-01-31T12:00:05Z", "2024-01-31T12:00:04Z");
     let r = app
         .client
-        .post(app.url(path.trim()))
+        .post(app.url("/api/v1/resource-sets/papers/changes"))
         .header("content-type", "application/json")
         .body(early)
         .send()
