@@ -124,6 +124,16 @@ async fn subscriber_count(app: &TestApp, topic: &str) -> u64 {
         .map_or(0, |i| i.subscribers)
 }
 
+/// Waits until the hub has recorded the outcome of every verification it started (its
+/// intents in flight are gone: confirmed, or dropped as failed).
+async fn wait_intents_resolved(app: &TestApp) {
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    wait_until("every verification's outcome recorded", || async {
+        store.hub_intents().await.unwrap().is_empty()
+    })
+    .await;
+}
+
 async fn wait_subscribers(app: &TestApp, topic: &str, n: u64) {
     for _ in 0..200 {
         if subscriber_count(app, topic).await == n {
@@ -265,7 +275,7 @@ async fn a_failed_verification_leaves_no_subscription() {
     assert_eq!(subscribe(&app, &t, &sub.url("/refuses"), &[]).await.0, 202);
     sub.wait_verifications("/wrong", 1).await;
     sub.wait_verifications("/refuses", 1).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_intents_resolved(&app).await;
     assert_eq!(subscriber_count(&app, &t).await, 0);
     assert_eq!(
         fat_ping(&app, &t, "<x/>").await.1,
@@ -282,7 +292,7 @@ async fn a_failed_verification_leaves_no_subscription() {
         202
     );
     sub.wait_verifications("/ok", 2).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    wait_intents_resolved(&app).await;
     fat_ping(&app, &t, "<y/>").await;
     let d = &sub.wait_deliveries("/ok", 1).await[0];
     let want = format!(

@@ -303,8 +303,13 @@ async fn late_changes_within_the_hold_back_are_notified_in_order() {
         &[],
     )
     .await;
-    // The set's open Change List starts when the server did: stay after that.
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    // The set's open Change List starts when the server did: stay a second after that.
+    let (_, cl) = app.get_doc("/sets/papers/changelist.xml").await;
+    let from = resourcesync_hub::model::Timestamp::parse(&cl.md["from"]).unwrap();
+    wait_until("a second past the open Change List's start", || async {
+        resourcesync_hub::model::Timestamp::now().micros() - 1_000_000 > from.micros()
+    })
+    .await;
     let now = resourcesync_hub::model::Timestamp::now();
     let earlier = resourcesync_hub::model::Timestamp(now.micros() - 1_000_000);
     app.ingest_ok("papers", &url_line("created", 1, Some(&now.to_string())))
