@@ -132,3 +132,57 @@ async fn resync_client_baseline_incremental_audit() {
     );
     app.stop().await;
 }
+
+/// The README's `resync` block, run as written (with the server's address) next to
+/// `serve --demo`: baseline, incremental from the open Change List after a change, audit IN
+/// SYNC, every demo file in the mirror folder it names.
+#[test]
+fn the_readme_resync_example_runs_as_written() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let at = readme
+        .find("**Pulling with the Python `resync` client**")
+        .expect("the resync paragraph");
+    let script = readme[at..]
+        .split("```sh\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ChildServer::serve(
+        &["--demo", "--data-dir", tmp.path().join("data").to_str().unwrap()],
+        &[],
+    );
+    let base = format!("http://{}", server.addr);
+    let bin = PyEnv::get().bin("resync-sync");
+    let path = format!(
+        "{}:{}",
+        bin.parent().unwrap().display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("sh")
+        .current_dir(tmp.path())
+        .env("PATH", path)
+        .args(["-e", "-c", &script.replace("http://127.0.0.1:8080", &base)])
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert!(
+        !text.contains("Traceback") && !text.contains("FatalError"),
+        "{text}"
+    );
+    assert!(text.contains("IN SYNC"), "{text}");
+    let mirrored = walkdir::WalkDir::new(tmp.path().join("mirror/demo"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .count();
+    assert_eq!(mirrored, 24, "the demo's 24 files:\n{text}");
+}
