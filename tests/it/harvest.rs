@@ -787,7 +787,6 @@ async fn a_resync_build_static_source_baselines_and_follows_its_change_list() {
     assert!(in_sync, "{report}");
 
     // Changes on disk, described by resync-build's Change List against its Resource List.
-    std::thread::sleep(Duration::from_millis(20));
     for i in 0..3 {
         std::fs::write(
             files.join(format!("sub/f{i}.txt")),

@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use hmac::{Hmac, KeyInit, Mac};
 use resourcesync_hub::config::Config;
 use resourcesync_hub::model::websub::{Callback, Topic};
@@ -319,10 +321,18 @@ async fn resubscribing_updates_in_place_and_unsubscribing_stops_deliveries() {
     );
     fat_ping(&app, &t, "<one/>").await;
     sub.wait_deliveries("/cb", 1).await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A marker behind it: one lane per subscriber delivers in order, so a repeat of the first
+    // would arrive before the marker.
+    fat_ping(&app, &t, "<marker/>").await;
+    let got: Vec<Bytes> = sub
+        .wait_deliveries("/cb", 2)
+        .await
+        .into_iter()
+        .map(|d| d.body)
+        .collect();
     assert_eq!(
-        sub.deliveries("/cb").len(),
-        1,
+        got,
+        ["<one/>", "<marker/>"],
         "exactly one delivery per publish"
     );
 
@@ -343,10 +353,9 @@ async fn resubscribing_updates_in_place_and_unsubscribing_stops_deliveries() {
         fat_ping(&app, &t, "<two/>").await.1,
         "published to 0 subscriber(s)\n"
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(
         sub.deliveries("/cb").len(),
-        1,
+        2,
         "nothing after unsubscribing"
     );
     app.stop().await;
@@ -374,14 +383,27 @@ async fn leases_are_clamped_and_enforced() {
     assert_eq!(sub.verifications("/default")[0]["hub.lease_seconds"], "600");
     assert_eq!(sub.verifications("/long")[0]["hub.lease_seconds"], "7200");
     assert_eq!(sub.verifications("/short")[0]["hub.lease_seconds"], "1");
-    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    let short = store
+        .hub_subscription(
+            &Topic::parse(&t).unwrap(),
+            &Callback::parse(&sub.url("/short")).unwrap(),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    wait_until("the 1-second lease's end", || async {
+        Timestamp::now() > short.expires_at
+    })
+    .await;
     assert_eq!(
         fat_ping(&app, &t, "<x/>").await.1,
         "published to 2 subscriber(s)\n",
         "the 1-second lease has ended"
     );
+    // Both recipients served: the expired one was not among them.
     sub.wait_deliveries("/long", 1).await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    sub.wait_deliveries("/default", 1).await;
     assert!(sub.deliveries("/short").is_empty());
     app.stop().await;
 }
@@ -441,7 +463,12 @@ async fn private_callbacks_are_refused_unless_allow_listed() {
     )
     .await;
     assert_eq!(status, 400, "private topics too: {text}");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A verification starts only from a recorded intent: none was recorded.
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    assert!(
+        store.hub_intents().await.unwrap().is_empty(),
+        "no verification was started"
+    );
     assert!(
         sub.verifications("/cb").is_empty(),
         "the refused callback was never called"
@@ -666,7 +693,6 @@ async fn gone_ends_the_subscription() {
         fat_ping(&app, &t, "<b/>").await.1,
         "published to 0 subscriber(s)\n"
     );
-    tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(sub.deliveries("/gone").len(), 1);
     app.stop().await;
 }
@@ -763,12 +789,18 @@ async fn pings_of_the_hubs_own_topics_are_refused_and_deliver_nothing() {
         assert_eq!(s, 403, "{text}");
         assert!(text.contains("published by this hub itself"), "{text}");
     }
-    // Absence: give a wrongly accepted ping time to be delivered before counting.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        sub.deliveries("/changes").len(),
-        1,
-        "each notification once"
+    // A marker behind the refused pings: the next change's notification. The subscriber's
+    // lane delivers in order, so a wrongly accepted ping would arrive before it.
+    app.ingest_ok(
+        "papers",
+        &change_line("created", "c.txt", &md5_hex(b"c"), 1),
+    )
+    .await;
+    let got = sub.wait_deliveries("/changes", 2).await;
+    assert_eq!(got.len(), 2, "each notification once");
+    assert!(
+        String::from_utf8_lossy(&got[1].body).contains("c.txt"),
+        "the marker came second"
     );
     app.stop().await;
 }

@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use resourcesync_hub::destination::{self, config::OutputKind};
 
@@ -212,10 +211,9 @@ async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
         .collect();
     app.ingest_ok("papers", &batch1.join("\n")).await;
     wait_state(&h, "the first batch", 60, |s| applied(s) >= 20).await;
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // T: after the first batch was applied (and journaled), before the second is ingested.
     let t = resourcesync_hub::model::Timestamp::now();
     let at_t = source_state(&root, &base);
-    tokio::time::sleep(Duration::from_millis(20)).await;
     let mut batch2: Vec<String> = (10..20)
         .map(|i| {
             std::fs::remove_file(root.join(format!("r/{i:04}.xml"))).unwrap();

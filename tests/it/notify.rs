@@ -2,8 +2,6 @@
 //! Every payload validates; intervals are consecutive; entries match the change documents one
 //! to one, across restarts, late writers and shared datetimes.
 
-use std::time::Duration;
-
 use resourcesync_hub::config::{Config, SetOverrides};
 use resourcesync_hub::sitemap::{self, Document};
 
@@ -131,6 +129,18 @@ async fn wait_entries(sub: &TestSubscriber, path: &str, n: usize) {
     .await;
 }
 
+/// Waits for `n` notified changes, the last of them the marker (`http://example.org/r/99`).
+async fn wait_marker(sub: &TestSubscriber, path: &str, n: usize) {
+    wait_entries(sub, path, n).await;
+    let got = docs(sub, path);
+    let last = &got.last().unwrap().1;
+    assert_eq!(
+        last.entries.last().unwrap().loc,
+        "http://example.org/r/99",
+        "the marker is the last change notified"
+    );
+}
+
 #[tokio::test]
 async fn every_change_is_notified_once_in_consecutive_validated_batches() {
     let (c, _d) = hub_config();
@@ -179,8 +189,11 @@ async fn every_change_once(mut c: Config) {
         .collect();
     app.ingest_ok("papers", &batch.join("\n")).await;
 
-    wait_entries(&sub, "/changes", 40).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A marker behind them: the subscriber's lane delivers in order, so a repeat of anything
+    // before it arrives before it.
+    app.ingest_ok("papers", &url_line("created", 99, None))
+        .await;
+    wait_marker(&sub, "/changes", 41).await;
     let got = docs(&sub, "/changes");
     assert!(
         got.iter().all(|(_, d)| d.entries.len() <= 7
@@ -276,8 +289,9 @@ async fn a_restart_neither_misses_nor_repeats_and_offline_writes_are_notified() 
             .join("\n"),
     )
     .await;
-    wait_entries(&sub, "/changes", 12).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    app.ingest_ok("papers", &url_line("created", 99, None))
+        .await;
+    wait_marker(&sub, "/changes", 13).await;
     let notified = check_change_notifications(&docs(&sub, "/changes"));
     assert_eq!(
         notified,

@@ -152,7 +152,11 @@ fn the_readme_resync_example_runs_as_written() {
         .unwrap();
     let tmp = tempfile::tempdir().unwrap();
     let server = ChildServer::serve(
-        &["--demo", "--data-dir", tmp.path().join("data").to_str().unwrap()],
+        &[
+            "--demo",
+            "--data-dir",
+            tmp.path().join("data").to_str().unwrap(),
+        ],
         &[],
     );
     let base = format!("http://{}", server.addr);
