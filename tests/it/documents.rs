@@ -400,8 +400,28 @@ async fn an_idle_open_change_list_closes_when_its_period_is_over() {
         }
     }
     assert!(closed, "the list was not closed within 4 s of a 1 s period");
-    // An empty open list is not closed again.
-    tokio::time::sleep(std::time::Duration::from_millis(2200)).await;
+    // An empty open list is not closed again: once its own period is over (it opened at the
+    // closed one's `until`), the rollover check itself, asked directly, leaves it open.
+    use resourcesync_hub::model::{SetName, Timestamp};
+    let (_, doc) = app.get_doc("/sets/s/changelist.xml").await;
+    let opened = Timestamp::parse(&doc.entries[0].md["until"]).unwrap();
+    wait_until("the open list's period to be over", || async {
+        Timestamp::now().micros() > opened.micros() + 1_100_000
+    })
+    .await;
+    let store = resourcesync_hub::app::open_store(&app.config)
+        .await
+        .unwrap();
+    let set = SetName::parse("s").unwrap();
+    let policy = resourcesync_hub::source::list_policy(&app.config, &set);
+    assert_eq!(
+        store
+            .rollover_if_due(&set, policy, Timestamp::now())
+            .await
+            .unwrap(),
+        None,
+        "an empty open list is not closed"
+    );
     let (_, doc) = app.get_doc("/sets/s/changelist.xml").await;
     assert_eq!(doc.entries.len(), 2);
     app.stop().await;

@@ -185,8 +185,29 @@ async fn two_processes(signal: &str) {
     while !all(&sub) && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Nothing more arrives than the changes (KILL allows a redelivery, checked below).
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // A marker change behind them, through the survivor: each subscriber's lane delivers in
+    // order, so anything repeated (KILL allows a redelivery, checked below) arrives before it.
+    let r = client
+        .post(survivor.url("/api/v1/resource-sets/papers/changes"))
+        .header("content-type", "application/x-ndjson")
+        .body(url_line("created", 999, None))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let marked = |s: &TestSubscriber| {
+        CALLBACKS.iter().all(|p| {
+            docs(s, p).last().is_some_and(|(_, d)| {
+                d.entries
+                    .last()
+                    .is_some_and(|e| e.loc == "http://example.org/r/999")
+            })
+        })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while !marked(&sub) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert!(
         delivers(&client, &survivor).await,
         "the survivor took over:\n{}",
@@ -215,7 +236,7 @@ async fn two_processes(signal: &str) {
             )
         })
         .collect();
-    assert_eq!(expected.len(), CHANGES);
+    assert_eq!(expected.len(), CHANGES + 1, "the changes and the marker");
     for path in CALLBACKS {
         let mut received = docs(&sub, path);
         if signal == "KILL" {
@@ -224,7 +245,7 @@ async fn two_processes(signal: &str) {
             received.retain(|(text, _)| seen.insert(text.clone()));
         }
         let got = check_change_notifications(&received);
-        assert_eq!(got.len(), CHANGES, "{path}: each change exactly once");
+        assert_eq!(got.len(), CHANGES + 1, "{path}: each change exactly once");
         assert_eq!(
             got, expected,
             "{path}: one to one with the change documents, in order"
