@@ -36,11 +36,7 @@ fn status(config: &Path) -> String {
         .arg(config)
         .output()
         .unwrap();
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
+    output_text(&out)
 }
 
 /// Polls `harvest status` until it contains `what`; panics with the status and log after
@@ -179,14 +175,7 @@ fn a_closed_port_is_said_in_words() {
 #[test]
 fn a_misspelled_set_is_an_error_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = ChildServer::serve(
-        &[
-            "--demo",
-            "--data-dir",
-            tmp.path().join("data").to_str().unwrap(),
-        ],
-        &[],
-    );
+    let server = ChildServer::demo(tmp.path());
     let config = harvest_toml(tmp.path(), |t| {
         let t = set_key(
             t,
@@ -216,14 +205,7 @@ fn a_misspelled_set_is_an_error_naming_it() {
 #[test]
 fn two_harvesters_never_share_a_callback() {
     let tmp = tempfile::tempdir().unwrap();
-    let server = ChildServer::serve(
-        &[
-            "--demo",
-            "--data-dir",
-            tmp.path().join("data").to_str().unwrap(),
-        ],
-        &[],
-    );
+    let server = ChildServer::demo(tmp.path());
     let listen = format!("127.0.0.1:{}", free_port());
     let harvester = |name: &str, edit: &dyn Fn(String) -> String| {
         let dir = tmp.path().join(name);

@@ -708,11 +708,7 @@ fn resync_build(args: &[&str]) {
         .args(args)
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(
         out.status.success() && !text.contains("Traceback"),
         "resync-build {args:?}:\n{text}"

@@ -362,16 +362,7 @@ async fn no_request_splits_a_resource_from_its_change() {
 /// and served as the event says (a harvester gets it, in sync).
 #[test]
 fn the_readme_ingest_example_works_as_written() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let section = &readme[readme.find("## Feeding it").expect("ingest section")..];
-    let script = section
-        .split("```sh\n")
-        .nth(1)
-        .unwrap()
-        .split("```")
-        .next()
-        .unwrap();
+    let script = readme_sh_block("## Feeding it");
     let curl = script
         .lines()
         .find(|l| l.starts_with("curl ") && l.contains("@change.json"))
@@ -379,17 +370,10 @@ fn the_readme_ingest_example_works_as_written() {
     assert!(curl.contains("Content-Type: application/json"), "{curl}");
     let path = &curl[curl.find("http://127.0.0.1:8080").unwrap() + "http://127.0.0.1:8080".len()..];
     let tmp = tempfile::tempdir().unwrap();
-    let server = ChildServer::serve(
-        &[
-            "--demo",
-            "--data-dir",
-            tmp.path().join("data").to_str().unwrap(),
-        ],
-        &[],
-    );
+    let server = ChildServer::demo(tmp.path());
     let shell: String = script
         .lines()
-        .filter(|l| *l != curl)
+        .filter(|l| l != &curl)
         .map(|l| format!("{l}\n"))
         .collect();
     let out = std::process::Command::new("sh")
@@ -405,25 +389,15 @@ fn the_readme_ingest_example_works_as_written() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let c = reqwest::Client::builder().no_proxy().build().unwrap();
-        let r = c
-            .post(server.url(path.trim()))
-            .header("content-type", "application/json")
-            .body(std::fs::read(tmp.path().join("change.json")).unwrap())
-            .send()
-            .await
-            .unwrap();
-        let status = r.status();
-        let body: serde_json::Value = r.json().await.unwrap();
+        let (status, body) = post_json(
+            &c,
+            &server.url(path.trim()),
+            std::fs::read(tmp.path().join("change.json")).unwrap(),
+        )
+        .await;
         assert_eq!(status, 200, "{body}");
         assert_eq!(body["applied"], 1, "{body}");
-        let rl = c
-            .get(server.url("/sets/demo/resourcelist.xml"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let rl = get_text(&c, &server.url("/sets/demo/resourcelist.xml")).await;
         assert!(rl.contains("papers/paper-013.txt"), "{rl}");
         let file = c
             .get(server.url("/files/demo/papers/paper-013.txt"))
@@ -452,16 +426,8 @@ async fn a_backlog_keeps_its_datetimes() {
  "length": 4385, "md5": "1584abdf8ebdc9802ac0c6a7402c8753", "mime": "application/pdf",
  "lastmod": "2024-01-31T12:00:00Z", "datetime": "2024-01-31T12:00:05Z"}"#;
     let app = TestApp::start().await;
-    let r = app
-        .client
-        .post(app.url("/api/v1/resource-sets/papers/changes"))
-        .header("content-type", "application/json")
-        .body(json.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = r.status();
-    let body: serde_json::Value = r.json().await.unwrap();
+    let url = app.url("/api/v1/resource-sets/papers/changes");
+    let (status, body) = post_json(&app.client, &url, json.into()).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["set_created"], true);
     let (_, cl) = app.get_doc("/sets/papers/changelist.xml").await;
@@ -471,14 +437,6 @@ async fn a_backlog_keeps_its_datetimes() {
         "the first Change List starts at the backlog's first change"
     );
     let early = json.replace("2024-01-31T12:00:05Z", "2024-01-31T12:00:04Z");
-    let r = app
-        .client
-        .post(app.url("/api/v1/resource-sets/papers/changes"))
-        .header("content-type", "application/json")
-        .body(early)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 422);
+    assert_eq!(post_json(&app.client, &url, early.into()).await.0, 422);
     app.stop().await;
 }

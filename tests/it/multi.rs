@@ -8,7 +8,7 @@ use resourcesync_hub::model::websub::{Callback, Topic};
 
 use crate::notify::{check_change_notifications, docs, url_line};
 use crate::subscriber::TestSubscriber;
-use crate::support::{ChildServer, Osmem};
+use crate::support::{get_text, ChildServer, Osmem};
 
 const CHANGES: usize = 500;
 const BATCH: usize = 10;
@@ -74,15 +74,10 @@ async fn ingest(client: &reqwest::Client, server: &ChildServer, from: usize) {
 /// Which of the two holds the delivery lease (its log says so last).
 /// Whether a process delivers, from its own /metrics (`rshub_delivering`).
 async fn delivers(client: &reqwest::Client, s: &ChildServer) -> bool {
-    let m = client
-        .get(s.url("/metrics"))
-        .send()
+    get_text(client, &s.url("/metrics"))
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    m.lines().any(|l| l == "rshub_delivering 1")
+        .lines()
+        .any(|l| l == "rshub_delivering 1")
 }
 
 /// The index of the one process that delivers, once exactly one does.

@@ -13,11 +13,7 @@ fn resync(cwd: &Path, args: &[&str]) -> String {
         .args(args)
         .output()
         .expect("resync-sync runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(
         !text.contains("Traceback") && !text.contains("FatalError"),
         "resync-sync {args:?} failed:\n{text}"
@@ -151,14 +147,7 @@ fn the_readme_resync_example_runs_as_written() {
         .next()
         .unwrap();
     let tmp = tempfile::tempdir().unwrap();
-    let server = ChildServer::serve(
-        &[
-            "--demo",
-            "--data-dir",
-            tmp.path().join("data").to_str().unwrap(),
-        ],
-        &[],
-    );
+    let server = ChildServer::demo(tmp.path());
     let base = format!("http://{}", server.addr);
     let bin = PyEnv::get().bin("resync-sync");
     let path = format!(
@@ -172,11 +161,7 @@ fn the_readme_resync_example_runs_as_written() {
         .args(["-e", "-c", &script.replace("http://127.0.0.1:8080", &base)])
         .output()
         .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = output_text(&out);
     assert!(out.status.success(), "{text}");
     assert!(
         !text.contains("Traceback") && !text.contains("FatalError"),

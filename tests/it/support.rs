@@ -334,6 +334,14 @@ impl ChildServer {
         ChildServer { child, addr, log }
     }
 
+    /// `serve --demo` with its data in `<dir>/data`.
+    pub fn demo(dir: &Path) -> ChildServer {
+        ChildServer::serve(
+            &["--demo", "--data-dir", dir.join("data").to_str().unwrap()],
+            &[],
+        )
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
     }
@@ -423,4 +431,53 @@ impl Osmem {
             .unwrap();
         v["url"].as_str().unwrap().to_string()
     }
+}
+
+/// A command's standard output and error, one after the other (for messages and asserts).
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The body of a GET that must succeed.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    let r = client.get(url).send().await.unwrap();
+    assert!(r.status().is_success(), "GET {url}: {}", r.status());
+    r.text().await.unwrap()
+}
+
+/// The first ```sh block of the README after the line containing `marker`.
+pub fn readme_sh_block(marker: &str) -> String {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let at = readme
+        .find(marker)
+        .unwrap_or_else(|| panic!("no {marker:?} in the README"));
+    readme[at..]
+        .split("```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .unwrap_or_else(|| panic!("no sh block after {marker:?}"))
+        .to_string()
+}
+
+/// POSTs `body` as `application/json`; the status and the JSON answer (`null` when it is not
+/// JSON).
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+) -> (reqwest::StatusCode, serde_json::Value) {
+    let r = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status();
+    (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
