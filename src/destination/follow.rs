@@ -278,10 +278,9 @@ pub async fn subscribe(
         .map_err(|e| anyhow::anyhow!("cannot reach the hub {}: {e}", short(hub)))?;
     if !status.is_success() {
         anyhow::bail!(
-            "the hub {} refused the subscription (callback {}): {status} {}",
+            "the hub {} refused the subscription: {status}: {}",
             short(hub),
-            short(callback),
-            short(text.trim())
+            super::scope::cut(text.trim(), 500)
         );
     }
     tracing::info!(hub = %short(hub), topic = %short(topic), "subscription requested");

@@ -816,7 +816,7 @@ impl Harvester {
     /// Records why a set's subscription does not work, logged once per reason; shown by
     /// `harvest status`. Push is then replaced by reading Change Lists, and asked for again.
     fn subscription_problem(&self, set: &Followed, reason: &str) {
-        let reason = short(reason);
+        let reason = scope::cut(reason, 800);
         match self.state.subscription_problem(set.row.id, &reason) {
             Ok(true) => {
                 tracing::warn!(set = %set.info.name, reason = %reason, "no push: the subscription does not work (Change Lists are read every follow.check_interval_secs; asked again)")
@@ -1747,7 +1747,7 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
                     sub.state, sub.hub, sub.topic, sub.callback,
                 ));
                 if let Some(r) = sub.reason {
-                    out.push_str(&format!("  no push because:  {}\n", short(&r)));
+                    out.push_str(&format!("  no push because:  {}\n", scope::cut(&r, 800)));
                 }
             }
             None => out.push_str("  subscription:     none\n"),

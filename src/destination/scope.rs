@@ -152,11 +152,15 @@ fn parse_allowed(a: &str) -> Result<Origin, String> {
 /// Untrusted text made fit for a log line or a message: at most about 200 bytes, cut on a
 /// character boundary, with the length it had.
 pub fn short(s: &str) -> Cow<'_, str> {
-    const MAX: usize = 200;
-    if s.len() <= MAX && !s.contains(['\n', '\r']) {
+    cut(s, 200)
+}
+
+/// As [`short`], at most about `max` bytes (a peer's whole answer, within reason).
+pub fn cut(s: &str, max: usize) -> Cow<'_, str> {
+    if s.len() <= max && !s.contains(['\n', '\r']) {
         return Cow::Borrowed(s);
     }
-    let mut end = MAX.min(s.len());
+    let mut end = max.min(s.len());
     while !s.is_char_boundary(end) {
         end -= 1;
     }

@@ -256,3 +256,49 @@ fn two_harvesters_never_share_a_callback() {
     );
     drop(c);
 }
+
+/// A hub that refuses the harvester's callback (loopback, not allowed there): the harvester
+/// says so in its status, with the hub's reason, and keeps following by Change Lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscription_is_said_with_the_hubs_reason() {
+    use crate::harvest::{harvest_config, set_done, wait_state, TestHarvester};
+    let (mut c, dir) = test_config();
+    let root = dir.path().join("root");
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::write(root.join("a.txt"), "a\n").unwrap();
+    add_file_set(&mut c, "papers", &root, None);
+    // The hub's defaults: no loopback callbacks.
+    assert!(c.hub.allow_networks.is_empty());
+    let app = TestApp::start_with(c).await;
+    app.ingest_ok(
+        "papers",
+        &change_line("created", "a.txt", &md5_hex(b"a\n"), 2),
+    )
+    .await;
+    let h = TestHarvester::start(harvest_config(
+        dir.path(),
+        &app.url("/.well-known/resourcesync"),
+    ))
+    .await;
+    wait_state(&h, "the baseline", 30, |s| set_done(s, 1)).await;
+    let reason = |s: &resourcesync_hub::destination::state::State| {
+        s.sets()
+            .unwrap()
+            .first()
+            .and_then(|set| s.subscription(set.id).unwrap())
+            .and_then(|sub| sub.reason)
+    };
+    wait_state(&h, "the hub's refusal recorded", 30, |s| {
+        reason(s).is_some()
+    })
+    .await;
+    let status = resourcesync_hub::destination::status(&h.cfg).unwrap();
+    assert!(
+        status.contains("no push because:  the hub")
+            && status.contains("refused the subscription")
+            && status.contains("hub.allow_networks"),
+        "{status}"
+    );
+    h.stop().await;
+    app.stop().await;
+}
