@@ -188,7 +188,7 @@ impl Fetcher {
                     idle.as_secs()
                 ))
             })?
-            .map_err(|e| transport(url, e))?;
+            .map_err(|e| transport(url, e, self.cfg.timeout_secs))?;
         Ok(r)
     }
 
@@ -218,7 +218,7 @@ impl Fetcher {
             let window_over = next.is_err() || Instant::now() >= window_end;
             match next {
                 Err(_) => {}
-                Ok(Err(e)) => return Err(transport(url, e)),
+                Ok(Err(e)) => return Err(transport(url, e, self.cfg.timeout_secs)),
                 Ok(Ok(None)) => return Ok(total),
                 Ok(Ok(Some(chunk))) => {
                     total += chunk.len() as u64;
@@ -500,7 +500,8 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-fn transport(url: &str, e: reqwest::Error) -> FetchError {
+/// A transport error of a request to `url` (whose whole exchange may take `timeout_secs`).
+fn transport(url: &str, e: reqwest::Error, timeout_secs: u64) -> FetchError {
     // A redirect the scope refused.
     let mut src: Option<&dyn std::error::Error> = Some(&e);
     while let Some(s) = src {
@@ -521,7 +522,7 @@ fn transport(url: &str, e: reqwest::Error) -> FetchError {
         message: format!(
             "{}: {}",
             short(url),
-            in_words(&e).unwrap_or_else(|| chain(&e))
+            in_words(&e, timeout_secs).unwrap_or_else(|| chain(&e))
         ),
         retry,
         retry_after: None,
@@ -532,10 +533,14 @@ fn transport(url: &str, e: reqwest::Error) -> FetchError {
 
 /// A transport error as a reader says it ("connection refused", "timed out"), when its
 /// causes name a known one; the technical chain otherwise.
-fn in_words(e: &reqwest::Error) -> Option<String> {
+fn in_words(e: &reqwest::Error, timeout_secs: u64) -> Option<String> {
     use std::io::ErrorKind;
     if e.is_timeout() {
-        return Some(format!("timed out ({})", chain(e)));
+        return Some(if e.is_connect() {
+            "timed out connecting".to_string()
+        } else {
+            format!("timed out after {timeout_secs} s (fetch.timeout_secs)")
+        });
     }
     let mut src: Option<&dyn std::error::Error> = Some(e);
     while let Some(s) = src {
