@@ -1,0 +1,588 @@
+//! The baseline: a set's Resource List walked part by part (or its Resource Dump unpacked),
+//! every resource fetched, checked and recorded a batch at a time, with a progress bar.
+
+use super::*;
+
+impl Harvester {
+    /// The set's baseline: from its Resource Dump when configured and usable, else (or for
+    /// what the dump did not hold as the Resource List lists it) from its Resource List.
+    pub(super) async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
+        let mut from_dump = None;
+        if self.cfg.source.baseline == config::BaselineFrom::Dump {
+            match &set.info.resourcedump {
+                Some(rd) => match self.baseline_from_dump(set, rd).await? {
+                    Ok((position, 0)) => {
+                        self.state.finish_baseline(set.row.id, position)?;
+                        return Ok(());
+                    }
+                    Ok((position, missed)) => {
+                        tracing::info!(set = %set.info.name, missed, "bitstreams of the dump did not match its manifest (or could not be placed): fetched on their own, checked against the Resource List");
+                        from_dump = Some(position);
+                    }
+                    Err(e) => {
+                        tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "the Resource Dump cannot be used: baselining from the Resource List");
+                    }
+                },
+                None => {
+                    tracing::warn!(set = %set.info.name, "source.baseline = \"dump\", but the set offers no Resource Dump: baselining from its Resource List")
+                }
+            }
+        }
+        self.baseline_from_list(set, from_dump).await
+    }
+
+    /// Walks the Resource List (through its index, one part at a time, streamed) and fetches
+    /// what is not held as listed yet with bounded concurrency. Resumable: what is held as
+    /// listed is not fetched again. Failures are queued as changes dated just before the
+    /// list's `at`, so they hold the position until they are applied; refusals are recorded.
+    /// After a dump baseline the position is the earlier of the dump's and the list's `at`.
+    pub(super) async fn baseline_from_list(
+        &self,
+        set: &Followed,
+        from_dump: Option<Timestamp>,
+    ) -> anyhow::Result<()> {
+        let Some(rl) = &set.info.resourcelist else {
+            anyhow::bail!(
+                "set {}: its Capability List has no Resource List (inside the source's scope) to baseline from",
+                set.info.name
+            );
+        };
+        let started = Timestamp::now();
+        let (header, parts, mut docs) = self.list_parts(set, rl, "Resource List").await?;
+        let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
+        let bar = progress(&format!("baseline {}", set.info.name));
+        let mut total = Total::new(parts.len());
+        let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut failures: Vec<(Change, String)> = Vec::new();
+        let (mut held, mut refused) = (Batch::default(), 0u64);
+        for part in parts {
+            let Some(mut doc) = self
+                .open_part(set, part, "Resource List part", &mut docs)
+                .await?
+            else {
+                total.skip(&bar);
+                continue;
+            };
+            total.add(&bar, &doc);
+            let r = &mut doc.reader;
+            while let Some(e) = r.next_entry()? {
+                bar.inc(1);
+                if !self.admit(set, &e.loc, &docs)? {
+                    refused += 1;
+                    continue;
+                }
+                let c = entry_change(&e, "created", at.unwrap_or(started));
+                if self.state.holds_as_listed(set.row.id, &c)? {
+                    continue;
+                }
+                let permit = sem.clone().acquire_owned().await?;
+                let (this, name) = (self.clone_parts(), set.info.name.clone());
+                // Claimed in list order: of two URIs with one file, the first listed keeps it.
+                let claim = this.claim(&c.uri);
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    let r = match claim {
+                        Ok(claim) => this.fetch_verify_put(&name, &c, claim).await,
+                        Err(e) => Err(e),
+                    };
+                    (c, r)
+                });
+                while let Some(done) = tasks.try_join_next() {
+                    self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+                }
+            }
+        }
+        while let Some(done) = tasks.join_next().await {
+            self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+        }
+        held.record(&self.state, set.row.id, 0)?;
+        let fetched = held.recorded;
+        bar.finish_and_clear();
+        // Without `at` (a source that omits it), the time the walk started is the safe start.
+        let mut position = at.unwrap_or(started);
+        if let Some(d) = from_dump {
+            position = position.min(d);
+        }
+        for (f, _) in &mut failures {
+            f.datetime = Timestamp(position.0 - 1);
+        }
+        let queued: Vec<Change> = failures.iter().map(|(c, _)| c.clone()).collect();
+        self.state.enqueue(set.row.id, &queued)?;
+        self.state
+            .defer(set.row.id, &failures, self.clone_parts().next_try(0))?;
+        self.state.finish_baseline(set.row.id, position)?;
+        tracing::info!(set = %set.info.name, fetched, failed = failures.len(), refused, position = %position, "baseline done");
+        Ok(())
+    }
+
+    pub(super) fn collect(
+        &self,
+        set: &Followed,
+        done: (Change, Result<(Held, Claim), NotApplied>),
+        failures: &mut Vec<(Change, String)>,
+        held: &mut Batch,
+        refused: &mut u64,
+    ) -> anyhow::Result<()> {
+        match done.1 {
+            Ok((h, claim)) => {
+                held.holds.push((done.0.uri, h));
+                held.claims.push(claim);
+                held.record(&self.state, set.row.id, 256)?;
+            }
+            Err(NotApplied::Refused(why)) => {
+                *refused += 1;
+                refuse(&self.state, &set.info.name, set.row.id, &done.0.uri, &why)?;
+            }
+            Err(NotApplied::Failed(e)) => {
+                tracing::warn!(uri = %short(&done.0.uri), error = %e, "baseline fetch failed: queued for retry");
+                failures.push((done.0, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The baseline from the set's Resource Dump: each package downloaded (resumed after a
+    /// dropped connection or a restart: the partial file is kept under `state.dir`), never
+    /// past its listed length, unpacked, every bitstream checked against its manifest's md5
+    /// and length before the output gets it. Returns `Err` for what may pass (a package
+    /// download that keeps failing: tried again at the next check), `Ok(Err)` when the dump
+    /// cannot be used (a package longer than listed, refused, not a ZIP…: the Resource List is
+    /// used instead), else the dump's `at` and how many bitstreams could not be placed.
+    pub(super) async fn baseline_from_dump(
+        &self,
+        set: &Followed,
+        url: &str,
+    ) -> anyhow::Result<anyhow::Result<(Timestamp, u64)>> {
+        let started = Timestamp::now();
+        let (header, parts, mut docs) = self.list_parts(set, url, "Resource Dump").await?;
+        if header.md.get("capability").map(String::as_str) != Some("resourcedump") {
+            return Ok(Err(anyhow::anyhow!(
+                "{} is not a Resource Dump",
+                short(url)
+            )));
+        }
+        let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
+        let position = at.unwrap_or(started);
+        let downloads = self.cfg.state.dir.join("dump-downloads");
+        std::fs::create_dir_all(&downloads)
+            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", downloads.display()))?;
+        let bar = progress(&format!(
+            "baseline {} from its Resource Dump",
+            set.info.name
+        ));
+        let (mut missed, mut placed) = (0u64, 0u64);
+        // A package is unpacked (on every core) while the next one downloads.
+        let mut unpacking: Option<tokio::task::JoinHandle<anyhow::Result<Unpacked>>> = None;
+        let finish = |r: Result<anyhow::Result<Unpacked>, tokio::task::JoinError>,
+                      placed: &mut u64,
+                      missed: &mut u64|
+         -> anyhow::Result<()> {
+            let (n, m) = r??;
+            *placed += n;
+            *missed += m;
+            Ok(())
+        };
+        for part in parts {
+            let Some(mut doc) = self
+                .open_part(set, part, "Resource Dump", &mut docs)
+                .await?
+            else {
+                return Ok(Err(anyhow::anyhow!("a part of its index was refused")));
+            };
+            while let Some(e) = doc.reader.next_entry()? {
+                use sha2::Digest;
+                let name = crate::digest::hex_digest(sha2::Sha256::digest(e.loc.as_bytes()));
+                let local = downloads.join(format!("{}.zip", &name[..32]));
+                let expected = e.md.get("length").and_then(|l| l.parse().ok());
+                if let Err(err) = self
+                    .fetcher
+                    .download_resumable(&e.loc, &local, expected)
+                    .await
+                {
+                    if let Some(r) = &err.refused {
+                        refuse(
+                            &self.state,
+                            &set.info.name,
+                            set.row.id,
+                            &e.loc,
+                            &r.to_string(),
+                        )?;
+                    }
+                    let retry = err.retry;
+                    let err = anyhow::anyhow!("package {}: {err}", short(&e.loc));
+                    return if retry {
+                        Err(err)
+                    } else {
+                        if let Some(u) = unpacking.take() {
+                            let _ = u.await;
+                        }
+                        Ok(Err(err))
+                    };
+                }
+                let (worker, set_name, set_id, file, b) = (
+                    self.clone_parts(),
+                    set.info.name.clone(),
+                    set.row.id,
+                    local.clone(),
+                    bar.clone(),
+                );
+                if let Some(previous) = unpacking.take() {
+                    if let Err(e) = finish(previous.await, &mut placed, &mut missed) {
+                        return Ok(Err(e));
+                    }
+                }
+                unpacking = Some(tokio::task::spawn_blocking(move || {
+                    let r = worker.unpack(&set_name, set_id, &file, position, &b);
+                    if r.is_ok() {
+                        let _ = std::fs::remove_file(&file);
+                        let _ = std::fs::remove_file(file.with_extension("etag"));
+                    }
+                    r
+                }));
+            }
+        }
+        if let Some(last) = unpacking {
+            if let Err(e) = finish(last.await, &mut placed, &mut missed) {
+                return Ok(Err(e));
+            }
+        }
+        bar.finish_and_clear();
+        tracing::info!(set = %set.info.name, placed, missed, position = %position, "baseline from the Resource Dump done");
+        Ok(Ok((position, missed)))
+    }
+
+    /// Runs the set's baseline if it is not done yet: `true` when it is done, `false` when it
+    /// was interrupted by an error (logged; resumed at the next check, what was fetched is
+    /// kept).
+    pub(super) async fn baselined(&self, set: &Followed) -> anyhow::Result<bool> {
+        if self.row(set.row.id)?.baseline_done {
+            return Ok(true);
+        }
+        Ok(match self.baseline(set).await {
+            Ok(()) => {
+                self.state.set_error(set.row.id, None)?;
+                true
+            }
+            Err(e) => {
+                let e = format!("baseline: {e:#}");
+                tracing::warn!(set = %set.info.name, error = %e, "baseline interrupted; resumed at the next check");
+                self.state.set_error(set.row.id, Some(&e))?;
+                false
+            }
+        })
+    }
+}
+
+/// Resources fetched by a baseline, recorded as held a batch at a time (one transaction for
+/// many: a crash before a batch is recorded only means those are fetched again), their files'
+/// claims kept until then.
+#[derive(Default)]
+pub(super) struct Batch {
+    pub(super) holds: Vec<(String, Held)>,
+    pub(super) claims: Vec<Claim>,
+    pub(super) recorded: u64,
+}
+
+impl Batch {
+    /// Records the batch once it has more than `over` resources.
+    pub(super) fn record(&mut self, state: &State, set_id: i64, over: usize) -> anyhow::Result<()> {
+        if self.holds.len() > over {
+            state.hold_many(set_id, &self.holds)?;
+            self.recorded += self.holds.len() as u64;
+            self.holds.clear();
+            self.claims.clear();
+        }
+        Ok(())
+    }
+}
+
+/// What unpacking a dump package did: bitstreams placed, and how many could not be (fetched
+/// on their own from the Resource List).
+pub(super) type Unpacked = (u64, u64);
+
+impl Worker {
+    /// Unpacks one Resource Dump package (blocking): every manifest entry's bitstream,
+    /// checked against the manifest, handed to the output and recorded as held. Returns how
+    /// many were placed and how many could not be. Stops at the next entry on shutdown.
+    pub(super) fn unpack(
+        &self,
+        set: &str,
+        set_id: i64,
+        zip_path: &std::path::Path,
+        at: Timestamp,
+        bar: &ProgressBar,
+    ) -> anyhow::Result<Unpacked> {
+        use std::io::Read;
+        let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
+            .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
+        let mut manifest = Vec::new();
+        let max_doc = self.fetcher.max_document_bytes();
+        z.by_name("manifest.xml")
+            .map_err(|e| anyhow::anyhow!("a package without manifest.xml: {e}"))?
+            .take(max_doc + 1)
+            .read_to_end(&mut manifest)?;
+        if manifest.len() as u64 > max_doc {
+            anyhow::bail!("the package's manifest.xml is larger than fetch.max_document_bytes");
+        }
+        let max_token = (self.fetcher.scope().max_url_length() + 1).max(64 * 1024);
+        let mut reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
+            &manifest[..],
+            max_token,
+        )))
+        .map_err(|e| anyhow::anyhow!("the package's manifest.xml: {e}"))?;
+        if reader.header().md.get("capability").map(String::as_str) != Some("resourcedump-manifest")
+        {
+            anyhow::bail!("the package's manifest.xml is not a Resource Dump Manifest");
+        }
+        let mut entries = Vec::new();
+        while let Some(e) = reader.next_entry()? {
+            entries.push(e);
+        }
+        drop((z, manifest));
+        // The entries split over the cores, each part read through its own handle.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get().clamp(1, 4));
+        let chunk = entries.len().div_ceil(cores).max(1);
+        let results: Vec<anyhow::Result<Unpacked>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = entries
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || self.unpack_entries(set, set_id, zip_path, part, at, bar))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(anyhow::anyhow!("an unpacking thread panicked")))
+                })
+                .collect()
+        });
+        let (mut placed, mut missed) = (0u64, 0u64);
+        for r in results {
+            let (n, m) = r?;
+            placed += n;
+            missed += m;
+        }
+        Ok((placed, missed))
+    }
+
+    /// Unpacks some entries of a package (see [`Worker::unpack`]). An entry outside the
+    /// source's scope is refused: its bytes never reach the output.
+    pub(super) fn unpack_entries(
+        &self,
+        set: &str,
+        set_id: i64,
+        zip_path: &std::path::Path,
+        entries: &[ParsedEntry],
+        at: Timestamp,
+        bar: &ProgressBar,
+    ) -> anyhow::Result<Unpacked> {
+        use md5::Digest;
+        use std::io::Read;
+        let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
+        let (mut placed, mut missed) = (0u64, 0u64);
+        // Recorded a thousand at a time.
+        let mut held = Batch::default();
+        for e in entries {
+            if self.stop.load(Ordering::Relaxed) {
+                held.record(&self.state, set_id, 0)?;
+                anyhow::bail!("stopping");
+            }
+            bar.inc(1);
+            if let Err(r) = self.fetcher.scope().check(&e.loc) {
+                refuse(&self.state, set, set_id, &e.loc, &r.to_string())?;
+                continue;
+            }
+            let c = entry_change(e, "created", at);
+            if self.state.holds_as_listed(set_id, &c)? {
+                continue;
+            }
+            let Some(inner) =
+                e.md.get("path")
+                    .map(|p| p.trim_start_matches('/').to_string())
+            else {
+                missed += 1;
+                continue;
+            };
+            let claim = match self.claim(&c.uri) {
+                Ok(claim) => claim,
+                Err(NotApplied::Refused(r)) => {
+                    refuse(&self.state, set, set_id, &c.uri, &r)?;
+                    continue;
+                }
+                Err(NotApplied::Failed(_)) => {
+                    missed += 1;
+                    continue;
+                }
+            };
+            let dest = match self.output.download_path(&c.uri) {
+                Ok(d) => d,
+                Err(err) => {
+                    refuse(&self.state, set, set_id, &c.uri, &format!("{err:#}"))?;
+                    continue;
+                }
+            };
+            let measured = (|| -> anyhow::Result<(u64, String)> {
+                let mut f = z.by_name(&inner)?;
+                // Never more than the manifest promises (a package is not trusted further).
+                let limit = c.length.unwrap_or(f.size()).saturating_add(1);
+                let mut out = std::io::BufWriter::new(std::fs::File::create(&dest)?);
+                let (mut h, mut n, mut buf) = (md5::Md5::new(), 0u64, vec![0u8; 64 * 1024]);
+                let mut r = (&mut f).take(limit);
+                loop {
+                    let k = r.read(&mut buf)?;
+                    if k == 0 {
+                        break;
+                    }
+                    h.update(&buf[..k]);
+                    std::io::Write::write_all(&mut out, &buf[..k])?;
+                    n += k as u64;
+                }
+                std::io::Write::flush(&mut out)?;
+                Ok((n, crate::digest::hex_digest(h.finalize())))
+            })();
+            let checked = measured
+                .map_err(|err| format!("cannot unpack it: {err:#}"))
+                .and_then(|(length, md5)| c.check(length, &md5).map(|_| (length, md5)));
+            let (length, md5) = match checked {
+                Ok(m) => m,
+                Err(why) => {
+                    tracing::warn!(uri = %short(&c.uri), error = %why, "a bitstream of the dump does not match its manifest entry: fetched on its own");
+                    let _ = std::fs::remove_file(&dest);
+                    missed += 1;
+                    continue;
+                }
+            };
+            let item = Item {
+                set,
+                uri: &c.uri,
+                md5: &md5,
+                length,
+                mime: e.md.get("type").map(String::as_str),
+            };
+            match self.output.put(&item, &dest) {
+                Ok(path) => {
+                    held.holds.push((
+                        c.uri,
+                        Held {
+                            md5: Some(md5),
+                            length: Some(length),
+                            path,
+                            lastmod: c.lastmod.or(Some(at)),
+                        },
+                    ));
+                    held.claims.push(claim);
+                    held.record(&self.state, set_id, 1000)?;
+                    placed += 1;
+                }
+                Err(err) => {
+                    let _ = std::fs::remove_file(&dest);
+                    tracing::warn!(uri = %short(&c.uri), error = %format!("{err:#}"), "the output refused a bitstream");
+                    missed += 1;
+                }
+            }
+        }
+        held.record(&self.state, set_id, 0)?;
+        Ok((placed, missed))
+    }
+}
+
+pub(super) fn progress(what: &str) -> ProgressBar {
+    let bar = if std::io::stderr().is_terminal() {
+        ProgressBar::new_spinner()
+    } else {
+        ProgressBar::hidden()
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg}: {pos} resources ({per_sec}) {elapsed}")
+            .expect("template"),
+    );
+    bar.set_message(what.to_string());
+    bar.enable_steady_tick(Duration::from_millis(200));
+    bar
+}
+
+/// The baseline's total for its progress bar: the entries of the parts read so far, and for
+/// the parts still to come, as many as the parts read had on average (parts are filled in
+/// order, so this is close).
+pub(super) struct Total {
+    pub(super) parts: usize,
+    pub(super) opened: usize,
+    pub(super) entries: u64,
+}
+
+impl Total {
+    pub(super) fn new(parts: usize) -> Total {
+        Total {
+            parts,
+            opened: 0,
+            entries: 0,
+        }
+    }
+
+    /// A part opened: its entries counted (a quick scan of the file on disk).
+    pub(super) fn add(&mut self, bar: &ProgressBar, doc: &OnDisk) {
+        self.opened += 1;
+        self.entries += count_entries(doc._file.path()).unwrap_or(0);
+        self.show(bar);
+    }
+
+    /// A part refused: one fewer to come.
+    pub(super) fn skip(&mut self, bar: &ProgressBar) {
+        self.parts = self.parts.saturating_sub(1);
+        self.show(bar);
+    }
+
+    pub(super) fn show(&self, bar: &ProgressBar) {
+        if self.opened == 0 {
+            return;
+        }
+        let rest = (self.parts.saturating_sub(self.opened)) as u64;
+        let len = self.entries + self.entries / self.opened as u64 * rest;
+        if bar.length().is_none() {
+            bar.set_style(
+                ProgressStyle::with_template(
+                    "{spinner} {msg}: {pos}/{len} resources ({per_sec}, {eta} left) {elapsed}",
+                )
+                .expect("template"),
+            );
+        }
+        bar.set_length(len.max(bar.position()));
+    }
+}
+
+/// How many `<url>` entries a sitemap file holds (counted by their closing tags).
+pub(super) fn count_entries(path: &std::path::Path) -> std::io::Result<u64> {
+    use std::io::Read;
+    const TAG: &[u8] = b"</url>";
+    let mut f = std::fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut n, mut kept) = (0u64, 0usize);
+    loop {
+        let read = f.read(&mut buf[kept..])?;
+        if read == 0 {
+            return Ok(n);
+        }
+        let end = kept + read;
+        n += memchr::memmem::find_iter(&buf[..end], TAG).count() as u64;
+        // Keep a tail shorter than the tag: a tag cut by the chunk's end is counted next time.
+        kept = (TAG.len() - 1).min(end);
+        buf.copy_within(end - kept..end, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Entries are counted across the scan's 1 MiB chunks, a tag cut by a chunk's end too.
+    #[test]
+    fn entries_are_counted_across_chunks() {
+        let mut text = Vec::new();
+        text.extend_from_slice(b"<urlset><url><loc>a</loc></url>");
+        text.resize((1 << 20) - 3, b' ');
+        text.extend_from_slice(b"</url><url><loc>b</loc></url></urlset>");
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(f.path(), &text).unwrap();
+        assert_eq!(super::count_entries(f.path()).unwrap(), 3);
+    }
+}

@@ -1,0 +1,309 @@
+//! What the operator reads: `harvest status`, `harvest audit`, and the Ingestion 3 commands
+//! (`snapshot`, `recreate`).
+
+use super::*;
+
+pub(super) fn ingestion3(
+    cfg: &HarvestConfig,
+) -> anyhow::Result<Arc<output::ingestion3::Ingestion3>> {
+    if cfg.output.kind != config::OutputKind::Ingestion3 {
+        anyhow::bail!("this works on the Ingestion 3 archive: set output.kind = \"ingestion3\"");
+    }
+    Ok(Arc::new(output::ingestion3::Ingestion3::open(cfg)?))
+}
+
+/// `harvest snapshot`: a new complete snapshot of the Ingestion 3 archive now (JSON report).
+pub async fn snapshot(cfg: &HarvestConfig) -> anyhow::Result<String> {
+    let out = ingestion3(cfg)?;
+    let r = tokio::task::spawn_blocking(move || out.snapshot()).await??;
+    Ok(serde_json::to_string(&r)?)
+}
+
+/// `harvest recreate --at T`: the provider's record set as of `at`, as a new activity.
+pub async fn recreate(cfg: &HarvestConfig, at: Timestamp) -> anyhow::Result<String> {
+    let out = ingestion3(cfg)?;
+    let r = tokio::task::spawn_blocking(move || out.recreate(at)).await??;
+    Ok(serde_json::to_string(&r)?)
+}
+
+/// `harvest status`: position, lag, subscription, queue, failures and refusals, as text.
+pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
+    let db = cfg.database_path();
+    if !db.exists() {
+        anyhow::bail!(
+            "no harvest state at {} (state.dir): nothing harvested yet",
+            db.display()
+        );
+    }
+    let state = State::open(&db)?;
+    let mut out = format!("source {}\n", cfg.source.url);
+    match state.source_failing("")? {
+        Some((e, since)) => out.push_str(&format!(
+            "  reachable:        NO, failing since {since}: {e}\n"
+        )),
+        None => out.push_str("  reachable:        yes\n"),
+    }
+    let sets = state.sets()?;
+    for s in &sets {
+        let lag = match (s.source_latest, s.position) {
+            (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
+            (Some(_), Some(_)) => "0 s (up to date)".into(),
+            _ => "unknown".into(),
+        };
+        out.push_str(&format!(
+            "set {}\n  capability list:  {}\n  baseline:         {}\n  position:         {}\n  newest at source: {}\n  lag:              {lag}\n  resources held:   {}\n  changes applied:  {}\n  pending:          {}\n  last check:       {}\n  last push:        {}\n",
+            s.name,
+            s.capability,
+            if s.baseline_done { "done" } else { "not finished" },
+            s.position.map_or("-".into(), |p| p.to_string()),
+            s.source_latest.map_or("-".into(), |p| p.to_string()),
+            state.count_held(s.id)?,
+            state.applied_count(s.id)?,
+            state.count_pending(s.id)?,
+            s.checked_at.map_or("-".into(), |p| p.to_string()),
+            s.last_push_at.map_or("-".into(), |p| p.to_string()),
+        ));
+        if let Some(e) = &s.last_error {
+            out.push_str(&format!("  last error:       {}\n", short(e)));
+        }
+        match state.subscription(s.id)? {
+            Some(sub) => {
+                let expires = sub
+                    .verified_at
+                    .zip(sub.lease_secs)
+                    .map(|(v, l)| v.plus_secs(l).to_string())
+                    .unwrap_or("-".into());
+                out.push_str(&format!(
+                    "  subscription:     {} at {} (topic {}, callback {}, lease until {expires})\n",
+                    sub.state, sub.hub, sub.topic, sub.callback,
+                ));
+                if let Some(r) = sub.reason {
+                    out.push_str(&format!("  no push because:  {}\n", scope::cut(&r, 800)));
+                }
+            }
+            None => out.push_str("  subscription:     none\n"),
+        }
+    }
+    let problems = state.problems()?;
+    if !problems.is_empty() {
+        out.push_str("\nnot applied yet:\n");
+        for (_, p) in problems {
+            let what = if p.skipped {
+                "SKIPPED"
+            } else if p.failed {
+                "FAILED"
+            } else {
+                "retrying"
+            };
+            out.push_str(&format!(
+                "  {what:8} {} {} {} (tries {}): {}\n",
+                p.change.change,
+                short(&p.change.uri),
+                p.change.datetime,
+                p.tries,
+                short(&p.last_error.unwrap_or_default())
+            ));
+        }
+    }
+    if cfg.output.kind == config::OutputKind::Ingestion3 {
+        let (n, first) = output::ingestion3::not_archived(&cfg.state.dir, 10)?;
+        if n > 0 {
+            out.push_str(&format!(
+                "\nnot archived ({n}; listed in the next snapshot's _LOGS/skipped.csv):\n"
+            ));
+            for (uri, why) in first {
+                out.push_str(&format!("  {}: {}\n", short(&uri), short(&why)));
+            }
+        }
+    }
+    let (refused, counts) = state.refusals(20)?;
+    if !counts.is_empty() {
+        let name = |id: i64| {
+            sets.iter()
+                .find(|s| s.id == id)
+                .map_or("the source".to_string(), |s| format!("set {}", s.name))
+        };
+        out.push_str("\nrefused (the source's errors: not fetched, not waited for):\n");
+        for (set, n) in &counts {
+            out.push_str(&format!("  {}: {n} URL(s)\n", name(*set)));
+            for r in refused.iter().filter(|r| r.set_id == *set) {
+                out.push_str(&format!(
+                    "    {} ({}x, last {}): {}\n",
+                    short(&r.uri),
+                    r.count,
+                    r.last_at,
+                    r.reason
+                ));
+            }
+        }
+    }
+    out.push_str(&format!(
+        "\ndeliveries ignored: {} unsigned, {} with a wrong signature\n",
+        state.counter("unsigned")?,
+        state.counter("bad_signature")?
+    ));
+    let foreign = state.counter("foreign")?;
+    if foreign > 0 {
+        out.push_str(&format!(
+            "callback requests for another harvester: {foreign} (two harvesters share one callback URL: give each its own push.listen and push.callback_url)\n"
+        ));
+    }
+    Ok(out)
+}
+
+/// A count and the first few of what it counts, for a report.
+#[derive(Default)]
+pub(super) struct Sample {
+    pub(super) n: u64,
+    pub(super) first: Vec<String>,
+}
+
+impl Sample {
+    pub(super) fn add(&mut self, what: String) {
+        self.n += 1;
+        if self.first.len() < 20 {
+            self.first.push(what);
+        }
+    }
+
+    pub(super) fn list(&self, out: &mut String, what: &str) {
+        for u in &self.first {
+            out.push_str(&format!("  {what}: {u}\n"));
+        }
+        if self.n > self.first.len() as u64 {
+            out.push_str(&format!(
+                "  … and {} more {what}\n",
+                self.n - self.first.len() as u64
+            ));
+        }
+    }
+}
+
+/// `harvest audit`: compares what the destination holds with the source's current Resource
+/// List. Returns the report and whether it is in sync. Entries the harvester refuses (outside
+/// the scope, too long, names that cannot be files, a file another URI has) are reported as
+/// such and do not count against the sync; the rest are compared.
+pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
+    let h = Harvester::new(cfg.clone(), String::new())?;
+    let sets = h.discover().await?;
+    let output = h.output.clone();
+    let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
+    let mut out = String::new();
+    let mut in_sync = true;
+    for s in &sets {
+        let Some(rl) = &s.info.resourcelist else {
+            continue;
+        };
+        let mut listed: HashSet<String> = HashSet::new();
+        let (mut missing, mut differ, mut refused) =
+            (Sample::default(), Sample::default(), Sample::default());
+        let mut not_archived = 0u64;
+        let (_, parts, mut docs) = h.list_parts(s, rl, "Resource List").await?;
+        for part in parts {
+            let Some(mut doc) = h
+                .open_part(s, part, "Resource List part", &mut docs)
+                .await?
+            else {
+                continue;
+            };
+            let r = &mut doc.reader;
+            while let Some(e) = r.next_entry()? {
+                let c = entry_change(&e, "created", Timestamp(0));
+                let uri = short(&c.uri).into_owned();
+                if let Err(why) = h.fetcher.scope().check(&c.uri) {
+                    refused.add(format!("{uri}: {why}"));
+                    continue;
+                }
+                if docs.contains(&c.uri) {
+                    refused.add(format!("{uri}: a list document, listed as a resource"));
+                    continue;
+                }
+                let other = match h.output.target(&c.uri) {
+                    Ok(Some((root, t))) => h.state.claim_conflict(
+                        &root.display().to_string(),
+                        &t.display().to_string(),
+                        &c.uri,
+                    )?,
+                    _ => None,
+                };
+                if let Some(o) = other {
+                    refused.add(format!("{uri}: its file is the file of {}", short(&o)));
+                    listed.insert(c.uri);
+                    continue;
+                }
+                match auditor.holding(&c.uri) {
+                    Err(e) => refused.add(format!("{uri}: {}", short(&format!("{e:#}")))),
+                    Ok(output::Holding::Missing) => missing.add(uri),
+                    Ok(output::Holding::NotArchived(_)) => not_archived += 1,
+                    Ok(output::Holding::Held { length, md5 }) => {
+                        if let Err(why) = c.check(length, &md5) {
+                            differ.add(format!("{uri} ({why})"));
+                        } else if c.md5.is_none()
+                            && h.state
+                                .held(s.row.id, &c.uri)?
+                                .is_some_and(|held| c.newer_than(&held))
+                        {
+                            differ.add(format!("{uri} (the list's lastmod is newer than the copy's; it has no md5 to compare)"));
+                        }
+                    }
+                }
+                listed.insert(c.uri);
+            }
+        }
+        // The mirror: what the harvester's record holds for this set. (The archive tells
+        // what it holds itself, over all sets, below.)
+        let mut extra = Sample::default();
+        if cfg.output.kind == config::OutputKind::Mirror {
+            for u in h.state.held_uris(s.row.id)? {
+                if !listed.contains(&u) {
+                    extra.add(short(&u).into_owned());
+                }
+            }
+        }
+        let ok = missing.n == 0 && differ.n == 0 && extra.n == 0;
+        in_sync &= ok;
+        out.push_str(&format!(
+            "set {}: {} listed, {} missing, {} different, {} held but no longer listed{}{}\n",
+            s.info.name,
+            listed.len() as u64 + refused.n,
+            missing.n,
+            differ.n,
+            extra.n,
+            if not_archived > 0 {
+                format!(", {not_archived} not archived (not JSON, XML or Turtle)")
+            } else {
+                String::new()
+            },
+            if refused.n > 0 {
+                format!(
+                    ", {} refused (the source's errors, not harvested: below)",
+                    refused.n
+                )
+            } else {
+                String::new()
+            }
+        ));
+        missing.list(&mut out, "missing");
+        differ.list(&mut out, "different");
+        extra.list(&mut out, "extra");
+        refused.list(&mut out, "refused");
+    }
+    if let Some(extra) = auditor.unlisted()? {
+        in_sync &= extra.is_empty();
+        out.push_str(&format!(
+            "archive: {} records no set lists any more\n",
+            extra.len()
+        ));
+        let mut sample = Sample::default();
+        for u in &extra {
+            sample.add(short(u).into_owned());
+        }
+        sample.list(&mut out, "extra");
+    }
+    out.push_str(if in_sync {
+        "IN SYNC\n"
+    } else {
+        "NOT IN SYNC\n"
+    });
+    Ok((out, in_sync))
+}

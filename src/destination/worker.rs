@@ -1,0 +1,293 @@
+//! What a fetch task does: claim the output file, fetch, verify against the list, hand to
+//! the output, apply a resource's queued changes in order, run the exec hook.
+
+use super::*;
+
+impl Harvester {
+    /// The parts a fetch task needs (cheap clones).
+    pub(super) fn clone_parts(&self) -> Arc<Worker> {
+        Arc::new(Worker {
+            state: self.state.clone(),
+            fetcher: self.fetcher.clone(),
+            output: self.output.clone(),
+            exec: self.cfg.output.exec.clone(),
+            stop: self.stop.clone(),
+            in_flight: self.in_flight.clone(),
+            backoff: (
+                self.cfg.fetch.backoff_initial_ms,
+                self.cfg.fetch.backoff_max_ms,
+            ),
+        })
+    }
+}
+
+/// A file of the output claimed for a URI being written (see [`Worker::claim`]); let go when
+/// dropped.
+pub(super) struct Claim(pub(super) Option<(InFlight, String)>);
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some((writing, path)) = &self.0 {
+            writing.lock().expect("in-flight lock").remove(path);
+        }
+    }
+}
+
+/// What a fetch task needs.
+pub(super) struct Worker {
+    pub(super) state: Arc<State>,
+    pub(super) fetcher: Fetcher,
+    pub(super) output: Arc<dyn Output>,
+    pub(super) exec: String,
+    pub(super) stop: Arc<AtomicBool>,
+    pub(super) in_flight: InFlight,
+    /// `fetch.backoff_initial_ms`, `fetch.backoff_max_ms`: the pause before a failed resource
+    /// is tried again grows from the first by 4× per try, up to ten times the second.
+    pub(super) backoff: (u64, u64),
+}
+
+impl Worker {
+    /// When a resource that failed its try number `tries` + 1 is tried again: the pause grows
+    /// from `fetch.backoff_initial_ms` by 4× per try, up to ten times `fetch.backoff_max_ms`.
+    pub(super) fn next_try(&self, tries: u32) -> Timestamp {
+        let (first, max) = self.backoff;
+        let pause_ms = first
+            .saturating_mul(4u64.saturating_pow(tries + 1))
+            .min(max.saturating_mul(10));
+        Timestamp(
+            Timestamp::now()
+                .0
+                .saturating_add((pause_ms as i64).saturating_mul(1000)),
+        )
+    }
+
+    /// Claims the file `uri` gets in the output (outputs that name files after URIs): a URI
+    /// whose file would be the file of another resource (held, or being written now), or
+    /// would need a folder where another's file is (or the other way round), is refused,
+    /// never written over it. The claim holds while the returned guard lives; it becomes
+    /// durable when the resource is recorded as held.
+    pub(super) fn claim(&self, uri: &str) -> Result<Claim, NotApplied> {
+        let target = self
+            .output
+            .target(uri)
+            .map_err(|e| NotApplied::Refused(format!("{e:#}")))?;
+        let Some((root, t)) = target else {
+            return Ok(Claim(None));
+        };
+        let path = t.display().to_string();
+        let mut writing = self.in_flight.lock().expect("in-flight lock");
+        let crosses =
+            |a: &str, b: &str| a == b || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'));
+        let mut other = writing
+            .iter()
+            .find(|(p, u)| *u != uri && (crosses(p, &path) || crosses(&path, p)))
+            .map(|(_, u)| u.clone());
+        if other.is_none() {
+            other = self
+                .state
+                .claim_conflict(&root.display().to_string(), &path, uri)
+                .map_err(|e| NotApplied::Failed(e.to_string()))?;
+        }
+        if let Some(other) = other {
+            return Err(NotApplied::Refused(format!(
+                "its file in the output would be the file (or a folder) of {}",
+                short(&other)
+            )));
+        }
+        writing.insert(path.clone(), uri.to_string());
+        Ok(Claim(Some((self.in_flight.clone(), path))))
+    }
+
+    /// Fetches, checks length and md5 against `c`, and hands the file to the output.
+    pub(super) async fn fetch_verify_put(
+        &self,
+        set: &str,
+        c: &Change,
+        claim: Claim,
+    ) -> Result<(Held, Claim), NotApplied> {
+        let path = self
+            .output
+            .download_path(&c.uri)
+            .map_err(|e| NotApplied::Refused(format!("{e:#}")))?;
+        let d = self.fetcher.download(&c.uri, &path, c.length).await?;
+        if let Err(e) = c.check(d.length, &d.md5) {
+            let _ = std::fs::remove_file(&d.path);
+            return Err(NotApplied::Failed(format!("{}: {e}", short(&c.uri))));
+        }
+        let output = self.output.clone();
+        let (set, uri, md5, path, mime) = (
+            set.to_string(),
+            c.uri.clone(),
+            d.md5.clone(),
+            d.path.clone(),
+            d.mime.clone(),
+        );
+        let length = d.length;
+        let placed = tokio::task::spawn_blocking(move || {
+            let r = output.put(
+                &Item {
+                    set: &set,
+                    uri: &uri,
+                    md5: &md5,
+                    length,
+                    mime: mime.as_deref(),
+                },
+                &path,
+            );
+            if r.is_err() {
+                let _ = std::fs::remove_file(&path);
+            }
+            r
+        })
+        .await
+        .map_err(|e| NotApplied::Failed(e.to_string()))?
+        .map_err(|e| NotApplied::Failed(format!("{e:#}")))?;
+        Ok((
+            Held {
+                md5: Some(d.md5),
+                length: Some(d.length),
+                path: placed,
+                lastmod: c.lastmod.or(Some(c.datetime)),
+            },
+            claim,
+        ))
+    }
+}
+
+impl Worker {
+    /// One resource's queued changes, in order. The last change decides the content: the
+    /// earlier ones are applied with it (each logged once, the hook run for each). A refusal
+    /// (outside the scope, a file another resource has) takes them out of the queue.
+    pub(super) async fn apply_queue(
+        &self,
+        set: &str,
+        set_id: i64,
+        queue: Vec<Pending>,
+        claim: Option<Result<Claim, NotApplied>>,
+        max_tries: u32,
+        skip: bool,
+    ) -> anyhow::Result<()> {
+        let last = queue.last().expect("a non-empty queue").clone();
+        // The file's claim lives until the change is recorded as applied.
+        let mut kept = None;
+        let result: Result<Option<Held>, NotApplied> = if last.change.change == "deleted" {
+            let (output, set_s, uri) = (
+                self.output.clone(),
+                set.to_string(),
+                last.change.uri.clone(),
+            );
+            tokio::task::spawn_blocking(move || output.delete(&set_s, &uri))
+                .await?
+                .map(|_| None)
+                .map_err(|e| NotApplied::Failed(format!("{e:#}")))
+        } else {
+            match claim {
+                Some(Ok(claim)) => {
+                    self.fetch_verify_put(set, &last.change, claim)
+                        .await
+                        .map(|(held, c)| {
+                            kept = Some(c);
+                            Some(held)
+                        })
+                }
+                Some(Err(e)) => Err(e),
+                None => Err(NotApplied::Failed(
+                    "no claim for a resource to fetch".into(),
+                )),
+            }
+        };
+        let result = match result {
+            Ok(held) => {
+                let mut hook = Ok(());
+                for p in &queue {
+                    hook = self.run_hook(set, &p.change, held.as_ref()).await;
+                    if hook.is_err() {
+                        break;
+                    }
+                }
+                hook.map(|_| held).map_err(NotApplied::Failed)
+            }
+            Err(e) => Err(e),
+        };
+        match result {
+            Ok(held) => {
+                for p in &queue {
+                    self.state.applied(set_id, p, held.as_ref())?;
+                }
+                drop(kept);
+            }
+            Err(NotApplied::Refused(why)) => {
+                for p in &queue {
+                    self.state.refuse_change(set_id, p, &why)?;
+                }
+                tracing::warn!(set, uri = %short(&last.change.uri), reason = %why, "refused (listed in harvest status; not fetched, not waited for)");
+            }
+            Err(NotApplied::Failed(e)) => {
+                let not_before = self.next_try(last.tries);
+                let p = self
+                    .state
+                    .attempt_failed(&last, &e, max_tries, skip, not_before)?;
+                // Earlier changes of the resource share the outcome of the last one.
+                for earlier in &queue[..queue.len() - 1] {
+                    self.state
+                        .attempt_failed(earlier, &e, max_tries, skip, not_before)?;
+                }
+                let uri = short(&last.change.uri);
+                if p.skipped {
+                    tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "giving up on a change (fetch.skip_failed): the position moves past it");
+                } else if p.failed {
+                    tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "change failed; it holds the position and is retried at every check");
+                } else {
+                    tracing::info!(set, uri = %uri, tries = p.tries, error = %e, "change not applied yet; retried");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The `output.exec` hook for one applied change, its JSON on standard input.
+    pub(super) async fn run_hook(
+        &self,
+        set: &str,
+        c: &Change,
+        held: Option<&Held>,
+    ) -> Result<(), String> {
+        if self.exec.is_empty() {
+            return Ok(());
+        }
+        let json = serde_json::json!({
+            "set": set, "uri": c.uri, "change": c.change, "datetime": c.datetime.to_string(),
+            "md5": held.and_then(|h| h.md5.clone()), "length": held.and_then(|h| h.length),
+            "path": held.map(|h| h.path.clone()),
+        })
+        .to_string();
+        let cmd = self.exec.clone();
+        let out = tokio::time::timeout(Duration::from_secs(600), async move {
+            use tokio::io::AsyncWriteExt;
+            let mut child = tokio::process::Command::new("sh")
+                .arg("-c")
+                .arg(&cmd)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::inherit())
+                .stderr(std::process::Stdio::inherit())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| format!("exec {cmd:?}: {e}"))?;
+            let mut stdin = child.stdin.take().expect("piped");
+            // One write: a line under PIPE_BUF reaches a hook that appends it to a file whole.
+            let _ = stdin.write_all(format!("{json}\n").as_bytes()).await;
+            drop(stdin);
+            let status = child
+                .wait()
+                .await
+                .map_err(|e| format!("exec {cmd:?}: {e}"))?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(format!("exec {cmd:?} exited with {status}"))
+            }
+        })
+        .await;
+        out.unwrap_or_else(|_| Err("exec hook timed out after 600 s".into()))
+    }
+}
