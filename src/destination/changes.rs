@@ -4,6 +4,25 @@
 use super::*;
 
 impl Harvester {
+    /// Applies the deliveries in the inbox, oldest first, each removed once handled (a
+    /// notification that cannot be applied is left to the Change Lists, as before).
+    pub(super) async fn apply_inbox(&self, sets: &[Followed]) -> anyhow::Result<()> {
+        loop {
+            let state = self.state.clone();
+            let Some((id, set_id, body)) =
+                tokio::task::spawn_blocking(move || state.inbox_next()).await??
+            else {
+                return Ok(());
+            };
+            if let Some(set) = sets.iter().find(|s| s.row.id == set_id) {
+                if let Err(e) = self.on_push(set, &body).await {
+                    tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "applying a notification failed; the next check catches up");
+                }
+            }
+            self.state.inbox_done(id)?;
+        }
+    }
+
     /// Reads the Change Lists from the position on (following the index across closed lists),
     /// queues what is new, applies the queue, and moves the position. Returns how many changes
     /// were new and the newest datetime among them.

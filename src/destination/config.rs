@@ -148,6 +148,9 @@ pub struct PushSection {
     pub max_body_bytes: u64,
     /// Deliveries read at once; more are answered 503 with Retry-After.
     pub max_concurrent_deliveries: usize,
+    /// Verified deliveries kept (on disk, in the state) until applied, in bytes; past it a
+    /// delivery is answered 503 with Retry-After.
+    pub max_queued_bytes: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -273,6 +276,12 @@ impl HarvestConfig {
             }
             if self.push.max_body_bytes < 1024 || self.push.max_concurrent_deliveries == 0 {
                 return bad("push.max_body_bytes must be at least 1024 and push.max_concurrent_deliveries at least 1".into());
+            }
+            if self.push.max_queued_bytes < self.push.max_body_bytes {
+                return bad(format!(
+                    "push.max_queued_bytes ({}) must hold at least one delivery of push.max_body_bytes ({})",
+                    self.push.max_queued_bytes, self.push.max_body_bytes
+                ));
             }
         }
         if self.output.kind == OutputKind::Ingestion3 {

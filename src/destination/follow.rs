@@ -12,14 +12,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Bytes;
 use axum::extract::{Path, Query, Request, State as AxState};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use subtle::ConstantTimeEq;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{Notify, Semaphore};
 
 use super::config::PushSection;
 use super::fetch::Fetcher;
@@ -28,25 +27,20 @@ use super::state::{State, Subscription};
 use crate::model::websub::{signature, SignatureAlg};
 use crate::model::Timestamp;
 
-/// A verified delivery for a set.
-#[derive(Debug)]
-pub struct Push {
-    pub set_id: i64,
-    pub body: Bytes,
-}
-
 #[derive(Clone)]
 struct Ctx {
     state: Arc<State>,
-    tx: mpsc::Sender<Push>,
+    /// Woken when a verified delivery is in the state's inbox.
+    inbox: Arc<Notify>,
     bodies: Arc<Semaphore>,
     max_body: u64,
+    max_queued: u64,
 }
 
 /// The callback routes: `GET` (verification) and `POST` (deliveries) on
 /// `/cb/{set id}/{token}`; the token-less form of earlier versions answers 410 to deliveries
 /// (the hub drops that subscription) and 404 to verifications.
-pub fn router(state: Arc<State>, tx: mpsc::Sender<Push>, cfg: &PushSection) -> Router {
+pub fn router(state: Arc<State>, inbox: Arc<Notify>, cfg: &PushSection) -> Router {
     Router::new()
         .route("/cb/{id}/{token}", get(verify).post(deliver))
         .route(
@@ -55,9 +49,10 @@ pub fn router(state: Arc<State>, tx: mpsc::Sender<Push>, cfg: &PushSection) -> R
         )
         .with_state(Ctx {
             state,
-            tx,
+            inbox,
             bodies: Arc::new(Semaphore::new(cfg.max_concurrent_deliveries)),
             max_body: cfg.max_body_bytes,
+            max_queued: cfg.max_queued_bytes,
         })
 }
 
@@ -223,10 +218,29 @@ async fn deliver(
         let _ = ctx.state.bump("bad_signature");
         return StatusCode::ACCEPTED.into_response();
     }
-    if ctx.tx.send(Push { set_id: id, body }).await.is_err() {
-        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    // Kept on disk and answered at once: the hub never waits for the harvester's work.
+    let (state, max) = (ctx.state.clone(), ctx.max_queued);
+    match tokio::task::spawn_blocking(move || state.inbox_put(id, &body, max)).await {
+        Ok(Ok(true)) => {
+            ctx.inbox.notify_one();
+            StatusCode::ACCEPTED.into_response()
+        }
+        Ok(Ok(false)) => {
+            tracing::warn!(topic = %sub.topic, "delivery refused for now: the deliveries waiting fill push.max_queued_bytes");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "30")],
+                "the harvester's delivery queue is full (push.max_queued_bytes)",
+            )
+                .into_response()
+        }
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(axum::http::header::RETRY_AFTER, "5")],
+            "the delivery could not be kept",
+        )
+            .into_response(),
     }
-    StatusCode::ACCEPTED.into_response()
 }
 
 /// Asks the hub for a subscription (or its renewal, keeping the secret). The answer to come

@@ -53,7 +53,7 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::Semaphore;
 
 use config::HarvestConfig;
 use discover::SetInfo;
@@ -235,7 +235,7 @@ pub async fn run(
     listener: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let (tx, mut rx) = mpsc::channel::<follow::Push>(64);
+    let inbox = Arc::new(tokio::sync::Notify::new());
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
     tokio::spawn(async move {
@@ -262,7 +262,7 @@ pub async fn run(
             callback_base = format!("http://{}", listener.local_addr()?);
         }
         let h = Harvester::new(cfg.clone(), callback_base.clone())?;
-        let app = follow::router(h.state.clone(), tx.clone(), &cfg.push);
+        let app = follow::router(h.state.clone(), inbox.clone(), &cfg.push);
         let c = cancel.clone();
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
         use axum::serve::ListenerExt;
@@ -278,7 +278,6 @@ pub async fn run(
     } else {
         Harvester::new(cfg.clone(), callback_base)?
     };
-    drop(tx);
     let h = harvester;
     let mut housekeeping = None;
     let work = async {
@@ -326,13 +325,10 @@ pub async fn run(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
+            // Deliveries kept while the harvester was busy (or before a restart), in order.
+            h.apply_inbox(&sets).await?;
             tokio::select! {
-                Some(push) = rx.recv() => {
-                    let Some(set) = sets.iter().find(|s| s.row.id == push.set_id) else { continue };
-                    if let Err(e) = h.on_push(set, &push.body).await {
-                        tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "applying a notification failed; the next check catches up");
-                    }
-                }
+                _ = inbox.notified() => {}
                 _ = tick.tick() => {
                     for s in &sets {
                         if !h.baselined(s).await? {

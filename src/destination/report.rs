@@ -142,6 +142,12 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
         state.counter("unsigned")?,
         state.counter("bad_signature")?
     ));
+    let (waiting, bytes) = state.inbox_size()?;
+    if waiting > 0 {
+        out.push_str(&format!(
+            "deliveries waiting to be applied: {waiting} ({bytes} bytes; push.max_queued_bytes)\n"
+        ));
+    }
     let foreign = state.counter("foreign")?;
     if foreign > 0 {
         out.push_str(&format!(

@@ -189,6 +189,9 @@ impl State {
                secret TEXT NOT NULL, state TEXT NOT NULL, requested_at INTEGER NOT NULL,
                verified_at INTEGER, lease_secs INTEGER, reason TEXT);
              CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+             CREATE TABLE IF NOT EXISTS inbox (
+               id INTEGER PRIMARY KEY AUTOINCREMENT, set_id INTEGER NOT NULL, body BLOB NOT NULL,
+               received_at INTEGER NOT NULL);
              CREATE TABLE IF NOT EXISTS sources (
                name TEXT PRIMARY KEY, last_error TEXT, failing_since INTEGER, ok_at INTEGER);
              CREATE TABLE IF NOT EXISTS refused (
@@ -295,6 +298,55 @@ impl State {
             params![set_id, error.map(|e| super::scope::short(e).into_owned())],
         )?;
         Ok(())
+    }
+
+    /// Keeps a verified delivery until it is applied (a crash after the hub got its answer
+    /// loses nothing); `false`, keeping nothing, when the deliveries waiting already hold
+    /// `max_bytes`.
+    pub fn inbox_put(&self, set_id: i64, body: &[u8], max_bytes: u64) -> R<bool> {
+        let mut c = self.c();
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let held: i64 = tx.query_row(
+            "SELECT COALESCE(SUM(length(body)), 0) FROM inbox",
+            [],
+            |r| r.get(0),
+        )?;
+        if held as u64 + body.len() as u64 > max_bytes {
+            return Ok(false);
+        }
+        tx.execute(
+            "INSERT INTO inbox (set_id, body, received_at) VALUES (?1, ?2, ?3)",
+            params![set_id, body, Timestamp::now().0],
+        )?;
+        tx.commit()?;
+        Ok(true)
+    }
+
+    /// The oldest delivery waiting: its id, set and body.
+    pub fn inbox_next(&self) -> R<Option<(i64, i64, Vec<u8>)>> {
+        Ok(self
+            .c()
+            .query_row(
+                "SELECT id, set_id, body FROM inbox ORDER BY id LIMIT 1",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )
+            .optional()?)
+    }
+
+    /// A delivery handled (applied, or found wanting: the Change Lists fill in).
+    pub fn inbox_done(&self, id: i64) -> R<()> {
+        self.c().execute("DELETE FROM inbox WHERE id = ?1", [id])?;
+        Ok(())
+    }
+
+    /// Deliveries waiting, and their bytes.
+    pub fn inbox_size(&self) -> R<(u64, u64)> {
+        Ok(self.c().query_row(
+            "SELECT COUNT(*), COALESCE(SUM(length(body)), 0) FROM inbox",
+            [],
+            |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64)),
+        )?)
     }
 
     /// Records that the source (by name; `""` for the single `[source]`) could not be read,

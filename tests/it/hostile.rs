@@ -962,6 +962,81 @@ async fn floods_at_the_callback_are_not_read() {
     assert!(rss < 200 << 20, "peak RSS {} MB", rss >> 20);
 }
 
+/// A harvester busy with its first baseline (eight trickling resources) answers every signed
+/// delivery at once: kept on disk (202) while the deliveries waiting fit
+/// `push.max_queued_bytes`, 503 with Retry-After past it. The kept ones (more than the 64 a
+/// hub waited behind before) are applied once the baseline is done, and the inbox is empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_harvester_never_keeps_the_hub_waiting() {
+    let src = Hostile::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let slow = std::str::from_utf8(SLOW).unwrap();
+    let rl: Vec<String> = (0..8)
+        .map(|i| {
+            let path = format!("/b/slow{i}");
+            src.on(&path, |_| trickle(SLOW, Duration::from_secs(1)));
+            entry(&src.url(&path), &described(slow))
+        })
+        .collect();
+    src.xml("/b/rl.xml", urlset(&rl_md(), &rl));
+    src.source(&[src.set("b", &[("resourcelist", src.url("/b/rl.xml"))], true)]);
+    let f = child_config(
+        dir.path(),
+        &src.url("/.well-known/resourcesync"),
+        true,
+        "idle_timeout_secs = 4",
+    );
+    let text = std::fs::read_to_string(&f).unwrap().replace(
+        "[push]\n",
+        "[push]\nmax_body_bytes = 2048\nmax_queued_bytes = 16384\n",
+    );
+    std::fs::write(&f, text).unwrap();
+    let h = ChildHarvester::start(&f);
+    let (callback, secret) = verify_subscription(&src).await;
+    let client = reqwest::Client::new();
+    let body = format!("<urlset>{}</urlset>", "x".repeat(183));
+    assert_eq!(body.len(), 200);
+    let sig = signature(SignatureAlg::Sha256, secret.as_bytes(), body.as_bytes());
+    let (mut statuses, mut slowest) = (Vec::new(), Duration::ZERO);
+    for _ in 0..100 {
+        let started = std::time::Instant::now();
+        let r = client
+            .post(&callback)
+            .header("x-hub-signature", &sig)
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        slowest = slowest.max(started.elapsed());
+        if r.status() == 503 {
+            assert_eq!(r.headers()["retry-after"], "30");
+        }
+        statuses.push(r.status().as_u16());
+    }
+    let cfg = HarvestConfig::load(Some(&f)).unwrap();
+    let state = State::open(&cfg.database_path()).unwrap();
+    assert!(
+        !state.sets().unwrap()[0].baseline_done,
+        "the deliveries came while the baseline ran"
+    );
+    let kept = statuses.iter().filter(|s| **s == 202).count();
+    eprintln!(
+        "kept {kept}, refused {}; slowest answer {slowest:?}",
+        100 - kept
+    );
+    assert_eq!(kept, 16384 / 200, "{statuses:?}");
+    assert!(statuses[kept..].iter().all(|s| *s == 503), "{statuses:?}");
+    assert!(
+        slowest < Duration::from_secs(1),
+        "slowest answer {slowest:?}"
+    );
+    wait_child(&f, "the baseline and the inbox applied", 60, |s| {
+        s.sets().unwrap()[0].baseline_done && s.inbox_size().unwrap().0 == 0
+    })
+    .await;
+    h.kill();
+}
+
 /// SIGTERM stops the harvester within 2 s in every phase, and what it holds is kept: while it
 /// reads a trickling Resource List (the baseline walk), while eight trickling resources are
 /// being downloaded, while a dump package of 20,000 entries is being unpacked (restarted, it
