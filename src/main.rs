@@ -67,10 +67,18 @@ enum HarvestCommand {
     /// Run the harvester until stopped (the default).
     Run,
     /// Position, lag behind the source, subscription and lease, pending and failed resources.
-    Status,
+    Status {
+        /// Only this source (a `[[sources]]` name).
+        #[arg(long, value_name = "NAME")]
+        source: Option<String>,
+    },
     /// Compare the destination with the source's current Resource List: prints IN SYNC or the
     /// differences (exit status 1 when not in sync).
-    Audit,
+    Audit {
+        /// Only this source (a `[[sources]]` name); default: every source.
+        #[arg(long, value_name = "NAME")]
+        source: Option<String>,
+    },
     /// Print the commented default harvest configuration.
     Config,
     /// Ingestion 3 output: write a new complete snapshot now (previous snapshot + the changes
@@ -275,12 +283,12 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
     let cfg = HarvestConfig::load(args.config.as_deref())?;
     match command {
         HarvestCommand::Run => destination::run(cfg, None, app::shutdown_signal()).await,
-        HarvestCommand::Status => {
-            print!("{}", destination::status(&cfg)?);
+        HarvestCommand::Status { source } => {
+            print!("{}", destination::status_of(&cfg, source.as_deref())?);
             Ok(())
         }
-        HarvestCommand::Audit => {
-            let (report, in_sync) = destination::audit(&cfg).await?;
+        HarvestCommand::Audit { source } => {
+            let (report, in_sync) = destination::audit_of(&cfg, source.as_deref()).await?;
             print!("{report}");
             if !in_sync {
                 std::process::exit(1);

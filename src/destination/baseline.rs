@@ -52,7 +52,7 @@ impl Harvester {
         let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let bar = progress(&format!("baseline {}", set.info.name));
         let mut total = Total::new(parts.len());
-        let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
+        let sem = self.slots.clone();
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<(Change, String)> = Vec::new();
         let (mut held, mut refused) = (Batch::default(), 0u64);

@@ -7,10 +7,11 @@ impl Harvester {
     /// Applies the deliveries in the inbox, oldest first, each removed once handled (a
     /// notification that cannot be applied is left to the Change Lists, as before).
     pub(super) async fn apply_inbox(&self, sets: &[Followed]) -> anyhow::Result<()> {
+        let ids: Vec<i64> = sets.iter().map(|s| s.row.id).collect();
         loop {
-            let state = self.state.clone();
+            let (state, ids) = (self.state.clone(), ids.clone());
             let Some((id, set_id, body)) =
-                tokio::task::spawn_blocking(move || state.inbox_next()).await??
+                tokio::task::spawn_blocking(move || state.inbox_next(&ids)).await??
             else {
                 return Ok(());
             };
@@ -229,7 +230,7 @@ impl Harvester {
         for p in pending {
             by_uri.entry(p.change.uri.clone()).or_default().push(p);
         }
-        let sem = Arc::new(Semaphore::new(self.cfg.fetch.concurrency));
+        let sem = self.slots.clone();
         let mut tasks = tokio::task::JoinSet::new();
         for (_, queue) in by_uri {
             // In its backoff, unless a newer change of it came meanwhile.

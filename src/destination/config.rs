@@ -15,6 +15,10 @@ pub const HARVEST_DEFAULTS_TOML: &str = include_str!("harvest.default.toml");
 #[serde(deny_unknown_fields)]
 pub struct HarvestConfig {
     pub source: SourceSection,
+    /// Many sources in one harvester (an aggregator): one `[[sources]]` table each. When
+    /// given, `[source]` is not.
+    #[serde(default)]
+    pub sources: Vec<NamedSource>,
     pub state: StateSection,
     pub output: OutputSection,
     pub fetch: FetchSection,
@@ -36,6 +40,29 @@ pub struct SourceSection {
     /// Hosts besides the source's own authority that its documents and resources may lie
     /// on (`host`, `host:port`, `*.domain`); everything else is refused before connecting.
     pub allow_hosts: Vec<String>,
+}
+
+/// One source of many (`[[sources]]`): `[source]`'s keys, a name, and its own credentials.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedSource {
+    /// Unique; used in status, logs and the state. Letters, digits, `-`, `_`, `.`.
+    pub name: String,
+    pub url: String,
+    #[serde(default)]
+    pub sets: Vec<String>,
+    #[serde(default = "resource_list")]
+    pub baseline: BaselineFrom,
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// The name of an environment variable holding a bearer token, sent as
+    /// `Authorization: Bearer …` to this source's own authority only.
+    #[serde(default)]
+    pub token_env: String,
+}
+
+fn resource_list() -> BaselineFrom {
+    BaselineFrom::ResourceList
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
@@ -196,6 +223,28 @@ impl HarvestConfig {
                 .collect();
             HarvestConfigError::Invalid(lines.join("; "))
         })?;
+        if !c.sources.is_empty() {
+            let from_file = |key: &str| {
+                matches!(
+                    fig.find_metadata(key).and_then(|m| m.source.as_ref()),
+                    Some(figment::Source::File(_))
+                )
+            };
+            if [
+                "source.url",
+                "source.sets",
+                "source.baseline",
+                "source.allow_hosts",
+            ]
+            .iter()
+            .any(|k| from_file(k))
+            {
+                return Err(HarvestConfigError::Invalid(
+                    "give either [source] (one source) or [[sources]] tables (many), not both"
+                        .into(),
+                ));
+            }
+        }
         // Relative paths in the file are taken from its folder.
         crate::config::beside_file(&fig, "state.dir", &mut c.state.dir);
         crate::config::beside_file(&fig, "output.dir", &mut c.output.dir);
@@ -218,7 +267,78 @@ impl HarvestConfig {
             .expect("compiled-in defaults parse")
     }
 
+    /// The sources followed: the `[[sources]]` tables, or `[source]` as the one source
+    /// (named `""`).
+    pub fn source_list(&self) -> Vec<NamedSource> {
+        if !self.sources.is_empty() {
+            return self.sources.clone();
+        }
+        vec![NamedSource {
+            name: String::new(),
+            url: self.source.url.clone(),
+            sets: self.source.sets.clone(),
+            baseline: self.source.baseline,
+            allow_hosts: self.source.allow_hosts.clone(),
+            token_env: String::new(),
+        }]
+    }
+
+    /// This configuration as one source's: `[source]` is that source.
+    pub fn for_source(&self, s: &NamedSource) -> HarvestConfig {
+        let mut c = self.clone();
+        c.source = SourceSection {
+            url: s.url.clone(),
+            sets: s.sets.clone(),
+            baseline: s.baseline,
+            allow_hosts: s.allow_hosts.clone(),
+        };
+        c.sources = Vec::new();
+        c
+    }
+
     pub fn validate(&self) -> Result<(), HarvestConfigError> {
+        let bad = |m: String| Err(HarvestConfigError::Invalid(m));
+        let mut names = std::collections::HashSet::new();
+        for s in &self.sources {
+            if s.name.is_empty()
+                || s.name.len() > 64
+                || !s
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+            {
+                return bad(format!(
+                    "[[sources]] name {:?} must be 1-64 letters, digits, '-', '_' or '.'",
+                    s.name
+                ));
+            }
+            if !names.insert(s.name.as_str()) {
+                return bad(format!("[[sources]] name {:?} is given twice", s.name));
+            }
+            self.for_source(s).validate_source().map_err(|e| match e {
+                HarvestConfigError::Invalid(m) => {
+                    HarvestConfigError::Invalid(format!("source {}: {m}", s.name))
+                }
+                e => e,
+            })?;
+            if !s.token_env.is_empty() && std::env::var_os(&s.token_env).is_none() {
+                return bad(format!(
+                    "source {}: token_env names {}, which is not set in the environment",
+                    s.name, s.token_env
+                ));
+            }
+        }
+        if self.sources.len() > 1 && self.output.kind == OutputKind::Ingestion3 {
+            return bad("output.kind = \"ingestion3\" archives one source (one provider) per harvester for now: run one harvester per provider".into());
+        }
+        if self.sources.is_empty() {
+            self.validate_source()?;
+        }
+        self.validate_rest()
+    }
+
+    /// The `[source]` table's checks.
+    fn validate_source(&self) -> Result<(), HarvestConfigError> {
         let bad = |m: String| Err(HarvestConfigError::Invalid(m));
         match url::Url::parse(&self.source.url) {
             Ok(u) if u.scheme() == "http" || u.scheme() == "https" => {}
@@ -229,6 +349,15 @@ impl HarvestConfig {
                 ))
             }
         }
+        if let Err(e) = self.scope() {
+            return bad(e);
+        }
+        Ok(())
+    }
+
+    /// Everything but the source.
+    fn validate_rest(&self) -> Result<(), HarvestConfigError> {
+        let bad = |m: String| Err(HarvestConfigError::Invalid(m));
         if self.fetch.concurrency == 0 || self.fetch.attempts == 0 || self.fetch.max_tries == 0 {
             return bad(
                 "fetch.concurrency, fetch.attempts and fetch.max_tries must be at least 1".into(),
@@ -245,9 +374,6 @@ impl HarvestConfig {
                 "fetch.max_document_bytes must be at least 1024 and fetch.max_resource_bytes at least 1"
                     .into(),
             );
-        }
-        if let Err(e) = self.scope() {
-            return bad(e);
         }
         if self.follow.check_interval_secs == 0 {
             return bad("follow.check_interval_secs must be at least 1".into());

@@ -32,6 +32,9 @@ pub struct Fetcher {
     packages: reqwest::Client,
     cfg: FetchSection,
     scope: Arc<Scope>,
+    /// A bearer token for the source's own authority (never sent elsewhere: reqwest drops
+    /// `Authorization` on a redirect to another host).
+    bearer: Option<String>,
 }
 
 /// Why a fetch failed: `retry` when another try within this pass may succeed; `refused` when
@@ -116,7 +119,15 @@ impl Fetcher {
             packages: base().no_gzip().build().expect("an HTTP client"),
             cfg: cfg.clone(),
             scope,
+            bearer: None,
         }
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every request to the source's own
+    /// authority (scheme, host and port of its URL), and to no other.
+    pub fn with_bearer(mut self, token: String) -> Fetcher {
+        self.bearer = Some(token);
+        self
     }
 
     pub fn scope(&self) -> &Scope {
@@ -179,7 +190,13 @@ impl Fetcher {
             .check(url)
             .map_err(|r| FetchError::refused(url, r))?;
         let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
-        let r = tokio::time::timeout(idle, req(u.as_str()).send())
+        let mut rb = req(u.as_str());
+        if let Some(t) = &self.bearer {
+            if u.origin().ascii_serialization() == self.scope.home() {
+                rb = rb.bearer_auth(t);
+            }
+        }
+        let r = tokio::time::timeout(idle, rb.send())
             .await
             .map_err(|_| {
                 FetchError::fail(format!(

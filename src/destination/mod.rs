@@ -63,7 +63,7 @@ use scope::short;
 use state::{Change, Held, Pending, SetRow, State};
 
 use documents::{change_of, entry_change, OnDisk, Part};
-pub use report::{audit, recreate, snapshot, status};
+pub use report::{audit, audit_of, recreate, snapshot, status, status_of};
 use worker::{Claim, Worker};
 
 use crate::model::Timestamp;
@@ -71,6 +71,8 @@ use crate::sitemap::{self, EntryReader, ParsedEntry};
 
 /// The harvester's parts, shared by its tasks.
 pub struct Harvester {
+    /// The source's name (`""`: the single `[source]`).
+    name: String,
     cfg: HarvestConfig,
     state: Arc<State>,
     fetcher: Fetcher,
@@ -83,6 +85,35 @@ pub struct Harvester {
     stop: Arc<AtomicBool>,
     /// Files claimed by resources being fetched or unpacked (see [`Worker::claim`]).
     in_flight: InFlight,
+    /// `fetch.concurrency`, over every source of the process.
+    slots: Arc<Semaphore>,
+}
+
+/// What the harvesters of one process (one per source) share: the state, the output, the
+/// files being written, the fetch slots and the stop flag.
+#[derive(Clone)]
+struct Shared {
+    state: Arc<State>,
+    output: Arc<dyn Output>,
+    stop: Arc<AtomicBool>,
+    in_flight: InFlight,
+    slots: Arc<Semaphore>,
+}
+
+impl Shared {
+    fn open(cfg: &HarvestConfig) -> anyhow::Result<Shared> {
+        let output: Arc<dyn Output> = match cfg.output.kind {
+            config::OutputKind::Mirror => Arc::new(Mirror::new(&cfg.output)?),
+            config::OutputKind::Ingestion3 => Arc::new(output::ingestion3::Ingestion3::open(cfg)?),
+        };
+        Ok(Shared {
+            state: Arc::new(State::open(&cfg.database_path())?),
+            output,
+            stop: Arc::new(AtomicBool::new(false)),
+            in_flight: Default::default(),
+            slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
+        })
+    }
 }
 
 /// Output files being written, by path, with the URI each is for.
@@ -135,24 +166,47 @@ fn refuse(state: &State, set: &str, set_id: i64, uri: &str, reason: &str) -> any
 }
 
 impl Harvester {
-    pub fn new(cfg: HarvestConfig, callback_base: String) -> anyhow::Result<Harvester> {
-        let state = Arc::new(State::open(&cfg.database_path())?);
-        let output: Arc<dyn Output> = match cfg.output.kind {
-            config::OutputKind::Mirror => Arc::new(Mirror::new(&cfg.output)?),
-            config::OutputKind::Ingestion3 => Arc::new(output::ingestion3::Ingestion3::open(&cfg)?),
-        };
+    /// The harvester of `source` (of the process configured by `cfg`), on the shared parts.
+    fn new(
+        cfg: &HarvestConfig,
+        source: &config::NamedSource,
+        callback_base: String,
+        shared: &Shared,
+    ) -> anyhow::Result<Harvester> {
+        let cfg = cfg.for_source(source);
         let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
-        let fetcher = Fetcher::new(&cfg.fetch, scope);
+        let mut fetcher = Fetcher::new(&cfg.fetch, scope);
+        if !source.token_env.is_empty() {
+            let token = std::env::var(&source.token_env).map_err(|_| {
+                anyhow::anyhow!(
+                    "source {}: token_env names {}, which is not set",
+                    source.name,
+                    source.token_env
+                )
+            })?;
+            fetcher = fetcher.with_bearer(token);
+        }
         Ok(Harvester {
+            name: source.name.clone(),
             cfg,
-            state,
+            state: shared.state.clone(),
             fetcher,
-            output,
+            output: shared.output.clone(),
             callback_base,
             unconfirmed: Default::default(),
-            stop: Arc::new(AtomicBool::new(false)),
-            in_flight: Default::default(),
+            stop: shared.stop.clone(),
+            in_flight: shared.in_flight.clone(),
+            slots: shared.slots.clone(),
         })
+    }
+
+    /// The source's name for logs and messages.
+    fn label(&self) -> &str {
+        if self.name.is_empty() {
+            &self.cfg.source.url
+        } else {
+            &self.name
+        }
     }
 
     async fn discover(&self) -> anyhow::Result<Vec<Followed>> {
@@ -169,7 +223,7 @@ impl Harvester {
         infos
             .into_iter()
             .map(|info| {
-                let row = self.state.set(&info.capability, &info.name)?;
+                let row = self.state.set(&self.name, &info.capability, &info.name)?;
                 for (uri, why) in &info.refused {
                     refuse(&self.state, &info.name, row.id, uri, why)?;
                 }
@@ -242,9 +296,10 @@ pub async fn run(
         shutdown.await;
         stop.cancel();
     });
+    let shared = Shared::open(&cfg)?;
     let mut callback_base = cfg.push.callback_url.clone();
     let mut server = None;
-    let harvester = if cfg.push.enabled {
+    if cfg.push.enabled {
         let listener = match listener {
             Some(l) => l,
             None => TcpListener::bind(&cfg.push.listen).await.map_err(|e| {
@@ -261,8 +316,8 @@ pub async fn run(
         if callback_base.is_empty() {
             callback_base = format!("http://{}", listener.local_addr()?);
         }
-        let h = Harvester::new(cfg.clone(), callback_base.clone())?;
-        let app = follow::router(h.state.clone(), inbox.clone(), &cfg.push);
+        // One callback server for every source: each subscription has a path of its own.
+        let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push);
         let c = cancel.clone();
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
         use axum::serve::ListenerExt;
@@ -274,91 +329,59 @@ pub async fn run(
                 .with_graceful_shutdown(async move { c.cancelled().await })
                 .await
         }));
-        h
-    } else {
-        Harvester::new(cfg.clone(), callback_base)?
+    }
+    // A delivery wakes every source's loop (each applies its own).
+    let (woken, wake) = tokio::sync::watch::channel(0u64);
+    let relay = {
+        let inbox = inbox.clone();
+        tokio::spawn(async move {
+            let mut n = 0u64;
+            loop {
+                inbox.notified().await;
+                n += 1;
+                if woken.send(n).is_err() {
+                    return;
+                }
+            }
+        })
     };
-    let h = harvester;
-    let mut housekeeping = None;
+    let mut sources = tokio::task::JoinSet::new();
+    let mut housekeeping = Vec::new();
+    for source in cfg.source_list() {
+        let h = Arc::new(Harvester::new(
+            &cfg,
+            &source,
+            callback_base.clone(),
+            &shared,
+        )?);
+        let keeping = Arc::new(std::sync::Mutex::new(None));
+        housekeeping.push(keeping.clone());
+        sources.spawn(follow_source(h, wake.clone(), keeping));
+    }
+    drop(wake);
     let work = async {
-        // A source that cannot be read yet (down, restarting, overloaded) is tried again with
-        // growing pauses: a long-lived harvester does not give up at start.
-        let mut pause = Duration::from_secs(1);
-        let sets = loop {
-            match h.discover().await {
-                Ok(s) => {
-                    h.state.source_error("", None)?;
-                    break s;
-                }
-                Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => return Err(e),
-                Err(e) => {
-                    let e = format!("{e:#}");
-                    h.state.source_error("", Some(&e))?;
-                    tracing::warn!(error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
-                    tokio::time::sleep(pause).await;
-                    pause =
-                        (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
-                }
-            }
-        };
-        tracing::info!(sets = %sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>().join(", "), "following");
-        for s in &sets {
-            // Subscribe first, so that nothing published during the baseline is lost to push
-            // (the Change Lists would bring it anyway).
-            h.keep_subscribed(s, false).await;
-            if !h.baselined(s).await? {
-                continue;
-            }
-            match h.catch_up(s).await {
-                Ok(found) => {
-                    if h.push_missed(s, found) {
-                        h.keep_subscribed(s, true).await;
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "catching up from the Change Lists failed; retried at the next check")
-                }
-            }
+        // A source's loop ends only with an error of configuration (a set it does not
+        // offer): that stops the harvester.
+        while let Some(r) = sources.join_next().await {
+            r??;
         }
-        h.housekeeping(&sets, &mut housekeeping);
-        let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            // Deliveries kept while the harvester was busy (or before a restart), in order.
-            h.apply_inbox(&sets).await?;
-            tokio::select! {
-                _ = inbox.notified() => {}
-                _ = tick.tick() => {
-                    for s in &sets {
-                        if !h.baselined(s).await? {
-                            continue;
-                        }
-                        match h.catch_up(s).await {
-                            Ok(found) => {
-                                let missed = h.push_missed(s, found);
-                                h.keep_subscribed(s, missed).await;
-                            }
-                            Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
-                        }
-                    }
-                    h.housekeeping(&sets, &mut housekeeping);
-                }
-            }
-        }
-        #[allow(unreachable_code)]
         Ok::<(), anyhow::Error>(())
     };
     tokio::select! {
         r = work => r?,
         _ = cancel.cancelled() => {}
     }
+    sources.abort_all();
+    relay.abort();
     // Blocking work stops at its next step: a package being unpacked at its next entry, a
     // snapshot being written at its next record (redone at the next start).
-    h.stop.store(true, Ordering::Relaxed);
-    h.output.interrupt();
-    if let Some(t) = housekeeping {
-        let _ = t.await;
+    shared.stop.store(true, Ordering::Relaxed);
+    shared.output.interrupt();
+    for k in housekeeping {
+        let t = k.lock().expect("housekeeping lock").take();
+        if let Some(t) = t {
+            let _ = t.await;
+        }
     }
     if let Some(mut s) = server {
         // A delivery still being read (a hub trickling its body) does not hold the exit.
@@ -370,4 +393,91 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// One source, for as long as the harvester runs: discovery (retried with growing pauses
+/// while the source cannot be read), each set's subscription and baseline, then the
+/// deliveries in the inbox and the periodic catch-up. Its housekeeping task (Ingestion 3
+/// exports and snapshots) is left in `keeping`, so that shutdown can wait for it.
+async fn follow_source(
+    h: Arc<Harvester>,
+    mut wake: tokio::sync::watch::Receiver<u64>,
+    keeping: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+) -> anyhow::Result<()> {
+    let cfg = &h.cfg;
+    let mut housekeeping = None;
+    // A source that cannot be read yet (down, restarting, overloaded) is tried again with
+    // growing pauses: a long-lived harvester does not give up at start.
+    let mut pause = Duration::from_secs(1);
+    let sets = loop {
+        match h.discover().await {
+            Ok(s) => {
+                h.state.source_error(&h.name, None)?;
+                break s;
+            }
+            Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => {
+                return Err(e.context(format!("source {}", h.label())))
+            }
+            Err(e) => {
+                let e = format!("{e:#}");
+                h.state.source_error(&h.name, Some(&e))?;
+                tracing::warn!(source = %h.label(), error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
+            }
+        }
+    };
+    tracing::info!(source = %h.label(), sets = %sets.iter().map(|s| s.info.name.as_str()).collect::<Vec<_>>().join(", "), "following");
+    for s in &sets {
+        // Subscribe first, so that nothing published during the baseline is lost to push
+        // (the Change Lists would bring it anyway).
+        h.keep_subscribed(s, false).await;
+        if !h.baselined(s).await? {
+            continue;
+        }
+        match h.catch_up(s).await {
+            Ok(found) => {
+                if h.push_missed(s, found) {
+                    h.keep_subscribed(s, true).await;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "catching up from the Change Lists failed; retried at the next check")
+            }
+        }
+    }
+    h.housekeeping(&sets, &mut housekeeping);
+    *keeping.lock().expect("housekeeping lock") = housekeeping.take();
+    let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        // Deliveries kept while the harvester was busy (or before a restart), in order.
+        h.apply_inbox(&sets).await?;
+        tokio::select! {
+            r = wake.changed() => {
+                if r.is_err() {
+                    // The process is stopping.
+                    std::future::pending::<()>().await;
+                }
+            }
+            _ = tick.tick() => {
+                for s in &sets {
+                    if !h.baselined(s).await? {
+                        continue;
+                    }
+                    match h.catch_up(s).await {
+                        Ok(found) => {
+                            let missed = h.push_missed(s, found);
+                            h.keep_subscribed(s, missed).await;
+                        }
+                        Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
+                    }
+                }
+                let mut running = keeping.lock().expect("housekeeping lock").take();
+                h.housekeeping(&sets, &mut running);
+                *keeping.lock().expect("housekeeping lock") = running;
+            }
+        }
+    }
 }

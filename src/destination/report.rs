@@ -28,6 +28,11 @@ pub async fn recreate(cfg: &HarvestConfig, at: Timestamp) -> anyhow::Result<Stri
 
 /// `harvest status`: position, lag, subscription, queue, failures and refusals, as text.
 pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
+    status_of(cfg, None)
+}
+
+/// `harvest status [--source NAME]`: [`status`] of one source, or of every source.
+pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<String> {
     let db = cfg.database_path();
     if !db.exists() {
         anyhow::bail!(
@@ -36,21 +41,30 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
         );
     }
     let state = State::open(&db)?;
-    let mut out = format!("source {}\n", cfg.source.url);
-    match state.source_failing("")? {
-        Some((e, since)) => out.push_str(&format!(
-            "  reachable:        NO, failing since {since}: {e}\n"
-        )),
-        None => out.push_str("  reachable:        yes\n"),
-    }
-    let sets = state.sets()?;
-    for s in &sets {
-        let lag = match (s.source_latest, s.position) {
-            (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
-            (Some(_), Some(_)) => "0 s (up to date)".into(),
-            _ => "unknown".into(),
-        };
-        out.push_str(&format!(
+    let mut out = String::new();
+    let all_sets = state.sets()?;
+    let sources = chosen(cfg, only)?;
+    let mut sets = Vec::new();
+    for source in &sources {
+        if source.name.is_empty() {
+            out.push_str(&format!("source {}\n", source.url));
+        } else {
+            out.push_str(&format!("source {} ({})\n", source.name, source.url));
+        }
+        match state.source_failing(&source.name)? {
+            Some((e, since)) => out.push_str(&format!(
+                "  reachable:        NO, failing since {since}: {e}\n"
+            )),
+            None => out.push_str("  reachable:        yes\n"),
+        }
+        for s in all_sets.iter().filter(|s| s.source == source.name) {
+            sets.push(s.clone());
+            let lag = match (s.source_latest, s.position) {
+                (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
+                (Some(_), Some(_)) => "0 s (up to date)".into(),
+                _ => "unknown".into(),
+            };
+            out.push_str(&format!(
             "set {}\n  capability list:  {}\n  baseline:         {}\n  position:         {}\n  newest at source: {}\n  lag:              {lag}\n  resources held:   {}\n  changes applied:  {}\n  pending:          {}\n  last check:       {}\n  last push:        {}\n",
             s.name,
             s.capability,
@@ -63,25 +77,26 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
             s.checked_at.map_or("-".into(), |p| p.to_string()),
             s.last_push_at.map_or("-".into(), |p| p.to_string()),
         ));
-        if let Some(e) = &s.last_error {
-            out.push_str(&format!("  last error:       {}\n", short(e)));
-        }
-        match state.subscription(s.id)? {
-            Some(sub) => {
-                let expires = sub
-                    .verified_at
-                    .zip(sub.lease_secs)
-                    .map(|(v, l)| v.plus_secs(l).to_string())
-                    .unwrap_or("-".into());
-                out.push_str(&format!(
+            if let Some(e) = &s.last_error {
+                out.push_str(&format!("  last error:       {}\n", short(e)));
+            }
+            match state.subscription(s.id)? {
+                Some(sub) => {
+                    let expires = sub
+                        .verified_at
+                        .zip(sub.lease_secs)
+                        .map(|(v, l)| v.plus_secs(l).to_string())
+                        .unwrap_or("-".into());
+                    out.push_str(&format!(
                     "  subscription:     {} at {} (topic {}, callback {}, lease until {expires})\n",
                     sub.state, sub.hub, sub.topic, sub.callback,
                 ));
-                if let Some(r) = sub.reason {
-                    out.push_str(&format!("  no push because:  {}\n", scope::cut(&r, 800)));
+                    if let Some(r) = sub.reason {
+                        out.push_str(&format!("  no push because:  {}\n", scope::cut(&r, 800)));
+                    }
                 }
+                None => out.push_str("  subscription:     none\n"),
             }
-            None => out.push_str("  subscription:     none\n"),
         }
     }
     let problems = state.problems()?;
@@ -190,109 +205,151 @@ impl Sample {
 /// the scope, too long, names that cannot be files, a file another URI has) are reported as
 /// such and do not count against the sync; the rest are compared.
 pub async fn audit(cfg: &HarvestConfig) -> anyhow::Result<(String, bool)> {
-    let h = Harvester::new(cfg.clone(), String::new())?;
-    let sets = h.discover().await?;
-    let output = h.output.clone();
+    audit_of(cfg, None).await
+}
+
+/// The sources `only` names (every source when `None`), or an error listing the names.
+fn chosen(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Vec<config::NamedSource>> {
+    let all = cfg.source_list();
+    match only {
+        None => Ok(all),
+        Some(name) => {
+            let picked: Vec<_> = all.iter().filter(|s| s.name == name).cloned().collect();
+            if picked.is_empty() {
+                anyhow::bail!(
+                    "no source named {name:?}; the configuration has: {}",
+                    all.iter()
+                        .map(|s| s.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            Ok(picked)
+        }
+    }
+}
+
+/// `harvest audit [--source NAME]`: [`audit`] of one source, or of every source.
+pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<(String, bool)> {
+    let sources = chosen(cfg, only)?;
+    let shared = Shared::open(cfg)?;
+    let output = shared.output.clone();
     let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
     let mut out = String::new();
     let mut in_sync = true;
-    for s in &sets {
-        let Some(rl) = &s.info.resourcelist else {
-            continue;
+    let many = !cfg.sources.is_empty();
+    for source in &sources {
+        let h = Harvester::new(cfg, source, String::new(), &shared)?;
+        if many {
+            out.push_str(&format!("source {} ({}):\n", source.name, source.url));
+        }
+        let sets = match h.discover().await {
+            Ok(s) => s,
+            Err(e) if many => {
+                in_sync = false;
+                out.push_str(&format!("  cannot read it: {}\n", short(&format!("{e:#}"))));
+                continue;
+            }
+            Err(e) => return Err(e),
         };
-        let mut listed: HashSet<String> = HashSet::new();
-        let (mut missing, mut differ, mut refused) =
-            (Sample::default(), Sample::default(), Sample::default());
-        let mut not_archived = 0u64;
-        let (_, parts, mut docs) = h.list_parts(s, rl, "Resource List").await?;
-        for part in parts {
-            let Some(mut doc) = h
-                .open_part(s, part, "Resource List part", &mut docs)
-                .await?
-            else {
+        for s in &sets {
+            let Some(rl) = &s.info.resourcelist else {
                 continue;
             };
-            let r = &mut doc.reader;
-            while let Some(e) = r.next_entry()? {
-                let c = entry_change(&e, "created", Timestamp(0));
-                let uri = short(&c.uri).into_owned();
-                if let Err(why) = h.fetcher.scope().check(&c.uri) {
-                    refused.add(format!("{uri}: {why}"));
+            let mut listed: HashSet<String> = HashSet::new();
+            let (mut missing, mut differ, mut refused) =
+                (Sample::default(), Sample::default(), Sample::default());
+            let mut not_archived = 0u64;
+            let (_, parts, mut docs) = h.list_parts(s, rl, "Resource List").await?;
+            for part in parts {
+                let Some(mut doc) = h
+                    .open_part(s, part, "Resource List part", &mut docs)
+                    .await?
+                else {
                     continue;
-                }
-                if docs.contains(&c.uri) {
-                    refused.add(format!("{uri}: a list document, listed as a resource"));
-                    continue;
-                }
-                let other = match h.output.target(&c.uri) {
-                    Ok(Some((root, t))) => h.state.claim_conflict(
-                        &root.display().to_string(),
-                        &t.display().to_string(),
-                        &c.uri,
-                    )?,
-                    _ => None,
                 };
-                if let Some(o) = other {
-                    refused.add(format!("{uri}: its file is the file of {}", short(&o)));
-                    listed.insert(c.uri);
-                    continue;
-                }
-                match auditor.holding(&c.uri) {
-                    Err(e) => refused.add(format!("{uri}: {}", short(&format!("{e:#}")))),
-                    Ok(output::Holding::Missing) => missing.add(uri),
-                    Ok(output::Holding::NotArchived(_)) => not_archived += 1,
-                    Ok(output::Holding::Held { length, md5 }) => {
-                        if let Err(why) = c.check(length, &md5) {
-                            differ.add(format!("{uri} ({why})"));
-                        } else if c.md5.is_none()
-                            && h.state
-                                .held(s.row.id, &c.uri)?
-                                .is_some_and(|held| c.newer_than(&held))
-                        {
-                            differ.add(format!("{uri} (the list's lastmod is newer than the copy's; it has no md5 to compare)"));
+                let r = &mut doc.reader;
+                while let Some(e) = r.next_entry()? {
+                    let c = entry_change(&e, "created", Timestamp(0));
+                    let uri = short(&c.uri).into_owned();
+                    if let Err(why) = h.fetcher.scope().check(&c.uri) {
+                        refused.add(format!("{uri}: {why}"));
+                        continue;
+                    }
+                    if docs.contains(&c.uri) {
+                        refused.add(format!("{uri}: a list document, listed as a resource"));
+                        continue;
+                    }
+                    let other = match h.output.target(&c.uri) {
+                        Ok(Some((root, t))) => h.state.claim_conflict(
+                            &root.display().to_string(),
+                            &t.display().to_string(),
+                            &c.uri,
+                        )?,
+                        _ => None,
+                    };
+                    if let Some(o) = other {
+                        refused.add(format!("{uri}: its file is the file of {}", short(&o)));
+                        listed.insert(c.uri);
+                        continue;
+                    }
+                    match auditor.holding(&c.uri) {
+                        Err(e) => refused.add(format!("{uri}: {}", short(&format!("{e:#}")))),
+                        Ok(output::Holding::Missing) => missing.add(uri),
+                        Ok(output::Holding::NotArchived(_)) => not_archived += 1,
+                        Ok(output::Holding::Held { length, md5 }) => {
+                            if let Err(why) = c.check(length, &md5) {
+                                differ.add(format!("{uri} ({why})"));
+                            } else if c.md5.is_none()
+                                && h.state
+                                    .held(s.row.id, &c.uri)?
+                                    .is_some_and(|held| c.newer_than(&held))
+                            {
+                                differ.add(format!("{uri} (the list's lastmod is newer than the copy's; it has no md5 to compare)"));
+                            }
                         }
                     }
-                }
-                listed.insert(c.uri);
-            }
-        }
-        // The mirror: what the harvester's record holds for this set. (The archive tells
-        // what it holds itself, over all sets, below.)
-        let mut extra = Sample::default();
-        if cfg.output.kind == config::OutputKind::Mirror {
-            for u in h.state.held_uris(s.row.id)? {
-                if !listed.contains(&u) {
-                    extra.add(short(&u).into_owned());
+                    listed.insert(c.uri);
                 }
             }
-        }
-        let ok = missing.n == 0 && differ.n == 0 && extra.n == 0;
-        in_sync &= ok;
-        out.push_str(&format!(
-            "set {}: {} listed, {} missing, {} different, {} held but no longer listed{}{}\n",
-            s.info.name,
-            listed.len() as u64 + refused.n,
-            missing.n,
-            differ.n,
-            extra.n,
-            if not_archived > 0 {
-                format!(", {not_archived} not archived (not JSON, XML or Turtle)")
-            } else {
-                String::new()
-            },
-            if refused.n > 0 {
-                format!(
-                    ", {} refused (the source's errors, not harvested: below)",
-                    refused.n
-                )
-            } else {
-                String::new()
+            // The mirror: what the harvester's record holds for this set. (The archive tells
+            // what it holds itself, over all sets, below.)
+            let mut extra = Sample::default();
+            if cfg.output.kind == config::OutputKind::Mirror {
+                for u in h.state.held_uris(s.row.id)? {
+                    if !listed.contains(&u) {
+                        extra.add(short(&u).into_owned());
+                    }
+                }
             }
-        ));
-        missing.list(&mut out, "missing");
-        differ.list(&mut out, "different");
-        extra.list(&mut out, "extra");
-        refused.list(&mut out, "refused");
+            let ok = missing.n == 0 && differ.n == 0 && extra.n == 0;
+            in_sync &= ok;
+            out.push_str(&format!(
+                "set {}: {} listed, {} missing, {} different, {} held but no longer listed{}{}\n",
+                s.info.name,
+                listed.len() as u64 + refused.n,
+                missing.n,
+                differ.n,
+                extra.n,
+                if not_archived > 0 {
+                    format!(", {not_archived} not archived (not JSON, XML or Turtle)")
+                } else {
+                    String::new()
+                },
+                if refused.n > 0 {
+                    format!(
+                        ", {} refused (the source's errors, not harvested: below)",
+                        refused.n
+                    )
+                } else {
+                    String::new()
+                }
+            ));
+            missing.list(&mut out, "missing");
+            differ.list(&mut out, "different");
+            extra.list(&mut out, "extra");
+            refused.list(&mut out, "refused");
+        }
     }
     if let Some(extra) = auditor.unlisted()? {
         in_sync &= extra.is_empty();

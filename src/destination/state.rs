@@ -80,6 +80,8 @@ pub struct SetRow {
     pub last_push_at: Option<Timestamp>,
     /// Why the last baseline or catch-up of the set failed (cleared by the next success).
     pub last_error: Option<String>,
+    /// The source it belongs to (`""`: the single `[source]`).
+    pub source: String,
 }
 
 /// The push subscription of a set.
@@ -202,6 +204,7 @@ impl State {
         add_column(&tx, "resources", "lastmod", "INTEGER")?;
         add_column(&tx, "pending", "not_before", "INTEGER")?;
         add_column(&tx, "sets", "last_error", "TEXT")?;
+        add_column(&tx, "sets", "source", "TEXT NOT NULL DEFAULT ''")?;
         // Which URI has which file: two URIs never share one. Keyed by path alone (no rowid:
         // one b-tree to write per resource held). Filled from the resources held when the
         // table is new (a state made before it existed), or copied from the first version's
@@ -247,11 +250,14 @@ impl State {
     }
 
     /// The set of this Capability List, registered on first sight.
-    pub fn set(&self, capability: &str, name: &str) -> R<SetRow> {
+    /// The set of `source` (its name; `""` for the single `[source]`) at `capability`,
+    /// recorded when new. A Capability List followed by one source is its set: another
+    /// source naming the same URL shares it.
+    pub fn set(&self, source: &str, capability: &str, name: &str) -> R<SetRow> {
         let c = self.c();
         c.execute(
-            "INSERT OR IGNORE INTO sets (capability, name) VALUES (?1, ?2)",
-            params![capability, name],
+            "INSERT OR IGNORE INTO sets (capability, name, source) VALUES (?1, ?2, ?3)",
+            params![capability, name, source],
         )?;
         Ok(c.query_row(
             &format!("{SET_COLS} WHERE capability = ?1"),
@@ -306,6 +312,12 @@ impl State {
     pub fn inbox_put(&self, set_id: i64, body: &[u8], max_bytes: u64) -> R<bool> {
         let mut c = self.c();
         let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        // A day old and still here: its set is no longer followed (the Change Lists cover
+        // anything it said).
+        tx.execute(
+            "DELETE FROM inbox WHERE received_at < ?1",
+            [Timestamp::now().0 - 86_400_000_000],
+        )?;
         let held: i64 = tx.query_row(
             "SELECT COALESCE(SUM(length(body)), 0) FROM inbox",
             [],
@@ -322,13 +334,20 @@ impl State {
         Ok(true)
     }
 
-    /// The oldest delivery waiting: its id, set and body.
-    pub fn inbox_next(&self) -> R<Option<(i64, i64, Vec<u8>)>> {
+    /// The oldest delivery waiting for one of the sets `set_ids`: its id, set and body.
+    pub fn inbox_next(&self, set_ids: &[i64]) -> R<Option<(i64, i64, Vec<u8>)>> {
+        if set_ids.is_empty() {
+            return Ok(None);
+        }
+        let marks = vec!["?"; set_ids.len()].join(", ");
+        let args: Vec<&dyn rusqlite::ToSql> = set_ids.iter().map(|i| i as _).collect();
         Ok(self
             .c()
             .query_row(
-                "SELECT id, set_id, body FROM inbox ORDER BY id LIMIT 1",
-                [],
+                &format!(
+                    "SELECT id, set_id, body FROM inbox WHERE set_id IN ({marks}) ORDER BY id LIMIT 1"
+                ),
+                &args[..],
                 |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
             )
             .optional()?)
@@ -885,7 +904,7 @@ fn add_column(c: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
     Ok(())
 }
 
-const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at, last_error FROM sets";
+const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at, last_error, source FROM sets";
 
 fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
     Ok(SetRow {
@@ -901,6 +920,7 @@ fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
         checked_at: r.get::<_, Option<i64>>(6)?.map(Timestamp),
         last_push_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
         last_error: r.get(8)?,
+        source: r.get(9)?,
     })
 }
 
@@ -957,7 +977,7 @@ mod tests {
     fn a_change_is_queued_once_and_applied_once() {
         let dir = tempfile::tempdir().unwrap();
         let s = State::open(&dir.path().join("h.sqlite")).unwrap();
-        let set = s.set("http://h/cap.xml", "papers").unwrap();
+        let set = s.set("", "http://h/cap.xml", "papers").unwrap();
         assert_eq!(
             s.enqueue(
                 set.id,
