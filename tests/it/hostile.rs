@@ -218,7 +218,7 @@ fn change(loc: &str, kind: &str, datetime: &str, body: Option<&str>) -> String {
     )
 }
 
-fn rl_md() -> String {
+pub fn rl_md() -> String {
     format!(r#"capability="resourcelist" {AT}"#)
 }
 
@@ -234,7 +234,7 @@ fn endless() -> Response {
 }
 
 /// `body` one byte every `every`.
-fn trickle(body: &'static [u8], every: Duration) -> Response {
+pub fn trickle(body: &'static [u8], every: Duration) -> Response {
     let s = futures_util::stream::unfold(0usize, move |i| async move {
         if i >= body.len() {
             return None;
@@ -693,7 +693,7 @@ async fn a_resource_is_never_read_past_its_listed_length() {
 }
 
 /// A body of 100 bytes, served at one byte a second.
-const SLOW: &[u8] = b"slow resource, slow resource, slow resource, slow resource, slow resource, slow resource, slow!!!\n";
+pub const SLOW: &[u8] = b"slow resource, slow resource, slow resource, slow resource, slow resource, slow resource, slow!!!\n";
 
 /// Eight resources trickling one byte a second, listed before ten normal ones, with the
 /// default fetch settings: the trickles are cut off by the idle/low-speed rule and retried

@@ -1,6 +1,7 @@
 //! The integration tests: one binary, the real server in-process (see `support`).
 
 mod admin;
+mod aggregate;
 mod subscriber;
 mod support;
 

@@ -1,0 +1,177 @@
+//! Many sources in one harvester (`[[sources]]`): each mirrored, a slow one and a closed one
+//! holding up no other, a bearer token sent to its own source's authority only, and status and
+//! audit per source.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use resourcesync_hub::destination::{self, config::NamedSource};
+
+use crate::harvest::{free_port, harvest_config, wait_state, TestHarvester};
+use crate::hostile::{described, entry, rl_md, trickle, urlset, Hostile, SLOW};
+
+fn source(name: &str, url: String) -> NamedSource {
+    NamedSource {
+        name: name.into(),
+        url,
+        sets: vec![],
+        baseline: destination::config::BaselineFrom::ResourceList,
+        allow_hosts: vec![],
+        token_env: String::new(),
+    }
+}
+
+/// A static source of `n` text resources at `/r/<i>`; returns it and the bodies.
+async fn static_source(tag: &str, n: usize) -> (Hostile, Vec<String>) {
+    let src = Hostile::start().await;
+    let bodies: Vec<String> = (0..n).map(|i| format!("{tag} resource {i}\n")).collect();
+    let rl: Vec<String> = bodies
+        .iter()
+        .enumerate()
+        .map(|(i, b)| src.resource(&format!("/r/{i}"), b))
+        .collect();
+    src.xml("/rl.xml", urlset(&rl_md(), &rl));
+    src.source(&[src.set("s", &[("resourcelist", src.url("/rl.xml"))], false)]);
+    (src, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_sources_in_one_harvester() {
+    let mut statics = Vec::new();
+    for tag in ["a", "b", "c"] {
+        statics.push((tag, static_source(tag, 20).await));
+    }
+    // A slow source: four resources trickling one byte a second.
+    let slow = Hostile::start().await;
+    let rl: Vec<String> = (0..4)
+        .map(|i| {
+            let path = format!("/r/{i}");
+            slow.on(&path, |_| trickle(SLOW, Duration::from_secs(1)));
+            entry(
+                &slow.url(&path),
+                &described(std::str::from_utf8(SLOW).unwrap()),
+            )
+        })
+        .collect();
+    slow.xml("/rl.xml", urlset(&rl_md(), &rl));
+    slow.source(&[slow.set("s", &[("resourcelist", slow.url("/rl.xml"))], false)]);
+    // A guarded source: every request needs its token; one resource lives on a second host
+    // (allowed), which must never see the token.
+    let guarded = Hostile::start().await;
+    let other = Hostile::start().await;
+    let leaked = Arc::new(AtomicUsize::new(0));
+    let l = leaked.clone();
+    other.on("/x", move |h: &HeaderMap| {
+        if h.contains_key("authorization") {
+            l.fetch_add(1, Ordering::SeqCst);
+        }
+        ([("content-type", "text/plain")], "on the other host\n").into_response()
+    });
+    let guard = |body: String, ct: &'static str| {
+        move |h: &HeaderMap| {
+            if h.get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer s3cret") {
+                ([("content-type", ct)], body.clone()).into_response()
+            } else {
+                StatusCode::UNAUTHORIZED.into_response()
+            }
+        }
+    };
+    let mut rl = vec![entry(&other.url("/x"), &described("on the other host\n"))];
+    for i in 0..5 {
+        let body = format!("guarded resource {i}\n");
+        guarded.on(&format!("/r/{i}"), guard(body.clone(), "text/plain"));
+        rl.push(entry(&guarded.url(&format!("/r/{i}")), &described(&body)));
+    }
+    guarded.on("/rl.xml", guard(urlset(&rl_md(), &rl), "application/xml"));
+    let cap = urlset(
+        r#"capability="capabilitylist""#,
+        &[entry(
+            &guarded.url("/rl.xml"),
+            r#"capability="resourcelist""#,
+        )],
+    );
+    guarded.on("/s/capabilitylist.xml", guard(cap, "application/xml"));
+    std::env::set_var("AGGREGATE_TEST_GUARDED_TOKEN", "s3cret");
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = harvest_config(dir.path(), "http://unused.invalid/");
+    cfg.push.enabled = false;
+    cfg.follow.check_interval_secs = 3600;
+    for (tag, (src, _)) in &statics {
+        cfg.sources
+            .push(source(tag, src.url("/.well-known/resourcesync")));
+    }
+    cfg.sources
+        .push(source("slow", slow.url("/.well-known/resourcesync")));
+    cfg.sources.push(source(
+        "closed",
+        format!("http://127.0.0.1:{}/.well-known/resourcesync", free_port()),
+    ));
+    let mut g = source("guarded", guarded.url("/s/capabilitylist.xml"));
+    g.token_env = "AGGREGATE_TEST_GUARDED_TOKEN".into();
+    g.allow_hosts = vec![other.base.trim_start_matches("http://").to_string()];
+    cfg.sources.push(g);
+    cfg.validate().unwrap();
+
+    let started = std::time::Instant::now();
+    let h = TestHarvester::start(cfg.clone()).await;
+    let held = |s: &destination::state::State, source: &str| {
+        s.sets()
+            .unwrap()
+            .iter()
+            .filter(|r| r.source == source && r.baseline_done)
+            .map(|r| s.count_held(r.id).unwrap())
+            .sum::<u64>()
+    };
+    wait_state(
+        &h,
+        "the three static sources and the guarded one",
+        30,
+        |s| ["a", "b", "c"].iter().all(|t| held(s, t) == 20) && held(s, "guarded") == 6,
+    )
+    .await;
+    let took = started.elapsed();
+    eprintln!("four sources baselined in {took:?} beside a trickling and a closed one");
+    assert!(
+        took < Duration::from_secs(14),
+        "the slow source (cut after 15 s) held up the others: {took:?}"
+    );
+    // Byte for byte, each under its own host folder.
+    for (_, (src, bodies)) in &statics {
+        let port = src.base.rsplit(':').next().unwrap();
+        for (i, b) in bodies.iter().enumerate() {
+            let f = dir.path().join(format!("mirror/127.0.0.1_{port}/r/{i}"));
+            assert_eq!(&std::fs::read_to_string(&f).unwrap(), b, "{}", f.display());
+        }
+    }
+    assert_eq!(
+        leaked.load(Ordering::SeqCst),
+        0,
+        "the other host saw the token"
+    );
+    assert!(other.hits("/x") >= 1);
+    wait_state(&h, "the closed source said in words", 20, |s| {
+        s.source_failing("closed").unwrap().is_some()
+    })
+    .await;
+    let status = destination::status(&cfg).unwrap();
+    let closed = &status[status.find("source closed").unwrap()..];
+    assert!(
+        closed.contains("reachable:        NO") && closed.contains("connection refused"),
+        "{status}"
+    );
+    for name in ["a", "b", "c", "slow", "guarded"] {
+        assert!(status.contains(&format!("source {name} (")), "{status}");
+    }
+    let (report, in_sync) = destination::audit_of(&cfg, Some("guarded")).await.unwrap();
+    assert!(in_sync, "{report}");
+    let e = destination::audit_of(&cfg, Some("nope")).await.unwrap_err();
+    assert!(
+        e.to_string().contains("a, b, c, slow, closed, guarded"),
+        "{e}"
+    );
+    h.stop().await;
+}
