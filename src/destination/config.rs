@@ -160,6 +160,13 @@ pub struct FetchSection {
     /// also bring `min_bytes_per_sec` × this in every such window, or it is cut off.
     pub idle_timeout_secs: u64,
     pub min_bytes_per_sec: u64,
+    /// Requests in flight to one authority (scheme, host, port), over every source.
+    pub per_host_concurrency: usize,
+    /// The least time between two request starts at one authority.
+    pub per_host_delay_ms: u64,
+    /// A contact put in the `User-Agent` (`resourcesync-hub-harvest/<version> (<this>)`),
+    /// such as `mailto:ops@example.org`; empty: none.
+    pub user_agent: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -362,6 +369,12 @@ impl HarvestConfig {
             return bad(
                 "fetch.concurrency, fetch.attempts and fetch.max_tries must be at least 1".into(),
             );
+        }
+        if self.fetch.per_host_concurrency == 0 {
+            return bad("fetch.per_host_concurrency must be at least 1".into());
+        }
+        if self.fetch.user_agent.chars().any(|c| c.is_control()) {
+            return bad("fetch.user_agent holds a control character".into());
         }
         if self.fetch.timeout_secs == 0 || self.fetch.idle_timeout_secs == 0 {
             return bad("fetch.timeout_secs and fetch.idle_timeout_secs must be at least 1".into());

@@ -35,6 +35,7 @@ pub struct Fetcher {
     /// A bearer token for the source's own authority (never sent elsewhere: reqwest drops
     /// `Authorization` on a redirect to another host).
     bearer: Option<String>,
+    hosts: Hosts,
 }
 
 /// Why a fetch failed: `retry` when another try within this pass may succeed; `refused` when
@@ -77,6 +78,70 @@ impl std::fmt::Display for FetchError {
 
 impl std::error::Error for FetchError {}
 
+/// What every server sees of this harvester, shared by the fetchers of all its sources:
+/// per authority (scheme, host, port), at most `fetch.per_host_concurrency` requests in
+/// flight, request starts at least `fetch.per_host_delay_ms` apart, and a pause after a 429
+/// or 503 (as long as its `Retry-After`, else the initial backoff) for that authority only.
+#[derive(Clone, Default)]
+pub struct Hosts {
+    gates: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<Gate>>>>,
+}
+
+struct Gate {
+    slots: Arc<tokio::sync::Semaphore>,
+    /// The earliest start of the next request.
+    next: tokio::sync::Mutex<Instant>,
+}
+
+/// A request's place at its authority: held until its body is read.
+pub struct HostSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+
+impl Hosts {
+    fn gate(&self, authority: &str, per_host: usize) -> Arc<Gate> {
+        self.gates
+            .lock()
+            .expect("hosts lock")
+            .entry(authority.to_string())
+            .or_insert_with(|| {
+                Arc::new(Gate {
+                    slots: Arc::new(tokio::sync::Semaphore::new(per_host.max(1))),
+                    next: tokio::sync::Mutex::new(Instant::now()),
+                })
+            })
+            .clone()
+    }
+
+    /// Waits for a slot at `authority` and for its turn.
+    async fn enter(&self, authority: &str, cfg: &FetchSection) -> HostSlot {
+        let gate = self.gate(authority, cfg.per_host_concurrency);
+        let permit = gate
+            .slots
+            .clone()
+            .acquire_owned()
+            .await
+            .expect("the semaphore is never closed");
+        let mut next = gate.next.lock().await;
+        let now = Instant::now();
+        if *next > now {
+            tokio::time::sleep_until((*next).into()).await;
+        }
+        *next = Instant::now().max(*next) + Duration::from_millis(cfg.per_host_delay_ms);
+        HostSlot(permit)
+    }
+
+    /// `authority` asked for a pause: no request starts there before `for_` has passed.
+    async fn pause(&self, authority: &str, cfg: &FetchSection, for_: Duration) {
+        let gate = self.gate(authority, cfg.per_host_concurrency);
+        let mut next = gate.next.lock().await;
+        *next = (*next).max(Instant::now() + for_);
+        tracing::info!(
+            authority,
+            pause_secs = for_.as_secs_f64(),
+            "the server asked to slow down: paused"
+        );
+    }
+}
+
 /// A resource on disk, with what it measured.
 #[derive(Debug)]
 pub struct Downloaded {
@@ -88,7 +153,16 @@ pub struct Downloaded {
 }
 
 impl Fetcher {
-    pub fn new(cfg: &FetchSection, scope: Scope) -> Fetcher {
+    pub fn new(cfg: &FetchSection, scope: Scope, hosts: Hosts) -> Fetcher {
+        let agent = if cfg.user_agent.is_empty() {
+            concat!("resourcesync-hub-harvest/", env!("CARGO_PKG_VERSION")).to_string()
+        } else {
+            format!(
+                "resourcesync-hub-harvest/{} ({})",
+                env!("CARGO_PKG_VERSION"),
+                cfg.user_agent
+            )
+        };
         let scope = Arc::new(scope);
         let base = || {
             let s = scope.clone();
@@ -97,10 +171,7 @@ impl Fetcher {
                     cfg.timeout_secs.min(cfg.idle_timeout_secs).min(30),
                 ))
                 .no_proxy()
-                .user_agent(concat!(
-                    "resourcesync-hub-harvest/",
-                    env!("CARGO_PKG_VERSION")
-                ))
+                .user_agent(agent.clone())
                 // Every redirect target is checked against the scope before it is followed.
                 .redirect(reqwest::redirect::Policy::custom(move |a| {
                     if a.previous().len() >= 10 {
@@ -120,6 +191,7 @@ impl Fetcher {
             cfg: cfg.clone(),
             scope,
             bearer: None,
+            hosts,
         }
     }
 
@@ -173,10 +245,19 @@ impl Fetcher {
         &self,
         url: &str,
         req: impl FnOnce(&str) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, FetchError> {
-        let r = self.send_unchecked(url, req).await?;
-        check_status(url, &r)?;
-        Ok(r)
+    ) -> Result<(reqwest::Response, HostSlot), FetchError> {
+        let (r, slot) = self.send_unchecked(url, req).await?;
+        if let Err(e) = check_status(url, &r) {
+            if matches!(e.status, Some(429 | 503)) {
+                let wait = e
+                    .retry_after
+                    .unwrap_or(Duration::from_millis(self.cfg.backoff_initial_ms));
+                let authority = r.url().origin().ascii_serialization();
+                self.hosts.pause(&authority, &self.cfg, wait).await;
+            }
+            return Err(e);
+        }
+        Ok((r, slot))
     }
 
     /// As [`Fetcher::send`], whatever the status.
@@ -184,11 +265,15 @@ impl Fetcher {
         &self,
         url: &str,
         req: impl FnOnce(&str) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, FetchError> {
+    ) -> Result<(reqwest::Response, HostSlot), FetchError> {
         let u = self
             .scope
             .check(url)
             .map_err(|r| FetchError::refused(url, r))?;
+        let slot = self
+            .hosts
+            .enter(&u.origin().ascii_serialization(), &self.cfg)
+            .await;
         let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
         let mut rb = req(u.as_str());
         if let Some(t) = &self.bearer {
@@ -206,7 +291,7 @@ impl Fetcher {
                 ))
             })?
             .map_err(|e| transport(url, e, self.cfg.timeout_secs))?;
-        Ok(r)
+        Ok((r, slot))
     }
 
     /// A body, chunk by chunk, to `each`: at most `limit` bytes (an error as soon as the
@@ -264,7 +349,7 @@ impl Fetcher {
     /// `fetch.max_document_bytes`.
     pub async fn document(&self, url: &str) -> Result<Vec<u8>, FetchError> {
         self.with_retries(|| async {
-            let mut r = self.send(url, |u| self.documents.get(u)).await?;
+            let (mut r, _slot) = self.send(url, |u| self.documents.get(u)).await?;
             let mut out = Vec::new();
             self.read_body(
                 url,
@@ -291,7 +376,7 @@ impl Fetcher {
         dir: &Path,
     ) -> Result<tempfile::NamedTempFile, FetchError> {
         self.with_retries(|| async {
-            let mut r = self.send(url, |u| self.documents.get(u)).await?;
+            let (mut r, _slot) = self.send(url, |u| self.documents.get(u)).await?;
             let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| local(dir, e))?;
             let mut w = std::io::BufWriter::new(tmp.as_file());
             self.read_body(
@@ -325,7 +410,7 @@ impl Fetcher {
         };
         let r = self
             .with_retries(|| async {
-                let mut r = self.send(url, |u| self.client.get(u)).await?;
+                let (mut r, _slot) = self.send(url, |u| self.client.get(u)).await?;
                 let mime = r
                     .headers()
                     .get(reqwest::header::CONTENT_TYPE)
@@ -362,7 +447,7 @@ impl Fetcher {
         url: &str,
         form: &[(&str, &str)],
     ) -> Result<(StatusCode, String), FetchError> {
-        let mut r = self
+        let (mut r, _slot) = self
             .send_unchecked(url, |u| self.documents.post(u).form(form))
             .await?;
         let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
@@ -411,7 +496,7 @@ impl Fetcher {
                     )));
                 }
                 let etag = std::fs::read_to_string(&etag_path).ok();
-                let mut r = self
+                let (mut r, _slot) = self
                     .send_unchecked(url, |u| {
                         let mut req = self.packages.get(u);
                         if let (true, Some(tag)) = (have > 0, &etag) {
@@ -640,7 +725,11 @@ mod tests {
             backoff_max_ms: 2,
             ..cfg
         };
-        let f = Fetcher::new(&cfg, Scope::new("http://127.0.0.1:1/", &[], 2048).unwrap());
+        let f = Fetcher::new(
+            &cfg,
+            Scope::new("http://127.0.0.1:1/", &[], 2048).unwrap(),
+            Hosts::default(),
+        );
         let calls = std::sync::atomic::AtomicU32::new(0);
         let r: Result<(), _> = f
             .with_retries(|| async {

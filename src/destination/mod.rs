@@ -98,6 +98,8 @@ struct Shared {
     stop: Arc<AtomicBool>,
     in_flight: InFlight,
     slots: Arc<Semaphore>,
+    /// What each server sees of this harvester (per-authority slots, pauses).
+    hosts: fetch::Hosts,
 }
 
 impl Shared {
@@ -112,6 +114,7 @@ impl Shared {
             stop: Arc::new(AtomicBool::new(false)),
             in_flight: Default::default(),
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
+            hosts: fetch::Hosts::default(),
         })
     }
 }
@@ -175,7 +178,7 @@ impl Harvester {
     ) -> anyhow::Result<Harvester> {
         let cfg = cfg.for_source(source);
         let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
-        let mut fetcher = Fetcher::new(&cfg.fetch, scope);
+        let mut fetcher = Fetcher::new(&cfg.fetch, scope, shared.hosts.clone());
         if !source.token_env.is_empty() {
             let token = std::env::var(&source.token_env).map_err(|_| {
                 anyhow::anyhow!(

@@ -175,3 +175,144 @@ async fn many_sources_in_one_harvester() {
     );
     h.stop().await;
 }
+
+/// Per authority, over every source: at most `fetch.per_host_concurrency` requests in flight
+/// (two sources on one server share it), a 429 with `Retry-After` pauses that server only, and
+/// the `User-Agent` names the program and the configured contact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_server_sees_a_polite_harvester() {
+    use axum::body::{Body, Bytes};
+    let shared = Hostile::start().await;
+    let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let agents = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let mut lists = Vec::new();
+    for set in ["x", "y"] {
+        let mut rl = Vec::new();
+        for i in 0..12 {
+            let body = format!("{set} {i}\n");
+            let (now, most, agents, b) = (now.clone(), most.clone(), agents.clone(), body.clone());
+            shared.on(&format!("/{set}/{i}"), move |h: &HeaderMap| {
+                agents.lock().unwrap().push(
+                    h.get("user-agent")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("")
+                        .to_string(),
+                );
+                let n = now.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(n, Ordering::SeqCst);
+                let (now, b) = (now.clone(), b.clone());
+                // The request stays in flight for 100 ms, until its body is sent.
+                let s = futures_util::stream::once(async move {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    now.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<_, std::io::Error>(Bytes::from(b))
+                });
+                ([("content-type", "text/plain")], Body::from_stream(s)).into_response()
+            });
+            rl.push(entry(
+                &shared.url(&format!("/{set}/{i}")),
+                &described(&body),
+            ));
+        }
+        shared.xml(&format!("/{set}/rl.xml"), urlset(&rl_md(), &rl));
+        lists.push(shared.set(
+            set,
+            &[("resourcelist", shared.url(&format!("/{set}/rl.xml")))],
+            false,
+        ));
+    }
+    shared.source(&lists);
+    // A server that says 429 (Retry-After: 2) to its first resource request.
+    let busy = Hostile::start().await;
+    let asked = Arc::new(std::sync::Mutex::new(Vec::<std::time::Instant>::new()));
+    let mut rl = Vec::new();
+    for i in 0..6 {
+        let body = format!("busy {i}\n");
+        let (asked, b) = (asked.clone(), body.clone());
+        busy.on(&format!("/r/{i}"), move |_| {
+            let mut a = asked.lock().unwrap();
+            a.push(std::time::Instant::now());
+            if a.len() == 1 {
+                (
+                    StatusCode::TOO_MANY_REQUESTS,
+                    [("retry-after", "2")],
+                    "slow down",
+                )
+                    .into_response()
+            } else {
+                // Slow enough that the 429 is read before a slot frees.
+                let b = b.clone();
+                let s = futures_util::stream::once(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    Ok::<_, std::io::Error>(Bytes::from(b))
+                });
+                ([("content-type", "text/plain")], Body::from_stream(s)).into_response()
+            }
+        });
+        rl.push(entry(&busy.url(&format!("/r/{i}")), &described(&body)));
+    }
+    busy.xml("/rl.xml", urlset(&rl_md(), &rl));
+    busy.source(&[busy.set("s", &[("resourcelist", busy.url("/rl.xml"))], false)]);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = harvest_config(dir.path(), "http://unused.invalid/");
+    cfg.push.enabled = false;
+    // The 429'd resource is queued and fetched again at the next check.
+    cfg.follow.check_interval_secs = 1;
+    cfg.fetch.concurrency = 8;
+    cfg.fetch.per_host_concurrency = 2;
+    cfg.fetch.attempts = 1;
+    cfg.fetch.user_agent = "mailto:ops@example.org".into();
+    let mut x = source("x", shared.url("/x/capabilitylist.xml"));
+    x.sets = vec!["x".into()];
+    let mut y = source("y", shared.url("/y/capabilitylist.xml"));
+    y.sets = vec!["y".into()];
+    cfg.sources = vec![x, y, source("busy", busy.url("/.well-known/resourcesync"))];
+    cfg.validate().unwrap();
+    let h = TestHarvester::start(cfg.clone()).await;
+    let done = |s: &destination::state::State, n: usize| {
+        let sets = s.sets().unwrap();
+        sets.len() == n
+            && sets.iter().all(|r| r.baseline_done)
+            && s.count_pending(sets[n - 1].id).unwrap() == 0
+    };
+    wait_state(&h, "every source baselined", 60, |s| {
+        done(s, 3)
+            && s.sets()
+                .unwrap()
+                .iter()
+                .all(|r| s.count_held(r.id).unwrap() == if r.source == "busy" { 6 } else { 12 })
+    })
+    .await;
+    h.stop().await;
+    let most = most.load(Ordering::SeqCst);
+    eprintln!("at most {most} requests in flight at the shared server");
+    assert!(
+        most <= 2,
+        "{most} requests in flight at once (per_host_concurrency = 2)"
+    );
+    assert!(most == 2, "the two sources did run side by side");
+    // After the 429, nothing new starts at that server for its Retry-After (the one request
+    // in flight beside it aside).
+    let a = asked.lock().unwrap();
+    let within = a
+        .iter()
+        .filter(|t| **t > a[0] && **t - a[0] < Duration::from_millis(1900))
+        .count();
+    assert!(within <= 1, "{within} requests within 2 s of the 429");
+    assert!(
+        a.len() - 1 - within >= 3,
+        "the rest came after the pause: {} of {}",
+        a.len() - 1 - within,
+        a.len()
+    );
+    assert!(a.len() >= 6, "{} requests", a.len());
+    let agents = agents.lock().unwrap();
+    assert!(
+        agents
+            .iter()
+            .all(|u| u.starts_with("resourcesync-hub-harvest/")
+                && u.ends_with("(mailto:ops@example.org)")),
+        "{agents:?}"
+    );
+}
