@@ -123,7 +123,7 @@ impl Hosts {
         let mut next = gate.next.lock().await;
         let now = Instant::now();
         if *next > now {
-            tokio::time::sleep_until((*next).into()).await;
+            tokio::time::sleep_until(*next).await;
         }
         *next = Instant::now().max(*next) + Duration::from_millis(cfg.per_host_delay_ms);
         HostSlot(permit)
