@@ -282,7 +282,9 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
     }
     let cfg = HarvestConfig::load(args.config.as_deref())?;
     match command {
-        HarvestCommand::Run => destination::run(cfg, None, app::shutdown_signal()).await,
+        HarvestCommand::Run => {
+            destination::run_reloading(cfg, args.config.clone(), None, app::shutdown_signal()).await
+        }
         HarvestCommand::Status { source } => {
             print!("{}", destination::status_of(&cfg, source.as_deref())?);
             Ok(())

@@ -292,6 +292,18 @@ pub async fn run(
     listener: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    run_reloading(cfg, None, listener, shutdown).await
+}
+
+/// [`run`], and on SIGHUP the configuration file `reload` is read again: sources added to
+/// `[[sources]]` start, removed ones stop, changed ones restart; the others go on untouched
+/// (their state and work in flight). Other keys take effect at a restart.
+pub async fn run_reloading(
+    cfg: HarvestConfig,
+    reload: Option<std::path::PathBuf>,
+    listener: Option<TcpListener>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let inbox = Arc::new(tokio::sync::Notify::new());
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
@@ -349,25 +361,85 @@ pub async fn run(
         })
     };
     let mut sources = tokio::task::JoinSet::new();
-    let mut housekeeping = Vec::new();
-    for source in cfg.source_list() {
+    // By source name: what it was started with, its task, and its housekeeping task.
+    let mut running: std::collections::HashMap<String, Running> = Default::default();
+    let start = |source: &config::NamedSource,
+                 sources: &mut tokio::task::JoinSet<anyhow::Result<()>>|
+     -> anyhow::Result<Running> {
         let h = Arc::new(Harvester::new(
             &cfg,
-            &source,
+            source,
             callback_base.clone(),
             &shared,
         )?);
         let keeping = Arc::new(std::sync::Mutex::new(None));
-        housekeeping.push(keeping.clone());
-        sources.spawn(follow_source(h, wake.clone(), keeping));
+        let task = sources.spawn(follow_source(h, wake.clone(), keeping.clone()));
+        Ok(Running {
+            source: source.clone(),
+            task,
+            keeping,
+        })
+    };
+    for source in cfg.source_list() {
+        running.insert(source.name.clone(), start(&source, &mut sources)?);
     }
-    drop(wake);
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
     let work = async {
-        // A source's loop ends only with an error of configuration (a set it does not
-        // offer): that stops the harvester.
-        while let Some(r) = sources.join_next().await {
-            r??;
+        loop {
+            #[cfg(unix)]
+            let hup = hangup.recv();
+            #[cfg(not(unix))]
+            let hup = std::future::pending::<Option<()>>();
+            tokio::select! {
+                // A source's loop ends only with an error of configuration (a set it does not
+                // offer): that stops the harvester. (A stopped one ends cancelled.)
+                Some(r) = sources.join_next() => {
+                    match r {
+                        Ok(r) => r?,
+                        Err(e) if e.is_cancelled() => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+                _ = hup => {
+                    let Some(path) = &reload else {
+                        tracing::info!("SIGHUP: no configuration file to read again");
+                        continue;
+                    };
+                    match HarvestConfig::load(Some(path)) {
+                        Err(e) => tracing::warn!(error = %e, "SIGHUP: the configuration does not load; the running one is kept"),
+                        Ok(new) => {
+                            let wanted = new.source_list();
+                            let mut stopped = 0;
+                            running.retain(|name, r| {
+                                let keep = wanted.iter().any(|w| w == &r.source);
+                                if !keep {
+                                    tracing::info!(source = %name, "SIGHUP: source stopped");
+                                    r.task.abort();
+                                    stopped += 1;
+                                }
+                                keep
+                            });
+                            let mut started = 0;
+                            for w in wanted {
+                                if !running.contains_key(&w.name) {
+                                    match start(&w, &mut sources) {
+                                        Ok(r) => {
+                                            tracing::info!(source = %w.name, "SIGHUP: source started");
+                                            running.insert(w.name.clone(), r);
+                                            started += 1;
+                                        }
+                                        Err(e) => tracing::warn!(source = %w.name, error = %format!("{e:#}"), "SIGHUP: the source cannot start"),
+                                    }
+                                }
+                            }
+                            tracing::info!(stopped, started, kept = running.len() - started, "SIGHUP: sources reloaded (other keys take effect at a restart)");
+                        }
+                    }
+                }
+            }
         }
+        #[allow(unreachable_code)]
         Ok::<(), anyhow::Error>(())
     };
     tokio::select! {
@@ -376,6 +448,7 @@ pub async fn run(
     }
     sources.abort_all();
     relay.abort();
+    let housekeeping: Vec<_> = running.into_values().map(|r| r.keeping).collect();
     // Blocking work stops at its next step: a package being unpacked at its next entry, a
     // snapshot being written at its next record (redone at the next start).
     shared.stop.store(true, Ordering::Relaxed);
@@ -396,6 +469,13 @@ pub async fn run(
         }
     }
     Ok(())
+}
+
+/// A source being followed: what it was started with, its task and its housekeeping.
+struct Running {
+    source: config::NamedSource,
+    task: tokio::task::AbortHandle,
+    keeping: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
 /// One source, for as long as the harvester runs: discovery (retried with growing pauses

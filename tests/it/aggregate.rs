@@ -316,3 +316,70 @@ async fn each_server_sees_a_polite_harvester() {
         "{agents:?}"
     );
 }
+
+/// SIGHUP with one source removed and one added: the new one is baselined, the one kept goes
+/// on without fetching anything again, the removed one is asked for nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_adds_and_removes_sources_without_touching_the_others() {
+    use crate::harvest::ChildHarvester;
+    use crate::hostile::wait_child;
+    let (a, _) = static_source("a", 5).await;
+    let (b, _) = static_source("b", 5).await;
+    let (c, _) = static_source("c", 5).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("harvest.toml");
+    let write = |sources: &[(&str, &Hostile)]| {
+        let mut t = "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[follow]\ncheck_interval_secs = 3600\n".to_string();
+        for (name, src) in sources {
+            t.push_str(&format!(
+                "[[sources]]\nname = \"{name}\"\nurl = \"{}\"\n",
+                src.url("/.well-known/resourcesync")
+            ));
+        }
+        std::fs::write(&f, t).unwrap();
+    };
+    write(&[("a", &a), ("b", &b)]);
+    let held = |s: &destination::state::State, source: &str| {
+        s.sets()
+            .unwrap()
+            .iter()
+            .filter(|r| r.source == source && r.baseline_done)
+            .map(|r| s.count_held(r.id).unwrap())
+            .sum::<u64>()
+    };
+    let h = ChildHarvester::start(&f);
+    wait_child(&f, "a and b baselined", 30, |s| {
+        held(s, "a") == 5 && held(s, "b") == 5
+    })
+    .await;
+    let hits = |src: &Hostile| (0..5).map(|i| src.hits(&format!("/r/{i}"))).sum::<usize>();
+    let (a_before, b_before) = (hits(&a), hits(&b));
+    write(&[("a", &a), ("c", &c)]);
+    let ok = std::process::Command::new("kill")
+        .args(["-HUP", &h.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    wait_child(&f, "c baselined after SIGHUP", 30, |s| held(s, "c") == 5).await;
+    assert_eq!(hits(&a), a_before, "the kept source fetched nothing again");
+    assert_eq!(
+        hits(&b),
+        b_before,
+        "the removed source was asked for nothing more"
+    );
+    let log = h.log.lock().unwrap().clone();
+    assert!(log.contains("SIGHUP: sources reloaded"), "{log}");
+    let cfg = destination::config::HarvestConfig::load(Some(&f)).unwrap();
+    let status = destination::status(&cfg).unwrap();
+    assert!(
+        status.contains("source a (")
+            && status.contains("source c (")
+            && !status.contains("source b ("),
+        "{status}"
+    );
+    let (took, exit) = h.terminate();
+    assert!(
+        exit.success() && took < Duration::from_secs(5),
+        "{exit} after {took:?}"
+    );
+}

@@ -782,7 +782,7 @@ fn child_config(dir: &Path, url: &str, push: bool, extra_fetch: &str) -> PathBuf
 }
 
 /// Waits (up to `secs`) until `check` holds on the state of the harvester configured by `f`.
-async fn wait_child(f: &Path, what: &str, secs: u64, check: impl Fn(&State) -> bool) {
+pub async fn wait_child(f: &Path, what: &str, secs: u64, check: impl Fn(&State) -> bool) {
     let db = HarvestConfig::load(Some(f)).unwrap().database_path();
     let deadline = std::time::Instant::now() + Duration::from_secs(secs);
     loop {
