@@ -44,6 +44,9 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
     let mut out = String::new();
     let all_sets = state.sets()?;
     let sources = chosen(cfg, only)?;
+    if !cfg.sources.is_empty() && only.is_none() {
+        return summary(&state, &sources, &all_sets);
+    }
     let mut sets = Vec::new();
     for source in &sources {
         if source.name.is_empty() {
@@ -169,6 +172,65 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
             "callback requests for another harvester: {foreign} (two harvesters share one callback URL: give each its own push.listen and push.callback_url)\n"
         ));
     }
+    Ok(out)
+}
+
+/// One line per source (an aggregator's `harvest status`): reachable or not, its oldest
+/// position and largest lag, resources held, changes queued, the subscriptions' states,
+/// failures, and the last error in words.
+fn summary(
+    state: &State,
+    sources: &[config::NamedSource],
+    all_sets: &[state::SetRow],
+) -> anyhow::Result<String> {
+    let problems = state.problems()?;
+    let width = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for source in sources {
+        let sets: Vec<&state::SetRow> = all_sets
+            .iter()
+            .filter(|s| s.source == source.name)
+            .collect();
+        let failing = state.source_failing(&source.name)?;
+        let position = sets.iter().filter_map(|s| s.position).min();
+        let lag = sets
+            .iter()
+            .filter_map(|s| s.source_latest.zip(s.position))
+            .map(|(l, p)| (l.0 - p.0).max(0))
+            .max();
+        let (mut held, mut queued) = (0u64, 0u64);
+        let mut push: Vec<String> = Vec::new();
+        for s in &sets {
+            held += state.count_held(s.id)?;
+            queued += state.count_pending(s.id)?;
+            let sub = state
+                .subscription(s.id)?
+                .map_or("none".to_string(), |x| x.state);
+            if !push.contains(&sub) {
+                push.push(sub);
+            }
+        }
+        let failures = problems
+            .iter()
+            .filter(|(set_id, p)| p.failed && sets.iter().any(|s| s.id == *set_id))
+            .count();
+        let error = failing
+            .as_ref()
+            .map(|(e, since)| format!("DOWN since {since}: {e}"))
+            .or_else(|| sets.iter().find_map(|s| s.last_error.clone()));
+        let done = sets.iter().filter(|s| s.baseline_done).count();
+        out.push_str(&format!(
+            "{:width$}  {}  sets {done}/{} baselined  position {}  lag {}  held {held}  queued {queued}  push {}  failed {failures}{}\n",
+            source.name,
+            if failing.is_some() { "down" } else { "up  " },
+            sets.len(),
+            position.map_or("-".into(), |p| p.to_string()),
+            lag.map_or("-".into(), |l| format!("{:.1} s", l as f64 / 1e6)),
+            if push.is_empty() { "-".to_string() } else { push.join("/") },
+            error.map(|e| format!("  {}", short(&e))).unwrap_or_default(),
+        ));
+    }
+    out.push_str("(harvest status --source NAME: one source in detail)\n");
     Ok(out)
 }
 
