@@ -1,0 +1,258 @@
+//! Benchmark: one harvester following many sources, against what aggregators script today.
+//!
+//! ```text
+//! cargo run --release --example bench_aggregator -- [--sources 500] [--resources 200]
+//!     [--peer-sources 500] [--dir /dev/shm/ba] [--idle-secs 10]
+//! ```
+//!
+//! Starts `--sources` static ResourceSync sources in this process, each on its own 127.0.0.1
+//! port (Source Description, Capability List, Resource List and `--resources` small files),
+//! then one harvester (this program again, as a child process, so that its memory, descriptors
+//! and CPU are its own) with one `[[sources]]` table per source. Prints the baseline's
+//! resources/s over all sources, the harvester's peak RSS and open descriptors, and its CPU
+//! while nothing changes (`follow.check_interval_secs = 60`) over `--idle-secs`. The peer, in
+//! the same run: `resync-sync --baseline` (PyPI `resync`: the tests' Python environment under
+//! target/ when present, else on PATH) once per source in turn, over the first
+//! `--peer-sources` sources, and the ratio.
+//!
+//! Not measured yet: push latency from our servers' hubs (issue 23's p50/p99).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::State as AxState;
+use axum::http::{StatusCode, Uri};
+use axum::response::IntoResponse;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+fn resync_sync() -> PathBuf {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp/pyenv/bin/resync-sync");
+    if venv.exists() {
+        venv
+    } else {
+        "resync-sync".into()
+    }
+}
+
+/// One static source's documents and files, by path.
+type Site = Arc<HashMap<String, (&'static str, Vec<u8>)>>;
+
+fn site(base: &str, resources: usize) -> Site {
+    use md5::{Digest, Md5};
+    let mut m = HashMap::new();
+    let mut urls = String::new();
+    for i in 0..resources {
+        let body = format!("resource {i} of {base}\n").into_bytes();
+        let md5 = resourcesync_hub::digest::hex_digest(Md5::digest(&body));
+        urls.push_str(&format!(
+            "<url><loc>{base}/r/{i}.txt</loc><rs:md hash=\"md5:{md5}\" length=\"{}\" type=\"text/plain\"/></url>",
+            body.len()
+        ));
+        m.insert(format!("/r/{i}.txt"), ("text/plain", body));
+    }
+    let ns = r#"xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/""#;
+    m.insert(
+        "/rl.xml".into(),
+        (
+            "application/xml",
+            format!(r#"<urlset {ns}><rs:md capability="resourcelist" at="2026-01-01T00:00:00Z"/>{urls}</urlset>"#).into_bytes(),
+        ),
+    );
+    m.insert(
+        "/s/capabilitylist.xml".into(),
+        (
+            "application/xml",
+            format!(r#"<urlset {ns}><rs:md capability="capabilitylist"/><url><loc>{base}/rl.xml</loc><rs:md capability="resourcelist"/></url></urlset>"#).into_bytes(),
+        ),
+    );
+    m.insert(
+        "/.well-known/resourcesync".into(),
+        (
+            "application/xml",
+            format!(r#"<urlset {ns}><rs:md capability="description"/><url><loc>{base}/s/capabilitylist.xml</loc><rs:md capability="capabilitylist"/></url></urlset>"#).into_bytes(),
+        ),
+    );
+    Arc::new(m)
+}
+
+async fn serve(AxState(site): AxState<Site>, uri: Uri) -> axum::response::Response {
+    match site.get(uri.path()) {
+        Some((ct, body)) => ([("content-type", *ct)], body.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+/// `/proc/<pid>/status` field in kB.
+fn status_kb(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// User + system CPU seconds of process `pid`.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// The resource files (`*.txt`) under `dir`.
+fn files_under(dir: &Path) -> usize {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file() && e.path().extension().is_some_and(|x| x == "txt"))
+        .count()
+}
+
+fn main() -> anyhow::Result<()> {
+    // The harvester's own process: `--harvest-child CONFIG`.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--harvest-child") {
+        let cfg_path = PathBuf::from(&args[i + 1]);
+        let cfg = resourcesync_hub::destination::config::HarvestConfig::load(Some(&cfg_path))?;
+        return tokio::runtime::Runtime::new()?.block_on(
+            resourcesync_hub::destination::run_reloading(
+                cfg,
+                Some(cfg_path),
+                None,
+                resourcesync_hub::app::shutdown_signal(),
+            ),
+        );
+    }
+    tokio::runtime::Runtime::new()?.block_on(bench())
+}
+
+async fn bench() -> anyhow::Result<()> {
+    let n_sources = arg("--sources", 500) as usize;
+    let per = arg("--resources", 200) as usize;
+    let peer_sources = (arg("--peer-sources", n_sources as u64) as usize).min(n_sources);
+    let idle_secs = arg("--idle-secs", 10);
+    let dir = match std::env::args().skip_while(|a| a != "--dir").nth(1) {
+        Some(d) => PathBuf::from(d),
+        None => std::env::temp_dir().join(format!("bench_aggregator_{}", std::process::id())),
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir)?;
+
+    // The sources, each on its own port.
+    let mut bases = Vec::new();
+    for _ in 0..n_sources {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", l.local_addr()?);
+        let app = axum::Router::new()
+            .fallback(serve)
+            .with_state(site(&base, per));
+        tokio::spawn(async move { axum::serve(l, app).await });
+        bases.push(base);
+    }
+    let total = n_sources * per;
+    println!("{n_sources} sources x {per} resources = {total} resources, one port each");
+
+    // Ours: one harvester, a [[sources]] table each.
+    let mut toml = "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[follow]\ncheck_interval_secs = 60\n[fetch]\nconcurrency = 32\n".to_string();
+    for (i, b) in bases.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[sources]]\nname = \"s{i}\"\nurl = \"{b}/.well-known/resourcesync\"\n"
+        ));
+    }
+    let ours_dir = dir.join("ours");
+    std::fs::create_dir_all(&ours_dir)?;
+    let cfg_path = ours_dir.join("harvest.toml");
+    std::fs::write(&cfg_path, toml)?;
+    let t = Instant::now();
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--harvest-child"])
+        .arg(&cfg_path)
+        .env("RUST_LOG", "warn")
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let mirror = ours_dir.join("mirror");
+    let mut fds_peak = 0usize;
+    loop {
+        let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        fds_peak = fds_peak.max(fds);
+        if files_under(&mirror) >= total {
+            break;
+        }
+        anyhow::ensure!(child.try_wait()?.is_none(), "the harvester stopped early");
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(1800),
+            "not done in 30 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ours = t.elapsed().as_secs_f64();
+    let rss_peak = status_kb(pid, "VmHWM:") / 1024;
+    println!(
+        "ours, one harvester:     {total} resources in {ours:.2} s = {:.0} resources/s; peak RSS {rss_peak} MB, peak open descriptors {fds_peak}",
+        total as f64 / ours
+    );
+    // Idle: nothing changes; the periodic check is a minute away.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (c0, t0) = (cpu_secs(pid), Instant::now());
+    tokio::time::sleep(Duration::from_secs(idle_secs)).await;
+    let idle = (cpu_secs(pid) - c0) / t0.elapsed().as_secs_f64() * 100.0;
+    let fds_idle = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    println!("ours, idle:              {idle:.2}% of one core over {idle_secs} s; {fds_idle} open descriptors");
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status();
+    let _ = child.wait();
+
+    // The peer: resync-sync --baseline once per source, in turn.
+    let peer_dir = dir.join("resync");
+    std::fs::create_dir_all(&peer_dir)?;
+    let t = Instant::now();
+    for (i, b) in bases.iter().take(peer_sources).enumerate() {
+        let dest = peer_dir.join(format!("s{i}"));
+        std::fs::create_dir_all(&dest)?;
+        let map = format!("{b}/r/={}", dest.display());
+        let out = tokio::process::Command::new(resync_sync())
+            .current_dir(&dest)
+            .args([
+                "--baseline",
+                "--capabilitylist",
+                &format!("{b}/s/capabilitylist.xml"),
+                &map,
+            ])
+            .output()
+            .await?;
+        let text = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            !text.contains("Traceback") && !text.contains("FatalError"),
+            "resync-sync failed on {b}:\n{text}"
+        );
+    }
+    let theirs = t.elapsed().as_secs_f64();
+    let copied = files_under(&peer_dir);
+    println!(
+        "resync-sync, in turn:    {copied} resources ({peer_sources} sources) in {theirs:.2} s = {:.0} resources/s",
+        copied as f64 / theirs
+    );
+    println!(
+        "ratio (ours / resync):   {:.1}x",
+        (total as f64 / ours) / (copied as f64 / theirs)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}
