@@ -7,6 +7,7 @@ impl Harvester {
     /// The set's baseline: from its Resource Dump when configured and usable, else (or for
     /// what the dump did not hold as the Resource List lists it) from its Resource List.
     pub(super) async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
+        let _walk = self.walks.acquire().await?;
         let mut from_dump = None;
         if self.cfg.source.baseline == config::BaselineFrom::Dump {
             match &set.info.resourcedump {

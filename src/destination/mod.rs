@@ -87,6 +87,8 @@ pub struct Harvester {
     in_flight: InFlight,
     /// `fetch.concurrency`, over every source of the process.
     slots: Arc<Semaphore>,
+    /// Baselines walking their lists at once, over every source (see [`Shared`]).
+    walks: Arc<Semaphore>,
 }
 
 /// What the harvesters of one process (one per source) share: the state, the output, the
@@ -98,6 +100,9 @@ struct Shared {
     stop: Arc<AtomicBool>,
     in_flight: InFlight,
     slots: Arc<Semaphore>,
+    /// At most `fetch.concurrency` sources walk their lists (a temporary file and a reader
+    /// each) at once: descriptors follow the work, not the number of sources.
+    walks: Arc<Semaphore>,
     /// What each server sees of this harvester (per-authority slots, pauses).
     hosts: fetch::Hosts,
 }
@@ -114,13 +119,14 @@ impl Shared {
             stop: Arc::new(AtomicBool::new(false)),
             in_flight: Default::default(),
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
+            walks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             hosts: fetch::Hosts::default(),
         })
     }
 }
 
 /// Output files being written, by path, with the URI each is for.
-type InFlight = Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>;
+type InFlight = Arc<std::sync::Mutex<BTreeMap<String, String>>>;
 
 /// A followed set: its row and what its Capability List offers.
 #[derive(Debug, Clone)]
@@ -200,6 +206,7 @@ impl Harvester {
             stop: shared.stop.clone(),
             in_flight: shared.in_flight.clone(),
             slots: shared.slots.clone(),
+            walks: shared.walks.clone(),
         })
     }
 
@@ -493,7 +500,13 @@ async fn follow_source(
     // growing pauses: a long-lived harvester does not give up at start.
     let mut pause = Duration::from_secs(1);
     let sets = loop {
-        match h.discover().await {
+        // Discovery too takes a walk's place: hundreds of sources starting at once open
+        // their connections a few dozen at a time.
+        let found = {
+            let _walk = h.walks.acquire().await?;
+            h.discover().await
+        };
+        match found {
             Ok(s) => {
                 h.state.source_error(&h.name, None)?;
                 break s;

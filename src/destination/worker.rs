@@ -74,18 +74,26 @@ impl Worker {
         let Some((root, t)) = target else {
             return Ok(Claim(None));
         };
-        let path = t.display().to_string();
+        let (path, root) = (t.display().to_string(), root.display().to_string());
         let mut writing = self.in_flight.lock().expect("in-flight lock");
-        let crosses =
-            |a: &str, b: &str| a == b || b.strip_prefix(a).is_some_and(|r| r.starts_with('/'));
-        let mut other = writing
-            .iter()
-            .find(|(p, u)| *u != uri && (crosses(p, &path) || crosses(&path, p)))
-            .map(|(_, u)| u.clone());
+        // Being written now (ordered by path, so each check is a lookup, not a scan: an
+        // aggregator has many thousands in flight): the file itself or one on the way to it,
+        let mut other = std::path::Path::new(&path)
+            .ancestors()
+            .filter_map(|p| p.to_str())
+            .take_while(|p| p.len() > root.len())
+            .find_map(|p| writing.get(p).filter(|u| *u != uri).cloned());
+        // or a file under it (it would need to be a folder).
+        if other.is_none() {
+            other = writing
+                .range(format!("{path}/")..format!("{path}0"))
+                .find(|(_, u)| *u != uri)
+                .map(|(_, u)| u.clone());
+        }
         if other.is_none() {
             other = self
                 .state
-                .claim_conflict(&root.display().to_string(), &path, uri)
+                .claim_conflict(&root, &path, uri)
                 .map_err(|e| NotApplied::Failed(e.to_string()))?;
         }
         if let Some(other) = other {
