@@ -17,6 +17,9 @@
 //!
 //! Not measured yet: push latency from our servers' hubs (issue 23's p50/p99).
 
+mod common;
+use common::arg;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -26,21 +29,8 @@ use axum::extract::State as AxState;
 use axum::http::{StatusCode, Uri};
 use axum::response::IntoResponse;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
-
 fn resync_sync() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp/pyenv/bin/resync-sync");
-    if venv.exists() {
-        venv
-    } else {
-        "resync-sync".into()
-    }
+    common::py_tool("resync-sync")
 }
 
 /// One static source's documents and files, by path.

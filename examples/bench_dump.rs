@@ -16,27 +16,17 @@
 //!    and from the Resource List (one GET per file), each into its own folder: wall times and
 //!    the ratio.
 
+mod common;
+use common::arg;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use resourcesync_hub::config::{Config, DumpCompression};
 use resourcesync_hub::destination::{self, config::BaselineFrom, config::HarvestConfig};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
-
 fn resync_build() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp/pyenv/bin/resync-build");
-    if venv.exists() {
-        venv
-    } else {
-        "resync-build".into()
-    }
+    common::py_tool("resync-build")
 }
 
 fn status_mb(path: &str, field: &str) -> f64 {

@@ -13,27 +13,17 @@
 //! (the ingest answer) to the file written at the destination (the state records it after
 //! the rename), p50/p99.
 
+mod common;
+use common::arg;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use resourcesync_hub::config::Config;
 use resourcesync_hub::destination::{self, config::HarvestConfig, state::State};
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
-
 fn resync_sync() -> PathBuf {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/tmp/pyenv/bin/resync-sync");
-    if venv.exists() {
-        venv
-    } else {
-        "resync-sync".into()
-    }
+    common::py_tool("resync-sync")
 }
 
 fn line(rel: &str, body: &str, change: &str) -> String {

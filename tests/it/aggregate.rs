@@ -24,6 +24,16 @@ fn source(name: &str, url: String) -> NamedSource {
     }
 }
 
+/// Resources held by the baselined sets of `source`.
+fn held(s: &destination::state::State, source: &str) -> u64 {
+    s.sets()
+        .unwrap()
+        .iter()
+        .filter(|r| r.source == source && r.baseline_done)
+        .map(|r| s.count_held(r.id).unwrap())
+        .sum()
+}
+
 /// A static source of `n` text resources at `/r/<i>`; returns it and the bodies.
 async fn static_source(tag: &str, n: usize) -> (Hostile, Vec<String>) {
     let src = Hostile::start().await;
@@ -118,14 +128,6 @@ async fn many_sources_in_one_harvester() {
 
     let started = std::time::Instant::now();
     let h = TestHarvester::start(cfg.clone()).await;
-    let held = |s: &destination::state::State, source: &str| {
-        s.sets()
-            .unwrap()
-            .iter()
-            .filter(|r| r.source == source && r.baseline_done)
-            .map(|r| s.count_held(r.id).unwrap())
-            .sum::<u64>()
-    };
     wait_state(
         &h,
         "the three static sources and the guarded one",
@@ -359,14 +361,6 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
         std::fs::write(&f, t).unwrap();
     };
     write(&[("a", &a), ("b", &b)]);
-    let held = |s: &destination::state::State, source: &str| {
-        s.sets()
-            .unwrap()
-            .iter()
-            .filter(|r| r.source == source && r.baseline_done)
-            .map(|r| s.count_held(r.id).unwrap())
-            .sum::<u64>()
-    };
     let h = ChildHarvester::start(&f);
     wait_child(&f, "a and b baselined", 30, |s| {
         held(s, "a") == 5 && held(s, "b") == 5
