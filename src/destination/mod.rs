@@ -370,8 +370,11 @@ pub async fn run_reloading(
     let mut sources = tokio::task::JoinSet::new();
     // By source name: what it was started with, its task, and its housekeeping task.
     let mut running: std::collections::HashMap<String, Running> = Default::default();
+    // `fatal`: a configuration error of the source (a set it does not offer) stops the
+    // harvester (at start); a source added by SIGHUP only stops itself, and says why.
     let start = |source: &config::NamedSource,
-                 sources: &mut tokio::task::JoinSet<anyhow::Result<()>>|
+                 sources: &mut tokio::task::JoinSet<anyhow::Result<()>>,
+                 fatal: bool|
      -> anyhow::Result<Running> {
         let h = Arc::new(Harvester::new(
             &cfg,
@@ -380,7 +383,7 @@ pub async fn run_reloading(
             &shared,
         )?);
         let keeping = Arc::new(std::sync::Mutex::new(None));
-        let task = sources.spawn(follow_source(h, wake.clone(), keeping.clone()));
+        let task = sources.spawn(follow_source(h, wake.clone(), keeping.clone(), fatal));
         Ok(Running {
             source: source.clone(),
             task,
@@ -388,7 +391,7 @@ pub async fn run_reloading(
         })
     };
     for source in cfg.source_list() {
-        running.insert(source.name.clone(), start(&source, &mut sources)?);
+        running.insert(source.name.clone(), start(&source, &mut sources, true)?);
     }
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -430,7 +433,7 @@ pub async fn run_reloading(
                             let mut started = 0;
                             for w in wanted {
                                 if !running.contains_key(&w.name) {
-                                    match start(&w, &mut sources) {
+                                    match start(&w, &mut sources, false) {
                                         Ok(r) => {
                                             tracing::info!(source = %w.name, "SIGHUP: source started");
                                             running.insert(w.name.clone(), r);
@@ -493,6 +496,7 @@ async fn follow_source(
     h: Arc<Harvester>,
     mut wake: tokio::sync::watch::Receiver<u64>,
     keeping: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    fatal: bool,
 ) -> anyhow::Result<()> {
     let cfg = &h.cfg;
     let mut housekeeping = None;
@@ -512,7 +516,14 @@ async fn follow_source(
                 break s;
             }
             Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => {
-                return Err(e.context(format!("source {}", h.label())))
+                let e = e.context(format!("source {}", h.label()));
+                if fatal {
+                    return Err(e);
+                }
+                let e = format!("{e:#}");
+                h.state.source_error(&h.name, Some(&e))?;
+                tracing::error!(error = %e, "the source stops: its configuration asks for what it does not offer");
+                return Ok(());
             }
             Err(e) => {
                 let e = format!("{e:#}");

@@ -350,7 +350,7 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
     let (c, _) = static_source("c", 5).await;
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("harvest.toml");
-    let write = |sources: &[(&str, &Hostile)]| {
+    let write = |sources: &[(&str, &Hostile)], extra: &str| {
         let mut t = "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[follow]\ncheck_interval_secs = 3600\n".to_string();
         for (name, src) in sources {
             t.push_str(&format!(
@@ -358,9 +358,10 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
                 src.url("/.well-known/resourcesync")
             ));
         }
+        t.push_str(extra);
         std::fs::write(&f, t).unwrap();
     };
-    write(&[("a", &a), ("b", &b)]);
+    write(&[("a", &a), ("b", &b)], "");
     let h = ChildHarvester::start(&f);
     wait_child(&f, "a and b baselined", 30, |s| {
         held(s, "a") == 5 && held(s, "b") == 5
@@ -368,7 +369,7 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
     .await;
     let hits = |src: &Hostile| (0..5).map(|i| src.hits(&format!("/r/{i}"))).sum::<usize>();
     let (a_before, b_before) = (hits(&a), hits(&b));
-    write(&[("a", &a), ("c", &c)]);
+    write(&[("a", &a), ("c", &c)], "");
     let ok = std::process::Command::new("kill")
         .args(["-HUP", &h.child.id().to_string()])
         .status()
@@ -393,6 +394,30 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
         names.contains(&"a") && names.contains(&"c") && !names.contains(&"b"),
         "{status}"
     );
+    // A source added with a set it does not offer stops itself, not the harvester.
+    write(
+        &[("a", &a), ("c", &c)],
+        &format!(
+            "[[sources]]\nname = \"bad\"\nurl = \"{}\"\nsets = [\"nope\"]\n",
+            c.url("/.well-known/resourcesync")
+        ),
+    );
+    let ok = std::process::Command::new("kill")
+        .args(["-HUP", &h.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    wait_child(&f, "the bad source's reason", 30, |s| {
+        s.source_failing("bad").unwrap().is_some()
+    })
+    .await;
+    let cfg = destination::config::HarvestConfig::load(Some(&f)).unwrap();
+    let status = destination::status(&cfg).unwrap();
+    let bad = status
+        .lines()
+        .find(|l| l.starts_with("bad "))
+        .unwrap_or_default();
+    assert!(bad.contains("does not offer"), "{status}");
     let (took, exit) = h.terminate();
     assert!(
         exit.success() && took < Duration::from_secs(5),
