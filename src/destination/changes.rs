@@ -42,8 +42,10 @@ impl Harvester {
         set: &Followed,
     ) -> anyhow::Result<(usize, Option<Timestamp>)> {
         let Some(cl) = &set.info.changelist else {
-            // No Change List: what the baseline could not fetch is still retried.
+            // No Change List: what the baseline could not fetch is still retried (and the
+            // check is recorded, for `harvest status`).
             self.drain(set).await?;
+            self.state.checked(set.row.id, None)?;
             return Ok((0, None));
         };
         let row = self.row(set.row.id)?;

@@ -423,4 +423,27 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
         exit.success() && took < Duration::from_secs(5),
         "{exit} after {took:?}"
     );
+    // Restarted (without the bad source, which at start stops the harvester): every source
+    // is followed again, and nothing unchanged is fetched again.
+    write(&[("a", &a), ("c", &c)], "");
+    let (a_before, c_before) = (hits(&a), hits(&c));
+    let restarted = resourcesync_hub::model::Timestamp::now();
+    let h = ChildHarvester::start(&f);
+    // Each set checked again after the restart (which comes after its baseline was found
+    // done): anything fetched again would have been by then.
+    wait_child(&f, "a and c checked after the restart", 30, |s| {
+        s.sets()
+            .unwrap()
+            .iter()
+            .filter(|r| r.source == "a" || r.source == "c")
+            .all(|r| r.checked_at.is_some_and(|t| t > restarted))
+    })
+    .await;
+    let (took, exit) = h.terminate();
+    assert!(exit.success(), "{exit} after {took:?}");
+    assert_eq!(
+        (hits(&a), hits(&c)),
+        (a_before, c_before),
+        "nothing fetched again"
+    );
 }
