@@ -1,6 +1,7 @@
 //! Following a set after its baseline: the Change Lists read from the position, pushed
 //! notifications, the queue drained in order, and the subscription kept.
 
+use super::state::SubState;
 use super::*;
 
 impl Harvester {
@@ -282,30 +283,28 @@ impl Harvester {
         );
         let current = self.state.subscription(set.row.id).ok().flatten();
         let due = match &current {
-            Some(s) if s.topic == *topic && s.callback.starts_with(&ours) => {
-                match s.state.as_str() {
-                    "active" => {
-                        let lease = s.lease_secs.unwrap_or(self.cfg.push.lease_secs);
-                        force
-                            || now
-                                >= s.verified_at
-                                    .unwrap_or(s.requested_at)
-                                    .plus_secs(lease * 2 / 3)
-                    }
-                    "requested" => now >= s.requested_at.plus_secs(60),
-                    _ => {
-                        now >= s
-                            .requested_at
-                            .plus_secs(self.cfg.follow.check_interval_secs.max(60))
-                    }
+            Some(s) if s.topic == *topic && s.callback.starts_with(&ours) => match s.state {
+                SubState::Active => {
+                    let lease = s.lease_secs.unwrap_or(self.cfg.push.lease_secs);
+                    force
+                        || now
+                            >= s.verified_at
+                                .unwrap_or(s.requested_at)
+                                .plus_secs(lease * 2 / 3)
                 }
-            }
+                SubState::Requested => now >= s.requested_at.plus_secs(60),
+                SubState::Denied => {
+                    now >= s
+                        .requested_at
+                        .plus_secs(self.cfg.follow.check_interval_secs.max(60))
+                }
+            },
             _ => true,
         };
         if !due {
             return;
         }
-        if let Some(s) = current.as_ref().filter(|s| s.state == "requested") {
+        if let Some(s) = current.as_ref().filter(|s| s.state == SubState::Requested) {
             self.subscription_problem(
                 set,
                 &format!(

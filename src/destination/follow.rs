@@ -23,7 +23,7 @@ use tokio::sync::{Notify, Semaphore};
 use super::config::PushSection;
 use super::fetch::Fetcher;
 use super::scope::short;
-use super::state::{State, Subscription};
+use super::state::{State, SubState, Subscription};
 use crate::model::websub::{signature, SignatureAlg};
 use crate::model::Timestamp;
 
@@ -111,7 +111,7 @@ async fn verify(
     let topic_matches = q.get("hub.topic").is_some_and(|t| *t == sub.topic);
     match mode {
         Some("subscribe")
-            if topic_matches && (sub.state == "requested" || sub.state == "active") =>
+            if topic_matches && matches!(sub.state, SubState::Requested | SubState::Active) =>
         {
             let Some(challenge) = q.get("hub.challenge") else {
                 return (StatusCode::BAD_REQUEST, String::new());
@@ -128,7 +128,7 @@ async fn verify(
             (StatusCode::OK, challenge.clone())
         }
         // A denial is an answer to a request in flight, not a way to end a subscription.
-        Some("denied") if topic_matches && sub.state == "requested" => {
+        Some("denied") if topic_matches && sub.state == SubState::Requested => {
             let reason = short(q.get("hub.reason").map_or("", String::as_str)).into_owned();
             tracing::warn!(topic = %sub.topic, reason = %reason, "the hub denied the subscription");
             let _ = ctx.state.denied(id, &reason);
@@ -270,7 +270,7 @@ pub async fn subscribe(
         topic: topic.into(),
         callback: callback.into(),
         secret: secret.clone(),
-        state: "requested".into(),
+        state: SubState::Requested,
         requested_at: Timestamp::now(),
         verified_at: None,
         lease_secs: None,

@@ -205,7 +205,7 @@ fn summary(
             queued += state.count_pending(s.id)?;
             let sub = state
                 .subscription(s.id)?
-                .map_or("none".to_string(), |x| x.state);
+                .map_or("none".to_string(), |x| x.state.to_string());
             if !push.contains(&sub) {
                 push.push(sub);
             }

@@ -92,12 +92,47 @@ pub struct Subscription {
     pub topic: String,
     pub callback: String,
     pub secret: String,
-    /// requested | active | denied
-    pub state: String,
+    pub state: SubState,
     pub requested_at: Timestamp,
     pub verified_at: Option<Timestamp>,
     pub lease_secs: Option<u64>,
     pub reason: Option<String>,
+}
+
+/// Where a subscription stands (kept as its name in the state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubState {
+    /// Asked for; the hub has not verified it yet.
+    Requested,
+    /// Verified: deliveries come.
+    Active,
+    /// The hub said no (its reason is kept).
+    Denied,
+}
+
+impl SubState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubState::Requested => "requested",
+            SubState::Active => "active",
+            SubState::Denied => "denied",
+        }
+    }
+
+    fn parse(s: &str) -> SubState {
+        match s {
+            "active" => SubState::Active,
+            "denied" => SubState::Denied,
+            // Anything else is asked for again.
+            _ => SubState::Requested,
+        }
+    }
+}
+
+impl std::fmt::Display for SubState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// What the destination holds of one resource.
@@ -950,7 +985,7 @@ fn sub_row(r: &rusqlite::Row) -> rusqlite::Result<Subscription> {
         topic: r.get(2)?,
         callback: r.get(3)?,
         secret: r.get(4)?,
-        state: r.get(5)?,
+        state: SubState::parse(&r.get::<_, String>(5)?),
         requested_at: Timestamp(r.get(6)?),
         verified_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
         lease_secs: r.get::<_, Option<i64>>(8)?.map(|n| n as u64),

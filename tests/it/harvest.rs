@@ -4,7 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use resourcesync_hub::destination::{self, config::HarvestConfig, state::State};
+use resourcesync_hub::destination::{
+    self,
+    config::HarvestConfig,
+    state::{State, SubState},
+};
 use tokio::sync::oneshot;
 
 use crate::hub::hub_config;
@@ -154,7 +158,7 @@ async fn baseline_then_push_keeps_a_mirror_in_sync() {
             .unwrap()
             .first()
             .and_then(|r| s.subscription(r.id).unwrap())
-            .is_some_and(|sub| sub.state == "active")
+            .is_some_and(|sub| sub.state == SubState::Active)
     })
     .await;
     assert_eq!(
@@ -236,7 +240,7 @@ async fn active_subscription(
             .unwrap()
             .first()
             .and_then(|r| s.subscription(r.id).unwrap())
-            .is_some_and(|sub| sub.state == "active")
+            .is_some_and(|sub| sub.state == SubState::Active)
     })
     .await;
     let s = h.state();

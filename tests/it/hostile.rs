@@ -14,7 +14,11 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use resourcesync_hub::destination::{self, config::HarvestConfig, state::State};
+use resourcesync_hub::destination::{
+    self,
+    config::HarvestConfig,
+    state::{State, SubState},
+};
 use resourcesync_hub::model::websub::{signature, SignatureAlg};
 
 use crate::harvest::{free_port, harvest_config, wait_state, ChildHarvester, TestHarvester};
@@ -901,7 +905,7 @@ async fn floods_at_the_callback_are_not_read() {
     wait_child(&f, "an active subscription", 20, |s| {
         s.subscription(1)
             .unwrap()
-            .is_some_and(|sub| sub.state == "active")
+            .is_some_and(|sub| sub.state == SubState::Active)
     })
     .await;
     let client = reqwest::Client::new();
@@ -954,7 +958,7 @@ async fn floods_at_the_callback_are_not_read() {
     let rss = h.peak_rss();
     let cfg = HarvestConfig::load(Some(&f)).unwrap();
     let s = State::open(&cfg.database_path()).unwrap();
-    assert_eq!(s.subscription(1).unwrap().unwrap().state, "active");
+    assert_eq!(s.subscription(1).unwrap().unwrap().state, SubState::Active);
     assert!(s.counter("unsigned").unwrap() >= 1, "{statuses:?}");
     let _ = secret;
     h.kill();
