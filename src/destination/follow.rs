@@ -35,13 +35,16 @@ struct Ctx {
     bodies: Arc<Semaphore>,
     max_body: u64,
     max_queued: u64,
+    /// This harvester's id (see [`State::harvester_id`]), read once.
+    harvester: String,
 }
 
 /// The callback routes: `GET` (verification) and `POST` (deliveries) on
 /// `/cb/{set id}/{token}`; the token-less form of earlier versions answers 410 to deliveries
 /// (the hub drops that subscription) and 404 to verifications.
-pub fn router(state: Arc<State>, inbox: Arc<Notify>, cfg: &PushSection) -> Router {
-    Router::new()
+pub fn router(state: Arc<State>, inbox: Arc<Notify>, cfg: &PushSection) -> anyhow::Result<Router> {
+    let harvester = state.harvester_id()?;
+    Ok(Router::new()
         .route("/cb/{id}/{token}", get(verify).post(deliver))
         .route(
             "/cb/{id}",
@@ -53,7 +56,8 @@ pub fn router(state: Arc<State>, inbox: Arc<Notify>, cfg: &PushSection) -> Route
             bodies: Arc::new(Semaphore::new(cfg.max_concurrent_deliveries)),
             max_body: cfg.max_body_bytes,
             max_queued: cfg.max_queued_bytes,
-        })
+            harvester,
+        }))
 }
 
 /// The callback URL of a set under the configured base, with its token.
@@ -73,20 +77,18 @@ pub fn new_token(harvester: &str) -> anyhow::Result<String> {
 /// A request at a callback that carries another harvester's id: two harvesters share one
 /// callback URL. Said once (and counted for `harvest status`); answered 404, so the hub
 /// keeps retrying the other harvester's subscription rather than dropping it.
-fn foreign(state: &State, token: &str) -> bool {
+fn foreign(ctx: &Ctx, token: &str) -> bool {
     let Some((other, _)) = token.split_once('.') else {
         return false;
     };
-    match state.harvester_id() {
-        Ok(mine) if mine != other => {
-            if state.counter("foreign").unwrap_or(0) == 0 {
-                tracing::warn!(other, mine = %mine, "a hub called back for another harvester's subscription: two harvesters share one callback URL (give each its own push.listen and push.callback_url)");
-            }
-            let _ = state.bump("foreign");
-            true
-        }
-        _ => false,
+    if other == ctx.harvester {
+        return false;
     }
+    if ctx.state.counter("foreign").unwrap_or(0) == 0 {
+        tracing::warn!(other = %short(other), mine = %ctx.harvester, "a hub called back for another harvester's subscription: two harvesters share one callback URL (give each its own push.listen and push.callback_url)");
+    }
+    let _ = ctx.state.bump("foreign");
+    true
 }
 
 /// The subscription of set `id` when `token` is its callback's, compared in constant time.
@@ -104,7 +106,7 @@ async fn verify(
     Query(q): Query<HashMap<String, String>>,
 ) -> impl IntoResponse {
     let Ok(Some(sub)) = subscription_of(&ctx.state, id, &token) else {
-        foreign(&ctx.state, &token);
+        foreign(&ctx, &token);
         return (StatusCode::NOT_FOUND, String::new());
     };
     let mode = q.get("hub.mode").map(String::as_str);
@@ -161,7 +163,7 @@ async fn deliver(
     let sub = match subscription_of(&ctx.state, id, &token) {
         Ok(Some(s)) => s,
         // Another harvester's: not ours to end.
-        Ok(None) if foreign(&ctx.state, &token) => return StatusCode::NOT_FOUND.into_response(),
+        Ok(None) if foreign(&ctx, &token) => return StatusCode::NOT_FOUND.into_response(),
         // Not subscribed here (any more): 410 tells the hub to stop.
         Ok(None) => return StatusCode::GONE.into_response(),
         Err(()) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),

@@ -339,7 +339,7 @@ pub async fn run_reloading(
             callback_base = format!("http://{}", listener.local_addr()?);
         }
         // One callback server for every source: each subscription has a path of its own.
-        let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push);
+        let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push)?;
         let c = cancel.clone();
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
         use axum::serve::ListenerExt;

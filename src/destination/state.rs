@@ -489,21 +489,8 @@ impl State {
         let mut c = self.c();
         let tx = c.transaction()?;
         {
-            let mut st = tx.prepare_cached(
-                "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
-            let mut claim =
-                tx.prepare_cached("INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)")?;
             for (uri, h) in held {
-                st.execute(params![
-                    set_id,
-                    uri,
-                    h.md5,
-                    h.length.map(|n| n as i64),
-                    h.path,
-                    h.lastmod.map(|t| t.0)
-                ])?;
-                claim.execute(params![h.path, uri])?;
+                put_held(&tx, set_id, uri, h)?;
             }
         }
         tx.commit()?;
@@ -639,16 +626,7 @@ impl State {
             params![set_id, p.change.uri, p.change.change, p.change.datetime.0, Timestamp::now().0],
         )?;
         match held {
-            Some(h) => {
-                tx.execute(
-                    "INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)",
-                    params![h.path, p.change.uri],
-                )?;
-                tx.execute(
-                    "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-                    params![set_id, p.change.uri, h.md5, h.length.map(|n| n as i64), h.path, h.lastmod.map(|t| t.0)],
-                )?
-            }
+            Some(h) => put_held(&tx, set_id, &p.change.uri, h)?,
             None => {
                 // By the path it holds (claims are keyed by path), unless another set holds it too.
                 tx.execute(
@@ -924,6 +902,25 @@ fn conflict(c: &Connection, root: &str, path: &str, uri: &str) -> R<Option<Strin
     )?
     .query_row(params![path, uri], |r| r.get(0))
     .optional()?)
+}
+
+/// Records `uri` as held by set `set_id` with its file's claim (inside the caller's
+/// transaction). Returns the rows written.
+fn put_held(c: &Connection, set_id: i64, uri: &str, h: &Held) -> R<usize> {
+    c.prepare_cached("INSERT OR REPLACE INTO claims (path, uri) VALUES (?1, ?2)")?
+        .execute(params![h.path, uri])?;
+    Ok(c
+        .prepare_cached(
+            "INSERT OR REPLACE INTO resources (set_id, uri, md5, length, path, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+        )?
+        .execute(params![
+            set_id,
+            uri,
+            h.md5,
+            h.length.map(|n| n as i64),
+            h.path,
+            h.lastmod.map(|t| t.0)
+        ])?)
 }
 
 /// Adds a column to a table made by an earlier version.
