@@ -1,6 +1,7 @@
-//! Many sources in one harvester (`[[sources]]`): each mirrored, a slow one and a closed one
-//! holding up no other, a bearer token sent to its own source's authority only, and status and
-//! audit per source.
+//! Many sources in one harvester (`[[sources]]`): forty static sources, two of our servers
+//! pushing, a slow one and a closed one holding up no other, a bearer token sent to its own
+//! source's authority only, politeness per server, status and audit per source, SIGTERM and
+//! SIGHUP.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -48,11 +49,69 @@ async fn static_source(tag: &str, n: usize) -> (Hostile, Vec<String>) {
     (src, bodies)
 }
 
+/// A static source's resources, each counted: requests in flight now and at most (each body
+/// is sent 20 ms after the headers), and requests carrying an `Authorization` header.
+#[derive(Clone, Default)]
+struct Counted {
+    now: Arc<AtomicUsize>,
+    most: Arc<AtomicUsize>,
+    authorized: Arc<AtomicUsize>,
+}
+
+impl Counted {
+    /// Serves `body` at `path` of `src`, counted; returns its Resource List entry.
+    fn serve(&self, src: &Hostile, path: &str, body: &str) -> String {
+        use axum::body::{Body, Bytes};
+        let (c, b) = (self.clone(), body.to_string());
+        src.on(path, move |h: &HeaderMap| {
+            if h.contains_key("authorization") {
+                c.authorized.fetch_add(1, Ordering::SeqCst);
+            }
+            let n = c.now.fetch_add(1, Ordering::SeqCst) + 1;
+            c.most.fetch_max(n, Ordering::SeqCst);
+            let (now, b) = (c.now.clone(), b.clone());
+            let s = futures_util::stream::once(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                now.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Bytes::from(b))
+            });
+            ([("content-type", "text/plain")], Body::from_stream(s)).into_response()
+        });
+        entry(&src.url(path), &described(body))
+    }
+}
+
+/// The harvester's whole day with 40 static sources on their own ports (10 of them with a
+/// Change List), two of our servers with hubs, a source trickling one byte a second, one on a
+/// closed port and one that needs a bearer token; one harvester process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn many_sources_in_one_harvester() {
+async fn forty_sources_and_two_hubs_in_one_harvester() {
+    use crate::harvest::{file_line, ChildHarvester};
+    use crate::hostile::{change, changelist};
+    use crate::support::{add_file_set, ChildServer, TestApp};
+    const STATICS: usize = 40;
+    const EACH: usize = 10;
+    const POLLED: usize = 10;
     let mut statics = Vec::new();
-    for tag in ["a", "b", "c"] {
-        statics.push((tag, static_source(tag, 20).await));
+    for s in 0..STATICS {
+        let src = Hostile::start().await;
+        let counted = Counted::default();
+        let bodies: Vec<String> = (0..EACH)
+            .map(|i| format!("s{s:02} resource {i}\n"))
+            .collect();
+        let rl: Vec<String> = bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| counted.serve(&src, &format!("/r/{i}"), b))
+            .collect();
+        src.xml("/rl.xml", urlset(&rl_md(), &rl));
+        let mut docs = vec![("resourcelist", src.url("/rl.xml"))];
+        if s < POLLED {
+            src.xml("/cl.xml", changelist(&[]));
+            docs.push(("changelist", src.url("/cl.xml")));
+        }
+        src.source(&[src.set("s", &docs, false)]);
+        statics.push((format!("s{s:02}"), src, counted, bodies));
     }
     // A slow source: four resources trickling one byte a second.
     let slow = Hostile::start().await;
@@ -104,50 +163,149 @@ async fn many_sources_in_one_harvester() {
         )],
     );
     guarded.on("/s/capabilitylist.xml", guard(cap, "application/xml"));
-    std::env::set_var("AGGREGATE_TEST_GUARDED_TOKEN", "s3cret");
+    // Two of our servers, with hubs that push to the harvester.
+    let mut ours = Vec::new();
+    for n in 0..2 {
+        let (mut c, dir) = crate::hub::hub_config();
+        let root = dir.path().join("root");
+        add_file_set(&mut c, "papers", &root, None);
+        let app = TestApp::start_with(c).await;
+        let lines: Vec<String> = (0..EACH)
+            .map(|i| {
+                file_line(
+                    &root,
+                    "created",
+                    &format!("r{i}.txt"),
+                    &format!("ours {n} resource {i}\n"),
+                )
+            })
+            .collect();
+        app.ingest_ok("papers", &lines.join("\n")).await;
+        ours.push((format!("ours{n}"), app, root, dir));
+    }
 
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = harvest_config(dir.path(), "http://unused.invalid/");
-    cfg.push.enabled = false;
-    cfg.follow.check_interval_secs = 3600;
-    for (tag, (src, _)) in &statics {
-        cfg.sources
-            .push(source(tag, src.url("/.well-known/resourcesync")));
+    let f = dir.path().join("harvest.toml");
+    let mut toml = format!(
+        "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nlisten = \"127.0.0.1:{}\"\n\
+         [follow]\ncheck_interval_secs = 1\n[fetch]\nconcurrency = 8\nper_host_concurrency = 2\nbackoff_initial_ms = 20\n",
+        free_port()
+    );
+    let mut add = |name: &str, url: String, extra: &str| {
+        toml.push_str(&format!(
+            "[[sources]]\nname = \"{name}\"\nurl = \"{url}\"\n{extra}"
+        ))
+    };
+    for (name, src, _, _) in &statics {
+        add(name, src.url("/.well-known/resourcesync"), "");
     }
-    cfg.sources
-        .push(source("slow", slow.url("/.well-known/resourcesync")));
-    cfg.sources.push(source(
+    for (name, app, _, _) in &ours {
+        add(name, app.url("/.well-known/resourcesync"), "");
+    }
+    add("slow", slow.url("/.well-known/resourcesync"), "");
+    add(
         "closed",
         format!("http://127.0.0.1:{}/.well-known/resourcesync", free_port()),
-    ));
-    let mut g = source("guarded", guarded.url("/s/capabilitylist.xml"));
-    g.token_env = "AGGREGATE_TEST_GUARDED_TOKEN".into();
-    g.allow_hosts = vec![other.base.trim_start_matches("http://").to_string()];
-    cfg.sources.push(g);
-    cfg.validate().unwrap();
+        "",
+    );
+    add(
+        "guarded",
+        guarded.url("/s/capabilitylist.xml"),
+        &format!(
+            "token_env = \"AGGREGATE_TEST_GUARDED_TOKEN\"\nallow_hosts = [\"{}\"]\n",
+            other.base.trim_start_matches("http://")
+        ),
+    );
+    // Relative state and output folders: the harvester runs in `dir`.
+    std::fs::write(&f, toml).unwrap();
+    std::env::set_var("AGGREGATE_TEST_GUARDED_TOKEN", "s3cret");
+    let cfg = {
+        let mut c = destination::config::HarvestConfig::load(Some(&f)).unwrap();
+        c.state.dir = dir.path().join("state");
+        c.output.dir = dir.path().join("mirror");
+        c
+    };
+    let db = cfg.database_path();
+    let wait =
+        |what: &'static str, secs: u64, check: Box<dyn Fn(&destination::state::State) -> bool>| {
+            let (db, cfg) = (db.clone(), cfg.clone());
+            async move {
+                let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+                loop {
+                    if db.exists() && check(&destination::state::State::open(&db).unwrap()) {
+                        return;
+                    }
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "timed out waiting for {what}:\n{}",
+                        destination::status(&cfg).unwrap_or_default()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        };
 
     let started = std::time::Instant::now();
-    let h = TestHarvester::start(cfg.clone()).await;
-    wait_state(
-        &h,
-        "the three static sources and the guarded one",
-        30,
-        |s| ["a", "b", "c"].iter().all(|t| held(s, t) == 20) && held(s, "guarded") == 6,
+    let h = ChildHarvester::start_in(&f, dir.path());
+    let names: Vec<String> = statics
+        .iter()
+        .map(|s| s.0.clone())
+        .chain(ours.iter().map(|o| o.0.clone()))
+        .collect();
+    let all = names.clone();
+    wait(
+        "every static source, ours and the guarded one",
+        60,
+        Box::new(move |s| all.iter().all(|n| held(s, n) == EACH as u64) && held(s, "guarded") == 6),
     )
     .await;
     let took = started.elapsed();
-    eprintln!("four sources baselined in {took:?} beside a trickling and a closed one");
+    eprintln!(
+        "{} sources baselined in {took:?} beside a trickling and a closed one",
+        names.len() + 1
+    );
     assert!(
         took < Duration::from_secs(14),
         "the slow source (cut after 15 s) held up the others: {took:?}"
     );
     // Byte for byte, each under its own host folder.
-    for (_, (src, bodies)) in &statics {
+    for (_, src, _, bodies) in &statics {
         let port = src.base.rsplit(':').next().unwrap();
         for (i, b) in bodies.iter().enumerate() {
-            let f = dir.path().join(format!("mirror/127.0.0.1_{port}/r/{i}"));
-            assert_eq!(&std::fs::read_to_string(&f).unwrap(), b, "{}", f.display());
+            let p = dir.path().join(format!("mirror/127.0.0.1_{port}/r/{i}"));
+            assert_eq!(&std::fs::read_to_string(&p).unwrap(), b, "{}", p.display());
         }
+    }
+    for (n, (_, app, _, _)) in ours.iter().enumerate() {
+        let port = app
+            .config
+            .base_url()
+            .rsplit(':')
+            .next()
+            .unwrap()
+            .to_string();
+        let p = dir
+            .path()
+            .join(format!("mirror/127.0.0.1_{port}/files/papers/r3.txt"));
+        assert_eq!(
+            std::fs::read_to_string(&p).unwrap(),
+            format!("ours {n} resource 3\n"),
+            "{}",
+            p.display()
+        );
+    }
+    // Politeness and the token, per server.
+    for (name, _, c, _) in &statics {
+        let most = c.most.load(Ordering::SeqCst);
+        assert!(
+            most <= 2,
+            "{name} saw {most} requests in flight (per_host_concurrency = 2)"
+        );
+        assert_eq!(
+            c.authorized.load(Ordering::SeqCst),
+            0,
+            "{name} saw the token"
+        );
     }
     assert_eq!(
         leaked.load(Ordering::SeqCst),
@@ -155,12 +313,136 @@ async fn many_sources_in_one_harvester() {
         "the other host saw the token"
     );
     assert!(other.hits("/x") >= 1);
-    wait_state(&h, "the closed source said in words", 20, |s| {
-        s.source_failing("closed").unwrap().is_some()
-    })
+
+    // Changes: on the first ten static sources by their Change Lists (one update, one
+    // create, one delete each), on ours by push.
+    let ours_names: Vec<String> = ours.iter().map(|o| o.0.clone()).collect();
+    wait(
+        "active subscriptions at our two hubs",
+        30,
+        Box::new(move |s| {
+            s.sets()
+                .unwrap()
+                .iter()
+                .filter(|r| ours_names.contains(&r.source))
+                .all(|r| {
+                    s.subscription(r.id)
+                        .unwrap()
+                        .is_some_and(|sub| sub.state == destination::state::SubState::Active)
+                })
+        }),
+    )
     .await;
-    // One line per source; the closed one says why in words.
-    let status = destination::status(&cfg).unwrap();
+    for (_, src, c, bodies) in statics.iter().take(POLLED) {
+        let when = "2026-06-01T00:00:00Z";
+        let updated = "updated resource 0\n";
+        let created = "a new resource\n";
+        // The Resource List says the same as the Change List (the audit reads it).
+        let mut rl = vec![c.serve(src, "/r/0", updated), c.serve(src, "/new", created)];
+        for (i, b) in bodies.iter().enumerate().skip(2) {
+            rl.push(c.serve(src, &format!("/r/{i}"), b));
+        }
+        src.xml(
+            "/rl.xml",
+            urlset(
+                r#"capability="resourcelist" at="2026-06-01T00:00:00Z""#,
+                &rl,
+            ),
+        );
+        src.xml(
+            "/cl.xml",
+            changelist(&[
+                change(&src.url("/r/0"), "updated", when, Some(updated)),
+                change(&src.url("/new"), "created", when, Some(created)),
+                change(&src.url("/r/1"), "deleted", when, None),
+            ]),
+        );
+    }
+    for (n, (_, app, root, _)) in ours.iter().enumerate() {
+        let lines: Vec<String> = (0..5)
+            .map(|i| {
+                file_line(
+                    root,
+                    "updated",
+                    &format!("r{i}.txt"),
+                    &format!("ours {n} second {i}\n"),
+                )
+            })
+            .collect();
+        app.ingest_ok("papers", &lines.join("\n")).await;
+    }
+    let ports: Vec<String> = statics
+        .iter()
+        .take(POLLED)
+        .map(|s| s.1.base.rsplit(':').next().unwrap().to_string())
+        .collect();
+    let ours_ports: Vec<String> = ours
+        .iter()
+        .map(|o| {
+            o.1.config
+                .base_url()
+                .rsplit(':')
+                .next()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let mirror = dir.path().join("mirror");
+    let (m, polled) = (mirror.clone(), ports.clone());
+    wait(
+        "every change, polled and pushed",
+        30,
+        Box::new(move |_| {
+            let read = |rel: String| std::fs::read_to_string(m.join(rel)).ok();
+            polled.iter().all(|p| {
+                read(format!("127.0.0.1_{p}/r/0")).as_deref() == Some("updated resource 0\n")
+                    && read(format!("127.0.0.1_{p}/new")).as_deref() == Some("a new resource\n")
+                    && read(format!("127.0.0.1_{p}/r/1")).is_none()
+            }) && ours_ports.iter().enumerate().all(|(n, p)| {
+                (0..5).all(|i| {
+                    read(format!("127.0.0.1_{p}/files/papers/r{i}.txt"))
+                        == Some(format!("ours {n} second {i}\n"))
+                })
+            })
+        }),
+    )
+    .await;
+    // Ours came by push (the hub's delivery was recorded), not only by the checks.
+    let s = destination::state::State::open(&db).unwrap();
+    for r in s
+        .sets()
+        .unwrap()
+        .iter()
+        .filter(|r| r.source.starts_with("ours"))
+    {
+        assert!(
+            r.last_push_at.is_some(),
+            "no push recorded for {}",
+            r.source
+        );
+    }
+    drop(s);
+    wait(
+        "the closed source said in words",
+        20,
+        Box::new(|s| s.source_failing("closed").unwrap().is_some()),
+    )
+    .await;
+
+    // Status from the command line: one line per source; the closed one says why in words.
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(ChildServer::BIN)
+            .current_dir(dir.path())
+            .args(["harvest"])
+            .args(args)
+            .args(["--config"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        (out.status, String::from_utf8_lossy(&out.stdout).to_string())
+    };
+    let (ok, status) = cli(&["status"]);
+    assert!(ok.success(), "{status}");
     eprintln!("{status}");
     let line = |name: &str| {
         status
@@ -174,28 +456,70 @@ async fn many_sources_in_one_harvester() {
         closed.contains(" down ") && closed.contains("connection refused"),
         "{status}"
     );
-    for name in ["a", "b", "c", "guarded"] {
+    for name in &names {
         let l = line(name);
-        assert!(
-            l.contains(" up ") && l.contains("held 20") || name == "guarded",
-            "{l}"
-        );
+        assert!(l.contains(" up "), "{l}");
     }
     assert!(line("guarded").contains("held 6"), "{status}");
-    // The detail of one.
-    let detail = destination::status_of(&cfg, Some("closed")).unwrap();
+    line("slow");
+    let (ok, detail) = cli(&["status", "--source", "closed"]);
     assert!(
-        detail.contains("reachable:        NO") && detail.contains("connection refused"),
+        ok.success()
+            && detail.contains("reachable:        NO")
+            && detail.contains("connection refused"),
         "{detail}"
     );
-    let (report, in_sync) = destination::audit_of(&cfg, Some("guarded")).await.unwrap();
-    assert!(in_sync, "{report}");
-    let e = destination::audit_of(&cfg, Some("nope")).await.unwrap_err();
+    for name in ["s00", "s09", "s39", "ours0", "guarded"] {
+        let (ok, report) = cli(&["audit", "--source", name]);
+        assert!(
+            ok.success() && report.contains("IN SYNC"),
+            "{name}: {report}"
+        );
+    }
+    let (ok, report) = cli(&["audit", "--source", "nope"]);
+    assert!(!ok.success(), "{report}");
+
+    // SIGTERM while the slow source still trickles.
+    let (took, exit) = h.terminate();
     assert!(
-        e.to_string().contains("a, b, c, slow, closed, guarded"),
-        "{e}"
+        exit.success() && took < Duration::from_secs(5),
+        "{exit} after {took:?}"
     );
-    h.stop().await;
+    // Restarted: every source is checked again and nothing unchanged is fetched again.
+    let hits = || -> Vec<usize> {
+        statics
+            .iter()
+            .map(|(_, src, _, _)| {
+                (0..EACH)
+                    .map(|i| src.hits(&format!("/r/{i}")))
+                    .sum::<usize>()
+                    + src.hits("/new")
+            })
+            .chain([(0..5)
+                .map(|i| guarded.hits(&format!("/r/{i}")))
+                .sum::<usize>()
+                + other.hits("/x")])
+            .collect()
+    };
+    let before = hits();
+    let restarted = resourcesync_hub::model::Timestamp::now();
+    let h = ChildHarvester::start_in(&f, dir.path());
+    let checked = names.clone();
+    wait(
+        "every source checked after the restart",
+        30,
+        Box::new(move |s| {
+            s.sets()
+                .unwrap()
+                .iter()
+                .filter(|r| checked.contains(&r.source))
+                .all(|r| r.checked_at.is_some_and(|t| t > restarted))
+        }),
+    )
+    .await;
+    let (took, exit) = h.terminate();
+    assert!(exit.success(), "{exit} after {took:?}");
+    assert_eq!(hits(), before, "nothing fetched again");
 }
 
 /// Per authority, over every source: at most `fetch.per_host_concurrency` requests in flight

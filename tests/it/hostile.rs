@@ -206,7 +206,7 @@ pub fn sitemapindex(md: &str, locs: &[String]) -> String {
 const AT: &str = r#"at="2026-01-01T00:00:00Z""#;
 
 /// A Change List (open, from the lists' `at`) of these entries.
-fn changelist(entries: &[String]) -> String {
+pub fn changelist(entries: &[String]) -> String {
     urlset(
         r#"capability="changelist" from="2026-01-01T00:00:00Z""#,
         entries,
@@ -214,7 +214,7 @@ fn changelist(entries: &[String]) -> String {
 }
 
 /// A change entry of `loc` at `datetime`, describing `body` when given.
-fn change(loc: &str, kind: &str, datetime: &str, body: Option<&str>) -> String {
+pub fn change(loc: &str, kind: &str, datetime: &str, body: Option<&str>) -> String {
     let md = body.map(described).unwrap_or_default();
     entry(
         loc,
