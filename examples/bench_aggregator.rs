@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo run --release --example bench_aggregator -- [--sources 500] [--resources 200]
-//!     [--peer-sources 500] [--dir /dev/shm/ba] [--idle-secs 10]
+//!     [--peer-sources 500] [--dir /dev/shm/ba] [--idle-secs 10] [--hubs 4] [--changes 1000]
+//!     [--rate 100]
 //! ```
 //!
 //! Starts `--sources` static ResourceSync sources in this process, each on its own 127.0.0.1
@@ -15,10 +16,15 @@
 //! target/ when present, else on PATH) once per source in turn, over the first
 //! `--peer-sources` sources, and the ratio.
 //!
-//! Not measured yet: push latency from our servers' hubs (issue 23's p50/p99).
+//! Beside the static sources, `--hubs` of our own servers (in this process, `--resources`
+//! files each, hubs on) are followed by the same harvester with push on. Once everything is
+//! baselined and idle has been measured, `--changes` updates are ingested at `--rate` per
+//! second, spread over those servers in turn, and the latency from each ingest's answer (the
+//! commit) to the file in the mirror (the harvester records it after the rename) is printed,
+//! p50/p99.
 
 mod common;
-use common::arg;
+use common::{arg, ingest_line, percentile};
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -150,14 +156,59 @@ async fn bench() -> anyhow::Result<()> {
         tokio::spawn(async move { axum::serve(l, app).await });
         bases.push(base);
     }
-    let total = n_sources * per;
-    println!("{n_sources} sources x {per} resources = {total} resources, one port each");
+    // Our servers with hubs, each with its own set of `per` files.
+    let hubs = arg("--hubs", 4) as usize;
+    let mut ours_servers = Vec::new();
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    for k in 0..hubs {
+        let data = dir.join(format!("hub{k}"));
+        let root = data.join("root");
+        let mut c = resourcesync_hub::config::Config::defaults();
+        c.server.data_dir = data.join("data");
+        c.hub.allow_networks = vec!["127.0.0.0/8".parse()?];
+        c.sets.insert(
+            "bench".into(),
+            resourcesync_hub::config::SetOverrides {
+                resource_root_dir: Some(root.clone()),
+                ..Default::default()
+            },
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", l.local_addr()?);
+        tokio::spawn(resourcesync_hub::app::run(c, l, std::future::pending()));
+        std::fs::create_dir_all(&root)?;
+        let mut lines = Vec::new();
+        for i in 0..per {
+            let (rel, body) = (format!("r{i}.txt"), format!("resource {i} of hub {k}\n"));
+            std::fs::write(root.join(&rel), &body)?;
+            lines.push(ingest_line(&rel, &body, "created"));
+        }
+        let r = client
+            .post(format!("{base}/api/v1/resource-sets/bench/changes"))
+            .header("content-type", "application/x-ndjson")
+            .body(lines.join("\n"))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+        ours_servers.push((base, root));
+    }
+    let total = (n_sources + hubs) * per;
+    println!("{n_sources} static sources + {hubs} of our servers with hubs, x {per} resources = {total} resources, one port each");
 
     // Ours: one harvester, a [[sources]] table each.
-    let mut toml = "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[follow]\ncheck_interval_secs = 60\n[fetch]\nconcurrency = 32\n".to_string();
+    let listen = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        l.local_addr()?
+    };
+    let mut toml = format!("[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nlisten = \"{listen}\"\n[follow]\ncheck_interval_secs = 60\n[fetch]\nconcurrency = 32\n");
     for (i, b) in bases.iter().enumerate() {
         toml.push_str(&format!(
             "[[sources]]\nname = \"s{i}\"\nurl = \"{b}/.well-known/resourcesync\"\n"
+        ));
+    }
+    for (k, (b, _)) in ours_servers.iter().enumerate() {
+        toml.push_str(&format!(
+            "[[sources]]\nname = \"hub{k}\"\nurl = \"{b}/.well-known/resourcesync\"\n"
         ));
     }
     let ours_dir = dir.join("ours");
@@ -168,8 +219,9 @@ async fn bench() -> anyhow::Result<()> {
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["--harvest-child"])
         .arg(&cfg_path)
+        .current_dir(&ours_dir)
         .env("RUST_LOG", "warn")
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(ours_dir.join("harvest.log"))?)
         .spawn()?;
     let pid = child.id();
     let mirror = ours_dir.join("mirror");
@@ -204,6 +256,90 @@ async fn bench() -> anyhow::Result<()> {
         .map(|d| d.count())
         .unwrap_or(0);
     println!("ours, idle:              {idle:.2}% of one core over {idle_secs} s; {fds_idle} open descriptors");
+
+    // Push: updates on our servers, commit -> file in the mirror.
+    let cfg = resourcesync_hub::destination::config::HarvestConfig::load(Some(&cfg_path))?;
+    let db = ours_dir.join(cfg.database_path());
+    let state = resourcesync_hub::destination::state::State::open(&db)?;
+    let active = || -> anyhow::Result<bool> {
+        let sets = state.sets()?;
+        let ours: Vec<_> = sets
+            .iter()
+            .filter(|r| r.source.starts_with("hub"))
+            .collect();
+        Ok(ours.len() == hubs
+            && ours.iter().all(|r| {
+                state.subscription(r.id).ok().flatten().is_some_and(|s| {
+                    s.state == resourcesync_hub::destination::state::SubState::Active
+                })
+            }))
+    };
+    let t = Instant::now();
+    while !active()? {
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(60),
+            "subscriptions not active in 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let changes = arg("--changes", 1000) as usize;
+    let rate = arg("--rate", 100).max(1);
+    let gap = Duration::from_micros(1_000_000 / rate);
+    let mut commits = Vec::with_capacity(changes);
+    let mut next = Instant::now();
+    for k in 0..changes.min(hubs * per * 1000) {
+        if hubs == 0 {
+            break;
+        }
+        let (base, root) = &ours_servers[k % hubs];
+        let i = (k / hubs) % per;
+        let (rel, body) = (format!("r{i}.txt"), format!("update {k}\n"));
+        std::fs::write(root.join(&rel), &body)?;
+        tokio::time::sleep_until(next.into()).await;
+        next += gap;
+        let r = client
+            .post(format!("{base}/api/v1/resource-sets/bench/changes"))
+            .header("content-type", "application/x-ndjson")
+            .body(ingest_line(&rel, &body, "updated"))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+        commits.push((
+            format!("{base}/files/bench/{rel}"),
+            resourcesync_hub::model::Timestamp::now(),
+        ));
+    }
+    let t = Instant::now();
+    let applied = || -> anyhow::Result<u64> {
+        let mut n = 0;
+        for r in state.sets()?.iter().filter(|r| r.source.starts_with("hub")) {
+            n += state.applied_count(r.id)?;
+        }
+        Ok(n)
+    };
+    while applied()? < commits.len() as u64 && t.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let conn = rusqlite::Connection::open(&db)?;
+    let mut lat = Vec::new();
+    for (uri, at) in &commits {
+        let applied: Option<i64> = conn.query_row(
+            "SELECT MIN(applied_at) FROM applied WHERE uri = ?1 AND applied_at >= ?2",
+            rusqlite::params![uri, at.0 - 1_000_000],
+            |r| r.get(0),
+        )?;
+        if let Some(a) = applied {
+            lat.push(((a - at.0) as f64 / 1000.0).max(0.0));
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    println!(
+        "ours, push:              {} updates at {rate}/s over {hubs} hubs: {} applied; commit -> file p50 {:.1} ms, p99 {:.1} ms",
+        commits.len(),
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99)
+    );
     let _ = std::process::Command::new("kill")
         .args(["-TERM", &pid.to_string()])
         .status();

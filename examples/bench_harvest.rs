@@ -14,7 +14,7 @@
 //! the rename), p50/p99.
 
 mod common;
-use common::arg;
+use common::{arg, ingest_line as line, percentile};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -26,15 +26,6 @@ fn resync_sync() -> PathBuf {
     common::py_tool("resync-sync")
 }
 
-fn line(rel: &str, body: &str, change: &str) -> String {
-    use md5::{Digest, Md5};
-    format!(
-        r#"{{"change":"{change}","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/plain"}}"#,
-        body.len(),
-        resourcesync_hub::digest::hex_digest(Md5::digest(body.as_bytes()))
-    )
-}
-
 /// User + system CPU seconds of this process (server and harvester both run in it).
 fn cpu_secs() -> f64 {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -42,13 +33,6 @@ fn cpu_secs() -> f64 {
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
 #[tokio::main]

@@ -24,3 +24,21 @@ pub fn py_tool(name: &str) -> PathBuf {
         name.into()
     }
 }
+
+/// One ingest line (NDJSON) for the file `rel` holding `body`.
+pub fn ingest_line(rel: &str, body: &str, change: &str) -> String {
+    use md5::{Digest, Md5};
+    format!(
+        r#"{{"change":"{change}","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/plain"}}"#,
+        body.len(),
+        resourcesync_hub::digest::hex_digest(Md5::digest(body.as_bytes()))
+    )
+}
+
+/// The `p` quantile (0..1) of sorted figures (NaN for none).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
