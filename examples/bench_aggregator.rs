@@ -14,7 +14,8 @@
 //! while nothing changes (`follow.check_interval_secs = 60`) over `--idle-secs`. The peer, in
 //! the same run: `resync-sync --baseline` (PyPI `resync`: the tests' Python environment under
 //! target/ when present, else on PATH) once per source in turn, over the first
-//! `--peer-sources` sources, and the ratio.
+//! `--peer-sources` sources, and the ratio. With `--nginx`, the static sources are files
+//! served by nginx (Debian package `nginx`; one `server` per port) instead of this process.
 //!
 //! Beside the static sources, `--hubs` of our own servers (in this process, `--resources`
 //! files each, hubs on) are followed by the same harvester with push on. Once everything is
@@ -120,6 +121,10 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--harvest-child") {
         let cfg_path = PathBuf::from(&args[i + 1]);
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
         let cfg = resourcesync_hub::destination::config::HarvestConfig::load(Some(&cfg_path))?;
         return tokio::runtime::Runtime::new()?.block_on(
             resourcesync_hub::destination::run_reloading(
@@ -145,17 +150,78 @@ async fn bench() -> anyhow::Result<()> {
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
 
-    // The sources, each on its own port.
+    // The sources, each on its own port: in this process, or nginx serving them as files.
+    let use_nginx = std::env::args().any(|a| a == "--nginx");
     let mut bases = Vec::new();
-    for _ in 0..n_sources {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", l.local_addr()?);
-        let app = axum::Router::new()
-            .fallback(serve)
-            .with_state(site(&base, per));
-        tokio::spawn(async move { axum::serve(l, app).await });
-        bases.push(base);
+    let mut nginx = None;
+    if use_nginx {
+        let mut servers = Vec::new();
+        // Held until every port is chosen, so that no two sources get the same one.
+        let mut held = Vec::new();
+        for i in 0..n_sources {
+            let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+            let port = l.local_addr()?.port();
+            held.push(l);
+            let base = format!("http://127.0.0.1:{port}");
+            let root = dir.join("www").join(i.to_string());
+            for (path, (_, body)) in site(&base, per).iter() {
+                let f = root.join(path.trim_start_matches('/'));
+                std::fs::create_dir_all(f.parent().unwrap())?;
+                std::fs::write(f, body)?;
+            }
+            servers.push((port, root));
+            bases.push(base);
+        }
+        drop(held);
+        nginx = Some(common::nginx(&dir.join("nginx"), &servers)?);
+        let probe = reqwest::Client::builder().no_proxy().build()?;
+        let t = Instant::now();
+        for b in [bases.first(), bases.last()].into_iter().flatten() {
+            while probe
+                .get(format!("{b}/rl.xml"))
+                .send()
+                .await
+                .map_or(true, |r| !r.status().is_success())
+            {
+                anyhow::ensure!(
+                    t.elapsed() < Duration::from_secs(20),
+                    "nginx did not start: see {}",
+                    dir.join("nginx/nginx-error.log").display()
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    } else {
+        for _ in 0..n_sources {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+            let base = format!("http://{}", l.local_addr()?);
+            let app = axum::Router::new()
+                .fallback(serve)
+                .with_state(site(&base, per));
+            tokio::spawn(async move { axum::serve(l, app).await });
+            bases.push(base);
+        }
     }
+    // CPU of whatever serves the static sources: this process, or nginx's workers.
+    let nginx_pid = nginx.as_ref().map(|c: &std::process::Child| c.id());
+    let sources_cpu = move || -> f64 {
+        match nginx_pid {
+            None => cpu_secs(std::process::id()),
+            Some(master) => {
+                let kids = std::process::Command::new("pgrep")
+                    .args(["-P", &master.to_string()])
+                    .output()
+                    .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                    .unwrap_or_default();
+                cpu_secs(master)
+                    + kids
+                        .split_whitespace()
+                        .filter_map(|p| p.parse().ok())
+                        .map(cpu_secs)
+                        .sum::<f64>()
+            }
+        }
+    };
     // Our servers with hubs, each with its own set of `per` files.
     let hubs = arg("--hubs", 4) as usize;
     let mut ours_servers = Vec::new();
@@ -216,11 +282,16 @@ async fn bench() -> anyhow::Result<()> {
     let cfg_path = ours_dir.join("harvest.toml");
     std::fs::write(&cfg_path, toml)?;
     let t = Instant::now();
+    let src_cpu0 = sources_cpu();
     let mut child = std::process::Command::new(std::env::current_exe()?)
         .args(["--harvest-child"])
         .arg(&cfg_path)
         .current_dir(&ours_dir)
-        .env("RUST_LOG", "warn")
+        // BENCH_LOG=info (or debug) for more of the harvester's log in ours/harvest.log.
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stderr(std::fs::File::create(ours_dir.join("harvest.log"))?)
         .spawn()?;
     let pid = child.id();
@@ -242,10 +313,20 @@ async fn bench() -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let ours = t.elapsed().as_secs_f64();
+    let (harvester_cpu, served_cpu) = (cpu_secs(pid), sources_cpu() - src_cpu0);
     let rss_peak = status_kb(pid, "VmHWM:") / 1024;
     println!(
         "ours, one harvester:     {total} resources in {ours:.2} s = {:.0} resources/s; peak RSS {rss_peak} MB, peak open descriptors {fds_peak}",
         total as f64 / ours
+    );
+    println!(
+        "  CPU: harvester {harvester_cpu:.1} s ({:.0} µs a resource), {} {served_cpu:.1} s",
+        harvester_cpu / total as f64 * 1e6,
+        if use_nginx {
+            "nginx (static sources)"
+        } else {
+            "this process (sources and hubs)"
+        }
     );
     // Idle: nothing changes; the periodic check is a minute away.
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -379,6 +460,12 @@ async fn bench() -> anyhow::Result<()> {
         "ratio (ours / resync):   {:.1}x",
         (total as f64 / ours) / (copied as f64 / theirs)
     );
+    if let Some(mut n) = nginx {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &n.id().to_string()])
+            .status();
+        let _ = n.wait();
+    }
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
 }

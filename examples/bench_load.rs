@@ -20,6 +20,8 @@
 //!    our own responses from step 2's warm-up, with `gzip_static` for the gzip forms. Prints
 //!    nginx's figures and the ratios.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -309,45 +311,10 @@ async fn receive(State(s): State<Arc<Sink>>, body: axum::body::Bytes) -> &'stati
     ""
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-/// Writes the documents under `www` as nginx will serve them, and starts nginx.
+/// nginx serving `dir/www` on a port of its own.
 fn start_nginx(dir: &Path) -> anyhow::Result<(std::process::Child, String)> {
-    let bin = ["/usr/sbin/nginx", "nginx"]
-        .into_iter()
-        .find(|b| {
-            std::process::Command::new(b)
-                .arg("-v")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-        .ok_or_else(|| anyhow::anyhow!("nginx is not installed: apt-get install nginx"))?;
-    let port = free_port();
-    let d = dir.display();
-    let conf = format!(
-        "daemon off;\nworker_processes auto;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
-         events {{ worker_connections 4096; }}\n\
-         http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n\
-           keepalive_requests 1000000;\n  gzip_static on;\n  etag on;\n\
-           types {{ application/xml xml; }}\n  default_type application/xml;\n\
-           client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
-           uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n\
-           server {{ listen 127.0.0.1:{port}; root {d}/www; }}\n}}\n"
-    );
-    std::fs::create_dir_all(dir.join("tmp"))?;
-    std::fs::write(dir.join("nginx.conf"), conf)?;
-    let child = std::process::Command::new(bin)
-        .arg("-c")
-        .arg(dir.join("nginx.conf"))
-        .arg("-p")
-        .arg(dir)
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+    let port = common::free_port();
+    let child = common::nginx(dir, &[(port, dir.join("www"))])?;
     Ok((child, format!("http://127.0.0.1:{port}")))
 }
 

@@ -42,3 +42,54 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
     }
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
+
+/// A free loopback port (free when asked: bind it soon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+/// nginx (Debian package `nginx`) in the foreground, its files under `dir`, serving each
+/// `(port, root)` as static files on 127.0.0.1 (sendfile, keep-alive, `gzip_static`; `.txt`
+/// as text/plain, anything else as XML). Stop it with SIGTERM, which stops its workers too.
+pub fn nginx(dir: &Path, servers: &[(u16, PathBuf)]) -> anyhow::Result<std::process::Child> {
+    let bin = ["/usr/sbin/nginx", "nginx"]
+        .into_iter()
+        .find(|b| {
+            std::process::Command::new(b)
+                .arg("-v")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .ok_or_else(|| anyhow::anyhow!("nginx is not installed: apt-get install nginx"))?;
+    let d = dir.display();
+    let listen: String = servers
+        .iter()
+        .map(|(port, root)| {
+            format!(
+                "  server {{ listen 127.0.0.1:{port}; root {}; }}\n",
+                root.display()
+            )
+        })
+        .collect();
+    let conf = format!(
+        "daemon off;\nworker_processes auto;\nworker_rlimit_nofile 65536;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
+         events {{ worker_connections 16384; }}\n\
+         http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n\
+           keepalive_requests 1000000;\n  gzip_static on;\n  etag on;\n\
+           types {{ application/xml xml; text/plain txt; }}\n  default_type application/xml;\n\
+           client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
+           uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n{listen}}}\n"
+    );
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    std::fs::write(dir.join("nginx.conf"), conf)?;
+    Ok(std::process::Command::new(bin)
+        .arg("-c")
+        .arg(dir.join("nginx.conf"))
+        .arg("-p")
+        .arg(dir)
+        .stderr(std::process::Stdio::null())
+        .spawn()?)
+}

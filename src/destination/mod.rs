@@ -234,6 +234,18 @@ impl Harvester {
             .into_iter()
             .map(|info| {
                 let row = self.state.set(&self.name, &info.capability, &info.name)?;
+                if row.source != self.name {
+                    // Two sources lead to one Capability List (one through its Source
+                    // Description, one directly, say): sharing its state would mix their
+                    // positions and holdings, so the second stops and says why.
+                    return Err(discover::ConfigMismatch(format!(
+                        "its set {} ({}) is followed by source {} already: two [[sources]] lead to one set",
+                        info.name,
+                        short(&info.capability),
+                        row.source
+                    ))
+                    .into());
+                }
                 for (uri, why) in &info.refused {
                     refuse(&self.state, &info.name, row.id, uri, why)?;
                 }

@@ -288,11 +288,19 @@ impl State {
     /// The set of `source` (its name; `""` for the single `[source]`) at `capability`,
     /// recorded when new. A Capability List followed by one source is its set: another
     /// source naming the same URL shares it.
+    /// The set of this Capability List, recorded for `source` when new. A set recorded by
+    /// the single `[source]` table (source '') is taken over by the first named source that
+    /// leads to it (a configuration moved to `[[sources]]`); one of another named source is
+    /// returned as it is (the caller refuses to share it).
     pub fn set(&self, source: &str, capability: &str, name: &str) -> R<SetRow> {
         let c = self.c();
         c.execute(
             "INSERT OR IGNORE INTO sets (capability, name, source) VALUES (?1, ?2, ?3)",
             params![capability, name, source],
+        )?;
+        c.execute(
+            "UPDATE sets SET source = ?2 WHERE capability = ?1 AND source = ''",
+            params![capability, source],
         )?;
         Ok(c.query_row(
             &format!("{SET_COLS} WHERE capability = ?1"),

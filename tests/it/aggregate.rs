@@ -771,3 +771,58 @@ async fn sighup_adds_and_removes_sources_without_touching_the_others() {
         "nothing fetched again"
     );
 }
+
+/// A state made with the single `[source]` table is taken over by the `[[sources]]` table
+/// that replaces it (nothing fetched again); a second source leading to the same set (its
+/// Capability List given directly) is refused with a reason naming the first, not merged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_set_is_followed_by_one_source() {
+    let (src, _) = static_source("a", 5).await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = harvest_config(dir.path(), &src.url("/.well-known/resourcesync"));
+    let mut cfg = {
+        let mut c = cfg;
+        c.push.enabled = false;
+        c.follow.check_interval_secs = 3600;
+        c
+    };
+    let h = TestHarvester::start(cfg.clone()).await;
+    wait_state(&h, "the single source baselined", 30, |s| held(s, "") == 5).await;
+    h.stop().await;
+    let hits = || (0..5).map(|i| src.hits(&format!("/r/{i}"))).sum::<usize>();
+    let before = hits();
+
+    cfg.sources = vec![source("moved", src.url("/.well-known/resourcesync"))];
+    cfg.validate().unwrap();
+    let h = TestHarvester::start(cfg.clone()).await;
+    wait_state(&h, "the set taken over", 30, |s| held(s, "moved") == 5).await;
+    h.stop().await;
+    assert_eq!(hits(), before, "nothing fetched again");
+
+    // The same URL twice is a configuration error at load.
+    let mut twice = cfg.clone();
+    twice
+        .sources
+        .push(source("again", src.url("/.well-known/resourcesync/")));
+    let e = twice.validate().unwrap_err().to_string();
+    assert!(e.contains("sources moved and again have one url"), "{e}");
+    // Another way to the same set: refused, naming the source that follows it.
+    cfg.sources
+        .push(source("twin", src.url("/s/capabilitylist.xml")));
+    cfg.validate().unwrap();
+    let e = tokio::time::timeout(
+        Duration::from_secs(30),
+        destination::run(cfg.clone(), None, std::future::pending()),
+    )
+    .await
+    .expect("the harvester stops at start")
+    .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(
+        e.contains("source twin") && e.contains("is followed by source moved already"),
+        "{e}"
+    );
+    assert_eq!(hits(), before, "nothing fetched again");
+    let s = destination::state::State::open(&cfg.database_path()).unwrap();
+    assert_eq!(held(&s, "moved"), 5);
+}
