@@ -283,7 +283,30 @@ async fn bench() -> anyhow::Result<()> {
     std::fs::write(&cfg_path, toml)?;
     let t = Instant::now();
     let src_cpu0 = sources_cpu();
-    let mut child = std::process::Command::new(std::env::current_exe()?)
+    // BENCH_PERF=FILE: the harvester runs under `perf record` (call graphs) into FILE; its
+    // figures then include perf's own cost.
+    let perf = std::env::var_os("BENCH_PERF");
+    let mut cmd = match &perf {
+        Some(out) => {
+            let mut c = std::process::Command::new("perf");
+            c.args([
+                "record",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "499",
+                "--call-graph",
+                "dwarf,32768",
+                "-o",
+            ])
+            .arg(out)
+            .arg("--")
+            .arg(std::env::current_exe()?);
+            c
+        }
+        None => std::process::Command::new(std::env::current_exe()?),
+    };
+    let mut child = cmd
         .args(["--harvest-child"])
         .arg(&cfg_path)
         .current_dir(&ours_dir)
@@ -294,7 +317,29 @@ async fn bench() -> anyhow::Result<()> {
         )
         .stderr(std::fs::File::create(ours_dir.join("harvest.log"))?)
         .spawn()?;
-    let pid = child.id();
+    let mut pid = child.id();
+    if perf.is_some() {
+        // The harvester is perf's child.
+        let t = Instant::now();
+        loop {
+            let kids = std::process::Command::new("pgrep")
+                .args(["-P", &pid.to_string()])
+                .output()?;
+            if let Some(p) = String::from_utf8_lossy(&kids.stdout)
+                .split_whitespace()
+                .next()
+                .and_then(|p| p.parse().ok())
+            {
+                pid = p;
+                break;
+            }
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "perf did not start the harvester"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
     let mirror = ours_dir.join("mirror");
     let mut fds_peak = 0usize;
     loop {

@@ -3,6 +3,9 @@
 
 use super::*;
 
+/// Entries of a Resource List checked against the state at once by a walk.
+const WALK_BATCH: usize = 256;
+
 impl Harvester {
     /// The set's baseline: from its Resource Dump when configured and usable, else (or for
     /// what the dump did not hold as the Resource List lists it) from its Resource List.
@@ -67,30 +70,46 @@ impl Harvester {
             };
             total.add(&bar, &doc);
             let r = &mut doc.reader;
-            while let Some(e) = r.next_entry()? {
-                bar.inc(1);
-                if !self.admit(set, &e.loc, &docs)? {
-                    refused += 1;
-                    continue;
+            // A batch of entries at a time: what is held as listed, and the files' claims,
+            // each read from the state once for the whole batch.
+            let mut batch = Vec::with_capacity(WALK_BATCH);
+            loop {
+                batch.clear();
+                while batch.len() < WALK_BATCH {
+                    let Some(e) = r.next_entry()? else { break };
+                    bar.inc(1);
+                    if !self.admit(set, &e.loc, &docs)? {
+                        refused += 1;
+                        continue;
+                    }
+                    batch.push(entry_change(&e, "created", at.unwrap_or(started)));
                 }
-                let c = entry_change(&e, "created", at.unwrap_or(started));
-                if self.state.holds_as_listed(set.row.id, &c)? {
-                    continue;
+                if batch.is_empty() {
+                    break;
                 }
-                let permit = sem.clone().acquire_owned().await?;
-                let (this, name) = (self.clone_parts(), set.info.name.clone());
+                let listed = self.state.hold_as_listed(set.row.id, &batch)?;
+                let todo: Vec<Change> = batch
+                    .drain(..)
+                    .zip(listed)
+                    .filter_map(|(c, listed)| (!listed).then_some(c))
+                    .collect();
                 // Claimed in list order: of two URIs with one file, the first listed keeps it.
-                let claim = this.claim(&c.uri);
-                tasks.spawn(async move {
-                    let _permit = permit;
-                    let r = match claim {
-                        Ok(claim) => this.fetch_verify_put(&name, &c, claim).await,
-                        Err(e) => Err(e),
-                    };
-                    (c, r)
-                });
-                while let Some(done) = tasks.try_join_next() {
-                    self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+                let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
+                let claims = self.clone_parts().claim_many(&uris);
+                for (c, claim) in todo.into_iter().zip(claims) {
+                    let permit = sem.clone().acquire_owned().await?;
+                    let (this, name) = (self.clone_parts(), set.info.name.clone());
+                    tasks.spawn(async move {
+                        let _permit = permit;
+                        let r = match claim {
+                            Ok(claim) => this.fetch_verify_put(&name, &c, claim).await,
+                            Err(e) => Err(e),
+                        };
+                        (c, r)
+                    });
+                    while let Some(done) = tasks.try_join_next() {
+                        self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+                    }
                 }
             }
         }

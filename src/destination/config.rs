@@ -306,7 +306,6 @@ impl HarvestConfig {
     pub fn validate(&self) -> Result<(), HarvestConfigError> {
         let bad = |m: String| Err(HarvestConfigError::Invalid(m));
         let mut names = std::collections::HashSet::new();
-        let mut urls = std::collections::HashMap::new();
         for s in &self.sources {
             if s.name.is_empty()
                 || s.name.len() > 64
@@ -322,12 +321,6 @@ impl HarvestConfig {
             }
             if !names.insert(s.name.as_str()) {
                 return bad(format!("[[sources]] name {:?} is given twice", s.name));
-            }
-            if let Some(other) = urls.insert(s.url.trim_end_matches('/'), s.name.as_str()) {
-                return bad(format!(
-                    "sources {other} and {} have one url ({}): one source, one [[sources]] table (use sets to follow part of it)",
-                    s.name, s.url
-                ));
             }
             self.for_source(s).validate_source().map_err(|e| match e {
                 HarvestConfigError::Invalid(m) => {

@@ -284,10 +284,6 @@ impl State {
         self.conn.lock().expect("state lock")
     }
 
-    /// The set of this Capability List, registered on first sight.
-    /// The set of `source` (its name; `""` for the single `[source]`) at `capability`,
-    /// recorded when new. A Capability List followed by one source is its set: another
-    /// source naming the same URL shares it.
     /// The set of this Capability List, recorded for `source` when new. A set recorded by
     /// the single `[source]` table (source '') is taken over by the first named source that
     /// leads to it (a configuration moved to `[[sources]]`); one of another named source is
@@ -459,21 +455,7 @@ impl State {
     }
 
     pub fn held(&self, set_id: i64, uri: &str) -> R<Option<Held>> {
-        Ok(self
-            .c()
-            .query_row(
-                "SELECT md5, length, path, lastmod FROM resources WHERE set_id = ?1 AND uri = ?2",
-                params![set_id, uri],
-                |r| {
-                    Ok(Held {
-                        md5: r.get(0)?,
-                        length: r.get::<_, Option<i64>>(1)?.map(|n| n as u64),
-                        path: r.get(2)?,
-                        lastmod: r.get::<_, Option<i64>>(3)?.map(Timestamp),
-                    })
-                },
-            )
-            .optional()?)
+        held(&self.c(), set_id, uri)
     }
 
     /// Whether the resource is held as `c` lists it and its file still exists: with the
@@ -481,14 +463,19 @@ impl State {
     /// `lastmod` no older than the listed one. A resumed baseline does not fetch (or unpack)
     /// it again.
     pub fn holds_as_listed(&self, set_id: i64, c: &Change) -> R<bool> {
-        Ok(self.held(set_id, &c.uri)?.is_some_and(|h| {
-            let same = match (&c.md5, &h.md5) {
-                (Some(_), Some(_)) => h.md5 == c.md5,
-                (None, _) => c.lastmod.is_some() && !c.newer_than(&h),
-                (Some(_), None) => false,
-            };
-            same && h.length == c.length && std::path::Path::new(&h.path).exists()
-        }))
+        Ok(as_listed(c, self.held(set_id, &c.uri)?))
+    }
+
+    /// [`State::holds_as_listed`] for many, in one read transaction (a walk's batch).
+    pub fn hold_as_listed(&self, set_id: i64, changes: &[Change]) -> R<Vec<bool>> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let r = changes
+            .iter()
+            .map(|ch| Ok(as_listed(ch, held(&tx, set_id, &ch.uri)?)))
+            .collect();
+        tx.commit()?;
+        r
     }
 
     /// Records resources as held, with their files' claims, in one transaction (the
@@ -836,6 +823,18 @@ impl State {
         conflict(&self.c(), root, path, uri)
     }
 
+    /// [`State::claim_conflict`] for many `(root, path, uri)`, in one read transaction.
+    pub fn claim_conflicts(&self, items: &[(&str, &str, &str)]) -> R<Vec<Option<String>>> {
+        let mut c = self.c();
+        let tx = c.transaction()?;
+        let r = items
+            .iter()
+            .map(|(root, path, uri)| conflict(&tx, root, path, uri))
+            .collect();
+        tx.commit()?;
+        r
+    }
+
     /// The URI that has the file `path`, if any.
     pub fn claimant(&self, path: &str) -> R<Option<String>> {
         Ok(self
@@ -888,28 +887,51 @@ impl State {
 }
 
 /// The URI other than `uri` that has the file `path`, a file on the way to it from the output
-/// folder `root`, or a file under it (see [`State::claim_conflict`]). Two queries: the path
-/// and its folders up to `root` at once, then the range of paths under it.
+/// folder `root`, or a file under it (see [`State::claim_conflict`]): the path and each of its
+/// folders up to `root` looked up by key, then the range of paths under it.
 fn conflict(c: &Connection, root: &str, path: &str, uri: &str) -> R<Option<String>> {
-    let on_the_way: Vec<&str> = Path::new(path)
+    let mut at = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1 AND uri != ?2")?;
+    for p in Path::new(path)
         .ancestors()
         .filter_map(|p| p.to_str())
         .take_while(|p| p.len() > root.len() && p.starts_with(root))
-        .collect();
-    let marks = vec!["?"; on_the_way.len()].join(", ");
-    let mut st = c.prepare_cached(&format!(
-        "SELECT uri FROM claims WHERE path IN ({marks}) AND uri != ? LIMIT 1"
-    ))?;
-    let mut args: Vec<&dyn rusqlite::ToSql> = on_the_way.iter().map(|p| p as _).collect();
-    args.push(&uri);
-    if let Some(other) = st.query_row(&args[..], |r| r.get(0)).optional()? {
-        return Ok(Some(other));
+    {
+        if let Some(other) = at.query_row(params![p, uri], |r| r.get(0)).optional()? {
+            return Ok(Some(other));
+        }
     }
     Ok(c.prepare_cached(
         "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
     )?
     .query_row(params![path, uri], |r| r.get(0))
     .optional()?)
+}
+
+fn held(c: &Connection, set_id: i64, uri: &str) -> R<Option<Held>> {
+    Ok(c.prepare_cached(
+        "SELECT md5, length, path, lastmod FROM resources WHERE set_id = ?1 AND uri = ?2",
+    )?
+    .query_row(params![set_id, uri], |r| {
+        Ok(Held {
+            md5: r.get(0)?,
+            length: r.get::<_, Option<i64>>(1)?.map(|n| n as u64),
+            path: r.get(2)?,
+            lastmod: r.get::<_, Option<i64>>(3)?.map(Timestamp),
+        })
+    })
+    .optional()?)
+}
+
+/// Whether `held` is the resource as `c` lists it and its file still exists.
+fn as_listed(c: &Change, held: Option<Held>) -> bool {
+    held.is_some_and(|h| {
+        let same = match (&c.md5, &h.md5) {
+            (Some(_), Some(_)) => h.md5 == c.md5,
+            (None, _) => c.lastmod.is_some() && !c.newer_than(&h),
+            (Some(_), None) => false,
+        };
+        same && h.length == c.length && std::path::Path::new(&h.path).exists()
+    })
 }
 
 /// Records `uri` as held by set `set_id` with its file's claim (inside the caller's

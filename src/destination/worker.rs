@@ -67,43 +67,76 @@ impl Worker {
     /// never written over it. The claim holds while the returned guard lives; it becomes
     /// durable when the resource is recorded as held.
     pub(super) fn claim(&self, uri: &str) -> Result<Claim, NotApplied> {
-        let target = self
-            .output
-            .target(uri)
-            .map_err(|e| NotApplied::Refused(format!("{e:#}")))?;
-        let Some((root, t)) = target else {
-            return Ok(Claim(None));
-        };
-        let (path, root) = (t.display().to_string(), root.display().to_string());
-        let mut writing = self.in_flight.lock().expect("in-flight lock");
-        // Being written now (ordered by path, so each check is a lookup, not a scan: an
-        // aggregator has many thousands in flight): the file itself or one on the way to it,
-        let mut other = std::path::Path::new(&path)
-            .ancestors()
-            .filter_map(|p| p.to_str())
-            .take_while(|p| p.len() > root.len())
-            .find_map(|p| writing.get(p).filter(|u| *u != uri).cloned());
-        // or a file under it (it would need to be a folder).
-        if other.is_none() {
-            other = writing
-                .range(format!("{path}/")..format!("{path}0"))
-                .find(|(_, u)| *u != uri)
-                .map(|(_, u)| u.clone());
+        self.claim_many(&[uri]).pop().expect("one claim")
+    }
+
+    /// [`Worker::claim`] for many URIs, in their order (of two with one file, the first
+    /// keeps it), with one read of the state for all. Each is claimed in memory first and
+    /// then checked against the claims recorded: a claim recorded meanwhile was in memory
+    /// until then, so one of the two checks sees it.
+    pub(super) fn claim_many(&self, uris: &[&str]) -> Vec<Result<Claim, NotApplied>> {
+        let mut out: Vec<Result<Claim, NotApplied>> = Vec::with_capacity(uris.len());
+        let mut check = Vec::new();
+        {
+            let mut writing = self.in_flight.lock().expect("in-flight lock");
+            for uri in uris {
+                let (root, path) = match self.output.target(uri) {
+                    Err(e) => {
+                        out.push(Err(NotApplied::Refused(format!("{e:#}"))));
+                        continue;
+                    }
+                    Ok(None) => {
+                        out.push(Ok(Claim(None)));
+                        continue;
+                    }
+                    Ok(Some((root, t))) => (root.display().to_string(), t.display().to_string()),
+                };
+                // Being written now (ordered by path, so each check is a lookup, not a scan:
+                // an aggregator has many thousands in flight): the file itself or one on the
+                // way to it, or a file under it (it would need to be a folder).
+                let other = std::path::Path::new(&path)
+                    .ancestors()
+                    .filter_map(|p| p.to_str())
+                    .take_while(|p| p.len() > root.len())
+                    .find_map(|p| writing.get(p).filter(|u| *u != uri).cloned())
+                    .or_else(|| {
+                        writing
+                            .range(format!("{path}/")..format!("{path}0"))
+                            .find(|(_, u)| *u != uri)
+                            .map(|(_, u)| u.clone())
+                    });
+                if let Some(other) = other {
+                    out.push(Err(refused_for(&other)));
+                    continue;
+                }
+                writing.insert(path.clone(), uri.to_string());
+                check.push((out.len(), root, path.clone(), *uri));
+                out.push(Ok(Claim(Some((self.in_flight.clone(), path)))));
+            }
         }
-        if other.is_none() {
-            other = self
-                .state
-                .claim_conflict(&root, &path, uri)
-                .map_err(|e| NotApplied::Failed(e.to_string()))?;
+        if check.is_empty() {
+            return out;
         }
-        if let Some(other) = other {
-            return Err(NotApplied::Refused(format!(
-                "its file in the output would be the file (or a folder) of {}",
-                short(&other)
-            )));
+        let items: Vec<(&str, &str, &str)> = check
+            .iter()
+            .map(|(_, root, path, uri)| (root.as_str(), path.as_str(), *uri))
+            .collect();
+        match self.state.claim_conflicts(&items) {
+            Ok(found) => {
+                for ((i, ..), other) in check.iter().zip(found) {
+                    if let Some(other) = other {
+                        // Dropping the claim takes it out of memory again.
+                        out[*i] = Err(refused_for(&other));
+                    }
+                }
+            }
+            Err(e) => {
+                for (i, ..) in &check {
+                    out[*i] = Err(NotApplied::Failed(e.to_string()));
+                }
+            }
         }
-        writing.insert(path.clone(), uri.to_string());
-        Ok(Claim(Some((self.in_flight.clone(), path))))
+        out
     }
 
     /// Fetches, checks length and md5 against `c`, and hands the file to the output.
@@ -131,7 +164,7 @@ impl Worker {
             d.mime.clone(),
         );
         let length = d.length;
-        let placed = tokio::task::spawn_blocking(move || {
+        let put = move || {
             let r = output.put(
                 &Item {
                     set: &set,
@@ -146,9 +179,16 @@ impl Worker {
                 let _ = std::fs::remove_file(&path);
             }
             r
-        })
-        .await
-        .map_err(|e| NotApplied::Failed(e.to_string()))?
+        };
+        // A rename, like the download's own writes, is done here: the trip to the blocking
+        // pool and back cost more than the rename (a tenth of a small file's CPU).
+        let placed = if self.output.put_is_quick() {
+            put()
+        } else {
+            tokio::task::spawn_blocking(put)
+                .await
+                .map_err(|e| NotApplied::Failed(e.to_string()))?
+        }
         .map_err(|e| NotApplied::Failed(format!("{e:#}")))?;
         Ok((
             Held {
@@ -298,4 +338,11 @@ impl Worker {
         .await;
         out.unwrap_or_else(|_| Err("exec hook timed out after 600 s".into()))
     }
+}
+
+fn refused_for(other: &str) -> NotApplied {
+    NotApplied::Refused(format!(
+        "its file in the output would be the file (or a folder) of {}",
+        short(other)
+    ))
 }

@@ -81,19 +81,30 @@ fn relative_path(rest: &str) -> anyhow::Result<PathBuf> {
 impl Output for Mirror {
     fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String> {
         let target = self.locate(item.uri)?;
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+        // One rename within the folder the download lies in (made by `download_path`); the
+        // folder is made again only when it has gone meanwhile.
+        let mut r = std::fs::rename(file, &target);
+        if r.as_ref()
+            .is_err_and(|e| e.kind() == std::io::ErrorKind::NotFound && file.exists())
+        {
+            if let Some(parent) = target.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+            }
+            r = std::fs::rename(file, &target);
         }
-        if target.is_dir() {
-            anyhow::bail!(
+        match r {
+            Ok(()) => Ok(target.display().to_string()),
+            Err(_) if target.is_dir() => anyhow::bail!(
                 "{} is a folder (another resource's path lies under this one's)",
                 target.display()
-            );
+            ),
+            Err(e) => anyhow::bail!("cannot move into {}: {e}", target.display()),
         }
-        std::fs::rename(file, &target)
-            .map_err(|e| anyhow::anyhow!("cannot move into {}: {e}", target.display()))?;
-        Ok(target.display().to_string())
+    }
+
+    fn put_is_quick(&self) -> bool {
+        true
     }
 
     fn delete(&self, _set: &str, uri: &str) -> anyhow::Result<()> {

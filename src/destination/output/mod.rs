@@ -25,6 +25,11 @@ pub trait Output: Send + Sync {
     /// Takes the verified file at `file` (the output may move it) for `item`; returns where
     /// it now lives (for the record and the `exec` hook).
     fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String>;
+    /// `put` is one quick filesystem call (a rename within a folder), done where the
+    /// download was written, without a trip to the blocking pool; otherwise it runs there.
+    fn put_is_quick(&self) -> bool {
+        false
+    }
     /// The resource was deleted at the source.
     fn delete(&self, set: &str, uri: &str) -> anyhow::Result<()>;
     /// Where documents being read (Resource List parts, Change Lists) are kept meanwhile.
