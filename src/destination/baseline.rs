@@ -9,8 +9,8 @@ const WALK_BATCH: usize = 256;
 impl Harvester {
     /// The set's baseline: from its Resource Dump when configured and usable, else (or for
     /// what the dump did not hold as the Resource List lists it) from its Resource List.
+    /// The caller holds a walk (a place among `fetch.concurrency` lists walked at once).
     pub(super) async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
-        let _walk = self.walks.acquire().await?;
         let mut from_dump = None;
         if self.cfg.source.baseline == config::BaselineFrom::Dump {
             match &set.info.resourcedump {
@@ -275,10 +275,15 @@ impl Harvester {
     /// Runs the set's baseline if it is not done yet: `true` when it is done, `false` when it
     /// was interrupted by an error (logged; resumed at the next check, what was fetched is
     /// kept).
-    pub(super) async fn baselined(&self, set: &Followed) -> anyhow::Result<bool> {
+    /// `walking`: the caller holds a walk already (else one is waited for here).
+    pub(super) async fn baselined(&self, set: &Followed, walking: bool) -> anyhow::Result<bool> {
         if self.row(set.row.id)?.baseline_done {
             return Ok(true);
         }
+        let _walk = match walking {
+            true => None,
+            false => Some(self.walks.acquire().await?),
+        };
         Ok(match self.baseline(set).await {
             Ok(()) => {
                 self.state.set_error(set.row.id, None)?;

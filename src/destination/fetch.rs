@@ -164,7 +164,9 @@ impl Fetcher {
             )
         };
         let scope = Arc::new(scope);
-        let base = || {
+        // Idle connections kept per server: documents and packages are read one after the
+        // other (one is enough), resources side by side.
+        let base = |idle: usize| {
             let s = scope.clone();
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(
@@ -176,7 +178,7 @@ impl Fetcher {
                 // descriptors follow the work in flight rather than the number of sources
                 // finishing a baseline (two seconds: 1,400 descriptors at 500 sources).
                 .pool_idle_timeout(Duration::from_secs(1))
-                .pool_max_idle_per_host(cfg.per_host_concurrency)
+                .pool_max_idle_per_host(idle)
                 .user_agent(agent.clone())
                 // Every redirect target is checked against the scope before it is followed.
                 .redirect(reqwest::redirect::Policy::custom(move |a| {
@@ -189,11 +191,14 @@ impl Fetcher {
                     }
                 }))
         };
-        let builder = || base().timeout(Duration::from_secs(cfg.timeout_secs));
+        let builder = |idle| base(idle).timeout(Duration::from_secs(cfg.timeout_secs));
         Fetcher {
-            client: builder().no_gzip().build().expect("an HTTP client"),
-            documents: builder().build().expect("an HTTP client"),
-            packages: base().no_gzip().build().expect("an HTTP client"),
+            client: builder(cfg.per_host_concurrency)
+                .no_gzip()
+                .build()
+                .expect("an HTTP client"),
+            documents: builder(1).build().expect("an HTTP client"),
+            packages: base(1).no_gzip().build().expect("an HTTP client"),
             cfg: cfg.clone(),
             scope,
             bearer: None,

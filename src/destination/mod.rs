@@ -515,17 +515,18 @@ async fn follow_source(
     // A source that cannot be read yet (down, restarting, overloaded) is tried again with
     // growing pauses: a long-lived harvester does not give up at start.
     let mut pause = Duration::from_secs(1);
-    let sets = loop {
+    let (sets, walk) = loop {
         // Discovery too takes a walk's place: hundreds of sources starting at once open
         // their connections a few dozen at a time.
-        let found = {
-            let _walk = h.walks.acquire().await?;
-            h.discover().await
-        };
-        match found {
+        // The walk is kept for the baselines that follow (when they are due): the
+        // connection that read the Capability List reads the Resource List next, instead of
+        // lying idle while the source waits for another walk (500 sources discovered at
+        // once left ~1,000 descriptors open).
+        let walk = h.walks.clone().acquire_owned().await?;
+        match h.discover().await {
             Ok(s) => {
                 h.state.source_error(&h.name, None)?;
-                break s;
+                break (s, walk);
             }
             Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => {
                 let e = e.context(format!("source {}", h.label()));
@@ -538,6 +539,7 @@ async fn follow_source(
                 return Ok(());
             }
             Err(e) => {
+                drop(walk);
                 let e = format!("{e:#}");
                 h.state.source_error(&h.name, Some(&e))?;
                 tracing::warn!(source = %h.label(), error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
@@ -551,7 +553,7 @@ async fn follow_source(
         // Subscribe first, so that nothing published during the baseline is lost to push
         // (the Change Lists would bring it anyway).
         h.keep_subscribed(s, false).await;
-        if !h.baselined(s).await? {
+        if !h.baselined(s, true).await? {
             continue;
         }
         match h.catch_up(s).await {
@@ -565,6 +567,7 @@ async fn follow_source(
             }
         }
     }
+    drop(walk);
     h.housekeeping(&sets, &mut housekeeping);
     *keeping.lock().expect("housekeeping lock") = housekeeping.take();
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
@@ -582,7 +585,7 @@ async fn follow_source(
             }
             _ = tick.tick() => {
                 for s in &sets {
-                    if !h.baselined(s).await? {
+                    if !h.baselined(s, false).await? {
                         continue;
                     }
                     match h.catch_up(s).await {

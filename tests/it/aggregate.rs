@@ -820,3 +820,39 @@ async fn one_set_is_followed_by_one_source() {
     let s = destination::state::State::open(&cfg.database_path()).unwrap();
     assert_eq!(held(&s, "moved"), 5);
 }
+
+/// Sources that are down wait for their next try without a walk: with one walk in all
+/// (`fetch.concurrency = 1`) and six sources on closed ports (each pausing a second and
+/// more between tries), the one that is up is baselined at once, not after their pauses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_that_are_down_hold_no_walk() {
+    let (src, _) = static_source("up", 5).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = harvest_config(dir.path(), "http://unused.invalid/");
+    cfg.push.enabled = false;
+    cfg.follow.check_interval_secs = 3600;
+    cfg.fetch.concurrency = 1;
+    for n in 0..6 {
+        cfg.sources.push(source(
+            &format!("down{n}"),
+            format!("http://127.0.0.1:{}/.well-known/resourcesync", free_port()),
+        ));
+    }
+    cfg.sources
+        .push(source("up", src.url("/.well-known/resourcesync")));
+    cfg.validate().unwrap();
+    let started = std::time::Instant::now();
+    let h = TestHarvester::start(cfg).await;
+    wait_state(&h, "the source that is up baselined", 20, |s| {
+        held(s, "up") == 5
+    })
+    .await;
+    let took = started.elapsed();
+    h.stop().await;
+    // A down source's first pause is a second: holding the walk through it, the one that
+    // is up would wait at least that long (it takes under 0.2 s here).
+    assert!(
+        took < Duration::from_millis(900),
+        "the sources that are down held the walk through their pauses: {took:?}"
+    );
+}
