@@ -208,19 +208,7 @@ async fn main() -> anyhow::Result<()> {
         Ok(())
     })
     .await??;
-    let conn = rusqlite::Connection::open(&db)?;
-    let mut lat = Vec::new();
-    for (uri, at) in &commits {
-        let applied: Option<i64> = conn.query_row(
-            "SELECT MIN(applied_at) FROM applied WHERE uri = ?1 AND applied_at >= ?2",
-            rusqlite::params![uri, at.0 - 1_000_000],
-            |r| r.get(0),
-        )?;
-        if let Some(a) = applied {
-            lat.push(((a - at.0) as f64 / 1000.0).max(0.0));
-        }
-    }
-    lat.sort_by(|a, b| a.total_cmp(b));
+    let lat = common::push_latencies(&db, &commits)?;
     println!(
         "push: {changes} updates at {rate}/s: {} applied; commit -> file written p50 {:.1} ms, p99 {:.1} ms",
         lat.len(),

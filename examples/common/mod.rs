@@ -93,3 +93,25 @@ pub fn nginx(dir: &Path, servers: &[(u16, PathBuf)]) -> anyhow::Result<std::proc
         .stderr(std::process::Stdio::null())
         .spawn()?)
 }
+
+/// Milliseconds from each commit `(uri, when)` to the harvester's first record of applying
+/// that URI after it (its state at `db` records a change once the file is in place), sorted.
+pub fn push_latencies(
+    db: &Path,
+    commits: &[(String, resourcesync_hub::model::Timestamp)],
+) -> anyhow::Result<Vec<f64>> {
+    let conn = rusqlite::Connection::open(db)?;
+    let mut lat = Vec::new();
+    for (uri, at) in commits {
+        let applied: Option<i64> = conn.query_row(
+            "SELECT MIN(applied_at) FROM applied WHERE uri = ?1 AND applied_at >= ?2",
+            rusqlite::params![uri, at.0 - 1_000_000],
+            |r| r.get(0),
+        )?;
+        if let Some(a) = applied {
+            lat.push(((a - at.0) as f64 / 1000.0).max(0.0));
+        }
+    }
+    lat.sort_by(|a, b| a.total_cmp(b));
+    Ok(lat)
+}
