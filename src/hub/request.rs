@@ -38,6 +38,20 @@ impl std::fmt::Debug for SubscribeRequest {
 /// WebSub §5.1: "MUST be less than 200 bytes".
 pub const MAX_SECRET_BYTES: usize = 199;
 
+/// The longest topic or callback URL taken (the de facto URL limit of browsers and servers):
+/// a longer one is refused at the request, never stored and then failing to verify.
+pub const MAX_URL_CHARS: usize = 2048;
+
+fn bounded<'a>(name: &str, v: &'a str) -> Result<&'a str, HubError> {
+    let n = v.chars().count();
+    if n > MAX_URL_CHARS {
+        return Err(HubError::BadRequest(format!(
+            "{name} is {n} characters long: at most {MAX_URL_CHARS} are taken"
+        )));
+    }
+    Ok(v)
+}
+
 /// Parses an `application/x-www-form-urlencoded` body. Unknown parameters are ignored.
 pub fn parse_form(body: &[u8]) -> Result<HubRequest, HubError> {
     let pairs: Vec<(String, String)> = url::form_urlencoded::parse(body).into_owned().collect();
@@ -60,8 +74,9 @@ pub fn parse_form(body: &[u8]) -> Result<HubRequest, HubError> {
                 .ok_or_else(|| HubError::BadRequest("hub.topic is required".into()))?;
             let callback = one("hub.callback")?
                 .ok_or_else(|| HubError::BadRequest("hub.callback is required".into()))?;
-            let topic = Topic::parse(topic).map_err(HubError::BadRequest)?;
-            let callback = Callback::parse(callback).map_err(HubError::BadRequest)?;
+            let topic = Topic::parse(bounded("hub.topic", topic)?).map_err(HubError::BadRequest)?;
+            let callback = Callback::parse(bounded("hub.callback", callback)?)
+                .map_err(HubError::BadRequest)?;
             let lease_seconds = match one("hub.lease_seconds")? {
                 None | Some("") => None,
                 Some(v) => Some(v.trim().parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(
@@ -101,11 +116,11 @@ pub fn parse_form(body: &[u8]) -> Result<HubRequest, HubError> {
         }
         "publish" => {
             let mut topics = Vec::new();
-            for (_, v) in pairs
+            for (k, v) in pairs
                 .iter()
                 .filter(|(k, _)| k == "hub.topic" || k == "hub.url")
             {
-                topics.push(Topic::parse(v).map_err(HubError::BadRequest)?);
+                topics.push(Topic::parse(bounded(k, v)?).map_err(HubError::BadRequest)?);
             }
             if topics.is_empty() {
                 return Err(HubError::BadRequest(
@@ -221,6 +236,16 @@ mod tests {
             "hub.mode=subscribe&hub.topic=http://e/t&hub.callback=http://d/cb&hub.secret={long}"
         ))
         .contains("200 bytes"));
+        let url = format!("http://e/{}", "t".repeat(2100));
+        assert!(msg(&format!(
+            "hub.mode=subscribe&hub.topic={url}&hub.callback=http://d/cb"
+        ))
+        .contains("hub.topic is 2109 characters long: at most 2048"));
+        assert!(msg(&format!(
+            "hub.mode=subscribe&hub.topic=http://e/t&hub.callback={url}"
+        ))
+        .contains("hub.callback is 2109 characters long"));
+        assert!(msg(&format!("hub.mode=publish&hub.url={url}")).contains("hub.url is 2109"));
         assert!(msg("hub.mode=fetch").contains("not one of"));
         assert!(msg("hub.mode=publish").contains("needs hub.topic or hub.url"));
     }

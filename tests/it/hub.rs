@@ -1075,3 +1075,46 @@ async fn subscriptions_per_callback_host_are_capped() {
     assert_eq!(s, 202, "a renewal is not a new subscription: {text}");
     app.stop().await;
 }
+
+/// A topic or callback over 2,048 characters is refused at the request with 400 and a reason
+/// (it was answered 202, stored, then never verified, with a misleading "callback
+/// unreachable"); nothing is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overlong_topic_or_callback_is_refused_at_the_request() {
+    let (c, _dir) = hub_config();
+    let app = start(c).await;
+    let t = topic(&app, "papers/changes");
+    let long_topic = format!("{t}?{}", "x".repeat(100_000));
+    let (status, body) = form(
+        &app,
+        &[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", &long_topic),
+            ("hub.callback", "http://127.0.0.1:9/cb"),
+        ],
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("hub.topic is") && body.contains("at most 2048"),
+        "{body}"
+    );
+    let long_callback = format!("http://127.0.0.1:9/cb?{}", "y".repeat(3000));
+    let (status, body) = form(
+        &app,
+        &[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", &t),
+            ("hub.callback", &long_callback),
+        ],
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("hub.callback is"), "{body}");
+    assert_eq!(subscriber_count(&app, &t).await, 0);
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    assert!(
+        store.hub_intents().await.unwrap().is_empty(),
+        "a verification was started"
+    );
+}
