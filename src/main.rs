@@ -82,14 +82,21 @@ enum HarvestCommand {
     /// Print the commented default harvest configuration.
     Config,
     /// Ingestion 3 output: write a new complete snapshot now (previous snapshot + the changes
-    /// journaled since); prints what it wrote as JSON.
-    Snapshot,
+    /// journaled since); prints what it wrote as JSON (a line per provider).
+    Snapshot {
+        /// Only this source's provider (of the `[[sources]]` names); default: every one.
+        #[arg(long, value_name = "NAME")]
+        source: Option<String>,
+    },
     /// Ingestion 3 output: recreate the provider's record set as of a past time, written as a
     /// new harvest activity whose provenance names the snapshot it came from.
     Recreate {
         /// The time, as an RFC 3339 / W3C datetime (e.g. 2026-11-23T10:00:00Z).
         #[arg(long, value_name = "DATETIME")]
         at: String,
+        /// The source whose provider is recreated (needed with several `[[sources]]`).
+        #[arg(long, value_name = "NAME")]
+        source: Option<String>,
     },
 }
 
@@ -297,14 +304,17 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        HarvestCommand::Snapshot => {
-            println!("{}", destination::snapshot(&cfg).await?);
+        HarvestCommand::Snapshot { source } => {
+            println!("{}", destination::snapshot(&cfg, source.as_deref()).await?);
             Ok(())
         }
-        HarvestCommand::Recreate { at } => {
+        HarvestCommand::Recreate { at, source } => {
             let at = resourcesync_hub::model::Timestamp::parse_zoned(&at, "--at")
                 .map_err(|e| anyhow::anyhow!("{e} (a datetime like 2026-11-23T10:00:00Z)"))?;
-            println!("{}", destination::recreate(&cfg, at).await?);
+            println!(
+                "{}",
+                destination::recreate(&cfg, at, source.as_deref()).await?
+            );
             Ok(())
         }
         HarvestCommand::Config => unreachable!(),

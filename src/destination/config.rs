@@ -59,6 +59,10 @@ pub struct NamedSource {
     /// `Authorization: Bearer …` to this source's own authority only.
     #[serde(default)]
     pub token_env: String,
+    /// Ingestion 3 output: this source's provider token (default: its name; with one source,
+    /// `output.provider` when set).
+    #[serde(default)]
+    pub provider: String,
 }
 
 fn resource_list() -> BaselineFrom {
@@ -114,6 +118,9 @@ pub struct OutputSection {
     pub exec: String,
     /// Ingestion 3: the provider token (the archive's top folder, and in file names).
     pub provider: String,
+    /// Ingestion 3: the journal's file under `state.dir` (set per source, not configured).
+    #[serde(skip)]
+    pub journal: Option<String>,
     /// Ingestion 3: the folder layout of harvest activities.
     pub layout: Layout,
     /// Ingestion 3: where the archive is kept: a local folder, or `s3://bucket/prefix`.
@@ -287,6 +294,7 @@ impl HarvestConfig {
             baseline: self.source.baseline,
             allow_hosts: self.source.allow_hosts.clone(),
             token_env: String::new(),
+            provider: String::new(),
         }]
     }
 
@@ -299,8 +307,45 @@ impl HarvestConfig {
             baseline: s.baseline,
             allow_hosts: s.allow_hosts.clone(),
         };
+        if self.output.kind == OutputKind::Ingestion3 {
+            if let Ok(p) = self.provider_of(s) {
+                // The provider of `output.provider` keeps the journal it had as the only one.
+                if p != self.output.provider {
+                    c.output.journal = Some(format!("ingestion3-{p}.sqlite"));
+                }
+                c.output.provider = p;
+            }
+        }
         c.sources = Vec::new();
         c
+    }
+
+    /// The Ingestion 3 provider of a `[[sources]]` entry: its `provider`; else, as the only
+    /// source, `output.provider` when set; else its name.
+    pub fn provider_of(&self, s: &NamedSource) -> Result<String, String> {
+        if !s.provider.is_empty() {
+            return Ok(s.provider.clone());
+        }
+        if !self.output.provider.is_empty() {
+            return match self.sources.len() {
+                0 | 1 => Ok(self.output.provider.clone()),
+                _ => Err(format!(
+                    "source {}: give it a provider (output.provider names the provider of a single source)",
+                    s.name
+                )),
+            };
+        }
+        Ok(s.name.clone())
+    }
+
+    /// The Ingestion 3 output's journal (of the single source, or of one `for_source`).
+    pub fn ingestion3_journal(&self) -> PathBuf {
+        self.state.dir.join(
+            self.output
+                .journal
+                .as_deref()
+                .unwrap_or("ingestion3.sqlite"),
+        )
     }
 
     pub fn validate(&self) -> Result<(), HarvestConfigError> {
@@ -335,8 +380,24 @@ impl HarvestConfig {
                 ));
             }
         }
-        if self.sources.len() > 1 && self.output.kind == OutputKind::Ingestion3 {
-            return bad("output.kind = \"ingestion3\" archives one source (one provider) per harvester for now: run one harvester per provider".into());
+        if self.output.kind == OutputKind::Ingestion3 {
+            let mut providers = std::collections::HashMap::new();
+            for s in &self.sources {
+                let p = self.provider_of(s).map_err(HarvestConfigError::Invalid)?;
+                if !is_provider_token(&p) {
+                    return bad(format!(
+                        "source {}: provider {p:?} must be a token like cdl or mdl: lowercase letters and digits only (DPLA's tools find no other){}",
+                        s.name,
+                        if s.provider.is_empty() { "; give it a provider = \"...\"" } else { "" }
+                    ));
+                }
+                if let Some(other) = providers.insert(p.clone(), s.name.as_str()) {
+                    return bad(format!(
+                        "sources {other} and {} have one provider ({p}): each source archives as its own provider",
+                        s.name
+                    ));
+                }
+            }
         }
         if self.sources.is_empty() {
             self.validate_source()?;
@@ -425,12 +486,8 @@ impl HarvestConfig {
         }
         if self.output.kind == OutputKind::Ingestion3 {
             let p = &self.output.provider;
-            // DPLA's activity paths (`\d{8}_\d{6}-[A-Za-z0-9]*-…`) take no `_` or `-` in it.
-            if p.is_empty()
-                || !p
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
-            {
+            // With `[[sources]]`, each source's provider is checked above.
+            if self.sources.is_empty() && !is_provider_token(p) {
                 return bad(format!(
                     "output.provider {p:?} must be a token like cdl or mdl: lowercase letters and digits only (DPLA's tools find no other)"
                 ));
@@ -462,6 +519,14 @@ impl HarvestConfig {
     pub fn database_path(&self) -> PathBuf {
         self.state.dir.join("harvest.sqlite")
     }
+}
+
+/// DPLA's activity paths (`\d{8}_\d{6}-[A-Za-z0-9]*-…`) take no `_` or `-` in a provider:
+/// lowercase letters and digits.
+fn is_provider_token(p: &str) -> bool {
+    !p.is_empty()
+        && p.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit())
 }
 
 #[cfg(test)]

@@ -96,7 +96,10 @@ pub struct Harvester {
 #[derive(Clone)]
 struct Shared {
     state: Arc<State>,
-    output: Arc<dyn Output>,
+    /// The mirror, one for every source.
+    mirror: Option<Arc<dyn Output>>,
+    /// Ingestion 3: one archive per provider (one per source), opened when first asked.
+    archives: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<dyn Output>>>>,
     stop: Arc<AtomicBool>,
     in_flight: InFlight,
     slots: Arc<Semaphore>,
@@ -109,19 +112,46 @@ struct Shared {
 
 impl Shared {
     fn open(cfg: &HarvestConfig) -> anyhow::Result<Shared> {
-        let output: Arc<dyn Output> = match cfg.output.kind {
-            config::OutputKind::Mirror => Arc::new(Mirror::new(&cfg.output)?),
-            config::OutputKind::Ingestion3 => Arc::new(output::ingestion3::Ingestion3::open(cfg)?),
+        let mirror: Option<Arc<dyn Output>> = match cfg.output.kind {
+            config::OutputKind::Mirror => Some(Arc::new(Mirror::new(&cfg.output)?)),
+            config::OutputKind::Ingestion3 => None,
         };
         Ok(Shared {
             state: Arc::new(State::open(&cfg.database_path())?),
-            output,
+            mirror,
+            archives: Default::default(),
             stop: Arc::new(AtomicBool::new(false)),
             in_flight: Default::default(),
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             walks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             hosts: fetch::Hosts::default(),
         })
+    }
+}
+
+impl Shared {
+    /// The output of one source (`cfg`: its configuration, from `for_source`).
+    fn output_for(&self, cfg: &HarvestConfig) -> anyhow::Result<Arc<dyn Output>> {
+        if let Some(m) = &self.mirror {
+            return Ok(m.clone());
+        }
+        let mut archives = self.archives.lock().expect("archives lock");
+        if let Some(a) = archives.get(&cfg.output.provider) {
+            return Ok(a.clone());
+        }
+        let a: Arc<dyn Output> = Arc::new(output::ingestion3::Ingestion3::open(cfg)?);
+        archives.insert(cfg.output.provider.clone(), a.clone());
+        Ok(a)
+    }
+
+    /// Shutdown: every output's long work stops soon.
+    fn interrupt(&self) {
+        if let Some(m) = &self.mirror {
+            m.interrupt();
+        }
+        for a in self.archives.lock().expect("archives lock").values() {
+            a.interrupt();
+        }
     }
 }
 
@@ -183,6 +213,7 @@ impl Harvester {
         shared: &Shared,
     ) -> anyhow::Result<Harvester> {
         let cfg = cfg.for_source(source);
+        let output = shared.output_for(&cfg)?;
         let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
         let mut fetcher = Fetcher::new(&cfg.fetch, scope, shared.hosts.clone());
         if !source.token_env.is_empty() {
@@ -200,7 +231,7 @@ impl Harvester {
             cfg,
             state: shared.state.clone(),
             fetcher,
-            output: shared.output.clone(),
+            output,
             callback_base,
             unconfirmed: Default::default(),
             stop: shared.stop.clone(),
@@ -474,7 +505,7 @@ pub async fn run_reloading(
     // Blocking work stops at its next step: a package being unpacked at its next entry, a
     // snapshot being written at its next record (redone at the next start).
     shared.stop.store(true, Ordering::Relaxed);
-    shared.output.interrupt();
+    shared.interrupt();
     for k in housekeeping {
         let t = k.lock().expect("housekeeping lock").take();
         if let Some(t) = t {

@@ -3,25 +3,53 @@
 
 use super::*;
 
+/// The Ingestion 3 archives of the sources `only` names (every source when `None`).
 pub(super) fn ingestion3(
     cfg: &HarvestConfig,
-) -> anyhow::Result<Arc<output::ingestion3::Ingestion3>> {
+    only: Option<&str>,
+) -> anyhow::Result<Vec<Arc<output::ingestion3::Ingestion3>>> {
     if cfg.output.kind != config::OutputKind::Ingestion3 {
         anyhow::bail!("this works on the Ingestion 3 archive: set output.kind = \"ingestion3\"");
     }
-    Ok(Arc::new(output::ingestion3::Ingestion3::open(cfg)?))
+    chosen(cfg, only)?
+        .iter()
+        .map(|s| {
+            Ok(Arc::new(output::ingestion3::Ingestion3::open(
+                &cfg.for_source(s),
+            )?))
+        })
+        .collect()
 }
 
-/// `harvest snapshot`: a new complete snapshot of the Ingestion 3 archive now (JSON report).
-pub async fn snapshot(cfg: &HarvestConfig) -> anyhow::Result<String> {
-    let out = ingestion3(cfg)?;
-    let r = tokio::task::spawn_blocking(move || out.snapshot()).await??;
-    Ok(serde_json::to_string(&r)?)
+/// `harvest snapshot [--source NAME]`: a new complete snapshot of each provider's archive
+/// now (a JSON report per line).
+pub async fn snapshot(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<String> {
+    let mut lines = Vec::new();
+    for out in ingestion3(cfg, only)? {
+        let r = tokio::task::spawn_blocking(move || out.snapshot()).await??;
+        lines.push(serde_json::to_string(&r)?);
+    }
+    Ok(lines.join("\n"))
 }
 
-/// `harvest recreate --at T`: the provider's record set as of `at`, as a new activity.
-pub async fn recreate(cfg: &HarvestConfig, at: Timestamp) -> anyhow::Result<String> {
-    let out = ingestion3(cfg)?;
+/// `harvest recreate --at T [--source NAME]`: the provider's record set as of `at`, as a new
+/// activity.
+pub async fn recreate(
+    cfg: &HarvestConfig,
+    at: Timestamp,
+    only: Option<&str>,
+) -> anyhow::Result<String> {
+    if only.is_none() && cfg.sources.len() > 1 {
+        anyhow::bail!(
+            "several sources archive here: say which with --source ({})",
+            cfg.sources
+                .iter()
+                .map(|s| s.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let out = ingestion3(cfg, only)?.remove(0);
     let r = tokio::task::spawn_blocking(move || out.recreate(at)).await??;
     Ok(serde_json::to_string(&r)?)
 }
@@ -123,11 +151,19 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
             ));
         }
     }
-    if cfg.output.kind == config::OutputKind::Ingestion3 {
-        let (n, first) = output::ingestion3::not_archived(&cfg.state.dir, 10)?;
+    for source in sources
+        .iter()
+        .filter(|_| cfg.output.kind == config::OutputKind::Ingestion3)
+    {
+        let (n, first) = output::ingestion3::not_archived(&cfg.for_source(source), 10)?;
         if n > 0 {
             out.push_str(&format!(
-                "\nnot archived ({n}; listed in the next snapshot's _LOGS/skipped.csv):\n"
+                "\nnot archived{} ({n}; listed in the next snapshot's _LOGS/skipped.csv):\n",
+                if source.name.is_empty() {
+                    String::new()
+                } else {
+                    format!(" from {}", source.name)
+                }
             ));
             for (uri, why) in first {
                 out.push_str(&format!("  {}: {}\n", short(&uri), short(&why)));
@@ -295,8 +331,6 @@ fn chosen(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Vec<config:
 pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<(String, bool)> {
     let sources = chosen(cfg, only)?;
     let shared = Shared::open(cfg)?;
-    let output = shared.output.clone();
-    let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
     let mut out = String::new();
     let mut in_sync = true;
     let many = !cfg.sources.is_empty();
@@ -305,6 +339,8 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
         if many {
             out.push_str(&format!("source {} ({}):\n", source.name, source.url));
         }
+        let output = h.output.clone();
+        let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
         let sets = match h.discover().await {
             Ok(s) => s,
             Err(e) if many => {
@@ -412,18 +448,18 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
             extra.list(&mut out, "extra");
             refused.list(&mut out, "refused");
         }
-    }
-    if let Some(extra) = auditor.unlisted()? {
-        in_sync &= extra.is_empty();
-        out.push_str(&format!(
-            "archive: {} records no set lists any more\n",
-            extra.len()
-        ));
-        let mut sample = Sample::default();
-        for u in &extra {
-            sample.add(short(u).into_owned());
+        if let Some(extra) = auditor.unlisted()? {
+            in_sync &= extra.is_empty();
+            out.push_str(&format!(
+                "archive: {} records no set lists any more\n",
+                extra.len()
+            ));
+            let mut sample = Sample::default();
+            for u in &extra {
+                sample.add(short(u).into_owned());
+            }
+            sample.list(&mut out, "extra");
         }
-        sample.list(&mut out, "extra");
     }
     out.push_str(if in_sync {
         "IN SYNC\n"

@@ -22,6 +22,7 @@ fn source(name: &str, url: String) -> NamedSource {
         baseline: destination::config::BaselineFrom::ResourceList,
         allow_hosts: vec![],
         token_env: String::new(),
+        provider: String::new(),
     }
 }
 

@@ -235,7 +235,7 @@ async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
     );
 
     let report: serde_json::Value =
-        serde_json::from_str(&destination::snapshot(&hc).await.unwrap()).unwrap();
+        serde_json::from_str(&destination::snapshot(&hc, None).await.unwrap()).unwrap();
     assert_eq!(
         (&report["inserted"], &report["updated"], &report["deleted"]),
         (&10.into(), &20.into(), &10.into()),
@@ -297,7 +297,7 @@ async fn end_to_end(s3: Option<&MotoS3>) -> Vec<String> {
 
     // Recreate the state at T (between the batches) from the first snapshot + the journal.
     let report: serde_json::Value =
-        serde_json::from_str(&destination::recreate(&hc, t).await.unwrap()).unwrap();
+        serde_json::from_str(&destination::recreate(&hc, t, None).await.unwrap()).unwrap();
     look(&hc).await;
     let recreated = archive
         .join("test")
@@ -642,4 +642,114 @@ async fn a_harvester_killed_mid_snapshot_finishes_it_when_restarted() {
         "{report}"
     );
     app.stop().await;
+}
+
+/// The activity folders of `provider` under the archive, oldest first.
+fn activities_of(archive: &Path, provider: &str) -> Vec<std::path::PathBuf> {
+    let mut v: Vec<_> = walkdir::WalkDir::new(archive.join(provider).join("harvest"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name() == "_SUCCESS")
+        .map(|e| e.path().parent().unwrap().to_path_buf())
+        .collect();
+    v.sort();
+    v
+}
+
+/// Two `[[sources]]` into one Ingestion 3 archive: each archives as its own provider (its
+/// name, or its `provider`), with its own journal and snapshots; `harvest snapshot` writes
+/// one per provider, `recreate` asks which; two sources with one provider are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sources_archive_as_two_providers() {
+    use resourcesync_hub::destination::config::NamedSource;
+    let mut apps = Vec::new();
+    for n in 0..2 {
+        let (mut c, dir) = hub_config();
+        let root = dir.path().join("root");
+        add_file_set(&mut c, "papers", &root, None);
+        let app = TestApp::start_with(c).await;
+        let lines: Vec<String> = (0..20)
+            .map(|i| xml_line(&root, "created", i, n + 1))
+            .collect();
+        app.ingest_ok("papers", &lines.join("\n")).await;
+        apps.push((app, root, dir));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("archive");
+    let mut hc = harvest_config(dir.path(), "http://unused.invalid/");
+    hc.output.kind = OutputKind::Ingestion3;
+    hc.output.provider = String::new();
+    hc.output.root = archive.to_string_lossy().into_owned();
+    hc.output.snapshot_interval_secs = 0;
+    hc.follow.check_interval_secs = 3600;
+    let named = |name: &str, url: String, provider: &str| NamedSource {
+        name: name.into(),
+        url,
+        sets: vec![],
+        baseline: destination::config::BaselineFrom::ResourceList,
+        allow_hosts: vec![],
+        token_env: String::new(),
+        provider: provider.into(),
+    };
+    hc.sources = vec![
+        named("alpha", apps[0].0.url("/.well-known/resourcesync"), ""),
+        named("Beta-2", apps[1].0.url("/.well-known/resourcesync"), ""),
+    ];
+    let e = hc.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("source Beta-2: provider \"Beta-2\"") && e.contains("give it a provider"),
+        "{e}"
+    );
+    hc.sources[1].provider = "alpha".into();
+    let e = hc.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("sources alpha and Beta-2 have one provider (alpha)"),
+        "{e}"
+    );
+    hc.sources[1].provider = "beta2".into();
+    hc.validate().unwrap();
+
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "both baselines", 60, |s| {
+        let sets = s.sets().unwrap();
+        sets.len() == 2
+            && sets
+                .iter()
+                .all(|r| r.baseline_done && s.count_held(r.id).unwrap() == 20)
+    })
+    .await;
+    wait_until("a baseline snapshot of each provider", || async {
+        !activities_of(&archive, "alpha").is_empty() && !activities_of(&archive, "beta2").is_empty()
+    })
+    .await;
+    for ((app, root, _), provider) in apps.iter().zip(["alpha", "beta2"]) {
+        let (records, _) = read_activity(&activities_of(&archive, provider)[0]);
+        let want = source_state(root, &app.config.base_url());
+        assert_eq!(
+            records.keys().collect::<Vec<_>>(),
+            want.keys().collect::<Vec<_>>(),
+            "{provider}: its own source's records, no other's"
+        );
+        for (id, doc) in &want {
+            assert_eq!(records[id]["document"].as_str(), Some(doc.as_str()));
+            assert_eq!(records[id]["provider"], provider);
+        }
+    }
+    h.stop().await;
+    // Each its own journal; the manual commands per provider.
+    assert!(dir.path().join("state/ingestion3-alpha.sqlite").exists());
+    assert!(dir.path().join("state/ingestion3-beta2.sqlite").exists());
+    let report = destination::snapshot(&hc, None).await.unwrap();
+    assert_eq!(report.lines().count(), 2, "{report}");
+    assert_eq!(activities_of(&archive, "alpha").len(), 2);
+    let only = destination::snapshot(&hc, Some("Beta-2")).await.unwrap();
+    assert_eq!(only.lines().count(), 1, "{only}");
+    assert_eq!(activities_of(&archive, "beta2").len(), 3);
+    let e = destination::recreate(&hc, resourcesync_hub::model::Timestamp::now(), None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--source (alpha, Beta-2)"), "{e}");
+    let (report, in_sync) = destination::audit(&hc).await.unwrap();
+    assert!(in_sync, "{report}");
 }

@@ -90,10 +90,10 @@ pub fn ts_string(t: Timestamp) -> String {
 /// What `harvest status` says of the archive: how many resources are not archived, and
 /// the first few with why (read from the journal in `state_dir`, without opening the archive).
 pub fn not_archived(
-    state_dir: &Path,
+    harvest: &HarvestConfig,
     first: usize,
 ) -> anyhow::Result<(u64, Vec<(String, String)>)> {
-    let db = state_dir.join("ingestion3.sqlite");
+    let db = harvest.ingestion3_journal();
     if !db.exists() {
         return Ok((0, Vec::new()));
     }
@@ -124,7 +124,7 @@ impl Ingestion3 {
             .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
         let scratch = super::Scratch::open(&parent)?;
         let tmp = scratch.path().to_path_buf();
-        let db_path = state_dir.join("ingestion3.sqlite");
+        let db_path = harvest.ingestion3_journal();
         let conn = Connection::open(&db_path)?;
         conn.busy_timeout(std::time::Duration::from_secs(10))?;
         conn.execute_batch(
@@ -290,7 +290,8 @@ impl Ingestion3 {
     /// The lock that one process at a time holds while it writes activities (the harvester's
     /// housekeeping, `harvest snapshot`, `harvest recreate`): `None` while another holds it.
     fn try_activity_lock(&self) -> anyhow::Result<Option<std::fs::File>> {
-        let path = self.db_path.with_file_name("ingestion3.lock");
+        // One per journal (per provider): `ingestion3.lock` beside `ingestion3.sqlite`.
+        let path = self.db_path.with_extension("lock");
         let f = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
