@@ -72,9 +72,8 @@ impl Harvester {
             let r = &mut doc.reader;
             // A batch of entries at a time: what is held as listed, and the files' claims,
             // each read from the state once for the whole batch.
-            let mut batch = Vec::with_capacity(WALK_BATCH);
             loop {
-                batch.clear();
+                let mut batch = Vec::with_capacity(WALK_BATCH);
                 while batch.len() < WALK_BATCH {
                     let Some(e) = r.next_entry()? else { break };
                     bar.inc(1);
@@ -87,15 +86,23 @@ impl Harvester {
                 if batch.is_empty() {
                     break;
                 }
-                let listed = self.state.hold_as_listed(set.row.id, &batch)?;
-                let todo: Vec<Change> = batch
-                    .drain(..)
-                    .zip(listed)
-                    .filter_map(|(c, listed)| (!listed).then_some(c))
-                    .collect();
-                // Claimed in list order: of two URIs with one file, the first listed keeps it.
-                let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
-                let claims = self.clone_parts().claim_many(&uris);
+                // Off the async threads: one read of the state for the batch.
+                let (w, id, entries) = (self.clone_parts(), set.row.id, batch);
+                let (todo, claims) = tokio::task::spawn_blocking(move || {
+                    let listed = w.state.hold_as_listed(id, &entries)?;
+                    let todo: Vec<Change> = entries
+                        .into_iter()
+                        .zip(listed)
+                        .filter(|(_, listed)| !listed)
+                        .map(|(c, _)| c)
+                        .collect();
+                    // Claimed in list order: of two URIs with one file, the first listed
+                    // keeps it.
+                    let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
+                    let claims = w.claim_many(&uris);
+                    anyhow::Ok((todo, claims))
+                })
+                .await??;
                 for (c, claim) in todo.into_iter().zip(claims) {
                     let permit = sem.clone().acquire_owned().await?;
                     let (this, name) = (self.clone_parts(), set.info.name.clone());
@@ -109,14 +116,16 @@ impl Harvester {
                     });
                     while let Some(done) = tasks.try_join_next() {
                         self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+                        held = self.record(set.row.id, held, WALK_BATCH).await?;
                     }
                 }
             }
         }
         while let Some(done) = tasks.join_next().await {
             self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+            held = self.record(set.row.id, held, WALK_BATCH).await?;
         }
-        held.record(&self.state, set.row.id, 0)?;
+        held = self.record(set.row.id, held, 0).await?;
         let fetched = held.recorded;
         bar.finish_and_clear();
         // Without `at` (a source that omits it), the time the walk started is the safe start.
@@ -136,6 +145,19 @@ impl Harvester {
         Ok(())
     }
 
+    /// Records the batch (off the async threads) once it has more than `over` resources.
+    async fn record(&self, set_id: i64, mut held: Batch, over: usize) -> anyhow::Result<Batch> {
+        if held.holds.len() <= over {
+            return Ok(held);
+        }
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || {
+            held.record(&state, set_id, over)?;
+            Ok(held)
+        })
+        .await?
+    }
+
     pub(super) fn collect(
         &self,
         set: &Followed,
@@ -148,7 +170,6 @@ impl Harvester {
             Ok((h, claim)) => {
                 held.holds.push((done.0.uri, h));
                 held.claims.push(claim);
-                held.record(&self.state, set.row.id, 256)?;
             }
             Err(NotApplied::Refused(why)) => {
                 *refused += 1;

@@ -257,29 +257,45 @@ impl Worker {
             }
             Err(e) => Err(e),
         };
+        // The outcome is written off the async threads (a commit may wait for a checkpoint).
+        let write = |f| on_state(&self.state, f);
         match result {
             Ok(held) => {
-                for p in &queue {
-                    self.state.applied(set_id, p, held.as_ref())?;
-                }
+                let q = queue.clone();
+                write(Box::new(move |s| {
+                    for p in &q {
+                        s.applied(set_id, p, held.as_ref())?;
+                    }
+                    Ok(None)
+                }))
+                .await?;
                 drop(kept);
             }
             Err(NotApplied::Refused(why)) => {
-                for p in &queue {
-                    self.state.refuse_change(set_id, p, &why)?;
-                }
+                let (q, w) = (queue.clone(), why.clone());
+                write(Box::new(move |s| {
+                    for p in &q {
+                        s.refuse_change(set_id, p, &w)?;
+                    }
+                    Ok(None)
+                }))
+                .await?;
                 tracing::warn!(set, uri = %short(&last.change.uri), reason = %why, "refused (listed in harvest status; not fetched, not waited for)");
             }
             Err(NotApplied::Failed(e)) => {
                 let not_before = self.next_try(last.tries);
-                let p = self
-                    .state
-                    .attempt_failed(&last, &e, max_tries, skip, not_before)?;
-                // Earlier changes of the resource share the outcome of the last one.
-                for earlier in &queue[..queue.len() - 1] {
-                    self.state
-                        .attempt_failed(earlier, &e, max_tries, skip, not_before)?;
-                }
+                let (q, err) = (queue.clone(), e.clone());
+                let p = write(Box::new(move |s| {
+                    let (last, earlier) = q.split_last().expect("a non-empty queue");
+                    let p = s.attempt_failed(last, &err, max_tries, skip, not_before)?;
+                    // Earlier changes of the resource share the outcome of the last one.
+                    for c in earlier {
+                        s.attempt_failed(c, &err, max_tries, skip, not_before)?;
+                    }
+                    Ok(Some(p))
+                }))
+                .await?
+                .expect("the failed change's record");
                 let uri = short(&last.change.uri);
                 if p.skipped {
                     tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "giving up on a change (fetch.skip_failed): the position moves past it");
@@ -345,4 +361,13 @@ fn refused_for(other: &str) -> NotApplied {
         "its file in the output would be the file (or a folder) of {}",
         short(other)
     ))
+}
+
+/// What one change's outcome writes to the state (the failed change's record, if any).
+type Outcome = Box<dyn FnOnce(&State) -> anyhow::Result<Option<Pending>> + Send>;
+
+/// Runs `f` on the state off the async threads.
+async fn on_state(state: &Arc<State>, f: Outcome) -> anyhow::Result<Option<Pending>> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || f(&state)).await?
 }
