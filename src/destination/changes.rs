@@ -103,8 +103,13 @@ impl Harvester {
                     }
                 }
                 if batch.len() >= 1000 || (end && !batch.is_empty()) {
-                    let b = std::mem::take(&mut batch);
-                    let n = self.state.enqueue(set.row.id, &b)?;
+                    let (b, state, id) =
+                        (std::mem::take(&mut batch), self.state.clone(), set.row.id);
+                    // Off the async threads, a thousand at a time.
+                    let (n, b) = tokio::task::spawn_blocking(move || {
+                        anyhow::Ok((state.enqueue(id, &b)?, b))
+                    })
+                    .await??;
                     if n > 0 {
                         newest_new = newest_new.max(b.iter().map(|c| c.datetime).max());
                     }
