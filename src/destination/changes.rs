@@ -216,7 +216,12 @@ impl Harvester {
         }
         let p = self.row(set.row.id)?.position.unwrap_or(p);
         let fresh: Vec<Change> = changes.into_iter().filter(|c| c.datetime >= p).collect();
-        self.state.enqueue(set.row.id, &fresh)?;
+        let (state, id) = (self.state.clone(), set.row.id);
+        let fresh = tokio::task::spawn_blocking(move || {
+            state.enqueue(id, &fresh)?;
+            anyhow::Ok(fresh)
+        })
+        .await??;
         self.drain(set).await?;
         if let Some(u) = until.or(fresh.iter().map(|c| c.datetime).max()) {
             self.advance(set.row.id, u)?;
