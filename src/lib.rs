@@ -33,8 +33,9 @@
 //!   push subscription with gap filling from the Change Lists, its own state database and outputs,
 //!   behind one trust boundary (every request checked against the source's scope, every body
 //!   bounded: [`destination::scope`], [`destination::fetch`]).
-//!   It shares [`model`], [`sitemap`] and [`digest`] and never uses the server's store, hub,
-//!   source or notifier (the layout test checks that too).
+//!   It shares [`model`], [`sitemap`], [`digest`] and one helper of [`config`] (relative paths
+//!   taken beside the configuration file) and never uses the server's store, hub, source or
+//!   notifier (the layout test checks that too).
 
 pub mod admin_cli;
 pub mod app;
