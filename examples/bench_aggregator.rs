@@ -229,16 +229,7 @@ async fn bench() -> anyhow::Result<()> {
     for k in 0..hubs {
         let data = dir.join(format!("hub{k}"));
         let root = data.join("root");
-        let mut c = resourcesync_hub::config::Config::defaults();
-        c.server.data_dir = data.join("data");
-        c.hub.allow_networks = vec!["127.0.0.0/8".parse()?];
-        c.sets.insert(
-            "bench".into(),
-            resourcesync_hub::config::SetOverrides {
-                resource_root_dir: Some(root.clone()),
-                ..Default::default()
-            },
-        );
+        let c = common::bench_server_config(&data.join("data"), &root);
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", l.local_addr()?);
         tokio::spawn(resourcesync_hub::app::run(c, l, std::future::pending()));
@@ -249,13 +240,12 @@ async fn bench() -> anyhow::Result<()> {
             std::fs::write(root.join(&rel), &body)?;
             lines.push(ingest_line(&rel, &body, "created"));
         }
-        let r = client
-            .post(format!("{base}/api/v1/resource-sets/bench/changes"))
-            .header("content-type", "application/x-ndjson")
-            .body(lines.join("\n"))
-            .send()
-            .await?;
-        anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+        common::post_ingest(
+            &client,
+            &format!("{base}/api/v1/resource-sets/bench/changes"),
+            lines.join("\n"),
+        )
+        .await?;
         ours_servers.push((base, root));
     }
     let total = (n_sources + hubs) * per;
@@ -423,13 +413,12 @@ async fn bench() -> anyhow::Result<()> {
         std::fs::write(root.join(&rel), &body)?;
         tokio::time::sleep_until(next.into()).await;
         next += gap;
-        let r = client
-            .post(format!("{base}/api/v1/resource-sets/bench/changes"))
-            .header("content-type", "application/x-ndjson")
-            .body(ingest_line(&rel, &body, "updated"))
-            .send()
-            .await?;
-        anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+        common::post_ingest(
+            &client,
+            &format!("{base}/api/v1/resource-sets/bench/changes"),
+            ingest_line(&rel, &body, "updated"),
+        )
+        .await?;
         commits.push((
             format!("{base}/files/bench/{rel}"),
             resourcesync_hub::model::Timestamp::now(),

@@ -19,7 +19,6 @@ use common::{arg, ingest_line as line, percentile};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use resourcesync_hub::config::Config;
 use resourcesync_hub::destination::{self, config::HarvestConfig, state::State};
 
 fn resync_sync() -> PathBuf {
@@ -62,16 +61,7 @@ async fn main() -> anyhow::Result<()> {
     let root = tmp.path().join("root");
 
     // The source.
-    let mut c = Config::defaults();
-    c.server.data_dir = tmp.path().join("data");
-    c.hub.allow_networks = vec!["127.0.0.0/8".parse()?];
-    c.sets.insert(
-        "bench".into(),
-        resourcesync_hub::config::SetOverrides {
-            resource_root_dir: Some(root.clone()),
-            ..Default::default()
-        },
-    );
+    let c = common::bench_server_config(&tmp.path().join("data"), &root);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -89,13 +79,7 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(root.join(&rel), &body)?;
         batch.push(line(&rel, &body, "created"));
         if batch.len() == 5000 || i + 1 == n {
-            let r = client
-                .post(&ingest)
-                .header("content-type", "application/x-ndjson")
-                .body(batch.join("\n"))
-                .send()
-                .await?;
-            anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+            common::post_ingest(&client, &ingest, batch.join("\n")).await?;
             batch.clear();
         }
     }
@@ -185,13 +169,7 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(root.join(&rel), &body)?;
         tokio::time::sleep_until(next.into()).await;
         next += gap;
-        let r = client
-            .post(&ingest)
-            .header("content-type", "application/x-ndjson")
-            .body(line(&rel, &body, "updated"))
-            .send()
-            .await?;
-        anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+        common::post_ingest(&client, &ingest, line(&rel, &body, "updated")).await?;
         commits.push((
             format!("{base}/files/bench/{rel}"),
             resourcesync_hub::model::Timestamp::now(),

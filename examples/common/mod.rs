@@ -115,3 +115,35 @@ pub fn push_latencies(
     lat.sort_by(|a, b| a.total_cmp(b));
     Ok(lat)
 }
+
+/// POSTs NDJSON change lines to an ingest URL; an error unless the server took them.
+pub async fn post_ingest(
+    client: &reqwest::Client,
+    url: &str,
+    ndjson: String,
+) -> anyhow::Result<()> {
+    let r = client
+        .post(url)
+        .header("content-type", "application/x-ndjson")
+        .body(ndjson)
+        .send()
+        .await?;
+    anyhow::ensure!(r.status().is_success(), "ingest: {}", r.text().await?);
+    Ok(())
+}
+
+/// Our server's configuration for a benchmark: data under `data`, one set `bench` served from
+/// `root`, its hub delivering to loopback.
+pub fn bench_server_config(data: &Path, root: &Path) -> resourcesync_hub::config::Config {
+    let mut c = resourcesync_hub::config::Config::defaults();
+    c.server.data_dir = data.to_path_buf();
+    c.hub.allow_networks = vec!["127.0.0.0/8".parse().expect("a network")];
+    c.sets.insert(
+        "bench".into(),
+        resourcesync_hub::config::SetOverrides {
+            resource_root_dir: Some(root.to_path_buf()),
+            ..Default::default()
+        },
+    );
+    c
+}

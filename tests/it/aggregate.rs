@@ -14,7 +14,7 @@ use resourcesync_hub::destination::{self, config::NamedSource};
 use crate::harvest::{free_port, harvest_config, wait_state, TestHarvester};
 use crate::hostile::{described, entry, rl_md, trickle, urlset, Hostile, SLOW};
 
-fn source(name: &str, url: String) -> NamedSource {
+pub fn source(name: &str, url: String) -> NamedSource {
     NamedSource {
         name: name.into(),
         url,

@@ -74,14 +74,7 @@ fn assert_records_equal(
 
 /// The activity folders (with `_SUCCESS`) under the archive, oldest first.
 fn activities(archive: &Path) -> Vec<std::path::PathBuf> {
-    let mut v: Vec<_> = walkdir::WalkDir::new(archive.join("test/harvest"))
-        .into_iter()
-        .filter_map(Result::ok)
-        .filter(|e| e.file_name() == "_SUCCESS")
-        .map(|e| e.path().parent().unwrap().to_path_buf())
-        .collect();
-    v.sort();
-    v
+    activities_of(archive, "test")
 }
 
 /// The whole story on one storage; returns the archive's object paths with timestamps
@@ -683,13 +676,8 @@ async fn two_sources_archive_as_two_providers() {
     hc.output.snapshot_interval_secs = 0;
     hc.follow.check_interval_secs = 3600;
     let named = |name: &str, url: String, provider: &str| NamedSource {
-        name: name.into(),
-        url,
-        sets: vec![],
-        baseline: destination::config::BaselineFrom::ResourceList,
-        allow_hosts: vec![],
-        token_env: String::new(),
         provider: provider.into(),
+        ..crate::aggregate::source(name, url)
     };
     hc.sources = vec![
         named("alpha", apps[0].0.url("/.well-known/resourcesync"), ""),
