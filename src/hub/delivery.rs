@@ -495,6 +495,14 @@ impl Hub {
     }
 }
 
+/// The message's id for receivers to dedupe on (the Standard Webhooks `webhook-id`): the
+/// same on every retry, repeat and redelivery of a message, different between messages. The
+/// publication time goes with the store's sequence number, so that a store made anew (its
+/// numbers starting again) never gives a new message an id a receiver has seen.
+pub fn webhook_id(m: &Message) -> String {
+    format!("msg_{}_{}", m.published_at.0, m.id)
+}
+
 /// The callback URL, parsed and checked against the address policy once per subscription.
 fn target(hub: &Hub, sub: &Subscription) -> Result<url::Url, String> {
     let url = sub.callback.url();
@@ -521,6 +529,7 @@ async fn deliver(
         .client
         .post(url)
         .header(CONTENT_TYPE, &m.content_type)
+        .header("Webhook-Id", webhook_id(m))
         .header(
             LINK,
             format!(

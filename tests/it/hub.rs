@@ -699,7 +699,8 @@ async fn gone_ends_the_subscription() {
 
 /// Paused time: the waits between attempts are the schedule's (jitter off), stretched to a
 /// subscriber's Retry-After; a failing subscriber holds up only its own queue, in order; an
-/// exhausted schedule fails the delivery and keeps the subscription.
+/// exhausted schedule fails the delivery and keeps the subscription; every attempt of one
+/// message carries its one `Webhook-Id`.
 #[tokio::test(start_paused = true)]
 async fn retries_follow_the_schedule_and_honour_retry_after() {
     let (mut c, _d) = hub_config();
@@ -741,6 +742,20 @@ async fn retries_follow_the_schedule_and_honour_retry_after() {
     assert!(
         healthy[1].at < flaky[1].at,
         "the healthy subscriber was not held up"
+    );
+    // One `Webhook-Id` per message: the same on every retry (and for every subscriber),
+    // another for the next message.
+    let id = |d: &crate::subscriber::Delivery| d.header("webhook-id").unwrap().to_string();
+    let flaky_ids: Vec<String> = flaky.iter().map(id).collect();
+    assert!(flaky_ids[0].starts_with("msg_"), "{flaky_ids:?}");
+    assert!(
+        flaky_ids[..4].iter().all(|i| *i == flaky_ids[0]),
+        "retries of m1 keep its id: {flaky_ids:?}"
+    );
+    assert_ne!(flaky_ids[4], flaky_ids[0], "m2 has its own id");
+    assert_eq!(
+        healthy.iter().map(id).collect::<Vec<_>>(),
+        [flaky_ids[0].clone(), flaky_ids[4].clone()]
     );
 
     // /down: 1 attempt + 3 retries, then m1 is marked failed and m2 gets its own attempts.

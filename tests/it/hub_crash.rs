@@ -1,6 +1,6 @@
 //! Durability: the hub as a child process is killed with SIGKILL in the middle of a fan-out;
 //! after a restart every subscriber has every notification (at least once), in publish order,
-//! and no subscription is lost.
+//! each with one `Webhook-Id` (a repeat with the same), and no subscription is lost.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -137,6 +137,25 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
     }
     let dupes = sub.all_deliveries().len() - total;
     println!("killed after {at_kill} of {total} deliveries; {dupes} redelivered after the restart");
+    // A repeat after the crash carries the message's `Webhook-Id`; messages have their own.
+    let mut ids: HashMap<usize, std::collections::HashSet<String>> = HashMap::new();
+    for d in sub.all_deliveries() {
+        let n: usize = d
+            .text()
+            .trim_start_matches("<n i=\"")
+            .trim_end_matches("\"/>")
+            .parse()
+            .unwrap();
+        ids.entry(n)
+            .or_default()
+            .insert(d.header("webhook-id").expect("a Webhook-Id").to_string());
+    }
+    assert!(
+        ids.values().all(|s| s.len() == 1),
+        "one id per message, repeats included: {ids:?}"
+    );
+    let distinct: std::collections::HashSet<&String> = ids.values().flatten().collect();
+    assert_eq!(distinct.len(), NOTIFICATIONS, "each message its own id");
     assert_eq!(
         store.hub_subscriptions().await.unwrap().len(),
         SUBSCRIBERS,
