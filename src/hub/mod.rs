@@ -516,9 +516,11 @@ impl Hub {
             )));
         }
         let host = cb_url.host_str().unwrap_or("").to_ascii_lowercase();
-        if let Err(wait) = self.host_limiter.check(&host) {
+        // Kept by address: the names of one machine share one budget.
+        let key = policy::budget_key(&cb_url).await;
+        if let Err(wait) = self.host_limiter.check(&key) {
             return Err(HubError::TooManyRequests(format!(
-                "too many requests for callbacks on {host}; try again in {wait} seconds"
+                "too many requests for callbacks on {host} (address {key}); try again in {wait} seconds"
             )));
         }
         if mode == IntentMode::Subscribe

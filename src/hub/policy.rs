@@ -159,6 +159,48 @@ pub fn own_addresses() -> &'static [IpAddr] {
     })
 }
 
+/// What a callback host's request budget is kept by: its address, not its name, so that the
+/// names of one machine (`localhost`, `localhost.`, a wildcard domain's names) share one.
+/// IPv4 loopback is one machine (all of 127.0.0.0/8); an IPv6 address counts by its /64 (what
+/// one host is usually given). A name is resolved (within 2 s; an IPv4 address preferred);
+/// names that do not resolve share one budget.
+pub async fn budget_key(url: &Url) -> String {
+    let ip = match url.host() {
+        Some(Host::Ipv4(a)) => IpAddr::V4(a),
+        Some(Host::Ipv6(a)) => IpAddr::V6(a),
+        Some(Host::Domain(d)) => {
+            // `name.` is `name` (the absolute form): one machine, one budget.
+            let d = d.strip_suffix('.').unwrap_or(d);
+            let found = tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                tokio::net::lookup_host((d, url.port_or_known_default().unwrap_or(80))),
+            )
+            .await;
+            let addrs: Vec<IpAddr> = match found {
+                Ok(Ok(a)) => a.map(|a| a.ip()).collect(),
+                _ => Vec::new(),
+            };
+            match addrs.iter().find(|a| a.is_ipv4()).or_else(|| addrs.first()) {
+                Some(a) => *a,
+                None => return "unresolved".into(),
+            }
+        }
+        None => return "unresolved".into(),
+    };
+    match ip {
+        IpAddr::V4(a) if a.is_loopback() => "127.0.0.0/8".into(),
+        IpAddr::V4(a) => a.to_string(),
+        IpAddr::V6(a) => match a.to_ipv4_mapped() {
+            Some(v4) if v4.is_loopback() => "127.0.0.0/8".into(),
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = a.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    }
+}
+
 /// A resolver for the hub's HTTP client that drops every address the policy refuses and fails
 /// when none is left.
 pub struct SafeResolver {
@@ -210,6 +252,25 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    #[tokio::test]
+    async fn budgets_are_kept_by_address() {
+        let key = |u: &str| {
+            let u = Url::parse(u).unwrap();
+            async move { super::budget_key(&u).await }
+        };
+        assert_eq!(key("http://127.0.0.9:1/a").await, "127.0.0.0/8");
+        assert_eq!(key("http://localhost/a").await, "127.0.0.0/8");
+        assert_eq!(key("http://[::ffff:127.0.0.1]/a").await, "127.0.0.0/8");
+        assert_eq!(key("http://192.0.2.7/a").await, "192.0.2.7");
+        assert_eq!(
+            key("http://[2001:db8:1:2:3::4]/a").await,
+            key("http://[2001:db8:1:2:ffff::1]/b").await,
+            "one /64"
+        );
+        assert_eq!(key("http://[2001:db8:1:2::1]/a").await, "2001:db8:1:2::/64");
+        assert_ne!(key("http://[2001:db8:1:3::1]/a").await, "2001:db8:1:2::/64");
     }
 
     #[test]
