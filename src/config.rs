@@ -145,6 +145,8 @@ pub struct HubConfig {
     pub requests_per_callback_per_minute: u32,
     pub requests_per_host_per_minute: u32,
     pub max_subscriptions_per_host: u64,
+    pub max_concurrent_verifications: usize,
+    pub max_verifications_per_host: usize,
     pub history_days: u64,
 }
 
@@ -498,8 +500,10 @@ impl Config {
             || h.max_concurrent_deliveries_per_host == 0
             || h.requests_per_host_per_minute == 0
             || h.requests_per_callback_per_minute == 0
+            || h.max_concurrent_verifications == 0
+            || h.max_verifications_per_host == 0
         {
-            return bad("hub.request_timeout_secs, max_concurrent_deliveries, max_concurrent_deliveries_per_host and requests_per_callback_per_minute must be at least 1".into());
+            return bad("hub.request_timeout_secs, max_concurrent_deliveries, max_concurrent_deliveries_per_host, requests_per_callback_per_minute, max_concurrent_verifications and max_verifications_per_host must be at least 1".into());
         }
         Ok(())
     }

@@ -146,7 +146,7 @@ impl HubError {
             HubError::NotFound(_) => StatusCode::NOT_FOUND,
             HubError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             HubError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            HubError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+            HubError::Busy(_) | HubError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 }

@@ -55,6 +55,9 @@ pub enum HubError {
     TooManyRequests(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// Over a bound of work in flight: try again shortly (503 with Retry-After).
+    #[error("{0}")]
+    Busy(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -82,6 +85,8 @@ pub struct HubSettings {
     pub requests_per_minute: u32,
     pub requests_per_host_per_minute: u32,
     pub max_subscriptions_per_host: u64,
+    pub max_verifications: usize,
+    pub max_verifications_per_host: usize,
     pub history: Duration,
 }
 
@@ -112,6 +117,8 @@ impl HubSettings {
             requests_per_minute: h.requests_per_callback_per_minute,
             requests_per_host_per_minute: h.requests_per_host_per_minute,
             max_subscriptions_per_host: h.max_subscriptions_per_host,
+            max_verifications: h.max_concurrent_verifications,
+            max_verifications_per_host: h.max_verifications_per_host,
             history: Duration::from_secs(h.history_days * 86_400),
         }
     }
@@ -208,6 +215,60 @@ impl RateLimiter {
     }
 }
 
+/// Verifications requested and not finished: in all and per callback address.
+#[derive(Default)]
+struct Verifying {
+    by_key: Mutex<HashMap<String, usize>>,
+}
+
+/// A verification's place in [`Verifying`], given back when dropped.
+struct Ticket {
+    of: Arc<Verifying>,
+    key: String,
+}
+
+impl Verifying {
+    /// A place for one more verification for `key`, or 503 when `total` are waiting or in
+    /// flight already, or `per_key` for this address.
+    fn reserve(
+        self: &Arc<Self>,
+        key: &str,
+        total: usize,
+        per_key: usize,
+    ) -> Result<Ticket, HubError> {
+        let mut m = self.by_key.lock().expect("verifying lock");
+        let all: usize = m.values().sum();
+        let here = m.get(key).copied().unwrap_or(0);
+        if here >= per_key {
+            return Err(HubError::Busy(format!(
+                "{here} verifications for callbacks at {key} are waiting or in flight (hub.max_verifications_per_host); try again shortly"
+            )));
+        }
+        if all >= total {
+            return Err(HubError::Busy(format!(
+                "{all} verifications are waiting or in flight; try again shortly"
+            )));
+        }
+        *m.entry(key.to_string()).or_default() += 1;
+        Ok(Ticket {
+            of: self.clone(),
+            key: key.to_string(),
+        })
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut m = self.of.by_key.lock().expect("verifying lock");
+        if let Some(n) = m.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
+}
+
 pub struct Hub {
     settings: HubSettings,
     store: Store,
@@ -234,6 +295,11 @@ pub struct Hub {
     loaded: Mutex<HashMap<model::MessageId, std::sync::Weak<model::Message>>>,
     limiter: RateLimiter,
     host_limiter: RateLimiter,
+    /// Verifications in flight (`hub.max_concurrent_verifications`); the rest wait here.
+    verify_permits: Arc<Semaphore>,
+    /// Verifications waiting or in flight: in all, and per callback address (the requests'
+    /// own, counted while their tickets live).
+    verifying: Arc<Verifying>,
     /// Stops lanes, verifications and fetches.
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -297,6 +363,8 @@ impl Hub {
             loaded: Mutex::new(HashMap::new()),
             limiter: RateLimiter::new(settings.requests_per_minute),
             host_limiter: RateLimiter::new(settings.requests_per_host_per_minute),
+            verify_permits: Arc::new(Semaphore::new(settings.max_verifications)),
+            verifying: Default::default(),
             settings,
             store,
             policy,
@@ -568,15 +636,31 @@ impl Hub {
             requested_at: Timestamp::now(),
             verify_token: req.verify_token,
         };
+        let ticket = self.verifying.reserve(
+            &key,
+            self.settings.max_verifications * 16,
+            self.settings.max_verifications_per_host,
+        )?;
         intent.id = self.store.hub_add_intent(intent.clone()).await?;
         tracing::info!(mode = mode.as_str(), topic = %intent.topic, callback = %intent.callback, "hub request accepted");
-        self.spawn_verification(intent);
+        self.spawn_verification_with(intent, Some(ticket));
         Ok(())
     }
 
     fn spawn_verification(self: &Arc<Self>, intent: Intent) {
+        self.spawn_verification_with(intent, None)
+    }
+
+    /// Verifies in the background, once one of `hub.max_concurrent_verifications` places is
+    /// free (hung callbacks hold those places, not descriptors beyond them).
+    fn spawn_verification_with(self: &Arc<Self>, intent: Intent, ticket: Option<Ticket>) {
         let hub = self.clone();
         self.tasks.spawn(async move {
+            let _ticket = ticket;
+            let _place = tokio::select! {
+                _ = hub.cancel.cancelled() => return,
+                p = hub.verify_permits.clone().acquire_owned() => p,
+            };
             tokio::select! {
                 _ = hub.cancel.cancelled() => {}
                 _ = verify::verify(&hub, intent) => {}

@@ -1140,3 +1140,63 @@ async fn an_overlong_topic_or_callback_is_refused_at_the_request() {
         "a verification was started"
     );
 }
+
+/// Callbacks that accept the verification's connection and never answer hold at most
+/// `hub.max_concurrent_verifications` connections; a host's requests beyond
+/// `hub.max_verifications_per_host` (waiting or in flight) are answered 503 with Retry-After
+/// and start nothing (2,000 hung callbacks had held 2,018 descriptors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hung_verification_callbacks_are_bounded() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let hung = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = hung.local_addr().unwrap().port();
+    let conns = std::sync::Arc::new(AtomicUsize::new(0));
+    let c = conns.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hung.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let (mut cfg, _d) = hub_config();
+    cfg.hub.max_concurrent_verifications = 2;
+    cfg.hub.max_verifications_per_host = 3;
+    cfg.hub.request_timeout_secs = 60;
+    let app = start(cfg).await;
+    let t = topic(&app, "t");
+    for i in 0..3 {
+        let (s, text) = subscribe(&app, &t, &format!("http://127.0.0.1:{port}/cb{i}"), &[]).await;
+        assert_eq!(s, 202, "{text}");
+    }
+    let body = format!(
+        "hub.mode=subscribe&hub.topic={}&hub.callback=http://localhost:{port}/cb9",
+        url::form_urlencoded::byte_serialize(t.as_bytes()).collect::<String>()
+    );
+    let r = app
+        .client
+        .post(app.url("/hub"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"));
+    let text = r.text().await.unwrap();
+    assert!(text.contains("max_verifications_per_host"), "{text}");
+    wait_until("two verifications connected", || async {
+        conns.load(Ordering::SeqCst) >= 2
+    })
+    .await;
+    // The third waits for a place: no connection while the two hang (watched a while).
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(conns.load(Ordering::SeqCst), 2, "more than two in flight");
+    let store = Store::open_embedded(&app.config.database_path()).unwrap();
+    assert_eq!(
+        store.hub_intents().await.unwrap().len(),
+        3,
+        "the 503'd one is not stored"
+    );
+    app.stop().await;
+}
