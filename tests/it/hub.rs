@@ -33,19 +33,23 @@ fn topic(app: &TestApp, name: &str) -> String {
 }
 
 async fn form(app: &TestApp, pairs: &[(&str, &str)]) -> (u16, String) {
+    let r = form_response(app, pairs).await;
+    let status = r.status().as_u16();
+    (status, r.text().await.unwrap())
+}
+
+/// The hub's whole answer to a form (headers included).
+async fn form_response(app: &TestApp, pairs: &[(&str, &str)]) -> reqwest::Response {
     let body = url::form_urlencoded::Serializer::new(String::new())
         .extend_pairs(pairs)
         .finish();
-    let r = app
-        .client
+    app.client
         .post(app.url("/hub"))
         .header("content-type", "application/x-www-form-urlencoded")
         .body(body)
         .send()
         .await
-        .unwrap();
-    let status = r.status().as_u16();
-    (status, r.text().await.unwrap())
+        .unwrap()
 }
 
 async fn subscribe(
@@ -1169,18 +1173,16 @@ async fn hung_verification_callbacks_are_bounded() {
         let (s, text) = subscribe(&app, &t, &format!("http://127.0.0.1:{port}/cb{i}"), &[]).await;
         assert_eq!(s, 202, "{text}");
     }
-    let body = format!(
-        "hub.mode=subscribe&hub.topic={}&hub.callback=http://localhost:{port}/cb9",
-        url::form_urlencoded::byte_serialize(t.as_bytes()).collect::<String>()
-    );
-    let r = app
-        .client
-        .post(app.url("/hub"))
-        .header("content-type", "application/x-www-form-urlencoded")
-        .body(body)
-        .send()
-        .await
-        .unwrap();
+    let cb = format!("http://localhost:{port}/cb9");
+    let r = form_response(
+        &app,
+        &[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", &t),
+            ("hub.callback", &cb),
+        ],
+    )
+    .await;
     assert_eq!(r.status(), 503);
     assert!(r.headers().contains_key("retry-after"));
     let text = r.text().await.unwrap();
