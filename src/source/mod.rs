@@ -1190,7 +1190,7 @@ pub fn write_change(w: &mut SitemapWriter, sc: &SetConfig, c: &Change, loc: &mut
 }
 
 /// How external writers' documents are keyed and cut (the Elasticsearch backend adopts them).
-impl crate::store::elastic::SetRules for Source {
+impl crate::store::SetRules for Source {
     fn key(
         &self,
         set: &SetName,

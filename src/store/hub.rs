@@ -1,14 +1,13 @@
 //! The hub's part of the storage contract: subscriptions, intents awaiting verification,
 //! topics, messages and per-subscription delivery queues, kept durable by every backend.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
 
 use super::{NotifyState, Store, StoreError};
 use crate::model::websub::{
-    Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, SubState, Subscription,
+    Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
@@ -36,10 +35,7 @@ impl Store {
 
     /// Adopts documents external writers put straight into the store (Elasticsearch; the
     /// embedded store has none). Returns the change documents adopted.
-    pub async fn adopt_external(
-        &self,
-        rules: &dyn super::elastic::SetRules,
-    ) -> Result<usize, StoreError> {
+    pub async fn adopt_external(&self, rules: &dyn super::SetRules) -> Result<usize, StoreError> {
         match self {
             Store::Embedded(_) => Ok(0),
             Store::Elasticsearch(s) => s.adopt(rules).await,
@@ -226,101 +222,5 @@ impl Store {
             Store::Embedded(s) => s.hub_totals(now).await,
             Store::Elasticsearch(s) => s.hub_totals(now).await,
         }
-    }
-}
-
-/// A subscription's state after a batch of outcomes, folded in order (every backend writes
-/// one update per subscription per batch from this).
-#[derive(Default, Debug)]
-pub(crate) struct Fold {
-    pub cursor: MessageId,
-    pub attempts: u32,
-    pub next_at: Option<i64>,
-    pub delivered: i64,
-    pub failed: i64,
-    pub success: Option<(i64, u16)>,
-    pub failure: Option<(i64, Option<u16>, String)>,
-    /// `(message, attempts, status, error, at)` of deliveries that failed for good.
-    pub failures: Vec<(MessageId, u32, Option<u16>, String, i64)>,
-}
-
-/// Folds outcomes per subscription, in the order the subscriptions first appear.
-pub(crate) fn fold(outcomes: Vec<Outcome>) -> Vec<(SubscriptionId, Fold)> {
-    let mut folds: Vec<(SubscriptionId, Fold)> = Vec::new();
-    let mut index: HashMap<SubscriptionId, usize> = HashMap::new();
-    for o in outcomes {
-        let sub = match &o {
-            Outcome::Delivered { sub, .. }
-            | Outcome::Retry { sub, .. }
-            | Outcome::Failed { sub, .. }
-            | Outcome::Skipped { sub, .. } => *sub,
-        };
-        let i = *index.entry(sub).or_insert_with(|| {
-            folds.push((sub, Fold::default()));
-            folds.len() - 1
-        });
-        let f = &mut folds[i].1;
-        match o {
-            Outcome::Delivered {
-                message,
-                at,
-                status,
-                ..
-            } => {
-                f.cursor = f.cursor.max(message);
-                (f.attempts, f.next_at) = (0, None);
-                f.delivered += 1;
-                f.success = Some((at.0, status));
-            }
-            Outcome::Retry {
-                attempts,
-                at,
-                next_at,
-                status,
-                error,
-                ..
-            } => {
-                (f.attempts, f.next_at) = (attempts, Some(next_at.0));
-                f.failure = Some((at.0, status, error));
-            }
-            Outcome::Failed {
-                message,
-                attempts,
-                at,
-                status,
-                error,
-                ..
-            } => {
-                f.cursor = f.cursor.max(message);
-                (f.attempts, f.next_at) = (0, None);
-                f.failed += 1;
-                f.failures
-                    .push((message, attempts, status, error.clone(), at.0));
-                f.failure = Some((at.0, status, error));
-            }
-            Outcome::Skipped { through, .. } => {
-                f.cursor = f.cursor.max(through);
-                (f.attempts, f.next_at) = (0, None);
-            }
-        }
-    }
-    folds
-}
-
-/// A subscription's state as the admin API reports it: expired once the lease is over,
-/// failing while the head is in retry or the last attempt failed, else active.
-pub(crate) fn sub_state(
-    expires_at: i64,
-    attempts: u32,
-    last_failure_at: Option<i64>,
-    last_success_at: Option<i64>,
-    now: Timestamp,
-) -> SubState {
-    if expires_at <= now.0 {
-        SubState::Expired
-    } else if attempts > 0 || last_failure_at.unwrap_or(0) > last_success_at.unwrap_or(0) {
-        SubState::Failing
-    } else {
-        SubState::Active
     }
 }

@@ -7,10 +7,13 @@
 pub mod elastic;
 mod embedded;
 pub(crate) mod hub;
+mod rules;
 
 use std::path::Path;
 
 pub use embedded::EmbeddedStore;
+pub use rules::SetRules;
+pub(crate) use rules::{fold, sub_state};
 
 use crate::model::{Change, NewChange, Resource, ResourceKey, SetName, Timestamp};
 

@@ -27,16 +27,10 @@ use serde_json::{json, Value};
 use super::contract::{PartState, SetState};
 use super::ElasticStore;
 use crate::model::{Location, ResourceKey, SetName, Timestamp};
-use crate::store::{ListPolicy, StoreError};
+use crate::store::{ListPolicy, SetRules, StoreError};
 
 /// Change documents adopted per round and set.
 const ROUND: usize = 2000;
-
-/// How a set names its resources and cuts its lists (from the configuration).
-pub trait SetRules: Send + Sync {
-    fn key(&self, set: &SetName, location: &Location) -> Result<ResourceKey, String>;
-    fn policy(&self, set: &SetName) -> ListPolicy;
-}
 
 fn unstamped(field: &str, set: Option<&str>) -> Value {
     let mut filter = vec![];

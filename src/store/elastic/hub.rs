@@ -31,7 +31,7 @@ use crate::model::websub::{
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::{SetName, Timestamp};
-use crate::store::hub::{fold, sub_state};
+use crate::store::{fold, sub_state};
 use crate::store::{NotifyState, StoreError};
 
 /// The hub index's mapping: what is searched is indexed, the rest is kept under `doc`.

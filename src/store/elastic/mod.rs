@@ -24,7 +24,7 @@ mod contract;
 mod hub;
 pub mod mapping;
 
-pub use adopt::SetRules;
+pub use crate::store::SetRules;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

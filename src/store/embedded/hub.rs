@@ -334,7 +334,7 @@ impl EmbeddedStore {
     /// Records a batch of outcomes in one transaction: one update per subscription, plus a row
     /// per delivery that failed for good.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
-        let folds = crate::store::hub::fold(outcomes);
+        let folds = crate::store::fold(outcomes);
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             {
