@@ -33,7 +33,7 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
                 )
             })?;
         tracing::info!(url = %es.server_url(), index = %es.index, version = %store.es.version, "Elasticsearch store opened");
-        return Ok(Store::Elasticsearch(store));
+        return Ok(Store::Elasticsearch(Box::new(store)));
     }
     std::fs::create_dir_all(&config.server.data_dir).map_err(|e| {
         anyhow::anyhow!(

@@ -148,6 +148,9 @@ pub struct HubConfig {
     pub max_concurrent_verifications: usize,
     pub max_verifications_per_host: usize,
     pub history_days: u64,
+    pub retention_hours: u64,
+    pub partitions: u32,
+    pub partition_lease_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -502,8 +505,21 @@ impl Config {
             || h.requests_per_callback_per_minute == 0
             || h.max_concurrent_verifications == 0
             || h.max_verifications_per_host == 0
+            || h.retention_hours == 0
         {
-            return bad("hub.request_timeout_secs, max_concurrent_deliveries, max_concurrent_deliveries_per_host, requests_per_callback_per_minute, max_concurrent_verifications and max_verifications_per_host must be at least 1".into());
+            return bad("hub.request_timeout_secs, max_concurrent_deliveries, max_concurrent_deliveries_per_host, requests_per_callback_per_minute, max_concurrent_verifications, max_verifications_per_host and retention_hours must be at least 1".into());
+        }
+        if !(1..=4096).contains(&h.partitions) {
+            return bad(format!(
+                "hub.partitions is {}: it must be between 1 and 4096",
+                h.partitions
+            ));
+        }
+        if !(3..=300).contains(&h.partition_lease_secs) {
+            return bad(format!(
+                "hub.partition_lease_secs is {}: it must be between 3 and 300",
+                h.partition_lease_secs
+            ));
         }
         Ok(())
     }

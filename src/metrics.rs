@@ -44,9 +44,11 @@ pub struct Metrics {
     pub store_errors: Counter,
     pub queue_depth: Gauge,
     pub subscriptions: Family<StateLabel, Gauge>,
-    /// 1 while this process delivers and notifies (always on the embedded store; on a shared
-    /// store, while it holds the delivery lease), else 0.
+    /// 1 while this process notifies (always on the embedded store; on a shared store, while
+    /// it holds the leader lease), else 0.
     pub delivering: Gauge,
+    /// Delivery partitions this process holds (on the embedded store, 1: everything).
+    pub partitions_held: Gauge,
     /// Documents generated, by kind (a page served from the cache is not counted).
     pub pages_built: Family<KindLabel, Counter>,
     /// Page builds waiting for a build slot.
@@ -121,8 +123,14 @@ impl Default for Metrics {
         let delivering = Gauge::default();
         registry.register(
             "delivering",
-            "1 while this process delivers and notifies (holds the delivery lease on a shared store)",
+            "1 while this process notifies (holds the leader lease on a shared store)",
             delivering.clone(),
+        );
+        let partitions_held = Gauge::default();
+        registry.register(
+            "partitions_held",
+            "Delivery partitions this process holds (1 on the embedded store: everything)",
+            partitions_held.clone(),
         );
         let poller_lag_seconds =
             Family::<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>::default();
@@ -139,6 +147,7 @@ impl Default for Metrics {
             queue_depth,
             subscriptions,
             delivering,
+            partitions_held,
             pages_built,
             build_queue,
             page_cache_bytes,

@@ -655,6 +655,7 @@ async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
 pub async fn metrics(State(st): State<AppState>) -> Response {
     let m = st.hub.metrics();
     m.delivering.set(i64::from(st.hub.is_delivering()));
+    m.partitions_held.set(st.hub.partitions_held() as i64);
     match collect_stats(&st).await {
         Ok(s) => {
             m.queue_depth.set(s.queue_depth as i64);

@@ -129,12 +129,14 @@ impl Hub {
     /// Queues a subscription's failed deliveries again and ends any wait before its next retry.
     /// Returns how many failed deliveries were queued, or `None` for no such subscription.
     pub async fn retry_now(&self, id: SubscriptionId) -> Result<Option<usize>, StoreError> {
-        if !self.is_delivering() {
-            return Err(StoreError::Unavailable(
-                "this process is on standby (another process holds the delivery lease): retry through the delivering process".into(),
-            ));
-        }
         if !self.lanes().contains_key(&id) {
+            if self.store.is_shared()
+                && self.store.hub_detail(id, Timestamp::now()).await?.is_some()
+            {
+                return Err(StoreError::Unavailable(
+                    "another process delivers this subscription's partition: retry through that process (its log names the partitions it took)".into(),
+                ));
+            }
             return Ok(None);
         }
         let messages = self.store.hub_take_failures(id).await?;

@@ -1,21 +1,22 @@
 //! Content distribution (WebSub §7): one lane per subscription delivering its queue in order,
 //! retries on the configured schedule, and a writer that records outcomes in batches.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
 use reqwest::StatusCode;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::admin::AttemptRecord;
+use super::partition::Grant;
 use super::{random_unit, signature, Hub};
-use crate::model::websub::{Message, MessageId, Outcome, Subscription, Topic};
+use crate::model::websub::{Message, MessageId, Outcome, Subscription, SubscriptionId, Topic};
 use crate::model::Timestamp;
 use crate::store::Store;
 
@@ -25,6 +26,9 @@ enum LaneMsg {
     Update(Subscription),
     /// An admin asked: queue these failed messages again, and stop waiting for a retry.
     RetryNow(Vec<Arc<Message>>),
+    /// An admin asked: deliver these (a window of the log) again, next, in order.
+    #[allow(dead_code)] // the admin endpoint comes next
+    Redeliver(Vec<Arc<Message>>),
 }
 
 /// The handle of a subscription's delivery task. Dropping it ends the task.
@@ -41,13 +45,20 @@ pub(super) struct Lane {
     /// The newest message handed to the lane: older ones are not queued twice.
     last: MessageId,
     pub(super) born: Instant,
+    /// The partition lease the lane delivers under.
+    pub(super) grant: Arc<Grant>,
 }
 
 impl Lane {
     /// `suspect`: deliver from the suspect pool until an attempt succeeds quickly (new and
     /// failing subscribers). The lane reads its queue from the message log after the
     /// subscription's cursor, [`LANE_BATCH`] messages at a time.
-    pub(super) fn spawn(hub: &Arc<Hub>, sub: Subscription, suspect: bool) -> Lane {
+    pub(super) fn spawn(
+        hub: &Arc<Hub>,
+        sub: Subscription,
+        suspect: bool,
+        grant: Arc<Grant>,
+    ) -> Lane {
         let (tx, rx) = mpsc::unbounded_channel();
         let span = tracing::info_span!("lane", subscription = sub.id, callback = %sub.callback);
         let in_channel = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -65,9 +76,10 @@ impl Lane {
             verified_at: sub.verified_at,
             last: sub.cursor,
             born: Instant::now(),
+            grant: grant.clone(),
         };
         hub.tasks
-            .spawn(run_lane(hub.clone(), sub, rx, signals, suspect).instrument(span));
+            .spawn(run_lane(hub.clone(), sub, rx, signals, suspect, grant).instrument(span));
         lane
     }
 
@@ -100,6 +112,11 @@ impl Lane {
 
     pub(super) fn retry_now(&self, failed: Vec<Arc<Message>>) {
         let _ = self.tx.send(LaneMsg::RetryNow(failed));
+    }
+
+    #[allow(dead_code)] // the admin endpoint comes next
+    pub(super) fn redeliver(&self, window: Vec<Arc<Message>>) {
+        let _ = self.tx.send(LaneMsg::Redeliver(window));
     }
 
     pub(super) fn update(&mut self, sub: Subscription) {
@@ -138,6 +155,16 @@ struct Job {
     due: Option<Instant>,
 }
 
+impl Job {
+    fn new(message: Arc<Message>) -> Job {
+        Job {
+            message,
+            attempts: 0,
+            due: None,
+        }
+    }
+}
+
 /// What one attempt came to.
 enum Attempt {
     Delivered(u16),
@@ -159,285 +186,368 @@ struct Window {
     avg_bytes: usize,
 }
 
-/// Applies a lane message; `false` when the lane's handle is gone (unsubscribed).
-fn absorb(
-    msg: Option<LaneMsg>,
-    sub: &mut Subscription,
-    queue: &mut VecDeque<Job>,
-    w: &mut Window,
-    signals: &Signals,
-) -> bool {
-    match msg {
-        Some(LaneMsg::Job(message)) => {
-            signals
-                .in_channel
-                .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-            // A message skipped before this one (the channel was full) is in the log: from
-            // here on the lane reads from there, so the order holds.
-            if signals
-                .missed
-                .swap(false, std::sync::atomic::Ordering::SeqCst)
-            {
-                w.behind = true;
-            }
-            if message.id <= w.through {
-                // Read from the log already.
-            } else if w.behind || queue.len() >= LANE_BATCH {
-                // Left in the log; read back when the queue runs low.
-                w.behind = true;
-            } else {
-                w.through = message.id;
-                queue.push_back(Job {
-                    message,
-                    attempts: 0,
-                    due: None,
-                });
-            }
-        }
-        Some(LaneMsg::Update(s)) => *sub = s,
-        Some(LaneMsg::RetryNow(failed)) => {
-            if let Some(head) = queue.front_mut() {
-                head.due = None;
-            }
-            queue.extend(failed.into_iter().map(|message| Job {
-                message,
-                attempts: 0,
-                due: None,
-            }));
-        }
-        None => return false,
-    }
-    true
+/// What a lane does next, decided by [`LaneState::next`] from its queue, its retry state
+/// and the clock; [`run_lane`] does it.
+#[derive(Debug)]
+enum Step {
+    /// Read up to this many messages after the window from the log.
+    Read(usize),
+    /// Nothing queued: wait for a message.
+    Idle,
+    /// The head is due at this instant: wait for it (or a message).
+    Wait(Instant),
+    /// The lease has ended: the queue is dropped (and that recorded).
+    Expired,
+    /// Deliver the head.
+    Send(Arc<Message>),
 }
 
-async fn run_lane(
-    hub: Arc<Hub>,
-    mut sub: Subscription,
-    mut rx: mpsc::UnboundedReceiver<LaneMsg>,
-    signals: Signals,
-    mut suspect: bool,
-) {
-    // A subscription's callback never changes (a new callback is a new subscription).
-    let target = target(&hub, &sub);
-    let mut queue: VecDeque<Job> = VecDeque::new();
-    let mut w = Window {
-        through: sub.cursor,
-        behind: true,
-        avg_bytes: 64 << 10,
-    };
-    // The retry state of the message at the head when the lane starts (after a restart).
-    let mut resume = (sub.attempts > 0).then_some((sub.attempts, sub.next_attempt_at));
-    loop {
-        loop {
-            match rx.try_recv() {
-                Ok(m) => {
-                    absorb(Some(m), &mut sub, &mut queue, &mut w, &signals);
+/// A lane's state, without I/O: its subscription, its queue (a bounded window of its log),
+/// the retry state of the head and whether the subscriber is suspect.
+struct LaneState {
+    sub: Subscription,
+    queue: VecDeque<Job>,
+    w: Window,
+    /// The retry state of the message at the head when the lane started (after a restart or a
+    /// takeover), applied to the first message read.
+    resume: Option<(u32, Option<Timestamp>)>,
+    /// Deliver from the suspect pool (new, failing or slow subscribers).
+    suspect: bool,
+}
+
+impl LaneState {
+    fn new(sub: Subscription, suspect: bool) -> LaneState {
+        LaneState {
+            w: Window {
+                through: sub.cursor,
+                behind: true,
+                avg_bytes: 64 << 10,
+            },
+            resume: (sub.attempts > 0).then_some((sub.attempts, sub.next_attempt_at)),
+            queue: VecDeque::new(),
+            sub,
+            suspect,
+        }
+    }
+
+    /// Applies a message from the lane's handle.
+    fn absorb(&mut self, msg: LaneMsg, signals: &Signals) {
+        match msg {
+            LaneMsg::Job(message) => {
+                signals
+                    .in_channel
+                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                // A message skipped before this one (the channel was full) is in the log: from
+                // here on the lane reads from there, so the order holds.
+                self.note_missed(signals);
+                if message.id <= self.w.through {
+                    // Read from the log already.
+                } else if self.w.behind || self.queue.len() >= LANE_BATCH {
+                    // Left in the log; read back when the queue runs low.
+                    self.w.behind = true;
+                } else {
+                    self.w.through = message.id;
+                    self.queue.push_back(Job::new(message));
                 }
-                Err(mpsc::error::TryRecvError::Empty) => break,
-                Err(mpsc::error::TryRecvError::Disconnected) => return,
+            }
+            LaneMsg::Update(s) => self.sub = s,
+            LaneMsg::RetryNow(failed) => {
+                if let Some(head) = self.queue.front_mut() {
+                    head.due = None;
+                }
+                self.queue.extend(failed.into_iter().map(Job::new));
+            }
+            LaneMsg::Redeliver(window) => {
+                // Next, in order, ahead of the rest of the queue (nothing is in flight while a
+                // lane absorbs: the head, if waiting for a retry, keeps its state behind them).
+                for m in window.into_iter().rev() {
+                    self.queue.push_front(Job::new(m));
+                }
             }
         }
+    }
+
+    /// A message was left in the log because the channel was full: read from there.
+    fn note_missed(&mut self, signals: &Signals) {
         if signals
             .missed
             .swap(false, std::sync::atomic::Ordering::SeqCst)
         {
-            w.behind = true;
+            self.w.behind = true;
         }
-        if w.behind
-            && queue.len() < LANE_BATCH / 2
-            && queue.iter().map(|j| j.message.body.len()).sum::<usize>() < LANE_BYTES / 2
+    }
+
+    fn next(&self, now: Instant, ts: Timestamp) -> Step {
+        if self.w.behind
+            && self.queue.len() < LANE_BATCH / 2
+            && self
+                .queue
+                .iter()
+                .map(|j| j.message.body.len())
+                .sum::<usize>()
+                < LANE_BYTES / 2
         {
             // As many as the last read's average size fits in LANE_BYTES (the embedded store
             // bounds the bytes itself; this bounds them on Elasticsearch).
-            let want = (LANE_BYTES / w.avg_bytes.max(1)).clamp(1, LANE_BATCH - queue.len());
-            let read = {
-                let _slot = hub.log_reads.acquire().await;
-                hub.store
-                    .hub_messages_after(Some(&sub.topic), w.through, want, LANE_BYTES)
-                    .await
-            };
-            match read {
-                Ok(batch) => {
-                    w.behind = !batch.is_empty();
-                    if !batch.is_empty() {
-                        w.avg_bytes =
-                            batch.iter().map(|m| m.body.len()).sum::<usize>() / batch.len();
-                    }
-                    for message in hub.shared(batch) {
-                        w.through = message.id;
-                        queue.push_back(Job {
-                            message,
-                            attempts: 0,
-                            due: None,
-                        });
-                    }
-                    if let (Some((attempts, next)), Some(head)) = (resume.take(), queue.front_mut())
-                    {
-                        head.attempts = attempts;
-                        head.due = next.map(|nb| {
-                            let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
-                            Instant::now() + Duration::from_micros(wait)
-                        });
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "reading the subscription's queue from the log failed; retrying");
-                    tokio::select! {
-                        biased;
-                        _ = hub.cancel.cancelled() => return,
-                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    }
-                    continue;
-                }
-            }
+            let want =
+                (LANE_BYTES / self.w.avg_bytes.max(1)).clamp(1, LANE_BATCH - self.queue.len());
+            return Step::Read(want);
         }
-        let Some(head) = queue.front() else {
-            tokio::select! {
-                biased;
-                _ = hub.cancel.cancelled() => return,
-                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w, &signals) { return },
-            }
-            continue;
+        let Some(head) = self.queue.front() else {
+            return Step::Idle;
         };
-        if let Some(due) = head.due.filter(|d| *d > Instant::now()) {
-            tokio::select! {
-                biased;
-                _ = hub.cancel.cancelled() => return,
-                m = rx.recv() => if !absorb(m, &mut sub, &mut queue, &mut w, &signals) { return },
-                _ = tokio::time::sleep_until(due) => {}
-            }
-            continue;
+        if let Some(due) = head.due.filter(|d| *d > now) {
+            return Step::Wait(due);
         }
-        let now = Timestamp::now();
-        if sub.expires_at <= now {
-            let through = w.through;
-            tracing::info!(
-                skipped = queue.len(),
-                "lease ended; queued deliveries dropped"
-            );
-            queue.clear();
-            hub.record(Outcome::Skipped {
-                sub: sub.id,
-                through,
-            })
-            .await;
-            continue;
+        if self.sub.expires_at <= ts {
+            return Step::Expired;
         }
-        let message = head.message.clone();
-        let started = std::time::Instant::now();
-        // A delivery under way is finished even when the hub stops (it is bounded by
-        // hub.request_timeout_secs): cut off, it would be made again by whoever delivers next.
-        // Isolation: a proven subscriber takes a slot of the healthy pool; a new, failing or
-        // slow one a slot of its host's budget and then of the suspect pool, so hung callbacks
-        // (however many, on however few hosts) never hold a healthy subscriber's slot.
-        let attempt = {
-            let host = suspect.then(|| hub.host_permits(&target));
-            let _host = match &host {
-                Some(h) => Some(tokio::select! {
-                    biased;
-                    _ = hub.cancel.cancelled() => return,
-                    p = h.acquire() => p,
-                }),
-                None => None,
-            };
-            let pool = if suspect {
-                &hub.suspect_permits
-            } else {
-                &hub.permits
-            };
-            let _permit = tokio::select! {
-                biased;
-                _ = hub.cancel.cancelled() => return,
-                p = pool.acquire() => p,
-            };
-            let t0 = std::time::Instant::now();
-            let a = deliver(&hub, &sub, &target, &message).await;
-            (a, t0.elapsed())
-        };
-        let (attempt, took) = attempt;
-        suspect = !matches!(attempt, Attempt::Delivered(_)) || took > hub.settings.slow_delivery;
-        let job = queue.front_mut().expect("the job is still at the head");
+        Step::Send(head.message.clone())
+    }
+
+    /// Queues what was read from the log after the window.
+    fn read(&mut self, batch: Vec<Arc<Message>>) {
+        self.w.behind = !batch.is_empty();
+        if !batch.is_empty() {
+            self.w.avg_bytes = batch.iter().map(|m| m.body.len()).sum::<usize>() / batch.len();
+        }
+        for message in batch {
+            self.w.through = message.id;
+            self.queue.push_back(Job::new(message));
+        }
+        if let (Some((attempts, next)), Some(head)) = (self.resume.take(), self.queue.front_mut()) {
+            head.attempts = attempts;
+            head.due = next.map(|nb| {
+                let wait = (nb.micros() - Timestamp::now().micros()).max(0) as u64;
+                Instant::now() + Duration::from_micros(wait)
+            });
+        }
+    }
+
+    /// Drops the queue: the lease ended before it was delivered.
+    fn expire(&mut self) -> Outcome {
+        tracing::info!(
+            skipped = self.queue.len(),
+            "lease ended; queued deliveries dropped"
+        );
+        self.queue.clear();
+        Outcome::Skipped {
+            sub: self.sub.id,
+            through: self.w.through,
+        }
+    }
+
+    /// What the attempt at the head came to: the outcome to record (none for 410 Gone, which
+    /// ends the subscription) and the entry for the attempt log. Moves the queue on.
+    fn settle(
+        &mut self,
+        attempt: Attempt,
+        took: Duration,
+        settings: &super::HubSettings,
+    ) -> (Option<Outcome>, AttemptRecord) {
+        self.suspect = !matches!(attempt, Attempt::Delivered(_)) || took > settings.slow_delivery;
+        let job = self.queue.front_mut().expect("a job at the head");
         let attempts = job.attempts + 1;
         let at = Timestamp::now();
-        let (sub_id, msg) = (sub.id, message.id);
+        let (sub, message) = (self.sub.id, job.message.id);
         let mut record = AttemptRecord {
             at,
-            subscription_id: sub_id,
-            topic: message.topic.clone(),
-            message_id: msg,
+            subscription_id: sub,
+            topic: job.message.topic.clone(),
+            message_id: message,
             outcome: "delivered",
             status: None,
             error: None,
-            duration_ms: started.elapsed().as_secs_f64() * 1e3,
+            duration_ms: took.as_secs_f64() * 1e3,
         };
-        match attempt {
+        let outcome = match attempt {
             Attempt::Delivered(status) => {
                 record.status = Some(status);
-                hub.log_attempt(record);
-                hub.record(Outcome::Delivered {
-                    sub: sub_id,
-                    message: msg,
+                self.queue.pop_front();
+                Some(Outcome::Delivered {
+                    sub,
+                    message,
                     attempts,
                     at,
                     status,
                 })
-                .await;
-                queue.pop_front();
             }
             Attempt::Gone => {
                 (record.outcome, record.status) = ("gone", Some(410));
-                hub.log_attempt(record);
                 tracing::info!("callback answered 410 Gone: subscription removed");
-                hub.remove_gone(sub.id).await;
-                return;
+                None
             }
             Attempt::Failed {
                 status,
                 error,
                 retry_after,
             } => {
-                let wait = hub
-                    .settings
-                    .retry_delay(attempts, retry_after, random_unit());
+                let wait = settings.retry_delay(attempts, retry_after, random_unit());
                 record.outcome = if wait.is_some() { "retry" } else { "failed" };
                 (record.status, record.error) = (status, Some(error.clone()));
-                hub.log_attempt(record);
                 match wait {
                     Some(wait) => {
-                        tracing::info!(message = msg, attempts, status = status.map_or(0, |s| s as u64), %error, retry_in_secs = wait.as_secs_f64(), "delivery failed; will retry");
-                        let next_at = Timestamp(at.micros() + wait.as_micros() as i64);
-                        hub.record(Outcome::Retry {
-                            sub: sub_id,
-                            message: msg,
-                            attempts,
-                            at,
-                            next_at,
-                            status,
-                            error,
-                        })
-                        .await;
+                        tracing::info!(message, attempts, status = status.map_or(0, |s| s as u64), %error, retry_in_secs = wait.as_secs_f64(), "delivery failed; will retry");
                         job.attempts = attempts;
                         job.due = Some(Instant::now() + wait);
+                        Some(Outcome::Retry {
+                            sub,
+                            message,
+                            attempts,
+                            at,
+                            next_at: Timestamp(at.micros() + wait.as_micros() as i64),
+                            status,
+                            error,
+                        })
                     }
                     None => {
-                        tracing::warn!(message = msg, attempts, status = status.map_or(0, |s| s as u64), %error, "delivery failed; retry schedule exhausted");
-                        hub.record(Outcome::Failed {
-                            sub: sub_id,
-                            message: msg,
+                        tracing::warn!(message, attempts, status = status.map_or(0, |s| s as u64), %error, "delivery failed; retry schedule exhausted");
+                        self.queue.pop_front();
+                        Some(Outcome::Failed {
+                            sub,
+                            message,
                             attempts,
                             at,
                             status,
                             error,
                         })
-                        .await;
-                        queue.pop_front();
                     }
                 }
             }
+        };
+        (outcome, record)
+    }
+}
+
+/// Drives a lane: does what [`LaneState::next`] says until the handle is dropped, the hub
+/// stops or the partition is lost.
+async fn run_lane(
+    hub: Arc<Hub>,
+    sub: Subscription,
+    mut rx: mpsc::UnboundedReceiver<LaneMsg>,
+    signals: Signals,
+    suspect: bool,
+    grant: Arc<Grant>,
+) {
+    // A subscription's callback never changes (a new callback is a new subscription).
+    let target = target(&hub, &sub);
+    let mut st = LaneState::new(sub, suspect);
+    loop {
+        loop {
+            match rx.try_recv() {
+                Ok(m) => st.absorb(m, &signals),
+                Err(mpsc::error::TryRecvError::Empty) => break,
+                Err(mpsc::error::TryRecvError::Disconnected) => return,
+            }
         }
-        if hub.cancel.is_cancelled() {
-            return;
+        st.note_missed(&signals);
+        let wake = match st.next(Instant::now(), Timestamp::now()) {
+            Step::Read(want) => {
+                let read = {
+                    let _slot = hub.log_reads.acquire().await;
+                    hub.store
+                        .hub_messages_after(Some(&st.sub.topic), st.w.through, want, LANE_BYTES)
+                        .await
+                };
+                match read {
+                    Ok(batch) => {
+                        st.read(hub.shared(batch));
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading the subscription's queue from the log failed; retrying");
+                        Some(Instant::now() + Duration::from_secs(1))
+                    }
+                }
+            }
+            Step::Idle => None,
+            Step::Wait(due) => Some(due),
+            Step::Expired => {
+                let o = st.expire();
+                if !hub.record(o, &grant).await {
+                    return;
+                }
+                continue;
+            }
+            Step::Send(message) => {
+                // A delivery under way is finished even when the hub stops (it is bounded by
+                // hub.request_timeout_secs): cut off, it would be made again by whoever
+                // delivers next. Isolation: a proven subscriber takes a slot of the healthy
+                // pool; a new, failing or slow one a slot of its host's budget and then of the
+                // suspect pool, so hung callbacks (however many, on however few hosts) never
+                // hold a healthy subscriber's slot.
+                let attempt = {
+                    let host = st.suspect.then(|| hub.host_permits(&target));
+                    let _host = match &host {
+                        Some(h) => Some(tokio::select! {
+                            biased;
+                            _ = hub.cancel.cancelled() => return,
+                            p = h.acquire() => p,
+                        }),
+                        None => None,
+                    };
+                    let pool = if st.suspect {
+                        &hub.suspect_permits
+                    } else {
+                        &hub.permits
+                    };
+                    let _permit = tokio::select! {
+                        biased;
+                        _ = hub.cancel.cancelled() => return,
+                        p = pool.acquire() => p,
+                    };
+                    // Fencing: nothing is sent without a lease known to hold (a process paused
+                    // past its lease finds it lapsed here, before sending anything more).
+                    if !grant.valid() {
+                        None
+                    } else {
+                        let t0 = std::time::Instant::now();
+                        let a = deliver(&hub, &st.sub, &target, &message).await;
+                        Some((a, t0.elapsed()))
+                    }
+                };
+                let Some((attempt, took)) = attempt else {
+                    if grant.is_lost() {
+                        return;
+                    }
+                    // The renewal is late: wait for it (or for the partition to be dropped).
+                    tokio::select! {
+                        biased;
+                        _ = hub.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                    }
+                    continue;
+                };
+                let (outcome, record) = st.settle(attempt, took, &hub.settings);
+                hub.log_attempt(record);
+                let Some(outcome) = outcome else {
+                    hub.remove_gone(st.sub.id).await;
+                    return;
+                };
+                // The next message goes out once this outcome is durable: a crash repeats at
+                // most the one delivery in flight.
+                if !hub.record(outcome, &grant).await || hub.cancel.is_cancelled() {
+                    return;
+                }
+                continue;
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = hub.cancel.cancelled() => return,
+            m = rx.recv() => match m {
+                Some(m) => st.absorb(m, &signals),
+                None => return,
+            },
+            _ = sleep_until_or_forever(wake) => {}
         }
+    }
+}
+
+async fn sleep_until_or_forever(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -461,10 +571,34 @@ impl Hub {
             .clone()
     }
 
-    /// Hands an outcome to the writer; waits while the writer is a full buffer behind (the
-    /// lanes slow down with the store rather than buffer without bound).
-    async fn record(&self, o: Outcome) {
-        let _ = self.outcomes.send(o).await;
+    /// Hands an outcome to the writer and waits until it is durable; `false` when it was not
+    /// written: the partition was lost (another process's epoch is in the store) or the hub
+    /// is stopping. Lanes wait for the writer, which groups what they hand it.
+    async fn record(&self, outcome: Outcome, grant: &Grant) -> bool {
+        let (done, written) = oneshot::channel();
+        let r = Recording {
+            outcome,
+            epoch: grant.epoch,
+            done,
+        };
+        if self.outcomes.send(r).await.is_err() {
+            return false;
+        }
+        match written.await {
+            Ok(Recorded::Durable) => true,
+            Ok(Recorded::Fenced) => {
+                if !grant.is_lost() {
+                    tracing::warn!(
+                        partition = grant.partition,
+                        epoch = grant.epoch,
+                        "another process took this partition over: its lanes stop here"
+                    );
+                }
+                grant.lose();
+                false
+            }
+            Err(_) => false,
+        }
     }
 
     /// 410 Gone: the subscription ends (WebSub §7).
@@ -481,15 +615,15 @@ impl Hub {
         sub: Subscription,
         lanes: &mut std::collections::HashMap<i64, Lane>,
     ) {
-        if !self.is_delivering() {
-            return; // the delivering process picks it up from the store
-        }
         match lanes.get_mut(&sub.id) {
             Some(lane) => lane.update(sub),
             None => {
+                let Some(grant) = self.grant_for(sub.id) else {
+                    return; // the partition's owner picks it up from the store
+                };
                 let id = sub.id;
                 // A new subscriber proves itself in the suspect pool first.
-                lanes.insert(id, Lane::spawn(self, sub, true));
+                lanes.insert(id, Lane::spawn(self, sub, true, grant));
             }
         }
     }
@@ -643,12 +777,26 @@ pub(super) async fn fetch(
     Ok((ct, Bytes::from(body)))
 }
 
-const WRITER_GATHER: Duration = Duration::from_millis(50);
+/// An outcome on its way to the store: the lane's epoch (fencing, on a shared store) and
+/// whom to tell once it is written.
+pub(super) struct Recording {
+    outcome: Outcome,
+    epoch: u64,
+    done: oneshot::Sender<Recorded>,
+}
 
-/// Records outcomes in batches (one transaction each) until stopped, then drains.
+enum Recorded {
+    Durable,
+    /// Not written: a newer owner of the subscription's partition wrote it.
+    Fenced,
+}
+
+/// Records outcomes until stopped, then drains. No waiting to gather: while one write is under
+/// way the lanes' next outcomes queue up, and the next write takes all of them (group commit),
+/// so the store sees fewer, larger writes the busier the lanes are.
 pub(super) async fn run_writer(
     store: Store,
-    mut rx: mpsc::Receiver<Outcome>,
+    mut rx: mpsc::Receiver<Recording>,
     stop: CancellationToken,
     metrics: Arc<crate::metrics::Metrics>,
 ) {
@@ -658,14 +806,6 @@ pub(super) async fn run_writer(
             m = rx.recv() => match m { Some(m) => m, None => return },
             _ = stop.cancelled() => match rx.try_recv() { Ok(m) => m, Err(_) => return },
         };
-        // Outcomes are not urgent: gather for a moment so that one transaction (one fsync,
-        // one hold of the writer lock that publishes also need) records many.
-        if !stop.is_cancelled() {
-            tokio::select! {
-                _ = stop.cancelled() => {}
-                _ = tokio::time::sleep(WRITER_GATHER) => {}
-            }
-        }
         let mut batch = vec![first];
         while batch.len() < 20_000 {
             match rx.try_recv() {
@@ -673,9 +813,14 @@ pub(super) async fn run_writer(
                 Err(_) => break,
             }
         }
-        loop {
-            match store.hub_record(batch.clone()).await {
-                Ok(()) => break,
+        let outcomes: Vec<Outcome> = batch.iter().map(|r| r.outcome.clone()).collect();
+        let epochs: HashMap<SubscriptionId, u64> = batch
+            .iter()
+            .map(|r| (r.outcome.subscription(), r.epoch))
+            .collect();
+        let fenced = loop {
+            match store.hub_record(outcomes.clone(), &epochs).await {
+                Ok(fenced) => break fenced,
                 Err(e) => {
                     metrics.store_errors.inc();
                     tracing::error!(error = %e, outcomes = batch.len(), "recording delivery outcomes failed; retrying");
@@ -685,6 +830,14 @@ pub(super) async fn run_writer(
                     tokio::time::sleep(Duration::from_secs(1)).await;
                 }
             }
+        };
+        for r in batch {
+            let answer = if fenced.contains(&r.outcome.subscription()) {
+                Recorded::Fenced
+            } else {
+                Recorded::Durable
+            };
+            let _ = r.done.send(answer);
         }
     }
 }

@@ -12,6 +12,7 @@
 
 pub mod admin;
 mod delivery;
+mod partition;
 mod policy;
 mod request;
 mod verify;
@@ -88,6 +89,11 @@ pub struct HubSettings {
     pub max_verifications: usize,
     pub max_verifications_per_host: usize,
     pub history: Duration,
+    /// Messages are kept at least this long (redelivery windows start no earlier).
+    pub retention: Duration,
+    /// Delivery partitions wanted on a shared store (the store's count wins).
+    pub partitions: u32,
+    pub partition_lease: Duration,
 }
 
 impl HubSettings {
@@ -120,6 +126,9 @@ impl HubSettings {
             max_verifications: h.max_concurrent_verifications,
             max_verifications_per_host: h.max_verifications_per_host,
             history: Duration::from_secs(h.history_days * 86_400),
+            retention: Duration::from_secs(h.retention_hours * 3_600),
+            partitions: h.partitions,
+            partition_lease: Duration::from_secs(h.partition_lease_secs),
         }
     }
 
@@ -281,7 +290,7 @@ pub struct Hub {
     /// receive messages in number order; nothing else waits on it.
     publish_order: tokio::sync::Mutex<()>,
     /// Delivery outcomes on their way to the store (bounded: see `OUTCOME_BUFFER`).
-    outcomes: mpsc::Sender<model::Outcome>,
+    outcomes: mpsc::Sender<delivery::Recording>,
     /// Delivery slots of healthy subscribers.
     permits: Arc<Semaphore>,
     /// Delivery slots of new, failing and slow subscribers: hung callbacks wait here, never
@@ -307,9 +316,14 @@ pub struct Hub {
     writer: Mutex<Option<JoinHandle<()>>>,
     metrics: Arc<Metrics>,
     attempts: admin::AttemptLog,
-    /// Whether this process delivers (always on the embedded store; on a shared store, while
-    /// it holds the delivery lease).
+    /// Whether this process notifies, redoes stale verifications and adopts external writes
+    /// (always on the embedded store; on a shared store, while it holds the leader lease).
     delivering: AtomicBool,
+    /// The embedded store's one grant (every subscription, for ever).
+    everything: Arc<partition::Grant>,
+    /// On a shared store: the delivery partitions this process holds, and their count.
+    held: Mutex<HashMap<u32, partition::Held>>,
+    partition_count: std::sync::atomic::AtomicU64,
     /// The newest message handed to the lanes from the log (shared store).
     synced_through: std::sync::atomic::AtomicI64,
     /// This process's name in leases.
@@ -319,7 +333,9 @@ pub struct Hub {
 /// Outcomes buffered for the writer before lanes wait for it.
 const OUTCOME_BUFFER: usize = 10_000;
 
-/// On a shared store one process at a time delivers and notifies: the holder of this lease.
+/// On a shared store one process at a time notifies (and redoes stale verifications, adopts
+/// external writes, builds dumps): the holder of this lease. Delivery is spread over the
+/// processes by partition (see [`partition`]).
 const DELIVERY_LEASE: &str = "delivery";
 /// How long the lease lasts unrenewed: a dead holder is replaced after at most this.
 const LEASE_SECS: u64 = 10;
@@ -379,6 +395,9 @@ impl Hub {
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
             delivering: AtomicBool::new(false),
+            everything: partition::Grant::everything(),
+            held: Mutex::new(HashMap::new()),
+            partition_count: std::sync::atomic::AtomicU64::new(0),
             synced_through: std::sync::atomic::AtomicI64::new(0),
             owner: format!("{}-{}", std::process::id(), challenge()),
         });
@@ -386,9 +405,13 @@ impl Hub {
             let leader = hub.clone();
             hub.tasks
                 .spawn(async move { leader.run_leadership().await });
+            let deliverer = hub.clone();
+            hub.tasks
+                .spawn(async move { deliverer.run_partitions().await });
         } else {
             hub.delivering.store(true, Ordering::SeqCst);
-            hub.restore(None).await?;
+            hub.restore_lanes().await?;
+            hub.restore_intents(None).await?;
         }
         let pruner = hub.clone();
         hub.tasks.spawn(async move { pruner.run_pruner().await });
@@ -400,15 +423,11 @@ impl Hub {
         self.delivering.load(Ordering::SeqCst)
     }
 
-    /// Starts lanes for every subscription and redoes verifications (on a shared store, only
-    /// those older than `intents_older_than`: younger ones are under way in another process).
-    async fn restore(
-        self: &Arc<Self>,
-        intents_older_than: Option<Duration>,
-    ) -> Result<(), StoreError> {
+    /// Starts a lane for every subscription (one process: the embedded store).
+    async fn restore_lanes(self: &Arc<Self>) -> Result<(), StoreError> {
         let subs = self.store.hub_subscriptions().await?;
         // Lanes read their own queues from the log; messages after this one reach them as
-        // they are published (or, on a shared store, by `dispatch_new`).
+        // they are published.
         let last = self.store.hub_last_message().await?;
         let subscriptions = {
             let mut lanes = self.lanes();
@@ -416,24 +435,41 @@ impl Hub {
             for sub in subs {
                 // Restored subscribers start healthy unless they were failing.
                 let suspect = sub.attempts > 0;
-                lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
+                lanes.insert(
+                    sub.id,
+                    Lane::spawn(self, sub, suspect, self.everything.clone()),
+                );
             }
             lanes.len()
         };
-        let mut intents = self.store.hub_intents().await?;
-        if let Some(age) = intents_older_than {
-            let cut = Timestamp::now().micros() - age.as_micros() as i64;
-            intents.retain(|i| i.requested_at.micros() < cut);
-        }
         // What the lanes will read from the log (a count, not the messages).
         let pending = self.store.hub_totals(Timestamp::now()).await?.queue_depth;
         tracing::info!(
             subscriptions,
             pending_deliveries = pending,
-            verifications = intents.len(),
             hub = %self.settings.hub_url,
             "hub started"
         );
+        Ok(())
+    }
+
+    /// Redoes verifications (on a shared store, only those older than `intents_older_than`:
+    /// younger ones are under way in another process).
+    async fn restore_intents(
+        self: &Arc<Self>,
+        intents_older_than: Option<Duration>,
+    ) -> Result<(), StoreError> {
+        let mut intents = self.store.hub_intents().await?;
+        if let Some(age) = intents_older_than {
+            let cut = Timestamp::now().micros() - age.as_micros() as i64;
+            intents.retain(|i| i.requested_at.micros() < cut);
+        }
+        if !intents.is_empty() {
+            tracing::info!(
+                verifications = intents.len(),
+                "verifications under way before a stop: redoing them"
+            );
+        }
         for intent in intents {
             self.spawn_verification(intent);
         }
@@ -487,12 +523,6 @@ impl Hub {
                     }
                 }
             }
-            if self.is_delivering() {
-                if let Err(e) = self.sync().await {
-                    self.metrics.store_errors.inc();
-                    tracing::warn!(error = %e, "hub: reading subscriptions and messages failed");
-                }
-            }
         }
     }
 
@@ -500,16 +530,14 @@ impl Hub {
         let lanes = self.lanes();
         self.delivering.store(true, Ordering::SeqCst);
         drop(lanes);
-        tracing::info!(owner = %self.owner, "this process holds the delivery lease: delivering and notifying");
-        if let Err(e) = self.restore(Some(Duration::from_secs(30))).await {
-            tracing::warn!(error = %e, "hub: restoring queues failed; the next sync retries");
+        tracing::info!(owner = %self.owner, "this process holds the leader lease: notifying");
+        if let Err(e) = self.restore_intents(Some(Duration::from_secs(30))).await {
+            tracing::warn!(error = %e, "hub: redoing verifications failed");
         }
     }
 
     async fn stand_down(&self) {
-        let mut lanes = self.lanes();
         self.delivering.store(false, Ordering::SeqCst);
-        lanes.clear();
     }
 
     /// Brings the lanes in line with the store: lanes for new subscriptions, none for removed
@@ -519,13 +547,24 @@ impl Hub {
         let started = tokio::time::Instant::now();
         let subs = self.store.hub_subscriptions().await?;
         {
+            let grants: Vec<(model::Subscription, Option<Arc<partition::Grant>>)> = subs
+                .into_iter()
+                .map(|s| {
+                    let g = self.grant_for(s.id);
+                    (s, g)
+                })
+                .collect();
             let mut lanes = self.lanes();
-            if !self.is_delivering() {
-                return Ok(());
-            }
-            let ids: HashSet<SubscriptionId> = subs.iter().map(|s| s.id).collect();
-            lanes.retain(|id, lane| ids.contains(id) || lane.born > started);
-            for sub in subs {
+            let ids: HashSet<SubscriptionId> = grants
+                .iter()
+                .filter(|(_, g)| g.is_some())
+                .map(|(s, _)| s.id)
+                .collect();
+            lanes.retain(|id, lane| {
+                !lane.grant.is_lost() && (ids.contains(id) || lane.born > started)
+            });
+            for (sub, grant) in grants {
+                let Some(grant) = grant else { continue };
                 match lanes.get_mut(&sub.id) {
                     Some(lane) => {
                         if lane.renewed(&sub) {
@@ -534,7 +573,7 @@ impl Hub {
                     }
                     None => {
                         let suspect = sub.attempts > 0;
-                        lanes.insert(sub.id, Lane::spawn(self, sub, suspect));
+                        lanes.insert(sub.id, Lane::spawn(self, sub, suspect, grant));
                     }
                 }
             }
@@ -877,6 +916,7 @@ impl Hub {
         self.tasks.close();
         self.tasks.wait().await;
         self.stand_down().await;
+        self.lanes().clear();
         self.writer_stop.cancel();
         let writer = self.writer.lock().expect("writer handle").take();
         if let Some(w) = writer {
@@ -884,6 +924,7 @@ impl Hub {
         }
         // Outcomes are written: another process may take over at once.
         if self.store.is_shared() {
+            self.release_partitions().await;
             if let Err(e) = self.store.release(DELIVERY_LEASE, &self.owner).await {
                 tracing::warn!(error = %e, "releasing the delivery lease failed; it lapses by itself");
             }

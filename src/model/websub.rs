@@ -294,6 +294,24 @@ pub enum Outcome {
     },
 }
 
+/// The delivery partition of a subscription (of `count`): on a shared store each partition
+/// is delivered by one process at a time.
+pub fn partition_of(id: SubscriptionId, count: u32) -> u32 {
+    (id.unsigned_abs() % u64::from(count.max(1))) as u32
+}
+
+impl Outcome {
+    /// The subscription it is about.
+    pub fn subscription(&self) -> SubscriptionId {
+        match self {
+            Outcome::Delivered { sub, .. }
+            | Outcome::Retry { sub, .. }
+            | Outcome::Failed { sub, .. }
+            | Outcome::Skipped { sub, .. } => *sub,
+        }
+    }
+}
+
 /// How a verification ended.
 #[derive(Debug, Clone)]
 pub enum Resolution {

@@ -1,6 +1,7 @@
 //! The hub's part of the storage contract: subscriptions, intents awaiting verification,
 //! topics, messages and per-subscription delivery queues, kept durable by every backend.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -11,6 +12,11 @@ use crate::model::websub::{
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
+use crate::store::elastic::PartitionLease;
+
+fn unshared() -> StoreError {
+    StoreError::Unavailable("partitions exist on a shared store only".into())
+}
 
 impl Store {
     /// Whether several server processes may share this store (then one at a time delivers).
@@ -145,11 +151,80 @@ impl Store {
         }
     }
 
-    /// Records delivery outcomes: cursors, retry state, counters, failed deliveries.
-    pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
+    /// Records delivery outcomes: cursors, retry state, counters, failed deliveries. On a
+    /// shared store a subscription's record is written only by a writer whose partition epoch
+    /// (`epochs`) is not older than the stored one; the answer names those refused (fenced).
+    pub async fn hub_record(
+        &self,
+        outcomes: Vec<Outcome>,
+        epochs: &HashMap<SubscriptionId, u64>,
+    ) -> Result<HashSet<SubscriptionId>, StoreError> {
         match self {
-            Store::Embedded(s) => s.hub_record(outcomes).await,
-            Store::Elasticsearch(s) => s.hub_record(outcomes).await,
+            Store::Embedded(s) => s.hub_record(outcomes).await.map(|()| HashSet::new()),
+            Store::Elasticsearch(s) => s.hub_record(outcomes, epochs).await,
+        }
+    }
+
+    /// Sharded delivery (shared store only; see [`super::elastic`]): the partition count fixed
+    /// in the store.
+    pub async fn partition_count(&self, wanted: u32) -> Result<u32, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(1),
+            Store::Elasticsearch(s) => s.partition_count(wanted).await,
+        }
+    }
+
+    /// Announces this process alive; returns the processes alive (shared store only).
+    pub async fn heartbeat(&self, owner: &str, secs: u64) -> Result<Vec<String>, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(vec![owner.to_string()]),
+            Store::Elasticsearch(s) => s.heartbeat(owner, secs).await,
+        }
+    }
+
+    /// Takes a delivery partition no one holds, with the next epoch.
+    pub async fn take_partition(
+        &self,
+        p: u32,
+        owner: &str,
+        secs: u64,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        match self {
+            Store::Embedded(_) => Err(unshared()),
+            Store::Elasticsearch(s) => s.take_partition(p, owner, secs).await,
+        }
+    }
+
+    /// Renews a held partition; `None` when it was lost.
+    pub async fn renew_partition(
+        &self,
+        p: u32,
+        lease: &PartitionLease,
+        owner: &str,
+        secs: u64,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        match self {
+            Store::Embedded(_) => Err(unshared()),
+            Store::Elasticsearch(s) => s.renew_partition(p, lease, owner, secs).await,
+        }
+    }
+
+    pub async fn release_partition(
+        &self,
+        p: u32,
+        lease: &PartitionLease,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(_) => Err(unshared()),
+            Store::Elasticsearch(s) => s.release_partition(p, lease).await,
+        }
+    }
+
+    /// Stamps a new owner's epoch on a partition's subscriptions (fencing the old owner).
+    pub async fn fence(&self, p: u32, count: u32, epoch: u64) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(_) => Err(unshared()),
+            Store::Elasticsearch(s) => s.fence(p, count, epoch).await,
         }
     }
 

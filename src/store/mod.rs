@@ -11,6 +11,7 @@ mod rules;
 
 use std::path::Path;
 
+pub use elastic::PartitionLease;
 pub use embedded::EmbeddedStore;
 pub use rules::SetRules;
 pub(crate) use rules::{fold, sub_state};
@@ -187,7 +188,7 @@ pub struct Page<T> {
 pub enum Store {
     Embedded(EmbeddedStore),
     /// Elasticsearch (see [`elastic`]): shareable by several server processes.
-    Elasticsearch(elastic::ElasticStore),
+    Elasticsearch(Box<elastic::ElasticStore>),
 }
 
 impl Store {

@@ -13,8 +13,13 @@
 //!   them (each tagged with its origin, so a retry does not append twice) and empties the
 //!   outbox. A process that dies in between leaves the outbox to whoever reads the state next.
 //! - `lease:<name>`: leases (see [`ElasticStore::lease`]).
+//! - `partitions`, `nodes`, `part:<p>`: sharded delivery (see [`ElasticStore::take_partition`]):
+//!   the partition count fixed by the first process, the live processes' heartbeats, and one
+//!   lease per partition carrying its epoch.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use futures_util::StreamExt;
 use std::sync::Arc;
 
 use base64::Engine;
@@ -25,6 +30,7 @@ use serde_json::{json, Value};
 use sha2::Digest;
 
 use super::{ElasticStore, Versioned};
+use crate::model::websub::partition_of;
 use crate::model::websub::SignatureAlg;
 use crate::model::websub::{
     Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription,
@@ -106,6 +112,10 @@ struct SubDoc {
     topic_given: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     callback_given: Option<String>,
+    /// The epoch of the partition lease under which the delivery record was last written: a
+    /// writer holding an older epoch is refused (fencing; see [`ElasticStore::fence`]).
+    #[serde(default)]
+    epoch: u64,
 }
 
 impl SubDoc {
@@ -562,6 +572,7 @@ impl ElasticStore {
                                 last_failure_error: None,
                                 topic_given: Some(intent.topic.given().into()),
                                 callback_given: Some(intent.callback.given().into()),
+                                epoch: 0,
                             };
                             if self
                                 .es
@@ -815,50 +826,68 @@ impl ElasticStore {
         Ok(())
     }
 
-    pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
+    /// Records outcomes; each subscription's record is written only by a writer whose epoch
+    /// (in `epochs`) is at least the one stored with it. Returns the subscriptions refused so.
+    pub async fn hub_record(
+        &self,
+        outcomes: Vec<Outcome>,
+        epochs: &HashMap<SubscriptionId, u64>,
+    ) -> Result<HashSet<SubscriptionId>, StoreError> {
         let folds = fold(outcomes);
+        let mut fenced = HashSet::new();
         if folds.is_empty() {
-            return Ok(());
+            return Ok(fenced);
         }
-        let ids: Vec<i64> = folds.iter().map(|(id, _)| *id).collect();
-        let docs: HashMap<i64, String> = self
-            .subs(json!({"terms": {"id": ids}}))
-            .await?
-            .into_iter()
-            .map(|(s, _)| {
-                (
-                    s.id,
-                    sub_doc_id(
-                        &Topic::from_stored(s.topic),
-                        &Callback::from_stored(s.callback),
-                    ),
-                )
+        let doc_ids = self.sub_doc_ids(folds.iter().map(|(id, _)| *id)).await?;
+        // The subscriptions' records are written side by side (one round trip, not one each).
+        let writes = folds.iter().filter_map(|(id, f)| {
+            let doc_id = doc_ids.get(id)?;
+            let epoch = epochs.get(id).copied().unwrap_or(0);
+            Some(async move {
+                let mut refused = false;
+                self.update_sub(doc_id, |s| {
+                    if s.epoch > epoch {
+                        refused = true;
+                        return false;
+                    }
+                    s.epoch = epoch;
+                    s.cursor = s.cursor.max(f.cursor);
+                    s.attempts = f.attempts;
+                    s.next_attempt_at = f.next_at;
+                    s.delivered += f.delivered as u64;
+                    s.failed += f.failed as u64;
+                    if let Some((at, status)) = f.success {
+                        (s.last_success_at, s.last_success_status) = (Some(at), Some(status));
+                    }
+                    if let Some((at, status, error)) = &f.failure {
+                        (
+                            s.last_failure_at,
+                            s.last_failure_status,
+                            s.last_failure_error,
+                        ) = (Some(*at), *status, Some(error.clone()));
+                    }
+                    true
+                })
+                .await
+                .map(|_| (*id, refused))
             })
-            .collect();
+        });
+        let written: Vec<Result<(SubscriptionId, bool), StoreError>> =
+            futures_util::stream::iter(writes.collect::<Vec<_>>())
+                .buffer_unordered(16)
+                .collect()
+                .await;
+        for w in written {
+            let (id, refused) = w?;
+            if refused {
+                fenced.insert(id);
+            }
+        }
         let mut failures = String::new();
-        for (id, f) in folds {
-            let Some(doc_id) = docs.get(&id) else {
+        for (id, f) in &folds {
+            if fenced.contains(id) || !doc_ids.contains_key(id) {
                 continue;
-            };
-            self.update_sub(doc_id, |s| {
-                s.cursor = s.cursor.max(f.cursor);
-                s.attempts = f.attempts;
-                s.next_attempt_at = f.next_at;
-                s.delivered += f.delivered as u64;
-                s.failed += f.failed as u64;
-                if let Some((at, status)) = f.success {
-                    (s.last_success_at, s.last_success_status) = (Some(at), Some(status));
-                }
-                if let Some((at, status, error)) = &f.failure {
-                    (
-                        s.last_failure_at,
-                        s.last_failure_status,
-                        s.last_failure_error,
-                    ) = (Some(*at), *status, Some(error.clone()));
-                }
-                true
-            })
-            .await?;
+            }
             for (msg, attempts, status, error, at) in &f.failures {
                 failures.push_str(
                     &json!({"index": {"_index": self.hub, "_id": format!("fail:{id}:{msg}")}})
@@ -871,7 +900,44 @@ impl ElasticStore {
                 failures.push('\n');
             }
         }
-        self.bulk(failures).await
+        self.bulk(failures).await?;
+        Ok(fenced)
+    }
+
+    /// The document ids of subscriptions (kept once read: a subscription's id and document
+    /// never change); those not found are left out.
+    async fn sub_doc_ids(
+        &self,
+        ids: impl Iterator<Item = SubscriptionId>,
+    ) -> Result<HashMap<SubscriptionId, String>, StoreError> {
+        let ids: Vec<SubscriptionId> = ids.collect();
+        let mut out = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let known = self.sub_docs.lock().expect("sub doc ids");
+            for id in &ids {
+                match known.get(id) {
+                    Some(d) => {
+                        out.insert(*id, d.clone());
+                    }
+                    None => missing.push(*id),
+                }
+            }
+        }
+        if !missing.is_empty() {
+            for (s, _) in self.subs(json!({"terms": {"id": missing}})).await? {
+                let d = sub_doc_id(
+                    &Topic::from_stored(s.topic),
+                    &Callback::from_stored(s.callback),
+                );
+                self.sub_docs
+                    .lock()
+                    .expect("sub doc ids")
+                    .insert(s.id, d.clone());
+                out.insert(s.id, d);
+            }
+        }
+        Ok(out)
     }
 
     pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
@@ -1114,4 +1180,189 @@ impl ElasticStore {
         }
         Ok(())
     }
+
+    /// The number of delivery partitions: the first process to ask fixes it (`wanted`), the
+    /// others get what it fixed.
+    pub async fn partition_count(&self, wanted: u32) -> Result<u32, StoreError> {
+        let doc = json!({"kind": "partitions", "doc": {"count": wanted}});
+        for _ in 0..10 {
+            if let Some(v) = self.es.get_doc(&self.hub, "partitions").await? {
+                return v.source["doc"]["count"]
+                    .as_u64()
+                    .filter(|n| *n >= 1)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| corrupt(format!("partitions document: {}", v.source)));
+            }
+            if self
+                .es
+                .put_doc_if(&self.hub, "partitions", &doc, None)
+                .await?
+            {
+                return Ok(wanted);
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the partitions document kept changing".into(),
+        ))
+    }
+
+    /// Announces `owner` alive for `secs` seconds in the one heartbeat document (replaced
+    /// conditionally) and returns the processes alive now, `owner` among them. Entries dead
+    /// for a minute are dropped.
+    pub async fn heartbeat(&self, owner: &str, secs: u64) -> Result<Vec<String>, StoreError> {
+        for _ in 0..50 {
+            let now = Timestamp::now();
+            let v = self.es.get_doc(&self.hub, "nodes").await?;
+            let mut nodes: BTreeMap<String, i64> = v
+                .as_ref()
+                .and_then(|v| serde_json::from_value(v.source["doc"]["nodes"].clone()).ok())
+                .unwrap_or_default();
+            nodes.retain(|_, until| *until > now.0 - 60_000_000);
+            nodes.insert(owner.to_string(), now.plus_secs(secs).0);
+            let doc = json!({"kind": "nodes", "doc": {"nodes": nodes}});
+            if self
+                .es
+                .put_doc_if(&self.hub, "nodes", &doc, v.as_ref())
+                .await?
+            {
+                return Ok(nodes
+                    .into_iter()
+                    .filter(|(_, until)| *until > now.0)
+                    .map(|(n, _)| n)
+                    .collect());
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the heartbeat document kept changing under us".into(),
+        ))
+    }
+
+    /// Takes partition `p` for `owner` when no one holds it (never taken, released, or its
+    /// lease lapsed), with the next epoch. `None` while another process holds it.
+    pub async fn take_partition(
+        &self,
+        p: u32,
+        owner: &str,
+        secs: u64,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        let id = format!("part:{p}");
+        let now = Timestamp::now();
+        let current = self.es.get_doc(&self.hub, &id).await?;
+        let epoch = match &current {
+            None => 1,
+            Some(v) => {
+                let d = &v.source["doc"];
+                let held = d["owner"]
+                    .as_str()
+                    .is_some_and(|o| !o.is_empty() && o != owner)
+                    && d["until"].as_i64().is_some_and(|u| u > now.0);
+                if held {
+                    return Ok(None);
+                }
+                d["epoch"].as_u64().unwrap_or(0) + 1
+            }
+        };
+        let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": epoch, "until": now.plus_secs(secs).0}});
+        if !self
+            .es
+            .put_doc_if(&self.hub, &id, &doc, current.as_ref())
+            .await?
+        {
+            return Ok(None);
+        }
+        Ok(self
+            .es
+            .get_doc(&self.hub, &id)
+            .await?
+            .filter(|v| v.source["doc"]["owner"].as_str() == Some(owner))
+            .map(|v| PartitionLease { epoch, version: v }))
+    }
+
+    /// Renews a partition's lease (`Some`, the new version) unless someone else wrote it since
+    /// (`None`: the partition is lost).
+    pub async fn renew_partition(
+        &self,
+        p: u32,
+        lease: &PartitionLease,
+        owner: &str,
+        secs: u64,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        let id = format!("part:{p}");
+        let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": lease.epoch, "until": Timestamp::now().plus_secs(secs).0}});
+        let path = format!(
+            "/{}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true",
+            self.hub,
+            super::encode_id(&id),
+            lease.version.seq_no,
+            lease.version.primary_term
+        );
+        let (status, v) = self.es.call(Method::Put, &path, Some(doc.clone())).await?;
+        match status {
+            200..=299 => Ok(Some(PartitionLease {
+                epoch: lease.epoch,
+                version: Versioned {
+                    source: doc,
+                    seq_no: v["_seq_no"].as_i64().unwrap_or(-1),
+                    primary_term: v["_primary_term"].as_i64().unwrap_or(-1),
+                },
+            })),
+            409 => Ok(None),
+            s => Err(StoreError::Unavailable(format!("PUT {path}: {s} {v}"))),
+        }
+    }
+
+    /// Gives a partition up at once (its lanes have stopped and their outcomes are written).
+    pub async fn release_partition(
+        &self,
+        p: u32,
+        lease: &PartitionLease,
+    ) -> Result<(), StoreError> {
+        let doc =
+            json!({"kind": "partition", "doc": {"owner": "", "epoch": lease.epoch, "until": 0}});
+        self.es
+            .put_doc_if(&self.hub, &format!("part:{p}"), &doc, Some(&lease.version))
+            .await?;
+        Ok(())
+    }
+
+    /// Stamps `epoch` on the delivery record of every subscription of partition `p` (of
+    /// `count`): from here on a writer with an older epoch (a paused ex-owner) is refused.
+    pub async fn fence(&self, p: u32, count: u32, epoch: u64) -> Result<(), StoreError> {
+        let subs = self.subs(json!({"match_all": {}})).await?;
+        let docs: Vec<String> = subs
+            .iter()
+            .filter(|(s, _)| partition_of(s.id, count) == p && s.epoch < epoch)
+            .map(|(s, _)| {
+                sub_doc_id(
+                    &Topic::from_stored(s.topic.clone()),
+                    &Callback::from_stored(s.callback.clone()),
+                )
+            })
+            .collect();
+        let stamps = docs.iter().map(|d| {
+            self.update_sub(d, |s| {
+                if s.epoch >= epoch {
+                    return false;
+                }
+                s.epoch = epoch;
+                true
+            })
+        });
+        let done: Vec<Result<Option<SubDoc>, StoreError>> =
+            futures_util::stream::iter(stamps.collect::<Vec<_>>())
+                .buffer_unordered(16)
+                .collect()
+                .await;
+        for d in done {
+            d?;
+        }
+        Ok(())
+    }
+}
+
+/// A partition lease as held: its epoch and the version to renew it from.
+#[derive(Debug, Clone)]
+pub struct PartitionLease {
+    pub epoch: u64,
+    pub version: Versioned,
 }

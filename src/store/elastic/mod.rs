@@ -25,6 +25,7 @@ mod hub;
 pub mod mapping;
 
 pub use crate::store::SetRules;
+pub use hub::PartitionLease;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -555,6 +556,8 @@ pub struct ElasticStore {
     resources: String,
     changes: String,
     hub: String,
+    /// Subscription id -> document id, as read (neither ever changes).
+    sub_docs: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<i64, String>>>,
 }
 
 impl ElasticStore {
@@ -565,6 +568,7 @@ impl ElasticStore {
             resources: cfg.resource_index(),
             changes: cfg.change_index(),
             hub: cfg.hub_index(),
+            sub_docs: Default::default(),
         })
     }
 

@@ -1,0 +1,403 @@
+//! Sharded delivery on a shared store. Subscriptions fall into partitions (by id); each
+//! partition is delivered by one process at a time, the holder of its lease (a document taken
+//! and renewed with conditional writes, read with GET). Live processes announce themselves in
+//! a heartbeat document, and each partition goes to the live process that scores highest for
+//! it (rendezvous hashing: a process joining or leaving moves only the partitions it wins or
+//! held). A takeover raises the partition's epoch and stamps it on the partition's delivery
+//! records, so that an ex-owner that was paused past its lease has its next write refused and
+//! drops the partition; before that, it sends nothing, because a lane sends only while its
+//! [`Grant`] is known to hold (renewed within the lease, by the monotonic clock).
+//!
+//! On the embedded store (one process) one grant covers everything, forever.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sha2::Digest;
+
+use super::Hub;
+use crate::model::websub::{partition_of, SubscriptionId};
+use crate::store::PartitionLease;
+
+/// The right to deliver a partition's subscriptions: its epoch, and until when it is known to
+/// hold. Lanes check it before each send; the partition loop extends or revokes it.
+pub struct Grant {
+    pub partition: u32,
+    pub epoch: u64,
+    base: Instant,
+    /// Milliseconds after `base` until which the lease is known to hold.
+    valid_until_ms: AtomicU64,
+    lost: AtomicBool,
+}
+
+impl Grant {
+    /// The embedded store's grant: every subscription, for ever.
+    pub fn everything() -> Arc<Grant> {
+        Arc::new(Grant {
+            partition: 0,
+            epoch: 0,
+            base: Instant::now(),
+            valid_until_ms: AtomicU64::new(u64::MAX),
+            lost: AtomicBool::new(false),
+        })
+    }
+
+    fn new(partition: u32, epoch: u64, until: Instant) -> Arc<Grant> {
+        let g = Grant {
+            partition,
+            epoch,
+            base: Instant::now(),
+            valid_until_ms: AtomicU64::new(0),
+            lost: AtomicBool::new(false),
+        };
+        g.extend(until);
+        Arc::new(g)
+    }
+
+    /// The lease holds at least until `until` (a renewal sent before it was granted).
+    fn extend(&self, until: Instant) {
+        let ms = until.saturating_duration_since(self.base).as_millis() as u64;
+        self.valid_until_ms.fetch_max(ms, Ordering::SeqCst);
+    }
+
+    /// Whether a delivery may be sent under this grant now.
+    pub fn valid(&self) -> bool {
+        !self.is_lost()
+            && (self.base.elapsed().as_millis() as u64) < self.valid_until_ms.load(Ordering::SeqCst)
+    }
+
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::SeqCst)
+    }
+
+    /// Revoked: lanes under it stop before their next send.
+    pub fn lose(&self) {
+        self.lost.store(true, Ordering::SeqCst);
+    }
+}
+
+/// A partition this process holds.
+pub(super) struct Held {
+    pub grant: Arc<Grant>,
+    lease: PartitionLease,
+}
+
+/// The process that delivers partition `p`: the highest score of (process, partition) among
+/// the live processes.
+pub fn rendezvous(nodes: &[String], p: u32) -> Option<&str> {
+    nodes
+        .iter()
+        .max_by_key(|n| {
+            let h = sha2::Sha256::new()
+                .chain_update(n.as_bytes())
+                .chain_update(p.to_le_bytes())
+                .finalize();
+            u64::from_le_bytes(h[..8].try_into().expect("8 bytes"))
+        })
+        .map(String::as_str)
+}
+
+/// A renewal is sent this often (a fifth of the lease): a lease survives a few failed ones.
+fn renew_every(lease: Duration) -> Duration {
+    lease / 5
+}
+
+/// The margin kept below the lease when trusting it locally (clock rates and request time).
+fn margin(lease: Duration) -> Duration {
+    (lease / 10).max(Duration::from_millis(500))
+}
+
+impl Hub {
+    /// The grant a lane for subscription `id` delivers under, if this process delivers it.
+    pub(super) fn grant_for(&self, id: SubscriptionId) -> Option<Arc<Grant>> {
+        if !self.store.is_shared() {
+            return Some(self.everything.clone());
+        }
+        let count = self.partition_count.load(Ordering::SeqCst) as u32;
+        if count == 0 {
+            return None;
+        }
+        let held = self.held.lock().expect("held partitions");
+        held.get(&partition_of(id, count))
+            .map(|h| h.grant.clone())
+            .filter(|g| !g.is_lost())
+    }
+
+    /// Partitions held now.
+    pub fn partitions_held(&self) -> usize {
+        if !self.store.is_shared() {
+            return 1;
+        }
+        self.held.lock().expect("held partitions").len()
+    }
+
+    /// On a shared store: keeps this process's heartbeat, takes the partitions it wins and
+    /// no one holds, renews those it holds, gives up those another live process wins, and
+    /// keeps the lanes of its partitions in step with the store.
+    pub(super) async fn run_partitions(self: Arc<Self>) {
+        let lease = self.settings.partition_lease;
+        let secs = lease.as_secs();
+        let count = loop {
+            match self.store.partition_count(self.settings.partitions).await {
+                Ok(n) => break n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the partition count failed; retrying");
+                    tokio::select! {
+                        _ = self.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    }
+                }
+            }
+        };
+        if count != self.settings.partitions {
+            tracing::warn!(
+                configured = self.settings.partitions,
+                in_store = count,
+                "hub.partitions differs from the count the store was set up with: using the store's"
+            );
+        }
+        match self.store.hub_last_message().await {
+            Ok(last) => self.synced_through.store(last, Ordering::SeqCst),
+            Err(e) => tracing::warn!(error = %e, "reading the log's end failed"),
+        }
+        self.partition_count
+            .store(u64::from(count), Ordering::SeqCst);
+        let mut live: Vec<String> = Vec::new();
+        let mut last_beat: Option<Instant> = None;
+        let mut tick = tokio::time::interval(super::SYNC_EVERY);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if last_beat.is_none_or(|t| t.elapsed() >= renew_every(lease)) {
+                let sent = Instant::now();
+                match self.store.heartbeat(&self.owner, secs).await {
+                    Ok(nodes) => {
+                        if nodes != live {
+                            tracing::info!(
+                                processes = nodes.len(),
+                                "delivering processes: {}",
+                                nodes.join(", ")
+                            );
+                        }
+                        live = nodes;
+                        last_beat = Some(sent);
+                    }
+                    Err(e) => {
+                        self.metrics.store_errors.inc();
+                        tracing::warn!(error = %e, "heartbeat failed");
+                    }
+                }
+                self.renew_all(secs, lease).await;
+            }
+            self.drop_lost();
+            let wanted: HashSet<u32> = (0..count)
+                .filter(|p| rendezvous(&live, *p) == Some(self.owner.as_str()))
+                .collect();
+            let held: Vec<u32> = self.held.lock().expect("held").keys().copied().collect();
+            for p in held.iter().filter(|p| !wanted.contains(p)) {
+                self.hand_over(*p);
+            }
+            let mut took = Vec::new();
+            for p in &wanted {
+                if self.held.lock().expect("held").contains_key(p) {
+                    continue;
+                }
+                if self.cancel.is_cancelled() {
+                    return;
+                }
+                match self.take(*p, count, secs, lease).await {
+                    Ok(true) => took.push(*p),
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.metrics.store_errors.inc();
+                        tracing::warn!(partition = p, error = %e, "taking a partition failed");
+                    }
+                }
+            }
+            if !took.is_empty() {
+                took.sort();
+                tracing::info!(partitions = ?took, "delivering these partitions now");
+            }
+            self.metrics
+                .partitions_held
+                .set(self.partitions_held() as i64);
+            if !self.held.lock().expect("held").is_empty() {
+                if let Err(e) = self.sync().await {
+                    self.metrics.store_errors.inc();
+                    tracing::warn!(error = %e, "hub: reading subscriptions and messages failed");
+                }
+            }
+        }
+    }
+
+    /// Takes partition `p` if no one holds it: raises its epoch, stamps the epoch on its
+    /// subscriptions (fencing a paused ex-owner), and only then counts it held.
+    async fn take(
+        self: &Arc<Self>,
+        p: u32,
+        count: u32,
+        secs: u64,
+        lease: Duration,
+    ) -> Result<bool, crate::store::StoreError> {
+        let sent = Instant::now();
+        let Some(l) = self.store.take_partition(p, &self.owner, secs).await? else {
+            return Ok(false);
+        };
+        self.store.fence(p, count, l.epoch).await?;
+        let grant = Grant::new(p, l.epoch, sent + lease - margin(lease));
+        tracing::debug!(partition = p, epoch = l.epoch, "partition taken");
+        self.held
+            .lock()
+            .expect("held")
+            .insert(p, Held { grant, lease: l });
+        Ok(true)
+    }
+
+    /// Renews every held partition, side by side; a partition someone else wrote is lost.
+    async fn renew_all(&self, secs: u64, lease: Duration) {
+        let held: Vec<(u32, PartitionLease, Arc<Grant>)> = self
+            .held
+            .lock()
+            .expect("held")
+            .iter()
+            .map(|(p, h)| (*p, h.lease.clone(), h.grant.clone()))
+            .collect();
+        let renewals = held.into_iter().map(|(p, l, grant)| async move {
+            let sent = Instant::now();
+            let r = self.store.renew_partition(p, &l, &self.owner, secs).await;
+            (p, grant, sent, r)
+        });
+        use futures_util::StreamExt;
+        let done: Vec<_> = futures_util::stream::iter(renewals.collect::<Vec<_>>())
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut held = self.held.lock().expect("held");
+        for (p, grant, sent, r) in done {
+            match r {
+                Ok(Some(l)) => {
+                    grant.extend(sent + lease - margin(lease));
+                    if let Some(h) = held.get_mut(&p) {
+                        h.lease = l;
+                    }
+                }
+                Ok(None) => {
+                    tracing::warn!(
+                        partition = p,
+                        epoch = grant.epoch,
+                        "partition lease taken by another process: its lanes stop"
+                    );
+                    grant.lose();
+                }
+                Err(e) => {
+                    self.metrics.store_errors.inc();
+                    // The grant lapses by itself if renewals keep failing.
+                    tracing::warn!(partition = p, error = %e, "renewing a partition lease failed");
+                }
+            }
+        }
+    }
+
+    /// Forgets partitions whose grant was lost (fenced or taken over) and stops their lanes.
+    fn drop_lost(&self) {
+        let lost: Vec<u32> = {
+            let mut held = self.held.lock().expect("held");
+            let lost: Vec<u32> = held
+                .iter()
+                .filter(|(_, h)| h.grant.is_lost())
+                .map(|(p, _)| *p)
+                .collect();
+            for p in &lost {
+                held.remove(p);
+            }
+            lost
+        };
+        if !lost.is_empty() {
+            self.lanes().retain(|_, lane| !lane.grant.is_lost());
+        }
+    }
+
+    /// Gives partition `p` to the process that wins it now: its lanes stop before their next
+    /// send, and once the last has finished (its outcome written) the lease is released, so
+    /// that the new owner starts from a cursor that includes everything sent here.
+    fn hand_over(self: &Arc<Self>, p: u32) {
+        let Some(h) = self.held.lock().expect("held").remove(&p) else {
+            return;
+        };
+        h.grant.lose();
+        self.lanes()
+            .retain(|_, lane| !Arc::ptr_eq(&lane.grant, &h.grant));
+        let hub = self.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + hub.settings.request_timeout + Duration::from_secs(2);
+            while Arc::strong_count(&h.grant) > 1 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            match hub.store.release_partition(p, &h.lease).await {
+                Ok(()) => tracing::debug!(partition = p, "partition handed over"),
+                Err(e) => {
+                    tracing::warn!(partition = p, error = %e, "releasing a partition failed; its lease lapses by itself")
+                }
+            }
+        });
+    }
+
+    /// At a clean stop (lanes ended, outcomes written): every partition released at once.
+    pub(super) async fn release_partitions(&self) {
+        let held: Vec<(u32, Held)> = self.held.lock().expect("held").drain().collect();
+        for (p, h) in held {
+            if let Err(e) = self.store.release_partition(p, &h.lease).await {
+                tracing::warn!(partition = p, error = %e, "releasing a partition failed; its lease lapses by itself");
+            }
+        }
+    }
+
+    /// Lanes per partition (for logs and tests).
+    pub fn lanes_by_partition(&self) -> HashMap<u32, usize> {
+        let mut m = HashMap::new();
+        for lane in self.lanes().values() {
+            *m.entry(lane.grant.partition).or_default() += 1;
+        }
+        m
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rendezvous_moves_few_partitions_when_a_process_joins() {
+        let two: Vec<String> = vec!["a".into(), "b".into()];
+        let three: Vec<String> = vec!["a".into(), "b".into(), "c".into()];
+        let mut moved = 0;
+        let mut share: HashMap<&str, usize> = HashMap::new();
+        for p in 0..256 {
+            let before = rendezvous(&two, p).unwrap();
+            let after = rendezvous(&three, p).unwrap();
+            *share.entry(after).or_default() += 1;
+            if before != after {
+                assert_eq!(after, "c", "a partition moves only to the newcomer");
+                moved += 1;
+            }
+        }
+        // About a third moves, to the newcomer; each process gets a fair share.
+        assert!((50..=120).contains(&moved), "{moved} of 256 moved");
+        assert!(share.values().all(|n| *n >= 50), "{share:?}");
+    }
+
+    #[test]
+    fn a_grant_holds_until_its_time_and_not_once_lost() {
+        let g = Grant::new(3, 2, Instant::now() + Duration::from_secs(60));
+        assert!(g.valid());
+        let past = Grant::new(3, 2, Instant::now());
+        assert!(!past.valid(), "a lapsed lease sends nothing");
+        g.lose();
+        assert!(!g.valid());
+        assert!(Grant::everything().valid());
+    }
+}
