@@ -183,7 +183,9 @@ async fn main() -> anyhow::Result<()> {
     let set = SetName::parse("bench").map_err(anyhow::Error::msg)?;
 
     let embedded = Store::open_embedded(&config.database_path())?;
-    let es = Store::Elasticsearch(elastic::ElasticStore::open(&config.store.elasticsearch).await?);
+    let es = Store::Elasticsearch(Box::new(
+        elastic::ElasticStore::open(&config.store.elasticsearch).await?,
+    ));
     for (name, store) in [("embedded", &embedded), ("elasticsearch", &es)] {
         let s = populate(&config, store, &set, n).await?;
         if s > 0.0 {
