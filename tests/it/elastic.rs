@@ -265,7 +265,7 @@ async fn a_writer_that_died_mid_batch_neither_shows_half_a_batch_nor_loses_a_com
     let c = cfg(&url);
     let es = ElasticStore::open(&c).await.unwrap();
     let raw = es.es.clone();
-    let store = Store::Elasticsearch(es);
+    let store = Store::Elasticsearch(Box::new(es));
     let set = SetName::parse("papers").unwrap();
     let policy = ListPolicy {
         max_items: 100,
