@@ -23,5 +23,6 @@ mod notify;
 mod restart;
 mod resync;
 mod scale;
+mod shards;
 mod store_contract;
 mod strict;

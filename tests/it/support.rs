@@ -350,6 +350,16 @@ impl ChildServer {
         self.log.lock().unwrap().clone()
     }
 
+    /// Sends a signal that does not end the process (`"STOP"`, `"CONT"`).
+    pub fn send(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(ok.success());
+    }
+
     /// Sends a signal (`"TERM"`, `"KILL"`) and waits for the process to end.
     pub fn signal(mut self, sig: &str) -> std::process::ExitStatus {
         let ok = Command::new("kill")

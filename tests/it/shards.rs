@@ -1,0 +1,308 @@
+//! Delivery shared by three processes on one Elasticsearch store (osmem-server): 60
+//! subscribers, 400 fat pings published through all three, one process SIGKILLed halfway.
+//! Every subscriber gets all 400 in order with at most 2 repeats, each process delivers a
+//! share, and a process paused (SIGSTOP) past its partition leases sends nothing more for the
+//! partitions it lost once it runs again (without fencing, its lanes' queues made 27 repeats,
+//! up to 2 per subscriber; with it, at most the one in flight at the pause).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use crate::subscriber::TestSubscriber;
+use crate::support::{get_text, ChildServer, Osmem};
+
+const SUBSCRIBERS: usize = 60;
+const PINGS: usize = 400;
+const PARTITIONS: u32 = 32;
+const TOPIC: &str = "http://hub.test/topics/shards";
+
+fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
+    let cfg = dir.join("hub.toml");
+    // Topics are named by the public base URL, which every process shares.
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nbase_url = \"http://hub.test\"\n\
+             [store]\nbackend = \"elasticsearch\"\n[store.elasticsearch]\nurl = \"{es}\"\n\
+             [hub]\nallow_networks = [\"127.0.0.0/8\"]\npublisher_token = \"t\"\n\
+             partitions = {PARTITIONS}\npartition_lease_secs = 3\n"
+        ),
+    )
+    .unwrap();
+    cfg
+}
+
+fn serve(dir: &std::path::Path, name: &str, cfg: &std::path::Path) -> ChildServer {
+    ChildServer::serve(
+        &[
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data-dir",
+            dir.join(name).to_str().unwrap(),
+        ],
+        &[(
+            "RUST_LOG",
+            "info,hyper=warn,reqwest=warn,elasticsearch=warn",
+        )],
+    )
+}
+
+/// A gauge or counter from a process's /metrics.
+async fn metric(client: &reqwest::Client, s: &ChildServer, name: &str) -> u64 {
+    get_text(client, &s.url("/metrics"))
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+async fn held(client: &reqwest::Client, s: &ChildServer) -> u64 {
+    metric(client, s, "rshub_partitions_held").await
+}
+
+async fn delivered(client: &reqwest::Client, s: &ChildServer) -> u64 {
+    metric(client, s, "rshub_deliveries_total{outcome=\"delivered\"}").await
+}
+
+async fn wait_for(what: &str, secs: u64, mut cond: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out ({secs} s) waiting for {what}");
+}
+
+async fn publish(client: &reqwest::Client, s: &ChildServer, n: usize) {
+    let r = client
+        .post(s.url("/hub"))
+        .header("content-type", "application/xml")
+        .header("authorization", "Bearer t")
+        .header("link", format!("<{TOPIC}>; rel=\"self\""))
+        .body(format!("<n i=\"{n}\"/>"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "publish {n}");
+}
+
+/// Per callback path, the ping numbers received, in arrival order.
+fn received(sub: &TestSubscriber) -> HashMap<String, Vec<usize>> {
+    let mut m: HashMap<String, Vec<usize>> = HashMap::new();
+    for d in sub.all_deliveries() {
+        let n = d
+            .text()
+            .trim_start_matches("<n i=\"")
+            .trim_end_matches("\"/>")
+            .parse()
+            .unwrap();
+        m.entry(d.path.clone()).or_default().push(n);
+    }
+    m
+}
+
+fn all_received(sub: &TestSubscriber, upto: usize) -> bool {
+    let r = received(sub);
+    r.len() == SUBSCRIBERS
+        && r.values().all(|v| {
+            let mut u = v.clone();
+            u.sort();
+            u.dedup();
+            u.len() == upto
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let es = Osmem::clone_url().await;
+    let cfg = config(tmp.path(), &es);
+    let mut procs: Vec<ChildServer> = ["a", "b", "c"]
+        .iter()
+        .map(|n| serve(tmp.path(), n, &cfg))
+        .collect();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    wait_for("the partitions spread over the three", 30, async || {
+        let mut sum = 0;
+        for p in &procs {
+            let h = held(&client, p).await;
+            if h == 0 {
+                return false;
+            }
+            sum += h;
+        }
+        sum == u64::from(PARTITIONS)
+    })
+    .await;
+
+    let sub = TestSubscriber::start().await;
+    for i in 0..SUBSCRIBERS {
+        let r = client
+            .post(procs[i % 3].url("/hub"))
+            .form(&[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", TOPIC),
+                ("hub.callback", &sub.url(&format!("/cb/{i}"))),
+            ])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+    }
+    let mut c = resourcesync_hub::config::Config::defaults();
+    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
+    c.store.elasticsearch.url = es.clone();
+    let store = resourcesync_hub::app::open_store(&c).await.unwrap();
+    wait_for("every subscription verified", 30, async || {
+        store.hub_subscriptions().await.unwrap().len() == SUBSCRIBERS
+    })
+    .await;
+    // Each process has picked up the lanes of its partitions.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    // Half through all three, in turn; the other half through the two left after a SIGKILL.
+    for n in 0..PINGS / 2 {
+        publish(&client, &procs[n % 3], n).await;
+    }
+    let victim = procs.remove(2);
+    let victim_delivered = delivered(&client, &victim).await;
+    let status = victim.signal("KILL");
+    assert!(!status.success());
+    let killed_at = Instant::now();
+    for n in PINGS / 2..PINGS {
+        publish(&client, &procs[n % 2], n).await;
+    }
+    wait_for("all 400 at every subscriber", 90, async || {
+        all_received(&sub, PINGS)
+    })
+    .await;
+    println!(
+        "all delivered {:.1} s after the kill",
+        killed_at.elapsed().as_secs_f64()
+    );
+    let r = received(&sub);
+    for (path, got) in &r {
+        let mut first_seen = Vec::new();
+        for n in got {
+            if !first_seen.contains(n) {
+                first_seen.push(*n);
+            }
+        }
+        assert_eq!(
+            first_seen,
+            (0..PINGS).collect::<Vec<_>>(),
+            "{path} got them out of order"
+        );
+        assert!(
+            got.len() <= PINGS + 2,
+            "{path}: {} repeats (at most 2)",
+            got.len() - PINGS
+        );
+    }
+    let shares = [
+        delivered(&client, &procs[0]).await,
+        delivered(&client, &procs[1]).await,
+        victim_delivered,
+    ];
+    println!("deliveries per process (the last killed halfway): {shares:?}");
+    assert!(
+        shares.iter().all(|n| *n > 0),
+        "each delivered a share: {shares:?}"
+    );
+    // The two left hold every partition between them.
+    wait_for("the survivors hold every partition", 20, async || {
+        held(&client, &procs[0]).await + held(&client, &procs[1]).await == u64::from(PARTITIONS)
+    })
+    .await;
+
+    // Pause one in the middle of delivering (slow subscribers: its lanes have queues) and
+    // past its leases: the other takes its partitions over and delivers the rest.
+    sub.set_delay(Duration::from_millis(40));
+    let paused_before = delivered(&client, &procs[0]).await;
+    for n in PINGS..PINGS + 20 {
+        publish(&client, &procs[1], n).await;
+    }
+    wait_for("the first process under way", 10, async || {
+        delivered(&client, &procs[0]).await >= paused_before + 10
+    })
+    .await;
+    procs[0].send("STOP");
+    let paused_at = delivered(&client, &procs[1]).await;
+    wait_for("the other process holds every partition", 30, async || {
+        held(&client, &procs[1]).await == u64::from(PARTITIONS)
+    })
+    .await;
+    wait_for("the 20 published before the pause", 60, async || {
+        all_received(&sub, PINGS + 20)
+    })
+    .await;
+    assert!(
+        delivered(&client, &procs[1]).await > paused_at,
+        "the partitions taken over were delivered"
+    );
+    // Running again, it finds its leases taken: it sends nothing more for them (its lanes had
+    // queues), rejoins, and gets partitions back by hand-over.
+    let at_resume = sub.all_deliveries().len();
+    procs[0].send("CONT");
+    wait_for(
+        "the paused process holds partitions again",
+        30,
+        async || {
+            let a = held(&client, &procs[0]).await;
+            a > 0 && a + held(&client, &procs[1]).await == u64::from(PARTITIONS)
+        },
+    )
+    .await;
+    sub.set_delay(Duration::ZERO);
+    for n in PINGS + 20..PINGS + 40 {
+        publish(&client, &procs[n % 2], n).await;
+    }
+    wait_for("20 more after the hand-over", 30, async || {
+        all_received(&sub, PINGS + 40)
+    })
+    .await;
+    let r = received(&sub);
+    let mut repeats = 0;
+    for (path, got) in &r {
+        let after: Vec<usize> = got.iter().copied().filter(|n| *n >= PINGS).collect();
+        let mut first_seen = Vec::new();
+        for n in &after {
+            if !first_seen.contains(n) {
+                first_seen.push(*n);
+            }
+        }
+        assert_eq!(
+            first_seen,
+            (PINGS..PINGS + 40).collect::<Vec<_>>(),
+            "{path} got them out of order"
+        );
+        // The one in flight when it stopped; none at the hand-over back (the giver's lanes
+        // stop and their outcomes are written before it releases the lease).
+        assert!(
+            after.len() <= 40 + 1,
+            "{path}: {} repeats across the pause: the paused process kept sending ({after:?})",
+            after.len() - 40
+        );
+        repeats += after.len() - 40;
+    }
+    println!("{repeats} repeats over {SUBSCRIBERS} subscribers across the pause and hand-over");
+    // Whatever arrived after the resume and had arrived before was sent again by the paused
+    // process (the other delivered each once, in order, and hands back without repeating).
+    let all = sub.all_deliveries();
+    let seen: std::collections::HashSet<(String, String)> = all[..at_resume]
+        .iter()
+        .map(|d| (d.path.clone(), d.text()))
+        .collect();
+    let again: Vec<(String, String)> = all[at_resume..]
+        .iter()
+        .map(|d| (d.path.clone(), d.text()))
+        .filter(|k| seen.contains(k))
+        .collect();
+    assert!(
+        again.is_empty(),
+        "the paused process sent {} deliveries after it resumed: {again:?}",
+        again.len()
+    );
+}
