@@ -62,6 +62,19 @@ pub enum SubscriptionsCommand {
         #[arg(long, value_name = "REASON")]
         deny: Option<String>,
     },
+    /// Deliver a window of a subscription's messages again (next, in order, with their
+    /// Webhook-Id): those published since T (RFC 3339) that it was sent already.
+    Redeliver {
+        /// The subscription's id (from `list`).
+        id: String,
+        /// Start of the window, RFC 3339 with a zone (e.g. 2026-11-24T09:00:00Z); no earlier
+        /// than the hub keeps messages (hub.retention_hours).
+        #[arg(long, value_name = "T")]
+        since: String,
+        /// End of the window (default: now).
+        #[arg(long, value_name = "T")]
+        until: Option<String>,
+    },
 }
 
 struct Api {
@@ -77,16 +90,27 @@ impl Api {
         path: &str,
         query: &[(&str, String)],
     ) -> anyhow::Result<Option<Value>> {
-        let r = self
+        self.send(method, path, query, None).await
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        query: &[(&str, String)],
+        body: Option<Value>,
+    ) -> anyhow::Result<Option<Value>> {
+        let mut req = self
             .client
             .request(method, format!("{}{path}", self.base))
             .query(query)
-            .bearer_auth(&self.token)
-            .send()
-            .await
-            .map_err(|e| {
-                anyhow::Error::new(e.without_url()).context(format!("cannot reach {}", self.base))
-            })?;
+            .bearer_auth(&self.token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let r = req.send().await.map_err(|e| {
+            anyhow::Error::new(e.without_url()).context(format!("cannot reach {}", self.base))
+        })?;
         let status = r.status();
         let text = r.text().await?;
         if !status.is_success() {
@@ -271,6 +295,25 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 } else {
                     ""
                 }
+            );
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Redeliver { id, since, until }) => {
+            let mut body = serde_json::json!({ "since": since });
+            if let Some(u) = &until {
+                body["until"] = Value::String(u.clone());
+            }
+            let r = api
+                .send(
+                    reqwest::Method::POST,
+                    &format!("/admin/v1/subscriptions/{id}/redeliver"),
+                    &[],
+                    Some(body),
+                )
+                .await?
+                .unwrap_or(Value::Null);
+            println!(
+                "subscription {id}: {} messages queued for delivery again",
+                cell(&r["queued"])
             );
         }
         AdminCommand::Topics => {

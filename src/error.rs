@@ -39,6 +39,9 @@ pub enum AppError {
     Forbidden(String),
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// The request conflicts with what the server keeps (409), e.g. a window before retention.
+    #[error("{0}")]
+    Conflict(String),
     #[error("{message}")]
     Invalid {
         message: String,
@@ -59,6 +62,7 @@ impl AppError {
             AppError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             AppError::Forbidden(_) => StatusCode::FORBIDDEN,
             AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            AppError::Conflict(_) => StatusCode::CONFLICT,
             AppError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             AppError::Unavailable(_) | AppError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
         }

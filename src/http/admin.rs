@@ -25,8 +25,8 @@ use crate::model::Timestamp;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
-    paths(list_subscriptions, show_subscription, delete_subscription, reverify, retry, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, SubState)),
+    paths(list_subscriptions, show_subscription, delete_subscription, reverify, retry, redeliver, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -69,6 +69,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         )
         .route("/admin/v1/subscriptions/{id}/verify", post(reverify))
         .route("/admin/v1/subscriptions/{id}/retry", post(retry))
+        .route("/admin/v1/subscriptions/{id}/redeliver", post(redeliver))
         .route("/admin/v1/topics", get(list_topics))
         .route("/admin/v1/topics/latest", get(latest_payload))
         .route("/admin/v1/deliveries", get(list_deliveries))
@@ -410,6 +411,66 @@ async fn retry(
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
     Ok(Json(Requeued { requeued: n }))
+}
+
+/// A window of a subscription's messages to deliver again.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RedeliverRequest {
+    /// RFC 3339 (with a zone): messages published at or after this instant. It may not lie
+    /// before what the hub keeps (`hub.retention_hours`).
+    #[schema(format = DateTime)]
+    pub since: String,
+    /// RFC 3339: messages published before this instant (default: now).
+    #[schema(format = DateTime)]
+    pub until: Option<String>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct Redelivered {
+    /// Messages queued again (those the subscriber was sent already, published in the window
+    /// since it subscribed); they go next, in order, with their original `Webhook-Id`.
+    pub queued: u64,
+}
+
+/// Delivers a window of the subscription's messages again: those published in
+/// `[since, until)` that it was sent already, next, in order, each with its `Webhook-Id` (the
+/// subscriber can tell them from new ones). 409 when the window starts before what the hub
+/// keeps (`hub.retention_hours`), naming the oldest message kept.
+#[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/redeliver", params(("id" = String, Path, description = "Subscription id")),
+    request_body = RedeliverRequest, responses(
+    (status = 202, body = Redelivered), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+    (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
+async fn redeliver(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+    body: Result<Json<RedeliverRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<(StatusCode, Json<Redelivered>), AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let Json(req) = body.map_err(|e| {
+        AppError::BadRequest(format!(
+            "the body must be JSON like {{\"since\": \"2026-01-31T12:00:00Z\", \"until\": optional}}: {}",
+            e.body_text()
+        ))
+    })?;
+    let since = Timestamp::parse_zoned(&req.since, "since").map_err(AppError::BadRequest)?;
+    let until = req
+        .until
+        .as_deref()
+        .map(|u| Timestamp::parse_zoned(u, "until"))
+        .transpose()
+        .map_err(AppError::BadRequest)?;
+    use crate::hub::admin::Redelivery;
+    match st.hub.redeliver(id, since, until).await? {
+        Redelivery::Queued(n) => Ok((StatusCode::ACCEPTED, Json(Redelivered { queued: n }))),
+        Redelivery::NoSuchSubscription => Err(AppError::NotFound(format!("no subscription {id}"))),
+        Redelivery::BeforeRetention(why) => Err(AppError::Conflict(why)),
+        Redelivery::Elsewhere => Err(AppError::Busy(
+            "another process delivers this subscription's partition: send the request to that process (its log names the partitions it took)".into(),
+        )),
+    }
 }
 
 #[derive(Serialize, ToSchema)]

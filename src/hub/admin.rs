@@ -1,5 +1,5 @@
-//! What admins see and steer: the recent delivery attempts, and deleting, re-verifying and
-//! retrying a subscription.
+//! What admins see and steer: the recent delivery attempts, and deleting, re-verifying,
+//! retrying and redelivering a window to a subscription.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -147,6 +147,83 @@ impl Hub {
             None => return Ok(None),
         }
         Ok(Some(n))
+    }
+}
+
+/// What a redelivery request came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redelivery {
+    /// This many messages queued again, next, in order.
+    Queued(u64),
+    NoSuchSubscription,
+    /// The window starts before what the hub keeps (`hub.retention_hours`): the reason, naming
+    /// the oldest message kept.
+    BeforeRetention(String),
+    /// Another process delivers the subscription's partition.
+    Elsewhere,
+}
+
+impl Hub {
+    /// Queues the subscription's messages published in `[since, until)` (until now when
+    /// `None`) again: the ones it was sent already (those after its cursor are on their way
+    /// anyway), from when it subscribed, next and in order, with their `Webhook-Id`.
+    pub async fn redeliver(
+        &self,
+        id: SubscriptionId,
+        since: Timestamp,
+        until: Option<Timestamp>,
+    ) -> Result<Redelivery, StoreError> {
+        let now = Timestamp::now();
+        let Some((sub, _)) = self.store.hub_detail(id, now).await? else {
+            return Ok(Redelivery::NoSuchSubscription);
+        };
+        let kept_from = Timestamp(now.micros() - self.settings.retention.as_micros() as i64);
+        if since < kept_from {
+            let oldest = self
+                .store
+                .hub_messages_after(Some(&sub.topic), 0, 1, 1)
+                .await?;
+            let oldest = match oldest.first() {
+                Some(m) => format!(
+                    "the oldest message kept for this topic is number {} of {}",
+                    m.id, m.published_at
+                ),
+                None => "no message of this topic is kept now".into(),
+            };
+            return Ok(Redelivery::BeforeRetention(format!(
+                "messages are kept for {} hours (hub.retention_hours): a window may start at {} at the earliest; {oldest}",
+                self.settings.retention.as_secs() / 3600,
+                kept_from
+            )));
+        }
+        if !self.lanes().contains_key(&id) {
+            return Ok(if self.store.is_shared() {
+                Redelivery::Elsewhere
+            } else {
+                Redelivery::NoSuchSubscription
+            });
+        }
+        let since = since.max(sub.created_at);
+        let until = until.unwrap_or(now).min(now);
+        let Some((first, last, n)) = self
+            .store
+            .hub_window(&sub.topic, since, until, sub.cursor)
+            .await?
+        else {
+            return Ok(Redelivery::Queued(0));
+        };
+        match self.lanes().get(&id) {
+            Some(lane) => lane.redeliver(first - 1, last),
+            None => return Ok(Redelivery::NoSuchSubscription),
+        }
+        tracing::info!(
+            subscription = id,
+            messages = n,
+            first,
+            last,
+            "redelivery queued"
+        );
+        Ok(Redelivery::Queued(n))
     }
 }
 

@@ -26,9 +26,9 @@ enum LaneMsg {
     Update(Subscription),
     /// An admin asked: queue these failed messages again, and stop waiting for a retry.
     RetryNow(Vec<Arc<Message>>),
-    /// An admin asked: deliver these (a window of the log) again, next, in order.
-    #[allow(dead_code)] // the admin endpoint comes next
-    Redeliver(Vec<Arc<Message>>),
+    /// An admin asked: deliver the messages of the topic numbered after `.0` up to `.1` (a
+    /// window of the log) again, next, in order, read from the log a batch at a time.
+    Redeliver(MessageId, MessageId),
 }
 
 /// The handle of a subscription's delivery task. Dropping it ends the task.
@@ -114,9 +114,8 @@ impl Lane {
         let _ = self.tx.send(LaneMsg::RetryNow(failed));
     }
 
-    #[allow(dead_code)] // the admin endpoint comes next
-    pub(super) fn redeliver(&self, window: Vec<Arc<Message>>) {
-        let _ = self.tx.send(LaneMsg::Redeliver(window));
+    pub(super) fn redeliver(&self, after: MessageId, through: MessageId) {
+        let _ = self.tx.send(LaneMsg::Redeliver(after, through));
     }
 
     pub(super) fn update(&mut self, sub: Subscription) {
@@ -192,6 +191,8 @@ struct Window {
 enum Step {
     /// Read up to this many messages after the window from the log.
     Read(usize),
+    /// Read up to `.1` messages of the redelivery window after `.0`.
+    Replay(MessageId, usize),
     /// Nothing queued: wait for a message.
     Idle,
     /// The head is due at this instant: wait for it (or a message).
@@ -213,6 +214,10 @@ struct LaneState {
     resume: Option<(u32, Option<Timestamp>)>,
     /// Deliver from the suspect pool (new, failing or slow subscribers).
     suspect: bool,
+    /// A redelivery window still to read from the log: after `.0`, up to `.1`.
+    replay: Option<(MessageId, MessageId)>,
+    /// Messages of the redelivery window read and not yet delivered: they go first.
+    replayed: VecDeque<Job>,
 }
 
 impl LaneState {
@@ -227,6 +232,8 @@ impl LaneState {
             queue: VecDeque::new(),
             sub,
             suspect,
+            replay: None,
+            replayed: VecDeque::new(),
         }
     }
 
@@ -257,12 +264,12 @@ impl LaneState {
                 }
                 self.queue.extend(failed.into_iter().map(Job::new));
             }
-            LaneMsg::Redeliver(window) => {
+            LaneMsg::Redeliver(after, through) => {
                 // Next, in order, ahead of the rest of the queue (nothing is in flight while a
                 // lane absorbs: the head, if waiting for a retry, keeps its state behind them).
-                for m in window.into_iter().rev() {
-                    self.queue.push_front(Job::new(m));
-                }
+                // A window asked for during another one replaces what is left of it.
+                self.replayed.clear();
+                self.replay = (through > after).then_some((after, through));
             }
         }
     }
@@ -278,6 +285,11 @@ impl LaneState {
     }
 
     fn next(&self, now: Instant, ts: Timestamp) -> Step {
+        if let Some((after, _)) = self.replay {
+            if self.replayed.len() < LANE_BATCH / 2 {
+                return Step::Replay(after, LANE_BATCH - self.replayed.len());
+            }
+        }
         if self.w.behind
             && self.queue.len() < LANE_BATCH / 2
             && self
@@ -293,7 +305,7 @@ impl LaneState {
                 (LANE_BYTES / self.w.avg_bytes.max(1)).clamp(1, LANE_BATCH - self.queue.len());
             return Step::Read(want);
         }
-        let Some(head) = self.queue.front() else {
+        let Some(head) = self.replayed.front().or(self.queue.front()) else {
             return Step::Idle;
         };
         if let Some(due) = head.due.filter(|d| *d > now) {
@@ -324,13 +336,42 @@ impl LaneState {
         }
     }
 
+    /// Queues what was read of the redelivery window.
+    fn replayed(&mut self, batch: Vec<Arc<Message>>) {
+        let Some((_, through)) = self.replay else {
+            return;
+        };
+        let mut after = None;
+        for m in batch.into_iter().take_while(|m| m.id <= through) {
+            after = Some(m.id);
+            self.replayed.push_back(Job::new(m));
+        }
+        self.replay = after.filter(|a| *a < through).map(|a| (a, through));
+    }
+
+    /// The job delivered next: the redelivery window's first.
+    fn head_mut(&mut self) -> Option<&mut Job> {
+        match self.replayed.front_mut() {
+            Some(j) => Some(j),
+            None => self.queue.front_mut(),
+        }
+    }
+
+    fn pop_head(&mut self) {
+        if self.replayed.pop_front().is_none() {
+            self.queue.pop_front();
+        }
+    }
+
     /// Drops the queue: the lease ended before it was delivered.
     fn expire(&mut self) -> Outcome {
         tracing::info!(
-            skipped = self.queue.len(),
+            skipped = self.queue.len() + self.replayed.len(),
             "lease ended; queued deliveries dropped"
         );
         self.queue.clear();
+        self.replayed.clear();
+        self.replay = None;
         Outcome::Skipped {
             sub: self.sub.id,
             through: self.w.through,
@@ -346,14 +387,16 @@ impl LaneState {
         settings: &super::HubSettings,
     ) -> (Option<Outcome>, AttemptRecord) {
         self.suspect = !matches!(attempt, Attempt::Delivered(_)) || took > settings.slow_delivery;
-        let job = self.queue.front_mut().expect("a job at the head");
-        let attempts = job.attempts + 1;
+        let sub = self.sub.id;
+        let (attempts, message, topic) = {
+            let job = self.head_mut().expect("a job at the head");
+            (job.attempts + 1, job.message.id, job.message.topic.clone())
+        };
         let at = Timestamp::now();
-        let (sub, message) = (self.sub.id, job.message.id);
         let mut record = AttemptRecord {
             at,
             subscription_id: sub,
-            topic: job.message.topic.clone(),
+            topic,
             message_id: message,
             outcome: "delivered",
             status: None,
@@ -363,7 +406,7 @@ impl LaneState {
         let outcome = match attempt {
             Attempt::Delivered(status) => {
                 record.status = Some(status);
-                self.queue.pop_front();
+                self.pop_head();
                 Some(Outcome::Delivered {
                     sub,
                     message,
@@ -388,6 +431,7 @@ impl LaneState {
                 match wait {
                     Some(wait) => {
                         tracing::info!(message, attempts, status = status.map_or(0, |s| s as u64), %error, retry_in_secs = wait.as_secs_f64(), "delivery failed; will retry");
+                        let job = self.head_mut().expect("a job at the head");
                         job.attempts = attempts;
                         job.due = Some(Instant::now() + wait);
                         Some(Outcome::Retry {
@@ -402,7 +446,7 @@ impl LaneState {
                     }
                     None => {
                         tracing::warn!(message, attempts, status = status.map_or(0, |s| s as u64), %error, "delivery failed; retry schedule exhausted");
-                        self.queue.pop_front();
+                        self.pop_head();
                         Some(Outcome::Failed {
                             sub,
                             message,
@@ -456,6 +500,24 @@ async fn run_lane(
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "reading the subscription's queue from the log failed; retrying");
+                        Some(Instant::now() + Duration::from_secs(1))
+                    }
+                }
+            }
+            Step::Replay(after, want) => {
+                let read = {
+                    let _slot = hub.log_reads.acquire().await;
+                    hub.store
+                        .hub_messages_after(Some(&st.sub.topic), after, want, LANE_BYTES)
+                        .await
+                };
+                match read {
+                    Ok(batch) => {
+                        st.replayed(hub.shared(batch));
+                        continue;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reading a redelivery window from the log failed; retrying");
                         Some(Instant::now() + Duration::from_secs(1))
                     }
                 }

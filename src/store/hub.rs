@@ -143,6 +143,21 @@ impl Store {
         }
     }
 
+    /// The first and last message numbers of `topic` published in `[since, until)` and not
+    /// after `through`, with their count (a redelivery window); `None` when there are none.
+    pub async fn hub_window(
+        &self,
+        topic: &Topic,
+        since: Timestamp,
+        until: Timestamp,
+        through: MessageId,
+    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError> {
+        match self {
+            Store::Embedded(s) => s.hub_window(topic, since, until, through).await,
+            Store::Elasticsearch(s) => s.hub_window(topic, since, until, through).await,
+        }
+    }
+
     /// The newest message's number (0 when none).
     pub async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
         match self {

@@ -405,7 +405,7 @@ async fn schemathesis_passes_every_check_against_the_openapi_document() {
     );
     assert!(out.status.success(), "schemathesis failed:\n{report}");
     assert!(
-        report.contains("Tested: 9"),
+        report.contains("Tested: 10"),
         "every operation was exercised:\n{report}"
     );
     app.stop().await;
@@ -523,5 +523,143 @@ async fn the_admin_cli_prints_tables_from_a_running_server() {
         .await
         .unwrap();
     assert!(!ok && err.contains("404"), "{err}");
+    app.stop().await;
+}
+
+/// An admin request with a JSON body; returns (status, body text).
+async fn admin_post(app: &TestApp, path: &str, body: Value) -> (u16, String) {
+    let r = app
+        .client
+        .post(app.url(path))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+/// Redelivery of a window: exactly the messages published in it, next, in order, with the
+/// ids they were first sent with; a window before what the hub keeps is refused with 409
+/// naming the oldest message kept; the CLI does the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_of_messages_is_delivered_again_in_order_with_the_same_ids() {
+    let (app, _d) = admin_app(|c| c.hub.retention_hours = 24).await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/again";
+    subscribed(&app, &sub, &t, "/r", &[]).await;
+    subscribed(&app, &sub, &t, "/other", &[]).await;
+    let mark = || {
+        let t = resourcesync_hub::model::Timestamp::now();
+        std::thread::sleep(Duration::from_millis(5));
+        t.to_string()
+    };
+    for n in 0..2 {
+        assert_eq!(fat_ping(&app, &t, &format!("<m n=\"{n}\"/>")).await.0, 200);
+    }
+    let since = mark();
+    for n in 2..4 {
+        assert_eq!(fat_ping(&app, &t, &format!("<m n=\"{n}\"/>")).await.0, 200);
+    }
+    let until = mark();
+    assert_eq!(fat_ping(&app, &t, "<m n=\"4\"/>").await.0, 200);
+    let first = sub.wait_deliveries("/r", 5).await;
+    sub.wait_deliveries("/other", 5).await;
+    let items = admin_json(&app, &format!("/admin/v1/subscriptions?callback=/r")).await;
+    let id = items["items"][0]["id"].as_str().unwrap().to_string();
+    let path = format!("/admin/v1/subscriptions/{id}/redeliver");
+
+    let (s, body) = admin_post(&app, &path, serde_json::json!({"since": since})).await;
+    assert_eq!((s, body.as_str()), (202, "{\"queued\":3}"));
+    let got = sub.wait_deliveries("/r", 8).await;
+    let again: Vec<(String, String)> = got[5..]
+        .iter()
+        .map(|d| (d.text(), d.header("webhook-id").unwrap().to_string()))
+        .collect();
+    let originals: Vec<(String, String)> = first[2..]
+        .iter()
+        .map(|d| (d.text(), d.header("webhook-id").unwrap().to_string()))
+        .collect();
+    assert_eq!(again, originals, "messages 2..4 again, in order, same ids");
+
+    let (s, body) = admin_post(
+        &app,
+        &path,
+        serde_json::json!({"since": since, "until": until}),
+    )
+    .await;
+    assert_eq!((s, body.as_str()), (202, "{\"queued\":2}"));
+    let got = sub.wait_deliveries("/r", 10).await;
+    assert_eq!(
+        got[8..].iter().map(|d| d.text()).collect::<Vec<_>>(),
+        ["<m n=\"2\"/>", "<m n=\"3\"/>"]
+    );
+    // Nothing else of its own and nothing to the other subscriber.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(sub.deliveries("/r").len(), 10);
+    assert_eq!(sub.deliveries("/other").len(), 5);
+
+    // Before retention: 409, naming the oldest message kept.
+    let old = resourcesync_hub::model::Timestamp::from_secs(
+        resourcesync_hub::model::Timestamp::now().micros() / 1_000_000 - 25 * 3600,
+    );
+    let (s, body) = admin_post(&app, &path, serde_json::json!({"since": old.to_string()})).await;
+    assert_eq!(s, 409, "{body}");
+    assert!(
+        body.contains("hub.retention_hours")
+            && body.contains("oldest message kept for this topic is number 1"),
+        "{body}"
+    );
+    for (bad, why) in [
+        (serde_json::json!({"since": "yesterday"}), "since"),
+        (
+            serde_json::json!({"since": "2026-01-01T00:00:00"}),
+            "time zone",
+        ),
+        (serde_json::json!({"from": since}), "JSON like"),
+    ] {
+        let (s, body) = admin_post(&app, &path, bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {body}");
+        assert!(body.contains(why), "{bad}: {body}");
+    }
+    // An empty window (until not after since) queues nothing.
+    let (s, body) = admin_post(
+        &app,
+        &path,
+        serde_json::json!({"since": until, "until": since}),
+    )
+    .await;
+    assert_eq!((s, body.as_str()), (202, "{\"queued\":0}"));
+    let (s, _) = admin_post(
+        &app,
+        "/admin/v1/subscriptions/42/redeliver",
+        serde_json::json!({"since": since}),
+    )
+    .await;
+    assert_eq!(s, 404);
+
+    // The CLI.
+    let out = tokio::task::spawn_blocking({
+        let base = format!("http://{}", app.addr);
+        let id = id.clone();
+        let since = since.clone();
+        move || {
+            std::process::Command::new(ChildServer::BIN)
+                .args(["admin", "--url", &base, "--token", ADMIN])
+                .args(["subscriptions", "redeliver", &id, "--since", &since])
+                .output()
+                .unwrap()
+        }
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("3 messages queued"), "{stdout}");
+    sub.wait_deliveries("/r", 13).await;
     app.stop().await;
 }

@@ -359,6 +359,43 @@ impl ElasticStore {
         docs.iter().map(|d| message_from(d).map(Arc::new)).collect()
     }
 
+    /// The first and last message numbers of `topic` published in `[since, until)` and not
+    /// after `through`, with their count; `None` when there are none.
+    pub async fn hub_window(
+        &self,
+        topic: &Topic,
+        since: Timestamp,
+        until: Timestamp,
+        through: MessageId,
+    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError> {
+        let q = json!({"bool": {"filter": [
+            {"term": {"kind": "msg"}}, {"term": {"topic": topic.as_str()}},
+            {"range": {"seq": {"lte": through}}}, {"range": {"at": {"gte": since.0, "lt": until.0}}}]}});
+        let ends = |order: &'static str| {
+            let q = q.clone();
+            async move {
+                let (docs, _) = self
+                    .page(&self.hub, q, json!([{"seq": order}]), None, 1)
+                    .await?;
+                Ok::<_, StoreError>(docs.first().and_then(|d| d["seq"].as_i64()))
+            }
+        };
+        let (Some(first), Some(last)) = (ends("asc").await?, ends("desc").await?) else {
+            return Ok(None);
+        };
+        let n = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_count", self.hub),
+                Some(json!({"query": q})),
+            )
+            .await?["count"]
+            .as_u64()
+            .unwrap_or(0);
+        Ok(Some((first, last, n)))
+    }
+
     /// The newest message's number (0 when none).
     pub async fn hub_max_seq(&self) -> Result<MessageId, StoreError> {
         let (docs, _) = self

@@ -333,9 +333,33 @@ impl EmbeddedStore {
 
     /// Records a batch of outcomes in one transaction: one update per subscription, plus a row
     /// per delivery that failed for good.
+    /// Records outcomes in one transaction, written to the log but not synced to the disk
+    /// (`synchronous = NORMAL` for this transaction only): a killed process loses none of
+    /// them (they are in the operating system's hands), a power cut may lose those since the
+    /// last synced commit, which are then delivered again (at least once still holds). Lanes
+    /// wait for this write before sending their next message: a sync per message would
+    /// halve the hub's throughput.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         let folds = crate::store::fold(outcomes);
         self.write(move |c| {
+            c.pragma_update(None, "synchronous", "NORMAL")?;
+            let r = record_tx(c, &folds);
+            c.pragma_update(None, "synchronous", "FULL")?;
+            r
+        })
+        .await
+    }
+}
+
+fn record_tx(
+    c: &mut rusqlite::Connection,
+    folds: &[(
+        crate::model::websub::SubscriptionId,
+        crate::store::rules::Fold,
+    )],
+) -> Result<(), StoreError> {
+    {
+        {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             {
                 let mut up = tx.prepare(
@@ -352,7 +376,7 @@ impl EmbeddedStore {
                     "INSERT INTO hub_failures (subscription_id, message_id, attempts, status, error, at)
                      SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM hub_subscriptions WHERE id = ?1)",
                 )?;
-                for (sub, f) in &folds {
+                for (sub, f) in folds {
                     let (fat, fstatus, ferr) = match &f.failure {
                         Some((at, st, e)) => (Some(*at), *st, Some(e.as_str())),
                         None => (None, None, None),
@@ -377,6 +401,29 @@ impl EmbeddedStore {
             }
             tx.commit()?;
             Ok(())
+        }
+    }
+}
+
+impl EmbeddedStore {
+    /// The first and last message numbers of `topic` published in `[since, until)` and not
+    /// after `through`, with their count; `None` when there are none.
+    pub async fn hub_window(
+        &self,
+        topic: &Topic,
+        since: Timestamp,
+        until: Timestamp,
+        through: MessageId,
+    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError> {
+        let topic = topic.as_str().to_string();
+        self.read(move |c| {
+            let (first, last, n): (Option<i64>, Option<i64>, i64) = c.query_row(
+                "SELECT min(id), max(id), count(*) FROM hub_messages
+                 WHERE topic = ?1 AND id <= ?2 AND published_at >= ?3 AND published_at < ?4",
+                params![topic, through, since.0, until.0],
+                |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            )?;
+            Ok(first.zip(last).map(|(f, l)| (f, l, n as u64)))
         })
         .await
     }
