@@ -565,7 +565,7 @@ async fn a_window_of_messages_is_delivered_again_in_order_with_the_same_ids() {
     assert_eq!(fat_ping(&app, &t, "<m n=\"4\"/>").await.0, 200);
     let first = sub.wait_deliveries("/r", 5).await;
     sub.wait_deliveries("/other", 5).await;
-    let items = admin_json(&app, &format!("/admin/v1/subscriptions?callback=/r")).await;
+    let items = admin_json(&app, "/admin/v1/subscriptions?callback=/r").await;
     let id = items["items"][0]["id"].as_str().unwrap().to_string();
     let path = format!("/admin/v1/subscriptions/{id}/redeliver");
 
