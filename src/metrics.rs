@@ -49,6 +49,8 @@ pub struct Metrics {
     pub delivering: Gauge,
     /// Delivery partitions this process holds (on the embedded store, 1: everything).
     pub partitions_held: Gauge,
+    /// How long the oldest external document not yet adopted has waited (0 when none).
+    pub adoption_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Documents generated, by kind (a page served from the cache is not counted).
     pub pages_built: Family<KindLabel, Counter>,
     /// Page builds waiting for a build slot.
@@ -126,6 +128,12 @@ impl Default for Metrics {
             "1 while this process notifies (holds the leader lease on a shared store)",
             delivering.clone(),
         );
+        let adoption_lag_seconds = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "adoption_lag_seconds",
+            "How long the oldest document written straight into Elasticsearch and not yet adopted has waited (0 when none)",
+            adoption_lag_seconds.clone(),
+        );
         let partitions_held = Gauge::default();
         registry.register(
             "partitions_held",
@@ -148,6 +156,7 @@ impl Default for Metrics {
             subscriptions,
             delivering,
             partitions_held,
+            adoption_lag_seconds,
             pages_built,
             build_queue,
             page_cache_bytes,

@@ -40,10 +40,14 @@ impl Store {
     }
 
     /// Adopts documents external writers put straight into the store (Elasticsearch; the
-    /// embedded store has none). Returns the change documents adopted.
-    pub async fn adopt_external(&self, rules: &dyn super::SetRules) -> Result<usize, StoreError> {
+    /// embedded store has none): the change documents adopted, and how long the oldest
+    /// document not yet adopted has waited.
+    pub async fn adopt_external(
+        &self,
+        rules: &dyn super::SetRules,
+    ) -> Result<crate::store::elastic::Adoption, StoreError> {
         match self {
-            Store::Embedded(_) => Ok(0),
+            Store::Embedded(_) => Ok(Default::default()),
             Store::Elasticsearch(s) => s.adopt(rules).await,
         }
     }

@@ -15,8 +15,14 @@ pub async fn run(source: Arc<Source>, hub: Arc<Hub>, cancel: CancellationToken) 
     loop {
         if hub.is_delivering() {
             match source.store().adopt_external(source.as_ref()).await {
-                Ok(n) if n > 0 => tracing::debug!(changes = n, "external documents adopted"),
-                Ok(_) => {}
+                Ok(a) => {
+                    if a.adopted > 0 {
+                        tracing::debug!(changes = a.adopted, "external documents adopted");
+                    }
+                    hub.metrics()
+                        .adoption_lag_seconds
+                        .set(a.lag.map_or(0.0, |l| l.as_secs_f64()));
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "adopting external documents failed; will retry")
                 }

@@ -32,6 +32,39 @@ use crate::store::{ListPolicy, SetRules, StoreError};
 /// Change documents adopted per round and set.
 const ROUND: usize = 2000;
 
+/// A document waiting this long to be adopted is logged.
+const STUCK: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// What an adoption round came to.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Adoption {
+    /// Change documents adopted.
+    pub adopted: usize,
+    /// How long the oldest document not yet adopted has waited (by its writer's `timestamp`,
+    /// or since this process first saw it); `None` when none waits.
+    pub lag: Option<std::time::Duration>,
+}
+
+/// What the adopter remembers between rounds (for the lag and for logging once a minute).
+#[derive(Debug)]
+pub struct AdoptionWatch {
+    oldest: Option<String>,
+    first_seen: std::time::Instant,
+    warned: Option<std::time::Instant>,
+    said: HashMap<String, std::time::Instant>,
+}
+
+impl Default for AdoptionWatch {
+    fn default() -> Self {
+        AdoptionWatch {
+            oldest: None,
+            first_seen: std::time::Instant::now(),
+            warned: None,
+            said: HashMap::new(),
+        }
+    }
+}
+
 fn unstamped(field: &str, set: Option<&str>) -> Value {
     let mut filter = vec![];
     if let Some(s) = set {
@@ -91,26 +124,110 @@ impl ElasticStore {
         Ok(v["hits"]["hits"].as_array().cloned().unwrap_or_default())
     }
 
-    /// One adoption round over every set; returns the change documents adopted.
-    pub async fn adopt(&self, rules: &dyn SetRules) -> Result<usize, StoreError> {
+    /// One adoption round over every set: the change documents adopted, and the age of the
+    /// oldest document still waiting (none when every one is adopted). A document that has
+    /// waited over [`STUCK`] is logged (once a minute) with its id and set.
+    pub async fn adopt(&self, rules: &dyn SetRules) -> Result<Adoption, StoreError> {
         let mut adopted = 0;
         for name in self.sets_to_adopt().await? {
             let Ok(set) = SetName::parse(&name) else {
-                tracing::warn!(resource_set = %name, "documents with an invalid resource_set are ignored");
+                self.say_stuck(&format!("resource_set {name:?}"), || {
+                    tracing::warn!(resource_set = %name, "documents with an invalid resource_set are ignored");
+                });
                 continue;
             };
             loop {
-                let n = self.adopt_set(&set, rules).await?;
-                adopted += n;
-                if n < ROUND {
+                let (seen, stamped) = self.adopt_set(&set, rules).await?;
+                adopted += stamped;
+                // A full round goes on, unless it stamped nothing (documents it cannot use
+                // would otherwise be read again and again).
+                if seen < ROUND || stamped == 0 {
                     break;
                 }
             }
         }
-        Ok(adopted)
+        let waiting = self.oldest_unadopted().await?;
+        let now = Timestamp::now();
+        let lag = waiting.map(|(id, set, written)| {
+            let mut w = self.adoption.lock().expect("adoption watch");
+            if w.oldest.as_deref() != Some(id.as_str()) {
+                w.oldest = Some(id.clone());
+                w.first_seen = std::time::Instant::now();
+            }
+            let by_writer = written
+                .map(|t| std::time::Duration::from_micros((now.0 - t.0).max(0) as u64))
+                .unwrap_or_default();
+            let age = by_writer.max(w.first_seen.elapsed());
+            if age >= STUCK && w.warned.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+                w.warned = Some(std::time::Instant::now());
+                tracing::warn!(set = %set, id = %id, waited_secs = age.as_secs(),
+                    "an external document is still not adopted: it is not served or notified (see rshub_adoption_lag_seconds)");
+            }
+            age
+        });
+        if lag.is_none() {
+            let mut w = self.adoption.lock().expect("adoption watch");
+            w.oldest = None;
+        }
+        Ok(Adoption { adopted, lag })
     }
 
-    async fn adopt_set(&self, set: &SetName, rules: &dyn SetRules) -> Result<usize, StoreError> {
+    /// Runs `warn` at most once a minute per `what`.
+    fn say_stuck(&self, what: &str, warn: impl FnOnce()) {
+        let mut w = self.adoption.lock().expect("adoption watch");
+        let due = w
+            .said
+            .get(what)
+            .is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60));
+        if due {
+            if w.said.len() > 1000 {
+                w.said.clear();
+            }
+            w.said.insert(what.to_string(), std::time::Instant::now());
+            warn();
+        }
+    }
+
+    /// The oldest document not yet adopted (change or resource): its id, its set and when
+    /// its writer says it wrote it.
+    async fn oldest_unadopted(
+        &self,
+    ) -> Result<Option<(String, String, Option<Timestamp>)>, StoreError> {
+        let mut oldest: Option<(String, String, Option<Timestamp>)> = None;
+        for (index, field) in [(&self.changes, "seq"), (&self.resources, "part")] {
+            let hit = self
+                .hits(
+                    index,
+                    unstamped(field, None),
+                    json!([{"timestamp": {"order": "asc", "unmapped_type": "date"}}]),
+                    1,
+                )
+                .await?;
+            if let Some(h) = hit.first() {
+                let t = date(&h["_source"]["timestamp"]);
+                let this = (
+                    h["_id"].as_str().unwrap_or_default().to_string(),
+                    h["_source"]["resource_set"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    t,
+                );
+                oldest = match oldest {
+                    Some(o) if o.2.is_some() && (t.is_none() || o.2 <= t) => Some(o),
+                    _ => Some(this),
+                };
+            }
+        }
+        Ok(oldest)
+    }
+
+    /// Adopts one round of a set: (documents read, change documents stamped).
+    async fn adopt_set(
+        &self,
+        set: &SetName,
+        rules: &dyn SetRules,
+    ) -> Result<(usize, usize), StoreError> {
         let now = Timestamp::now();
         let (mut st, _) = self.claim(set, now, now).await?;
         let token = st.claimed_until;
@@ -126,7 +243,7 @@ impl ElasticStore {
         st: &mut SetState,
         rules: &dyn SetRules,
         now: Timestamp,
-    ) -> Result<usize, StoreError> {
+    ) -> Result<(usize, usize), StoreError> {
         let policy = rules.policy(set);
         let sort = json!([{"datetime": {"order": "asc", "unmapped_type": "date"}}, {"timestamp": {"order": "asc", "unmapped_type": "date"}}]);
         let changes = self
@@ -152,7 +269,10 @@ impl ElasticStore {
             match rules.key(set, &loc) {
                 Ok(k) => Some(k),
                 Err(why) => {
-                    tracing::warn!(set = %set, id = %h["_id"], %why, "external document with an unusable location: ignored");
+                    let id = h["_id"].as_str().unwrap_or_default();
+                    self.say_stuck(id, || {
+                        tracing::warn!(set = %set, id = %id, %why, "external document with an unusable location: ignored (it stays unadopted)");
+                    });
                     None
                 }
             }
@@ -268,7 +388,7 @@ impl ElasticStore {
             self.commit(set, st, true).await?;
             tracing::debug!(set = %set, changes = count, resources = resources.len(), "external documents adopted");
         }
-        Ok(changes.len())
+        Ok((changes.len(), count - skipped))
     }
 
     /// The part each key already has: from its stamped resource document, else from its

@@ -25,6 +25,7 @@ mod hub;
 pub mod mapping;
 
 pub use crate::store::SetRules;
+pub use adopt::Adoption;
 pub use hub::PartitionLease;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -558,6 +559,8 @@ pub struct ElasticStore {
     hub: String,
     /// Subscription id -> document id, as read (neither ever changes).
     sub_docs: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<i64, String>>>,
+    /// The adopter's memory between rounds.
+    adoption: std::sync::Arc<std::sync::Mutex<adopt::AdoptionWatch>>,
 }
 
 impl ElasticStore {
@@ -569,6 +572,7 @@ impl ElasticStore {
             changes: cfg.change_index(),
             hub: cfg.hub_index(),
             sub_docs: Default::default(),
+            adoption: Default::default(),
         })
     }
 

@@ -362,7 +362,7 @@ fn record_tx(
         {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             {
-                let mut up = tx.prepare(
+                let mut up = tx.prepare_cached(
                     "UPDATE hub_subscriptions SET cursor = max(cursor, ?2), attempts = ?3, next_attempt_at = ?4,
                        delivered = delivered + ?5, failed = failed + ?6,
                        last_success_at = coalesce(?7, last_success_at),
@@ -372,7 +372,7 @@ fn record_tx(
                        last_failure_error = coalesce(?11, last_failure_error)
                      WHERE id = ?1",
                 )?;
-                let mut fail = tx.prepare(
+                let mut fail = tx.prepare_cached(
                     "INSERT INTO hub_failures (subscription_id, message_id, attempts, status, error, at)
                      SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM hub_subscriptions WHERE id = ?1)",
                 )?;
