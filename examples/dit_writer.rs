@@ -7,7 +7,12 @@
 //! ```text
 //! cargo run --example dit_writer -- --url http://127.0.0.1:9200 [--index omtd-resourcesync]
 //!     [--set papers] [--resources 1000] [--updates 0] [--deletes 0] [--first 0] [--bulk 1000]
+//!     [--only-changes]
 //! ```
+//!
+//! With `--only-changes` the resources exist already: one `_bulk` (a second after start)
+//! updates the first `--updates` and deletes the last `--deletes` of `--first`..`--first +
+//! --resources`.
 //!
 //! Creates resources `--first`..`--first + --resources` (`http://example.org/papers/<n>`),
 //! then updates the first `--updates` and deletes the last `--deletes` of them. Dates use the
@@ -153,6 +158,27 @@ async fn main() -> anyhow::Result<()> {
         written: 0,
     };
     let started = Instant::now();
+    if std::env::args().any(|a| a == "--only-changes") {
+        anyhow::ensure!(
+            updates + deletes <= resources,
+            "with --only-changes, --updates and --deletes together cannot exceed --resources"
+        );
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        w.bulk = usize::MAX;
+        for n in first..first + updates {
+            w.event(n, "updated").await?;
+        }
+        for n in first + resources - deletes..first + resources {
+            w.event(n, "deleted").await?;
+        }
+        w.flush().await?;
+        println!(
+            "{}",
+            json!({"events": w.written, "updated": updates, "deleted": deletes,
+                   "seconds": started.elapsed().as_secs_f64()})
+        );
+        return Ok(());
+    }
     for n in first..first + resources {
         w.event(n, "created").await?;
     }

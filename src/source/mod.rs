@@ -641,7 +641,12 @@ impl Source {
                 };
                 match part {
                     Some(p) => Ok(Plan {
-                        version: format!("{created}:part:{}:{}:{indexed}", p.no, p.last_seq),
+                        // The last change's time too: adopting an external writer's
+                        // resource documents changes a part without a change of its own.
+                        version: format!(
+                            "{created}:part:{}:{}:{}:{indexed}",
+                            p.no, p.last_seq, p.last_change.0
+                        ),
                         last_modified: p.last_change,
                         part: Some(p),
                         indexed,

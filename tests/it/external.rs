@@ -198,3 +198,110 @@ async fn an_external_writers_25000_resources_are_listed_once_and_their_changes_i
     assert_eq!(notified, listed);
     app.stop().await;
 }
+
+async fn listed(app: &TestApp) -> BTreeSet<String> {
+    let (_, entries, _) = all_entries(app, "/sets/papers/resourcelist.xml").await;
+    entries.into_iter().map(|(l, _)| l).collect()
+}
+
+/// The external writer's scenario, repeated: 1,500 seed-format resources, then six rounds of
+/// one `_bulk` with 150 updates and 100 deletes of resources never touched before. After each
+/// round the Resource List lists exactly the resources left within a few seconds, and the
+/// adoption lag metric falls back to 0 (it names a document that waits; see the warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_external_batches_are_each_served_within_seconds() {
+    const SEED: usize = 1500;
+    const ROUNDS: usize = 6;
+    let (mut c, _d) = hub_config();
+    use_elasticsearch(&mut c).await;
+    c.notify.poll_interval_ms = 200;
+    let es = c.store.elasticsearch.url.clone();
+    let app = TestApp::start_with(c).await;
+    let writer = |args: Vec<String>| {
+        let es = es.clone();
+        async move {
+            let out = tokio::task::spawn_blocking(move || {
+                std::process::Command::new(example("dit_writer"))
+                    .args(["--url", &es, "--set", "papers"])
+                    .args(&args)
+                    .output()
+                    .expect("the dit_writer example is built by cargo test")
+            })
+            .await
+            .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    };
+    writer(vec!["--resources".into(), SEED.to_string()]).await;
+    let mut expected: BTreeSet<String> = (0..SEED)
+        .map(|n| format!("http://example.org/papers/{n}"))
+        .collect();
+    let mut waits = Vec::new();
+    for round in 0..=ROUNDS {
+        let started = std::time::Instant::now();
+        loop {
+            let got = listed(&app).await;
+            if got == expected {
+                break;
+            }
+            if started.elapsed() > Duration::from_secs(10) {
+                let extra: Vec<&String> = got.difference(&expected).take(5).collect();
+                let missing: Vec<&String> = expected.difference(&got).take(5).collect();
+                let metrics = get_text(&app.client, &app.url("/metrics")).await;
+                panic!(
+                    "round {round}: the Resource List does not reflect the batch after 10 s: {} listed that should not be ({extra:?}…), {} missing ({missing:?}…); {}",
+                    got.difference(&expected).count(),
+                    expected.difference(&got).count(),
+                    metrics
+                        .lines()
+                        .filter(|l| l.starts_with("rshub_adoption") || l.starts_with("rshub_poller"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        waits.push(started.elapsed().as_secs_f64());
+        if round == ROUNDS {
+            break;
+        }
+        let first = round * 250;
+        writer(vec![
+            "--only-changes".into(),
+            "--first".into(),
+            first.to_string(),
+            "--resources".into(),
+            "250".into(),
+            "--updates".into(),
+            "150".into(),
+            "--deletes".into(),
+            "100".into(),
+        ])
+        .await;
+        for n in first + 150..first + 250 {
+            expected.remove(&format!("http://example.org/papers/{n}"));
+        }
+    }
+    println!("seconds until each batch was served: {waits:.2?}");
+    assert!(
+        waits.iter().all(|w| *w < 5.0),
+        "each batch served within 5 s: {waits:.2?}"
+    );
+    let metrics = get_text(&app.client, &app.url("/metrics")).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "rshub_adoption_lag_seconds 0.0"),
+        "nothing waits to be adopted:\n{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("adoption"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    app.stop().await;
+}

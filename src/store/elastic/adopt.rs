@@ -357,8 +357,12 @@ impl ElasticStore {
         }
         // 2. Commit.
         self.commit(set, st, true).await?;
-        // 3. Resource documents.
+        // 3. Resource documents. Each part they join changes now: its Last-Modified (and so
+        // the cached page's version) moves, even when their change documents were adopted in
+        // an earlier round or a page was built between step 2 and here (a page built then
+        // lacked them and, its version unchanged, was served without them for good).
         let mut ops = String::new();
+        let mut touched = std::collections::BTreeSet::new();
         for (h, key) in resources.iter().zip(&resource_keys) {
             let Some(key) = key else { continue };
             let part = match parts.get(&key.0) {
@@ -369,6 +373,7 @@ impl ElasticStore {
                     p
                 }
             };
+            touched.insert(part);
             let mut doc = h["_source"].clone();
             for (f, v) in [
                 ("key", json!(key.0)),
@@ -383,6 +388,10 @@ impl ElasticStore {
             push_conditional(&mut ops, &self.resources, h, &doc);
         }
         self.bulk_conditional(ops).await?;
+        let stamped_at = Timestamp::now().0;
+        for p in st.parts.iter_mut().filter(|p| touched.contains(&p.no)) {
+            p.last_change = p.last_change.max(stamped_at);
+        }
         if !resources.is_empty() || count > 0 {
             self.recount_parts(set, st).await?;
             self.commit(set, st, true).await?;
