@@ -9,8 +9,16 @@
 //! on the same topic that never answer (or answer 500), printing the healthy subscribers'
 //! figures both times, and the process's peak RSS at the end.
 //!
-//! Runs the real server (embedded store in a temporary directory) and one receiver in this
-//! process, subscribes N callbacks with secrets (so every delivery is HMAC-signed), then
+//! With `--elasticsearch URL [--processes 1,2,3] [--subscribers 60] [--notifications 200]
+//! [--lease-secs 10]`, delivery is shared: for each count N, N server processes (this program
+//! run again as a child) on one fresh index of that store (osmem-server or Elasticsearch),
+//! subscribers spread through all of them and fat pings published through all of them.
+//! Prints deliveries/s, latency and the share each process delivered; with N >= 2 it then
+//! SIGKILLs one halfway through a second batch and prints how long until its partitions
+//! deliver again and the repeats per subscriber.
+//!
+//! Otherwise it runs the real server (embedded store in a temporary directory) and one
+//! receiver in this process, subscribes N callbacks with secrets (so every delivery is HMAC-signed), then
 //! publishes the notifications back to back as fat pings. Prints, per N: deliveries/s from
 //! the first publish to the last receipt, and publish-to-receipt latency p50/p99/max (from
 //! sending the publish request to the receiver reading the delivery).
@@ -138,6 +146,12 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    if let Some(es) = arg("--child") {
+        return child(&es).await;
+    }
+    if let Some(es) = arg("--elasticsearch") {
+        return sharded(&es).await;
+    }
     let rounds: Vec<usize> = arg("--subscribers")
         .unwrap_or_else(|| "100,500,1000".into())
         .split(',')
@@ -292,5 +306,323 @@ async fn main() -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let _ = server.await;
     let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// Per subscriber: (notification number, when).
+type ByCallback = Arc<Mutex<std::collections::HashMap<usize, Vec<(usize, Instant)>>>>;
+
+async fn receive_at(
+    State(r): State<ByCallback>,
+    axum::extract::Path(id): axum::extract::Path<usize>,
+    body: Bytes,
+) -> &'static str {
+    let at = Instant::now();
+    let n = std::str::from_utf8(&body)
+        .unwrap_or("")
+        .split('"')
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(usize::MAX);
+    r.lock().unwrap().entry(id).or_default().push((n, at));
+    ""
+}
+
+/// A server process of the sharded benchmark: `--child ES --index I --lease-secs L`; prints
+/// its address, runs until its stdin closes (the parent ended) or it is killed.
+async fn child(es: &str) -> anyhow::Result<()> {
+    let mut config = Config::defaults();
+    config.server.data_dir =
+        std::env::temp_dir().join(format!("rshub-bench-hub-child-{}", std::process::id()));
+    config.server.base_url = "http://hub.bench".into();
+    config.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
+    config.store.elasticsearch.url = es.into();
+    config.store.elasticsearch.index = arg("--index").expect("--index");
+    config.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
+    config.hub.publisher_token = "bench".into();
+    config.hub.requests_per_callback_per_minute = 1000;
+    config.hub.requests_per_host_per_minute = 1_000_000;
+    config.hub.max_subscriptions_per_host = 1_000_000;
+    config.hub.partition_lease_secs =
+        arg("--lease-secs").map_or(10, |s| s.parse().expect("--lease-secs N"));
+    config.admin.token = "bench".into();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("LISTENING {}", listener.local_addr()?);
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let eof = tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin()
+            .read_line(&mut sink)
+            .map_or(false, |n| n > 0)
+        {}
+    });
+    let data = config.server.data_dir.clone();
+    resourcesync_hub::app::run(config, listener, async move {
+        let _ = eof.await;
+    })
+    .await?;
+    let _ = std::fs::remove_dir_all(data);
+    Ok(())
+}
+
+struct Child {
+    proc: std::process::Child,
+    addr: String,
+}
+
+fn spawn_child(es: &str, index: &str, lease: &str) -> anyhow::Result<Child> {
+    use std::io::BufRead;
+    let mut proc = std::process::Command::new(std::env::current_exe()?)
+        .args(["--child", es, "--index", index, "--lease-secs", lease])
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut out = std::io::BufReader::new(proc.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    let addr = line
+        .strip_prefix("LISTENING ")
+        .map(|a| a.trim().to_string())
+        .ok_or_else(|| anyhow::anyhow!("child said {line:?}"))?;
+    Ok(Child { proc, addr })
+}
+
+async fn metric(client: &reqwest::Client, c: &Child, name: &str) -> f64 {
+    let Ok(r) = client
+        .get(format!("http://{}/metrics", c.addr))
+        .send()
+        .await
+    else {
+        return 0.0;
+    };
+    r.text()
+        .await
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok())
+        .unwrap_or(0.0)
+}
+
+async fn wait_for(
+    what: &str,
+    secs: u64,
+    mut cond: impl AsyncFnMut() -> bool,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !cond().await {
+        anyhow::ensure!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn distinct_all(r: &ByCallback, subs: usize, upto: usize) -> bool {
+    let m = r.lock().unwrap();
+    m.len() == subs
+        && m.values().all(|v| {
+            let mut u: Vec<usize> = v.iter().map(|(n, _)| *n).filter(|n| *n < upto).collect();
+            u.sort();
+            u.dedup();
+            u.len() == upto
+        })
+}
+
+async fn sharded(es: &str) -> anyhow::Result<()> {
+    let counts: Vec<usize> = arg("--processes")
+        .unwrap_or_else(|| "1,2,3".into())
+        .split(',')
+        .map(|s| s.trim().parse().expect("--processes N[,N...]"))
+        .collect();
+    let subs: usize = arg("--subscribers").map_or(60, |s| s.parse().expect("--subscribers N"));
+    let m: usize = arg("--notifications").map_or(200, |s| s.parse().expect("--notifications N"));
+    let lease = arg("--lease-secs").unwrap_or_else(|| "10".into());
+    let receipts: ByCallback = Arc::new(Mutex::new(Default::default()));
+    let recv_app = Router::new()
+        .route("/s/{id}", get(verify).post(receive_at))
+        .with_state(receipts.clone());
+    let recv_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let recv_addr = recv_listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(recv_listener, recv_app).await });
+    let client = reqwest::Client::builder().no_proxy().build()?;
+    let topic = "http://hub.bench/topics/shared";
+    println!("shared delivery on {es}: {subs} subscribers, {m} fat pings published through every process, partition lease {lease} s");
+    println!(
+        "{:>9} {:>11} {:>13} {:>8} {:>8}  {:<22} {:>11} {:>13}",
+        "processes",
+        "deliveries",
+        "deliveries/s",
+        "p50 ms",
+        "p99 ms",
+        "share per process %",
+        "takeover s",
+        "repeats/sub"
+    );
+    for n in counts {
+        let index = format!("bench-hub-{}-{n}", std::process::id());
+        let mut procs: Vec<Child> = (0..n)
+            .map(|_| spawn_child(es, &index, &lease))
+            .collect::<anyhow::Result<_>>()?;
+        wait_for(
+            "the partitions spread over the processes",
+            120,
+            async || {
+                let mut sum = 0.0;
+                for c in &procs {
+                    let h = metric(&client, c, "rshub_partitions_held").await;
+                    if h == 0.0 {
+                        return false;
+                    }
+                    sum += h;
+                }
+                sum == 64.0
+            },
+        )
+        .await?;
+        receipts.lock().unwrap().clear();
+        for i in 0..subs {
+            let r = client
+                .post(format!("http://{}/hub", procs[i % n].addr))
+                .form(&[
+                    ("hub.mode", "subscribe"),
+                    ("hub.topic", topic),
+                    ("hub.callback", &format!("http://{recv_addr}/s/{i}")),
+                    ("hub.secret", &format!("secret-{i}")),
+                ])
+                .send()
+                .await?;
+            anyhow::ensure!(r.status() == 202, "subscribe answered {}", r.status());
+        }
+        wait_for("every subscription verified", 120, async || {
+            metric(&client, &procs[0], "rshub_subscriptions{state=\"active\"}").await == subs as f64
+        })
+        .await?;
+        // The partitions' owners pick the new subscriptions up from the store.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let before: Vec<f64> = {
+            let mut v = Vec::new();
+            for c in &procs {
+                v.push(metric(&client, c, "rshub_deliveries_total{outcome=\"delivered\"}").await);
+            }
+            v
+        };
+        let mut sent = Vec::with_capacity(m);
+        let start = Instant::now();
+        for k in 0..m {
+            sent.push(Instant::now());
+            publish(
+                &client,
+                &format!("http://{}/hub", procs[k % n].addr),
+                topic,
+                k,
+            )
+            .await?;
+        }
+        let rc = receipts.clone();
+        wait_for("every delivery", 600, async || distinct_all(&rc, subs, m)).await?;
+        let got: Vec<(usize, Instant)> = receipts
+            .lock()
+            .unwrap()
+            .values()
+            .flatten()
+            .copied()
+            .collect();
+        let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
+        let mut lat: Vec<Duration> = got
+            .iter()
+            .map(|(k, at)| at.duration_since(sent[*k]))
+            .collect();
+        lat.sort();
+        let mut shares = Vec::new();
+        for (c, b) in procs.iter().zip(&before) {
+            shares.push(
+                metric(&client, c, "rshub_deliveries_total{outcome=\"delivered\"}").await - b,
+            );
+        }
+        let total: f64 = shares.iter().sum();
+        let shares: Vec<String> = shares
+            .iter()
+            .map(|s| format!("{:.0}", 100.0 * s / total.max(1.0)))
+            .collect();
+        let (mut takeover, mut repeats) = (String::from("-"), String::from("-"));
+        if n >= 2 {
+            // A second batch; one process SIGKILLed halfway through it.
+            receipts.lock().unwrap().clear();
+            let victim = procs.pop().expect("a process");
+            for k in 0..m / 2 {
+                publish(
+                    &client,
+                    &format!("http://{}/hub", procs[k % procs.len()].addr),
+                    topic,
+                    k,
+                )
+                .await?;
+            }
+            let rc = receipts.clone();
+            wait_for("a quarter of the second batch", 300, async || {
+                rc.lock().unwrap().values().map(Vec::len).sum::<usize>() >= subs * m / 4
+            })
+            .await?;
+            let mut victim = victim;
+            victim.proc.kill()?;
+            let killed = Instant::now();
+            let _ = victim.proc.wait();
+            for k in m / 2..m {
+                publish(
+                    &client,
+                    &format!("http://{}/hub", procs[k % procs.len()].addr),
+                    topic,
+                    k,
+                )
+                .await?;
+            }
+            let rc = receipts.clone();
+            wait_for("every delivery after the kill", 600, async || {
+                distinct_all(&rc, subs, m)
+            })
+            .await?;
+            let r = receipts.lock().unwrap();
+            let gap = r
+                .values()
+                .filter_map(|v| v.iter().map(|(_, at)| *at).filter(|at| *at >= killed).min())
+                .map(|at| at.duration_since(killed))
+                .max()
+                .unwrap_or_default();
+            let reps: Vec<usize> = r
+                .values()
+                .map(|v| {
+                    let mut u: Vec<usize> = v.iter().map(|(n, _)| *n).collect();
+                    u.sort();
+                    u.dedup();
+                    v.len() - u.len()
+                })
+                .collect();
+            takeover = format!("{:.1}", gap.as_secs_f64());
+            repeats = format!(
+                "max {} (total {})",
+                reps.iter().max().unwrap_or(&0),
+                reps.iter().sum::<usize>()
+            );
+        }
+        println!(
+            "{:>9} {:>11} {:>13.0} {:>8.1} {:>8.1}  {:<22} {:>11} {:>13}",
+            n,
+            subs * m,
+            (subs * m) as f64 / last.duration_since(start).as_secs_f64(),
+            percentile(&lat, 0.50).as_secs_f64() * 1e3,
+            percentile(&lat, 0.99).as_secs_f64() * 1e3,
+            shares.join(" / "),
+            takeover,
+            repeats
+        );
+        for mut c in procs {
+            drop(c.proc.stdin.take());
+            let _ = c.proc.wait();
+        }
+    }
     Ok(())
 }
