@@ -352,10 +352,9 @@ async fn child(es: &str) -> anyhow::Result<()> {
     std::io::stdout().flush()?;
     let eof = tokio::task::spawn_blocking(|| {
         let mut sink = String::new();
-        while std::io::stdin()
-            .read_line(&mut sink)
-            .map_or(false, |n| n > 0)
-        {}
+        while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
     });
     let data = config.server.data_dir.clone();
     resourcesync_hub::app::run(config, listener, async move {
