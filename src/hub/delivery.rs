@@ -920,4 +920,153 @@ mod tests {
         );
         assert_eq!(parse_retry_after("soon"), None);
     }
+
+    fn sub(expires_in_secs: i64) -> Subscription {
+        let now = Timestamp::now();
+        Subscription {
+            id: 7,
+            topic: Topic::parse("http://h.test/t").unwrap(),
+            callback: crate::model::websub::Callback::parse("http://cb.test/x").unwrap(),
+            secret: None,
+            alg: crate::model::websub::SignatureAlg::Sha256,
+            lease_secs: 60,
+            lease_start: now,
+            expires_at: Timestamp(now.micros() + expires_in_secs * 1_000_000),
+            verified_at: now,
+            created_at: now,
+            cursor: 0,
+            attempts: 0,
+            next_attempt_at: None,
+        }
+    }
+
+    fn msg(id: MessageId) -> Arc<Message> {
+        Arc::new(Message {
+            id,
+            topic: Topic::parse("http://h.test/t").unwrap(),
+            content_type: "application/xml".into(),
+            body: Bytes::from(format!("<m{id}/>")),
+            published_at: Timestamp::now(),
+        })
+    }
+
+    fn signals() -> Signals {
+        Signals {
+            in_channel: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+            missed: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        }
+    }
+
+    fn head(st: &LaneState) -> Option<MessageId> {
+        match st.next(Instant::now(), Timestamp::now()) {
+            Step::Send(m) => Some(m.id),
+            _ => None,
+        }
+    }
+
+    fn settings() -> super::super::HubSettings {
+        let mut c = crate::config::Config::defaults();
+        c.hub.retry_schedule_secs = vec![60];
+        c.hub.retry_jitter = 0.0;
+        super::super::HubSettings::from_config(&c)
+    }
+
+    #[test]
+    fn a_lane_reads_its_log_then_sends_in_order_and_retries_the_head() {
+        let mut st = LaneState::new(sub(3600), false);
+        assert!(matches!(
+            st.next(Instant::now(), Timestamp::now()),
+            Step::Read(_)
+        ));
+        st.read(vec![msg(1), msg(2)]);
+        assert!(
+            matches!(st.next(Instant::now(), Timestamp::now()), Step::Read(_)),
+            "it reads on until the log has no more"
+        );
+        st.read(vec![]);
+        assert_eq!(head(&st), Some(1));
+        let failed = Attempt::Failed {
+            status: Some(500),
+            error: "no".into(),
+            retry_after: None,
+        };
+        let (o, rec) = st.settle(failed, Duration::from_millis(1), &settings());
+        assert!(matches!(
+            o,
+            Some(Outcome::Retry {
+                message: 1,
+                attempts: 1,
+                ..
+            })
+        ));
+        assert_eq!(rec.outcome, "retry");
+        assert!(st.suspect, "a failure makes the subscriber suspect");
+        assert!(
+            matches!(st.next(Instant::now(), Timestamp::now()), Step::Wait(_)),
+            "the head waits for its retry; nothing overtakes it"
+        );
+        let (o, _) = st.settle(
+            Attempt::Delivered(200),
+            Duration::from_millis(1),
+            &settings(),
+        );
+        assert!(matches!(
+            o,
+            Some(Outcome::Delivered {
+                message: 1,
+                attempts: 2,
+                ..
+            })
+        ));
+        assert_eq!(head(&st), Some(2));
+        assert!(!st.suspect);
+    }
+
+    #[test]
+    fn a_redelivery_window_goes_first_in_order_and_the_head_keeps_its_retry() {
+        let mut st = LaneState::new(sub(3600), false);
+        st.read(vec![msg(10), msg(11)]);
+        st.read(vec![]);
+        let failed = Attempt::Failed {
+            status: None,
+            error: "refused".into(),
+            retry_after: None,
+        };
+        let _ = st.settle(failed, Duration::from_millis(1), &settings());
+        st.absorb(LaneMsg::Redeliver(2, 5), &signals());
+        match st.next(Instant::now(), Timestamp::now()) {
+            Step::Replay(after, _) => assert_eq!(after, 2),
+            other => panic!("expected a read of the window, got {other:?}"),
+        }
+        // The log hands back more than the window: only 3..=5 are queued.
+        st.replayed(vec![msg(3), msg(4), msg(5), msg(6)]);
+        assert_eq!(st.replay, None, "the window is read");
+        for want in [3, 4, 5] {
+            assert_eq!(head(&st), Some(want));
+            let (o, _) = st.settle(Attempt::Delivered(200), Duration::ZERO, &settings());
+            assert!(matches!(o, Some(Outcome::Delivered { message, .. }) if message == want));
+        }
+        assert!(
+            matches!(st.next(Instant::now(), Timestamp::now()), Step::Wait(_)),
+            "then message 10, still waiting for its retry"
+        );
+    }
+
+    #[test]
+    fn a_lapsed_lease_drops_the_queue_and_the_window() {
+        let mut st = LaneState::new(sub(-1), false);
+        st.read(vec![msg(1), msg(2)]);
+        st.read(vec![]);
+        st.absorb(LaneMsg::Redeliver(0, 1), &signals());
+        st.replayed(vec![msg(1)]);
+        assert!(matches!(
+            st.next(Instant::now(), Timestamp::now()),
+            Step::Expired
+        ));
+        assert!(matches!(st.expire(), Outcome::Skipped { through: 2, .. }));
+        assert!(matches!(
+            st.next(Instant::now(), Timestamp::now()),
+            Step::Idle
+        ));
+    }
 }
