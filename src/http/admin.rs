@@ -467,9 +467,6 @@ async fn redeliver(
         Redelivery::Queued(n) => Ok((StatusCode::ACCEPTED, Json(Redelivered { queued: n }))),
         Redelivery::NoSuchSubscription => Err(AppError::NotFound(format!("no subscription {id}"))),
         Redelivery::BeforeRetention(why) => Err(AppError::Conflict(why)),
-        Redelivery::Elsewhere => Err(AppError::Busy(
-            "another process delivers this subscription's partition: send the request to that process (its log names the partitions it took)".into(),
-        )),
     }
 }
 

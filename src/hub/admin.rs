@@ -159,11 +159,33 @@ pub enum Redelivery {
     /// The window starts before what the hub keeps (`hub.retention_hours`): the reason, naming
     /// the oldest message kept.
     BeforeRetention(String),
-    /// Another process delivers the subscription's partition.
-    Elsewhere,
 }
 
 impl Hub {
+    /// Hands redelivery requests other processes left in the store to this process's lanes
+    /// (those of subscriptions it delivers; a request for one that is gone is dropped).
+    pub(super) async fn take_redeliveries(&self) -> Result<(), StoreError> {
+        for (request, sub, after, through) in self.store.hub_redeliveries().await? {
+            let handed = match self.lanes().get(&sub) {
+                Some(lane) => {
+                    lane.redeliver(after, through);
+                    true
+                }
+                None => false,
+            };
+            let gone = !handed
+                && self
+                    .store
+                    .hub_detail(sub, Timestamp::now())
+                    .await?
+                    .is_none();
+            if handed || gone {
+                self.store.hub_redelivery_taken(request).await?;
+            }
+        }
+        Ok(())
+    }
+
     /// Queues the subscription's messages published in `[since, until)` (until now when
     /// `None`) again: the ones it was sent already (those after its cursor are on their way
     /// anyway), from when it subscribed, next and in order, with their `Webhook-Id`.
@@ -196,12 +218,8 @@ impl Hub {
                 kept_from
             )));
         }
-        if !self.lanes().contains_key(&id) {
-            return Ok(if self.store.is_shared() {
-                Redelivery::Elsewhere
-            } else {
-                Redelivery::NoSuchSubscription
-            });
+        if !self.lanes().contains_key(&id) && !self.store.is_shared() {
+            return Ok(Redelivery::NoSuchSubscription);
         }
         let since = since.max(sub.created_at);
         let until = until.unwrap_or(now).min(now);
@@ -212,9 +230,19 @@ impl Hub {
         else {
             return Ok(Redelivery::Queued(0));
         };
-        match self.lanes().get(&id) {
-            Some(lane) => lane.redeliver(first - 1, last),
-            None => return Ok(Redelivery::NoSuchSubscription),
+        let handed = match self.lanes().get(&id) {
+            Some(lane) => {
+                lane.redeliver(first - 1, last);
+                true
+            }
+            None => false,
+        };
+        if !handed {
+            if !self.store.is_shared() {
+                return Ok(Redelivery::NoSuchSubscription);
+            }
+            // Another process delivers it: the request waits in the store for that one.
+            self.store.hub_leave_redelivery(id, first - 1, last).await?;
         }
         tracing::info!(
             subscription = id,

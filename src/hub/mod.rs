@@ -579,9 +579,11 @@ impl Hub {
             }
         }
         // Messages other processes appended since the last look: only those are read.
-        let _order = self.publish_order.lock().await;
-        self.dispatch_new(Timestamp::now()).await?;
-        Ok(())
+        {
+            let _order = self.publish_order.lock().await;
+            self.dispatch_new(Timestamp::now()).await?;
+        }
+        self.take_redeliveries().await
     }
 
     /// The lane map (a short critical section: never held across an await).

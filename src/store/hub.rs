@@ -184,6 +184,37 @@ impl Store {
         }
     }
 
+    /// Leaves a redelivery request in the store for the process that delivers the
+    /// subscription (shared store only).
+    pub async fn hub_leave_redelivery(
+        &self,
+        sub: SubscriptionId,
+        after: MessageId,
+        through: MessageId,
+    ) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(_) => Err(unshared()),
+            Store::Elasticsearch(s) => s.hub_leave_redelivery(sub, after, through).await,
+        }
+    }
+
+    /// Redelivery requests left: (request, subscription, after, through).
+    pub async fn hub_redeliveries(
+        &self,
+    ) -> Result<Vec<(i64, SubscriptionId, MessageId, MessageId)>, StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(vec![]),
+            Store::Elasticsearch(s) => s.hub_redeliveries().await,
+        }
+    }
+
+    pub async fn hub_redelivery_taken(&self, request: i64) -> Result<(), StoreError> {
+        match self {
+            Store::Embedded(_) => Ok(()),
+            Store::Elasticsearch(s) => s.hub_redelivery_taken(request).await,
+        }
+    }
+
     /// Sharded delivery (shared store only; see [`super::elastic`]): the partition count fixed
     /// in the store.
     pub async fn partition_count(&self, wanted: u32) -> Result<u32, StoreError> {

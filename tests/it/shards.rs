@@ -3,7 +3,8 @@
 //! Every subscriber gets all 400 in order with at most 2 repeats, each process delivers a
 //! share, and a process paused (SIGSTOP) past its partition leases sends nothing more for the
 //! partitions it lost once it runs again (without fencing, its lanes' queues made 27 repeats,
-//! up to 2 per subscriber; with it, at most the one in flight at the pause).
+//! up to 2 per subscriber; with it, at most the one in flight at the pause). A redelivery
+//! asked of either process reaches the one that delivers the subscription.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -25,7 +26,7 @@ fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
             "[server]\nbase_url = \"http://hub.test\"\n\
              [store]\nbackend = \"elasticsearch\"\n[store.elasticsearch]\nurl = \"{es}\"\n\
              [hub]\nallow_networks = [\"127.0.0.0/8\"]\npublisher_token = \"t\"\n\
-             partitions = {PARTITIONS}\npartition_lease_secs = 3\n"
+             partitions = {PARTITIONS}\npartition_lease_secs = 3\n[admin]\ntoken = \"a\"\n"
         ),
     )
     .unwrap();
@@ -256,6 +257,8 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
     )
     .await;
     sub.set_delay(Duration::ZERO);
+    let since = resourcesync_hub::model::Timestamp::now();
+    tokio::time::sleep(Duration::from_millis(5)).await;
     for n in PINGS + 20..PINGS + 40 {
         publish(&client, &procs[n % 2], n).await;
     }
@@ -288,6 +291,50 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
         repeats += after.len() - 40;
     }
     println!("{repeats} repeats over {SUBSCRIBERS} subscribers across the pause and hand-over");
+
+    // A redelivery asked of either process reaches the one delivering the subscription.
+    let list: serde_json::Value = client
+        .get(procs[0].url("/admin/v1/subscriptions?callback=/cb/7"))
+        .bearer_auth("a")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = list["items"][0]["id"].as_str().unwrap().to_string();
+    let before = sub.deliveries("/cb/7").len();
+    for p in &procs {
+        let r = client
+            .post(p.url(&format!("/admin/v1/subscriptions/{id}/redeliver")))
+            .bearer_auth("a")
+            .json(&serde_json::json!({"since": since.to_string()}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 202);
+        assert_eq!(r.text().await.unwrap(), "{\"queued\":20}");
+    }
+    wait_for("both redeliveries", 30, async || {
+        sub.deliveries("/cb/7").len() >= before + 40
+    })
+    .await;
+    let again: Vec<usize> = sub.deliveries("/cb/7")[before..]
+        .iter()
+        .map(|d| {
+            d.text()
+                .trim_start_matches("<n i=\"")
+                .trim_end_matches("\"/>")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let window: Vec<usize> = (PINGS + 20..PINGS + 40).collect();
+    assert_eq!(
+        again,
+        [window.clone(), window].concat(),
+        "twice the window, in order"
+    );
     // Whatever arrived after the resume and had arrived before was sent again by the paused
     // process (the other delivered each once, in order, and hands back without repeating).
     let all = sub.all_deliveries();

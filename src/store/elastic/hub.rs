@@ -1416,6 +1416,53 @@ impl ElasticStore {
         }
         Ok(())
     }
+
+    /// Leaves a redelivery request for whichever process delivers the subscription's partition.
+    pub async fn hub_leave_redelivery(
+        &self,
+        sub: SubscriptionId,
+        after: MessageId,
+        through: MessageId,
+    ) -> Result<(), StoreError> {
+        let id = random_id();
+        let doc = json!({"kind": "redeliver", "id": id, "sub": sub, "doc": {"after": after, "through": through}});
+        if self
+            .es
+            .put_doc_if(&self.hub, &format!("redeliver:{id}"), &doc, None)
+            .await?
+        {
+            Ok(())
+        } else {
+            Err(StoreError::Conflict(format!("request id {id} taken")))
+        }
+    }
+
+    /// Redelivery requests left (oldest first): (request, subscription, after, through).
+    pub async fn hub_redeliveries(
+        &self,
+    ) -> Result<Vec<(i64, SubscriptionId, MessageId, MessageId)>, StoreError> {
+        let docs = self
+            .all(
+                json!({"term": {"kind": "redeliver"}}),
+                json!([{"id": "asc"}]),
+            )
+            .await?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| {
+                Some((
+                    d["id"].as_i64()?,
+                    d["sub"].as_i64()?,
+                    d["doc"]["after"].as_i64()?,
+                    d["doc"]["through"].as_i64()?,
+                ))
+            })
+            .collect())
+    }
+
+    pub async fn hub_redelivery_taken(&self, request: i64) -> Result<(), StoreError> {
+        self.delete_doc(&format!("redeliver:{request}")).await
+    }
 }
 
 /// A partition lease as held: its epoch and the version to renew it from.
