@@ -431,6 +431,20 @@ fn distinct_all(r: &ByCallback, subs: usize, upto: usize) -> bool {
         })
 }
 
+/// Publishes notifications `ks` through the processes in turn.
+async fn publish_through(
+    client: &reqwest::Client,
+    procs: &[Child],
+    topic: &str,
+    ks: std::ops::Range<usize>,
+) -> anyhow::Result<()> {
+    for k in ks {
+        let hub = format!("http://{}/hub", procs[k % procs.len()].addr);
+        publish(client, &hub, topic, k).await?;
+    }
+    Ok(())
+}
+
 async fn sharded(es: &str) -> anyhow::Result<()> {
     let counts: Vec<usize> = arg("--processes")
         .unwrap_or_else(|| "1,2,3".into())
@@ -552,15 +566,7 @@ async fn sharded(es: &str) -> anyhow::Result<()> {
             // A second batch; one process SIGKILLed halfway through it.
             receipts.lock().unwrap().clear();
             let victim = procs.pop().expect("a process");
-            for k in 0..m / 2 {
-                publish(
-                    &client,
-                    &format!("http://{}/hub", procs[k % procs.len()].addr),
-                    topic,
-                    k,
-                )
-                .await?;
-            }
+            publish_through(&client, &procs, topic, 0..m / 2).await?;
             let rc = receipts.clone();
             wait_for("a quarter of the second batch", 300, async || {
                 rc.lock().unwrap().values().map(Vec::len).sum::<usize>() >= subs * m / 4
@@ -570,15 +576,7 @@ async fn sharded(es: &str) -> anyhow::Result<()> {
             victim.proc.kill()?;
             let killed = Instant::now();
             let _ = victim.proc.wait();
-            for k in m / 2..m {
-                publish(
-                    &client,
-                    &format!("http://{}/hub", procs[k % procs.len()].addr),
-                    topic,
-                    k,
-                )
-                .await?;
-            }
+            publish_through(&client, &procs, topic, m / 2..m).await?;
             let rc = receipts.clone();
             wait_for("every delivery after the kill", 600, async || {
                 distinct_all(&rc, subs, m)

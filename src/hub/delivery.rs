@@ -215,7 +215,7 @@ struct LaneState {
     /// Deliver from the suspect pool (new, failing or slow subscribers).
     suspect: bool,
     /// A redelivery window still to read from the log: after `.0`, up to `.1`.
-    replay: Option<(MessageId, MessageId)>,
+    replay: VecDeque<(MessageId, MessageId)>,
     /// Messages of the redelivery window read and not yet delivered: they go first.
     replayed: VecDeque<Job>,
 }
@@ -232,7 +232,7 @@ impl LaneState {
             queue: VecDeque::new(),
             sub,
             suspect,
-            replay: None,
+            replay: VecDeque::new(),
             replayed: VecDeque::new(),
         }
     }
@@ -267,9 +267,10 @@ impl LaneState {
             LaneMsg::Redeliver(after, through) => {
                 // Next, in order, ahead of the rest of the queue (nothing is in flight while a
                 // lane absorbs: the head, if waiting for a retry, keeps its state behind them).
-                // A window asked for during another one replaces what is left of it.
-                self.replayed.clear();
-                self.replay = (through > after).then_some((after, through));
+                // A window asked for during another one follows it.
+                if through > after {
+                    self.replay.push_back((after, through));
+                }
             }
         }
     }
@@ -285,7 +286,7 @@ impl LaneState {
     }
 
     fn next(&self, now: Instant, ts: Timestamp) -> Step {
-        if let Some((after, _)) = self.replay {
+        if let Some(&(after, _)) = self.replay.front() {
             if self.replayed.len() < LANE_BATCH / 2 {
                 return Step::Replay(after, LANE_BATCH - self.replayed.len());
             }
@@ -336,9 +337,9 @@ impl LaneState {
         }
     }
 
-    /// Queues what was read of the redelivery window.
+    /// Queues what was read of the first redelivery window.
     fn replayed(&mut self, batch: Vec<Arc<Message>>) {
-        let Some((_, through)) = self.replay else {
+        let Some((_, through)) = self.replay.pop_front() else {
             return;
         };
         let mut after = None;
@@ -346,7 +347,9 @@ impl LaneState {
             after = Some(m.id);
             self.replayed.push_back(Job::new(m));
         }
-        self.replay = after.filter(|a| *a < through).map(|a| (a, through));
+        if let Some(a) = after.filter(|a| *a < through) {
+            self.replay.push_front((a, through));
+        }
     }
 
     /// The job delivered next: the redelivery window's first.
@@ -371,7 +374,7 @@ impl LaneState {
         );
         self.queue.clear();
         self.replayed.clear();
-        self.replay = None;
+        self.replay.clear();
         Outcome::Skipped {
             sub: self.sub.id,
             through: self.w.through,
@@ -1040,7 +1043,7 @@ mod tests {
         }
         // The log hands back more than the window: only 3..=5 are queued.
         st.replayed(vec![msg(3), msg(4), msg(5), msg(6)]);
-        assert_eq!(st.replay, None, "the window is read");
+        assert!(st.replay.is_empty(), "the window is read");
         for want in [3, 4, 5] {
             assert_eq!(head(&st), Some(want));
             let (o, _) = st.settle(Attempt::Delivered(200), Duration::ZERO, &settings());
@@ -1050,6 +1053,31 @@ mod tests {
             matches!(st.next(Instant::now(), Timestamp::now()), Step::Wait(_)),
             "then message 10, still waiting for its retry"
         );
+    }
+
+    #[test]
+    fn a_second_window_follows_the_first() {
+        let mut st = LaneState::new(sub(3600), false);
+        st.read(vec![]);
+        st.absorb(LaneMsg::Redeliver(0, 2), &signals());
+        st.replayed(vec![msg(1)]);
+        // Asked again before the first is read to its end: both are delivered, in turn.
+        st.absorb(LaneMsg::Redeliver(0, 2), &signals());
+        let mut sent = Vec::new();
+        loop {
+            match st.next(Instant::now(), Timestamp::now()) {
+                Step::Replay(after, _) => {
+                    let batch = (after + 1..=2).map(msg).collect();
+                    st.replayed(batch);
+                }
+                Step::Send(m) => {
+                    sent.push(m.id);
+                    let _ = st.settle(Attempt::Delivered(200), Duration::ZERO, &settings());
+                }
+                _ => break,
+            }
+        }
+        assert_eq!(sent, [1, 2, 1, 2]);
     }
 
     #[test]

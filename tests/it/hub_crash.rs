@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use resourcesync_hub::store::Store;
 
-use crate::subscriber::TestSubscriber;
+use crate::subscriber::{first_seen, number, numbered, TestSubscriber};
 use crate::support::ChildServer;
 
 const SUBSCRIBERS: usize = 50;
@@ -31,21 +31,6 @@ fn start_hub(dir: &std::path::Path) -> ChildServer {
         ],
         &[("RUST_LOG", "debug,hyper=info,hyper_util=info,reqwest=info")],
     )
-}
-
-/// Per callback path, the notification numbers received, in arrival order.
-fn received(sub: &TestSubscriber) -> HashMap<String, Vec<usize>> {
-    let mut m: HashMap<String, Vec<usize>> = HashMap::new();
-    for d in sub.all_deliveries() {
-        let n = d
-            .text()
-            .trim_start_matches("<n i=\"")
-            .trim_end_matches("\"/>")
-            .parse()
-            .unwrap();
-        m.entry(d.path.clone()).or_default().push(n);
-    }
-    m
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,7 +97,7 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
 
     let hub = start_hub(tmp.path());
     sub.wait_until("every notification at every callback", |s| {
-        let r = received(s);
+        let r = numbered(s);
         r.len() == SUBSCRIBERS
             && r.values().all(|v| {
                 let mut u = v.clone();
@@ -122,16 +107,10 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
             })
     })
     .await;
-    let r = received(&sub);
+    let r = numbered(&sub);
     for (path, got) in &r {
-        let mut first_seen = Vec::new();
-        for n in got {
-            if !first_seen.contains(n) {
-                first_seen.push(*n);
-            }
-        }
         assert_eq!(
-            first_seen,
+            first_seen(got),
             (0..NOTIFICATIONS).collect::<Vec<_>>(),
             "{path} got them out of order: {got:?}"
         );
@@ -150,12 +129,7 @@ async fn a_hub_killed_mid_fan_out_delivers_everything_after_restart() {
     // A repeat after the crash carries the message's `Webhook-Id`; messages have their own.
     let mut ids: HashMap<usize, std::collections::HashSet<String>> = HashMap::new();
     for d in sub.all_deliveries() {
-        let n: usize = d
-            .text()
-            .trim_start_matches("<n i=\"")
-            .trim_end_matches("\"/>")
-            .parse()
-            .unwrap();
+        let n = number(&d);
         ids.entry(n)
             .or_default()
             .insert(d.header("webhook-id").expect("a Webhook-Id").to_string());

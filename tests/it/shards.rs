@@ -6,10 +6,9 @@
 //! up to 2 per subscriber; with it, at most the one in flight at the pause). A redelivery
 //! asked of either process reaches the one that delivers the subscription.
 
-use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use crate::subscriber::TestSubscriber;
+use crate::subscriber::{first_seen, number, numbered, TestSubscriber};
 use crate::support::{get_text, ChildServer, Osmem};
 
 const SUBSCRIBERS: usize = 60;
@@ -89,23 +88,8 @@ async fn publish(client: &reqwest::Client, s: &ChildServer, n: usize) {
     assert_eq!(r.status(), 200, "publish {n}");
 }
 
-/// Per callback path, the ping numbers received, in arrival order.
-fn received(sub: &TestSubscriber) -> HashMap<String, Vec<usize>> {
-    let mut m: HashMap<String, Vec<usize>> = HashMap::new();
-    for d in sub.all_deliveries() {
-        let n = d
-            .text()
-            .trim_start_matches("<n i=\"")
-            .trim_end_matches("\"/>")
-            .parse()
-            .unwrap();
-        m.entry(d.path.clone()).or_default().push(n);
-    }
-    m
-}
-
 fn all_received(sub: &TestSubscriber, upto: usize) -> bool {
-    let r = received(sub);
+    let r = numbered(sub);
     r.len() == SUBSCRIBERS
         && r.values().all(|v| {
             let mut u = v.clone();
@@ -183,16 +167,10 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
         "all delivered {:.1} s after the kill",
         killed_at.elapsed().as_secs_f64()
     );
-    let r = received(&sub);
+    let r = numbered(&sub);
     for (path, got) in &r {
-        let mut first_seen = Vec::new();
-        for n in got {
-            if !first_seen.contains(n) {
-                first_seen.push(*n);
-            }
-        }
         assert_eq!(
-            first_seen,
+            first_seen(got),
             (0..PINGS).collect::<Vec<_>>(),
             "{path} got them out of order"
         );
@@ -266,18 +244,12 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
         all_received(&sub, PINGS + 40)
     })
     .await;
-    let r = received(&sub);
+    let r = numbered(&sub);
     let mut repeats = 0;
     for (path, got) in &r {
         let after: Vec<usize> = got.iter().copied().filter(|n| *n >= PINGS).collect();
-        let mut first_seen = Vec::new();
-        for n in &after {
-            if !first_seen.contains(n) {
-                first_seen.push(*n);
-            }
-        }
         assert_eq!(
-            first_seen,
+            first_seen(&after),
             (PINGS..PINGS + 40).collect::<Vec<_>>(),
             "{path} got them out of order"
         );
@@ -321,13 +293,7 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
     .await;
     let again: Vec<usize> = sub.deliveries("/cb/7")[before..]
         .iter()
-        .map(|d| {
-            d.text()
-                .trim_start_matches("<n i=\"")
-                .trim_end_matches("\"/>")
-                .parse()
-                .unwrap()
-        })
+        .map(number)
         .collect();
     let window: Vec<usize> = (PINGS + 20..PINGS + 40).collect();
     assert_eq!(

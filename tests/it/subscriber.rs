@@ -210,3 +210,32 @@ async fn on_post(
     }
     resp
 }
+
+/// The number K of a `<n i="K"/>` body (the crash and shard tests' notifications).
+pub fn number(d: &Delivery) -> usize {
+    d.text()
+        .trim_start_matches("<n i=\"")
+        .trim_end_matches("\"/>")
+        .parse()
+        .unwrap()
+}
+
+/// Per callback path, the numbers of the `<n i="K"/>` bodies received, in arrival order.
+pub fn numbered(sub: &TestSubscriber) -> HashMap<String, Vec<usize>> {
+    let mut m: HashMap<String, Vec<usize>> = HashMap::new();
+    for d in sub.all_deliveries() {
+        m.entry(d.path.clone()).or_default().push(number(&d));
+    }
+    m
+}
+
+/// The numbers in the order each was first received (repeats left out).
+pub fn first_seen(got: &[usize]) -> Vec<usize> {
+    let mut out = Vec::new();
+    for n in got {
+        if !out.contains(n) {
+            out.push(*n);
+        }
+    }
+    out
+}
