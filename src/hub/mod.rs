@@ -340,7 +340,7 @@ const DELIVERY_LEASE: &str = "delivery";
 /// How long the lease lasts unrenewed: a dead holder is replaced after at most this.
 const LEASE_SECS: u64 = 10;
 const RENEW_EVERY: Duration = Duration::from_secs(2);
-/// How often the delivering process picks up subscriptions and messages other processes wrote.
+/// How often a process that delivers picks up subscriptions and messages other processes wrote.
 const SYNC_EVERY: Duration = Duration::from_millis(250);
 
 impl Hub {
@@ -476,9 +476,8 @@ impl Hub {
         Ok(())
     }
 
-    /// On a shared store: holds or waits for the delivery lease, and while holding it keeps
-    /// the lanes in step with what other processes wrote (subscriptions verified there,
-    /// messages published there).
+    /// On a shared store: holds or waits for the leader lease (notifying, stale verifications,
+    /// adoption); delivery is [`Hub::run_partitions`]'s.
     async fn run_leadership(self: Arc<Self>) {
         let mut last_renewal: Option<Instant> = None;
         let mut tick = tokio::time::interval(SYNC_EVERY);
@@ -503,21 +502,21 @@ impl Hub {
                         last_renewal = None;
                         if self.is_delivering() {
                             tracing::warn!(
-                                "the delivery lease passed to another process: standing by"
+                                "the leader lease passed to another process: no longer notifying"
                             );
                             self.stand_down().await;
                         }
                     }
                     Err(e) => {
                         self.metrics.store_errors.inc();
-                        tracing::warn!(error = %e, "renewing the delivery lease failed");
+                        tracing::warn!(error = %e, "renewing the leader lease failed");
                         // Stop before another process may have taken over.
                         if self.is_delivering()
                             && last_renewal.is_none_or(|t| {
                                 t.elapsed() >= Duration::from_secs(LEASE_SECS) - 2 * RENEW_EVERY
                             })
                         {
-                            tracing::warn!("delivery lease about to lapse: standing by");
+                            tracing::warn!("leader lease about to lapse: no longer notifying");
                             self.stand_down().await;
                         }
                     }
@@ -928,7 +927,7 @@ impl Hub {
         if self.store.is_shared() {
             self.release_partitions().await;
             if let Err(e) = self.store.release(DELIVERY_LEASE, &self.owner).await {
-                tracing::warn!(error = %e, "releasing the delivery lease failed; it lapses by itself");
+                tracing::warn!(error = %e, "releasing the leader lease failed; it lapses by itself");
             }
         }
     }

@@ -86,7 +86,7 @@ impl Notifier {
         let poll = Duration::from_millis(n.poll_interval_ms);
         let delay = Duration::from_millis(n.max_delay_ms);
         loop {
-            // On a shared store only the process holding the delivery lease notifies.
+            // On a shared store only the process holding the leader lease notifies.
             let sweep = if self.hub.is_delivering() {
                 self.sweep().await
             } else {

@@ -19,7 +19,8 @@ fn unshared() -> StoreError {
 }
 
 impl Store {
-    /// Whether several server processes may share this store (then one at a time delivers).
+    /// Whether several server processes may share this store (then they share delivery by
+    /// partition, and one at a time notifies).
     pub fn is_shared(&self) -> bool {
         matches!(self, Store::Elasticsearch(_))
     }

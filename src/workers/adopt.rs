@@ -1,5 +1,5 @@
 //! Adopts external writers' documents (Elasticsearch backend) when the notifier, which
-//! otherwise does it before each sweep, is disabled. Only the process holding the delivery
+//! otherwise does it before each sweep, is disabled. Only the process holding the leader
 //! lease adopts, every `notify.poll_interval_ms`.
 
 use std::sync::Arc;

@@ -197,8 +197,12 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
     .await;
 
     // Pause one in the middle of delivering (slow subscribers: its lanes have queues) and
-    // past its leases: the other takes its partitions over and delivers the rest.
-    sub.set_delay(Duration::from_millis(40));
+    // past its leases: the other takes its partitions over and delivers the rest. A lane
+    // checks its lease just before it hands a request to its connection; a pause landing
+    // between the two would let that one request out at the resume. With answers taking
+    // 300 ms the lanes spend their time waiting for them, and that is where the pause lands
+    // (with 40 ms, one run in six caught a request on its way out).
+    sub.set_delay(Duration::from_millis(300));
     let paused_before = delivered(&client, &procs[0]).await;
     for n in PINGS..PINGS + 20 {
         publish(&client, &procs[1], n).await;

@@ -1,6 +1,6 @@
 //! Adoption of documents written straight into the indices by a harvester following the
 //! DIT-ES protocol (a resource document per resource, a change document per event, no fields
-//! of ours). The process holding the delivery lease runs a round before each notifier sweep:
+//! of ours). The process holding the leader lease runs a round before each notifier sweep:
 //!
 //! 1. Under the set's claim (the lock ingest takes), the oldest unstamped change documents
 //!    (`seq` missing) are numbered in (`datetime`, `timestamp`) order and given `key`,

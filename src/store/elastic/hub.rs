@@ -835,7 +835,7 @@ impl ElasticStore {
     }
 
     /// The notifier's state of a set. A committed outbox left by a notifier that stopped is
-    /// logged first: only the notifier (the process holding the delivery lease) calls this.
+    /// logged first: only the notifier (the process holding the leader lease) calls this.
     pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
         let id = format!("notify:{set}");
         let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else {

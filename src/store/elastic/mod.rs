@@ -16,8 +16,9 @@
 //!   on `part` sorted by `key`, all with `search_after` (inside a point in time for scans,
 //!   [`Es::scan`]), never `from`.
 //! - The hub: subscriptions as documents replaced conditionally, the message log as documents
-//!   whose number is claimed by creating them, the notifier's state with an outbox, and the
-//!   delivery lease that makes one process at a time deliver and notify.
+//!   whose number is claimed by creating them, the notifier's state with an outbox, the leader
+//!   lease that makes one process at a time notify, and the partition leases, heartbeats and
+//!   epochs that spread delivery over the processes.
 
 mod adopt;
 mod contract;
