@@ -31,21 +31,6 @@ fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
     cfg
 }
 
-fn serve(dir: &std::path::Path, name: &str, cfg: &std::path::Path) -> ChildServer {
-    ChildServer::serve(
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--data-dir",
-            dir.join(name).to_str().unwrap(),
-        ],
-        &[(
-            "RUST_LOG",
-            "info,hyper=warn,reqwest=warn,elasticsearch=warn",
-        )],
-    )
-}
-
 async fn ingest(client: &reqwest::Client, server: &ChildServer, from: usize) {
     let lines: Vec<String> = (from..from + BATCH)
         .map(|n| {
@@ -109,7 +94,10 @@ async fn two_processes(signal: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let es = Osmem::clone_url().await;
     let cfg = config(tmp.path(), &es);
-    let servers = vec![serve(tmp.path(), "a", &cfg), serve(tmp.path(), "b", &cfg)];
+    let servers = vec![
+        ChildServer::serve_one_of(tmp.path(), "a", &cfg),
+        ChildServer::serve_one_of(tmp.path(), "b", &cfg),
+    ];
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     let sub = TestSubscriber::start().await;
     let topic = "http://hub.test/topics/papers/changes";

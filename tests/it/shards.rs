@@ -32,21 +32,6 @@ fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
     cfg
 }
 
-fn serve(dir: &std::path::Path, name: &str, cfg: &std::path::Path) -> ChildServer {
-    ChildServer::serve(
-        &[
-            "--config",
-            cfg.to_str().unwrap(),
-            "--data-dir",
-            dir.join(name).to_str().unwrap(),
-        ],
-        &[(
-            "RUST_LOG",
-            "info,hyper=warn,reqwest=warn,elasticsearch=warn",
-        )],
-    )
-}
-
 /// A gauge or counter from a process's /metrics.
 async fn metric(client: &reqwest::Client, s: &ChildServer, name: &str) -> u64 {
     get_text(client, &s.url("/metrics"))
@@ -106,7 +91,7 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
     let cfg = config(tmp.path(), &es);
     let mut procs: Vec<ChildServer> = ["a", "b", "c"]
         .iter()
-        .map(|n| serve(tmp.path(), n, &cfg))
+        .map(|n| ChildServer::serve_one_of(tmp.path(), n, &cfg))
         .collect();
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
     wait_for("the partitions spread over the three", 30, async || {

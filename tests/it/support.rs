@@ -362,13 +362,25 @@ impl ChildServer {
 
     /// Sends a signal (`"TERM"`, `"KILL"`) and waits for the process to end.
     pub fn signal(mut self, sig: &str) -> std::process::ExitStatus {
-        let ok = Command::new("kill")
-            .arg(format!("-{sig}"))
-            .arg(self.child.id().to_string())
-            .status()
-            .unwrap();
-        assert!(ok.success());
+        self.send(sig);
         self.child.wait().unwrap()
+    }
+
+    /// `serve --config <cfg>` with its data in `<dir>/<name>`, logging at info (one of
+    /// several processes on one store).
+    pub fn serve_one_of(dir: &Path, name: &str, cfg: &Path) -> ChildServer {
+        ChildServer::serve(
+            &[
+                "--config",
+                cfg.to_str().unwrap(),
+                "--data-dir",
+                dir.join(name).to_str().unwrap(),
+            ],
+            &[(
+                "RUST_LOG",
+                "info,hyper=warn,reqwest=warn,elasticsearch=warn",
+            )],
+        )
     }
 }
 
