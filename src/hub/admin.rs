@@ -164,7 +164,11 @@ pub enum Redelivery {
 impl Hub {
     /// Hands redelivery requests other processes left in the store to this process's lanes
     /// (those of subscriptions it delivers; a request for one that is gone is dropped).
-    pub(super) async fn take_redeliveries(&self) -> Result<(), StoreError> {
+    /// `subscriptions`, the store's as just read, spares a lookup per request left for others.
+    pub(super) async fn take_redeliveries(
+        &self,
+        subscriptions: &std::collections::HashSet<SubscriptionId>,
+    ) -> Result<(), StoreError> {
         for (request, sub, after, through) in self.store.hub_redeliveries().await? {
             let handed = match self.lanes().get(&sub) {
                 Some(lane) => {
@@ -174,6 +178,7 @@ impl Hub {
                 None => false,
             };
             let gone = !handed
+                && !subscriptions.contains(&sub)
                 && self
                     .store
                     .hub_detail(sub, Timestamp::now())

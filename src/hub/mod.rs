@@ -323,7 +323,7 @@ pub struct Hub {
     everything: Arc<partition::Grant>,
     /// On a shared store: the delivery partitions this process holds, and their count.
     held: Mutex<HashMap<u32, partition::Held>>,
-    partition_count: std::sync::atomic::AtomicU64,
+    partition_count: std::sync::atomic::AtomicU32,
     /// The newest message handed to the lanes from the log (shared store).
     synced_through: std::sync::atomic::AtomicI64,
     /// This process's name in leases.
@@ -397,7 +397,7 @@ impl Hub {
             delivering: AtomicBool::new(false),
             everything: partition::Grant::everything(),
             held: Mutex::new(HashMap::new()),
-            partition_count: std::sync::atomic::AtomicU64::new(0),
+            partition_count: std::sync::atomic::AtomicU32::new(0),
             synced_through: std::sync::atomic::AtomicI64::new(0),
             owner: format!("{}-{}", std::process::id(), challenge()),
         });
@@ -526,9 +526,7 @@ impl Hub {
     }
 
     async fn take_over(self: &Arc<Self>) {
-        let lanes = self.lanes();
         self.delivering.store(true, Ordering::SeqCst);
-        drop(lanes);
         tracing::info!(owner = %self.owner, "this process holds the leader lease: notifying");
         if let Err(e) = self.restore_intents(Some(Duration::from_secs(30))).await {
             tracing::warn!(error = %e, "hub: redoing verifications failed");
@@ -545,6 +543,7 @@ impl Hub {
     async fn sync(self: &Arc<Self>) -> Result<(), StoreError> {
         let started = tokio::time::Instant::now();
         let subs = self.store.hub_subscriptions().await?;
+        let all: HashSet<SubscriptionId> = subs.iter().map(|s| s.id).collect();
         {
             let grants: Vec<(model::Subscription, Option<Arc<partition::Grant>>)> = subs
                 .into_iter()
@@ -582,7 +581,7 @@ impl Hub {
             let _order = self.publish_order.lock().await;
             self.dispatch_new(Timestamp::now()).await?;
         }
-        self.take_redeliveries().await
+        self.take_redeliveries(&all).await
     }
 
     /// The lane map (a short critical section: never held across an await).

@@ -132,7 +132,7 @@ impl Hub {
         if !self.store.is_shared() {
             return Some(self.everything.clone());
         }
-        let count = self.partition_count.load(Ordering::SeqCst) as u32;
+        let count = self.partition_count.load(Ordering::SeqCst);
         if count == 0 {
             return None;
         }
@@ -179,8 +179,7 @@ impl Hub {
             Ok(last) => self.synced_through.store(last, Ordering::SeqCst),
             Err(e) => tracing::warn!(error = %e, "reading the log's end failed"),
         }
-        self.partition_count
-            .store(u64::from(count), Ordering::SeqCst);
+        self.partition_count.store(count, Ordering::SeqCst);
         let mut live: Vec<String> = Vec::new();
         let mut last_beat: Option<Instant> = None;
         let mut tick = tokio::time::interval(super::SYNC_EVERY);
@@ -221,26 +220,19 @@ impl Hub {
             for p in held.iter().filter(|p| !wanted.contains(p)) {
                 self.hand_over(*p);
             }
-            let mut took = Vec::new();
-            for p in &wanted {
-                if self.held.lock().expect("held").contains_key(p) {
-                    continue;
-                }
+            let free: Vec<u32> = {
+                let held = self.held.lock().expect("held");
+                wanted
+                    .iter()
+                    .copied()
+                    .filter(|p| !held.contains_key(p))
+                    .collect()
+            };
+            if !free.is_empty() {
                 if self.cancel.is_cancelled() {
                     return;
                 }
-                match self.take(*p, count, secs, lease).await {
-                    Ok(true) => took.push(*p),
-                    Ok(false) => {}
-                    Err(e) => {
-                        self.metrics.store_errors.inc();
-                        tracing::warn!(partition = p, error = %e, "taking a partition failed");
-                    }
-                }
-            }
-            if !took.is_empty() {
-                took.sort();
-                tracing::info!(partitions = ?took, "delivering these partitions now");
+                self.take(&free, count, secs, lease).await;
             }
             self.metrics
                 .partitions_held
@@ -254,27 +246,39 @@ impl Hub {
         }
     }
 
-    /// Takes partition `p` if no one holds it: raises its epoch, stamps the epoch on its
-    /// subscriptions (fencing a paused ex-owner), and only then counts it held.
-    async fn take(
-        self: &Arc<Self>,
-        p: u32,
-        count: u32,
-        secs: u64,
-        lease: Duration,
-    ) -> Result<bool, crate::store::StoreError> {
-        let sent = Instant::now();
-        let Some(l) = self.store.take_partition(p, &self.owner, secs).await? else {
-            return Ok(false);
-        };
-        self.store.fence(p, count, l.epoch).await?;
-        let grant = Grant::new(p, l.epoch, sent + lease - margin(lease));
-        tracing::debug!(partition = p, epoch = l.epoch, "partition taken");
-        self.held
-            .lock()
-            .expect("held")
-            .insert(p, Held { grant, lease: l });
-        Ok(true)
+    /// Takes those of `wanted` no one holds: raises their epochs, stamps the epochs on their
+    /// subscriptions (fencing a paused ex-owner; one pass for all of them), and only then
+    /// counts them held. Partitions taken but not fenced are left to lapse and taken again.
+    async fn take(&self, wanted: &[u32], count: u32, secs: u64, lease: Duration) {
+        let mut taken = Vec::new();
+        for &p in wanted {
+            let sent = Instant::now();
+            match self.store.take_partition(p, &self.owner, secs).await {
+                Ok(Some(l)) => taken.push((p, l, sent)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.metrics.store_errors.inc();
+                    tracing::warn!(partition = p, error = %e, "taking a partition failed");
+                }
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let epochs: Vec<(u32, u64)> = taken.iter().map(|(p, l, _)| (*p, l.epoch)).collect();
+        if let Err(e) = self.store.fence(&epochs, count).await {
+            self.metrics.store_errors.inc();
+            tracing::warn!(error = %e, "stamping taken partitions' epochs failed; taking them again later");
+            return;
+        }
+        let mut held = self.held.lock().expect("held");
+        for (p, l, sent) in taken {
+            let grant = Grant::new(p, l.epoch, sent + lease - margin(lease));
+            held.insert(p, Held { grant, lease: l });
+        }
+        let mut nos: Vec<u32> = epochs.iter().map(|(p, _)| *p).collect();
+        nos.sort();
+        tracing::info!(partitions = ?nos, "delivering these partitions now");
     }
 
     /// Renews every held partition, side by side; a partition someone else wrote is lost.

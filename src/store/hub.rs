@@ -271,11 +271,11 @@ impl Store {
         }
     }
 
-    /// Stamps a new owner's epoch on a partition's subscriptions (fencing the old owner).
-    pub async fn fence(&self, p: u32, count: u32, epoch: u64) -> Result<(), StoreError> {
+    /// Stamps new owners' epochs on partitions' subscriptions (fencing the old owners).
+    pub async fn fence(&self, taken: &[(u32, u64)], count: u32) -> Result<(), StoreError> {
         match self {
             Store::Embedded(_) => Err(unshared()),
-            Store::Elasticsearch(s) => s.fence(p, count, epoch).await,
+            Store::Elasticsearch(s) => s.fence(taken, count).await,
         }
     }
 

@@ -1321,19 +1321,11 @@ impl ElasticStore {
             }
         };
         let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": epoch, "until": now.plus_secs(secs).0}});
-        if !self
-            .es
-            .put_doc_if(&self.hub, &id, &doc, current.as_ref())
-            .await?
-        {
-            return Ok(None);
-        }
         Ok(self
             .es
-            .get_doc(&self.hub, &id)
+            .put_doc_versioned(&self.hub, &id, &doc, current.as_ref())
             .await?
-            .filter(|v| v.source["doc"]["owner"].as_str() == Some(owner))
-            .map(|v| PartitionLease { epoch, version: v }))
+            .map(|version| PartitionLease { epoch, version }))
     }
 
     /// Renews a partition's lease (`Some`, the new version) unless someone else wrote it since
@@ -1345,28 +1337,15 @@ impl ElasticStore {
         owner: &str,
         secs: u64,
     ) -> Result<Option<PartitionLease>, StoreError> {
-        let id = format!("part:{p}");
         let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": lease.epoch, "until": Timestamp::now().plus_secs(secs).0}});
-        let path = format!(
-            "/{}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true",
-            self.hub,
-            super::encode_id(&id),
-            lease.version.seq_no,
-            lease.version.primary_term
-        );
-        let (status, v) = self.es.call(Method::Put, &path, Some(doc.clone())).await?;
-        match status {
-            200..=299 => Ok(Some(PartitionLease {
+        Ok(self
+            .es
+            .put_doc_versioned(&self.hub, &format!("part:{p}"), &doc, Some(&lease.version))
+            .await?
+            .map(|version| PartitionLease {
                 epoch: lease.epoch,
-                version: Versioned {
-                    source: doc,
-                    seq_no: v["_seq_no"].as_i64().unwrap_or(-1),
-                    primary_term: v["_primary_term"].as_i64().unwrap_or(-1),
-                },
-            })),
-            409 => Ok(None),
-            s => Err(StoreError::Unavailable(format!("PUT {path}: {s} {v}"))),
-        }
+                version,
+            }))
     }
 
     /// Gives a partition up at once (its lanes have stopped and their outcomes are written).
@@ -1383,27 +1362,29 @@ impl ElasticStore {
         Ok(())
     }
 
-    /// Stamps `epoch` on the delivery record of every subscription of partition `p` (of
-    /// `count`): from here on a writer with an older epoch (a paused ex-owner) is refused.
-    pub async fn fence(&self, p: u32, count: u32, epoch: u64) -> Result<(), StoreError> {
+    /// Stamps each partition's new epoch (`taken`: partition, epoch; of `count`) on the
+    /// delivery records of its subscriptions, in one pass over them: from here on a writer
+    /// with an older epoch (a paused ex-owner) is refused.
+    pub async fn fence(&self, taken: &[(u32, u64)], count: u32) -> Result<(), StoreError> {
+        let epochs: HashMap<u32, u64> = taken.iter().copied().collect();
         let subs = self.subs(json!({"match_all": {}})).await?;
-        let docs: Vec<String> = subs
-            .iter()
-            .filter(|(s, _)| partition_of(s.id, count) == p && s.epoch < epoch)
-            .map(|(s, _)| {
-                sub_doc_id(
+        let stamps = subs.iter().filter_map(|(s, _)| {
+            let epoch = *epochs.get(&partition_of(s.id, count))?;
+            (s.epoch < epoch).then(|| {
+                let doc = sub_doc_id(
                     &Topic::from_stored(s.topic.clone()),
                     &Callback::from_stored(s.callback.clone()),
-                )
-            })
-            .collect();
-        let stamps = docs.iter().map(|d| {
-            self.update_sub(d, |s| {
-                if s.epoch >= epoch {
-                    return false;
+                );
+                async move {
+                    self.update_sub(&doc, |s| {
+                        if s.epoch >= epoch {
+                            return false;
+                        }
+                        s.epoch = epoch;
+                        true
+                    })
+                    .await
                 }
-                s.epoch = epoch;
-                true
             })
         });
         let done: Vec<Result<Option<SubDoc>, StoreError>> =

@@ -366,6 +366,21 @@ impl Es {
         source: &Value,
         version: Option<&Versioned>,
     ) -> Result<bool, StoreError> {
+        Ok(self
+            .put_doc_versioned(index, id, source, version)
+            .await?
+            .is_some())
+    }
+
+    /// As [`Es::put_doc_if`], answering the document as written with its new version (for
+    /// the next conditional write), or `None` when someone else wrote first.
+    pub async fn put_doc_versioned(
+        &self,
+        index: &str,
+        id: &str,
+        source: &Value,
+        version: Option<&Versioned>,
+    ) -> Result<Option<Versioned>, StoreError> {
         let path = match version {
             Some(v) => format!(
                 "/{index}/_doc/{}?if_seq_no={}&if_primary_term={}&refresh=true{}",
@@ -382,8 +397,12 @@ impl Es {
         };
         let (status, v) = self.call(Method::Put, &path, Some(source.clone())).await?;
         match status {
-            200..=299 => Ok(true),
-            409 => Ok(false),
+            200..=299 => Ok(Some(Versioned {
+                source: source.clone(),
+                seq_no: v["_seq_no"].as_i64().unwrap_or(-1),
+                primary_term: v["_primary_term"].as_i64().unwrap_or(-1),
+            })),
+            409 => Ok(None),
             404 if v["error"]["type"] == "index_not_found_exception" => {
                 Err(self.index_lost(&format!("PUT {path}")).await)
             }
