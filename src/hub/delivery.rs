@@ -189,10 +189,13 @@ struct Window {
 /// and the clock; [`run_lane`] does it.
 #[derive(Debug)]
 enum Step {
-    /// Read up to this many messages after the window from the log.
-    Read(usize),
-    /// Read up to `.1` messages of the redelivery window after `.0`.
-    Replay(MessageId, usize),
+    /// Read up to `want` messages after `after` from the log: the queue's next, or with
+    /// `replay` the redelivery window's.
+    Read {
+        after: MessageId,
+        want: usize,
+        replay: bool,
+    },
     /// Nothing queued: wait for a message.
     Idle,
     /// The head is due at this instant: wait for it (or a message).
@@ -288,7 +291,11 @@ impl LaneState {
     fn next(&self, now: Instant, ts: Timestamp) -> Step {
         if let Some(&(after, _)) = self.replay.front() {
             if self.replayed.len() < LANE_BATCH / 2 {
-                return Step::Replay(after, LANE_BATCH - self.replayed.len());
+                return Step::Read {
+                    after,
+                    want: LANE_BATCH - self.replayed.len(),
+                    replay: true,
+                };
             }
         }
         if self.w.behind
@@ -304,7 +311,11 @@ impl LaneState {
             // bounds the bytes itself; this bounds them on Elasticsearch).
             let want =
                 (LANE_BYTES / self.w.avg_bytes.max(1)).clamp(1, LANE_BATCH - self.queue.len());
-            return Step::Read(want);
+            return Step::Read {
+                after: self.w.through,
+                want,
+                replay: false,
+            };
         }
         let Some(head) = self.replayed.front().or(self.queue.front()) else {
             return Step::Idle;
@@ -489,25 +500,11 @@ async fn run_lane(
         }
         st.note_missed(&signals);
         let wake = match st.next(Instant::now(), Timestamp::now()) {
-            Step::Read(want) => {
-                let read = {
-                    let _slot = hub.log_reads.acquire().await;
-                    hub.store
-                        .hub_messages_after(Some(&st.sub.topic), st.w.through, want, LANE_BYTES)
-                        .await
-                };
-                match read {
-                    Ok(batch) => {
-                        st.read(hub.shared(batch));
-                        continue;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "reading the subscription's queue from the log failed; retrying");
-                        Some(Instant::now() + Duration::from_secs(1))
-                    }
-                }
-            }
-            Step::Replay(after, want) => {
+            Step::Read {
+                after,
+                want,
+                replay,
+            } => {
                 let read = {
                     let _slot = hub.log_reads.acquire().await;
                     hub.store
@@ -515,12 +512,16 @@ async fn run_lane(
                         .await
                 };
                 match read {
-                    Ok(batch) => {
+                    Ok(batch) if replay => {
                         st.replayed(hub.shared(batch));
                         continue;
                     }
+                    Ok(batch) => {
+                        st.read(hub.shared(batch));
+                        continue;
+                    }
                     Err(e) => {
-                        tracing::warn!(error = %e, "reading a redelivery window from the log failed; retrying");
+                        tracing::warn!(error = %e, replay, "reading the subscription's queue from the log failed; retrying");
                         Some(Instant::now() + Duration::from_secs(1))
                     }
                 }
@@ -979,11 +980,18 @@ mod tests {
         let mut st = LaneState::new(sub(3600), false);
         assert!(matches!(
             st.next(Instant::now(), Timestamp::now()),
-            Step::Read(_)
+            Step::Read {
+                after: 0,
+                replay: false,
+                ..
+            }
         ));
         st.read(vec![msg(1), msg(2)]);
         assert!(
-            matches!(st.next(Instant::now(), Timestamp::now()), Step::Read(_)),
+            matches!(
+                st.next(Instant::now(), Timestamp::now()),
+                Step::Read { replay: false, .. }
+            ),
             "it reads on until the log has no more"
         );
         st.read(vec![]);
@@ -1038,7 +1046,11 @@ mod tests {
         let _ = st.settle(failed, Duration::from_millis(1), &settings());
         st.absorb(LaneMsg::Redeliver(2, 5), &signals());
         match st.next(Instant::now(), Timestamp::now()) {
-            Step::Replay(after, _) => assert_eq!(after, 2),
+            Step::Read {
+                after,
+                replay: true,
+                ..
+            } => assert_eq!(after, 2),
             other => panic!("expected a read of the window, got {other:?}"),
         }
         // The log hands back more than the window: only 3..=5 are queued.
@@ -1066,7 +1078,11 @@ mod tests {
         let mut sent = Vec::new();
         loop {
             match st.next(Instant::now(), Timestamp::now()) {
-                Step::Replay(after, _) => {
+                Step::Read {
+                    after,
+                    replay: true,
+                    ..
+                } => {
                     let batch = (after + 1..=2).map(msg).collect();
                     st.replayed(batch);
                 }
