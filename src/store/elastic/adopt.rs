@@ -129,7 +129,13 @@ impl ElasticStore {
     /// waited over [`STUCK`] is logged (once a minute) with its id and set.
     pub async fn adopt(&self, rules: &dyn SetRules) -> Result<Adoption, StoreError> {
         let mut adopted = 0;
-        for name in self.sets_to_adopt().await? {
+        let sets = self.sets_to_adopt().await?;
+        if sets.is_empty() {
+            // Nothing waits (the common round): no search for the oldest.
+            self.adoption.lock().expect("adoption watch").oldest = None;
+            return Ok(Adoption { adopted, lag: None });
+        }
+        for name in sets {
             let Ok(set) = SetName::parse(&name) else {
                 self.say_stuck(&format!("resource_set {name:?}"), || {
                     tracing::warn!(resource_set = %name, "documents with an invalid resource_set are ignored");
