@@ -116,10 +116,7 @@ async fn two_processes(signal: &str) {
             .unwrap();
         assert_eq!(r.status(), 202);
     }
-    let mut c = resourcesync_hub::config::Config::defaults();
-    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
-    c.store.elasticsearch.url = es.clone();
-    let store = resourcesync_hub::app::open_store(&c).await.unwrap();
+    let store = crate::support::elastic_store(&es).await;
     for path in CALLBACKS {
         let cb = Callback::parse(&sub.url(path)).unwrap();
         let mut ok = false;

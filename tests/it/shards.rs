@@ -121,10 +121,7 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
             .unwrap();
         assert_eq!(r.status(), 202);
     }
-    let mut c = resourcesync_hub::config::Config::defaults();
-    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
-    c.store.elasticsearch.url = es.clone();
-    let store = resourcesync_hub::app::open_store(&c).await.unwrap();
+    let store = crate::support::elastic_store(&es).await;
     wait_for("every subscription verified", 30, async || {
         store.hub_subscriptions().await.unwrap().len() == SUBSCRIBERS
     })

@@ -391,6 +391,14 @@ impl Drop for ChildServer {
     }
 }
 
+/// The store of the server processes on the Elasticsearch at `url`, opened from the test.
+pub async fn elastic_store(url: &str) -> resourcesync_hub::store::Store {
+    let mut c = Config::defaults();
+    c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
+    c.store.elasticsearch.url = url.to_string();
+    resourcesync_hub::app::open_store(&c).await.unwrap()
+}
+
 /// Points `c` at a fresh osmem-server clone (the Elasticsearch backend).
 pub async fn use_elasticsearch(c: &mut Config) {
     c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
