@@ -164,6 +164,7 @@ pub async fn ingest(
         Err(ApplyError::Store(e)) => return Err(e.into()),
     };
     if outcome.set_created {
+        source.set_created();
         tracing::info!(set = %set, "resource set created by its first change");
     }
     Ok(IngestReport {

@@ -240,26 +240,31 @@ pub async fn dump_file(
 }
 
 /// What a response describes.
-struct Representation<'a> {
-    etag: &'a str,
-    last_modified: Timestamp,
-    len: u64,
-    content_type: &'static str,
+pub(super) struct Representation<'a> {
+    pub(super) etag: &'a str,
+    pub(super) last_modified: Timestamp,
+    pub(super) len: u64,
+    pub(super) content_type: &'static str,
     /// The bytes are the gzip form (`Content-Encoding: gzip`).
-    gzip: bool,
+    pub(super) gzip: bool,
     /// The representation depends on `Accept-Encoding`.
-    vary: bool,
+    pub(super) vary: bool,
 }
 
 /// Where a response's bytes come from.
-enum Body_ {
+pub(super) enum Body_ {
     Memory(bytes::Bytes),
     File(std::fs::File),
 }
 
 /// The one response logic of documents and dump files: validators, 304, `Range` /
 /// `If-Range` (206, 416), and the body from memory or streamed from the open file.
-fn respond(st: &AppState, headers: &HeaderMap, r: Representation, body: Body_) -> Response {
+pub(super) fn respond(
+    st: &AppState,
+    headers: &HeaderMap,
+    r: Representation,
+    body: Body_,
+) -> Response {
     let mut out = HeaderMap::new();
     out.insert(
         header::ETAG,

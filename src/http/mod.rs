@@ -2,6 +2,7 @@
 
 mod admin;
 mod documents;
+mod files;
 mod hub;
 mod ingest;
 
@@ -15,7 +16,6 @@ use axum::routing::{get, post};
 use axum::Router;
 use tower_http::compression::predicate::{NotForContentType, Predicate};
 use tower_http::compression::{CompressionLayer, DefaultPredicate};
-use tower_http::services::ServeDir;
 use tower_http::trace::TraceLayer;
 
 use crate::config::Config;
@@ -102,7 +102,14 @@ pub fn router(state: AppState) -> Router {
         let sc = state.config.set_config(name);
         if let (Some(path), Some(root)) = (sc.served_path(&base), sc.root_dir()) {
             tracing::info!(set = %name, path = %path, root = %root.display(), "serving resource files");
-            app = app.nest_service(&path, ServeDir::new(root));
+            let root = Arc::new(root.to_path_buf());
+            app = app.nest(
+                &path,
+                Router::new().route(
+                    "/{*rel}",
+                    get(move |st, rel, headers| files::serve(st, root.clone(), rel, headers)),
+                ),
+            );
         }
     }
     app.fallback(|| async {

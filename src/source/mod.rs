@@ -232,7 +232,15 @@ pub struct Source {
     /// told by the module that builds them: part of the Capability List and its version.
     /// When one changed is the Capability List's Last-Modified.
     advertised: std::sync::Mutex<std::collections::BTreeMap<SetName, Advertised>>,
+    /// The store's sets as last read, and when: every document asks, and reading them is a
+    /// store query (a point-in-time scan on Elasticsearch). See [`Source::sets`].
+    sets: std::sync::Mutex<Option<(std::time::Instant, Arc<Vec<crate::store::SetInfo>>)>>,
 }
+
+/// How long a read of the store's sets is used for the Source Description. A set another
+/// process creates (on a shared Elasticsearch store) is listed at most this late; one created
+/// here, or one asked for by name, at once.
+const SETS_FRESH_FOR: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// A set's capabilities beside its lists: capability -> (URL, when it last changed).
 type Advertised = std::collections::BTreeMap<&'static str, (String, Timestamp)>;
@@ -303,6 +311,7 @@ impl Source {
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
             file_reads,
             advertised: Default::default(),
+            sets: std::sync::Mutex::new(None),
         };
         source.update_cache_gauges();
         Ok(source)
@@ -561,20 +570,43 @@ impl Source {
     /// The set's creation time (part of its pages' versions: a set deleted and created again
     /// never matches pages cached from the old one), or NotFound.
     async fn known_set(&self, set: &SetName) -> Result<Timestamp, SourceError> {
-        self.store
-            .sets()
-            .await?
-            .into_iter()
-            .find(|s| &s.name == set)
-            .map(|s| s.created_at)
+        let find = |sets: &[crate::store::SetInfo]| {
+            sets.iter().find(|s| &s.name == set).map(|s| s.created_at)
+        };
+        if let Some(t) = find(&self.sets(false).await?) {
+            return Ok(t);
+        }
+        // Not among the sets last read: it may be new.
+        find(&self.sets(true).await?)
             .ok_or_else(|| SourceError::NotFound(format!("no resource set named {set:?}")))
+    }
+
+    /// The store's sets, read again when `fresh` or when the last read is older than
+    /// [`SETS_FRESH_FOR`]. Sets are only ever added, so a set found in an older read is there.
+    async fn sets(&self, fresh: bool) -> Result<Arc<Vec<crate::store::SetInfo>>, SourceError> {
+        if !fresh {
+            if let Some((at, sets)) = &*self.sets.lock().expect("sets") {
+                if at.elapsed() < SETS_FRESH_FOR {
+                    return Ok(sets.clone());
+                }
+            }
+        }
+        let at = std::time::Instant::now();
+        let sets = Arc::new(self.store.sets().await?);
+        *self.sets.lock().expect("sets") = Some((at, sets.clone()));
+        Ok(sets)
+    }
+
+    /// A set was created here: the next Source Description lists it.
+    pub fn set_created(&self) {
+        *self.sets.lock().expect("sets") = None;
     }
 
     /// Works out, from the store's bookkeeping alone, what a document would be generated from.
     async fn plan(&self, kind: &DocKind) -> Result<Plan, SourceError> {
         match kind {
             DocKind::SourceDescription => {
-                let sets = self.store.sets().await?;
+                let sets = self.sets(false).await?;
                 let names: Vec<&str> = sets.iter().map(|s| s.name.as_str()).collect();
                 let last = sets
                     .iter()
@@ -587,14 +619,7 @@ impl Source {
                 ))
             }
             DocKind::CapabilityList(set) => {
-                let created = self
-                    .store
-                    .sets()
-                    .await?
-                    .into_iter()
-                    .find(|s| &s.name == set)
-                    .ok_or_else(|| SourceError::NotFound(format!("no resource set named {set:?}")))?
-                    .created_at;
+                let created = self.known_set(set).await?;
                 let extra = self.advertised(set);
                 let changed = extra.iter().map(|e| e.2).max().unwrap_or(created);
                 let extra: Vec<String> = extra
@@ -755,7 +780,7 @@ impl Source {
                     },
                     &links,
                 );
-                for s in self.store.sets().await? {
+                for s in self.sets(false).await?.iter() {
                     let sc = self.set_config(&s.name);
                     let links: Vec<Ln> = sc
                         .describedby

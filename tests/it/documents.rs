@@ -939,3 +939,110 @@ async fn a_page_under_steady_changes_is_rebuilt_at_most_once_per_interval() {
     );
     app.stop().await;
 }
+
+/// One raw request line, as a client that does not normalise paths sends it: the status and
+/// the body.
+async fn raw_get(addr: &str, target: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(
+        format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    let text = String::from_utf8_lossy(&out).to_string();
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (status, text)
+}
+
+/// Resource files: a small one answered from one read, a large one streamed, both with
+/// validators, 304, HEAD and ranges; nothing outside the set's folder can be reached,
+/// however the path is spelled.
+#[tokio::test]
+async fn resource_files_small_and_large_with_validators_and_no_way_out() {
+    let (mut c, dir) = test_config();
+    let root = dir.path().join("files");
+    std::fs::create_dir_all(root.join("sub")).unwrap();
+    std::fs::write(dir.path().join("secret.txt"), "the secret\n").unwrap();
+    std::fs::write(root.join("small.txt"), "a small file\n").unwrap();
+    let big: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    std::fs::write(root.join("sub/big.bin"), &big).unwrap();
+    add_file_set(&mut c, "papers", &root, None);
+    let app = TestApp::start_with(c).await;
+    let plain = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .build()
+        .unwrap();
+
+    let small = plain
+        .get(app.url("/files/papers/small.txt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(small.status(), 200);
+    assert_eq!(small.headers()[header::CONTENT_TYPE], "text/plain");
+    assert_eq!(small.headers()[header::CONTENT_LENGTH], "13");
+    let etag = small.headers()[header::ETAG].to_str().unwrap().to_string();
+    assert!(small.headers().contains_key(header::LAST_MODIFIED));
+    assert_eq!(small.text().await.unwrap(), "a small file\n");
+    let again = plain
+        .get(app.url("/files/papers/small.txt"))
+        .header(header::IF_NONE_MATCH, &etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(again.status(), 304);
+    let head = plain
+        .head(app.url("/files/papers/small.txt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(head.status(), 200);
+    assert_eq!(head.headers()[header::CONTENT_LENGTH], "13");
+    assert!(head.bytes().await.unwrap().is_empty());
+
+    let whole = plain
+        .get(app.url("/files/papers/sub/big.bin"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whole.status(), 200);
+    assert_eq!(whole.bytes().await.unwrap(), big);
+    let part = plain
+        .get(app.url("/files/papers/sub/big.bin"))
+        .header(header::RANGE, "bytes=200000-200099")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(part.status(), 206);
+    assert_eq!(part.bytes().await.unwrap(), &big[200_000..200_100]);
+    let post = plain
+        .post(app.url("/files/papers/small.txt"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(post.status(), 405);
+
+    for target in [
+        "/files/papers/../secret.txt",
+        "/files/papers/%2e%2e/secret.txt",
+        "/files/papers/%2E%2E%2Fsecret.txt",
+        "/files/papers/sub/..%2f..%2fsecret.txt",
+        "/files/papers/sub%5c..%5c..%5csecret.txt",
+        "/files/papers/sub",
+        "/files/papers/",
+        "/files/papers/small.txt%00.png",
+    ] {
+        let (status, text) = raw_get(&app.addr, target).await;
+        assert_eq!(status, 404, "{target}: {text}");
+        assert!(!text.contains("the secret"), "{target}: {text}");
+    }
+    app.stop().await;
+}
