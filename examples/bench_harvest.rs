@@ -2,8 +2,14 @@
 //!
 //! ```text
 //! cargo run --release --example bench_harvest -- [--resources 50000] [--changes 1000] [--rate 50]
-//!     [--concurrency 8] [--dir /dev/shm/bench]
+//!     [--concurrency 8] [--dir /dev/shm/bench] [--source ours|nginx]
 //! ```
+//!
+//! With `--source nginx`, the same documents (made by our server, whose base URL is then
+//! nginx's) and the same files are served as static files by nginx (Debian package `nginx`),
+//! so the clients are measured alone: resources/s and µs of client CPU per resource, ours
+//! (in-process, the idle server beside it) and resync-sync's (a child process). The push part
+//! is skipped then (nginx is no hub).
 //!
 //! Starts our server on loopback with a set of N small files, then baselines it twice: with
 //! our destination (`harvest`, in-process) and with `resync-sync --baseline` (PyPI `resync`:
@@ -25,13 +31,53 @@ fn resync_sync() -> PathBuf {
     common::py_tool("resync-sync")
 }
 
-/// User + system CPU seconds of this process (server and harvester both run in it).
-fn cpu_secs() -> f64 {
+/// User + system CPU seconds of this process (server and harvester both run in it) and of
+/// its children that ended (resync-sync).
+fn cpu() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
+    (
+        (ticks(11) + ticks(12)) / 100.0,
+        (ticks(13) + ticks(14)) / 100.0,
+    )
+}
+
+fn cpu_secs() -> f64 {
+    cpu().0
+}
+
+/// Copies every document reachable from the Source Description (not the resources) from our
+/// server at `ours` into `dir`, at the paths their URLs under `public` name.
+async fn mirror_documents(
+    client: &reqwest::Client,
+    ours: &str,
+    public: &str,
+    dir: &Path,
+) -> anyhow::Result<usize> {
+    let mut todo = vec!["/.well-known/resourcesync".to_string()];
+    let mut seen = std::collections::HashSet::new();
+    while let Some(path) = todo.pop() {
+        if !seen.insert(path.clone()) {
+            continue;
+        }
+        let r = client.get(format!("{ours}{path}")).send().await?;
+        anyhow::ensure!(r.status().is_success(), "{path}: {}", r.status());
+        let body = r.text().await?;
+        let file = dir.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(file.parent().expect("a parent"))?;
+        std::fs::write(&file, &body)?;
+        for loc in body.split("<loc>").skip(1) {
+            let url = loc.split("</loc>").next().unwrap_or("");
+            if let Some(p) = url.strip_prefix(public) {
+                if !p.starts_with("/files/") {
+                    todo.push(p.to_string());
+                }
+            }
+        }
+    }
+    Ok(seen.len())
 }
 
 #[tokio::main]
@@ -59,9 +105,22 @@ async fn main() -> anyhow::Result<()> {
         None => tempfile::tempdir()?,
     };
     let root = tmp.path().join("root");
+    let nginx_source = match std::env::args()
+        .position(|a| a == "--source")
+        .and_then(|i| std::env::args().nth(i + 1))
+        .as_deref()
+    {
+        None | Some("ours") => false,
+        Some("nginx") => true,
+        Some(other) => anyhow::bail!("--source ours|nginx, not {other:?}"),
+    };
 
     // The source.
-    let c = common::bench_server_config(&tmp.path().join("data"), &root);
+    let mut c = common::bench_server_config(&tmp.path().join("data"), &root);
+    let nginx_port = common::free_port();
+    if nginx_source {
+        c.server.base_url = format!("http://127.0.0.1:{nginx_port}");
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let base = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -87,10 +146,37 @@ async fn main() -> anyhow::Result<()> {
         "source: {n} files ingested in {:.1} s",
         t.elapsed().as_secs_f64()
     );
+    let mut nginx = None;
+    let served = if nginx_source {
+        let public = format!("http://127.0.0.1:{nginx_port}");
+        let statics = tmp.path().join("static");
+        let docs = mirror_documents(&client, &base, &public, &statics).await?;
+        std::fs::create_dir_all(statics.join("files"))?;
+        std::os::unix::fs::symlink(&root, statics.join("files/bench"))?;
+        nginx = Some(common::nginx(
+            &tmp.path().join("nginx"),
+            &[(nginx_port, statics)],
+        )?);
+        let probe = format!("{public}/.well-known/resourcesync");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !client
+            .get(&probe)
+            .send()
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            anyhow::ensure!(Instant::now() < deadline, "nginx does not answer");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        println!("nginx serves the files and {docs} documents at {public}");
+        public
+    } else {
+        base.clone()
+    };
 
     // Our destination.
     let mut hc = HarvestConfig::defaults();
-    hc.source.url = format!("{base}/.well-known/resourcesync");
+    hc.source.url = format!("{served}/.well-known/resourcesync");
     hc.state.dir = tmp.path().join("harvest-state");
     hc.output.dir = tmp.path().join("mirror-ours");
     hc.follow.check_interval_secs = 3600;
@@ -119,18 +205,26 @@ async fn main() -> anyhow::Result<()> {
     .await??;
     let ours = t.elapsed().as_secs_f64();
     let cpu_ours = cpu_secs() - cpu0;
-    println!(
-        "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s (server + harvester CPU {cpu_ours:.1} s)",
-        n as f64 / ours
-    );
+    if nginx_source {
+        println!(
+            "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s (harvester CPU {cpu_ours:.1} s = {:.0} µs per resource)",
+            n as f64 / ours,
+            cpu_ours * 1e6 / n as f64
+        );
+    } else {
+        println!(
+            "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s (server + harvester CPU {cpu_ours:.1} s)",
+            n as f64 / ours
+        );
+    }
 
     // The reference client, same source, same run.
     let dest = tmp.path().join("mirror-resync");
     std::fs::create_dir_all(&dest)?;
-    let map = format!("{base}/files/bench/={}", dest.display());
-    let cap = format!("{base}/sets/bench/capabilitylist.xml");
+    let map = format!("{served}/files/bench/={}", dest.display());
+    let cap = format!("{served}/sets/bench/capabilitylist.xml");
     let t = Instant::now();
-    let cpu0 = cpu_secs();
+    let (cpu0, child0) = cpu();
     let out = tokio::task::spawn_blocking({
         let dir = tmp.path().to_path_buf();
         move || {
@@ -142,21 +236,42 @@ async fn main() -> anyhow::Result<()> {
     })
     .await??;
     let theirs = t.elapsed().as_secs_f64();
-    let cpu_server = cpu_secs() - cpu0;
+    let (cpu1, child1) = cpu();
+    let cpu_server = cpu1 - cpu0;
     let text = String::from_utf8_lossy(&out.stderr);
     anyhow::ensure!(
         !text.contains("Traceback") && !text.contains("FatalError"),
         "resync-sync failed:\n{text}"
     );
     let copied = walk_count(&dest);
-    println!(
-        "resync-sync --baseline: {copied} resources in {theirs:.2} s = {:.0} resources/s (server CPU {cpu_server:.1} s)",
-        copied as f64 / theirs
-    );
+    if nginx_source {
+        println!(
+            "resync-sync --baseline: {copied} resources in {theirs:.2} s = {:.0} resources/s (its CPU {:.1} s = {:.0} µs per resource)",
+            copied as f64 / theirs,
+            child1 - child0,
+            (child1 - child0) * 1e6 / copied.max(1) as f64
+        );
+    } else {
+        println!(
+            "resync-sync --baseline: {copied} resources in {theirs:.2} s = {:.0} resources/s (server CPU {cpu_server:.1} s)",
+            copied as f64 / theirs
+        );
+    }
     println!(
         "ratio (ours / resync):  {:.1}x",
         (n as f64 / ours) / (copied as f64 / theirs)
     );
+    if let Some(mut nginx) = nginx {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &nginx.id().to_string()])
+            .status();
+        let _ = nginx.wait();
+        let _ = htx.send(());
+        harvester.await??;
+        let _ = stop_tx.send(());
+        server.await??;
+        return Ok(());
+    }
 
     // Push latency: commit -> file written at the destination.
     let mut commits = Vec::with_capacity(changes);
