@@ -60,6 +60,7 @@ impl Harvester {
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<(Change, String)> = Vec::new();
         let (mut held, mut refused) = (Batch::default(), 0u64);
+        let mut writing = None;
         for part in parts {
             let Some(mut doc) = self
                 .open_part(set, part, "Resource List part", &mut docs)
@@ -71,7 +72,9 @@ impl Harvester {
             total.add(&bar, &doc);
             let r = &mut doc.reader;
             // A batch of entries at a time: what is held as listed, and the files' claims,
-            // each read from the state once for the whole batch.
+            // each read from the state once for the whole batch, the next batch's read under
+            // way while this one's fetches start.
+            let mut reading = None;
             loop {
                 let mut batch = Vec::with_capacity(WALK_BATCH);
                 while batch.len() < WALK_BATCH {
@@ -83,26 +86,13 @@ impl Harvester {
                     }
                     batch.push(entry_change(&e, "created", at.unwrap_or(started)));
                 }
-                if batch.is_empty() {
-                    break;
-                }
-                // Off the async threads: one read of the state for the batch.
-                let (w, id, entries) = (self.clone_parts(), set.row.id, batch);
-                let (todo, claims) = tokio::task::spawn_blocking(move || {
-                    let listed = w.state.hold_as_listed(id, &entries)?;
-                    let todo: Vec<Change> = entries
-                        .into_iter()
-                        .zip(listed)
-                        .filter(|(_, listed)| !listed)
-                        .map(|(c, _)| c)
-                        .collect();
-                    // Claimed in list order: of two URIs with one file, the first listed
-                    // keeps it.
-                    let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
-                    let claims = w.claim_many(&uris);
-                    anyhow::Ok((todo, claims))
-                })
-                .await??;
+                let next = (!batch.is_empty()).then(|| self.read_batch(set.row.id, batch));
+                let (todo, claims) = match std::mem::replace(&mut reading, next) {
+                    Some(h) => h.await??,
+                    // The part's first batch: its read is under way; gather the next.
+                    None if reading.is_some() => continue,
+                    None => break,
+                };
                 for (c, claim) in todo.into_iter().zip(claims) {
                     let permit = sem.clone().acquire_owned().await?;
                     let (this, name) = (self.clone_parts(), set.info.name.clone());
@@ -116,16 +106,18 @@ impl Harvester {
                     });
                     while let Some(done) = tasks.try_join_next() {
                         self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
-                        held = self.record(set.row.id, held, WALK_BATCH).await?;
+                        self.record(set.row.id, &mut held, &mut writing, WALK_BATCH)
+                            .await?;
                     }
                 }
             }
         }
         while let Some(done) = tasks.join_next().await {
             self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
-            held = self.record(set.row.id, held, WALK_BATCH).await?;
+            self.record(set.row.id, &mut held, &mut writing, WALK_BATCH)
+                .await?;
         }
-        held = self.record(set.row.id, held, 0).await?;
+        self.record_all(set.row.id, &mut held, &mut writing).await?;
         let fetched = held.recorded;
         bar.finish_and_clear();
         // Without `at` (a source that omits it), the time the walk started is the safe start.
@@ -145,17 +137,67 @@ impl Harvester {
         Ok(())
     }
 
-    /// Records the batch (off the async threads) once it has more than `over` resources.
-    async fn record(&self, set_id: i64, mut held: Batch, over: usize) -> anyhow::Result<Batch> {
+    /// Starts reading, off the async threads, which of `entries` are held as listed (they
+    /// are left out) and claiming the files of the others, in list order: of two URIs with
+    /// one file, the first listed keeps it.
+    fn read_batch(&self, set_id: i64, entries: Vec<Change>) -> tokio::task::JoinHandle<BatchRead> {
+        let w = self.clone_parts();
+        tokio::task::spawn_blocking(move || {
+            let listed = w.state.hold_as_listed(set_id, &entries)?;
+            let todo: Vec<Change> = entries
+                .into_iter()
+                .zip(listed)
+                .filter(|(_, listed)| !listed)
+                .map(|(c, _)| c)
+                .collect();
+            let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
+            let claims = w.claim_many(&uris);
+            anyhow::Ok((todo, claims))
+        })
+    }
+
+    /// Once `held` has more than `over` resources, records them in the background (one
+    /// transaction, off the async threads) after the batch before them is recorded: the walk
+    /// goes on fetching while a batch commits (it used to wait, its fetches draining meanwhile).
+    /// The claims go with the batch and are released once it is recorded.
+    async fn record(
+        &self,
+        set_id: i64,
+        held: &mut Batch,
+        writing: &mut Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+        over: usize,
+    ) -> anyhow::Result<()> {
         if held.holds.len() <= over {
-            return Ok(held);
+            return Ok(());
+        }
+        let mut batch = Batch {
+            holds: std::mem::take(&mut held.holds),
+            claims: std::mem::take(&mut held.claims),
+            recorded: 0,
+        };
+        if let Some(w) = writing.take() {
+            held.recorded += w.await??;
         }
         let state = self.state.clone();
-        tokio::task::spawn_blocking(move || {
-            held.record(&state, set_id, over)?;
-            Ok(held)
-        })
-        .await?
+        *writing = Some(tokio::task::spawn_blocking(move || {
+            batch.record(&state, set_id, 0)?;
+            Ok(batch.recorded)
+        }));
+        Ok(())
+    }
+
+    /// Records what is left and waits for every batch to be recorded.
+    async fn record_all(
+        &self,
+        set_id: i64,
+        held: &mut Batch,
+        writing: &mut Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+    ) -> anyhow::Result<()> {
+        self.record(set_id, held, writing, 0).await?;
+        if let Some(w) = writing.take() {
+            held.recorded += w.await??;
+        }
+        Ok(())
     }
 
     pub(super) fn collect(
@@ -319,6 +361,9 @@ impl Harvester {
         })
     }
 }
+
+/// A batch's entries not held as listed, with their files' claims.
+type BatchRead = anyhow::Result<(Vec<Change>, Vec<Result<Claim, NotApplied>>)>;
 
 /// Resources fetched by a baseline, recorded as held a batch at a time (one transaction for
 /// many: a crash before a batch is recorded only means those are fetched again), their files'
