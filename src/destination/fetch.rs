@@ -255,7 +255,7 @@ impl Fetcher {
     async fn send(
         &self,
         url: &str,
-        req: impl FnOnce(&str) -> reqwest::RequestBuilder,
+        req: impl FnOnce(url::Url) -> reqwest::RequestBuilder,
     ) -> Result<(reqwest::Response, HostSlot), FetchError> {
         let (r, slot) = self.send_unchecked(url, req).await?;
         if let Err(e) = check_status(url, &r) {
@@ -275,20 +275,19 @@ impl Fetcher {
     async fn send_unchecked(
         &self,
         url: &str,
-        req: impl FnOnce(&str) -> reqwest::RequestBuilder,
+        req: impl FnOnce(url::Url) -> reqwest::RequestBuilder,
     ) -> Result<(reqwest::Response, HostSlot), FetchError> {
         let u = self
             .scope
             .check(url)
             .map_err(|r| FetchError::refused(url, r))?;
-        let slot = self
-            .hosts
-            .enter(&u.origin().ascii_serialization(), &self.cfg)
-            .await;
+        let origin = u.origin().ascii_serialization();
+        let slot = self.hosts.enter(&origin, &self.cfg).await;
         let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
-        let mut rb = req(u.as_str());
+        // The parsed URL itself: a string would be parsed again.
+        let mut rb = req(u);
         if let Some(t) = &self.bearer {
-            if u.origin().ascii_serialization() == self.scope.home() {
+            if origin == self.scope.home() {
                 rb = rb.bearer_auth(t);
             }
         }
@@ -427,7 +426,16 @@ impl Fetcher {
                     .get(reqwest::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .map(|s| short(s).into_owned());
-                let file = std::fs::File::create(path).map_err(|e| local(dir, e))?;
+                // The folder is made here when it is missing (the first file of a folder),
+                // not looked at for every file.
+                let file = match std::fs::File::create(path) {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        std::fs::create_dir_all(dir).map_err(|e| local(dir, e))?;
+                        std::fs::File::create(path)
+                    }
+                    r => r,
+                }
+                .map_err(|e| local(dir, e))?;
                 let mut w = std::io::BufWriter::new(&file);
                 let mut h = Md5::new();
                 let length = self

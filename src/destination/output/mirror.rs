@@ -15,6 +15,9 @@ pub struct Mirror {
     map: Vec<MapEntry>,
     keep_deleted: bool,
     tmp: std::sync::Arc<super::Scratch>,
+    /// The folder name of each URI authority seen (`host[_port]`), so that a URI is not
+    /// parsed for every file: a source's resources share a few authorities.
+    hosts: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, String>>>,
 }
 
 impl Mirror {
@@ -32,6 +35,7 @@ impl Mirror {
             map,
             keep_deleted: cfg.keep_deleted,
             tmp,
+            hosts: Default::default(),
         })
     }
 }
@@ -123,12 +127,9 @@ impl Output for Mirror {
         self.tmp.path()
     }
 
+    /// Beside the file's place (its folder is made by the download when missing).
     fn download_path(&self, uri: &str) -> anyhow::Result<PathBuf> {
         let target = self.locate(uri)?;
-        if let Some(parent) = target.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
-        }
         use sha2::Digest;
         let h = crate::digest::hex_digest(sha2::Sha256::digest(uri.as_bytes()));
         Ok(target.with_file_name(format!("{RESERVED}part-{}", &h[..24])))
@@ -157,22 +158,36 @@ impl Mirror {
                 return Ok((m.dir.clone(), m.dir.join(relative_path(rest)?)));
             }
         }
-        let u = url::Url::parse(uri).map_err(|e| {
-            anyhow::anyhow!(
-                "{:?} is not a URL: {e}",
-                crate::destination::scope::short(uri)
-            )
-        })?;
-        let host = match u.port() {
-            Some(p) => format!("{}_{p}", u.host_str().unwrap_or("_")),
-            None => u.host_str().unwrap_or("_").to_string(),
-        };
         // The path as written (not as the URL parser normalises it), so that an encoded `..`
         // is refused rather than resolved.
         let after_scheme = uri.find("://").map_or(0, |i| i + 3);
-        let rest = &uri[uri[after_scheme..]
+        let split = uri[after_scheme..]
             .find(['/', '?'])
-            .map_or(uri.len(), |i| after_scheme + i)..];
+            .map_or(uri.len(), |i| after_scheme + i);
+        let (authority, rest) = uri.split_at(split);
+        let known = self.hosts.lock().expect("hosts").get(authority).cloned();
+        let host = match known {
+            Some(h) => h,
+            None => {
+                let u = url::Url::parse(uri).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{:?} is not a URL: {e}",
+                        crate::destination::scope::short(uri)
+                    )
+                })?;
+                let host = match u.port() {
+                    Some(p) => format!("{}_{p}", u.host_str().unwrap_or("_")),
+                    None => u.host_str().unwrap_or("_").to_string(),
+                };
+                let mut hosts = self.hosts.lock().expect("hosts");
+                // Bounded: a list naming endless hosts only costs parsing again.
+                if hosts.len() >= 4096 {
+                    hosts.clear();
+                }
+                hosts.insert(authority.to_string(), host.clone());
+                host
+            }
+        };
         Ok((
             self.dir.clone(),
             self.dir.join(host).join(relative_path(rest)?),
@@ -231,6 +246,11 @@ mod tests {
         );
         assert!(m.locate("http://x.org/.rshub-tmp/x").is_err(), "reserved");
         let part = m.download_path("http://x.org/a/b").unwrap();
+        assert_eq!(
+            m.locate("HTTP://X.org:80/a/b").unwrap(),
+            dir.path().join("x.org/a/b"),
+            "the host as the URL parser writes it"
+        );
         assert_eq!(part.parent(), Some(dir.path().join("x.org/a").as_path()));
     }
 }
