@@ -9,7 +9,8 @@
 //! nginx's) and the same files are served as static files by nginx (Debian package `nginx`),
 //! so the clients are measured alone: resources/s and µs of client CPU per resource, ours
 //! (in-process, the idle server beside it) and resync-sync's (a child process). The push part
-//! is skipped then (nginx is no hub).
+//! is skipped then (nginx is no hub). `--ours-only` leaves resync-sync out (for profiling:
+//! a figure for the README needs the peer in the same run).
 //!
 //! Starts our server on loopback with a set of N small files, then baselines it twice: with
 //! our destination (`harvest`, in-process) and with `resync-sync --baseline` (PyPI `resync`:
@@ -216,6 +217,20 @@ async fn main() -> anyhow::Result<()> {
             "harvest baseline:       {n} resources in {ours:.2} s = {:.0} resources/s (server + harvester CPU {cpu_ours:.1} s)",
             n as f64 / ours
         );
+    }
+
+    if std::env::args().any(|a| a == "--ours-only") {
+        if let Some(mut nginx) = nginx {
+            let _ = std::process::Command::new("kill")
+                .args(["-TERM", &nginx.id().to_string()])
+                .status();
+            let _ = nginx.wait();
+        }
+        let _ = htx.send(());
+        harvester.await??;
+        let _ = stop_tx.send(());
+        server.await??;
+        return Ok(());
     }
 
     // The reference client, same source, same run.

@@ -5,6 +5,12 @@ use super::*;
 
 /// Entries of a Resource List checked against the state at once by a walk.
 const WALK_BATCH: usize = 256;
+/// Resources fetched by a baseline are recorded this many at a time: a list's order is
+/// scattered over the state's indexes, so a commit writes about one page per resource
+/// whatever its size, and fewer, larger commits write each page once for many resources
+/// (256 at a time wrote several times as many pages). A crash loses none of them, it
+/// only means the ones not yet recorded are fetched again.
+const RECORD_BATCH: usize = 256;
 
 impl Harvester {
     /// The set's baseline: from its Resource Dump when configured and usable, else (or for
@@ -106,7 +112,7 @@ impl Harvester {
                     });
                     while let Some(done) = tasks.try_join_next() {
                         self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
-                        self.record(set.row.id, &mut held, &mut writing, WALK_BATCH)
+                        self.record(set.row.id, &mut held, &mut writing, RECORD_BATCH)
                             .await?;
                     }
                 }
@@ -114,7 +120,7 @@ impl Harvester {
         }
         while let Some(done) = tasks.join_next().await {
             self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
-            self.record(set.row.id, &mut held, &mut writing, WALK_BATCH)
+            self.record(set.row.id, &mut held, &mut writing, RECORD_BATCH)
                 .await?;
         }
         self.record_all(set.row.id, &mut held, &mut writing).await?;
@@ -518,7 +524,7 @@ impl Worker {
                 let mut f = z.by_name(&inner)?;
                 // Never more than the manifest promises (a package is not trusted further).
                 let limit = c.length.unwrap_or(f.size()).saturating_add(1);
-                let mut out = std::io::BufWriter::new(std::fs::File::create(&dest)?);
+                let mut out = std::io::BufWriter::new(super::output::create_download(&dest)?);
                 let (mut h, mut n, mut buf) = (md5::Md5::new(), 0u64, vec![0u8; 64 * 1024]);
                 let mut r = (&mut f).take(limit);
                 loop {

@@ -426,16 +426,7 @@ impl Fetcher {
                     .get(reqwest::header::CONTENT_TYPE)
                     .and_then(|v| v.to_str().ok())
                     .map(|s| short(s).into_owned());
-                // The folder is made here when it is missing (the first file of a folder),
-                // not looked at for every file.
-                let file = match std::fs::File::create(path) {
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                        std::fs::create_dir_all(dir).map_err(|e| local(dir, e))?;
-                        std::fs::File::create(path)
-                    }
-                    r => r,
-                }
-                .map_err(|e| local(dir, e))?;
+                let file = super::output::create_download(path).map_err(|e| local(dir, e))?;
                 let mut w = std::io::BufWriter::new(&file);
                 let mut h = Md5::new();
                 let length = self

@@ -37,7 +37,8 @@ pub trait Output: Send + Sync {
     /// Where a resource is downloaded before `put`: beside its final place, so that `put` is
     /// a rename within one folder, under a name no resource can have. One per resource (a
     /// resource is never fetched twice at once), so a leftover of a killed run is simply
-    /// overwritten by the next try.
+    /// overwritten by the next try. Its folder may not exist yet: [`create_download`] makes
+    /// it when needed.
     fn download_path(&self, uri: &str) -> anyhow::Result<std::path::PathBuf>;
     /// The file a resource gets and the output folder it lies in, for outputs that name files
     /// after URIs (the mirror): the harvester claims it before writing, so two URIs never
@@ -149,5 +150,19 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// Creates (truncates) the file at a [`Output::download_path`], making its folder only when
+/// the create says it is missing (the first file of a folder), not looking for every file.
+pub fn create_download(path: &Path) -> std::io::Result<std::fs::File> {
+    match std::fs::File::create(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            std::fs::File::create(path)
+        }
+        r => r,
     }
 }
