@@ -5,11 +5,10 @@ use super::*;
 
 /// Entries of a Resource List checked against the state at once by a walk.
 const WALK_BATCH: usize = 256;
-/// Resources fetched by a baseline are recorded this many at a time: a list's order is
-/// scattered over the state's indexes, so a commit writes about one page per resource
-/// whatever its size, and fewer, larger commits write each page once for many resources
-/// (256 at a time wrote several times as many pages). A crash loses none of them, it
-/// only means the ones not yet recorded are fetched again.
+/// Resources fetched by a baseline are recorded this many at a time, one transaction each,
+/// committed in the background while the walk goes on (at most one in flight). 4,096 at a
+/// time measured no faster than 256 (bench_harvest --source nginx), so a crash refetches
+/// little. A crash loses none of them: the ones not yet recorded are fetched again.
 const RECORD_BATCH: usize = 256;
 
 impl Harvester {

@@ -410,6 +410,16 @@ impl Source {
     /// for that build), at most `source.max_concurrent_builds` at once, with a bounded queue
     /// beyond which the answer is [`SourceError::Busy`].
     pub async fn document(&self, kind: &DocKind) -> Result<Doc, SourceError> {
+        let r = self.document_now(kind).await;
+        if let Err(SourceError::Store(StoreError::Unavailable(_))) = &r {
+            // The store went away: no document is served from the set list read before it
+            // did (the Source Description too answers 503 until the store is back).
+            *self.sets.lock().expect("sets") = None;
+        }
+        r
+    }
+
+    async fn document_now(&self, kind: &DocKind) -> Result<Doc, SourceError> {
         let plan = self.plan(kind).await?;
         let key = format!("{kind:?}");
         let version = format!("{}|{}", self.fingerprint, plan.version);
