@@ -51,7 +51,7 @@ use crate::notify::render::{framework_notification, FrameworkEntry};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::source::{Source, Urls};
 use crate::store::{ChangeListInfo, Counts, Store};
-use package::{Kind, Options, Package, Packer};
+use package::{Body, Kind, Options, Package, Packer};
 
 /// The served Resource Dump of a set (`rd/current.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -442,19 +442,32 @@ impl Dumps {
 
     /// The bitstream of a resource: its file under the set's root, or (with
     /// `dumps.fetch_remote`) its URL fetched through the guarded client. `Ok(None)`: gone.
+    /// `meta` and `recorded` are what the store holds and when it wrote it: the stored md5 is
+    /// the file's when the file has the recorded length and was last modified no later than
+    /// that (else it is measured while packing).
     fn open_bitstream(
         &self,
         sc: &SetConfig,
         key: &ResourceKey,
+        meta: &crate::model::ResourceMeta,
+        recorded: Timestamp,
         rt: &tokio::runtime::Handle,
     ) -> Result<Option<Bitstream>, BuildError> {
         if let (Some(rel), Some(root)) = (key.0.strip_prefix("path:"), sc.root_dir()) {
             return match std::fs::File::open(root.join(rel)) {
                 Ok(f) => {
-                    let len = f.metadata()?.len();
+                    let m = f.metadata()?;
+                    let unchanged = meta.length == Some(m.len())
+                        && m.modified().is_ok_and(|t| {
+                            t.duration_since(std::time::UNIX_EPOCH)
+                                .is_ok_and(|d| (d.as_micros() as i64) <= recorded.0)
+                        });
                     Ok(Some((
-                        Box::new(std::io::BufReader::with_capacity(64 * 1024, f)),
-                        len,
+                        Body {
+                            reader: Box::new(std::io::BufReader::with_capacity(64 * 1024, f)),
+                            size: m.len(),
+                            md5: meta.md5.clone().filter(|_| unchanged),
+                        },
                         rel.to_string(),
                     )))
                 }
@@ -492,12 +505,15 @@ impl Dumps {
             format!("remote/{h}")
         };
         Ok(Some((
-            Box::new(RemoteBody {
-                rt: rt.clone(),
-                resp,
-                buf: Bytes::new(),
-            }),
-            len,
+            Body {
+                reader: Box::new(RemoteBody {
+                    rt: rt.clone(),
+                    resp,
+                    buf: Bytes::new(),
+                }),
+                size: len,
+                md5: None,
+            },
             name,
         )))
     }
@@ -574,12 +590,12 @@ impl Dumps {
                 for res in &items {
                     this.check_stop()?;
                     let loc = res.key.url(&sc2.url_prefix);
-                    match this.open_bitstream(&sc2, &res.key, &rt)? {
+                    match this.open_bitstream(&sc2, &res.key, &res.meta, res.timestamp, &rt)? {
                         None => {
                             tracing::warn!(set = %sc2.name, loc = %loc, "a listed resource's file is missing: left out of the Resource Dump");
                             m += 1;
                         }
-                        Some((body, size, name)) => {
+                        Some((body, name)) => {
                             packer.add(
                                 loc,
                                 res.meta.lastmod,
@@ -587,7 +603,6 @@ impl Dumps {
                                 None,
                                 None,
                                 &format!("resources/{name}"),
-                                size,
                                 body,
                             )?;
                             r += 1;
@@ -809,17 +824,16 @@ impl Dumps {
                     let loc = c.key.url(&sc2.url_prefix);
                     let body = match c.change {
                         ChangeType::Deleted => None,
-                        _ => this.open_bitstream(&sc2, &c.key, &rt)?,
+                        _ => this.open_bitstream(&sc2, &c.key, &c.meta, c.timestamp, &rt)?,
                     };
                     match body {
-                        Some((body, size, name)) => packer.add(
+                        Some((body, name)) => packer.add(
                             loc,
                             c.meta.lastmod,
                             c.meta.mime.clone(),
                             Some(c.change),
                             Some(c.datetime),
                             &format!("changes/{}/{name}", c.id),
-                            size,
                             body,
                         )?,
                         None => {
@@ -1025,8 +1039,8 @@ fn package_entry(w: &mut SitemapWriter, p: &Package, url: impl Fn(&str) -> Strin
     );
 }
 
-/// A resource's bytes to pack: a reader, its expected length, and its name in the package.
-type Bitstream = (Box<dyn Read + Send>, u64, String);
+/// A resource's bytes to pack and its name in the package.
+type Bitstream = (Body, String);
 
 /// A remote resource's body as a blocking reader (the packer is synchronous).
 struct RemoteBody {

@@ -84,10 +84,68 @@ enum Job {
     Add {
         package: usize,
         path: String,
-        size: u64,
-        body: Box<dyn Read + Send>,
+        body: Body,
+        /// Packed as it is: the bitstream is already compressed.
+        stored: bool,
     },
     Close(std::sync::mpsc::Sender<std::io::Result<(PathBuf, Vec<Packed>)>>),
+}
+
+/// A bitstream to pack.
+pub struct Body {
+    pub reader: Box<dyn Read + Send>,
+    /// Its expected length.
+    pub size: u64,
+    /// Its md5 when already known for exactly these bytes (the store's, for a file not
+    /// modified since it was recorded, with the recorded length): not computed again.
+    pub md5: Option<String>,
+}
+
+/// Whether a bitstream of this media type (or, without one, with this name) is already
+/// compressed: deflating it again costs a core and saves nothing, so it is stored.
+pub fn already_compressed(mime: Option<&str>, name: &str) -> bool {
+    let guessed;
+    let mime = match mime {
+        Some(m) => m,
+        None => {
+            guessed = mime_guess::from_path(name).first_raw().unwrap_or("");
+            guessed
+        }
+    };
+    let mime = mime
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    let (kind, sub) = mime.split_once('/').unwrap_or((mime.as_str(), ""));
+    match kind {
+        "video" => true,
+        "audio" => !matches!(sub, "wav" | "x-wav" | "aiff" | "x-aiff" | "basic"),
+        "image" => !matches!(
+            sub,
+            "bmp" | "x-ms-bmp" | "tiff" | "svg+xml" | "x-portable-pixmap"
+        ),
+        "application" => {
+            matches!(
+                sub,
+                "pdf"
+                    | "zip"
+                    | "gzip"
+                    | "x-gzip"
+                    | "x-bzip2"
+                    | "x-xz"
+                    | "zstd"
+                    | "x-7z-compressed"
+                    | "x-rar-compressed"
+                    | "vnd.rar"
+                    | "epub+zip"
+                    | "java-archive"
+            ) || sub.starts_with("vnd.openxmlformats-officedocument.")
+                || sub.starts_with("vnd.oasis.opendocument.")
+        }
+        _ => false,
+    }
 }
 
 /// A thread compressing and hashing bitstreams into a scratch ZIP of its own, so that a
@@ -101,7 +159,7 @@ fn lane_loop(
     rx: std::sync::mpsc::Receiver<Job>,
     dir: PathBuf,
     lane: usize,
-    options: impl Fn(bool) -> SimpleFileOptions,
+    options: impl Fn(bool, bool) -> SimpleFileOptions,
 ) {
     let mut zip: Option<ZipWriter<BufWriter<File>>> = None;
     let mut scratch = PathBuf::new();
@@ -112,8 +170,8 @@ fn lane_loop(
             Job::Add {
                 package,
                 path,
-                size,
                 body,
+                stored,
             } => {
                 if failed.is_some() {
                     continue;
@@ -128,17 +186,22 @@ fn lane_loop(
                         )));
                     }
                     let z = zip.as_mut().expect("opened");
-                    z.start_file(path.as_str(), options(size >= u32::MAX as u64 / 2))
+                    let large = body.size >= u32::MAX as u64 / 2;
+                    z.start_file(path.as_str(), options(large, stored))
                         .map_err(zip_err)?;
                     let mut m = Measured {
-                        inner: body,
-                        md5: md5::Md5::new(),
+                        inner: body.reader,
+                        md5: body.md5.is_none().then(md5::Md5::new),
                         length: 0,
                     };
                     std::io::copy(&mut m, z)?;
+                    let md5 = match (m.md5, body.md5) {
+                        (Some(h), _) => crate::digest::hex_digest(h.finalize()),
+                        (None, known) => known.expect("either known or measured"),
+                    };
                     Ok(Packed {
                         path: format!("/{path}"),
-                        md5: crate::digest::hex_digest(m.md5.finalize()),
+                        md5,
                         length: m.length,
                     })
                 })();
@@ -181,17 +244,19 @@ pub struct Packer {
     assembling: Option<std::thread::JoinHandle<std::io::Result<Package>>>,
 }
 
-/// Reads through to `inner`, measuring what passes.
+/// Reads through to `inner`, measuring what passes (its md5 unless already known).
 struct Measured<R> {
     inner: R,
-    md5: md5::Md5,
+    md5: Option<md5::Md5>,
     length: u64,
 }
 
 impl<R: Read> Read for Measured<R> {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         let n = self.inner.read(buf)?;
-        self.md5.update(&buf[..n]);
+        if let Some(h) = &mut self.md5 {
+            h.update(&buf[..n]);
+        }
         self.length += n as u64;
         Ok(n)
     }
@@ -215,7 +280,11 @@ impl Packer {
                 let dir = dir.to_path_buf();
                 let thread = std::thread::Builder::new()
                     .name(format!("dump-lane-{i}"))
-                    .spawn(move || lane_loop(rx, dir, i, move |large| file_options(opts, large)))
+                    .spawn(move || {
+                        lane_loop(rx, dir, i, move |large, stored| {
+                            file_options(opts, large, stored)
+                        })
+                    })
                     .expect("a dump packing thread");
                 Lane { tx, thread }
             })
@@ -248,9 +317,10 @@ impl Packer {
         self.open.as_mut().expect("opened")
     }
 
-    /// Packs one bitstream read from `body` (`size`: its expected length) at `path`
-    /// (without the leading `/`) and records its manifest entry. The bitstream is read,
-    /// hashed and compressed by one of the packing lanes.
+    /// Packs one bitstream read from `body` at `path` (without the leading `/`) and records
+    /// its manifest entry. The bitstream is read, hashed (unless its md5 is known) and
+    /// compressed (unless it already is, see [`already_compressed`]) by one of the packing
+    /// lanes.
     #[allow(clippy::too_many_arguments)]
     pub fn add(
         &mut self,
@@ -260,9 +330,10 @@ impl Packer {
         change: Option<ChangeType>,
         datetime: Option<Timestamp>,
         path: &str,
-        size: u64,
-        body: Box<dyn Read + Send>,
+        body: Body,
     ) -> std::io::Result<()> {
+        let size = body.size;
+        let stored = already_compressed(mime.as_deref(), path);
         let lane = self.next_lane;
         self.next_lane = (lane + 1) % self.lanes.len();
         self.lanes[lane]
@@ -270,8 +341,8 @@ impl Packer {
             .send(Job::Add {
                 package: self.package_no(),
                 path: path.to_string(),
-                size,
                 body,
+                stored,
             })
             .map_err(|_| std::io::Error::other("a dump packing thread stopped"))?;
         let open = self.open();
@@ -495,7 +566,7 @@ fn assemble(
             256 * 1024,
             File::create(&final_tmp)?,
         ));
-        out.start_file("manifest.xml", file_options(opts, false))
+        out.start_file("manifest.xml", file_options(opts, false, false))
             .map_err(zip_err)?;
         out.write_all(manifest.as_bytes())?;
         for (lane, index) in open.placed.iter().flatten() {
@@ -525,9 +596,10 @@ fn assemble(
     })
 }
 
-fn file_options(opts: Options, large: bool) -> SimpleFileOptions {
+fn file_options(opts: Options, large: bool, stored: bool) -> SimpleFileOptions {
     let o = SimpleFileOptions::default().large_file(large);
     match opts.compression {
+        _ if stored => o.compression_method(CompressionMethod::Stored),
         DumpCompression::Stored => o.compression_method(CompressionMethod::Stored),
         DumpCompression::Deflate => o
             .compression_method(CompressionMethod::Deflated)
@@ -571,8 +643,11 @@ mod tests {
                 None,
                 None,
                 &format!("resources/r/{i}"),
-                body.len() as u64,
-                Box::new(std::io::Cursor::new(body.into_bytes())),
+                Body {
+                    size: body.len() as u64,
+                    reader: Box::new(std::io::Cursor::new(body.into_bytes())),
+                    md5: None,
+                },
             )
             .unwrap();
             if p.is_full() {
@@ -616,5 +691,90 @@ mod tests {
             .file_name()
             .to_string_lossy()
             .starts_with('.')));
+    }
+
+    /// Compressed media go in as they are and text is deflated; an md5 handed in (the
+    /// store's) is the manifest's, one not handed in is measured.
+    #[test]
+    fn compressed_media_are_stored_and_a_known_md5_is_not_computed_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut p = Packer::new(
+            dir.path(),
+            opts(10),
+            Kind::Resources,
+            "http://h/cap".into(),
+            None,
+        );
+        let text = "plain text that deflates well ".repeat(100);
+        let items: [(&str, Option<&str>, Option<&str>); 3] = [
+            (
+                "resources/a.pdf",
+                Some("application/pdf"),
+                Some("0123456789abcdef0123456789abcdef"),
+            ),
+            ("resources/b.txt", Some("text/plain"), None),
+            ("resources/c.jpg", None, None),
+        ];
+        for (path, mime, md5) in items {
+            p.add(
+                format!("http://h/{path}"),
+                None,
+                mime.map(String::from),
+                None,
+                None,
+                path,
+                Body {
+                    size: text.len() as u64,
+                    reader: Box::new(std::io::Cursor::new(text.clone().into_bytes())),
+                    md5: md5.map(String::from),
+                },
+            )
+            .unwrap();
+        }
+        let packages = p.finish(None).unwrap();
+        let mut z =
+            ZipArchive::new(File::open(dir.path().join(&packages[0].zip)).unwrap()).unwrap();
+        let method = |z: &mut ZipArchive<File>, name: &str| z.by_name(name).unwrap().compression();
+        assert_eq!(method(&mut z, "resources/a.pdf"), CompressionMethod::Stored);
+        assert_eq!(
+            method(&mut z, "resources/c.jpg"),
+            CompressionMethod::Stored,
+            "by its name"
+        );
+        assert_eq!(
+            method(&mut z, "resources/b.txt"),
+            CompressionMethod::Deflated
+        );
+        let mut manifest = String::new();
+        z.by_index(0)
+            .unwrap()
+            .read_to_string(&mut manifest)
+            .unwrap();
+        let doc = crate::sitemap::parse(manifest.as_bytes()).unwrap();
+        let hash = |path: &str| {
+            doc.entries
+                .iter()
+                .find(|e| e.md["path"] == path)
+                .map(|e| e.md["hash"].clone())
+                .unwrap()
+        };
+        assert_eq!(
+            hash("/resources/a.pdf"),
+            "md5:0123456789abcdef0123456789abcdef"
+        );
+        assert_eq!(
+            hash("/resources/b.txt"),
+            format!(
+                "md5:{}",
+                crate::digest::hex_digest(md5::Md5::digest(text.as_bytes()))
+            )
+        );
+        assert!(!already_compressed(Some("text/xml; charset=utf-8"), "x"));
+        assert!(already_compressed(Some("Application/Zip"), "x"));
+        assert!(already_compressed(
+            Some("application/vnd.openxmlformats-officedocument.wordprocessingml.document"),
+            "x"
+        ));
+        assert!(!already_compressed(Some("image/tiff"), "x.tif"));
     }
 }

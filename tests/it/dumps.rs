@@ -631,3 +631,54 @@ async fn remote_resources_are_dumped_only_with_fetch_remote_and_many_packages_ge
     app.stop().await;
     file_server.stop().await;
 }
+
+/// The dump takes the store's md5 for a file not modified since the store recorded it, and
+/// measures one modified since (same length, other bytes, as a careless harvester leaves it):
+/// every manifest describes the bytes packed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_changed_behind_the_store_is_hashed_again_for_the_dump() {
+    let (c, _dir, root) = dump_config(50_000);
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..6)
+        .map(|i| file_line(&root, "created", &format!("m/{i}.txt"), &body(i, 1)))
+        .collect();
+    // Rewritten after its md5 was taken, and dated after the ingest below.
+    let changed = root.join("m/0.txt");
+    let v2 = body(0, 1).replace("version 1", "version X");
+    std::fs::write(&changed, &v2).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(&changed)
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(3600))
+        .unwrap();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    wait_until("the Resource Dump", || async {
+        status(&app, "/sets/papers/resourcedump.xml").await == 200
+    })
+    .await;
+    let work = tempfile::tempdir().unwrap();
+    let base = app.config.base_url();
+    let (files, _) = download(
+        &app,
+        &format!("{base}/sets/papers/resourcedump.xml"),
+        work.path(),
+    )
+    .await;
+    // check_dump.py fails on a member whose bytes do not match the manifest.
+    let got = packed(&check(&files));
+    let listed = resource_list(&app).await;
+    assert_eq!(got.len(), 6);
+    let url0 = format!("{base}/files/papers/m/0.txt");
+    for e in &got {
+        if e.0 == url0 {
+            assert_eq!(e.1, md5_hex(v2.as_bytes()), "measured again");
+        } else {
+            assert!(
+                listed.contains(e),
+                "the store's md5 for the unchanged: {e:?}"
+            );
+        }
+    }
+    app.stop().await;
+}
