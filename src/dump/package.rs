@@ -1,7 +1,7 @@
 //! ZIP packages that start with their manifest. Bitstreams are packed into a scratch ZIP as
 //! they are read (md5 and length measured on the way, so the manifest describes exactly the
 //! bytes packed); when a package is full, its `manifest.xml` is written as the first entry of
-//! the final ZIP and the packed entries follow, copied without being compressed again. Memory
+//! the final ZIP and the packed entries follow, each lane's copied in one piece, not compressed again. Memory
 //! holds one package's manifest entries (at most 50,000), never a bitstream.
 
 use std::fs::File;
@@ -569,10 +569,10 @@ fn assemble(
         out.start_file("manifest.xml", file_options(opts, false, false))
             .map_err(zip_err)?;
         out.write_all(manifest.as_bytes())?;
-        for (lane, index) in open.placed.iter().flatten() {
-            let a = archives[*lane].as_mut().expect("the lane's scratch ZIP");
-            out.raw_copy_file(a.by_index_raw(*index).map_err(zip_err)?)
-                .map_err(zip_err)?;
+        // Each lane's entries in one copy (members need not be in the manifest's order;
+        // copied one by one they cost a seek and two small reads each, a fifth of the build).
+        for a in archives.into_iter().flatten() {
+            out.merge_archive(a).map_err(zip_err)?;
         }
         let mut f = out.finish().map_err(zip_err)?;
         f.flush()?;
