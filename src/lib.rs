@@ -6,7 +6,7 @@
 //! Floors, lowest first; a module uses only modules on floors below its own (checked by
 //! `tests/it/layout.rs`):
 //! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP);
-//! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`];
+//! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
 //!    [`dump`]; 8. [`http`]; 9. [`app`].
 //!
@@ -16,6 +16,8 @@
 //! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch,
 //!   shareable by several processes).
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
+//! - [`package`]: the dump package format (manifest first, member names, what a manifest
+//!   entry promises), its builder and its reading, for [`dump`] and [`destination`] alike.
 //! - [`source`]: the pull side: every document, generated from the store, kept with its gzip
 //!   form in a page cache on disk (surviving restarts) and, for small pages, in memory.
 //! - [`hub`]: the WebSub hub: requests, verification, signatures, address policy, delivery lanes
@@ -35,7 +37,7 @@
 //!   push subscription with gap filling from the Change Lists, its own state database and outputs,
 //!   behind one trust boundary (every request checked against the source's scope, every body
 //!   bounded: [`destination::scope`], [`destination::fetch`]).
-//!   It shares [`model`], [`sitemap`], [`digest`] and one helper of [`config`] (relative paths
+//!   It shares [`model`], [`sitemap`], [`package`], [`digest`] and one helper of [`config`] (relative paths
 //!   taken beside the configuration file) and never uses the server's store, hub, source or
 //!   notifier (the layout test checks that too).
 
@@ -54,6 +56,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod package;
 pub mod sitemap;
 pub mod source;
 pub mod store;

@@ -409,18 +409,10 @@ impl Worker {
         at: Timestamp,
         bar: &ProgressBar,
     ) -> anyhow::Result<Unpacked> {
-        use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
             .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
-        let mut manifest = Vec::new();
-        let max_doc = self.fetcher.max_document_bytes();
-        z.by_name("manifest.xml")
-            .map_err(|e| anyhow::anyhow!("a package without manifest.xml: {e}"))?
-            .take(max_doc + 1)
-            .read_to_end(&mut manifest)?;
-        if manifest.len() as u64 > max_doc {
-            anyhow::bail!("the package's manifest.xml is larger than fetch.max_document_bytes");
-        }
+        let manifest = crate::package::read_manifest(&mut z, self.fetcher.max_document_bytes())
+            .map_err(|e| anyhow::anyhow!("{}: {e}", zip_path.display()))?;
         let max_token = (self.fetcher.scope().max_url_length() + 1).max(64 * 1024);
         let mut reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
             &manifest[..],
@@ -496,7 +488,7 @@ impl Worker {
             }
             let Some(inner) =
                 e.md.get("path")
-                    .map(|p| p.trim_start_matches('/').to_string())
+                    .and_then(|p| crate::package::member_name(p))
             else {
                 missed += 1;
                 continue;
@@ -520,7 +512,7 @@ impl Worker {
                 }
             };
             let measured = (|| -> anyhow::Result<(u64, String)> {
-                let mut f = z.by_name(&inner)?;
+                let mut f = z.by_name(inner)?;
                 // Never more than the manifest promises (a package is not trusted further).
                 let limit = c.length.unwrap_or(f.size()).saturating_add(1);
                 let mut out = std::io::BufWriter::new(super::output::create_download(&dest)?);

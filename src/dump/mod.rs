@@ -30,8 +30,6 @@
 //! - With several processes on one store, only the one delivering hub messages builds; each
 //!   serves what its `dumps.dir` holds (share that folder between them).
 
-pub mod package;
-
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -48,10 +46,10 @@ use crate::hub::{AddressPolicy, Hub};
 use crate::model::websub::Topic;
 use crate::model::{ChangeType, ResourceKey, SetConfig, SetName, Timestamp};
 use crate::notify::render::{framework_notification, FrameworkEntry};
+use crate::package::{Body, Kind, Options, Package, Packer};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::source::{Source, Urls};
 use crate::store::{ChangeListInfo, Counts, Store};
-use package::{Body, Kind, Options, Package, Packer};
 
 /// The served Resource Dump of a set (`rd/current.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -10,7 +10,7 @@ const FLOORS: &[&[&str]] = &[
     &["model"],
     &["config"],
     &["store", "sitemap"],
-    &["source", "hub"],
+    &["source", "hub", "package"],
     &["notify", "ingest", "import", "workers", "destination"],
     &["error", "demo", "dump"],
     &["http"],

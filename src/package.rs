@@ -1,4 +1,10 @@
-//! ZIP packages that start with their manifest. Bitstreams are packed into a scratch ZIP as
+//! The dump package format, for its builder ([`Packer`], driven by the dumps module) and for
+//! readers (the destination's unpacker): a ZIP whose first member is [`MANIFEST`], a Resource
+//! Dump or Change Dump Manifest whose entries name their member by `path` (the member's name
+//! with a leading `/`, see [`member_name`]) and give the `length` and md5 `hash` of exactly
+//! the member's bytes.
+//!
+//! Building: bitstreams are packed into a scratch ZIP as
 //! they are read (md5 and length measured on the way, so the manifest describes exactly the
 //! bytes packed); when a package is full, its `manifest.xml` is written as the first entry of
 //! the final ZIP and the packed entries follow, each lane's copied in one piece, not compressed again. Memory
@@ -15,6 +21,36 @@ use zip::{CompressionMethod, ZipArchive, ZipWriter};
 use crate::config::DumpCompression;
 use crate::model::{ChangeType, Timestamp};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
+
+/// The name of a package's first member, its manifest.
+pub const MANIFEST: &str = "manifest.xml";
+
+/// The ZIP member a manifest entry's `path` names (the path without its leading `/`;
+/// resync-build writes it without one, which names the same member). `None` for a path that
+/// names no member (empty, or a folder).
+pub fn member_name(path: &str) -> Option<&str> {
+    let m = path.strip_prefix('/').unwrap_or(path);
+    (!m.is_empty() && !m.ends_with('/')).then_some(m)
+}
+
+/// A package's manifest, read whole but never more than `max_bytes`: an error says what is
+/// wrong (not a ZIP, no manifest, too large).
+pub fn read_manifest<R: Read + std::io::Seek>(
+    z: &mut ZipArchive<R>,
+    max_bytes: u64,
+) -> std::io::Result<Vec<u8>> {
+    let mut manifest = Vec::new();
+    z.by_name(MANIFEST)
+        .map_err(|e| std::io::Error::other(format!("a package without {MANIFEST}: {e}")))?
+        .take(max_bytes.saturating_add(1))
+        .read_to_end(&mut manifest)?;
+    if manifest.len() as u64 > max_bytes {
+        return Err(std::io::Error::other(format!(
+            "the package's {MANIFEST} is larger than the {max_bytes} bytes a document may have"
+        )));
+    }
+    Ok(manifest)
+}
 
 /// How packages are cut and packed.
 #[derive(Debug, Clone, Copy)]
@@ -566,7 +602,7 @@ fn assemble(
             256 * 1024,
             File::create(&final_tmp)?,
         ));
-        out.start_file("manifest.xml", file_options(opts, false, false))
+        out.start_file(MANIFEST, file_options(opts, false, false))
             .map_err(zip_err)?;
         out.write_all(manifest.as_bytes())?;
         // Each lane's entries in one copy (members need not be in the manifest's order;
@@ -776,5 +812,14 @@ mod tests {
             "x"
         ));
         assert!(!already_compressed(Some("image/tiff"), "x.tif"));
+    }
+
+    #[test]
+    fn a_manifest_path_names_one_member_with_or_without_its_slash() {
+        assert_eq!(member_name("/resources/a/b.txt"), Some("resources/a/b.txt"));
+        assert_eq!(member_name("resources/a/b.txt"), Some("resources/a/b.txt"));
+        assert_eq!(member_name("/"), None);
+        assert_eq!(member_name(""), None);
+        assert_eq!(member_name("/resources/"), None);
     }
 }
