@@ -220,17 +220,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     if std::env::args().any(|a| a == "--ours-only") {
-        if let Some(mut nginx) = nginx {
-            let _ = std::process::Command::new("kill")
-                .args(["-TERM", &nginx.id().to_string()])
-                .status();
-            let _ = nginx.wait();
-        }
-        let _ = htx.send(());
-        harvester.await??;
-        let _ = stop_tx.send(());
-        server.await??;
-        return Ok(());
+        return stop_all(nginx, htx, harvester, stop_tx, server).await;
     }
 
     // The reference client, same source, same run.
@@ -276,16 +266,8 @@ async fn main() -> anyhow::Result<()> {
         "ratio (ours / resync):  {:.1}x",
         (n as f64 / ours) / (copied as f64 / theirs)
     );
-    if let Some(mut nginx) = nginx {
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &nginx.id().to_string()])
-            .status();
-        let _ = nginx.wait();
-        let _ = htx.send(());
-        harvester.await??;
-        let _ = stop_tx.send(());
-        server.await??;
-        return Ok(());
+    if nginx.is_some() {
+        return stop_all(nginx, htx, harvester, stop_tx, server).await;
     }
 
     // Push latency: commit -> file written at the destination.
@@ -323,9 +305,29 @@ async fn main() -> anyhow::Result<()> {
         percentile(&lat, 0.5),
         percentile(&lat, 0.99)
     );
-    let _ = htx.send(());
+    stop_all(None, htx, harvester, stop_tx, server).await
+}
+
+type Stop = tokio::sync::oneshot::Sender<()>;
+type Running = tokio::task::JoinHandle<anyhow::Result<()>>;
+
+/// Stops nginx (when it served), the harvester, then our server.
+async fn stop_all(
+    nginx: Option<std::process::Child>,
+    harvester_stop: Stop,
+    harvester: Running,
+    server_stop: Stop,
+    server: Running,
+) -> anyhow::Result<()> {
+    if let Some(mut nginx) = nginx {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &nginx.id().to_string()])
+            .status();
+        let _ = nginx.wait();
+    }
+    let _ = harvester_stop.send(());
     harvester.await??;
-    let _ = stop_tx.send(());
+    let _ = server_stop.send(());
     server.await??;
     Ok(())
 }

@@ -23,6 +23,8 @@
 //! the first publish to the last receipt, and publish-to-receipt latency p50/p99/max (from
 //! sending the publish request to the receiver reading the delivery).
 
+mod common;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -346,21 +348,8 @@ async fn child(es: &str) -> anyhow::Result<()> {
     config.hub.partition_lease_secs =
         arg("--lease-secs").map_or(10, |s| s.parse().expect("--lease-secs N"));
     config.admin.token = "bench".into();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    println!("LISTENING {}", listener.local_addr()?);
-    use std::io::Write;
-    std::io::stdout().flush()?;
-    let eof = tokio::task::spawn_blocking(|| {
-        let mut sink = String::new();
-        while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
-            sink.clear();
-        }
-    });
     let data = config.server.data_dir.clone();
-    resourcesync_hub::app::run(config, listener, async move {
-        let _ = eof.await;
-    })
-    .await?;
+    common::run_child_server(config).await?;
     let _ = std::fs::remove_dir_all(data);
     Ok(())
 }

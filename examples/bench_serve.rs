@@ -79,20 +79,7 @@ fn child(dir: &Path) -> anyhow::Result<()> {
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
         let c = common::bench_server_config(&dir.join("data"), &dir.join("root"));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        println!("LISTENING {}", listener.local_addr()?);
-        use std::io::Write;
-        std::io::stdout().flush()?;
-        let eof = tokio::task::spawn_blocking(|| {
-            let mut sink = String::new();
-            while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
-                sink.clear();
-            }
-        });
-        resourcesync_hub::app::run(c, listener, async move {
-            let _ = eof.await;
-        })
-        .await
+        common::run_child_server(c).await
     })
 }
 

@@ -147,3 +147,23 @@ pub fn bench_server_config(data: &Path, root: &Path) -> resourcesync_hub::config
     );
     c
 }
+
+/// Runs our server as a benchmark's child process: prints `LISTENING <addr>` for the parent,
+/// and stops when the parent closes the child's stdin (however the parent ended).
+pub async fn run_child_server(config: resourcesync_hub::config::Config) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    println!("LISTENING {}", listener.local_addr()?);
+    use std::io::Write;
+    std::io::stdout().flush()?;
+    let eof = tokio::task::spawn_blocking(|| {
+        let mut sink = String::new();
+        while std::io::stdin().read_line(&mut sink).is_ok_and(|n| n > 0) {
+            sink.clear();
+        }
+    });
+    resourcesync_hub::app::run(config, listener, async move {
+        let _ = eof.await;
+    })
+    .await?;
+    Ok(())
+}

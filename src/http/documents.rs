@@ -213,19 +213,14 @@ pub async fn dump_file(
     let meta = file
         .metadata()
         .map_err(|_| AppError::NotFound("no such dump file (it may have been replaced)".into()))?;
-    let modified = meta
-        .modified()
-        .ok()
-        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-        .unwrap_or_default();
-    let etag = format!("\"{:x}-{:x}\"", modified.as_nanos(), meta.len());
+    let (etag, last_modified) = file_validators(&meta);
     let zip = path.extension().is_some_and(|e| e == "zip");
     Ok(respond(
         st,
         headers,
         Representation {
             etag: &etag,
-            last_modified: Timestamp(modified.as_micros() as i64).floor_secs(),
+            last_modified,
             len: meta.len(),
             content_type: if zip {
                 "application/zip"
@@ -237,6 +232,20 @@ pub async fn dump_file(
         },
         Body_::File(file),
     ))
+}
+
+/// A served file's strong ETag (its modification time in ns and its length: a file replaced
+/// or rewritten gets another) and its Last-Modified.
+pub(super) fn file_validators(meta: &std::fs::Metadata) -> (String, Timestamp) {
+    let modified = meta
+        .modified()
+        .ok()
+        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
+        .unwrap_or_default();
+    (
+        format!("\"{:x}-{:x}\"", modified.as_nanos(), meta.len()),
+        Timestamp(modified.as_micros() as i64).floor_secs(),
+    )
 }
 
 /// What a response describes.

@@ -16,7 +16,6 @@ use std::path::PathBuf;
 use super::documents::{respond, Body_, Representation};
 use super::AppState;
 use crate::error::AppError;
-use crate::model::Timestamp;
 
 /// Files up to this size are read whole on the serving thread.
 pub const SMALL: u64 = 64 * 1024;
@@ -57,12 +56,7 @@ pub async fn serve(
     if !meta.is_file() {
         return Err(not_found());
     }
-    let modified = meta
-        .modified()
-        .ok()
-        .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-        .unwrap_or_default();
-    let etag = format!("\"{:x}-{:x}\"", modified.as_nanos(), meta.len());
+    let (etag, last_modified) = super::documents::file_validators(&meta);
     let body = if meta.len() <= SMALL {
         let mut buf = Vec::with_capacity(meta.len() as usize);
         // A file that grows while read is cut at the length its validators name.
@@ -87,7 +81,7 @@ pub async fn serve(
         &headers,
         Representation {
             etag: &etag,
-            last_modified: Timestamp(modified.as_micros() as i64).floor_secs(),
+            last_modified,
             len: meta.len(),
             content_type,
             gzip: false,
