@@ -574,8 +574,9 @@ fn scratch_path(dir: &Path, lane: usize, package: usize) -> PathBuf {
     dir.join(format!(".lane-{lane}-{package:05}.packing"))
 }
 
-/// Writes package `n`: its manifest first, then the lanes' packed entries in manifest order
-/// (raw copies, not compressed again); the manifest copy beside it.
+/// Writes package `n`: its manifest first, then each lane's packed entries, copied in one
+/// piece per lane (not compressed again; members need not follow the manifest's order);
+/// the manifest copy beside it.
 #[allow(clippy::too_many_arguments)]
 fn assemble(
     dir: &Path,

@@ -574,11 +574,20 @@ impl Dumps {
         let up = self.urls().capability_list(set);
         let mut packer = Packer::new(dir, self.options(), Kind::Resources, up.clone(), None);
         let (mut resources, mut missing) = (0u64, 0u64);
-        let mut cursor = None;
         let page_size = self.config.source.store_page_size;
+        let read = |after| {
+            let (store, set) = (self.store().clone(), set.clone());
+            tokio::spawn(async move { store.resources(&set, None, after, page_size).await })
+        };
+        let mut reading = read(None);
         loop {
             self.check_stop()?;
-            let page = self.store().resources(set, None, cursor, page_size).await?;
+            let page = reading
+                .await
+                .map_err(|e| anyhow::anyhow!("a dump task failed: {e}"))??;
+            // The next page is read from the store while this one is packed, so the packing
+            // lanes do not wait for the store between pages.
+            let next = page.next.map(|c| read(Some(c)));
             let rt = tokio::runtime::Handle::current();
             let items = page.items;
             let (sc2, this) = (sc.clone(), self.clone());
@@ -617,8 +626,8 @@ impl Dumps {
             packer = p;
             resources += r;
             missing += m;
-            match page.next {
-                Some(c) => cursor = Some(c),
+            match next {
+                Some(r) => reading = r,
                 None => break,
             }
         }
