@@ -820,16 +820,18 @@ impl State {
     /// that file, a file where `path` needs a folder, or a folder where it needs a file. A
     /// held resource's file is its claim (recorded with it); two URIs never share one file.
     pub fn claim_conflict(&self, root: &str, path: &str, uri: &str) -> R<Option<String>> {
-        conflict(&self.c(), root, path, uri)
+        conflict(&self.c(), root, path, uri, &mut Folders::new())
     }
 
-    /// [`State::claim_conflict`] for many `(root, path, uri)`, in one read transaction.
+    /// [`State::claim_conflict`] for many `(root, path, uri)`, in one read transaction; a
+    /// folder shared by several of them is looked up once.
     pub fn claim_conflicts(&self, items: &[(&str, &str, &str)]) -> R<Vec<Option<String>>> {
         let mut c = self.c();
         let tx = c.transaction()?;
+        let mut folders = Folders::new();
         let r = items
             .iter()
-            .map(|(root, path, uri)| conflict(&tx, root, path, uri))
+            .map(|(root, path, uri)| conflict(&tx, root, path, uri, &mut folders))
             .collect();
         tx.commit()?;
         r
@@ -886,18 +888,43 @@ impl State {
     }
 }
 
+/// Folders' claimants as read within one transaction (a folder on the way to many paths is
+/// looked up once): folder -> the URI whose file it is, if any.
+type Folders = std::collections::HashMap<String, Option<String>>;
+
 /// The URI other than `uri` that has the file `path`, a file on the way to it from the output
 /// folder `root`, or a file under it (see [`State::claim_conflict`]): the path and each of its
-/// folders up to `root` looked up by key, then the range of paths under it.
-fn conflict(c: &Connection, root: &str, path: &str, uri: &str) -> R<Option<String>> {
-    let mut at = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1 AND uri != ?2")?;
-    for p in Path::new(path)
+/// folders up to `root` looked up by key (the folders through `folders`), then the range of
+/// paths under it.
+fn conflict(
+    c: &Connection,
+    root: &str,
+    path: &str,
+    uri: &str,
+    folders: &mut Folders,
+) -> R<Option<String>> {
+    let mut at = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1")?;
+    let mut ancestors = Path::new(path)
         .ancestors()
         .filter_map(|p| p.to_str())
-        .take_while(|p| p.len() > root.len() && p.starts_with(root))
-    {
-        if let Some(other) = at.query_row(params![p, uri], |r| r.get(0)).optional()? {
-            return Ok(Some(other));
+        .take_while(|p| p.len() > root.len() && p.starts_with(root));
+    if let Some(p) = ancestors.next() {
+        let owner: Option<String> = at.query_row(params![p], |r| r.get(0)).optional()?;
+        if owner.as_deref().is_some_and(|o| o != uri) {
+            return Ok(owner);
+        }
+    }
+    for p in ancestors {
+        let owner = match folders.get(p) {
+            Some(o) => o.clone(),
+            None => {
+                let o: Option<String> = at.query_row(params![p], |r| r.get(0)).optional()?;
+                folders.insert(p.to_string(), o.clone());
+                o
+            }
+        };
+        if owner.as_deref().is_some_and(|o| o != uri) {
+            return Ok(owner);
         }
     }
     Ok(c.prepare_cached(
