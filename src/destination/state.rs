@@ -888,14 +888,13 @@ impl State {
     }
 }
 
-/// Folders' claimants as read within one transaction (a folder on the way to many paths is
-/// looked up once): folder -> the URI whose file it is, if any.
+/// Paths' claimants as read within one transaction (a folder on the way to many paths is
+/// looked up once): path -> the URI whose file it is, if any.
 type Folders = std::collections::HashMap<String, Option<String>>;
 
 /// The URI other than `uri` that has the file `path`, a file on the way to it from the output
 /// folder `root`, or a file under it (see [`State::claim_conflict`]): the path and each of its
-/// folders up to `root` looked up by key (the folders through `folders`), then the range of
-/// paths under it.
+/// folders up to `root` looked up by key (through `folders`), then the range of paths under it.
 fn conflict(
     c: &Connection,
     root: &str,
@@ -904,17 +903,11 @@ fn conflict(
     folders: &mut Folders,
 ) -> R<Option<String>> {
     let mut at = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1")?;
-    let mut ancestors = Path::new(path)
+    for p in Path::new(path)
         .ancestors()
         .filter_map(|p| p.to_str())
-        .take_while(|p| p.len() > root.len() && p.starts_with(root));
-    if let Some(p) = ancestors.next() {
-        let owner: Option<String> = at.query_row(params![p], |r| r.get(0)).optional()?;
-        if owner.as_deref().is_some_and(|o| o != uri) {
-            return Ok(owner);
-        }
-    }
-    for p in ancestors {
+        .take_while(|p| p.len() > root.len() && p.starts_with(root))
+    {
         let owner = match folders.get(p) {
             Some(o) => o.clone(),
             None => {
