@@ -160,11 +160,7 @@ pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
         }
         h.update(&buf[..n]);
     }
-    let mtime = md
-        .modified()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
+    let mtime = Timestamp::from_system_time(md.modified()?).map_or(0, Timestamp::micros);
     Ok(ResourceMeta {
         length: Some(md.len()),
         md5: Some(crate::digest::hex_digest(h.finalize())),

@@ -457,8 +457,7 @@ impl Dumps {
                     let m = f.metadata()?;
                     let unchanged = meta.length == Some(m.len())
                         && m.modified().is_ok_and(|t| {
-                            t.duration_since(std::time::UNIX_EPOCH)
-                                .is_ok_and(|d| (d.as_micros() as i64) <= recorded.0)
+                            Timestamp::from_system_time(t).is_some_and(|t| t <= recorded)
                         });
                     Ok(Some((
                         Body {

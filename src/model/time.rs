@@ -18,6 +18,13 @@ impl Timestamp {
         Timestamp(secs * 1_000_000)
     }
 
+    /// A file time (such as a modification time) as a timestamp; `None` before the epoch.
+    pub fn from_system_time(t: std::time::SystemTime) -> Option<Timestamp> {
+        t.duration_since(std::time::UNIX_EPOCH)
+            .ok()
+            .map(|d| Timestamp(d.as_micros() as i64))
+    }
+
     pub fn micros(self) -> i64 {
         self.0
     }
