@@ -331,23 +331,15 @@ impl EmbeddedStore {
         .await
     }
 
-    /// Records a batch of outcomes in one transaction: one update per subscription, plus a row
-    /// per delivery that failed for good.
-    /// Records outcomes in one transaction, written to the log but not synced to the disk
-    /// (`synchronous = NORMAL` for this transaction only): a killed process loses none of
-    /// them (they are in the operating system's hands), a power cut may lose those since the
-    /// last synced commit, which are then delivered again (at least once still holds). Lanes
-    /// wait for this write before sending their next message: a sync per message would
-    /// halve the hub's throughput.
+    /// Records a batch of outcomes in one transaction (one update per subscription, plus a
+    /// row per delivery that failed for good), written to the log but not synced to the disk:
+    /// a killed process loses none of them (they are in the operating system's hands), a power
+    /// cut may lose those since the last synced commit, which are then delivered again (at
+    /// least once still holds). Lanes wait for this write before sending their next message:
+    /// a sync per message would halve the hub's throughput.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         let folds = crate::store::fold(outcomes);
-        self.write(move |c| {
-            c.pragma_update(None, "synchronous", "NORMAL")?;
-            let r = record_tx(c, &folds);
-            c.pragma_update(None, "synchronous", "FULL")?;
-            r
-        })
-        .await
+        self.write_unsynced(move |c| record_tx(c, &folds)).await
     }
 }
 

@@ -1,4 +1,5 @@
-//! The embedded backend: one SQLite database (WAL, synchronous=FULL) under the data directory.
+//! The embedded backend: one SQLite database (WAL; every write but the hub's delivery records
+//! synced before it is answered) under the data directory.
 //! One writer connection serialises applies; a small pool of readers serves documents. Every
 //! call runs on tokio's blocking pool.
 
@@ -115,6 +116,29 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
 }
 
+impl Inner {
+    /// Flushes the write-ahead log to the disk (opened anew each time: a handle kept open
+    /// would miss a log that SQLite removed and created again).
+    fn sync_log(&self) -> Result<(), StoreError> {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        let file = match std::fs::File::open(&wal) {
+            Ok(f) => f,
+            // No log: everything is in the database file, synced by its checkpoint.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(sync_failed(&wal, e)),
+        };
+        file.sync_data().map_err(|e| sync_failed(&wal, e))
+    }
+}
+
+fn sync_failed(wal: &std::ffi::OsStr, e: std::io::Error) -> StoreError {
+    StoreError::Unavailable(format!(
+        "cannot sync {} to the disk: {e}",
+        std::path::Path::new(wal).display()
+    ))
+}
+
 /// The open Change List of a set, as the apply loop tracks it.
 struct OpenList {
     no: u32,
@@ -140,6 +164,8 @@ impl EmbeddedStore {
             })?;
         }
         let conn = open_conn(path)?;
+        // The writer's commits are synced by `write` once the writer is released.
+        conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(HUB_SCHEMA)?;
         // Additive columns of later builds: the topic and callback as given (the key columns
@@ -181,12 +207,14 @@ impl EmbeddedStore {
                 )))
             }
         }
+        let inner = Inner {
+            path: path.to_path_buf(),
+            writer: Mutex::new(conn),
+            readers: Mutex::new(Vec::new()),
+        };
+        inner.sync_log()?;
         Ok(EmbeddedStore {
-            inner: Arc::new(Inner {
-                path: path.to_path_buf(),
-                writer: Mutex::new(conn),
-                readers: Mutex::new(Vec::new()),
-            }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -213,14 +241,46 @@ impl EmbeddedStore {
         .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
     }
 
+    /// Runs `f` on the writer connection on the blocking pool; what it commits is on the disk
+    /// when this returns.
+    ///
+    /// The writer commits with `synchronous = NORMAL` (the log is written, not synced) and the
+    /// log is synced here after the writer is released, so the next writer (a delivery record,
+    /// another publish, an ingest batch) does not wait for this one's disk flush. Durability is
+    /// that of `FULL`: a commit's frames are in the log file when `f` returns, and the log is
+    /// only reused after a checkpoint has synced it and copied them into the database file,
+    /// which is then synced too (SQLite's checkpoint under `NORMAL`).
     async fn write<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
+        self.write_then(f, true).await
+    }
+
+    /// As [`Self::write`], without waiting for the disk: the commit survives the process
+    /// being killed (it is in the operating system's hands) but not a power cut.
+    async fn write_unsynced<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
+        self.write_then(f, false).await
+    }
+
+    async fn write_then<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+        sync: bool,
+    ) -> Result<T, E> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
-            let mut conn = inner.writer.lock().expect("writer");
-            f(&mut conn)
+            let out = {
+                let mut conn = inner.writer.lock().expect("writer");
+                f(&mut conn)?
+            };
+            if sync {
+                inner.sync_log().map_err(E::from)?;
+            }
+            Ok(out)
         })
         .await
         .map_err(|e| E::from(StoreError::Unavailable(format!("store task failed: {e}"))))?
