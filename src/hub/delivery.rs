@@ -873,11 +873,23 @@ pub(super) async fn run_writer(
             _ = stop.cancelled() => match rx.try_recv() { Ok(m) => m, Err(_) => return },
         };
         let mut batch = vec![first];
-        while batch.len() < 20_000 {
-            match rx.try_recv() {
-                Ok(m) => batch.push(m),
-                Err(_) => break,
+        // What is queued now, then what the tasks already woken add: each yield lets the lanes
+        // whose answers have arrived hand their outcomes over, and stops as soon as one adds
+        // nothing (no timer: a quiet hub writes at once).
+        let mut yields = 0;
+        loop {
+            let before = batch.len();
+            while batch.len() < 20_000 {
+                match rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
             }
+            if batch.len() >= 20_000 || yields == 4 || (yields > 0 && batch.len() == before) {
+                break;
+            }
+            yields += 1;
+            tokio::task::yield_now().await;
         }
         let outcomes: Vec<Outcome> = batch.iter().map(|r| r.outcome.clone()).collect();
         let epochs: HashMap<SubscriptionId, u64> = batch
