@@ -239,7 +239,7 @@ impl EmbeddedStore {
         state: Option<(i64, NotifyState)>,
         now: Timestamp,
     ) -> Result<Vec<Message>, StoreError> {
-        self.write(move |c| {
+        self.write_synced_after(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             if let Some((expected, new)) = &state {
                 if !super::notify::swap_state(&tx, *expected, new)? {

@@ -1,5 +1,5 @@
-//! The embedded backend: one SQLite database (WAL; every write but the hub's delivery records
-//! synced before it is answered) under the data directory.
+//! The embedded backend: one SQLite database (WAL, synchronous=FULL but for the hub's
+//! messages and delivery records: see `write`) under the data directory.
 //! One writer connection serialises applies; a small pool of readers serves documents. Every
 //! call runs on tokio's blocking pool.
 
@@ -139,6 +139,14 @@ fn sync_failed(wal: &std::ffi::OsStr, e: std::io::Error) -> StoreError {
     ))
 }
 
+/// When a write reaches the disk: see [`EmbeddedStore::write`] and its siblings.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Durability {
+    Full,
+    AfterRelease,
+    None,
+}
+
 /// The open Change List of a set, as the apply loop tracks it.
 struct OpenList {
     no: u32,
@@ -164,8 +172,6 @@ impl EmbeddedStore {
             })?;
         }
         let conn = open_conn(path)?;
-        // The writer's commits are synced by `write` once the writer is released.
-        conn.execute_batch("PRAGMA synchronous = NORMAL;")?;
         conn.execute_batch(SCHEMA)?;
         conn.execute_batch(HUB_SCHEMA)?;
         // Additive columns of later builds: the topic and callback as given (the key columns
@@ -207,14 +213,12 @@ impl EmbeddedStore {
                 )))
             }
         }
-        let inner = Inner {
-            path: path.to_path_buf(),
-            writer: Mutex::new(conn),
-            readers: Mutex::new(Vec::new()),
-        };
-        inner.sync_log()?;
         Ok(EmbeddedStore {
-            inner: Arc::new(inner),
+            inner: Arc::new(Inner {
+                path: path.to_path_buf(),
+                writer: Mutex::new(conn),
+                readers: Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -241,20 +245,27 @@ impl EmbeddedStore {
         .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
     }
 
-    /// Runs `f` on the writer connection on the blocking pool; what it commits is on the disk
-    /// when this returns.
-    ///
-    /// The writer commits with `synchronous = NORMAL` (the log is written, not synced) and the
-    /// log is synced here after the writer is released, so the next writer (a delivery record,
-    /// another publish, an ingest batch) does not wait for this one's disk flush. Durability is
-    /// that of `FULL`: a commit's frames are in the log file when `f` returns, and the log is
-    /// only reused after a checkpoint has synced it and copied them into the database file,
-    /// which is then synced too (SQLite's checkpoint under `NORMAL`).
+    /// Runs `f` on the writer connection on the blocking pool. The writer commits with
+    /// `synchronous = FULL`: what `f` commits is on the disk before any reader can see it, so
+    /// whatever is served or announced (a change, its position) survives a power cut.
     async fn write<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
-        self.write_then(f, true).await
+        self.write_with(f, Durability::Full).await
+    }
+
+    /// As [`Self::write`], but the log is synced after the writer is released, so the next
+    /// writer (a delivery record, another publish) does not wait for this one's disk flush.
+    /// What it commits is on the disk when this returns (the log is only reused after a
+    /// checkpoint has synced it and copied it into the database file), but readers can see it
+    /// a moment earlier: only for writes where that moment costs at most a repeat after a
+    /// power cut (the hub's published messages), never for the source's changes.
+    async fn write_synced_after<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
+    ) -> Result<T, E> {
+        self.write_with(f, Durability::AfterRelease).await
     }
 
     /// As [`Self::write`], without waiting for the disk: the commit survives the process
@@ -263,21 +274,30 @@ impl EmbeddedStore {
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
-        self.write_then(f, false).await
+        self.write_with(f, Durability::None).await
     }
 
-    async fn write_then<T: Send + 'static, E: From<StoreError> + Send + 'static>(
+    async fn write_with<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
-        sync: bool,
+        sync: Durability,
     ) -> Result<T, E> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let out = {
                 let mut conn = inner.writer.lock().expect("writer");
-                f(&mut conn)?
+                if sync == Durability::Full {
+                    f(&mut conn)?
+                } else {
+                    conn.pragma_update(None, "synchronous", "NORMAL")
+                        .map_err(|e| E::from(e.into()))?;
+                    let out = f(&mut conn);
+                    conn.pragma_update(None, "synchronous", "FULL")
+                        .map_err(|e| E::from(e.into()))?;
+                    out?
+                }
             };
-            if sync {
+            if sync == Durability::AfterRelease {
                 inner.sync_log().map_err(E::from)?;
             }
             Ok(out)
