@@ -139,6 +139,14 @@ fn sync_failed(wal: &std::ffi::OsStr, e: std::io::Error) -> StoreError {
     ))
 }
 
+/// Sets the writer's `synchronous` mode (a statement prepared once per connection: this is on
+/// the path of every publish and delivery record).
+fn set_synchronous(conn: &Connection, mode: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(&format!("PRAGMA synchronous = {mode}"))?
+        .execute([])?;
+    Ok(())
+}
+
 /// When a write reaches the disk: see [`EmbeddedStore::write`] and its siblings.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Durability {
@@ -289,11 +297,9 @@ impl EmbeddedStore {
                 if sync == Durability::Full {
                     f(&mut conn)?
                 } else {
-                    conn.pragma_update(None, "synchronous", "NORMAL")
-                        .map_err(|e| E::from(e.into()))?;
+                    set_synchronous(&conn, "NORMAL").map_err(E::from)?;
                     let out = f(&mut conn);
-                    conn.pragma_update(None, "synchronous", "FULL")
-                        .map_err(|e| E::from(e.into()))?;
+                    set_synchronous(&conn, "FULL").map_err(E::from)?;
                     out?
                 }
             };
