@@ -120,8 +120,7 @@ impl Inner {
     /// Flushes the write-ahead log to the disk (opened anew each time: a handle kept open
     /// would miss a log that SQLite removed and created again).
     fn sync_log(&self) -> Result<(), StoreError> {
-        let mut wal = self.path.clone().into_os_string();
-        wal.push("-wal");
+        let wal = self.log_path();
         let file = match std::fs::File::open(&wal) {
             Ok(f) => f,
             // No log: everything is in the database file, synced by its checkpoint.
@@ -130,13 +129,17 @@ impl Inner {
         };
         file.sync_data().map_err(|e| sync_failed(&wal, e))
     }
+
+    /// SQLite's write-ahead log of the database: its path with `-wal` appended.
+    fn log_path(&self) -> PathBuf {
+        let mut wal = self.path.clone().into_os_string();
+        wal.push("-wal");
+        PathBuf::from(wal)
+    }
 }
 
-fn sync_failed(wal: &std::ffi::OsStr, e: std::io::Error) -> StoreError {
-    StoreError::Unavailable(format!(
-        "cannot sync {} to the disk: {e}",
-        std::path::Path::new(wal).display()
-    ))
+fn sync_failed(wal: &Path, e: std::io::Error) -> StoreError {
+    StoreError::Unavailable(format!("cannot sync {} to the disk: {e}", wal.display()))
 }
 
 /// Sets the writer's `synchronous` mode (a statement prepared once per connection: this is on
@@ -932,4 +935,38 @@ fn change_from_row(r: &Row) -> rusqlite::Result<Change> {
         },
         timestamp: Timestamp(r.get(11)?),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A publish is answered once `sync_log` has flushed the file SQLite wrote it to: if that
+    /// file were not where `sync_log` looks, publishes would silently go unsynced.
+    #[tokio::test]
+    async fn a_publish_is_flushed_from_the_log_file_sqlite_wrote_it_to() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rshub.sqlite");
+        let store = EmbeddedStore::open(&path).unwrap();
+        let topic = crate::model::websub::Topic::parse("http://example.org/t").unwrap();
+        let body = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+        let wal = store.inner.log_path();
+        let before = std::fs::metadata(&wal).map_or(0, |m| m.len());
+        store
+            .hub_publish(
+                vec![(topic, "application/xml".into(), body)],
+                None,
+                Timestamp::now(),
+            )
+            .await
+            .unwrap();
+        let after = std::fs::metadata(&wal)
+            .expect("the log sync_log flushes")
+            .len();
+        assert!(
+            after >= before + 64 * 1024,
+            "log grew from {before} to {after}"
+        );
+        store.inner.sync_log().unwrap();
+    }
 }
