@@ -472,102 +472,126 @@ impl Worker {
         let (mut placed, mut missed) = (0u64, 0u64);
         // Recorded a thousand at a time.
         let mut held = Batch::default();
-        for e in entries {
-            if self.stop.load(Ordering::Relaxed) {
-                held.record(&self.state, set_id, 0)?;
-                anyhow::bail!("stopping");
-            }
-            bar.inc(1);
-            if let Err(r) = self.fetcher.scope().check(&e.loc) {
-                refuse(&self.state, set, set_id, &e.loc, &r.to_string())?;
-                continue;
-            }
-            let c = entry_change(e, "created", at);
-            if self.state.holds_as_listed(set_id, &c)? {
-                continue;
-            }
-            let Some(inner) =
-                e.md.get("path")
-                    .and_then(|p| crate::package::member_name(p))
-            else {
-                missed += 1;
-                continue;
-            };
-            let claim = match self.claim(&c.uri) {
-                Ok(claim) => claim,
-                Err(NotApplied::Refused(r)) => {
-                    refuse(&self.state, set, set_id, &c.uri, &r)?;
-                    continue;
-                }
-                Err(NotApplied::Failed(_)) => {
-                    missed += 1;
-                    continue;
-                }
-            };
-            let dest = match self.output.download_path(&c.uri) {
-                Ok(d) => d,
-                Err(err) => {
-                    refuse(&self.state, set, set_id, &c.uri, &format!("{err:#}"))?;
-                    continue;
-                }
-            };
-            let measured = (|| -> anyhow::Result<(u64, String)> {
-                let mut f = z.by_name(inner)?;
-                // Never more than the manifest promises (a package is not trusted further).
-                let limit = c.length.unwrap_or(f.size()).saturating_add(1);
-                let mut out = std::io::BufWriter::new(super::output::create_download(&dest)?);
-                let (mut h, mut n, mut buf) = (md5::Md5::new(), 0u64, vec![0u8; 64 * 1024]);
-                let mut r = (&mut f).take(limit);
-                loop {
-                    let k = r.read(&mut buf)?;
-                    if k == 0 {
-                        break;
+        let mut buf = vec![0u8; 64 * 1024];
+        // A chunk's entries are looked up in the state and claimed together (one read
+        // transaction each), then unpacked one by one.
+        for chunk in entries.chunks(256) {
+            let mut todo = Vec::with_capacity(chunk.len());
+            for e in chunk {
+                match self.fetcher.scope().check(&e.loc) {
+                    Err(r) => {
+                        bar.inc(1);
+                        refuse(&self.state, set, set_id, &e.loc, &r.to_string())?;
                     }
-                    h.update(&buf[..k]);
-                    std::io::Write::write_all(&mut out, &buf[..k])?;
-                    n += k as u64;
+                    Ok(_) => todo.push((e, entry_change(e, "created", at))),
                 }
-                std::io::Write::flush(&mut out)?;
-                Ok((n, crate::digest::hex_digest(h.finalize())))
-            })();
-            let checked = measured
-                .map_err(|err| format!("cannot unpack it: {err:#}"))
-                .and_then(|(length, md5)| c.check(length, &md5).map(|_| (length, md5)));
-            let (length, md5) = match checked {
-                Ok(m) => m,
-                Err(why) => {
-                    tracing::warn!(uri = %short(&c.uri), error = %why, "a bitstream of the dump does not match its manifest entry: fetched on its own");
-                    let _ = std::fs::remove_file(&dest);
-                    missed += 1;
+            }
+            let changes: Vec<Change> = todo.iter().map(|(_, c)| c.clone()).collect();
+            let holds = self.state.hold_as_listed(set_id, &changes)?;
+            drop(changes);
+            let mut wanted = Vec::with_capacity(todo.len());
+            for ((e, c), holds) in todo.into_iter().zip(holds) {
+                if holds {
+                    bar.inc(1);
                     continue;
                 }
-            };
-            let item = Item {
-                set,
-                uri: &c.uri,
-                md5: &md5,
-                length,
-                mime: e.md.get("type").map(String::as_str),
-            };
-            match self.output.put(&item, &dest) {
-                Ok(path) => {
-                    held.holds.push((
-                        c.uri,
-                        Held {
-                            md5: Some(md5),
-                            length: Some(length),
-                            path,
-                            lastmod: c.lastmod.or(Some(at)),
-                        },
-                    ));
-                    held.claims.push(claim);
-                    held.record(&self.state, set_id, 1000)?;
-                    placed += 1;
+                match e
+                    .md
+                    .get("path")
+                    .and_then(|p| crate::package::member_name(p))
+                {
+                    Some(inner) => wanted.push((e, c, inner)),
+                    None => {
+                        bar.inc(1);
+                        missed += 1;
+                    }
                 }
-                Err(err) => {
-                    let _ = std::fs::remove_file(&dest);
-                    tracing::warn!(uri = %short(&c.uri), error = %format!("{err:#}"), "the output refused a bitstream");
-                    missed += 1;
+            }
+            let uris: Vec<&str> = wanted.iter().map(|(_, c, _)| c.uri.as_str()).collect();
+            let claims = self.claim_many(&uris);
+            drop(uris);
+            for ((e, c, inner), claim) in wanted.into_iter().zip(claims) {
+                if self.stop.load(Ordering::Relaxed) {
+                    held.record(&self.state, set_id, 0)?;
+                    anyhow::bail!("stopping");
+                }
+                bar.inc(1);
+                let claim = match claim {
+                    Ok(claim) => claim,
+                    Err(NotApplied::Refused(r)) => {
+                        refuse(&self.state, set, set_id, &c.uri, &r)?;
+                        continue;
+                    }
+                    Err(NotApplied::Failed(_)) => {
+                        missed += 1;
+                        continue;
+                    }
+                };
+                let dest = match self.output.download_path(&c.uri) {
+                    Ok(d) => d,
+                    Err(err) => {
+                        refuse(&self.state, set, set_id, &c.uri, &format!("{err:#}"))?;
+                        continue;
+                    }
+                };
+                let measured = (|| -> anyhow::Result<(u64, String)> {
+                    let mut f = z.by_name(inner)?;
+                    // Never more than the manifest promises (a package is not trusted further).
+                    let limit = c.length.unwrap_or(f.size()).saturating_add(1);
+                    let mut out = std::io::BufWriter::new(super::output::create_download(&dest)?);
+                    let (mut h, mut n) = (md5::Md5::new(), 0u64);
+                    let mut r = (&mut f).take(limit);
+                    loop {
+                        let k = r.read(&mut buf)?;
+                        if k == 0 {
+                            break;
+                        }
+                        h.update(&buf[..k]);
+                        std::io::Write::write_all(&mut out, &buf[..k])?;
+                        n += k as u64;
+                    }
+                    std::io::Write::flush(&mut out)?;
+                    Ok((n, crate::digest::hex_digest(h.finalize())))
+                })();
+                let checked = measured
+                    .map_err(|err| format!("cannot unpack it: {err:#}"))
+                    .and_then(|(length, md5)| c.check(length, &md5).map(|_| (length, md5)));
+                let (length, md5) = match checked {
+                    Ok(m) => m,
+                    Err(why) => {
+                        tracing::warn!(uri = %short(&c.uri), error = %why, "a bitstream of the dump does not match its manifest entry: fetched on its own");
+                        let _ = std::fs::remove_file(&dest);
+                        missed += 1;
+                        continue;
+                    }
+                };
+                let item = Item {
+                    set,
+                    uri: &c.uri,
+                    md5: &md5,
+                    length,
+                    mime: e.md.get("type").map(String::as_str),
+                };
+                match self.output.put(&item, &dest) {
+                    Ok(path) => {
+                        held.holds.push((
+                            c.uri,
+                            Held {
+                                md5: Some(md5),
+                                length: Some(length),
+                                path,
+                                lastmod: c.lastmod.or(Some(at)),
+                            },
+                        ));
+                        held.claims.push(claim);
+                        held.record(&self.state, set_id, 1000)?;
+                        placed += 1;
+                    }
+                    Err(err) => {
+                        let _ = std::fs::remove_file(&dest);
+                        tracing::warn!(uri = %short(&c.uri), error = %format!("{err:#}"), "the output refused a bitstream");
+                        missed += 1;
+                    }
                 }
             }
         }
