@@ -486,9 +486,9 @@ impl Worker {
                     Ok(_) => todo.push((e, entry_change(e, "created", at))),
                 }
             }
-            let changes: Vec<Change> = todo.iter().map(|(_, c)| c.clone()).collect();
-            let holds = self.state.hold_as_listed(set_id, &changes)?;
-            drop(changes);
+            let holds = self
+                .state
+                .hold_as_listed(set_id, todo.iter().map(|(_, c)| c))?;
             let mut wanted = Vec::with_capacity(todo.len());
             for ((e, c), holds) in todo.into_iter().zip(holds) {
                 if holds {

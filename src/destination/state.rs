@@ -467,11 +467,15 @@ impl State {
     }
 
     /// [`State::holds_as_listed`] for many, in one read transaction (a walk's batch).
-    pub fn hold_as_listed(&self, set_id: i64, changes: &[Change]) -> R<Vec<bool>> {
+    pub fn hold_as_listed<'a>(
+        &self,
+        set_id: i64,
+        changes: impl IntoIterator<Item = &'a Change>,
+    ) -> R<Vec<bool>> {
         let mut c = self.c();
         let tx = c.transaction()?;
         let r = changes
-            .iter()
+            .into_iter()
             .map(|ch| Ok(as_listed(ch, held(&tx, set_id, &ch.uri)?)))
             .collect();
         tx.commit()?;

@@ -239,7 +239,7 @@ impl EmbeddedStore {
         state: Option<(i64, NotifyState)>,
         now: Timestamp,
     ) -> Result<Vec<Message>, StoreError> {
-        self.write_synced_after(move |c| {
+        self.write_with(super::Durability::AfterRelease, move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             if let Some((expected, new)) = &state {
                 if !super::notify::swap_state(&tx, *expected, new)? {
@@ -339,7 +339,8 @@ impl EmbeddedStore {
     /// a sync per message would halve the hub's throughput.
     pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
         let folds = crate::store::fold(outcomes);
-        self.write_unsynced(move |c| record_tx(c, &folds)).await
+        self.write_with(super::Durability::None, move |c| record_tx(c, &folds))
+            .await
     }
 }
 

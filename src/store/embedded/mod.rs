@@ -1,5 +1,5 @@
 //! The embedded backend: one SQLite database (WAL, synchronous=FULL but for the hub's
-//! messages and delivery records: see `write`) under the data directory.
+//! messages and delivery records: see `Durability`) under the data directory.
 //! One writer connection serialises applies; a small pool of readers serves documents. Every
 //! call runs on tokio's blocking pool.
 
@@ -150,11 +150,21 @@ fn set_synchronous(conn: &Connection, mode: &str) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// When a write reaches the disk: see [`EmbeddedStore::write`] and its siblings.
+/// When a write reaches the disk.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Durability {
+    /// `synchronous = FULL`: on the disk before any reader can see it, so whatever is served
+    /// or announced (a change, its position) survives a power cut. Every write but these two:
     Full,
+    /// The log is synced after the writer is released, so the next writer (a delivery record,
+    /// another publish) does not wait for this one's disk flush. On the disk when the write
+    /// returns (the log is only reused after a checkpoint has synced it and copied it into the
+    /// database file), but readers can see it a moment earlier: only for writes where that
+    /// moment costs at most a repeat after a power cut (the hub's published messages), never
+    /// for the source's changes.
     AfterRelease,
+    /// Not waited for: survives the process being killed (it is in the operating system's
+    /// hands) but not a power cut (the hub's delivery records).
     None,
 }
 
@@ -256,48 +266,26 @@ impl EmbeddedStore {
         .map_err(|e| StoreError::Unavailable(format!("store task failed: {e}")))?
     }
 
-    /// Runs `f` on the writer connection on the blocking pool. The writer commits with
-    /// `synchronous = FULL`: what `f` commits is on the disk before any reader can see it, so
-    /// whatever is served or announced (a change, its position) survives a power cut.
+    /// Runs `f` on the writer connection on the blocking pool ([`Durability::Full`]).
     async fn write<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
     ) -> Result<T, E> {
-        self.write_with(f, Durability::Full).await
+        self.write_with(Durability::Full, f).await
     }
 
-    /// As [`Self::write`], but the log is synced after the writer is released, so the next
-    /// writer (a delivery record, another publish) does not wait for this one's disk flush.
-    /// What it commits is on the disk when this returns (the log is only reused after a
-    /// checkpoint has synced it and copied it into the database file), but readers can see it
-    /// a moment earlier: only for writes where that moment costs at most a repeat after a
-    /// power cut (the hub's published messages), never for the source's changes.
-    async fn write_synced_after<T: Send + 'static, E: From<StoreError> + Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
-    ) -> Result<T, E> {
-        self.write_with(f, Durability::AfterRelease).await
-    }
-
-    /// As [`Self::write`], without waiting for the disk: the commit survives the process
-    /// being killed (it is in the operating system's hands) but not a power cut.
-    async fn write_unsynced<T: Send + 'static, E: From<StoreError> + Send + 'static>(
-        &self,
-        f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
-    ) -> Result<T, E> {
-        self.write_with(f, Durability::None).await
-    }
-
+    /// Runs `f` on the writer connection on the blocking pool, reaching the disk as
+    /// `durability` says.
     async fn write_with<T: Send + 'static, E: From<StoreError> + Send + 'static>(
         &self,
+        durability: Durability,
         f: impl FnOnce(&mut Connection) -> Result<T, E> + Send + 'static,
-        sync: Durability,
     ) -> Result<T, E> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let out = {
                 let mut conn = inner.writer.lock().expect("writer");
-                if sync == Durability::Full {
+                if durability == Durability::Full {
                     f(&mut conn)?
                 } else {
                     set_synchronous(&conn, "NORMAL").map_err(E::from)?;
@@ -306,7 +294,7 @@ impl EmbeddedStore {
                     out?
                 }
             };
-            if sync == Durability::AfterRelease {
+            if durability == Durability::AfterRelease {
                 inner.sync_log().map_err(E::from)?;
             }
             Ok(out)
