@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
 //!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
-//!     [--dir /tmp/rshub-load]
+//!     [--dir /tmp/rshub-load] [--nginx-copy]
 //! ```
 //!
 //! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
@@ -19,6 +19,9 @@
 //!    on loopback with a configuration written here, serving the documents as static files:
 //!    our own responses from step 2's warm-up, with `gzip_static` for the gzip forms. Prints
 //!    nginx's figures and the ratios.
+//! 5. With `--nginx-copy`, once more against nginx with `sendfile off` (it then copies each
+//!    file through a buffer of its own into the socket, as we do): what serving without
+//!    `sendfile` can reach on this machine.
 
 mod common;
 
@@ -311,11 +314,42 @@ async fn receive(State(s): State<Arc<Sink>>, body: axum::body::Bytes) -> &'stati
     ""
 }
 
-/// nginx serving `dir/www` on a port of its own.
-fn start_nginx(dir: &Path) -> anyhow::Result<(std::process::Child, String)> {
+/// nginx serving `www` on a port of its own (configuration and logs in `dir`), readers run
+/// against it for `secs`, and their figures printed as `label`'s: (documents/s, p99).
+async fn nginx_pass(
+    dir: &Path,
+    www: &Path,
+    sendfile: bool,
+    label: &str,
+    paths: &[String],
+    (readers, secs): (usize, u64),
+) -> anyhow::Result<(f64, f64)> {
     let port = common::free_port();
-    let child = common::nginx(dir, &[(port, dir.join("www"))])?;
-    Ok((child, format!("http://127.0.0.1:{port}")))
+    let mut nginx = common::nginx_with(dir, &[(port, www.to_path_buf())], sendfile)?;
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..100 {
+        if client.get(format!("{base}{}", paths[1])).send().await.is_ok() {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::ensure!(
+        up,
+        "nginx did not start: see {}/nginx-error.log",
+        dir.display()
+    );
+    let t = Instant::now();
+    let theirs = read_load(&base, paths, readers, secs).await;
+    let figures = theirs.print(label, t.elapsed().as_secs_f64());
+    // SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.
+    let _ = std::process::Command::new("kill")
+        .arg(nginx.id().to_string())
+        .status();
+    let _ = nginx.wait();
+    Ok(figures)
 }
 
 #[tokio::main]
@@ -519,37 +553,38 @@ async fn main() -> anyhow::Result<()> {
     drop(server.stdin.take());
     let _ = server.wait();
 
-    let (mut nginx, nbase) = start_nginx(&dir.join("nginx"))?;
-    let mut up = false;
-    for _ in 0..100 {
-        if client
-            .get(format!("{nbase}{}", paths[1]))
-            .send()
-            .await
-            .is_ok()
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::ensure!(
-        up,
-        "nginx did not start: see {}/nginx/nginx-error.log",
-        dir.display()
-    );
-    let t = Instant::now();
-    let theirs = read_load(&nbase, &paths, readers, secs).await;
-    let (their_docs, their_p99) = theirs.print("nginx (static files)", t.elapsed().as_secs_f64());
-    // SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.
-    let _ = std::process::Command::new("kill")
-        .arg(nginx.id().to_string())
-        .status();
-    let _ = nginx.wait();
+    let load = (readers, secs);
+    let (their_docs, their_p99) = nginx_pass(
+        &dir.join("nginx"),
+        &www,
+        true,
+        "nginx (static files)",
+        &paths,
+        load,
+    )
+    .await?;
     println!(
         "\nratio: documents/s {:.0}% of nginx's; p99 {:.1}× nginx's",
         our_docs / their_docs * 100.0,
         our_p99 / their_p99
     );
+    if std::env::args().any(|a| a == "--nginx-copy") {
+        println!();
+        let (copy_docs, copy_p99) = nginx_pass(
+            &dir.join("nginx-copy"),
+            &www,
+            false,
+            "nginx, sendfile off",
+            &paths,
+            load,
+        )
+        .await?;
+        println!(
+            "nginx copying through a buffer: documents/s {:.0}% of nginx with sendfile; ours {:.0}% of it, p99 {:.1}×",
+            copy_docs / their_docs * 100.0,
+            our_docs / copy_docs * 100.0,
+            our_p99 / copy_p99
+        );
+    }
     Ok(())
 }

@@ -55,6 +55,16 @@ pub fn free_port() -> u16 {
 /// `(port, root)` as static files on 127.0.0.1 (sendfile, keep-alive, `gzip_static`; `.txt`
 /// as text/plain, anything else as XML). Stop it with SIGTERM, which stops its workers too.
 pub fn nginx(dir: &Path, servers: &[(u16, PathBuf)]) -> anyhow::Result<std::process::Child> {
+    nginx_with(dir, servers, true)
+}
+
+/// [`nginx`], with `sendfile off` when `sendfile` is false: it then reads each file into a
+/// buffer and writes that to the socket, as a server that cannot hand the kernel a file does.
+pub fn nginx_with(
+    dir: &Path,
+    servers: &[(u16, PathBuf)],
+    sendfile: bool,
+) -> anyhow::Result<std::process::Child> {
     let bin = ["/usr/sbin/nginx", "nginx"]
         .into_iter()
         .find(|b| {
@@ -77,11 +87,12 @@ pub fn nginx(dir: &Path, servers: &[(u16, PathBuf)]) -> anyhow::Result<std::proc
     let conf = format!(
         "daemon off;\nworker_processes auto;\nworker_rlimit_nofile 65536;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
          events {{ worker_connections 16384; }}\n\
-         http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n\
+         http {{\n  access_log off;\n  sendfile {sendfile};\n  tcp_nopush on;\n  tcp_nodelay on;\n\
            keepalive_requests 1000000;\n  gzip_static on;\n  etag on;\n\
            types {{ application/xml xml; text/plain txt; }}\n  default_type application/xml;\n\
            client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
-           uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n{listen}}}\n"
+           uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n{listen}}}\n",
+        sendfile = if sendfile { "on" } else { "off" }
     );
     std::fs::create_dir_all(dir.join("tmp"))?;
     std::fs::write(dir.join("nginx.conf"), conf)?;
