@@ -330,7 +330,12 @@ async fn nginx_pass(
     let client = reqwest::Client::new();
     let mut up = false;
     for _ in 0..100 {
-        if client.get(format!("{base}{}", paths[1])).send().await.is_ok() {
+        if client
+            .get(format!("{base}{}", paths[1]))
+            .send()
+            .await
+            .is_ok()
+        {
             up = true;
             break;
         }
