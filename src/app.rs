@@ -136,15 +136,14 @@ pub async fn run(
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let stop = cancel.clone();
-    // TCP_NODELAY: a response's headers and body go out as two writes; with Nagle the body
-    // waits for the client's delayed ACK (40 ms a request on keep-alive connections).
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
+    // TCP_NODELAY on each connection, and one on which nothing moves is let go.
+    let listener = crate::conn::Listener::new(
+        listener,
+        Duration::from_secs(config.server.idle_timeout_secs),
+    );
     let server = axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app.into_make_service_with_connect_info::<crate::conn::Remote>(),
     )
     .with_graceful_shutdown(async move {
         shutdown.await;

@@ -41,6 +41,7 @@ pub struct ServerConfig {
     pub base_url: String,
     pub data_dir: PathBuf,
     pub shutdown_grace_secs: u64,
+    pub idle_timeout_secs: u64,
 }
 
 /// Which store the server keeps its state in.
@@ -361,6 +362,11 @@ impl Config {
                     ))
                 }
             }
+        }
+        if self.server.idle_timeout_secs == 0 {
+            return bad(
+                "server.idle_timeout_secs must be at least 1 (how long a connection may sit with nothing moving)".into(),
+            );
         }
         let d = &self.dumps;
         if d.package_max_entries == 0 || d.package_max_entries > SITEMAP_MAX_ITEMS {

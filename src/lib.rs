@@ -5,7 +5,8 @@
 //!
 //! Floors, lowest first; a module uses only modules on floors below its own (checked by
 //! `tests/it/layout.rs`):
-//! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP);
+//! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP),
+//!    [`conn`] (accepted connections: no delay, let go when nothing moves);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
 //!    [`dump`]; 8. [`http`]; 9. [`app`].
@@ -37,13 +38,14 @@
 //!   push subscription with gap filling from the Change Lists, its own state database and outputs,
 //!   behind one trust boundary (every request checked against the source's scope, every body
 //!   bounded: [`destination::scope`], [`destination::fetch`]).
-//!   It shares [`model`], [`sitemap`], [`package`], [`digest`] and one helper of [`config`] (relative paths
+//!   It shares [`model`], [`sitemap`], [`package`], [`digest`], [`conn`] and one helper of [`config`] (relative paths
 //!   taken beside the configuration file) and never uses the server's store, hub, source or
 //!   notifier (the layout test checks that too).
 
 pub mod admin_cli;
 pub mod app;
 pub mod config;
+pub mod conn;
 pub mod demo;
 pub mod destination;
 pub mod digest;

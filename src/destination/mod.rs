@@ -385,10 +385,11 @@ pub async fn run_reloading(
         let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push)?;
         let c = cancel.clone();
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
-        use axum::serve::ListenerExt;
-        let listener = listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
+        // A connection on which nothing has moved for two minutes is let go (a hub, or anyone
+        // who found the port, cannot hold connections open for nothing); longer than hubs
+        // keep idle connections for reuse (ours: 60 s), so that one is not closed under a
+        // delivery just being sent on it.
+        let listener = crate::conn::Listener::new(listener, Duration::from_secs(120));
         server = Some(tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move { c.cancelled().await })

@@ -59,7 +59,7 @@ mod tests {
     use axum::extract::ConnectInfo;
 
     fn peer(ip: &str) -> Peer {
-        ConnectInfo(format!("{ip}:5000").parse().unwrap())
+        ConnectInfo(crate::conn::Remote(format!("{ip}:5000").parse().unwrap()))
     }
 
     #[test]

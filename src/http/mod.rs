@@ -6,7 +6,6 @@ mod files;
 mod hub;
 mod ingest;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, State};
@@ -290,4 +289,4 @@ pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
 }
 
 /// The peer address, for the loopback-only ingest rule.
-pub type Peer = axum::extract::ConnectInfo<SocketAddr>;
+pub type Peer = axum::extract::ConnectInfo<crate::conn::Remote>;

@@ -1046,3 +1046,129 @@ async fn resource_files_small_and_large_with_validators_and_no_way_out() {
     }
     app.stop().await;
 }
+
+/// The server's side of each connection from one of `clients` (local ports) to `server_port`
+/// that is still established, per /proc/net/tcp.
+fn established_from(server_port: u16, clients: &[u16]) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let port = |field: &str| u16::from_str_radix(field.rsplit(':').next().unwrap(), 16).unwrap();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            f[3] == "01" && port(f[1]) == server_port && clients.contains(&port(f[2]))
+        })
+        .count()
+}
+
+/// A raw connection asking for `path`, with a receive buffer of `rcvbuf` bytes (so that the
+/// server has to wait for it as soon as the kernel's buffers are full).
+async fn raw_request(addr: &str, path: &str, rcvbuf: u32) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(rcvbuf).unwrap();
+    let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    s
+}
+
+/// Clients that stop reading a large response are let go after `server.idle_timeout_secs`
+/// (their connections and the chunks queued for them are not held for ever), while a client
+/// that pauses shorter than that between reads gets the whole file however long it takes.
+#[tokio::test]
+async fn clients_that_stop_reading_are_let_go_and_slow_ones_are_not() {
+    use tokio::io::AsyncReadExt;
+    let (mut c, dir) = test_config();
+    c.server.idle_timeout_secs = 1;
+    let root = dir.path().join("files");
+    std::fs::create_dir_all(&root).unwrap();
+    let big: Vec<u8> = (0..8_000_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(root.join("big.bin"), &big).unwrap();
+    add_file_set(&mut c, "papers", &root, None);
+    let app = TestApp::start_with(c).await;
+    let server_port: u16 = app.addr.rsplit(':').next().unwrap().parse().unwrap();
+
+    let mut stalled = Vec::new();
+    for _ in 0..10 {
+        let mut s = raw_request(&app.addr, "/files/papers/big.bin", 4096).await;
+        let mut head = [0u8; 12];
+        s.read_exact(&mut head).await.unwrap();
+        assert_eq!(&head, b"HTTP/1.1 200", "the response started");
+        stalled.push(s);
+    }
+    let ports: Vec<u16> = stalled
+        .iter()
+        .map(|s| s.local_addr().unwrap().port())
+        .collect();
+    assert_eq!(established_from(server_port, &ports), 10);
+
+    // One that reads a megabyte, then pauses for a quarter of the limit, again and again:
+    // about 2 s in all, twice the limit. (What the limit watches is the server's writes: the
+    // kernel takes more only once about half its send buffer, up to 4 MB, has drained, so a
+    // reader is cut off only if that takes it longer than the limit.)
+    let mut slow = raw_request(&app.addr, "/files/papers/big.bin", 65536).await;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let started = std::time::Instant::now();
+    loop {
+        let mut n = 0;
+        while n < buf.len() {
+            match slow.read(&mut buf[n..]).await.unwrap() {
+                0 => break,
+                k => n += k,
+            }
+        }
+        got.extend_from_slice(&buf[..n]);
+        if n < buf.len() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let body_at = got.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert!(
+        started.elapsed() > std::time::Duration::from_millis(1500),
+        "the reader was slower than the limit in all ({:?}, {} bytes)",
+        started.elapsed(),
+        got.len()
+    );
+    assert_eq!(
+        got.len() - body_at,
+        big.len(),
+        "the slow reader got the whole file"
+    );
+    assert!(got[body_at..] == big[..]);
+
+    wait_until(
+        "the stalled connections are closed by the server",
+        || async { established_from(server_port, &ports) == 0 },
+    )
+    .await;
+    // What the client could still read is what the kernel had buffered, not the file.
+    let mut rest = Vec::new();
+    let _ = stalled[0].read_to_end(&mut rest).await;
+    assert!(
+        rest.len() < big.len(),
+        "a stalled client was cut off ({} of {} bytes)",
+        rest.len(),
+        big.len()
+    );
+    // The server still answers.
+    assert_eq!(
+        app.client
+            .get(app.url("/files/papers/big.bin"))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap()
+            .len(),
+        big.len()
+    );
+    app.stop().await;
+}
