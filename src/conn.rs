@@ -93,10 +93,6 @@ pub struct Conn {
 }
 
 impl Conn {
-    fn moved(&mut self) {
-        self.moved = true;
-    }
-
     /// A read or write has to wait: whether nothing has moved for `idle` (the quarters'
     /// timer wakes the connection, so a connection nobody polls is looked at too).
     fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
@@ -136,9 +132,7 @@ impl Conn {
             Poll::Pending if self.stalled(cx) => Poll::Ready(Err(self.timed_out())),
             Poll::Pending => Poll::Pending,
             Poll::Ready(r) => {
-                if moved {
-                    self.moved();
-                }
+                self.moved |= moved;
                 Poll::Ready(r)
             }
         }

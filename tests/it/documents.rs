@@ -943,13 +943,8 @@ async fn a_page_under_steady_changes_is_rebuilt_at_most_once_per_interval() {
 /// One raw request line, as a client that does not normalise paths sends it: the status and
 /// the body.
 async fn raw_get(addr: &str, target: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(
-        format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .unwrap();
+    use tokio::io::AsyncReadExt;
+    let mut s = raw_request(addr, target, None).await;
     let mut out = Vec::new();
     s.read_to_end(&mut out).await.unwrap();
     let text = String::from_utf8_lossy(&out).to_string();
@@ -1062,15 +1057,18 @@ fn established_from(server_port: u16, clients: &[u16]) -> usize {
         .count()
 }
 
-/// A raw connection asking for `path`, with a receive buffer of `rcvbuf` bytes (so that the
-/// server has to wait for it as soon as the kernel's buffers are full).
-async fn raw_request(addr: &str, path: &str, rcvbuf: u32) -> tokio::net::TcpStream {
+/// A raw connection that has sent `GET target` (as written: nothing normalises it), with a
+/// receive buffer of `rcvbuf` bytes when given (a small one makes the server wait for the
+/// client as soon as the kernel's buffers are full).
+async fn raw_request(addr: &str, target: &str, rcvbuf: Option<u32>) -> tokio::net::TcpStream {
     use tokio::io::AsyncWriteExt;
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(rcvbuf).unwrap();
+    if let Some(size) = rcvbuf {
+        socket.set_recv_buffer_size(size).unwrap();
+    }
     let mut s = socket.connect(addr.parse().unwrap()).await.unwrap();
     s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+        format!("GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await
     .unwrap();
@@ -1095,7 +1093,7 @@ async fn clients_that_stop_reading_are_let_go_and_slow_ones_are_not() {
 
     let mut stalled = Vec::new();
     for _ in 0..10 {
-        let mut s = raw_request(&app.addr, "/files/papers/big.bin", 4096).await;
+        let mut s = raw_request(&app.addr, "/files/papers/big.bin", Some(4096)).await;
         let mut head = [0u8; 12];
         s.read_exact(&mut head).await.unwrap();
         assert_eq!(&head, b"HTTP/1.1 200", "the response started");
@@ -1111,7 +1109,7 @@ async fn clients_that_stop_reading_are_let_go_and_slow_ones_are_not() {
     // about 2 s in all, twice the limit. (What the limit watches is the server's writes: the
     // kernel takes more only once about half its send buffer, up to 4 MB, has drained, so a
     // reader is cut off only if that takes it longer than the limit.)
-    let mut slow = raw_request(&app.addr, "/files/papers/big.bin", 65536).await;
+    let mut slow = raw_request(&app.addr, "/files/papers/big.bin", Some(65536)).await;
     let mut got = Vec::new();
     let mut buf = vec![0u8; 1 << 20];
     let started = std::time::Instant::now();
