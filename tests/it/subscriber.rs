@@ -131,9 +131,9 @@ impl TestSubscriber {
     }
 
     /// Waits until `cond` holds, polling every 10 ms of tokio time (which paused-time tests
-    /// advance), for at most 20 s of real time.
+    /// advance), for at most 60 s of real time (a bound for a slow or loaded machine).
     pub async fn wait_until(&self, what: &str, cond: impl Fn(&TestSubscriber) -> bool) {
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
         while std::time::Instant::now() < deadline {
             if cond(self) {
                 return;

@@ -145,13 +145,14 @@ impl TestApp {
     }
 }
 
-/// Polls `check` every 20 ms until it holds; panics naming `what` after 20 s.
+/// Polls `check` every 20 ms until it holds; panics naming `what` after 60 s (it usually holds
+/// within a second: the bound is for a slow or loaded machine).
 pub async fn wait_until<F, Fut>(what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while !check().await {
         assert!(
             std::time::Instant::now() < deadline,
@@ -358,6 +359,18 @@ impl ChildServer {
             .status()
             .unwrap();
         assert!(ok.success());
+    }
+
+    /// Whether the process is stopped (SIGSTOP has taken effect: state `T` in /proc).
+    pub fn is_stopped(&self) -> bool {
+        std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .ok()
+            .and_then(|s| {
+                // The state follows the command name, which is in parentheses.
+                let rest = &s[s.rfind(')')? + 1..];
+                rest.split_whitespace().next().map(|st| st == "T")
+            })
+            .unwrap_or(false)
     }
 
     /// Sends a signal (`"TERM"`, `"KILL"`) and waits for the process to end.
