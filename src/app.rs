@@ -6,6 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -26,18 +27,18 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
         let es = &config.store.elasticsearch;
         let store = crate::store::elastic::ElasticStore::open(es)
             .await
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot open the Elasticsearch store at {} (store.elasticsearch): {e}",
+            .with_context(|| {
+                format!(
+                    "cannot open the Elasticsearch store at {} (store.elasticsearch)",
                     es.server_url()
                 )
             })?;
         tracing::info!(url = %es.server_url(), index = %es.index, version = %store.es.version, "Elasticsearch store opened");
         return Ok(Store::Elasticsearch(Box::new(store)));
     }
-    std::fs::create_dir_all(&config.server.data_dir).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot create data directory {}: {e}",
+    std::fs::create_dir_all(&config.server.data_dir).with_context(|| {
+        format!(
+            "cannot create data directory {}",
             config.server.data_dir.display()
         )
     })?;

@@ -1,6 +1,7 @@
 //! `serve --demo`: a small `demo` set of real files under the data directory, imported before
 //! the server starts, so a newcomer sees every document and can fetch the resources at once.
 
+use anyhow::Context as _;
 use std::path::PathBuf;
 
 use crate::config::{Config, SetOverrides};
@@ -49,7 +50,7 @@ pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
     // The admin API to look at too: a token for this run unless one is configured.
     if config.admin.token.is_empty() {
         let mut b = [0u8; 16];
-        getrandom::fill(&mut b).map_err(|e| anyhow::anyhow!("no randomness for a token: {e}"))?;
+        getrandom::fill(&mut b).context("no randomness for a token")?;
         config.admin.token = crate::digest::hex_digest(b);
     }
     config.validate()?;

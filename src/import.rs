@@ -5,6 +5,7 @@
 //! the set's file resources: a stored `path:` resource with no file is recorded as deleted;
 //! `url` resources are left alone.
 
+use anyhow::Context as _;
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -148,8 +149,8 @@ fn changed(stored: &ResourceMeta, file: &ResourceMeta) -> bool {
 
 /// md5, length, media type (by extension) and mtime (to the microsecond) of one file.
 pub fn describe(path: &Path) -> anyhow::Result<ResourceMeta> {
-    let mut f = std::fs::File::open(path)
-        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", path.display()))?;
+    let mut f =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
     let md = f.metadata()?;
     let mut h = Md5::new();
     let mut buf = vec![0u8; 64 * 1024];

@@ -5,8 +5,9 @@
 //!
 //! Floors, lowest first; a module uses only modules on floors below its own (checked by
 //! `tests/it/layout.rs`):
-//! 1. [`digest`] (hex digests), [`metrics`], [`admin_cli`] (talks to the admin API over HTTP),
-//!    [`conn`] (accepted connections: no delay, let go when nothing moves);
+//! 1. [`digest`] (hex digests), [`cause`] (an error and its causes in words), [`metrics`],
+//!    [`admin_cli`] (talks to the admin API over HTTP), [`conn`] (accepted connections: no
+//!    delay, let go when nothing moves);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
 //!    [`dump`]; 8. [`http`]; 9. [`app`].
@@ -44,6 +45,7 @@
 
 pub mod admin_cli;
 pub mod app;
+pub mod cause;
 pub mod config;
 pub mod conn;
 pub mod demo;

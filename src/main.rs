@@ -1,6 +1,7 @@
 //! The `resourcesync-hub` command: parse the CLI, load configuration, start tracing, and hand
 //! over to `app::run` (serve) or `import::import_dir` (import).
 
+use anyhow::Context as _;
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -162,7 +163,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let mut config = Config::load(&common.overrides(listen))?;
             let listener = tokio::net::TcpListener::bind(&config.server.listen)
                 .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", config.server.listen))?;
+                .with_context(|| format!("cannot listen on {}", config.server.listen))?;
             app::resolve_base_url(&mut config, listener.local_addr()?);
             if with_demo {
                 let dir = demo::prepare(&mut config)?;
@@ -310,6 +311,7 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
         }
         HarvestCommand::Recreate { at, source } => {
             let at = resourcesync_hub::model::Timestamp::parse_zoned(&at, "--at")
+                // The parser's error is words (a String): no cause to keep.
                 .map_err(|e| anyhow::anyhow!("{e} (a datetime like 2026-11-23T10:00:00Z)"))?;
             println!(
                 "{}",

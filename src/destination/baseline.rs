@@ -2,6 +2,7 @@
 //! every resource fetched, checked and recorded a batch at a time, with a progress bar.
 
 use super::*;
+use anyhow::Context as _;
 
 /// Entries of a Resource List checked against the state at once by a walk.
 const WALK_BATCH: usize = 256;
@@ -254,7 +255,7 @@ impl Harvester {
         let position = at.unwrap_or(started);
         let downloads = self.cfg.state.dir.join("dump-downloads");
         std::fs::create_dir_all(&downloads)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", downloads.display()))?;
+            .with_context(|| format!("cannot create {}", downloads.display()))?;
         let bar = progress(&format!(
             "baseline {} from its Resource Dump",
             set.info.name
@@ -298,6 +299,7 @@ impl Harvester {
                         )?;
                     }
                     let retry = err.retry;
+                    // A fetch error is words already (its chain in_words): nothing is lost.
                     let err = anyhow::anyhow!("package {}: {err}", short(&e.loc));
                     return if retry {
                         Err(err)
@@ -410,15 +412,15 @@ impl Worker {
         bar: &ProgressBar,
     ) -> anyhow::Result<Unpacked> {
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)
-            .map_err(|e| anyhow::anyhow!("{}: not a ZIP package: {e}", zip_path.display()))?;
+            .with_context(|| format!("{}: not a ZIP package", zip_path.display()))?;
         let manifest = crate::package::read_manifest(&mut z, self.fetcher.max_document_bytes())
-            .map_err(|e| anyhow::anyhow!("{}: {e}", zip_path.display()))?;
+            .with_context(|| format!("{}", zip_path.display()))?;
         let max_token = (self.fetcher.scope().max_url_length() + 1).max(64 * 1024);
         let mut reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
             &manifest[..],
             max_token,
         )))
-        .map_err(|e| anyhow::anyhow!("the package's manifest.xml: {e}"))?;
+        .context("the package's manifest.xml")?;
         if reader.header().md.get("capability").map(String::as_str) != Some("resourcedump-manifest")
         {
             anyhow::bail!("the package's manifest.xml is not a Resource Dump Manifest");

@@ -5,6 +5,7 @@
 use super::fetch::Fetcher;
 use super::scope::short;
 use crate::sitemap;
+use anyhow::Context as _;
 
 /// What one Capability List offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,6 +71,7 @@ pub async fn discover(
         }
         Err(why) => {
             let sd = format!("{}/.well-known/resourcesync", url.trim_end_matches('/'));
+            // A fetch error is words already (its chain in_words): nothing is lost.
             let body = f.document(&sd).await.map_err(|e| {
                 anyhow::anyhow!(
                     "{} is neither a Source Description nor a Capability List ({why}), and {} cannot be read: {}",
@@ -78,7 +80,7 @@ pub async fn discover(
                     e.message
                 )
             })?;
-            parse(&body, max_token).map_err(|e| anyhow::anyhow!("{}: {e}", short(&sd)))?
+            parse(&body, max_token).with_context(|| format!("{}", short(&sd)))?
         }
     };
     let mut refused = Vec::new();
@@ -126,9 +128,9 @@ pub async fn discover(
         let body = f
             .document(&cap)
             .await
-            .map_err(|e| anyhow::anyhow!("Capability List {}: {e}", short(&cap)))?;
-        let d = parse(&body, max_token)
-            .map_err(|e| anyhow::anyhow!("Capability List {}: {e}", short(&cap)))?;
+            .with_context(|| format!("Capability List {}", short(&cap)))?;
+        let d =
+            parse(&body, max_token).with_context(|| format!("Capability List {}", short(&cap)))?;
         let mut set_refused = Vec::new();
         let mut find = |c: &str| {
             d.entries

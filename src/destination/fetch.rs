@@ -597,21 +597,6 @@ impl Fetcher {
     }
 }
 
-/// An error with its causes, as words ("… : tcp connect error: Connection refused").
-pub fn chain(e: &dyn std::error::Error) -> String {
-    let mut out = e.to_string();
-    let mut src = e.source();
-    while let Some(s) = src {
-        let m = s.to_string();
-        if !out.contains(&m) {
-            out.push_str(": ");
-            out.push_str(&m);
-        }
-        src = s.source();
-    }
-    out
-}
-
 /// A transport error of a request to `url` (whose whole exchange may take `timeout_secs`).
 fn transport(url: &str, e: reqwest::Error, timeout_secs: u64) -> FetchError {
     // A redirect the scope refused.
@@ -634,7 +619,7 @@ fn transport(url: &str, e: reqwest::Error, timeout_secs: u64) -> FetchError {
         message: format!(
             "{}: {}",
             short(url),
-            in_words(&e, timeout_secs).unwrap_or_else(|| chain(&e))
+            in_words(&e, timeout_secs).unwrap_or_else(|| crate::cause::chain(&e))
         ),
         retry,
         retry_after: None,
@@ -674,7 +659,10 @@ fn in_words(e: &reqwest::Error, timeout_secs: u64) -> Option<String> {
         }
         let text = s.to_string();
         if text.contains("dns error") || text.contains("failed to lookup address") {
-            return Some(format!("cannot resolve the host name ({})", chain(s)));
+            return Some(format!(
+                "cannot resolve the host name ({})",
+                crate::cause::chain(s)
+            ));
         }
         if text.contains("certificate") {
             return Some(format!("TLS: {text}"));
@@ -700,19 +688,7 @@ fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
         .headers()
         .get(reqwest::header::RETRY_AFTER)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| {
-            v.trim()
-                .parse::<u64>()
-                .ok()
-                .map(Duration::from_secs)
-                .or_else(|| {
-                    crate::model::Timestamp::parse_http_date(v).map(|t| {
-                            Duration::from_micros(
-                                (t.0 - crate::model::Timestamp::now().0).max(0) as u64
-                            )
-                        })
-                })
-        });
+        .and_then(crate::model::Timestamp::retry_after);
     Err(FetchError {
         message: format!("{}: {s}", short(url)),
         retry,

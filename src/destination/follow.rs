@@ -8,6 +8,7 @@
 //! `push.max_concurrent_deliveries` at once (more: 503 with Retry-After), and then checked
 //! against `X-Hub-Signature` in constant time.
 
+use anyhow::Context as _;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -69,8 +70,7 @@ pub fn callback_url(base: &str, set_id: i64, token: &str) -> String {
 /// hex of 16 random bytes.
 pub fn new_token(harvester: &str) -> anyhow::Result<String> {
     let mut b = [0u8; 16];
-    getrandom::fill(&mut b)
-        .map_err(|e| anyhow::anyhow!("no randomness for a callback token: {e}"))?;
+    getrandom::fill(&mut b).context("no randomness for a callback token")?;
     Ok(format!("{harvester}.{}", crate::digest::hex_digest(b)))
 }
 
@@ -261,8 +261,7 @@ pub async fn subscribe(
         Some(s) if s.topic == topic && s.hub == hub => s.secret,
         _ => {
             let mut b = [0u8; 24];
-            getrandom::fill(&mut b)
-                .map_err(|e| anyhow::anyhow!("no randomness for hub.secret: {e}"))?;
+            getrandom::fill(&mut b).context("no randomness for hub.secret")?;
             crate::digest::hex_digest(b)
         }
     };
@@ -291,7 +290,7 @@ pub async fn subscribe(
             ],
         )
         .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the hub {}: {e}", short(hub)))?;
+        .with_context(|| format!("cannot reach the hub {}", short(hub)))?;
     if !status.is_success() {
         anyhow::bail!(
             "the hub {} refused the subscription: {status}: {}",

@@ -374,7 +374,8 @@ pub async fn run_reloading(
                         cfg.push.listen
                     )
                 } else {
-                    anyhow::anyhow!("cannot listen on push.listen {}: {e}", cfg.push.listen)
+                    anyhow::Error::new(e)
+                        .context(format!("cannot listen on push.listen {}", cfg.push.listen))
                 }
             })?,
         };

@@ -30,6 +30,7 @@
 //! - With several processes on one store, only the one delivering hub messages builds; each
 //!   serves what its `dumps.dir` holds (share that folder between them).
 
+use anyhow::Context as _;
 use std::collections::HashMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -159,7 +160,7 @@ impl Dumps {
     ) -> anyhow::Result<Arc<Dumps>> {
         let dir = config.dumps_dir();
         std::fs::create_dir_all(&dir)
-            .map_err(|e| anyhow::anyhow!("cannot create dumps.dir {}: {e}", dir.display()))?;
+            .with_context(|| format!("cannot create dumps.dir {}", dir.display()))?;
         let remote = if config.dumps.fetch_remote {
             let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks));
             let client = crate::hub::guarded_client(
@@ -469,9 +470,9 @@ impl Dumps {
                     )))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(e) => {
-                    Err(anyhow::anyhow!("cannot read {}: {e}", root.join(rel).display()).into())
-                }
+                Err(e) => Err(anyhow::Error::new(e)
+                    .context(format!("cannot read {}", root.join(rel).display()))
+                    .into()),
             };
         }
         let url = key.url(&sc.url_prefix);
@@ -483,6 +484,7 @@ impl Dumps {
         let resp = rt
             .block_on(client.get(&url).send())
             .map_err(|e| anyhow::Error::new(e.without_url()).context(format!("fetching {url}")))?;
+        // The address policy's refusal is words only: no cause is lost.
         policy
             .check_peer(&resp)
             .map_err(|e| anyhow::anyhow!("fetching {url}: {e}"))?;
@@ -581,9 +583,7 @@ impl Dumps {
         let mut reading = read(None);
         loop {
             self.check_stop()?;
-            let page = reading
-                .await
-                .map_err(|e| anyhow::anyhow!("a dump task failed: {e}"))??;
+            let page = reading.await.context("a dump task failed")??;
             // The next page is read from the store while this one is packed, so the packing
             // lanes do not wait for the store between pages.
             let next = page.next.map(|c| read(Some(c)));
@@ -621,7 +621,7 @@ impl Dumps {
                 Ok::<_, BuildError>((packer, r, m))
             })
             .await
-            .map_err(|e| anyhow::anyhow!("a dump task failed: {e}"))??;
+            .context("a dump task failed")??;
             packer = p;
             resources += r;
             missing += m;
@@ -632,7 +632,7 @@ impl Dumps {
         }
         let packages = tokio::task::spawn_blocking(move || packer.finish(None))
             .await
-            .map_err(|e| anyhow::anyhow!("a dump task failed: {e}"))??;
+            .context("a dump task failed")??;
         let completed = Timestamp::now();
         self.write_resource_dump_documents(set, dir, generation, at, completed, &packages, &up)?;
         let info = ResourceDumpInfo {
@@ -748,7 +748,7 @@ impl Dumps {
         let without = entries.1;
         let packages = tokio::task::spawn_blocking(move || packer.finish(Some(until)))
             .await
-            .map_err(|e| anyhow::anyhow!("a dump task failed: {e}"))??;
+            .context("a dump task failed")??;
         let urls = self.urls();
         let mut w = SitemapWriter::new(
             Root::Urlset,
@@ -853,7 +853,7 @@ impl Dumps {
                 Ok::<_, BuildError>((packer, n, w, last_dt))
             })
             .await
-            .map_err(|e| anyhow::anyhow!("a dump task failed: {e}"))??;
+            .context("a dump task failed")??;
             packer = p;
             entries += n;
             without += w;

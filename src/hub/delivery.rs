@@ -756,7 +756,7 @@ async fn deliver(
                 .headers()
                 .get(RETRY_AFTER)
                 .and_then(|v| v.to_str().ok())
-                .and_then(parse_retry_after);
+                .and_then(Timestamp::retry_after);
             // Read (and ignore) a little of the body so the connection can be reused.
             let mut read = 0usize;
             while read < 64 * 1024 {
@@ -779,34 +779,10 @@ async fn deliver(
         }
         Err(e) => Attempt::Failed {
             status: None,
-            error: error_chain(&e),
+            error: crate::cause::chain(&e),
             retry_after: None,
         },
     }
-}
-
-/// `Retry-After`: delay-seconds or an HTTP date.
-pub fn parse_retry_after(v: &str) -> Option<Duration> {
-    let v = v.trim();
-    if let Ok(secs) = v.parse::<u64>() {
-        return Some(Duration::from_secs(secs));
-    }
-    let at = Timestamp::parse_http_date(v)?;
-    Some(Duration::from_micros(
-        (at.micros() - Timestamp::now().micros()).max(0) as u64,
-    ))
-}
-
-/// An error and its sources on one line (reqwest's own message is terse).
-pub fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut src = e.source();
-    while let Some(c) = src {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        src = c.source();
-    }
-    s
 }
 
 /// GETs a topic for a thin ping: its Content-Type (kept exactly) and body.
@@ -820,7 +796,7 @@ pub(super) async fn fetch(
         .get(topic.url())
         .send()
         .await
-        .map_err(|e| error_chain(&e))?;
+        .map_err(|e| crate::cause::chain(&e))?;
     policy.check_peer(&resp)?;
     if !resp.status().is_success() {
         return Err(format!("topic answered {}", resp.status()));
@@ -832,7 +808,7 @@ pub(super) async fn fetch(
         .unwrap_or("application/octet-stream")
         .to_string();
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| error_chain(&e))? {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| crate::cause::chain(&e))? {
         if body.len() + chunk.len() > max_bytes {
             return Err(format!(
                 "topic body is larger than hub.max_body_bytes ({max_bytes})"
@@ -923,19 +899,6 @@ pub(super) async fn run_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn retry_after_takes_seconds_and_dates() {
-        assert_eq!(parse_retry_after("120"), Some(Duration::from_secs(120)));
-        let later =
-            Timestamp::from_secs(Timestamp::now().micros() / 1_000_000 + 300).to_http_date();
-        let d = parse_retry_after(&later).unwrap();
-        assert!(
-            d > Duration::from_secs(290) && d <= Duration::from_secs(300),
-            "{d:?}"
-        );
-        assert_eq!(parse_retry_after("soon"), None);
-    }
 
     fn sub(expires_in_secs: i64) -> Subscription {
         let now = Timestamp::now();

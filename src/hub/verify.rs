@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use tracing::Instrument;
 
-use super::delivery::error_chain;
 use super::{challenge, Hub};
 use crate::model::websub::{Intent, IntentMode, Resolution};
 use crate::model::Timestamp;
@@ -80,7 +79,7 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         Err(e) if !e.is_timeout() => hub.client.get(url).send().await,
         r => r,
     }
-    .map_err(|e| format!("callback unreachable: {}", error_chain(&e)))
+    .map_err(|e| format!("callback unreachable: {}", crate::cause::chain(&e)))
     .and_then(|r| hub.policy.check_peer(&r).map(|_| r));
     if intent.mode == IntentMode::Denied {
         match resp {
@@ -101,7 +100,7 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         return Err(format!("callback answered {status}"));
     }
     let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| error_chain(&e))? {
+    while let Some(chunk) = resp.chunk().await.map_err(|e| crate::cause::chain(&e))? {
         body.extend_from_slice(&chunk);
         if body.len() > MAX_ANSWER {
             return Err("callback's answer is not the challenge (too long)".into());

@@ -118,6 +118,19 @@ impl Timestamp {
             .map(|t| Timestamp(t.timestamp_micros()))
     }
 
+    /// How long a peer's `Retry-After` asks to wait: delay-seconds or an HTTP date (a date
+    /// in the past is no wait). `None` for anything else.
+    pub fn retry_after(v: &str) -> Option<std::time::Duration> {
+        let v = v.trim();
+        if let Ok(secs) = v.parse::<u64>() {
+            return Some(std::time::Duration::from_secs(secs));
+        }
+        let at = Timestamp::parse_http_date(v)?;
+        Some(std::time::Duration::from_micros(
+            (at.0 - Timestamp::now().0).max(0) as u64,
+        ))
+    }
+
     /// Whole seconds, rounding down (HTTP dates have no fractions).
     pub fn floor_secs(self) -> Timestamp {
         Timestamp(self.0 - self.0.rem_euclid(1_000_000))
@@ -174,6 +187,26 @@ pub mod zoned {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn retry_after_takes_seconds_and_dates() {
+        use super::Timestamp;
+        use std::time::Duration;
+        assert_eq!(
+            Timestamp::retry_after("120"),
+            Some(Duration::from_secs(120))
+        );
+        let later =
+            Timestamp::from_secs(Timestamp::now().micros() / 1_000_000 + 300).to_http_date();
+        let d = Timestamp::retry_after(&later).unwrap();
+        assert!(
+            d > Duration::from_secs(290) && d <= Duration::from_secs(300),
+            "{d:?}"
+        );
+        let past = Timestamp::from_secs(1_000_000).to_http_date();
+        assert_eq!(Timestamp::retry_after(&past), Some(Duration::ZERO));
+        assert_eq!(Timestamp::retry_after("soon"), None);
+    }
+
     use super::*;
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::Path;
 
 /// Floors, lowest first. A module may use the modules of the floors below its own.
 const FLOORS: &[&[&str]] = &[
-    &["digest", "metrics", "admin_cli", "conn"],
+    &["digest", "cause", "metrics", "admin_cli", "conn"],
     &["model"],
     &["config"],
     &["store", "sitemap"],

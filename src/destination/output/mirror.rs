@@ -2,6 +2,7 @@
 //! URI=DIR` does (a configured prefix maps to a folder; otherwise `<dir>/<host>[_<port>]/<path>`),
 //! written atomically (a temporary file in the same folder tree, then a rename).
 
+use anyhow::Context as _;
 use std::path::{Component, Path, PathBuf};
 
 use percent_encoding::percent_decode_str;
@@ -23,9 +24,8 @@ pub struct Mirror {
 impl Mirror {
     pub fn new(cfg: &OutputSection) -> anyhow::Result<Mirror> {
         let parent = cfg.dir.join(".rshub-tmp");
-        std::fs::create_dir_all(&parent).map_err(|e| {
-            anyhow::anyhow!("cannot create the mirror folder {}: {e}", parent.display())
-        })?;
+        std::fs::create_dir_all(&parent)
+            .with_context(|| format!("cannot create the mirror folder {}", parent.display()))?;
         // Leftovers of a run killed mid-read are removed; a running one's are kept.
         let tmp = std::sync::Arc::new(super::Scratch::open(&parent)?);
         let mut map = cfg.map.clone();
@@ -93,7 +93,7 @@ impl Output for Mirror {
         {
             if let Some(parent) = target.parent() {
                 std::fs::create_dir_all(parent)
-                    .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+                    .with_context(|| format!("cannot create {}", parent.display()))?;
             }
             r = std::fs::rename(file, &target);
         }
@@ -119,7 +119,7 @@ impl Output for Mirror {
         match std::fs::remove_file(&target) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(anyhow::anyhow!("cannot remove {}: {e}", target.display())),
+            Err(e) => Err(e).with_context(|| format!("cannot remove {}", target.display())),
         }
     }
 
@@ -169,11 +169,8 @@ impl Mirror {
         let host = match known {
             Some(h) => h,
             None => {
-                let u = url::Url::parse(uri).map_err(|e| {
-                    anyhow::anyhow!(
-                        "{:?} is not a URL: {e}",
-                        crate::destination::scope::short(uri)
-                    )
+                let u = url::Url::parse(uri).with_context(|| {
+                    format!("{:?} is not a URL", crate::destination::scope::short(uri))
                 })?;
                 let host = match u.port() {
                     Some(p) => format!("{}_{p}", u.host_str().unwrap_or("_")),

@@ -4,6 +4,7 @@
 pub mod ingestion3;
 mod mirror;
 
+use anyhow::Context as _;
 use std::path::Path;
 
 pub use mirror::Mirror;
@@ -118,11 +119,10 @@ impl Scratch {
         let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let path = parent.join(format!("{}-{n}", std::process::id()));
         std::fs::create_dir_all(&path)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", path.display()))?;
+            .with_context(|| format!("cannot create {}", path.display()))?;
         let lock = std::fs::File::create(path.join(".lock"))?;
-        lock.try_lock().map_err(|e| {
-            anyhow::anyhow!("cannot lock the scratch folder {}: {e}", path.display())
-        })?;
+        lock.try_lock()
+            .with_context(|| format!("cannot lock the scratch folder {}", path.display()))?;
         for e in std::fs::read_dir(parent)?.flatten() {
             let p = e.path();
             if p == path {

@@ -30,6 +30,7 @@ pub mod record;
 mod store;
 mod text;
 
+use anyhow::Context as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -121,7 +122,7 @@ impl Ingestion3 {
         let (cfg, state_dir) = (&harvest.output, harvest.state.dir.as_path());
         let parent = state_dir.join("ingestion3-tmp");
         std::fs::create_dir_all(&parent)
-            .map_err(|e| anyhow::anyhow!("cannot create {}: {e}", parent.display()))?;
+            .with_context(|| format!("cannot create {}", parent.display()))?;
         let scratch = super::Scratch::open(&parent)?;
         let tmp = scratch.path().to_path_buf();
         let db_path = harvest.ingestion3_journal();
@@ -297,12 +298,12 @@ impl Ingestion3 {
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|e| anyhow::anyhow!("cannot open {}: {e}", path.display()))?;
+            .with_context(|| format!("cannot open {}", path.display()))?;
         match f.try_lock() {
             Ok(()) => Ok(Some(f)),
             Err(std::fs::TryLockError::WouldBlock) => Ok(None),
             Err(std::fs::TryLockError::Error(e)) => {
-                Err(anyhow::anyhow!("cannot lock {}: {e}", path.display()))
+                Err(e).with_context(|| format!("cannot lock {}", path.display()))
             }
         }
     }

@@ -2,6 +2,7 @@
 //! S3-compatible server). The output's calls are blocking (made off the async threads), so
 //! each operation runs on the runtime the harvester started with.
 
+use anyhow::Context as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -42,11 +43,11 @@ impl Archive {
                 }
                 let s3 = b
                     .build()
-                    .map_err(|e| anyhow::anyhow!("output.root {:?}: {e}", cfg.root))?;
+                    .with_context(|| format!("output.root {:?}", cfg.root))?;
                 (Arc::new(s3), prefix.trim_matches('/').to_string())
             } else {
                 std::fs::create_dir_all(&cfg.root)
-                    .map_err(|e| anyhow::anyhow!("cannot create output.root {}: {e}", cfg.root))?;
+                    .with_context(|| format!("cannot create output.root {}", cfg.root))?;
                 let local = object_store::local::LocalFileSystem::new_with_prefix(&cfg.root)?
                     .with_automatic_cleanup(true);
                 (Arc::new(local), String::new())
@@ -78,8 +79,13 @@ impl Archive {
         }
     }
 
-    fn context(&self, what: &str, path: &str, e: impl std::fmt::Display) -> anyhow::Error {
-        anyhow::anyhow!("{what} {path} in {}: {e}", self.root)
+    fn context(
+        &self,
+        what: &str,
+        path: &str,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> anyhow::Error {
+        anyhow::Error::new(e).context(format!("{what} {path} in {}", self.root))
     }
 
     /// Writes a small object whole (atomically: it appears complete or not at all).

@@ -1,0 +1,45 @@
+//! An error in words: the error and every cause under it on one line, as logs, statuses and
+//! answers to admins print it ("writing the batch: database or disk is full"). The one chain
+//! printer of the crate, for the server and the destination alike.
+
+/// An error with its causes: `outer: inner: innermost`. A cause whose words the line already
+/// holds is left out, so an error that prints its source in its own message (as many do)
+/// does not say it twice.
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let m = s.to_string();
+        if !m.is_empty() && !out.contains(&m) {
+            out.push_str(": ");
+            out.push_str(&m);
+        }
+        src = s.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("writing the batch")]
+    struct Outer(#[source] std::io::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reading: {0}")]
+    struct Repeats(#[source] std::io::Error);
+
+    #[test]
+    fn every_cause_once() {
+        let io = || std::io::Error::new(std::io::ErrorKind::StorageFull, "disk full");
+        assert_eq!(chain(&Outer(io())), "writing the batch: disk full");
+        assert_eq!(chain(&Repeats(io())), "reading: disk full");
+        let a = anyhow::Error::new(Outer(io())).context("ingest into set papers");
+        assert_eq!(
+            chain(a.as_ref()),
+            "ingest into set papers: writing the batch: disk full"
+        );
+    }
+}
