@@ -1,8 +1,10 @@
 //! The one mapping from errors to HTTP status.
 //!
 //! Policy: 4xx bodies say in plain words what was wrong with the request; 5xx bodies say
-//! nothing internal (the log has the detail) and only 5xx are logged as errors. A store that
-//! cannot be reached is a 503 with `Retry-After`, never a panic.
+//! nothing internal (the log has the whole chain of causes, printed by [`crate::cause::chain`])
+//! and only 5xx are logged as errors. A store that cannot serve now is a 503 with
+//! `Retry-After`, never a panic; a store whose data is wrong is a 500 without one (waiting will
+//! not mend it).
 //!
 //! | error                          | status |
 //! |--------------------------------|--------|
@@ -11,11 +13,15 @@
 //! | `Unauthorized` (no token)      | 401    |
 //! | `Forbidden` (wrong token/peer) | 403    |
 //! | `UnsupportedMediaType`         | 415    |
+//! | `Conflict`                     | 409    |
 //! | `Invalid` (bad change events)  | 422    |
-//! | `Unavailable` (store down)     | 503    |
+//! | `TooManyRequests`              | 429 (`Retry-After: 60`) |
+//! | `Internal` (corrupt store)     | 500    |
+//! | `Unavailable` (store down)     | 503 (`Retry-After: 5`) |
+//! | `Busy` (load shed)             | 503 (`Retry-After: 1`) |
 //!
-//! The hub's errors ([`HubError`]) follow the same table, as plain text (WebSub §5.1.2), plus
-//! `TooManyRequests` → 429 with `Retry-After`.
+//! The hub's errors ([`HubError`]) become [`AppError`]s through this same table; the WebSub
+//! endpoints answer them as plain text ([`PlainText`], WebSub §5.1.2), everything else as JSON.
 
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -47,6 +53,12 @@ pub enum AppError {
         message: String,
         lines: Vec<LineError>,
     },
+    /// Too many requests from one peer (the hub's per-host limits): 429 with `Retry-After`.
+    #[error("{0}")]
+    TooManyRequests(String),
+    /// Something is wrong on this side that waiting will not mend (a corrupt store): 500.
+    #[error("internal error: {0}")]
+    Internal(String),
     #[error("service unavailable: {0}")]
     Unavailable(String),
     /// Too much work at once (page builds): 503 with a short `Retry-After`.
@@ -64,14 +76,76 @@ impl AppError {
             AppError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             AppError::Conflict(_) => StatusCode::CONFLICT,
             AppError::Invalid { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            AppError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
+            AppError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             AppError::Unavailable(_) | AppError::Busy(_) => StatusCode::SERVICE_UNAVAILABLE,
         }
+    }
+
+    /// The words of a 5xx answer's body: nothing internal.
+    fn public_message(&self) -> Option<&'static str> {
+        match self {
+            AppError::Unavailable(_) => Some("the store is unavailable; try again shortly"),
+            AppError::Internal(_) => Some("internal error; the server's log says what"),
+            _ => None,
+        }
+    }
+
+    /// The status with the headers every rendering of it carries, logged when it is a 5xx
+    /// that did not shed load.
+    fn respond(&self, body: Response) -> Response {
+        let status = self.status();
+        let busy = matches!(self, AppError::Busy(_));
+        if status.is_server_error() && !busy {
+            tracing::error!(error = %self, "request failed");
+        }
+        let mut resp = body;
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        if busy {
+            h.insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            resp.extensions_mut().insert(Shed);
+            return resp;
+        }
+        match status {
+            StatusCode::SERVICE_UNAVAILABLE => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            }
+            StatusCode::TOO_MANY_REQUESTS => {
+                h.insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
+            }
+            StatusCode::UNAUTHORIZED => {
+                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            }
+            _ => {}
+        }
+        resp
     }
 }
 
 impl From<StoreError> for AppError {
     fn from(e: StoreError) -> Self {
-        AppError::Unavailable(e.to_string())
+        let words = crate::cause::chain(&e);
+        if e.may_pass() || matches!(e, StoreError::Conflict(_)) {
+            AppError::Unavailable(words)
+        } else {
+            AppError::Internal(words)
+        }
+    }
+}
+
+impl From<HubError> for AppError {
+    fn from(e: HubError) -> Self {
+        match e {
+            HubError::BadRequest(m) => AppError::BadRequest(m),
+            HubError::Unauthorized(m) => AppError::Unauthorized(m),
+            HubError::Forbidden(m) => AppError::Forbidden(m),
+            HubError::NotFound(m) => AppError::NotFound(m),
+            HubError::TooManyRequests(m) => AppError::TooManyRequests(m),
+            HubError::UnsupportedMediaType(m) => AppError::UnsupportedMediaType(m),
+            HubError::Busy(m) => AppError::Busy(m),
+            HubError::Store(e) => e.into(),
+        }
     }
 }
 
@@ -109,80 +183,45 @@ pub struct Shed;
 
 impl IntoResponse for AppError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let busy = matches!(self, AppError::Busy(_));
-        if status.is_server_error() && !busy {
-            tracing::error!(error = %self, "request failed");
-        }
-        let mut resp = match &self {
-            AppError::Invalid { message, lines } => {
-                (status, Json(json!({ "error": message, "lines": lines }))).into_response()
-            }
-            AppError::Unavailable(_) => (
-                status,
-                Json(json!({ "error": "the store is unavailable; try again shortly" })),
-            )
-                .into_response(),
-            other => (status, Json(json!({ "error": other.to_string() }))).into_response(),
-        };
-        if busy {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            resp.extensions_mut().insert(Shed);
-        } else if status == StatusCode::SERVICE_UNAVAILABLE {
-            resp.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        }
-        if status == StatusCode::UNAUTHORIZED {
-            resp.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        resp
-    }
-}
-
-impl HubError {
-    pub fn status(&self) -> StatusCode {
-        match self {
-            HubError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            HubError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            HubError::Forbidden(_) => StatusCode::FORBIDDEN,
-            HubError::NotFound(_) => StatusCode::NOT_FOUND,
-            HubError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
-            HubError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            HubError::Busy(_) | HubError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
-        }
-    }
-}
-
-impl IntoResponse for HubError {
-    fn into_response(self) -> Response {
-        let status = self.status();
         let body = match &self {
-            HubError::Store(e) => {
-                tracing::error!(error = %e, "hub request failed");
-                "the hub's store is unavailable; try again shortly\n".to_string()
+            AppError::Invalid { message, lines } => {
+                Json(json!({ "error": message, "lines": lines })).into_response()
             }
-            other => format!("{other}\n"),
+            other => {
+                let words = other
+                    .public_message()
+                    .map(str::to_string)
+                    .unwrap_or_else(|| other.to_string());
+                Json(json!({ "error": words })).into_response()
+            }
         };
-        let mut resp = (status, body).into_response();
-        let h = resp.headers_mut();
-        h.insert(
+        self.respond(body)
+    }
+}
+
+/// An error of the WebSub endpoints (`/hub`, topics): the same status and headers as any
+/// [`AppError`], answered as `text/plain` (WebSub §5.1.2).
+#[derive(Debug)]
+pub struct PlainText(pub AppError);
+
+impl<E: Into<AppError>> From<E> for PlainText {
+    fn from(e: E) -> Self {
+        PlainText(e.into())
+    }
+}
+
+impl IntoResponse for PlainText {
+    fn into_response(self) -> Response {
+        let e = self.0;
+        let words = match e.public_message() {
+            Some(m) => m.to_string(),
+            None => e.to_string(),
+        };
+        let mut body = format!("{words}\n").into_response();
+        body.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),
         );
-        match status {
-            StatusCode::SERVICE_UNAVAILABLE => {
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            }
-            StatusCode::TOO_MANY_REQUESTS => {
-                h.insert(header::RETRY_AFTER, HeaderValue::from_static("60"));
-            }
-            StatusCode::UNAUTHORIZED => {
-                h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            }
-            _ => {}
-        }
-        resp
+        e.respond(body)
     }
 }

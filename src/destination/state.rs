@@ -167,13 +167,23 @@ pub struct State {
     conn: Mutex<Connection>,
 }
 
+/// The state database failed; the words are whole ("harvest state: database is locked") and
+/// the cause stays its `source()`.
 #[derive(Debug, thiserror::Error)]
-#[error("harvest state: {0}")]
-pub struct StateError(String);
+pub enum StateError {
+    #[error("harvest state: {0}")]
+    Sqlite(#[source] rusqlite::Error),
+    #[error("harvest state: {what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 impl From<rusqlite::Error> for StateError {
     fn from(e: rusqlite::Error) -> Self {
-        StateError(e.to_string())
+        StateError::Sqlite(e)
     }
 }
 
@@ -182,8 +192,10 @@ type R<T> = Result<T, StateError>;
 impl State {
     pub fn open(path: &Path) -> R<State> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| StateError(format!("cannot create {}: {e}", dir.display())))?;
+            std::fs::create_dir_all(dir).map_err(|e| StateError::Io {
+                what: format!("cannot create {}", dir.display()),
+                source: e,
+            })?;
         }
         let conn = Connection::open(path)?;
         // Before anything else: `harvest status` and tests open it while the harvester writes.

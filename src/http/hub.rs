@@ -8,6 +8,7 @@ use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
 
 use super::AppState;
+use crate::error::{AppError, PlainText};
 use crate::hub::{link_targets, parse_form, HubError, HubRequest};
 use crate::model::websub::{IntentMode, Topic};
 
@@ -15,7 +16,7 @@ pub async fn post_hub(
     State(st): State<AppState>,
     headers: HeaderMap,
     body: Bytes,
-) -> Result<Response, HubError> {
+) -> Result<Response, PlainText> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -61,11 +62,11 @@ pub async fn post_hub(
     let looks_like_form = body.windows(9).any(|w| w == b"hub.mode=");
     let authorized = headers.contains_key(header::AUTHORIZATION);
     if looks_like_form || !(self_link || authorized) {
-        return Err(HubError::UnsupportedMediaType(format!(
+        return Err(PlainText(AppError::UnsupportedMediaType(format!(
             "subscribe, unsubscribe and publish requests must be sent as Content-Type application/x-www-form-urlencoded{}; \
              a payload to distribute (fat ping) needs a Link header with rel=\"self\" and the publisher token",
             if ct.is_empty() { String::new() } else { format!(" (got {ct:?})") }
-        )));
+        ))));
     }
     fat_ping(&st, &headers, ct, body).await
 }
@@ -82,12 +83,12 @@ async fn fat_ping(
     headers: &HeaderMap,
     content_type: &str,
     body: Bytes,
-) -> Result<Response, HubError> {
+) -> Result<Response, PlainText> {
     let token = &st.config.hub.publisher_token;
     if token.is_empty() {
-        return Err(HubError::Forbidden(
+        return Err(PlainText(AppError::Forbidden(
             "fat pings are disabled on this hub: set hub.publisher_token (RSHUB_HUB_PUBLISHER_TOKEN); subscribe/unsubscribe/publish forms need Content-Type application/x-www-form-urlencoded".into(),
-        ));
+        )));
     }
     let given = super::bearer_token(headers).ok_or_else(|| {
         HubError::Unauthorized(
@@ -95,7 +96,9 @@ async fn fat_ping(
         )
     })?;
     if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
-        return Err(HubError::Forbidden("the publisher token is wrong".into()));
+        return Err(PlainText(AppError::Forbidden(
+            "the publisher token is wrong".into(),
+        )));
     }
     let links = headers
         .get_all(header::LINK)
@@ -104,21 +107,21 @@ async fn fat_ping(
         .collect::<Vec<_>>();
     let selfs = link_targets(links, "self");
     let [topic] = selfs.as_slice() else {
-        return Err(HubError::BadRequest(format!(
+        return Err(PlainText(AppError::BadRequest(format!(
             "a published payload needs exactly one Link header target with rel=\"self\" (the topic); found {}",
             selfs.len()
-        )));
+        ))));
     };
     let topic = Topic::parse(topic).map_err(HubError::BadRequest)?;
     if body.is_empty() {
-        return Err(HubError::BadRequest(
+        return Err(PlainText(AppError::BadRequest(
             "the published payload is empty".into(),
-        ));
+        )));
     }
     if content_type.trim().is_empty() {
-        return Err(HubError::BadRequest(
+        return Err(PlainText(AppError::BadRequest(
             "a published payload needs a Content-Type (application/xml)".into(),
-        ));
+        )));
     }
     let n = st
         .hub
@@ -131,7 +134,7 @@ async fn fat_ping(
 pub async fn get_topic(
     State(st): State<AppState>,
     Path(rest): Path<String>,
-) -> Result<Response, HubError> {
+) -> Result<Response, PlainText> {
     let hub = &st.hub;
     let raw = format!("{}/{rest}", hub.settings().topic_base);
     let topic = Topic::parse(&raw).map_err(|_| HubError::NotFound(format!("no topic at {raw}")))?;

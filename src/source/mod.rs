@@ -411,7 +411,7 @@ impl Source {
     /// beyond which the answer is [`SourceError::Busy`].
     pub async fn document(&self, kind: &DocKind) -> Result<Doc, SourceError> {
         let r = self.document_now(kind).await;
-        if let Err(SourceError::Store(StoreError::Unavailable(_))) = &r {
+        if matches!(&r, Err(SourceError::Store(e)) if e.may_pass()) {
             // The store went away: no document is served from the set list read before it
             // did (the Source Description too answers 503 until the store is back).
             *self.sets.lock().expect("sets") = None;

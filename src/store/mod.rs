@@ -18,10 +18,29 @@ pub(crate) use rules::{fold, sub_state};
 
 use crate::model::{Change, NewChange, Resource, ResourceKey, SetName, Timestamp};
 
+/// What went wrong in a store. Each variant's words are whole (a log line or an admin's answer
+/// printing it alone loses nothing), and the underlying error stays its `source()`, so
+/// [`crate::cause::chain`] prints it once and code can look at it.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
+    /// The backend cannot do it now (down, unreachable, overloaded): it may pass.
     #[error("store unavailable: {0}")]
     Unavailable(String),
+    /// The embedded store's database failed (a full disk, a locked or unreadable file).
+    #[error("{what}: {source}")]
+    Sqlite {
+        what: String,
+        #[source]
+        source: rusqlite::Error,
+    },
+    /// A file of the store could not be made, read, written or synced.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// What the store holds is not what it wrote: retrying will not help.
     #[error("store data is corrupt: {0}")]
     Corrupt(String),
     /// An optimistic write lost: someone else changed the record first.
@@ -29,9 +48,44 @@ pub enum StoreError {
     Conflict(String),
 }
 
+impl StoreError {
+    /// A file operation of the store that failed, with what was being done.
+    pub fn io(what: impl Into<String>, source: std::io::Error) -> StoreError {
+        StoreError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// Whether the store cannot serve now but may later (a 503 with `Retry-After`), as
+    /// opposed to data that is wrong (a 500) or a lost race.
+    pub fn may_pass(&self) -> bool {
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::Sqlite { .. } | StoreError::Io { .. }
+        )
+    }
+}
+
+impl StoreError {
+    /// The embedded store's database failed at `what` (a corrupt file is [`StoreError::Corrupt`]).
+    pub fn sqlite(what: impl Into<String>, e: rusqlite::Error) -> StoreError {
+        use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};
+        match e.sqlite_error_code() {
+            Some(DatabaseCorrupt | NotADatabase) => {
+                StoreError::Corrupt(format!("{}: {e}", what.into()))
+            }
+            _ => StoreError::Sqlite {
+                what: what.into(),
+                source: e,
+            },
+        }
+    }
+}
+
 impl From<rusqlite::Error> for StoreError {
     fn from(e: rusqlite::Error) -> Self {
-        StoreError::Unavailable(e.to_string())
+        StoreError::sqlite("embedded store", e)
     }
 }
 

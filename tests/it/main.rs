@@ -2,6 +2,7 @@
 
 mod admin;
 mod aggregate;
+mod causes;
 mod subscriber;
 mod support;
 

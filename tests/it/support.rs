@@ -294,12 +294,24 @@ impl ChildServer {
 
     /// Starts `serve --listen <listen> <args>`.
     pub fn serve_on(listen: &str, args: &[&str], envs: &[(&str, &str)]) -> ChildServer {
-        use std::io::{BufRead, BufReader};
-        let mut child = Command::new(Self::BIN)
-            .args(["serve", "--listen", listen])
+        let mut cmd = Command::new(Self::BIN);
+        cmd.args(["serve", "--listen", listen])
             .args(args)
-            .env("RUST_LOG", "info")
-            .envs(envs.iter().copied())
+            .envs(envs.iter().copied());
+        ChildServer::spawn(cmd)
+    }
+
+    /// Starts `cmd` (a `serve` command, perhaps behind a wrapper that execs it) listening on
+    /// 127.0.0.1:0 unless it says otherwise, and waits for its "listening" log line.
+    pub fn spawn(mut cmd: Command) -> ChildServer {
+        use std::io::{BufRead, BufReader};
+        if !cmd.get_args().any(|a| a == "--listen") {
+            cmd.args(["--listen", "127.0.0.1:0"]);
+        }
+        if !cmd.get_envs().any(|(k, _)| k == "RUST_LOG") {
+            cmd.env("RUST_LOG", "info");
+        }
+        let mut child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -349,6 +361,15 @@ impl ChildServer {
 
     pub fn log(&self) -> String {
         self.log.lock().unwrap().clone()
+    }
+
+    /// Waits (60 s at most) until the log has `what`, and returns the log.
+    pub async fn wait_for_log(&self, what: &str) -> String {
+        wait_until(&format!("{what:?} in the log"), || async {
+            self.log().contains(what)
+        })
+        .await;
+        self.log()
     }
 
     /// Sends a signal that does not end the process (`"STOP"`, `"CONT"`).

@@ -139,7 +139,7 @@ impl Inner {
 }
 
 fn sync_failed(wal: &Path, e: std::io::Error) -> StoreError {
-    StoreError::Unavailable(format!("cannot sync {} to the disk: {e}", wal.display()))
+    StoreError::io(format!("cannot sync {} to the disk", wal.display()), e)
 }
 
 /// Sets the writer's `synchronous` mode (a statement prepared once per connection: this is on
@@ -188,9 +188,8 @@ struct LastPart {
 impl EmbeddedStore {
     pub fn open(path: &Path) -> Result<EmbeddedStore, StoreError> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                StoreError::Unavailable(format!("cannot create {}: {e}", dir.display()))
-            })?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| StoreError::io(format!("cannot create {}", dir.display()), e))?;
         }
         let conn = open_conn(path)?;
         conn.execute_batch(SCHEMA)?;
@@ -558,7 +557,7 @@ impl EmbeddedStore {
 
 fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)
-        .map_err(|e| StoreError::Unavailable(format!("cannot open {}: {e}", path.display())))?;
+        .map_err(|e| StoreError::sqlite(format!("cannot open {}", path.display()), e))?;
     conn.busy_timeout(std::time::Duration::from_secs(30))?;
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
