@@ -82,12 +82,13 @@ impl AppError {
         }
     }
 
-    /// The words of a 5xx answer's body: nothing internal.
-    fn public_message(&self) -> Option<&'static str> {
+    /// The words of an answer's body: what was wrong with a request, and nothing internal
+    /// for a 5xx.
+    fn public_words(&self) -> String {
         match self {
-            AppError::Unavailable(_) => Some("the store is unavailable; try again shortly"),
-            AppError::Internal(_) => Some("internal error; the server's log says what"),
-            _ => None,
+            AppError::Unavailable(_) => "the store is unavailable; try again shortly".into(),
+            AppError::Internal(_) => "internal error; the server's log says what".into(),
+            other => other.to_string(),
         }
     }
 
@@ -187,13 +188,7 @@ impl IntoResponse for AppError {
             AppError::Invalid { message, lines } => {
                 Json(json!({ "error": message, "lines": lines })).into_response()
             }
-            other => {
-                let words = other
-                    .public_message()
-                    .map(str::to_string)
-                    .unwrap_or_else(|| other.to_string());
-                Json(json!({ "error": words })).into_response()
-            }
+            other => Json(json!({ "error": other.public_words() })).into_response(),
         };
         self.respond(body)
     }
@@ -213,11 +208,7 @@ impl<E: Into<AppError>> From<E> for PlainText {
 impl IntoResponse for PlainText {
     fn into_response(self) -> Response {
         let e = self.0;
-        let words = match e.public_message() {
-            Some(m) => m.to_string(),
-            None => e.to_string(),
-        };
-        let mut body = format!("{words}\n").into_response();
+        let mut body = format!("{}\n", e.public_words()).into_response();
         body.headers_mut().insert(
             header::CONTENT_TYPE,
             HeaderValue::from_static("text/plain; charset=utf-8"),

@@ -9,7 +9,7 @@ use subtle::ConstantTimeEq;
 
 use super::AppState;
 use crate::error::{AppError, PlainText};
-use crate::hub::{link_targets, parse_form, HubError, HubRequest};
+use crate::hub::{link_targets, parse_form, HubRequest};
 use crate::model::websub::{IntentMode, Topic};
 
 pub async fn post_hub(
@@ -91,7 +91,7 @@ async fn fat_ping(
         )));
     }
     let given = super::bearer_token(headers).ok_or_else(|| {
-        HubError::Unauthorized(
+        AppError::Unauthorized(
             "publishing a payload needs Authorization: Bearer <publisher token>".into(),
         )
     })?;
@@ -112,7 +112,7 @@ async fn fat_ping(
             selfs.len()
         ))));
     };
-    let topic = Topic::parse(topic).map_err(HubError::BadRequest)?;
+    let topic = Topic::parse(topic).map_err(AppError::BadRequest)?;
     if body.is_empty() {
         return Err(PlainText(AppError::BadRequest(
             "the published payload is empty".into(),
@@ -137,11 +137,11 @@ pub async fn get_topic(
 ) -> Result<Response, PlainText> {
     let hub = &st.hub;
     let raw = format!("{}/{rest}", hub.settings().topic_base);
-    let topic = Topic::parse(&raw).map_err(|_| HubError::NotFound(format!("no topic at {raw}")))?;
+    let topic = Topic::parse(&raw).map_err(|_| AppError::NotFound(format!("no topic at {raw}")))?;
     let info = hub
         .topic(&topic)
         .await?
-        .ok_or_else(|| HubError::NotFound(format!("no topic at {topic}")))?;
+        .ok_or_else(|| AppError::NotFound(format!("no topic at {topic}")))?;
     let (ct, body) = match &info.latest {
         Some(m) => (m.content_type.clone(), m.body.clone()),
         None => ("application/xml".to_string(), Bytes::new()),

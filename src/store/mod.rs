@@ -65,9 +65,7 @@ impl StoreError {
             StoreError::Unavailable(_) | StoreError::Sqlite { .. } | StoreError::Io { .. }
         )
     }
-}
 
-impl StoreError {
     /// The embedded store's database failed at `what` (a corrupt file is [`StoreError::Corrupt`]).
     pub fn sqlite(what: impl Into<String>, e: rusqlite::Error) -> StoreError {
         use rusqlite::ErrorCode::{DatabaseCorrupt, NotADatabase};

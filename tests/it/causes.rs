@@ -5,6 +5,7 @@
 //! `resolv.conf` naming a loopback resolver where nothing listens (no query leaves the
 //! machine).
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::support::{change_line, md5_hex, ChildServer};
@@ -90,13 +91,7 @@ async fn a_full_disk_under_the_embedded_store_is_a_503_and_the_log_says_why() {
 #[test]
 fn a_locked_state_database_is_named_with_its_cause() {
     let tmp = tempfile::tempdir().unwrap();
-    let f = tmp.path().join("harvest.toml");
-    std::fs::write(
-        &f,
-        "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n\
-         [[sources]]\nname = \"a\"\nurl = \"http://127.0.0.1:9/.well-known/resourcesync\"\n",
-    )
-    .unwrap();
+    let f = harvest_toml(tmp.path(), "http://127.0.0.1:9/.well-known/resourcesync");
     let status = || {
         Command::new(ChildServer::BIN)
             .current_dir(tmp.path())
@@ -121,11 +116,9 @@ fn a_locked_state_database_is_named_with_its_cause() {
     holder.execute_batch("ROLLBACK").unwrap();
 }
 
-/// The harvester's log until it says it cannot read the source, and then `harvest status
-/// --source` of it: each should say why in words.
-fn probe(setup: Option<&str>, url: &str) -> (String, String) {
-    let tmp = tempfile::tempdir().unwrap();
-    let f = tmp.path().join("harvest.toml");
+/// A harvester configuration in `dir` with one source, `a`, at `url` (no push).
+fn harvest_toml(dir: &Path, url: &str) -> PathBuf {
+    let f = dir.join("harvest.toml");
     std::fs::write(
         &f,
         format!(
@@ -134,39 +127,62 @@ fn probe(setup: Option<&str>, url: &str) -> (String, String) {
         ),
     )
     .unwrap();
-    let mut cmd = match setup {
-        Some(s) => in_namespace(s, ChildServer::BIN),
-        None => Command::new(ChildServer::BIN),
+    f
+}
+
+/// The harvester's log until it says it cannot read the source (60 s at most), and then
+/// `harvest status --source` of it: each should say why in words.
+fn probe(setup: Option<&str>, url: &str) -> (String, String) {
+    use std::io::{BufRead, BufReader};
+    let tmp = tempfile::tempdir().unwrap();
+    let f = harvest_toml(tmp.path(), url);
+    let harvest = |args: &[&str]| {
+        let mut cmd = match setup {
+            Some(s) => in_namespace(s, ChildServer::BIN),
+            None => Command::new(ChildServer::BIN),
+        };
+        cmd.current_dir(tmp.path())
+            .arg("harvest")
+            .args(args)
+            .arg("--config")
+            .arg(&f);
+        cmd
     };
-    cmd.current_dir(tmp.path())
-        .args(["harvest", "--config"])
-        .arg(&f)
+    let mut child = harvest(&[])
         .env("RUST_LOG", "info")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped());
-    let mut child = cmd.spawn().unwrap();
-    let mut log = String::new();
-    {
-        use std::io::{BufRead, BufReader};
-        let stderr = BufReader::new(child.stderr.take().unwrap());
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stderr = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
         for line in stderr.lines().map_while(Result::ok) {
-            log.push_str(&line);
-            log.push('\n');
-            if line.contains("cannot read the source yet") {
+            if tx.send(line).is_err() {
                 break;
             }
+        }
+    });
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut log = String::new();
+    while !log.contains("cannot read the source yet") {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                log.push_str(&line);
+                log.push('\n');
+            }
+            Err(_) => break,
         }
     }
     let _ = child.kill();
     let _ = child.wait();
-    let mut cmd = match setup {
-        Some(s) => in_namespace(s, ChildServer::BIN),
-        None => Command::new(ChildServer::BIN),
-    };
-    cmd.current_dir(tmp.path())
-        .args(["harvest", "status", "--source", "a", "--config"])
-        .arg(&f);
-    let status = crate::support::output_text(&cmd.output().unwrap());
+    assert!(
+        log.contains("cannot read the source yet"),
+        "the harvester never said it cannot read the source:\n{log}"
+    );
+    let status =
+        crate::support::output_text(&harvest(&["status", "--source", "a"]).output().unwrap());
     (status, log)
 }
 
@@ -190,7 +206,8 @@ fn a_tls_failure_is_named_with_its_cause() {
     );
     for text in [&status, &log] {
         assert!(
-            text.contains("TLS") || text.contains("tls") || text.contains("corrupt message"),
+            // rustls's words for an answer that is not TLS.
+            text.contains("received corrupt message of type InvalidContentType"),
             "no TLS cause in:\n{text}"
         );
     }
