@@ -206,8 +206,9 @@ async fn listed(app: &TestApp) -> BTreeSet<String> {
 
 /// The external writer's scenario, repeated: 1,500 seed-format resources, then six rounds of
 /// one `_bulk` with 150 updates and 100 deletes of resources never touched before. After each
-/// round the Resource List lists exactly the resources left within a few seconds, and the
-/// adoption lag metric falls back to 0 (it names a document that waits; see the warning).
+/// round the Resource List lists exactly the resources left within seconds (0.2-1.0 s on an
+/// idle machine; the bug this found left a batch unserved for good), and the adoption lag
+/// metric falls back to 0 (it names a document that waits; see the warning).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_external_batches_are_each_served_within_seconds() {
     const SEED: usize = 1500;
@@ -287,9 +288,11 @@ async fn repeated_external_batches_are_each_served_within_seconds() {
         }
     }
     println!("seconds until each batch was served: {waits:.2?}");
+    // A bound for a loaded machine (2 cores busy beside it: 5.5 s for the 1,500 of the first
+    // round); a batch never served fails the 60 s wait above.
     assert!(
-        waits.iter().all(|w| *w < 5.0),
-        "each batch served within 5 s: {waits:.2?}"
+        waits.iter().all(|w| *w < 20.0),
+        "each batch served within 20 s: {waits:.2?}"
     );
     let metrics = get_text(&app.client, &app.url("/metrics")).await;
     assert!(
