@@ -147,8 +147,10 @@ impl Harvester {
             return false; // push may still be on its way
         }
         unconfirmed.remove(&set.row.id);
-        let last_push = self.row(set.row.id).ok().and_then(|r| r.last_push_at);
-        let missed = last_push.is_none_or(|t| t < newest);
+        // Compared by the changes' dates: a late push of older changes (delivered after these
+        // were made) does not mean push brought these.
+        let pushed = self.row(set.row.id).ok().and_then(|r| r.pushed_latest);
+        let missed = pushed.is_none_or(|t| t < newest);
         if missed {
             tracing::info!(set = %set.info.name, "the Change Lists had changes push did not bring: subscribing again");
         }

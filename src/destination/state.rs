@@ -78,6 +78,9 @@ pub struct SetRow {
     pub source_latest: Option<Timestamp>,
     pub checked_at: Option<Timestamp>,
     pub last_push_at: Option<Timestamp>,
+    /// The newest change datetime a push has brought (not when it came: a late delivery of
+    /// old changes says nothing about whether push still works).
+    pub pushed_latest: Option<Timestamp>,
     /// Why the last baseline or catch-up of the set failed (cleared by the next success).
     pub last_error: Option<String>,
     /// The source it belongs to (`""`: the single `[source]`).
@@ -252,6 +255,7 @@ impl State {
         add_column(&tx, "pending", "not_before", "INTEGER")?;
         add_column(&tx, "sets", "last_error", "TEXT")?;
         add_column(&tx, "sets", "source", "TEXT NOT NULL DEFAULT ''")?;
+        add_column(&tx, "sets", "pushed_latest", "INTEGER")?;
         // Which URI has which file: two URIs never share one. Keyed by path alone (no rowid:
         // one b-tree to write per resource held). Filled from the resources held when the
         // table is new (a state made before it existed), or copied from the first version's
@@ -460,7 +464,8 @@ impl State {
 
     pub fn pushed(&self, set_id: i64, newest: Option<Timestamp>) -> R<()> {
         self.c().execute(
-            "UPDATE sets SET last_push_at = ?2, source_latest = MAX(COALESCE(source_latest, 0), COALESCE(?3, 0)) WHERE id = ?1",
+            "UPDATE sets SET last_push_at = ?2, source_latest = MAX(COALESCE(source_latest, 0), COALESCE(?3, 0)),
+             pushed_latest = MAX(COALESCE(pushed_latest, 0), COALESCE(?3, 0)) WHERE id = ?1",
             params![set_id, Timestamp::now().0, newest.map(|t| t.0)],
         )?;
         Ok(())
@@ -1002,7 +1007,7 @@ fn add_column(c: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
     Ok(())
 }
 
-const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at, last_error, source FROM sets";
+const SET_COLS: &str = "SELECT id, capability, name, position, baseline_done, source_latest, checked_at, last_push_at, last_error, source, pushed_latest FROM sets";
 
 fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
     Ok(SetRow {
@@ -1019,6 +1024,10 @@ fn set_row(r: &rusqlite::Row) -> rusqlite::Result<SetRow> {
         last_push_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),
         last_error: r.get(8)?,
         source: r.get(9)?,
+        pushed_latest: r
+            .get::<_, Option<i64>>(10)?
+            .filter(|t| *t > 0)
+            .map(Timestamp),
     })
 }
 
