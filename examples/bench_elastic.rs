@@ -183,9 +183,7 @@ async fn main() -> anyhow::Result<()> {
     let set = SetName::parse("bench").map_err(anyhow::Error::msg)?;
 
     let embedded = Store::open_embedded(&config.database_path())?;
-    let es = Store::Elasticsearch(Box::new(
-        elastic::ElasticStore::open(&config.store.elasticsearch).await?,
-    ));
+    let (es, _version) = Store::open_elasticsearch(&config.store.elasticsearch).await?;
     for (name, store) in [("embedded", &embedded), ("elasticsearch", &es)] {
         let s = populate(&config, store, &set, n).await?;
         if s > 0.0 {

@@ -25,16 +25,14 @@ use crate::workers;
 pub async fn open_store(config: &Config) -> anyhow::Result<Store> {
     if config.store.backend == crate::config::Backend::Elasticsearch {
         let es = &config.store.elasticsearch;
-        let store = crate::store::elastic::ElasticStore::open(es)
-            .await
-            .with_context(|| {
-                format!(
-                    "cannot open the Elasticsearch store at {} (store.elasticsearch)",
-                    es.server_url()
-                )
-            })?;
-        tracing::info!(url = %es.server_url(), index = %es.index, version = %store.es.version, "Elasticsearch store opened");
-        return Ok(Store::Elasticsearch(Box::new(store)));
+        let (store, version) = Store::open_elasticsearch(es).await.with_context(|| {
+            format!(
+                "cannot open the Elasticsearch store at {} (store.elasticsearch)",
+                es.server_url()
+            )
+        })?;
+        tracing::info!(url = %es.server_url(), index = %es.index, %version, "Elasticsearch store opened");
+        return Ok(store);
     }
     std::fs::create_dir_all(&config.server.data_dir).with_context(|| {
         format!(

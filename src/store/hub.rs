@@ -6,347 +6,222 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
-use super::{NotifyState, Store, StoreError};
+use super::{NotifyState, StoreError};
 use crate::model::websub::{
     Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
-use crate::store::elastic::PartitionLease;
+
+/// A delivery partition's lease as held by this process: the epoch it fences older owners
+/// with, and the version of the lease record it was read at (to renew it only if no one
+/// else wrote it since). Opaque outside the backend that issued it.
+#[derive(Debug, Clone)]
+pub struct PartitionLease {
+    pub epoch: u64,
+    pub(crate) version: LeaseVersion,
+}
+
+/// Where a lease record stood when read: a backend's optimistic-concurrency token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseVersion {
+    pub seq_no: i64,
+    pub primary_term: i64,
+}
 
 fn unshared() -> StoreError {
     StoreError::Unavailable("partitions exist on a shared store only".into())
 }
 
-impl Store {
+/// The hub's part of the storage contract, which every backend fulfils. The calls about
+/// sharing (leases, partitions, redelivery requests left for another process) answer for a
+/// store no other process uses unless a shared backend overrides them.
+#[async_trait::async_trait]
+pub trait HubStore: Send + Sync {
     /// Whether several server processes may share this store (then they share delivery by
     /// partition, and one at a time notifies).
-    pub fn is_shared(&self) -> bool {
-        matches!(self, Store::Elasticsearch(_))
+    fn is_shared(&self) -> bool {
+        false
     }
 
     /// Takes or renews a lease for `owner`; always held on an unshared store.
-    pub async fn lease(&self, name: &str, owner: &str, secs: u64) -> Result<bool, StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(true),
-            Store::Elasticsearch(s) => s.lease(name, owner, secs).await,
-        }
+    async fn lease(&self, _name: &str, _owner: &str, _secs: u64) -> Result<bool, StoreError> {
+        Ok(true)
     }
 
-    pub async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(()),
-            Store::Elasticsearch(s) => s.release(name, owner).await,
-        }
-    }
-
-    /// Adopts documents external writers put straight into the store (Elasticsearch; the
-    /// embedded store has none): the change documents adopted, and how long the oldest
-    /// document not yet adopted has waited.
-    pub async fn adopt_external(
-        &self,
-        rules: &dyn super::SetRules,
-    ) -> Result<crate::store::elastic::Adoption, StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(Default::default()),
-            Store::Elasticsearch(s) => s.adopt(rules).await,
-        }
+    /// Gives a lease up.
+    async fn release(&self, _name: &str, _owner: &str) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Records a request awaiting verification (or a denial to send); returns its id.
-    pub async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_add_intent(intent).await,
-            Store::Elasticsearch(s) => s.hub_add_intent(intent).await,
-        }
-    }
+    async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError>;
 
     /// Intents not yet resolved (after a restart: verifications to redo).
-    pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_intents().await,
-            Store::Elasticsearch(s) => s.hub_intents().await,
-        }
-    }
+    async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError>;
 
     /// Ends an intent; returns the subscription created/updated or removed.
-    pub async fn hub_resolve(
+    async fn hub_resolve(
         &self,
         intent: Intent,
         res: Resolution,
-    ) -> Result<Option<Subscription>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_resolve(intent, res).await,
-            Store::Elasticsearch(s) => s.hub_resolve(intent, res).await,
-        }
-    }
+    ) -> Result<Option<Subscription>, StoreError>;
 
-    pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_remove_subscription(id).await,
-            Store::Elasticsearch(s) => s.hub_remove_subscription(id).await,
-        }
-    }
+    /// Removes a subscription with its queue position and records.
+    async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError>;
 
     /// Every subscription, expired ones included.
-    pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_subscriptions().await,
-            Store::Elasticsearch(s) => s.hub_subscriptions().await,
-        }
-    }
+    async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError>;
 
-    pub async fn hub_subscription(
+    /// The subscription of `callback` to `topic`, if any.
+    async fn hub_subscription(
         &self,
         topic: &Topic,
         callback: &Callback,
-    ) -> Result<Option<Subscription>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_subscription(topic, callback).await,
-            Store::Elasticsearch(s) => s.hub_subscription(topic, callback).await,
-        }
-    }
+    ) -> Result<Option<Subscription>, StoreError>;
 
     /// How many subscriptions have a callback starting with `prefix` (`scheme://host/` or
     /// `scheme://host:`: one host's).
-    pub async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_count_callbacks(prefix).await,
-            Store::Elasticsearch(s) => s.hub_count_callbacks(prefix).await,
-        }
-    }
+    async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError>;
 
     /// Appends messages to the log, each as its topic's latest (one write per message, whatever
     /// the number of subscribers: their queues are the messages after their cursors). With
     /// `state`, a set's notifier state moves from version `.0` to `.1` in the same transaction,
     /// or nothing is written and the answer is [`StoreError::Conflict`].
-    pub async fn hub_publish(
+    async fn hub_publish(
         &self,
         messages: Vec<(Topic, String, Bytes)>,
         state: Option<(i64, NotifyState)>,
         now: Timestamp,
-    ) -> Result<Vec<Message>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_publish(messages, state, now).await,
-            Store::Elasticsearch(s) => s.hub_publish(messages, state, now).await,
-        }
-    }
+    ) -> Result<Vec<Message>, StoreError>;
 
     /// Up to `limit` messages after `after`, in number order: of one topic, or of every topic
     /// (`None`), and on the embedded store no more than `max_bytes` of bodies (at least one
     /// message). Lanes read their queues from here a bounded batch at a time.
-    pub async fn hub_messages_after(
+    async fn hub_messages_after(
         &self,
         topic: Option<&Topic>,
         after: MessageId,
         limit: usize,
         max_bytes: usize,
-    ) -> Result<Vec<Arc<Message>>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_messages_after(topic, after, limit, max_bytes).await,
-            Store::Elasticsearch(s) => s.hub_messages_after(topic, after, limit).await,
-        }
-    }
+    ) -> Result<Vec<Arc<Message>>, StoreError>;
 
     /// The first and last message numbers of `topic` published in `[since, until)` and not
     /// after `through`, with their count (a redelivery window); `None` when there are none.
-    pub async fn hub_window(
+    async fn hub_window(
         &self,
         topic: &Topic,
         since: Timestamp,
         until: Timestamp,
         through: MessageId,
-    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_window(topic, since, until, through).await,
-            Store::Elasticsearch(s) => s.hub_window(topic, since, until, through).await,
-        }
-    }
+    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError>;
 
     /// The newest message's number (0 when none).
-    pub async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_last_message().await,
-            Store::Elasticsearch(s) => s.hub_max_seq().await,
-        }
-    }
+    async fn hub_last_message(&self) -> Result<MessageId, StoreError>;
 
     /// Records delivery outcomes: cursors, retry state, counters, failed deliveries. On a
     /// shared store a subscription's record is written only by a writer whose partition epoch
     /// (`epochs`) is not older than the stored one; the answer names those refused (fenced).
-    pub async fn hub_record(
+    async fn hub_record(
         &self,
         outcomes: Vec<Outcome>,
         epochs: &HashMap<SubscriptionId, u64>,
-    ) -> Result<HashSet<SubscriptionId>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_record(outcomes).await.map(|()| HashSet::new()),
-            Store::Elasticsearch(s) => s.hub_record(outcomes, epochs).await,
-        }
-    }
+    ) -> Result<HashSet<SubscriptionId>, StoreError>;
 
     /// Leaves a redelivery request in the store for the process that delivers the
     /// subscription (shared store only).
-    pub async fn hub_leave_redelivery(
+    async fn hub_leave_redelivery(
         &self,
-        sub: SubscriptionId,
-        after: MessageId,
-        through: MessageId,
+        _sub: SubscriptionId,
+        _after: MessageId,
+        _through: MessageId,
     ) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(_) => Err(unshared()),
-            Store::Elasticsearch(s) => s.hub_leave_redelivery(sub, after, through).await,
-        }
+        Err(unshared())
     }
 
     /// Redelivery requests left: (request, subscription, after, through).
-    pub async fn hub_redeliveries(
+    async fn hub_redeliveries(
         &self,
     ) -> Result<Vec<(i64, SubscriptionId, MessageId, MessageId)>, StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(vec![]),
-            Store::Elasticsearch(s) => s.hub_redeliveries().await,
-        }
+        Ok(vec![])
     }
 
-    pub async fn hub_redelivery_taken(&self, request: i64) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(()),
-            Store::Elasticsearch(s) => s.hub_redelivery_taken(request).await,
-        }
+    /// Marks a redelivery request taken (it is not left for anyone else).
+    async fn hub_redelivery_taken(&self, _request: i64) -> Result<(), StoreError> {
+        Ok(())
     }
 
     /// Sharded delivery (shared store only; see [`super::elastic`]): the partition count fixed
     /// in the store.
-    pub async fn partition_count(&self, wanted: u32) -> Result<u32, StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(1),
-            Store::Elasticsearch(s) => s.partition_count(wanted).await,
-        }
+    async fn partition_count(&self, _wanted: u32) -> Result<u32, StoreError> {
+        Ok(1)
     }
 
     /// Announces this process alive; returns the processes alive (shared store only).
-    pub async fn heartbeat(&self, owner: &str, secs: u64) -> Result<Vec<String>, StoreError> {
-        match self {
-            Store::Embedded(_) => Ok(vec![owner.to_string()]),
-            Store::Elasticsearch(s) => s.heartbeat(owner, secs).await,
-        }
+    async fn heartbeat(&self, owner: &str, _secs: u64) -> Result<Vec<String>, StoreError> {
+        Ok(vec![owner.to_string()])
     }
 
     /// Takes a delivery partition no one holds, with the next epoch.
-    pub async fn take_partition(
+    async fn take_partition(
         &self,
-        p: u32,
-        owner: &str,
-        secs: u64,
+        _p: u32,
+        _owner: &str,
+        _secs: u64,
     ) -> Result<Option<PartitionLease>, StoreError> {
-        match self {
-            Store::Embedded(_) => Err(unshared()),
-            Store::Elasticsearch(s) => s.take_partition(p, owner, secs).await,
-        }
+        Err(unshared())
     }
 
     /// Renews a held partition; `None` when it was lost.
-    pub async fn renew_partition(
+    async fn renew_partition(
         &self,
-        p: u32,
-        lease: &PartitionLease,
-        owner: &str,
-        secs: u64,
+        _p: u32,
+        _lease: &PartitionLease,
+        _owner: &str,
+        _secs: u64,
     ) -> Result<Option<PartitionLease>, StoreError> {
-        match self {
-            Store::Embedded(_) => Err(unshared()),
-            Store::Elasticsearch(s) => s.renew_partition(p, lease, owner, secs).await,
-        }
+        Err(unshared())
     }
 
-    pub async fn release_partition(
-        &self,
-        p: u32,
-        lease: &PartitionLease,
-    ) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(_) => Err(unshared()),
-            Store::Elasticsearch(s) => s.release_partition(p, lease).await,
-        }
+    /// Gives a partition up at once (its lanes have stopped and their outcomes are written).
+    async fn release_partition(&self, _p: u32, _lease: &PartitionLease) -> Result<(), StoreError> {
+        Err(unshared())
     }
 
     /// Stamps new owners' epochs on partitions' subscriptions (fencing the old owners).
-    pub async fn fence(&self, taken: &[(u32, u64)], count: u32) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(_) => Err(unshared()),
-            Store::Elasticsearch(s) => s.fence(taken, count).await,
-        }
+    async fn fence(&self, _taken: &[(u32, u64)], _count: u32) -> Result<(), StoreError> {
+        Err(unshared())
     }
 
-    pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_register_topic(topic, now).await,
-            Store::Elasticsearch(s) => s.hub_register_topic(topic, now).await,
-        }
-    }
+    /// Makes a topic known before anything is published to it.
+    async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError>;
 
-    pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_topic(topic).await,
-            Store::Elasticsearch(s) => s.hub_topic(topic).await,
-        }
-    }
+    /// What is known of one topic; `None` when nothing is.
+    async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError>;
 
     /// Drops history older than `before` that nothing needs any more.
-    pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_prune(before, now).await,
-            Store::Elasticsearch(s) => s.hub_prune(before, now).await,
-        }
-    }
+    async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError>;
 
     /// One page of subscriptions with their delivery record (admin).
-    pub async fn hub_list(
+    async fn hub_list(
         &self,
         filter: SubscriptionFilter,
         now: Timestamp,
-    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_list(filter, now).await,
-            Store::Elasticsearch(s) => s.hub_list(filter, now).await,
-        }
-    }
+    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError>;
 
-    pub async fn hub_detail(
+    /// One subscription with its delivery record (admin).
+    async fn hub_detail(
         &self,
         id: SubscriptionId,
         now: Timestamp,
-    ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_detail(id, now).await,
-            Store::Elasticsearch(s) => s.hub_detail(id, now).await,
-        }
-    }
+    ) -> Result<Option<(Subscription, SubscriptionStats)>, StoreError>;
 
     /// Every topic known (published to, registered, or subscribed to).
-    pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_topics().await,
-            Store::Elasticsearch(s) => s.hub_topics().await,
-        }
-    }
+    async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError>;
 
     /// Removes a subscription's failure records, returning their messages (to try again).
-    pub async fn hub_take_failures(
-        &self,
-        id: SubscriptionId,
-    ) -> Result<Vec<Arc<Message>>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_take_failures(id).await,
-            Store::Elasticsearch(s) => s.hub_take_failures(id).await,
-        }
-    }
+    async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError>;
 
-    pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
-        match self {
-            Store::Embedded(s) => s.hub_totals(now).await,
-            Store::Elasticsearch(s) => s.hub_totals(now).await,
-        }
-    }
+    /// Counts over every subscription and message (metrics, admin).
+    async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError>;
 }

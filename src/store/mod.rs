@@ -10,9 +10,10 @@ pub(crate) mod hub;
 mod rules;
 
 use std::path::Path;
+use std::sync::Arc;
 
-pub use elastic::PartitionLease;
 pub use embedded::EmbeddedStore;
+pub use hub::{HubStore, PartitionLease};
 pub use rules::SetRules;
 pub(crate) use rules::{fold, sub_state};
 
@@ -235,138 +236,134 @@ pub struct Page<T> {
     pub next: Option<Cursor>,
 }
 
-/// The store: one of the backends.
+/// The store: one of the backends behind the [`SetStore`] and [`HubStore`] contracts. Callers
+/// use the traits' methods on it (`use crate::store::{SetStore as _, HubStore as _}`); nothing
+/// outside this module names a backend's own types.
 #[derive(Clone)]
-pub enum Store {
-    Embedded(EmbeddedStore),
-    /// Elasticsearch (see [`elastic`]): shareable by several server processes.
-    Elasticsearch(Box<elastic::ElasticStore>),
+pub struct Store(Arc<dyn Backend>);
+
+/// Both halves of the contract: what a backend is.
+pub trait Backend: SetStore + HubStore + 'static {}
+impl<T: SetStore + HubStore + 'static> Backend for T {}
+
+impl std::ops::Deref for Store {
+    type Target = dyn Backend;
+    fn deref(&self) -> &Self::Target {
+        &*self.0
+    }
 }
 
 impl Store {
+    /// A store over `backend`.
+    pub fn new(backend: impl Backend) -> Store {
+        Store(Arc::new(backend))
+    }
+
     /// Opens (creating on first start) the embedded database at `path`.
     pub fn open_embedded(path: &Path) -> Result<Store, StoreError> {
-        Ok(Store::Embedded(EmbeddedStore::open(path)?))
+        Ok(Store::new(EmbeddedStore::open(path)?))
     }
 
+    /// Connects to Elasticsearch and creates or checks the indices; with the server's version.
+    pub async fn open_elasticsearch(
+        cfg: &crate::config::ElasticConfig,
+    ) -> Result<(Store, String), StoreError> {
+        let es = elastic::ElasticStore::open(cfg).await?;
+        let version = es.es.version.clone();
+        Ok((Store::new(es), version))
+    }
+}
+
+/// The resource sets' part of the storage contract, which every backend fulfils.
+#[async_trait::async_trait]
+pub trait SetStore: Send + Sync {
     /// Registers a set if it is new; returns whether it was created.
-    pub async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
-        match self {
-            Store::Embedded(s) => s.ensure_set(set, now).await,
-            Store::Elasticsearch(s) => s.ensure_set(set, now).await,
-        }
-    }
+    async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError>;
 
-    pub async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.sets().await,
-            Store::Elasticsearch(s) => s.sets().await,
-        }
-    }
+    /// Every set, in name order.
+    async fn sets(&self) -> Result<Vec<SetInfo>, StoreError>;
 
     /// Applies a batch atomically: every change upserts or deletes its resource document and
     /// appends its change document, all or nothing.
-    pub async fn apply(
+    async fn apply(
         &self,
         set: &SetName,
         changes: Vec<NewChange>,
         policy: ListPolicy,
         now: Timestamp,
-    ) -> Result<ApplyOutcome, ApplyError> {
-        match self {
-            Store::Embedded(s) => s.apply(set, changes, policy, now).await,
-            Store::Elasticsearch(s) => s.apply(set, changes, policy, now).await,
-        }
-    }
+    ) -> Result<ApplyOutcome, ApplyError>;
 
     /// Closes the open Change List if its period is over; returns the closed list's number.
-    pub async fn rollover_if_due(
+    async fn rollover_if_due(
         &self,
         set: &SetName,
         policy: ListPolicy,
         now: Timestamp,
-    ) -> Result<Option<u32>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.rollover_if_due(set, policy, now).await,
-            Store::Elasticsearch(s) => s.rollover_if_due(set, policy, now).await,
-        }
-    }
+    ) -> Result<Option<u32>, StoreError>;
 
-    pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.parts(set).await,
-            Store::Elasticsearch(s) => s.parts(set).await,
-        }
-    }
+    /// A set's Resource List partitions, in number order.
+    async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError>;
 
     /// Resources of a set (one part, or all parts with `None`) in stable order.
-    pub async fn resources(
+    async fn resources(
         &self,
         set: &SetName,
         part: Option<u32>,
         after: Option<Cursor>,
         limit: usize,
-    ) -> Result<Page<Resource>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.resources(set, part, after, limit).await,
-            Store::Elasticsearch(s) => s.resources(set, part, after, limit).await,
-        }
-    }
+    ) -> Result<Page<Resource>, StoreError>;
 
-    pub async fn resource(
+    /// One resource by key; `None` when the set has none (or it was deleted).
+    async fn resource(
         &self,
         set: &SetName,
         key: &ResourceKey,
-    ) -> Result<Option<Resource>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.resource(set, key).await,
-            Store::Elasticsearch(s) => s.resource(set, key).await,
-        }
-    }
+    ) -> Result<Option<Resource>, StoreError>;
 
-    pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.changelists(set).await,
-            Store::Elasticsearch(s) => s.changelists(set).await,
-        }
-    }
+    /// A set's Change Lists, oldest first, the open one last.
+    async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError>;
 
     /// Changes of a set with `from <= datetime < until`, ordered by (datetime, id).
-    pub async fn changes(
+    async fn changes(
         &self,
         set: &SetName,
         from: Timestamp,
         until: Option<Timestamp>,
         after: Option<Cursor>,
         limit: usize,
-    ) -> Result<Page<Change>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.changes(set, from, until, after, limit).await,
-            Store::Elasticsearch(s) => s.changes(set, from, until, after, limit).await,
-        }
-    }
+    ) -> Result<Page<Change>, StoreError>;
 
-    pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
-        match self {
-            Store::Embedded(s) => s.counts(set).await,
-            Store::Elasticsearch(s) => s.counts(set).await,
-        }
-    }
+    /// How many resources and changes a set holds.
+    async fn counts(&self, set: &SetName) -> Result<Counts, StoreError>;
 
-    pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.latest_change(set).await,
-            Store::Elasticsearch(s) => s.latest_change(set).await,
-        }
-    }
+    /// A set's newest recorded change.
+    async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError>;
 
     /// Cheap liveness probe for `/readyz`.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(s) => s.ping().await,
-            Store::Elasticsearch(s) => s.ping().await,
-        }
+    async fn ping(&self) -> Result<(), StoreError>;
+
+    /// A set's notifier state; `None` before the notifier first saw the set.
+    async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError>;
+
+    /// Creates the state of a set that predates the notifier (nothing is replayed).
+    async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError>;
+
+    /// Adopts documents external writers put straight into the store: the change documents
+    /// adopted, and how long the oldest document not yet adopted has waited. Only a shared
+    /// store has external writers; the others adopt nothing.
+    async fn adopt_external(&self, _rules: &dyn SetRules) -> Result<Adoption, StoreError> {
+        Ok(Adoption::default())
     }
+}
+
+/// What one round of adopting external writers' documents did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Adoption {
+    /// Change documents adopted.
+    pub adopted: usize,
+    /// How long the oldest document not yet adopted has waited (by its writer's `timestamp`,
+    /// or since this process first saw it); `None` when none waits.
+    pub lag: Option<std::time::Duration>,
 }
 
 /// Where a set's notifications stand: change notifications cover every change dated before
@@ -381,23 +378,6 @@ pub struct NotifyState {
     pub lists_seen: u32,
     pub announced: bool,
     pub version: i64,
-}
-
-impl Store {
-    pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
-        match self {
-            Store::Embedded(s) => s.notify_state(set).await,
-            Store::Elasticsearch(s) => s.notify_state(set).await,
-        }
-    }
-
-    /// Creates the state of a set that predates the notifier (nothing is replayed).
-    pub async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
-        match self {
-            Store::Embedded(s) => s.notify_init(state).await,
-            Store::Elasticsearch(s) => s.notify_init(state).await,
-        }
-    }
 }
 
 /// Where the first Change List of a set created by this batch starts: the batch's earliest

@@ -272,10 +272,6 @@ async fn elasticsearch_store_fulfils_the_contract() {
         .store
         .elasticsearch;
     cfg.url = crate::support::Osmem::clone_url().await;
-    let store = Store::Elasticsearch(Box::new(
-        resourcesync_hub::store::elastic::ElasticStore::open(&cfg)
-            .await
-            .unwrap(),
-    ));
+    let (store, _version) = Store::open_elasticsearch(&cfg).await.unwrap();
     contract_suite(store).await;
 }

@@ -27,23 +27,13 @@ use serde_json::{json, Value};
 use super::contract::{PartState, SetState};
 use super::ElasticStore;
 use crate::model::{Location, ResourceKey, SetName, Timestamp};
-use crate::store::{ListPolicy, SetRules, StoreError};
+use crate::store::{Adoption, ListPolicy, SetRules, StoreError};
 
 /// Change documents adopted per round and set.
 const ROUND: usize = 2000;
 
 /// A document waiting this long to be adopted is logged.
 const STUCK: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// What an adoption round came to.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Adoption {
-    /// Change documents adopted.
-    pub adopted: usize,
-    /// How long the oldest document not yet adopted has waited (by its writer's `timestamp`,
-    /// or since this process first saw it); `None` when none waits.
-    pub lag: Option<std::time::Duration>,
-}
 
 /// What the adopter remembers between rounds (for the lag and for logging once a minute).
 #[derive(Debug)]
@@ -122,60 +112,6 @@ impl ElasticStore {
             .ok(Method::Post, &format!("/{index}/_search"), Some(body))
             .await?;
         Ok(v["hits"]["hits"].as_array().cloned().unwrap_or_default())
-    }
-
-    /// One adoption round over every set: the change documents adopted, and the age of the
-    /// oldest document still waiting (none when every one is adopted). A document that has
-    /// waited over [`STUCK`] is logged (once a minute) with its id and set.
-    pub async fn adopt(&self, rules: &dyn SetRules) -> Result<Adoption, StoreError> {
-        let mut adopted = 0;
-        let sets = self.sets_to_adopt().await?;
-        if sets.is_empty() {
-            // Nothing waits (the common round): no search for the oldest.
-            self.adoption.lock().expect("adoption watch").oldest = None;
-            return Ok(Adoption { adopted, lag: None });
-        }
-        for name in sets {
-            let Ok(set) = SetName::parse(&name) else {
-                self.say_stuck(&format!("resource_set {name:?}"), || {
-                    tracing::warn!(resource_set = %name, "documents with an invalid resource_set are ignored");
-                });
-                continue;
-            };
-            loop {
-                let (seen, stamped) = self.adopt_set(&set, rules).await?;
-                adopted += stamped;
-                // A full round goes on, unless it stamped nothing (documents it cannot use
-                // would otherwise be read again and again).
-                if seen < ROUND || stamped == 0 {
-                    break;
-                }
-            }
-        }
-        let waiting = self.oldest_unadopted().await?;
-        let now = Timestamp::now();
-        let lag = waiting.map(|(id, set, written)| {
-            let mut w = self.adoption.lock().expect("adoption watch");
-            if w.oldest.as_deref() != Some(id.as_str()) {
-                w.oldest = Some(id.clone());
-                w.first_seen = std::time::Instant::now();
-            }
-            let by_writer = written
-                .map(|t| std::time::Duration::from_micros((now.0 - t.0).max(0) as u64))
-                .unwrap_or_default();
-            let age = by_writer.max(w.first_seen.elapsed());
-            if age >= STUCK && w.warned.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
-                w.warned = Some(std::time::Instant::now());
-                tracing::warn!(set = %set, id = %id, waited_secs = age.as_secs(),
-                    "an external document is still not adopted: it is not served or notified (see rshub_adoption_lag_seconds)");
-            }
-            age
-        });
-        if lag.is_none() {
-            let mut w = self.adoption.lock().expect("adoption watch");
-            w.oldest = None;
-        }
-        Ok(Adoption { adopted, lag })
     }
 
     /// Runs `warn` at most once a minute per `what`.
@@ -570,6 +506,62 @@ impl SetState {
             p.last_seq = seq;
             p.last_change = datetime;
         }
+    }
+}
+
+impl ElasticStore {
+    /// One adoption round over every set: the change documents adopted, and the age of the
+    /// oldest document still waiting (none when every one is adopted). A document that has
+    /// waited over [`STUCK`] is logged (once a minute) with its id and set.
+    pub(super) async fn adopt(&self, rules: &dyn SetRules) -> Result<Adoption, StoreError> {
+        let mut adopted = 0;
+        let sets = self.sets_to_adopt().await?;
+        if sets.is_empty() {
+            // Nothing waits (the common round): no search for the oldest.
+            self.adoption.lock().expect("adoption watch").oldest = None;
+            return Ok(Adoption { adopted, lag: None });
+        }
+        for name in sets {
+            let Ok(set) = SetName::parse(&name) else {
+                self.say_stuck(&format!("resource_set {name:?}"), || {
+                    tracing::warn!(resource_set = %name, "documents with an invalid resource_set are ignored");
+                });
+                continue;
+            };
+            loop {
+                let (seen, stamped) = self.adopt_set(&set, rules).await?;
+                adopted += stamped;
+                // A full round goes on, unless it stamped nothing (documents it cannot use
+                // would otherwise be read again and again).
+                if seen < ROUND || stamped == 0 {
+                    break;
+                }
+            }
+        }
+        let waiting = self.oldest_unadopted().await?;
+        let now = Timestamp::now();
+        let lag = waiting.map(|(id, set, written)| {
+            let mut w = self.adoption.lock().expect("adoption watch");
+            if w.oldest.as_deref() != Some(id.as_str()) {
+                w.oldest = Some(id.clone());
+                w.first_seen = std::time::Instant::now();
+            }
+            let by_writer = written
+                .map(|t| std::time::Duration::from_micros((now.0 - t.0).max(0) as u64))
+                .unwrap_or_default();
+            let age = by_writer.max(w.first_seen.elapsed());
+            if age >= STUCK && w.warned.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60)) {
+                w.warned = Some(std::time::Instant::now());
+                tracing::warn!(set = %set, id = %id, waited_secs = age.as_secs(),
+                    "an external document is still not adopted: it is not served or notified (see rshub_adoption_lag_seconds)");
+            }
+            age
+        });
+        if lag.is_none() {
+            let mut w = self.adoption.lock().expect("adoption watch");
+            w.oldest = None;
+        }
+        Ok(Adoption { adopted, lag })
     }
 }
 

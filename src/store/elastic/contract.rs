@@ -14,11 +14,12 @@ use elasticsearch::http::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use super::hub::{corrupt, notify_source, NotifyDoc};
 use super::{ElasticStore, Versioned};
 use crate::model::{Change, ChangeType, NewChange, Resource, ResourceKey, SetName, Timestamp};
 use crate::store::{
-    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy,
-    OpenTotals, Page, PartInfo, StoreError,
+    entry_bytes_estimate, Adoption, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor,
+    ListPolicy, NotifyState, OpenTotals, Page, PartInfo, SetInfo, SetRules, SetStore, StoreError,
 };
 
 /// How long a writer's claim on a set lasts before others treat it as dead.
@@ -296,24 +297,6 @@ impl ElasticStore {
         Ok(())
     }
 
-    pub async fn apply(
-        &self,
-        set: &SetName,
-        changes: Vec<NewChange>,
-        policy: ListPolicy,
-        now: Timestamp,
-    ) -> Result<ApplyOutcome, ApplyError> {
-        let start = crate::store::batch_start(&changes, now);
-        let (mut st, set_created) = self.claim(set, now, start).await?;
-        let token = st.claimed_until;
-        let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
-        self.release_claim(set, token, result.is_ok().then_some(st))
-            .await?;
-        let mut out = result?;
-        out.set_created = set_created;
-        Ok(out)
-    }
-
     async fn apply_claimed(
         &self,
         set: &SetName,
@@ -499,53 +482,6 @@ impl ElasticStore {
         Ok(())
     }
 
-    pub async fn rollover_if_due(
-        &self,
-        set: &SetName,
-        policy: ListPolicy,
-        now: Timestamp,
-    ) -> Result<Option<u32>, StoreError> {
-        let Some((mut st, v)) = self.load(set).await? else {
-            return Ok(None);
-        };
-        let claimed = st.claimed_until.is_some_and(|u| u > Timestamp::now().0);
-        if claimed || !policy.period_over(&st.open().totals(), now) {
-            return Ok(None);
-        }
-        let (closed, _) = st.close_open(now);
-        Ok(self.save(set, &st, &v).await?.then_some(closed))
-    }
-
-    pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
-        let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
-        Ok(st
-            .parts
-            .iter()
-            .map(|p| PartInfo {
-                no: p.no,
-                count: p.count,
-                last_seq: p.last_seq,
-                last_change: Timestamp(p.last_change),
-            })
-            .collect())
-    }
-
-    pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
-        let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
-        Ok(st
-            .lists
-            .iter()
-            .map(|l| ChangeListInfo {
-                no: l.no,
-                from: Timestamp(l.from),
-                until: l.until.map(Timestamp),
-                count: l.count,
-                last_seq: l.last_seq,
-                last_change: l.max_dt.map(Timestamp),
-            })
-            .collect())
-    }
-
     /// One page of a search sorted by `sort`, after the cursor (JSON sort values).
     pub(super) async fn page(
         &self,
@@ -589,133 +525,10 @@ impl ElasticStore {
         Ok((hits.into_iter().map(|h| h.source).collect(), next))
     }
 
-    pub async fn resources(
-        &self,
-        set: &SetName,
-        part: Option<u32>,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<Page<Resource>, StoreError> {
-        let mut filter = vec![json!({"term": {"resource_set": set.as_str()}})];
-        if let Some(p) = part {
-            filter.push(json!({"term": {"part": p}}));
-        }
-        let (docs, next) = self
-            .typed_page::<typed::ResourceSource>(
-                &self.resources,
-                json!({"bool": {"filter": filter}}),
-                json!([{"part": "asc"}, {"key": "asc"}]),
-                after,
-                limit,
-            )
-            .await?;
-        Ok(Page {
-            items: docs.into_iter().map(Resource::from).collect(),
-            next,
-        })
-    }
-
-    pub async fn resource(
-        &self,
-        set: &SetName,
-        key: &ResourceKey,
-    ) -> Result<Option<Resource>, StoreError> {
-        match self
-            .es
-            .get_doc(&self.resources, &resource_id(set, key))
-            .await?
-        {
-            Some(v) => Ok(Some(resource_from(&v.source)?)),
-            None => Ok(None),
-        }
-    }
-
-    pub async fn changes(
-        &self,
-        set: &SetName,
-        from: Timestamp,
-        until: Option<Timestamp>,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<Page<Change>, StoreError> {
-        let mut range = json!({"gte": from.0});
-        if let Some(u) = until {
-            range["lt"] = json!(u.0);
-        }
-        let q = json!({"bool": {"filter": [
-            {"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}, self.committed(set).await?
-        ]}});
-        let (docs, next) = self
-            .typed_page::<typed::ChangeSource>(
-                &self.changes,
-                q,
-                json!([{"datetime_us": "asc"}, {"seq": "asc"}]),
-                after,
-                limit,
-            )
-            .await?;
-        Ok(Page {
-            items: docs
-                .into_iter()
-                .map(Change::try_from)
-                .collect::<Result<_, _>>()?,
-            next,
-        })
-    }
-
     /// The filter that hides change documents of a batch not (yet) committed.
     async fn committed(&self, set: &SetName) -> Result<Value, StoreError> {
         let next = self.load(set).await?.map_or(1, |(s, _)| s.next_seq);
         Ok(json!({"range": {"seq": {"lt": next}}}))
-    }
-
-    pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
-        let q = json!({"query": {"term": {"resource_set": set.as_str()}}});
-        let r = self
-            .es
-            .ok(
-                Method::Post,
-                &format!("/{}/_count", self.resources),
-                Some(q),
-            )
-            .await?;
-        let q = json!({"query": {"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}}});
-        let c = self
-            .es
-            .ok(Method::Post, &format!("/{}/_count", self.changes), Some(q))
-            .await?;
-        Ok(Counts {
-            resources: r["count"].as_u64().unwrap_or(0),
-            changes: c["count"].as_u64().unwrap_or(0),
-        })
-    }
-
-    pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
-        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}});
-        let (docs, _) = self
-            .page(
-                &self.changes,
-                q,
-                json!([{"datetime_us": "desc"}, {"seq": "desc"}]),
-                None,
-                1,
-            )
-            .await?;
-        docs.first().map(change_from).transpose()
-    }
-
-    /// Readiness: the cluster answers and every index exists with its mappings. Indices found
-    /// missing are recreated at once, and this check fails naming them (what they held is
-    /// gone: an operator must know).
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        let recreated = self.es.check_indices().await?;
-        if recreated.is_empty() {
-            Ok(())
-        } else {
-            Err(StoreError::Unavailable(format!(
-                "indices {recreated:?} were missing (cluster rebuilt or indices deleted) and have been recreated empty with their mappings"
-            )))
-        }
     }
 }
 
@@ -832,5 +645,298 @@ mod typed {
                 timestamp: r.timestamp,
             })
         }
+    }
+}
+
+#[async_trait::async_trait]
+impl SetStore for ElasticStore {
+    async fn apply(
+        &self,
+        set: &SetName,
+        changes: Vec<NewChange>,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let start = crate::store::batch_start(&changes, now);
+        let (mut st, set_created) = self.claim(set, now, start).await?;
+        let token = st.claimed_until;
+        let result = self.apply_claimed(set, &mut st, changes, policy, now).await;
+        self.release_claim(set, token, result.is_ok().then_some(st))
+            .await?;
+        let mut out = result?;
+        out.set_created = set_created;
+        Ok(out)
+    }
+
+    async fn rollover_if_due(
+        &self,
+        set: &SetName,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<Option<u32>, StoreError> {
+        let Some((mut st, v)) = self.load(set).await? else {
+            return Ok(None);
+        };
+        let claimed = st.claimed_until.is_some_and(|u| u > Timestamp::now().0);
+        if claimed || !policy.period_over(&st.open().totals(), now) {
+            return Ok(None);
+        }
+        let (closed, _) = st.close_open(now);
+        Ok(self.save(set, &st, &v).await?.then_some(closed))
+    }
+
+    async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
+        let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
+        Ok(st
+            .parts
+            .iter()
+            .map(|p| PartInfo {
+                no: p.no,
+                count: p.count,
+                last_seq: p.last_seq,
+                last_change: Timestamp(p.last_change),
+            })
+            .collect())
+    }
+
+    async fn resources(
+        &self,
+        set: &SetName,
+        part: Option<u32>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Resource>, StoreError> {
+        let mut filter = vec![json!({"term": {"resource_set": set.as_str()}})];
+        if let Some(p) = part {
+            filter.push(json!({"term": {"part": p}}));
+        }
+        let (docs, next) = self
+            .typed_page::<typed::ResourceSource>(
+                &self.resources,
+                json!({"bool": {"filter": filter}}),
+                json!([{"part": "asc"}, {"key": "asc"}]),
+                after,
+                limit,
+            )
+            .await?;
+        Ok(Page {
+            items: docs.into_iter().map(Resource::from).collect(),
+            next,
+        })
+    }
+
+    async fn resource(
+        &self,
+        set: &SetName,
+        key: &ResourceKey,
+    ) -> Result<Option<Resource>, StoreError> {
+        match self
+            .es
+            .get_doc(&self.resources, &resource_id(set, key))
+            .await?
+        {
+            Some(v) => Ok(Some(resource_from(&v.source)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
+        let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
+        Ok(st
+            .lists
+            .iter()
+            .map(|l| ChangeListInfo {
+                no: l.no,
+                from: Timestamp(l.from),
+                until: l.until.map(Timestamp),
+                count: l.count,
+                last_seq: l.last_seq,
+                last_change: l.max_dt.map(Timestamp),
+            })
+            .collect())
+    }
+
+    async fn changes(
+        &self,
+        set: &SetName,
+        from: Timestamp,
+        until: Option<Timestamp>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Change>, StoreError> {
+        let mut range = json!({"gte": from.0});
+        if let Some(u) = until {
+            range["lt"] = json!(u.0);
+        }
+        let q = json!({"bool": {"filter": [
+            {"term": {"resource_set": set.as_str()}}, {"range": {"datetime_us": range}}, self.committed(set).await?
+        ]}});
+        let (docs, next) = self
+            .typed_page::<typed::ChangeSource>(
+                &self.changes,
+                q,
+                json!([{"datetime_us": "asc"}, {"seq": "asc"}]),
+                after,
+                limit,
+            )
+            .await?;
+        Ok(Page {
+            items: docs
+                .into_iter()
+                .map(Change::try_from)
+                .collect::<Result<_, _>>()?,
+            next,
+        })
+    }
+
+    async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
+        let q = json!({"query": {"term": {"resource_set": set.as_str()}}});
+        let r = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_count", self.resources),
+                Some(q),
+            )
+            .await?;
+        let q = json!({"query": {"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}}});
+        let c = self
+            .es
+            .ok(Method::Post, &format!("/{}/_count", self.changes), Some(q))
+            .await?;
+        Ok(Counts {
+            resources: r["count"].as_u64().unwrap_or(0),
+            changes: c["count"].as_u64().unwrap_or(0),
+        })
+    }
+
+    async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
+        let q = json!({"bool": {"filter": [{"term": {"resource_set": set.as_str()}}, self.committed(set).await?]}});
+        let (docs, _) = self
+            .page(
+                &self.changes,
+                q,
+                json!([{"datetime_us": "desc"}, {"seq": "desc"}]),
+                None,
+                1,
+            )
+            .await?;
+        docs.first().map(change_from).transpose()
+    }
+
+    /// Readiness: the cluster answers and every index exists with its mappings. Indices found
+    /// missing are recreated at once, and this check fails naming them (what they held is
+    /// gone: an operator must know).
+    /// Also reports, once, indices that any caller found missing and recreated since the
+    /// last ping.
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.es.check_indices().await?;
+        let recreated = self.es.take_unreported_losses();
+        if recreated.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::Unavailable(format!(
+                "indices {recreated:?} were missing (cluster rebuilt or indices deleted) and have been recreated empty with their mappings"
+            )))
+        }
+    }
+
+    /// Registers a set if it is new; `true` for exactly one of several concurrent callers.
+    async fn ensure_set(
+        &self,
+        set: &crate::model::SetName,
+        now: crate::model::Timestamp,
+    ) -> Result<bool, StoreError> {
+        self.ensure_set_from(set, now, now).await
+    }
+
+    async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
+        let pit = self.es.open_pit(&self.meta, "1m").await?;
+        let query = serde_json::json!({"term": {"kind": "set"}});
+        let sort = serde_json::json!([{"set": "asc"}]);
+        let mut out = Vec::new();
+        let mut after = None;
+        let res = loop {
+            let page = match self
+                .es
+                .scan(&pit, &query, &sort, after.as_ref(), 1000)
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => break Err(e),
+            };
+            for h in &page.hits {
+                let s = &h["_source"];
+                let name = s["set"].as_str().unwrap_or_default();
+                let Ok(name) = crate::model::SetName::parse(name) else {
+                    continue;
+                };
+                out.push(SetInfo {
+                    name,
+                    created_at: crate::model::Timestamp(s["created_at_us"].as_i64().unwrap_or(0)),
+                });
+            }
+            match page.after {
+                Some(a) => after = Some(a),
+                None => break Ok(()),
+            }
+        };
+        let _ = self.es.close_pit(&pit).await;
+        res.map(|()| out)
+    }
+
+    /// The notifier's state of a set. A committed outbox left by a notifier that stopped is
+    /// logged first: only the notifier (the process holding the leader lease) calls this.
+    async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
+        let id = format!("notify:{set}");
+        let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else {
+            return Ok(None);
+        };
+        if v.source["doc"]["outbox"]
+            .as_array()
+            .is_some_and(|o| !o.is_empty())
+        {
+            tracing::warn!(set = %set, "notifications committed by a process that stopped before logging them: logging them now");
+            self.flush_outbox(set).await?;
+            v = self
+                .es
+                .get_doc(&self.hub, &id)
+                .await?
+                .ok_or_else(|| corrupt(format!("notifier state of {set} vanished")))?;
+        }
+        let d: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        Ok(Some(NotifyState {
+            set: set.clone(),
+            watermark: Timestamp(d.watermark),
+            parts_seen: d.parts_seen,
+            lists_seen: d.lists_seen,
+            announced: d.announced,
+            version: d.version,
+        }))
+    }
+
+    async fn notify_init(&self, s: NotifyState) -> Result<(), StoreError> {
+        let doc = NotifyDoc {
+            watermark: s.watermark.0,
+            parts_seen: s.parts_seen,
+            lists_seen: s.lists_seen,
+            announced: s.announced,
+            version: 0,
+            outbox: vec![],
+        };
+        self.es
+            .put_doc_if(
+                &self.hub,
+                &format!("notify:{}", s.set),
+                &notify_source(&s.set, &doc),
+                None,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// See [`super::adopt`].
+    async fn adopt_external(&self, rules: &dyn SetRules) -> Result<Adoption, StoreError> {
+        self.adopt(rules).await
     }
 }

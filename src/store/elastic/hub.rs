@@ -37,8 +37,9 @@ use crate::model::websub::{
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::{SetName, Timestamp};
+use crate::store::hub::LeaseVersion;
 use crate::store::{fold, sub_state};
-use crate::store::{NotifyState, StoreError};
+use crate::store::{HubStore, NotifyState, PartitionLease, StoreError};
 
 /// The hub index's mapping: what is searched is indexed, the rest is kept under `doc`.
 pub fn hub_mapping() -> Value {
@@ -56,7 +57,7 @@ pub fn hub_mapping() -> Value {
     }})
 }
 
-fn corrupt(e: impl std::fmt::Display) -> StoreError {
+pub(super) fn corrupt(e: impl std::fmt::Display) -> StoreError {
     StoreError::Corrupt(e.to_string())
 }
 
@@ -185,26 +186,26 @@ struct IntentDoc {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct OutboxEntry {
+pub(super) struct OutboxEntry {
     topic: String,
     content_type: String,
     body: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct NotifyDoc {
-    watermark: i64,
-    parts_seen: u32,
-    lists_seen: u32,
-    announced: bool,
-    version: i64,
+pub(super) struct NotifyDoc {
+    pub(super) watermark: i64,
+    pub(super) parts_seen: u32,
+    pub(super) lists_seen: u32,
+    pub(super) announced: bool,
+    pub(super) version: i64,
     /// Messages committed with this version and not yet known to be in the log.
     #[serde(default)]
-    outbox: Vec<OutboxEntry>,
+    pub(super) outbox: Vec<OutboxEntry>,
 }
 
 /// The stored form of a set's notifier state.
-fn notify_source(set: &SetName, doc: &NotifyDoc) -> Value {
+pub(super) fn notify_source(set: &SetName, doc: &NotifyDoc) -> Value {
     json!({"kind": "notify", "set": set.as_str(), "doc": doc})
 }
 
@@ -332,84 +333,6 @@ impl ElasticStore {
         }
     }
 
-    /// The newest message number (0 when the log is empty).
-    /// Up to `limit` messages after `after` (of one topic, or all), in number order.
-    pub async fn hub_messages_after(
-        &self,
-        topic: Option<&Topic>,
-        after: MessageId,
-        limit: usize,
-    ) -> Result<Vec<Arc<Message>>, StoreError> {
-        let mut filter = vec![
-            json!({"term": {"kind": "msg"}}),
-            json!({"range": {"seq": {"gt": after}}}),
-        ];
-        if let Some(t) = topic {
-            filter.push(json!({"term": {"topic": t.as_str()}}));
-        }
-        let (docs, _) = self
-            .page(
-                &self.hub,
-                json!({"bool": {"filter": filter}}),
-                json!([{"seq": "asc"}]),
-                None,
-                limit,
-            )
-            .await?;
-        docs.iter().map(|d| message_from(d).map(Arc::new)).collect()
-    }
-
-    /// The first and last message numbers of `topic` published in `[since, until)` and not
-    /// after `through`, with their count; `None` when there are none.
-    pub async fn hub_window(
-        &self,
-        topic: &Topic,
-        since: Timestamp,
-        until: Timestamp,
-        through: MessageId,
-    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError> {
-        let q = json!({"bool": {"filter": [
-            {"term": {"kind": "msg"}}, {"term": {"topic": topic.as_str()}},
-            {"range": {"seq": {"lte": through}}}, {"range": {"at": {"gte": since.0, "lt": until.0}}}]}});
-        let ends = |order: &'static str| {
-            let q = q.clone();
-            async move {
-                let (docs, _) = self
-                    .page(&self.hub, q, json!([{"seq": order}]), None, 1)
-                    .await?;
-                Ok::<_, StoreError>(docs.first().and_then(|d| d["seq"].as_i64()))
-            }
-        };
-        let (Some(first), Some(last)) = (ends("asc").await?, ends("desc").await?) else {
-            return Ok(None);
-        };
-        let n = self
-            .es
-            .ok(
-                Method::Post,
-                &format!("/{}/_count", self.hub),
-                Some(json!({"query": q})),
-            )
-            .await?["count"]
-            .as_u64()
-            .unwrap_or(0);
-        Ok(Some((first, last, n)))
-    }
-
-    /// The newest message's number (0 when none).
-    pub async fn hub_max_seq(&self) -> Result<MessageId, StoreError> {
-        let (docs, _) = self
-            .page(
-                &self.hub,
-                json!({"term": {"kind": "msg"}}),
-                json!([{"seq": "desc"}]),
-                None,
-                1,
-            )
-            .await?;
-        Ok(docs.first().and_then(|d| d["seq"].as_i64()).unwrap_or(0))
-    }
-
     /// Appends one message, claiming the next free number.
     async fn append(
         &self,
@@ -419,7 +342,7 @@ impl ElasticStore {
         origin: Option<String>,
         now: Timestamp,
     ) -> Result<Message, StoreError> {
-        let mut n = self.hub_max_seq().await? + 1;
+        let mut n = self.hub_last_message().await? + 1;
         let src = |n: i64| {
             json!({"kind": "msg", "seq": n, "topic": topic.as_str(), "at": now.0, "origin": origin,
                    "doc": {"content_type": content_type, "body": b64(body)}})
@@ -542,7 +465,168 @@ impl ElasticStore {
         Ok(if id < 1 { id + count } else { id })
     }
 
-    pub async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
+    async fn remove_sub(&self, doc_id: &str, id: SubscriptionId) -> Result<(), StoreError> {
+        self.delete_doc(doc_id).await?;
+        self.delete_query(
+            json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}}),
+        )
+        .await?;
+        Ok(())
+    }
+
+    /// Appends a committed outbox to the log (skipping what an earlier attempt appended) and
+    /// empties it. Returns the messages appended now.
+    pub(super) async fn flush_outbox(&self, set: &SetName) -> Result<Vec<Message>, StoreError> {
+        let id = format!("notify:{set}");
+        let Some(v) = self.es.get_doc(&self.hub, &id).await? else {
+            return Ok(vec![]);
+        };
+        let mut doc: NotifyDoc =
+            serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
+        if doc.outbox.is_empty() {
+            return Ok(vec![]);
+        }
+        let now = Timestamp::now();
+        let mut out = Vec::new();
+        for (i, e) in doc.outbox.iter().enumerate() {
+            let origin = format!("{set}#{}#{i}", doc.version);
+            let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"origin": origin}}]}});
+            if !self
+                .page(&self.hub, q, json!([{"seq": "asc"}]), None, 1)
+                .await?
+                .0
+                .is_empty()
+            {
+                continue;
+            }
+            let body = base64::engine::general_purpose::STANDARD
+                .decode(&e.body)
+                .map_err(corrupt)?;
+            out.push(
+                self.append(
+                    &Topic::from_stored(e.topic.clone()),
+                    &e.content_type,
+                    &Bytes::from(body),
+                    Some(origin),
+                    now,
+                )
+                .await?,
+            );
+        }
+        doc.outbox.clear();
+        // Losing this race means another process emptied it: the messages are in the log.
+        self.es
+            .put_doc_if(&self.hub, &id, &notify_source(set, &doc), Some(&v))
+            .await?;
+        Ok(out)
+    }
+
+    /// Up to when a set's changes have been notified, without touching the state (for
+    /// writers, which must not date changes before it).
+    pub(super) async fn notified_until(
+        &self,
+        set: &SetName,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let v = self.es.get_doc(&self.hub, &format!("notify:{set}")).await?;
+        Ok(v.and_then(|v| v.source["doc"]["watermark"].as_i64())
+            .map(Timestamp))
+    }
+
+    /// The document ids of subscriptions (kept once read: a subscription's id and document
+    /// never change); those not found are left out.
+    async fn sub_doc_ids(
+        &self,
+        ids: impl Iterator<Item = SubscriptionId>,
+    ) -> Result<HashMap<SubscriptionId, String>, StoreError> {
+        let ids: Vec<SubscriptionId> = ids.collect();
+        let mut out = HashMap::new();
+        let mut missing = Vec::new();
+        {
+            let known = self.sub_docs.lock().expect("sub doc ids");
+            for id in &ids {
+                match known.get(id) {
+                    Some(d) => {
+                        out.insert(*id, d.clone());
+                    }
+                    None => missing.push(*id),
+                }
+            }
+        }
+        if !missing.is_empty() {
+            for (s, _) in self.subs(json!({"terms": {"id": missing}})).await? {
+                let d = sub_doc_id(
+                    &Topic::from_stored(s.topic),
+                    &Callback::from_stored(s.callback),
+                );
+                self.sub_docs
+                    .lock()
+                    .expect("sub doc ids")
+                    .insert(s.id, d.clone());
+                out.insert(s.id, d);
+            }
+        }
+        Ok(out)
+    }
+
+    async fn message(&self, id: MessageId) -> Result<Option<Message>, StoreError> {
+        match self.es.get_doc(&self.hub, &format!("msg:{id}")).await? {
+            Some(v) => Ok(Some(message_from(&v.source)?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn listing(
+        &self,
+        query: Value,
+        now: Timestamp,
+    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
+        let subs = self.subs(query).await?;
+        let refs: Vec<&SubDoc> = subs.iter().map(|(s, _)| s).collect();
+        let pending = self.pending(&refs).await?;
+        subs.iter()
+            .map(|(s, _)| Ok((s.subscription()?, s.stats(pending[&s.id], now))))
+            .collect()
+    }
+}
+
+#[async_trait::async_trait]
+impl HubStore for ElasticStore {
+    fn is_shared(&self) -> bool {
+        true
+    }
+
+    /// Takes or renews the lease `name` for `owner` for `secs` seconds; `true` while held.
+    /// A lease is one document replaced conditionally, so at most one owner holds it at a time.
+    async fn lease(&self, name: &str, owner: &str, secs: u64) -> Result<bool, StoreError> {
+        let id = format!("lease:{name}");
+        let now = Timestamp::now();
+        let doc = json!({"kind": "lease", "doc": {"owner": owner, "until": now.plus_secs(secs).0}});
+        match self.es.get_doc(&self.hub, &id).await? {
+            None => self.es.put_doc_if(&self.hub, &id, &doc, None).await,
+            Some(v) => {
+                let held_by_other = v.source["doc"]["owner"].as_str() != Some(owner)
+                    && v.source["doc"]["until"].as_i64().is_some_and(|u| u > now.0);
+                if held_by_other {
+                    return Ok(false);
+                }
+                self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await
+            }
+        }
+    }
+
+    /// Gives the lease up at once (a clean stop), if `owner` holds it.
+    async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
+        let id = format!("lease:{name}");
+        if let Some(v) = self.es.get_doc(&self.hub, &id).await? {
+            if v.source["doc"]["owner"].as_str() == Some(owner) {
+                let doc = json!({"kind": "lease", "doc": {"owner": "", "until": 0}});
+                self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         let doc = IntentDoc {
             id: random_id(),
             mode: i.mode.as_str().into(),
@@ -568,7 +652,7 @@ impl ElasticStore {
         Ok(doc.id)
     }
 
-    pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
+    async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
         let docs = self
             .all(json!({"term": {"kind": "intent"}}), json!([{"id": "asc"}]))
             .await?;
@@ -592,7 +676,7 @@ impl ElasticStore {
             .collect()
     }
 
-    pub async fn hub_resolve(
+    async fn hub_resolve(
         &self,
         intent: Intent,
         res: Resolution,
@@ -602,7 +686,7 @@ impl ElasticStore {
             Resolution::Dropped => None,
             Resolution::Subscribed { verified_at } => {
                 let expires = verified_at.plus_secs(intent.lease_secs);
-                let newest = self.hub_max_seq().await?;
+                let newest = self.hub_last_message().await?;
                 let mut written = None;
                 for _ in 0..100 {
                     match self.get_sub(&doc_id).await? {
@@ -682,16 +766,7 @@ impl ElasticStore {
         Ok(out)
     }
 
-    async fn remove_sub(&self, doc_id: &str, id: SubscriptionId) -> Result<(), StoreError> {
-        self.delete_doc(doc_id).await?;
-        self.delete_query(
-            json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}}),
-        )
-        .await?;
-        Ok(())
-    }
-
-    pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
+    async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         if let Some(s) = self.sub_by_id(id).await? {
             let doc_id = sub_doc_id(
                 &Topic::from_stored(s.topic),
@@ -702,7 +777,7 @@ impl ElasticStore {
         Ok(())
     }
 
-    pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+    async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         self.subs(json!({"match_all": {}}))
             .await?
             .iter()
@@ -710,7 +785,7 @@ impl ElasticStore {
             .collect()
     }
 
-    pub async fn hub_subscription(
+    async fn hub_subscription(
         &self,
         topic: &Topic,
         callback: &Callback,
@@ -721,9 +796,19 @@ impl ElasticStore {
             .transpose()
     }
 
+    async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
+        let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"prefix": {"callback": prefix}}]}}});
+        Ok(self
+            .es
+            .ok(Method::Post, &format!("/{}/_count", self.hub), Some(q))
+            .await?["count"]
+            .as_u64()
+            .unwrap_or(0))
+    }
+
     /// Appends messages; with `state`, commits the set's notifier state and the messages
     /// together through the state document's outbox (see the module doc).
-    pub async fn hub_publish(
+    async fn hub_publish(
         &self,
         messages: Vec<(Topic, String, Bytes)>,
         state: Option<(i64, NotifyState)>,
@@ -776,117 +861,88 @@ impl ElasticStore {
         self.flush_outbox(&new.set).await
     }
 
-    /// Appends a committed outbox to the log (skipping what an earlier attempt appended) and
-    /// empties it. Returns the messages appended now.
-    async fn flush_outbox(&self, set: &SetName) -> Result<Vec<Message>, StoreError> {
-        let id = format!("notify:{set}");
-        let Some(v) = self.es.get_doc(&self.hub, &id).await? else {
-            return Ok(vec![]);
-        };
-        let mut doc: NotifyDoc =
-            serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
-        if doc.outbox.is_empty() {
-            return Ok(vec![]);
-        }
-        let now = Timestamp::now();
-        let mut out = Vec::new();
-        for (i, e) in doc.outbox.iter().enumerate() {
-            let origin = format!("{set}#{}#{i}", doc.version);
-            let q = json!({"bool": {"filter": [{"term": {"kind": "msg"}}, {"term": {"origin": origin}}]}});
-            if !self
-                .page(&self.hub, q, json!([{"seq": "asc"}]), None, 1)
-                .await?
-                .0
-                .is_empty()
-            {
-                continue;
-            }
-            let body = base64::engine::general_purpose::STANDARD
-                .decode(&e.body)
-                .map_err(corrupt)?;
-            out.push(
-                self.append(
-                    &Topic::from_stored(e.topic.clone()),
-                    &e.content_type,
-                    &Bytes::from(body),
-                    Some(origin),
-                    now,
-                )
-                .await?,
-            );
-        }
-        doc.outbox.clear();
-        // Losing this race means another process emptied it: the messages are in the log.
-        self.es
-            .put_doc_if(&self.hub, &id, &notify_source(set, &doc), Some(&v))
-            .await?;
-        Ok(out)
-    }
-
-    /// Up to when a set's changes have been notified, without touching the state (for
-    /// writers, which must not date changes before it).
-    pub(super) async fn notified_until(
+    /// The newest message number (0 when the log is empty).
+    /// Up to `limit` messages after `after` (of one topic, or all), in number order.
+    async fn hub_messages_after(
         &self,
-        set: &SetName,
-    ) -> Result<Option<Timestamp>, StoreError> {
-        let v = self.es.get_doc(&self.hub, &format!("notify:{set}")).await?;
-        Ok(v.and_then(|v| v.source["doc"]["watermark"].as_i64())
-            .map(Timestamp))
-    }
-
-    /// The notifier's state of a set. A committed outbox left by a notifier that stopped is
-    /// logged first: only the notifier (the process holding the leader lease) calls this.
-    pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
-        let id = format!("notify:{set}");
-        let Some(mut v) = self.es.get_doc(&self.hub, &id).await? else {
-            return Ok(None);
-        };
-        if v.source["doc"]["outbox"]
-            .as_array()
-            .is_some_and(|o| !o.is_empty())
-        {
-            tracing::warn!(set = %set, "notifications committed by a process that stopped before logging them: logging them now");
-            self.flush_outbox(set).await?;
-            v = self
-                .es
-                .get_doc(&self.hub, &id)
-                .await?
-                .ok_or_else(|| corrupt(format!("notifier state of {set} vanished")))?;
+        topic: Option<&Topic>,
+        after: MessageId,
+        limit: usize,
+        _max_bytes: usize,
+    ) -> Result<Vec<Arc<Message>>, StoreError> {
+        let mut filter = vec![
+            json!({"term": {"kind": "msg"}}),
+            json!({"range": {"seq": {"gt": after}}}),
+        ];
+        if let Some(t) = topic {
+            filter.push(json!({"term": {"topic": t.as_str()}}));
         }
-        let d: NotifyDoc = serde_json::from_value(v.source["doc"].clone()).map_err(corrupt)?;
-        Ok(Some(NotifyState {
-            set: set.clone(),
-            watermark: Timestamp(d.watermark),
-            parts_seen: d.parts_seen,
-            lists_seen: d.lists_seen,
-            announced: d.announced,
-            version: d.version,
-        }))
-    }
-
-    pub async fn notify_init(&self, s: NotifyState) -> Result<(), StoreError> {
-        let doc = NotifyDoc {
-            watermark: s.watermark.0,
-            parts_seen: s.parts_seen,
-            lists_seen: s.lists_seen,
-            announced: s.announced,
-            version: 0,
-            outbox: vec![],
-        };
-        self.es
-            .put_doc_if(
+        let (docs, _) = self
+            .page(
                 &self.hub,
-                &format!("notify:{}", s.set),
-                &notify_source(&s.set, &doc),
+                json!({"bool": {"filter": filter}}),
+                json!([{"seq": "asc"}]),
                 None,
+                limit,
             )
             .await?;
-        Ok(())
+        docs.iter().map(|d| message_from(d).map(Arc::new)).collect()
+    }
+
+    /// The first and last message numbers of `topic` published in `[since, until)` and not
+    /// after `through`, with their count; `None` when there are none.
+    async fn hub_window(
+        &self,
+        topic: &Topic,
+        since: Timestamp,
+        until: Timestamp,
+        through: MessageId,
+    ) -> Result<Option<(MessageId, MessageId, u64)>, StoreError> {
+        let q = json!({"bool": {"filter": [
+            {"term": {"kind": "msg"}}, {"term": {"topic": topic.as_str()}},
+            {"range": {"seq": {"lte": through}}}, {"range": {"at": {"gte": since.0, "lt": until.0}}}]}});
+        let ends = |order: &'static str| {
+            let q = q.clone();
+            async move {
+                let (docs, _) = self
+                    .page(&self.hub, q, json!([{"seq": order}]), None, 1)
+                    .await?;
+                Ok::<_, StoreError>(docs.first().and_then(|d| d["seq"].as_i64()))
+            }
+        };
+        let (Some(first), Some(last)) = (ends("asc").await?, ends("desc").await?) else {
+            return Ok(None);
+        };
+        let n = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_count", self.hub),
+                Some(json!({"query": q})),
+            )
+            .await?["count"]
+            .as_u64()
+            .unwrap_or(0);
+        Ok(Some((first, last, n)))
+    }
+
+    /// The newest message's number (0 when none).
+    async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
+        let (docs, _) = self
+            .page(
+                &self.hub,
+                json!({"term": {"kind": "msg"}}),
+                json!([{"seq": "desc"}]),
+                None,
+                1,
+            )
+            .await?;
+        Ok(docs.first().and_then(|d| d["seq"].as_i64()).unwrap_or(0))
     }
 
     /// Records outcomes; each subscription's record is written only by a writer whose epoch
     /// (in `epochs`) is at least the one stored with it. Returns the subscriptions refused so.
-    pub async fn hub_record(
+    async fn hub_record(
         &self,
         outcomes: Vec<Outcome>,
         epochs: &HashMap<SubscriptionId, u64>,
@@ -962,64 +1018,226 @@ impl ElasticStore {
         Ok(fenced)
     }
 
-    /// The document ids of subscriptions (kept once read: a subscription's id and document
-    /// never change); those not found are left out.
-    async fn sub_doc_ids(
+    /// Leaves a redelivery request for whichever process delivers the subscription's partition.
+    async fn hub_leave_redelivery(
         &self,
-        ids: impl Iterator<Item = SubscriptionId>,
-    ) -> Result<HashMap<SubscriptionId, String>, StoreError> {
-        let ids: Vec<SubscriptionId> = ids.collect();
-        let mut out = HashMap::new();
-        let mut missing = Vec::new();
+        sub: SubscriptionId,
+        after: MessageId,
+        through: MessageId,
+    ) -> Result<(), StoreError> {
+        let id = random_id();
+        let doc = json!({"kind": "redeliver", "id": id, "sub": sub, "doc": {"after": after, "through": through}});
+        if self
+            .es
+            .put_doc_if(&self.hub, &format!("redeliver:{id}"), &doc, None)
+            .await?
         {
-            let known = self.sub_docs.lock().expect("sub doc ids");
-            for id in &ids {
-                match known.get(id) {
-                    Some(d) => {
-                        out.insert(*id, d.clone());
-                    }
-                    None => missing.push(*id),
-                }
-            }
+            Ok(())
+        } else {
+            Err(StoreError::Conflict(format!("request id {id} taken")))
         }
-        if !missing.is_empty() {
-            for (s, _) in self.subs(json!({"terms": {"id": missing}})).await? {
-                let d = sub_doc_id(
-                    &Topic::from_stored(s.topic),
-                    &Callback::from_stored(s.callback),
-                );
-                self.sub_docs
-                    .lock()
-                    .expect("sub doc ids")
-                    .insert(s.id, d.clone());
-                out.insert(s.id, d);
-            }
-        }
-        Ok(out)
     }
 
-    pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
+    /// Redelivery requests left (oldest first): (request, subscription, after, through).
+    async fn hub_redeliveries(
+        &self,
+    ) -> Result<Vec<(i64, SubscriptionId, MessageId, MessageId)>, StoreError> {
+        let docs = self
+            .all(
+                json!({"term": {"kind": "redeliver"}}),
+                json!([{"id": "asc"}]),
+            )
+            .await?;
+        Ok(docs
+            .iter()
+            .filter_map(|d| {
+                Some((
+                    d["id"].as_i64()?,
+                    d["sub"].as_i64()?,
+                    d["doc"]["after"].as_i64()?,
+                    d["doc"]["through"].as_i64()?,
+                ))
+            })
+            .collect())
+    }
+
+    async fn hub_redelivery_taken(&self, request: i64) -> Result<(), StoreError> {
+        self.delete_doc(&format!("redeliver:{request}")).await
+    }
+
+    /// The number of delivery partitions: the first process to ask fixes it (`wanted`), the
+    /// others get what it fixed.
+    async fn partition_count(&self, wanted: u32) -> Result<u32, StoreError> {
+        let doc = json!({"kind": "partitions", "doc": {"count": wanted}});
+        for _ in 0..10 {
+            if let Some(v) = self.es.get_doc(&self.hub, "partitions").await? {
+                return v.source["doc"]["count"]
+                    .as_u64()
+                    .filter(|n| *n >= 1)
+                    .map(|n| n as u32)
+                    .ok_or_else(|| corrupt(format!("partitions document: {}", v.source)));
+            }
+            if self
+                .es
+                .put_doc_if(&self.hub, "partitions", &doc, None)
+                .await?
+            {
+                return Ok(wanted);
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the partitions document kept changing".into(),
+        ))
+    }
+
+    /// Announces `owner` alive for `secs` seconds in the one heartbeat document (replaced
+    /// conditionally) and returns the processes alive now, `owner` among them. Entries dead
+    /// for a minute are dropped.
+    async fn heartbeat(&self, owner: &str, secs: u64) -> Result<Vec<String>, StoreError> {
+        for _ in 0..50 {
+            let now = Timestamp::now();
+            let v = self.es.get_doc(&self.hub, "nodes").await?;
+            let mut nodes: BTreeMap<String, i64> = v
+                .as_ref()
+                .and_then(|v| serde_json::from_value(v.source["doc"]["nodes"].clone()).ok())
+                .unwrap_or_default();
+            nodes.retain(|_, until| *until > now.0 - 60_000_000);
+            nodes.insert(owner.to_string(), now.plus_secs(secs).0);
+            let doc = json!({"kind": "nodes", "doc": {"nodes": nodes}});
+            if self
+                .es
+                .put_doc_if(&self.hub, "nodes", &doc, v.as_ref())
+                .await?
+            {
+                return Ok(nodes
+                    .into_iter()
+                    .filter(|(_, until)| *until > now.0)
+                    .map(|(n, _)| n)
+                    .collect());
+            }
+        }
+        Err(StoreError::Unavailable(
+            "the heartbeat document kept changing under us".into(),
+        ))
+    }
+
+    /// Takes partition `p` for `owner` when no one holds it (never taken, released, or its
+    /// lease lapsed), with the next epoch. `None` while another process holds it.
+    async fn take_partition(
+        &self,
+        p: u32,
+        owner: &str,
+        secs: u64,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        let id = format!("part:{p}");
+        let now = Timestamp::now();
+        let current = self.es.get_doc(&self.hub, &id).await?;
+        let epoch = match &current {
+            None => 1,
+            Some(v) => {
+                let d = &v.source["doc"];
+                let held = d["owner"]
+                    .as_str()
+                    .is_some_and(|o| !o.is_empty() && o != owner)
+                    && d["until"].as_i64().is_some_and(|u| u > now.0);
+                if held {
+                    return Ok(None);
+                }
+                d["epoch"].as_u64().unwrap_or(0) + 1
+            }
+        };
+        let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": epoch, "until": now.plus_secs(secs).0}});
+        Ok(self
+            .es
+            .put_doc_versioned(&self.hub, &id, &doc, current.as_ref())
+            .await?
+            .map(|v| PartitionLease {
+                epoch,
+                version: lease_version(&v),
+            }))
+    }
+
+    /// Renews a partition's lease (`Some`, the new version) unless someone else wrote it since
+    /// (`None`: the partition is lost).
+    async fn renew_partition(
+        &self,
+        p: u32,
+        lease: &PartitionLease,
+        owner: &str,
+        secs: u64,
+    ) -> Result<Option<PartitionLease>, StoreError> {
+        let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": lease.epoch, "until": Timestamp::now().plus_secs(secs).0}});
+        Ok(self
+            .es
+            .put_doc_versioned(
+                &self.hub,
+                &format!("part:{p}"),
+                &doc,
+                Some(&versioned(lease.version)),
+            )
+            .await?
+            .map(|v| PartitionLease {
+                epoch: lease.epoch,
+                version: lease_version(&v),
+            }))
+    }
+
+    /// Gives a partition up at once (its lanes have stopped and their outcomes are written).
+    async fn release_partition(&self, p: u32, lease: &PartitionLease) -> Result<(), StoreError> {
+        let doc =
+            json!({"kind": "partition", "doc": {"owner": "", "epoch": lease.epoch, "until": 0}});
+        self.es
+            .put_doc_if(
+                &self.hub,
+                &format!("part:{p}"),
+                &doc,
+                Some(&versioned(lease.version)),
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Stamps each partition's new epoch (`taken`: partition, epoch; of `count`) on the
+    /// delivery records of its subscriptions, in one pass over them: from here on a writer
+    /// with an older epoch (a paused ex-owner) is refused.
+    async fn fence(&self, taken: &[(u32, u64)], count: u32) -> Result<(), StoreError> {
+        let epochs: HashMap<u32, u64> = taken.iter().copied().collect();
+        let subs = self.subs(json!({"match_all": {}})).await?;
+        let stamps = subs.iter().filter_map(|(s, _)| {
+            let epoch = *epochs.get(&partition_of(s.id, count))?;
+            (s.epoch < epoch).then(|| {
+                let doc = sub_doc_id(
+                    &Topic::from_stored(s.topic.clone()),
+                    &Callback::from_stored(s.callback.clone()),
+                );
+                async move {
+                    self.update_sub(&doc, |s| {
+                        if s.epoch >= epoch {
+                            return false;
+                        }
+                        s.epoch = epoch;
+                        true
+                    })
+                    .await
+                }
+            })
+        });
+        let done: Vec<Result<Option<SubDoc>, StoreError>> =
+            futures_util::stream::iter(stamps.collect::<Vec<_>>())
+                .buffer_unordered(16)
+                .collect()
+                .await;
+        for d in done {
+            d?;
+        }
+        Ok(())
+    }
+
+    async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
         self.note_topic(&topic, None, now).await
     }
 
-    async fn message(&self, id: MessageId) -> Result<Option<Message>, StoreError> {
-        match self.es.get_doc(&self.hub, &format!("msg:{id}")).await? {
-            Some(v) => Ok(Some(message_from(&v.source)?)),
-            None => Ok(None),
-        }
-    }
-
-    pub async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
-        let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"prefix": {"callback": prefix}}]}}});
-        Ok(self
-            .es
-            .ok(Method::Post, &format!("/{}/_count", self.hub), Some(q))
-            .await?["count"]
-            .as_u64()
-            .unwrap_or(0))
-    }
-
-    pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
+    async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         let t = self.es.get_doc(&self.hub, &topic_doc_id(topic)).await?;
         let q = json!({"query": {"bool": {"filter": [{"term": {"kind": "sub"}}, {"term": {"topic": topic.as_str()}}]}}});
         let subscribers = self
@@ -1042,7 +1260,7 @@ impl ElasticStore {
         }))
     }
 
-    pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
+    async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         self.delete_query(json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"range": {"at": {"lt": before.0}}}]}})).await?;
         let subs = self.subs(json!({"match_all": {}})).await?;
         let topics = self
@@ -1071,20 +1289,7 @@ impl ElasticStore {
         Ok(removed)
     }
 
-    async fn listing(
-        &self,
-        query: Value,
-        now: Timestamp,
-    ) -> Result<Vec<(Subscription, SubscriptionStats)>, StoreError> {
-        let subs = self.subs(query).await?;
-        let refs: Vec<&SubDoc> = subs.iter().map(|(s, _)| s).collect();
-        let pending = self.pending(&refs).await?;
-        subs.iter()
-            .map(|(s, _)| Ok((s.subscription()?, s.stats(pending[&s.id], now))))
-            .collect()
-    }
-
-    pub async fn hub_list(
+    async fn hub_list(
         &self,
         f: SubscriptionFilter,
         now: Timestamp,
@@ -1121,7 +1326,7 @@ impl ElasticStore {
             .collect()
     }
 
-    pub async fn hub_detail(
+    async fn hub_detail(
         &self,
         id: SubscriptionId,
         now: Timestamp,
@@ -1133,7 +1338,7 @@ impl ElasticStore {
             .next())
     }
 
-    pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
+    async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
         let mut out: BTreeMap<String, TopicSummary> = BTreeMap::new();
         for t in self
             .all(
@@ -1165,10 +1370,7 @@ impl ElasticStore {
         Ok(out.into_values().collect())
     }
 
-    pub async fn hub_take_failures(
-        &self,
-        id: SubscriptionId,
-    ) -> Result<Vec<Arc<Message>>, StoreError> {
+    async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
         let q = json!({"bool": {"filter": [{"term": {"kind": "fail"}}, {"term": {"sub": id}}]}});
         let fails = self.all(q.clone(), json!([{"seq": "asc"}])).await?;
         let mut out = Vec::new();
@@ -1181,7 +1383,7 @@ impl ElasticStore {
         Ok(out)
     }
 
-    pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
+    async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
         let mut t = HubTotals::default();
         for (_, s) in self.listing(json!({"match_all": {}}), now).await? {
             match s.state {
@@ -1207,248 +1409,19 @@ impl ElasticStore {
             .count() as u64;
         Ok(t)
     }
+}
 
-    /// Takes or renews the lease `name` for `owner` for `secs` seconds; `true` while held.
-    /// A lease is one document replaced conditionally, so at most one owner holds it at a time.
-    pub async fn lease(&self, name: &str, owner: &str, secs: u64) -> Result<bool, StoreError> {
-        let id = format!("lease:{name}");
-        let now = Timestamp::now();
-        let doc = json!({"kind": "lease", "doc": {"owner": owner, "until": now.plus_secs(secs).0}});
-        match self.es.get_doc(&self.hub, &id).await? {
-            None => self.es.put_doc_if(&self.hub, &id, &doc, None).await,
-            Some(v) => {
-                let held_by_other = v.source["doc"]["owner"].as_str() != Some(owner)
-                    && v.source["doc"]["until"].as_i64().is_some_and(|u| u > now.0);
-                if held_by_other {
-                    return Ok(false);
-                }
-                self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await
-            }
-        }
-    }
-
-    /// Gives the lease up at once (a clean stop), if `owner` holds it.
-    pub async fn release(&self, name: &str, owner: &str) -> Result<(), StoreError> {
-        let id = format!("lease:{name}");
-        if let Some(v) = self.es.get_doc(&self.hub, &id).await? {
-            if v.source["doc"]["owner"].as_str() == Some(owner) {
-                let doc = json!({"kind": "lease", "doc": {"owner": "", "until": 0}});
-                self.es.put_doc_if(&self.hub, &id, &doc, Some(&v)).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// The number of delivery partitions: the first process to ask fixes it (`wanted`), the
-    /// others get what it fixed.
-    pub async fn partition_count(&self, wanted: u32) -> Result<u32, StoreError> {
-        let doc = json!({"kind": "partitions", "doc": {"count": wanted}});
-        for _ in 0..10 {
-            if let Some(v) = self.es.get_doc(&self.hub, "partitions").await? {
-                return v.source["doc"]["count"]
-                    .as_u64()
-                    .filter(|n| *n >= 1)
-                    .map(|n| n as u32)
-                    .ok_or_else(|| corrupt(format!("partitions document: {}", v.source)));
-            }
-            if self
-                .es
-                .put_doc_if(&self.hub, "partitions", &doc, None)
-                .await?
-            {
-                return Ok(wanted);
-            }
-        }
-        Err(StoreError::Unavailable(
-            "the partitions document kept changing".into(),
-        ))
-    }
-
-    /// Announces `owner` alive for `secs` seconds in the one heartbeat document (replaced
-    /// conditionally) and returns the processes alive now, `owner` among them. Entries dead
-    /// for a minute are dropped.
-    pub async fn heartbeat(&self, owner: &str, secs: u64) -> Result<Vec<String>, StoreError> {
-        for _ in 0..50 {
-            let now = Timestamp::now();
-            let v = self.es.get_doc(&self.hub, "nodes").await?;
-            let mut nodes: BTreeMap<String, i64> = v
-                .as_ref()
-                .and_then(|v| serde_json::from_value(v.source["doc"]["nodes"].clone()).ok())
-                .unwrap_or_default();
-            nodes.retain(|_, until| *until > now.0 - 60_000_000);
-            nodes.insert(owner.to_string(), now.plus_secs(secs).0);
-            let doc = json!({"kind": "nodes", "doc": {"nodes": nodes}});
-            if self
-                .es
-                .put_doc_if(&self.hub, "nodes", &doc, v.as_ref())
-                .await?
-            {
-                return Ok(nodes
-                    .into_iter()
-                    .filter(|(_, until)| *until > now.0)
-                    .map(|(n, _)| n)
-                    .collect());
-            }
-        }
-        Err(StoreError::Unavailable(
-            "the heartbeat document kept changing under us".into(),
-        ))
-    }
-
-    /// Takes partition `p` for `owner` when no one holds it (never taken, released, or its
-    /// lease lapsed), with the next epoch. `None` while another process holds it.
-    pub async fn take_partition(
-        &self,
-        p: u32,
-        owner: &str,
-        secs: u64,
-    ) -> Result<Option<PartitionLease>, StoreError> {
-        let id = format!("part:{p}");
-        let now = Timestamp::now();
-        let current = self.es.get_doc(&self.hub, &id).await?;
-        let epoch = match &current {
-            None => 1,
-            Some(v) => {
-                let d = &v.source["doc"];
-                let held = d["owner"]
-                    .as_str()
-                    .is_some_and(|o| !o.is_empty() && o != owner)
-                    && d["until"].as_i64().is_some_and(|u| u > now.0);
-                if held {
-                    return Ok(None);
-                }
-                d["epoch"].as_u64().unwrap_or(0) + 1
-            }
-        };
-        let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": epoch, "until": now.plus_secs(secs).0}});
-        Ok(self
-            .es
-            .put_doc_versioned(&self.hub, &id, &doc, current.as_ref())
-            .await?
-            .map(|version| PartitionLease { epoch, version }))
-    }
-
-    /// Renews a partition's lease (`Some`, the new version) unless someone else wrote it since
-    /// (`None`: the partition is lost).
-    pub async fn renew_partition(
-        &self,
-        p: u32,
-        lease: &PartitionLease,
-        owner: &str,
-        secs: u64,
-    ) -> Result<Option<PartitionLease>, StoreError> {
-        let doc = json!({"kind": "partition", "doc": {"owner": owner, "epoch": lease.epoch, "until": Timestamp::now().plus_secs(secs).0}});
-        Ok(self
-            .es
-            .put_doc_versioned(&self.hub, &format!("part:{p}"), &doc, Some(&lease.version))
-            .await?
-            .map(|version| PartitionLease {
-                epoch: lease.epoch,
-                version,
-            }))
-    }
-
-    /// Gives a partition up at once (its lanes have stopped and their outcomes are written).
-    pub async fn release_partition(
-        &self,
-        p: u32,
-        lease: &PartitionLease,
-    ) -> Result<(), StoreError> {
-        let doc =
-            json!({"kind": "partition", "doc": {"owner": "", "epoch": lease.epoch, "until": 0}});
-        self.es
-            .put_doc_if(&self.hub, &format!("part:{p}"), &doc, Some(&lease.version))
-            .await?;
-        Ok(())
-    }
-
-    /// Stamps each partition's new epoch (`taken`: partition, epoch; of `count`) on the
-    /// delivery records of its subscriptions, in one pass over them: from here on a writer
-    /// with an older epoch (a paused ex-owner) is refused.
-    pub async fn fence(&self, taken: &[(u32, u64)], count: u32) -> Result<(), StoreError> {
-        let epochs: HashMap<u32, u64> = taken.iter().copied().collect();
-        let subs = self.subs(json!({"match_all": {}})).await?;
-        let stamps = subs.iter().filter_map(|(s, _)| {
-            let epoch = *epochs.get(&partition_of(s.id, count))?;
-            (s.epoch < epoch).then(|| {
-                let doc = sub_doc_id(
-                    &Topic::from_stored(s.topic.clone()),
-                    &Callback::from_stored(s.callback.clone()),
-                );
-                async move {
-                    self.update_sub(&doc, |s| {
-                        if s.epoch >= epoch {
-                            return false;
-                        }
-                        s.epoch = epoch;
-                        true
-                    })
-                    .await
-                }
-            })
-        });
-        let done: Vec<Result<Option<SubDoc>, StoreError>> =
-            futures_util::stream::iter(stamps.collect::<Vec<_>>())
-                .buffer_unordered(16)
-                .collect()
-                .await;
-        for d in done {
-            d?;
-        }
-        Ok(())
-    }
-
-    /// Leaves a redelivery request for whichever process delivers the subscription's partition.
-    pub async fn hub_leave_redelivery(
-        &self,
-        sub: SubscriptionId,
-        after: MessageId,
-        through: MessageId,
-    ) -> Result<(), StoreError> {
-        let id = random_id();
-        let doc = json!({"kind": "redeliver", "id": id, "sub": sub, "doc": {"after": after, "through": through}});
-        if self
-            .es
-            .put_doc_if(&self.hub, &format!("redeliver:{id}"), &doc, None)
-            .await?
-        {
-            Ok(())
-        } else {
-            Err(StoreError::Conflict(format!("request id {id} taken")))
-        }
-    }
-
-    /// Redelivery requests left (oldest first): (request, subscription, after, through).
-    pub async fn hub_redeliveries(
-        &self,
-    ) -> Result<Vec<(i64, SubscriptionId, MessageId, MessageId)>, StoreError> {
-        let docs = self
-            .all(
-                json!({"term": {"kind": "redeliver"}}),
-                json!([{"id": "asc"}]),
-            )
-            .await?;
-        Ok(docs
-            .iter()
-            .filter_map(|d| {
-                Some((
-                    d["id"].as_i64()?,
-                    d["sub"].as_i64()?,
-                    d["doc"]["after"].as_i64()?,
-                    d["doc"]["through"].as_i64()?,
-                ))
-            })
-            .collect())
-    }
-
-    pub async fn hub_redelivery_taken(&self, request: i64) -> Result<(), StoreError> {
-        self.delete_doc(&format!("redeliver:{request}")).await
+fn lease_version(v: &Versioned) -> LeaseVersion {
+    LeaseVersion {
+        seq_no: v.seq_no,
+        primary_term: v.primary_term,
     }
 }
 
-/// A partition lease as held: its epoch and the version to renew it from.
-#[derive(Debug, Clone)]
-pub struct PartitionLease {
-    pub epoch: u64,
-    pub version: Versioned,
+fn versioned(v: LeaseVersion) -> Versioned {
+    Versioned {
+        source: Value::Null,
+        seq_no: v.seq_no,
+        primary_term: v.primary_term,
+    }
 }

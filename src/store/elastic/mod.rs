@@ -26,8 +26,6 @@ mod hub;
 pub mod mapping;
 
 pub use crate::store::SetRules;
-pub use adopt::Adoption;
-pub use hub::PartitionLease;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -40,7 +38,7 @@ use elasticsearch::http::Method;
 use elasticsearch::Elasticsearch;
 use serde_json::Value;
 
-use super::StoreError;
+use super::{SetStore, StoreError};
 use crate::config::ElasticConfig;
 
 /// Requests sent to the search server by this process (for benchmarks: round trips per page).
@@ -74,6 +72,10 @@ pub struct Es {
     /// Whether every index is an alias of ours, so that writes can carry `require_alias`: a
     /// write into a lost index then fails instead of creating it with guessed mappings.
     guarded: Arc<AtomicBool>,
+    /// Indices found missing and recreated that `/readyz` has not reported yet: whichever
+    /// call meets a loss first (a write, a background worker, `/readyz` itself), the operator
+    /// watching `/readyz` sees it once.
+    unreported: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Es {
@@ -102,6 +104,7 @@ impl Es {
             version: String::new(),
             indices: Arc::new(Vec::new()),
             guarded: Arc::new(AtomicBool::new(false)),
+            unreported: Default::default(),
         };
         let root = es.ok(Method::Get, "/", None).await?;
         es.version = root["version"]["number"]
@@ -274,8 +277,19 @@ impl Es {
         if !recreated.is_empty() {
             tracing::error!(indices = %recreated.join(", "), "indices were missing (the cluster was rebuilt or they were deleted): \
                 recreated with their mappings; what they held is gone");
+            let mut unreported = self.unreported.lock().unwrap_or_else(|p| p.into_inner());
+            for i in &recreated {
+                if !unreported.contains(i) {
+                    unreported.push(i.clone());
+                }
+            }
         }
         Ok(recreated)
+    }
+
+    /// The indices recreated since the last call (by whichever caller met the loss).
+    pub fn take_unreported_losses(&self) -> Vec<String> {
+        std::mem::take(&mut *self.unreported.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Creates what is missing; returns the indices created.
@@ -596,15 +610,6 @@ impl ElasticStore {
         })
     }
 
-    /// Registers a set if it is new; `true` for exactly one of several concurrent callers.
-    pub async fn ensure_set(
-        &self,
-        set: &crate::model::SetName,
-        now: crate::model::Timestamp,
-    ) -> Result<bool, StoreError> {
-        self.ensure_set_from(set, now, now).await
-    }
-
     /// Registers a set if it is new, its first Change List (and the notifier's watermark)
     /// starting at `start` (the earliest datetime of the batch that creates it).
     pub(super) async fn ensure_set_from(
@@ -642,40 +647,5 @@ impl ElasticStore {
         self.es
             .put_doc_if(&self.meta, &format!("set:{set}"), &doc, None)
             .await
-    }
-
-    pub async fn sets(&self) -> Result<Vec<super::SetInfo>, StoreError> {
-        let pit = self.es.open_pit(&self.meta, "1m").await?;
-        let query = serde_json::json!({"term": {"kind": "set"}});
-        let sort = serde_json::json!([{"set": "asc"}]);
-        let mut out = Vec::new();
-        let mut after = None;
-        let res = loop {
-            let page = match self
-                .es
-                .scan(&pit, &query, &sort, after.as_ref(), 1000)
-                .await
-            {
-                Ok(p) => p,
-                Err(e) => break Err(e),
-            };
-            for h in &page.hits {
-                let s = &h["_source"];
-                let name = s["set"].as_str().unwrap_or_default();
-                let Ok(name) = crate::model::SetName::parse(name) else {
-                    continue;
-                };
-                out.push(super::SetInfo {
-                    name,
-                    created_at: crate::model::Timestamp(s["created_at_us"].as_i64().unwrap_or(0)),
-                });
-            }
-            match page.after {
-                Some(a) => after = Some(a),
-                None => break Ok(()),
-            }
-        };
-        let _ = self.es.close_pit(&pit).await;
-        res.map(|()| out)
     }
 }

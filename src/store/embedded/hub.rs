@@ -4,6 +4,7 @@
 //! after its cursor, so a crash after the publisher got its answer can only lead to a delivery
 //! made twice, never to one not made.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -17,7 +18,7 @@ use crate::model::websub::{
     TopicSummary,
 };
 use crate::model::Timestamp;
-use crate::store::{NotifyState, StoreError};
+use crate::store::{HubStore, NotifyState, StoreError};
 
 const SUB_COLS: &str =
     "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
@@ -70,8 +71,97 @@ fn delete_subscription(tx: &rusqlite::Transaction, sub: SubscriptionId) -> rusql
     Ok(())
 }
 
-impl EmbeddedStore {
-    pub async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
+fn record_tx(
+    c: &mut rusqlite::Connection,
+    folds: &[(
+        crate::model::websub::SubscriptionId,
+        crate::store::rules::Fold,
+    )],
+) -> Result<(), StoreError> {
+    {
+        {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            {
+                let mut up = tx.prepare_cached(
+                    "UPDATE hub_subscriptions SET cursor = max(cursor, ?2), attempts = ?3, next_attempt_at = ?4,
+                       delivered = delivered + ?5, failed = failed + ?6,
+                       last_success_at = coalesce(?7, last_success_at),
+                       last_success_status = coalesce(?8, last_success_status),
+                       last_failure_at = coalesce(?9, last_failure_at),
+                       last_failure_status = CASE WHEN ?9 IS NULL THEN last_failure_status ELSE ?10 END,
+                       last_failure_error = coalesce(?11, last_failure_error)
+                     WHERE id = ?1",
+                )?;
+                let mut fail = tx.prepare_cached(
+                    "INSERT INTO hub_failures (subscription_id, message_id, attempts, status, error, at)
+                     SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM hub_subscriptions WHERE id = ?1)",
+                )?;
+                for (sub, f) in folds {
+                    let (fat, fstatus, ferr) = match &f.failure {
+                        Some((at, st, e)) => (Some(*at), *st, Some(e.as_str())),
+                        None => (None, None, None),
+                    };
+                    up.execute(params![
+                        sub,
+                        f.cursor,
+                        f.attempts,
+                        f.next_at,
+                        f.delivered,
+                        f.failed,
+                        f.success.map(|s| s.0),
+                        f.success.map(|s| s.1),
+                        fat,
+                        fstatus,
+                        ferr
+                    ])?;
+                    for (msg, attempts, status, error, at) in &f.failures {
+                        fail.execute(params![sub, msg, attempts, status, error, at])?;
+                    }
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        }
+    }
+}
+
+/// A subscription's state; `?6` is now.
+const STATE_SQL: &str = "(CASE WHEN s.expires_at <= ?6 THEN 'expired' \
+     WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
+     ELSE 'active' END)";
+
+/// Columns SUB_N.. of a listing (after SUB_COLS): counters, last success/failure, queue depth,
+/// state.
+fn stats_cols() -> String {
+    format!(
+        "s.delivered, s.failed, s.last_success_at, s.last_success_status, s.last_failure_at, \
+         s.last_failure_status, s.last_failure_error, \
+         (SELECT count(*) FROM hub_messages m WHERE m.topic = s.topic AND m.id > s.cursor), {STATE_SQL}"
+    )
+}
+
+fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
+    let state: String = r.get(SUB_N + 8)?;
+    Ok(SubscriptionStats {
+        state: Some(match state.as_str() {
+            "expired" => SubState::Expired,
+            "failing" => SubState::Failing,
+            _ => SubState::Active,
+        }),
+        delivered: r.get::<_, i64>(SUB_N)? as u64,
+        failed: r.get::<_, i64>(SUB_N + 1)? as u64,
+        last_success_at: r.get::<_, Option<i64>>(SUB_N + 2)?.map(Timestamp),
+        last_success_status: r.get(SUB_N + 3)?,
+        last_failure_at: r.get::<_, Option<i64>>(SUB_N + 4)?.map(Timestamp),
+        last_failure_status: r.get(SUB_N + 5)?,
+        last_failure_error: r.get(SUB_N + 6)?,
+        pending: r.get::<_, i64>(SUB_N + 7)? as u64,
+    })
+}
+
+#[async_trait::async_trait]
+impl HubStore for EmbeddedStore {
+    async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         self.write(move |c| {
             c.execute(
                 "INSERT INTO hub_intents (mode, topic, callback, lease_secs, secret, alg, reason, requested_at, verify_token,
@@ -96,7 +186,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
+    async fn hub_intents(&self) -> Result<Vec<Intent>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare(
                 "SELECT id, mode, topic, callback, lease_secs, secret, alg, reason, requested_at, verify_token,
@@ -125,7 +215,7 @@ impl EmbeddedStore {
 
     /// Ends an intent. Returns the subscription created or updated (subscribe) or removed
     /// (unsubscribe), if any.
-    pub async fn hub_resolve(
+    async fn hub_resolve(
         &self,
         intent: Intent,
         res: Resolution,
@@ -191,7 +281,7 @@ impl EmbeddedStore {
     }
 
     /// Removes a subscription (the subscriber answered 410 Gone) and its failure records.
-    pub async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
+    async fn hub_remove_subscription(&self, id: SubscriptionId) -> Result<(), StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             delete_subscription(&tx, id)?;
@@ -201,7 +291,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
+    async fn hub_subscriptions(&self) -> Result<Vec<Subscription>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare(&format!(
                 "SELECT {SUB_COLS} FROM hub_subscriptions ORDER BY id"
@@ -212,7 +302,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_subscription(
+    async fn hub_subscription(
         &self,
         topic: &Topic,
         callback: &Callback,
@@ -231,9 +321,21 @@ impl EmbeddedStore {
         .await
     }
 
+    async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
+        let prefix = prefix.to_string();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT count(*) FROM hub_subscriptions WHERE substr(callback, 1, length(?1)) = ?1",
+                [prefix],
+                |r| r.get::<_, i64>(0),
+            )? as u64)
+        })
+        .await
+    }
+
     /// Appends messages to the log (each its topic's latest), and, when given, moves a set's
     /// notifier state from version `expected` to `state` in the same transaction.
-    pub async fn hub_publish(
+    async fn hub_publish(
         &self,
         messages: Vec<(Topic, String, Bytes)>,
         state: Option<(i64, NotifyState)>,
@@ -266,7 +368,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_messages_after(
+    async fn hub_messages_after(
         &self,
         topic: Option<&Topic>,
         after: MessageId,
@@ -308,100 +410,9 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_count_callbacks(&self, prefix: &str) -> Result<u64, StoreError> {
-        let prefix = prefix.to_string();
-        self.read(move |c| {
-            Ok(c.query_row(
-                "SELECT count(*) FROM hub_subscriptions WHERE substr(callback, 1, length(?1)) = ?1",
-                [prefix],
-                |r| r.get::<_, i64>(0),
-            )? as u64)
-        })
-        .await
-    }
-
-    pub async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
-        self.read(|c| {
-            Ok(
-                c.query_row("SELECT coalesce(max(id), 0) FROM hub_messages", [], |r| {
-                    r.get(0)
-                })?,
-            )
-        })
-        .await
-    }
-
-    /// Records a batch of outcomes in one transaction (one update per subscription, plus a
-    /// row per delivery that failed for good), written to the log but not synced to the disk:
-    /// a killed process loses none of them (they are in the operating system's hands), a power
-    /// cut may lose those since the last synced commit, which are then delivered again (at
-    /// least once still holds). Lanes wait for this write before sending their next message:
-    /// a sync per message would halve the hub's throughput.
-    pub async fn hub_record(&self, outcomes: Vec<Outcome>) -> Result<(), StoreError> {
-        let folds = crate::store::fold(outcomes);
-        self.write_with(super::Durability::None, move |c| record_tx(c, &folds))
-            .await
-    }
-}
-
-fn record_tx(
-    c: &mut rusqlite::Connection,
-    folds: &[(
-        crate::model::websub::SubscriptionId,
-        crate::store::rules::Fold,
-    )],
-) -> Result<(), StoreError> {
-    {
-        {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            {
-                let mut up = tx.prepare_cached(
-                    "UPDATE hub_subscriptions SET cursor = max(cursor, ?2), attempts = ?3, next_attempt_at = ?4,
-                       delivered = delivered + ?5, failed = failed + ?6,
-                       last_success_at = coalesce(?7, last_success_at),
-                       last_success_status = coalesce(?8, last_success_status),
-                       last_failure_at = coalesce(?9, last_failure_at),
-                       last_failure_status = CASE WHEN ?9 IS NULL THEN last_failure_status ELSE ?10 END,
-                       last_failure_error = coalesce(?11, last_failure_error)
-                     WHERE id = ?1",
-                )?;
-                let mut fail = tx.prepare_cached(
-                    "INSERT INTO hub_failures (subscription_id, message_id, attempts, status, error, at)
-                     SELECT ?1, ?2, ?3, ?4, ?5, ?6 WHERE EXISTS (SELECT 1 FROM hub_subscriptions WHERE id = ?1)",
-                )?;
-                for (sub, f) in folds {
-                    let (fat, fstatus, ferr) = match &f.failure {
-                        Some((at, st, e)) => (Some(*at), *st, Some(e.as_str())),
-                        None => (None, None, None),
-                    };
-                    up.execute(params![
-                        sub,
-                        f.cursor,
-                        f.attempts,
-                        f.next_at,
-                        f.delivered,
-                        f.failed,
-                        f.success.map(|s| s.0),
-                        f.success.map(|s| s.1),
-                        fat,
-                        fstatus,
-                        ferr
-                    ])?;
-                    for (msg, attempts, status, error, at) in &f.failures {
-                        fail.execute(params![sub, msg, attempts, status, error, at])?;
-                    }
-                }
-            }
-            tx.commit()?;
-            Ok(())
-        }
-    }
-}
-
-impl EmbeddedStore {
     /// The first and last message numbers of `topic` published in `[since, until)` and not
     /// after `through`, with their count; `None` when there are none.
-    pub async fn hub_window(
+    async fn hub_window(
         &self,
         topic: &Topic,
         since: Timestamp,
@@ -421,8 +432,37 @@ impl EmbeddedStore {
         .await
     }
 
+    async fn hub_last_message(&self) -> Result<MessageId, StoreError> {
+        self.read(|c| {
+            Ok(
+                c.query_row("SELECT coalesce(max(id), 0) FROM hub_messages", [], |r| {
+                    r.get(0)
+                })?,
+            )
+        })
+        .await
+    }
+
+    /// Records a batch of outcomes in one transaction (one update per subscription, plus a
+    /// row per delivery that failed for good), written to the log but not synced to the disk:
+    /// a killed process loses none of them (they are in the operating system's hands), a power
+    /// cut may lose those since the last synced commit, which are then delivered again (at
+    /// least once still holds). Lanes wait for this write before sending their next message:
+    /// a sync per message would halve the hub's throughput.
+    async fn hub_record(
+        &self,
+        outcomes: Vec<Outcome>,
+        _epochs: &HashMap<SubscriptionId, u64>,
+    ) -> Result<HashSet<SubscriptionId>, StoreError> {
+        let folds = crate::store::fold(outcomes);
+        self.write_with(super::Durability::None, move |c| record_tx(c, &folds))
+            .await?;
+        // One process delivers from this store: no one is ever fenced.
+        Ok(HashSet::new())
+    }
+
     /// Makes a topic known (so its URI answers) without publishing to it.
-    pub async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
+    async fn hub_register_topic(&self, topic: Topic, now: Timestamp) -> Result<(), StoreError> {
         self.write(move |c| {
             c.execute(
                 "INSERT INTO hub_topics (topic, created_at) VALUES (?1, ?2) ON CONFLICT (topic) DO NOTHING",
@@ -434,7 +474,7 @@ impl EmbeddedStore {
     }
 
     /// A topic known to the hub (registered, published to, or subscribed to).
-    pub async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
+    async fn hub_topic(&self, topic: &Topic) -> Result<Option<TopicInfo>, StoreError> {
         let t = topic.clone();
         self.read(move |c| {
             let last: Option<Option<i64>> = c
@@ -462,7 +502,7 @@ impl EmbeddedStore {
 
     /// Removes failure records older than `before`, and messages older than `before` that no
     /// live subscription still has to deliver (a topic's latest message is kept).
-    pub async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
+    async fn hub_prune(&self, before: Timestamp, now: Timestamp) -> Result<u64, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             tx.execute("DELETE FROM hub_failures WHERE at < ?1", [before.0])?;
@@ -480,7 +520,7 @@ impl EmbeddedStore {
     }
 
     /// Subscriptions with their delivery record, filtered, in id order, one page.
-    pub async fn hub_list(
+    async fn hub_list(
         &self,
         f: SubscriptionFilter,
         now: Timestamp,
@@ -503,7 +543,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_detail(
+    async fn hub_detail(
         &self,
         id: SubscriptionId,
         now: Timestamp,
@@ -521,7 +561,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
+    async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError> {
         self.read(|c| {
             let mut st = c.prepare(
                 "SELECT t.topic, (SELECT count(*) FROM hub_subscriptions s WHERE s.topic = t.topic), t.published_at
@@ -543,10 +583,7 @@ impl EmbeddedStore {
     }
 
     /// Takes a subscription's failed deliveries (to try again): their messages, oldest first.
-    pub async fn hub_take_failures(
-        &self,
-        id: SubscriptionId,
-    ) -> Result<Vec<Arc<Message>>, StoreError> {
+    async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
         self.write(move |c| {
             let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
             let out = {
@@ -564,7 +601,7 @@ impl EmbeddedStore {
         .await
     }
 
-    pub async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
+    async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
         self.read(move |c| {
             let mut t = HubTotals::default();
             let mut st = c.prepare(&format!(
@@ -592,38 +629,4 @@ impl EmbeddedStore {
         })
         .await
     }
-}
-
-/// A subscription's state; `?6` is now.
-const STATE_SQL: &str = "(CASE WHEN s.expires_at <= ?6 THEN 'expired' \
-     WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
-     ELSE 'active' END)";
-
-/// Columns SUB_N.. of a listing (after SUB_COLS): counters, last success/failure, queue depth,
-/// state.
-fn stats_cols() -> String {
-    format!(
-        "s.delivered, s.failed, s.last_success_at, s.last_success_status, s.last_failure_at, \
-         s.last_failure_status, s.last_failure_error, \
-         (SELECT count(*) FROM hub_messages m WHERE m.topic = s.topic AND m.id > s.cursor), {STATE_SQL}"
-    )
-}
-
-fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
-    let state: String = r.get(SUB_N + 8)?;
-    Ok(SubscriptionStats {
-        state: Some(match state.as_str() {
-            "expired" => SubState::Expired,
-            "failing" => SubState::Failing,
-            _ => SubState::Active,
-        }),
-        delivered: r.get::<_, i64>(SUB_N)? as u64,
-        failed: r.get::<_, i64>(SUB_N + 1)? as u64,
-        last_success_at: r.get::<_, Option<i64>>(SUB_N + 2)?.map(Timestamp),
-        last_success_status: r.get(SUB_N + 3)?,
-        last_failure_at: r.get::<_, Option<i64>>(SUB_N + 4)?.map(Timestamp),
-        last_failure_status: r.get(SUB_N + 5)?,
-        last_failure_error: r.get(SUB_N + 6)?,
-        pending: r.get::<_, i64>(SUB_N + 7)? as u64,
-    })
 }

@@ -10,10 +10,11 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 mod hub;
 mod notify;
+use notify::state_from_row;
 
 use super::{
     entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy,
-    OpenTotals, Page, PartInfo, SetInfo, StoreError,
+    NotifyState, OpenTotals, Page, PartInfo, SetInfo, SetStore, StoreError,
 };
 use crate::model::{
     Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey,
@@ -300,258 +301,6 @@ impl EmbeddedStore {
         })
         .await
         .map_err(|e| E::from(StoreError::Unavailable(format!("store task failed: {e}"))))?
-    }
-
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        self.read(|c| {
-            Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
-                .map(|_| ())?)
-        })
-        .await
-    }
-
-    pub async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
-        let set = set.clone();
-        self.write(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let created = ensure_set_tx(&tx, &set, now, now)?;
-            tx.commit()?;
-            Ok(created)
-        })
-        .await
-    }
-
-    pub async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
-        self.read(|c| {
-            let mut st = c.prepare_cached("SELECT name, created_at FROM sets ORDER BY name")?;
-            let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
-            let mut out = Vec::new();
-            for row in rows {
-                let (name, created) = row?;
-                let name = SetName::parse(&name).map_err(StoreError::Corrupt)?;
-                out.push(SetInfo {
-                    name,
-                    created_at: Timestamp(created),
-                });
-            }
-            Ok(out)
-        })
-        .await
-    }
-
-    pub async fn apply(
-        &self,
-        set: &SetName,
-        changes: Vec<NewChange>,
-        policy: ListPolicy,
-        now: Timestamp,
-    ) -> Result<ApplyOutcome, ApplyError> {
-        let set = set.clone();
-        self.write(move |c| {
-            let tx = c
-                .transaction_with_behavior(TransactionBehavior::Immediate)
-                .map_err(StoreError::from)?;
-            let out = apply_tx(&tx, &set, changes, policy, now)?;
-            tx.commit().map_err(StoreError::from)?;
-            Ok(out)
-        })
-        .await
-    }
-
-    pub async fn rollover_if_due(
-        &self,
-        set: &SetName,
-        policy: ListPolicy,
-        now: Timestamp,
-    ) -> Result<Option<u32>, StoreError> {
-        let set = set.clone();
-        self.write(move |c| {
-            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
-            let Some(mut open) = load_open_list(&tx, &set)? else {
-                return Ok(None);
-            };
-            if !policy.period_over(&open.totals(), now) {
-                return Ok(None);
-            }
-            let closed = open.no;
-            close_list(&tx, &set, &mut open, now)?;
-            tx.commit()?;
-            Ok(Some(closed))
-        })
-        .await
-    }
-
-    pub async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
-        let set = set.clone();
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT part, count, last_seq, last_change FROM rl_parts WHERE set_name = ?1 ORDER BY part",
-            )?;
-            let rows = st.query_map([set.as_str()], |r| {
-                Ok(PartInfo {
-                    no: r.get(0)?,
-                    count: r.get::<_, i64>(1)? as u64,
-                    last_seq: r.get(2)?,
-                    last_change: Timestamp(r.get(3)?),
-                })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
-    pub async fn resources(
-        &self,
-        set: &SetName,
-        part: Option<u32>,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<Page<Resource>, StoreError> {
-        let set = set.clone();
-        let after = parse_int_cursor(after)?;
-        self.read(move |c| {
-            let mut items = Vec::with_capacity(limit.min(10_000));
-            let mut last = after;
-            {
-                let sql = match part {
-                    Some(_) => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                                FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
-                    None => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                             FROM resources WHERE set_name = ?1 AND ?2 IS NULL AND rid > ?3 ORDER BY rid LIMIT ?4",
-                };
-                let mut st = c.prepare_cached(sql)?;
-                let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
-                while let Some(r) = rows.next()? {
-                    last = r.get(0)?;
-                    items.push(resource_from_row(r)?);
-                }
-            }
-            let next = (items.len() == limit).then(|| Cursor(last.to_string()));
-            Ok(Page { items, next })
-        })
-        .await
-    }
-
-    pub async fn resource(
-        &self,
-        set: &SetName,
-        key: &ResourceKey,
-    ) -> Result<Option<Resource>, StoreError> {
-        let (set, key) = (set.clone(), key.clone());
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                 FROM resources WHERE set_name = ?1 AND key = ?2",
-            )?;
-            let mut rows = st.query(params![set.as_str(), key.0])?;
-            match rows.next()? {
-                Some(r) => Ok(Some(resource_from_row(r)?)),
-                None => Ok(None),
-            }
-        })
-        .await
-    }
-
-    pub async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
-        let set = set.clone();
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT no, from_ts, until_ts, count, last_seq, max_dt FROM changelists \
-                 WHERE set_name = ?1 ORDER BY no",
-            )?;
-            let rows = st.query_map([set.as_str()], |r| {
-                Ok(ChangeListInfo {
-                    no: r.get(0)?,
-                    from: Timestamp(r.get(1)?),
-                    until: r.get::<_, Option<i64>>(2)?.map(Timestamp),
-                    count: r.get::<_, i64>(3)? as u64,
-                    last_seq: r.get(4)?,
-                    last_change: r.get::<_, Option<i64>>(5)?.map(Timestamp),
-                })
-            })?;
-            Ok(rows.collect::<Result<Vec<_>, _>>()?)
-        })
-        .await
-    }
-
-    pub async fn changes(
-        &self,
-        set: &SetName,
-        from: Timestamp,
-        until: Option<Timestamp>,
-        after: Option<Cursor>,
-        limit: usize,
-    ) -> Result<Page<Change>, StoreError> {
-        let set = set.clone();
-        let (after_dt, after_seq) = match after {
-            None => (from.0, 0),
-            Some(Cursor(s)) => {
-                let (a, b) = s
-                    .split_once(':')
-                    .ok_or_else(|| StoreError::Corrupt(format!("bad cursor {s:?}")))?;
-                let p = |x: &str| {
-                    x.parse::<i64>()
-                        .map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}")))
-                };
-                (p(a)?, p(b)?)
-            }
-        };
-        let until = until.map_or(i64::MAX, |t| t.0);
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp \
-                 FROM changes WHERE set_name = ?1 AND (datetime, seq) > (?2, ?3) AND datetime < ?4 \
-                 ORDER BY datetime, seq LIMIT ?5",
-            )?;
-            let mut rows = st.query(params![set.as_str(), after_dt, after_seq, until, limit as i64])?;
-            let mut items = Vec::new();
-            while let Some(r) = rows.next()? {
-                items.push(change_from_row(r)?);
-            }
-            let next = match items.last() {
-                Some(c) if items.len() == limit => Some(Cursor(format!("{}:{}", c.datetime.0, c.id))),
-                _ => None,
-            };
-            Ok(Page { items, next })
-        })
-        .await
-    }
-
-    pub async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
-        let set = set.clone();
-        self.read(move |c| {
-            let resources: i64 = c.query_row(
-                "SELECT COALESCE(SUM(count), 0) FROM rl_parts WHERE set_name = ?1",
-                [set.as_str()],
-                |r| r.get(0),
-            )?;
-            let changes: i64 = c.query_row(
-                "SELECT COALESCE(SUM(count), 0) FROM changelists WHERE set_name = ?1",
-                [set.as_str()],
-                |r| r.get(0),
-            )?;
-            Ok(Counts {
-                resources: resources as u64,
-                changes: changes as u64,
-            })
-        })
-        .await
-    }
-
-    pub async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
-        let set = set.clone();
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp \
-                 FROM changes WHERE set_name = ?1 ORDER BY datetime DESC, seq DESC LIMIT 1",
-            )?;
-            let mut rows = st.query([set.as_str()])?;
-            match rows.next()? {
-                Some(r) => Ok(Some(change_from_row(r)?)),
-                None => Ok(None),
-            }
-        })
-        .await
     }
 }
 
@@ -924,9 +673,291 @@ fn change_from_row(r: &Row) -> rusqlite::Result<Change> {
     })
 }
 
+#[async_trait::async_trait]
+impl SetStore for EmbeddedStore {
+    async fn ensure_set(&self, set: &SetName, now: Timestamp) -> Result<bool, StoreError> {
+        let set = set.clone();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let created = ensure_set_tx(&tx, &set, now, now)?;
+            tx.commit()?;
+            Ok(created)
+        })
+        .await
+    }
+
+    async fn sets(&self) -> Result<Vec<SetInfo>, StoreError> {
+        self.read(|c| {
+            let mut st = c.prepare_cached("SELECT name, created_at FROM sets ORDER BY name")?;
+            let rows = st.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, i64>(1)?)))?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (name, created) = row?;
+                let name = SetName::parse(&name).map_err(StoreError::Corrupt)?;
+                out.push(SetInfo {
+                    name,
+                    created_at: Timestamp(created),
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn apply(
+        &self,
+        set: &SetName,
+        changes: Vec<NewChange>,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<ApplyOutcome, ApplyError> {
+        let set = set.clone();
+        self.write(move |c| {
+            let tx = c
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(StoreError::from)?;
+            let out = apply_tx(&tx, &set, changes, policy, now)?;
+            tx.commit().map_err(StoreError::from)?;
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn rollover_if_due(
+        &self,
+        set: &SetName,
+        policy: ListPolicy,
+        now: Timestamp,
+    ) -> Result<Option<u32>, StoreError> {
+        let set = set.clone();
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            let Some(mut open) = load_open_list(&tx, &set)? else {
+                return Ok(None);
+            };
+            if !policy.period_over(&open.totals(), now) {
+                return Ok(None);
+            }
+            let closed = open.no;
+            close_list(&tx, &set, &mut open, now)?;
+            tx.commit()?;
+            Ok(Some(closed))
+        })
+        .await
+    }
+
+    async fn parts(&self, set: &SetName) -> Result<Vec<PartInfo>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT part, count, last_seq, last_change FROM rl_parts WHERE set_name = ?1 ORDER BY part",
+            )?;
+            let rows = st.query_map([set.as_str()], |r| {
+                Ok(PartInfo {
+                    no: r.get(0)?,
+                    count: r.get::<_, i64>(1)? as u64,
+                    last_seq: r.get(2)?,
+                    last_change: Timestamp(r.get(3)?),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn resources(
+        &self,
+        set: &SetName,
+        part: Option<u32>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Resource>, StoreError> {
+        let set = set.clone();
+        let after = parse_int_cursor(after)?;
+        self.read(move |c| {
+            let mut items = Vec::with_capacity(limit.min(10_000));
+            let mut last = after;
+            {
+                let sql = match part {
+                    Some(_) => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                                FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
+                    None => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                             FROM resources WHERE set_name = ?1 AND ?2 IS NULL AND rid > ?3 ORDER BY rid LIMIT ?4",
+                };
+                let mut st = c.prepare_cached(sql)?;
+                let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
+                while let Some(r) = rows.next()? {
+                    last = r.get(0)?;
+                    items.push(resource_from_row(r)?);
+                }
+            }
+            let next = (items.len() == limit).then(|| Cursor(last.to_string()));
+            Ok(Page { items, next })
+        })
+        .await
+    }
+
+    async fn resource(
+        &self,
+        set: &SetName,
+        key: &ResourceKey,
+    ) -> Result<Option<Resource>, StoreError> {
+        let (set, key) = (set.clone(), key.clone());
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                 FROM resources WHERE set_name = ?1 AND key = ?2",
+            )?;
+            let mut rows = st.query(params![set.as_str(), key.0])?;
+            match rows.next()? {
+                Some(r) => Ok(Some(resource_from_row(r)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT no, from_ts, until_ts, count, last_seq, max_dt FROM changelists \
+                 WHERE set_name = ?1 ORDER BY no",
+            )?;
+            let rows = st.query_map([set.as_str()], |r| {
+                Ok(ChangeListInfo {
+                    no: r.get(0)?,
+                    from: Timestamp(r.get(1)?),
+                    until: r.get::<_, Option<i64>>(2)?.map(Timestamp),
+                    count: r.get::<_, i64>(3)? as u64,
+                    last_seq: r.get(4)?,
+                    last_change: r.get::<_, Option<i64>>(5)?.map(Timestamp),
+                })
+            })?;
+            Ok(rows.collect::<Result<Vec<_>, _>>()?)
+        })
+        .await
+    }
+
+    async fn changes(
+        &self,
+        set: &SetName,
+        from: Timestamp,
+        until: Option<Timestamp>,
+        after: Option<Cursor>,
+        limit: usize,
+    ) -> Result<Page<Change>, StoreError> {
+        let set = set.clone();
+        let (after_dt, after_seq) = match after {
+            None => (from.0, 0),
+            Some(Cursor(s)) => {
+                let (a, b) = s
+                    .split_once(':')
+                    .ok_or_else(|| StoreError::Corrupt(format!("bad cursor {s:?}")))?;
+                let p = |x: &str| {
+                    x.parse::<i64>()
+                        .map_err(|_| StoreError::Corrupt(format!("bad cursor {s:?}")))
+                };
+                (p(a)?, p(b)?)
+            }
+        };
+        let until = until.map_or(i64::MAX, |t| t.0);
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp \
+                 FROM changes WHERE set_name = ?1 AND (datetime, seq) > (?2, ?3) AND datetime < ?4 \
+                 ORDER BY datetime, seq LIMIT ?5",
+            )?;
+            let mut rows = st.query(params![set.as_str(), after_dt, after_seq, until, limit as i64])?;
+            let mut items = Vec::new();
+            while let Some(r) = rows.next()? {
+                items.push(change_from_row(r)?);
+            }
+            let next = match items.last() {
+                Some(c) if items.len() == limit => Some(Cursor(format!("{}:{}", c.datetime.0, c.id))),
+                _ => None,
+            };
+            Ok(Page { items, next })
+        })
+        .await
+    }
+
+    async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let resources: i64 = c.query_row(
+                "SELECT COALESCE(SUM(count), 0) FROM rl_parts WHERE set_name = ?1",
+                [set.as_str()],
+                |r| r.get(0),
+            )?;
+            let changes: i64 = c.query_row(
+                "SELECT COALESCE(SUM(count), 0) FROM changelists WHERE set_name = ?1",
+                [set.as_str()],
+                |r| r.get(0),
+            )?;
+            Ok(Counts {
+                resources: resources as u64,
+                changes: changes as u64,
+            })
+        })
+        .await
+    }
+
+    async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT seq, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp \
+                 FROM changes WHERE set_name = ?1 ORDER BY datetime DESC, seq DESC LIMIT 1",
+            )?;
+            let mut rows = st.query([set.as_str()])?;
+            match rows.next()? {
+                Some(r) => Ok(Some(change_from_row(r)?)),
+                None => Ok(None),
+            }
+        })
+        .await
+    }
+
+    async fn ping(&self) -> Result<(), StoreError> {
+        self.read(|c| {
+            Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
+                .map(|_| ())?)
+        })
+        .await
+    }
+
+    async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT watermark, parts_seen, lists_seen, announced, version FROM notify_state WHERE set_name = ?1",
+                [set.as_str()],
+                |r| state_from_row(set.clone(), r),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    /// Creates the state of a set the notifier has never seen (one that predates it).
+    async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
+        self.write(move |c| {
+            c.execute(
+                "INSERT OR IGNORE INTO notify_state (set_name, watermark, parts_seen, lists_seen, announced, version) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 0)",
+                params![state.set.as_str(), state.watermark.0, state.parts_seen, state.lists_seen, state.announced as i64],
+            )?;
+            Ok(())
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::HubStore;
 
     /// A publish is answered once `sync_log` has flushed the file SQLite wrote it to: if that
     /// file were not where `sync_log` looks, publishes would silently go unsynced.

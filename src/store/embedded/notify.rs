@@ -1,10 +1,9 @@
 //! The notifier's per-set state in the embedded store.
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::params;
 
-use super::EmbeddedStore;
 use crate::model::{SetName, Timestamp};
-use crate::store::{NotifyState, StoreError};
+use crate::store::NotifyState;
 
 pub(super) fn state_from_row(set: SetName, r: &rusqlite::Row) -> rusqlite::Result<NotifyState> {
     Ok(NotifyState {
@@ -37,32 +36,4 @@ pub(super) fn swap_state(
         ],
     )?;
     Ok(n == 1)
-}
-
-impl EmbeddedStore {
-    pub async fn notify_state(&self, set: &SetName) -> Result<Option<NotifyState>, StoreError> {
-        let set = set.clone();
-        self.read(move |c| {
-            Ok(c.query_row(
-                "SELECT watermark, parts_seen, lists_seen, announced, version FROM notify_state WHERE set_name = ?1",
-                [set.as_str()],
-                |r| state_from_row(set.clone(), r),
-            )
-            .optional()?)
-        })
-        .await
-    }
-
-    /// Creates the state of a set the notifier has never seen (one that predates it).
-    pub async fn notify_init(&self, state: NotifyState) -> Result<(), StoreError> {
-        self.write(move |c| {
-            c.execute(
-                "INSERT OR IGNORE INTO notify_state (set_name, watermark, parts_seen, lists_seen, announced, version) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, 0)",
-                params![state.set.as_str(), state.watermark.0, state.parts_seen, state.lists_seen, state.announced as i64],
-            )?;
-            Ok(())
-        })
-        .await
-    }
 }
