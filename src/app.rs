@@ -9,6 +9,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
 use crate::http::{self, AppState};
@@ -51,7 +52,9 @@ pub fn resolve_base_url(config: &mut Config, addr: SocketAddr) {
 }
 
 /// Serves on `listener` until `shutdown` completes, then drains requests in flight (bounded by
-/// `server.shutdown_grace_secs`) and stops the workers.
+/// `server.shutdown_grace_secs`) and stops the workers. Every task it starts is owned by one
+/// tracker and awaited, and the hub is shut down (its lanes' outcomes written) on every way
+/// out, a failure included.
 pub async fn run(
     mut config: Config,
     listener: TcpListener,
@@ -75,6 +78,36 @@ pub async fn run(
         }
     }
     let hub = Hub::start(&config, store.clone()).await?;
+    let cancel = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let served = serve(
+        config,
+        store,
+        hub.clone(),
+        listener,
+        shutdown,
+        &tasks,
+        cancel.clone(),
+    )
+    .await;
+    cancel.cancel();
+    tasks.close();
+    tasks.wait().await;
+    hub.shutdown().await;
+    served
+}
+
+/// Starts the workers on `tasks` and serves until `shutdown` (or a failure).
+async fn serve(
+    config: Arc<Config>,
+    store: Store,
+    hub: Arc<Hub>,
+    listener: TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    tasks: &TaskTracker,
+    cancel: CancellationToken,
+) -> anyhow::Result<()> {
+    let addr = listener.local_addr()?;
     let store_is_shared = store.is_shared();
     let source = Arc::new(Source::open_with_metrics(
         config.clone(),
@@ -84,25 +117,24 @@ pub async fn run(
     if config.ingest.token.is_empty() {
         tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
     }
-    let cancel = CancellationToken::new();
-    let rollover = tokio::spawn(workers::rollover::run(source.clone(), cancel.clone()));
-    let trimmer = tokio::spawn(workers::memory::run(Duration::from_secs(5), cancel.clone()));
+    tasks.spawn(workers::rollover::run(source.clone(), cancel.clone()));
+    tasks.spawn(workers::memory::run(Duration::from_secs(5), cancel.clone()));
     let notifier = config
         .notify
         .enabled
         .then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
-    let poller = notifier
-        .clone()
-        .map(|n| tokio::spawn(n.run(cancel.clone())));
+    if let Some(n) = &notifier {
+        tasks.spawn(n.clone().run(cancel.clone()));
+    }
     // Without the notifier (which adopts before each sweep), external writers' documents
-    // are adopted on their own schedule.
-    let adopter = (notifier.is_none() && store_is_shared).then(|| {
-        tokio::spawn(workers::adopt::run(
+    // are adopted on their own schedule: only a shared store has external writers.
+    if notifier.is_none() && store_is_shared {
+        tasks.spawn(workers::adopt::run(
             source.clone(),
             hub.clone(),
             cancel.clone(),
-        ))
-    });
+        ));
+    }
 
     if config.admin.token.is_empty() {
         tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");
@@ -122,12 +154,13 @@ pub async fn run(
     if let Some(d) = &dumps {
         // What earlier runs built is offered before the first request.
         d.restore().await;
+        tasks.spawn(d.clone().run(cancel.clone()));
     }
-    let dump_builder = dumps.clone().map(|d| tokio::spawn(d.run(cancel.clone())));
+    let open_connections = hub.metrics().open_connections.clone();
     let app = http::router(AppState {
         config: config.clone(),
         source,
-        hub: hub.clone(),
+        hub,
         notifier,
         dumps,
     });
@@ -135,37 +168,36 @@ pub async fn run(
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);
     let stop = cancel.clone();
-    // TCP_NODELAY on each connection, and one on which nothing moves is let go.
+    // TCP_NODELAY on each connection, one on which nothing moves is let go, and no more than
+    // `server.max_connections` are open at once.
     let listener = crate::conn::Listener::new(
         listener,
         Duration::from_secs(config.server.idle_timeout_secs),
-    );
+    )
+    .with_limit(config.server.max_connections, open_connections);
     let server = axum::serve(
         listener,
         app.into_make_service_with_connect_info::<crate::conn::Remote>(),
     )
     .with_graceful_shutdown(async move {
-        shutdown.await;
-        tracing::info!("shutting down");
+        tokio::select! {
+            _ = shutdown => tracing::info!("shutting down"),
+            _ = stop.cancelled() => {}
+        }
         stop.cancel();
     });
+    // The server is not on the tracker: past the grace period it is abandoned, not awaited.
     let mut server = tokio::spawn(async move { server.await });
     tokio::select! {
-        res = &mut server => {
-            cancel.cancel();
-            res??;
-        }
-        _ = cancel.cancelled() => match tokio::time::timeout(grace, server).await {
+        res = &mut server => res??,
+        _ = cancel.cancelled() => match tokio::time::timeout(grace, &mut server).await {
             Ok(res) => res??,
-            Err(_) => tracing::warn!(?grace, "requests still in flight after the grace period; stopping anyway"),
+            Err(_) => {
+                tracing::warn!(?grace, "requests still in flight after the grace period; stopping anyway");
+                server.abort();
+            }
         },
     }
-    let _ = rollover.await;
-    let _ = trimmer.await;
-    for task in [poller, adopter, dump_builder].into_iter().flatten() {
-        let _ = task.await;
-    }
-    hub.shutdown().await;
     Ok(())
 }
 

@@ -42,6 +42,7 @@ pub struct ServerConfig {
     pub data_dir: PathBuf,
     pub shutdown_grace_secs: u64,
     pub idle_timeout_secs: u64,
+    pub max_connections: u32,
 }
 
 /// Which store the server keeps its state in.
@@ -362,6 +363,11 @@ impl Config {
                     ))
                 }
             }
+        }
+        if self.server.max_connections == 0 {
+            return bad(
+                "server.max_connections must be at least 1 (how many connections may be open at once)".into(),
+            );
         }
         if self.server.idle_timeout_secs == 0 {
             return bad(

@@ -9,6 +9,10 @@
 //! `send_timeout` and `keepalive_timeout` do. "Could be sent" is the kernel's word: it takes
 //! more of a response once about half its send buffer (up to 4 MB) has drained, so a reader
 //! that keeps reading is cut off only if it reads that much slower than the limit allows.
+//!
+//! A listener may also cap how many connections are open at once (`server.max_connections`):
+//! past the cap it stops accepting, so further clients wait in the kernel's accept queue, as
+//! nginx's `worker_connections` does, instead of the process running out of descriptors.
 
 use std::future::Future;
 use std::io;
@@ -17,19 +21,46 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::{Instant, Sleep};
 
-/// A listener for `axum::serve`: TCP_NODELAY on every connection, and the idle limit above.
+/// A listener for `axum::serve`: TCP_NODELAY on every connection, the idle limit above, and
+/// optionally a cap on open connections.
 pub struct Listener {
     inner: TcpListener,
     idle: Duration,
+    limit: Option<(std::sync::Arc<Semaphore>, Gauge)>,
 }
 
 impl Listener {
     pub fn new(inner: TcpListener, idle: Duration) -> Listener {
-        Listener { inner, idle }
+        Listener {
+            inner,
+            idle,
+            limit: None,
+        }
+    }
+
+    /// At most `max` connections open at once; `open` follows how many are.
+    pub fn with_limit(mut self, max: u32, open: Gauge) -> Listener {
+        self.limit = Some((std::sync::Arc::new(Semaphore::new(max as usize)), open));
+        self
+    }
+}
+
+/// A connection's place under the cap: given back (and counted out) when the connection is
+/// dropped.
+struct Slot {
+    _permit: OwnedSemaphorePermit,
+    open: Gauge,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.open.dec();
     }
 }
 
@@ -38,6 +69,18 @@ impl axum::serve::Listener for Listener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Conn, SocketAddr) {
+        // Not accepting past the cap leaves further clients in the kernel's queue.
+        let slot = match &self.limit {
+            Some((sem, open)) => {
+                let permit = sem.clone().acquire_owned().await.expect("never closed");
+                open.inc();
+                Some(Slot {
+                    _permit: permit,
+                    open: open.clone(),
+                })
+            }
+            None => None,
+        };
         let (io, addr) = axum::serve::Listener::accept(&mut self.inner).await;
         // A response's headers and body go out as two writes; with Nagle the body waits for
         // the client's delayed ACK (40 ms a request on keep-alive connections).
@@ -49,6 +92,7 @@ impl axum::serve::Listener for Listener {
                 tick: Box::pin(tokio::time::sleep(self.idle / QUARTERS)),
                 moved: false,
                 quiet: 0,
+                _slot: slot,
             },
             addr,
         )
@@ -90,6 +134,7 @@ pub struct Conn {
     moved: bool,
     /// Quarters ended in a row with nothing moved.
     quiet: u32,
+    _slot: Option<Slot>,
 }
 
 impl Conn {

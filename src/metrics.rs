@@ -61,6 +61,8 @@ pub struct Metrics {
     pub page_cache_hits: Family<TierLabel, Counter>,
     /// Age in seconds of the oldest change not yet notified (0 when none), per set.
     pub poller_lag_seconds: Family<SetLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Connections open to the server (at most `server.max_connections`).
+    pub open_connections: Gauge,
 }
 
 impl Default for Metrics {
@@ -147,7 +149,14 @@ impl Default for Metrics {
             "Age of the oldest change not yet notified, per set",
             poller_lag_seconds.clone(),
         );
+        let open_connections = Gauge::default();
+        registry.register(
+            "open_connections",
+            "Connections open to the server (at most server.max_connections; more wait to be accepted)",
+            open_connections.clone(),
+        );
         Metrics {
+            open_connections,
             registry,
             deliveries,
             delivery_seconds,

@@ -40,6 +40,23 @@ struct Ctx {
     harvester: String,
 }
 
+/// Serves the callback server on `listener` until `cancel`. A connection on which nothing has
+/// moved for two minutes is let go (a hub, or anyone who found the port, cannot hold
+/// connections open for nothing); longer than hubs keep idle connections for reuse (ours:
+/// 60 s), so that one is not closed under a delivery just being sent on it.
+pub fn serve(
+    listener: tokio::net::TcpListener,
+    app: Router,
+    cancel: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let listener = crate::conn::Listener::new(listener, std::time::Duration::from_secs(120));
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { cancel.cancelled().await })
+            .await
+    })
+}
+
 /// The callback routes: `GET` (verification) and `POST` (deliveries) on
 /// `/cb/{set id}/{token}`; the token-less form of earlier versions answers 410 to deliveries
 /// (the hub drops that subscription) and 404 to verifications.

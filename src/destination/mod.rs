@@ -384,18 +384,8 @@ pub async fn run_reloading(
         }
         // One callback server for every source: each subscription has a path of its own.
         let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push)?;
-        let c = cancel.clone();
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
-        // A connection on which nothing has moved for two minutes is let go (a hub, or anyone
-        // who found the port, cannot hold connections open for nothing); longer than hubs
-        // keep idle connections for reuse (ours: 60 s), so that one is not closed under a
-        // delivery just being sent on it.
-        let listener = crate::conn::Listener::new(listener, Duration::from_secs(120));
-        server = Some(tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move { c.cancelled().await })
-                .await
-        }));
+        server = Some(follow::serve(listener, app, cancel.clone()));
     }
     // A delivery wakes every source's loop (each applies its own).
     let (woken, wake) = tokio::sync::watch::channel(0u64);

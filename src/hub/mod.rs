@@ -19,7 +19,7 @@ mod verify;
 
 use std::collections::{HashMap, HashSet};
 use std::num::NonZeroUsize;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -316,18 +316,8 @@ pub struct Hub {
     writer: Mutex<Option<JoinHandle<()>>>,
     metrics: Arc<Metrics>,
     attempts: admin::AttemptLog,
-    /// Whether this process notifies, redoes stale verifications and adopts external writes
-    /// (always on the embedded store; on a shared store, while it holds the leader lease).
-    delivering: AtomicBool,
-    /// The embedded store's one grant (every subscription, for ever).
-    everything: Arc<partition::Grant>,
-    /// On a shared store: the delivery partitions this process holds, and their count.
-    held: Mutex<HashMap<u32, partition::Held>>,
-    partition_count: std::sync::atomic::AtomicU32,
-    /// The newest message handed to the lanes from the log (shared store).
-    synced_through: std::sync::atomic::AtomicI64,
-    /// This process's name in leases.
-    owner: String,
+    /// How this process shares the store with others: leadership and delivery partitions.
+    sharing: partition::Sharing,
 }
 
 /// Outcomes buffered for the writer before lanes wait for it.
@@ -394,12 +384,7 @@ impl Hub {
             writer: Mutex::new(Some(writer)),
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
-            delivering: AtomicBool::new(false),
-            everything: partition::Grant::everything(),
-            held: Mutex::new(HashMap::new()),
-            partition_count: std::sync::atomic::AtomicU32::new(0),
-            synced_through: std::sync::atomic::AtomicI64::new(0),
-            owner: format!("{}-{}", std::process::id(), challenge()),
+            sharing: partition::Sharing::new(),
         });
         if hub.store.is_shared() {
             let leader = hub.clone();
@@ -409,7 +394,7 @@ impl Hub {
             hub.tasks
                 .spawn(async move { deliverer.run_partitions().await });
         } else {
-            hub.delivering.store(true, Ordering::SeqCst);
+            hub.sharing.delivering.store(true, Ordering::SeqCst);
             hub.restore_lanes().await?;
             hub.restore_intents(None).await?;
         }
@@ -420,7 +405,7 @@ impl Hub {
 
     /// Whether this process delivers and notifies (see [`DELIVERY_LEASE`]).
     pub fn is_delivering(&self) -> bool {
-        self.delivering.load(Ordering::SeqCst)
+        self.sharing.delivering.load(Ordering::SeqCst)
     }
 
     /// Starts a lane for every subscription (one process: the embedded store).
@@ -431,13 +416,13 @@ impl Hub {
         let last = self.store.hub_last_message().await?;
         let subscriptions = {
             let mut lanes = self.lanes();
-            self.synced_through.store(last, Ordering::SeqCst);
+            self.sharing.synced_through.store(last, Ordering::SeqCst);
             for sub in subs {
                 // Restored subscribers start healthy unless they were failing.
                 let suspect = sub.attempts > 0;
                 lanes.insert(
                     sub.id,
-                    Lane::spawn(self, sub, suspect, self.everything.clone()),
+                    Lane::spawn(self, sub, suspect, self.sharing.everything.clone()),
                 );
             }
             lanes.len()
@@ -489,7 +474,7 @@ impl Hub {
             if last_renewal.is_none_or(|t| t.elapsed() >= RENEW_EVERY) || !self.is_delivering() {
                 match self
                     .store
-                    .lease(DELIVERY_LEASE, &self.owner, LEASE_SECS)
+                    .lease(DELIVERY_LEASE, &self.sharing.owner, LEASE_SECS)
                     .await
                 {
                     Ok(true) => {
@@ -526,15 +511,15 @@ impl Hub {
     }
 
     async fn take_over(self: &Arc<Self>) {
-        self.delivering.store(true, Ordering::SeqCst);
-        tracing::info!(owner = %self.owner, "this process holds the leader lease: notifying");
+        self.sharing.delivering.store(true, Ordering::SeqCst);
+        tracing::info!(owner = %self.sharing.owner, "this process holds the leader lease: notifying");
         if let Err(e) = self.restore_intents(Some(Duration::from_secs(30))).await {
             tracing::warn!(error = %e, "hub: redoing verifications failed");
         }
     }
 
     async fn stand_down(&self) {
-        self.delivering.store(false, Ordering::SeqCst);
+        self.sharing.delivering.store(false, Ordering::SeqCst);
     }
 
     /// Brings the lanes in line with the store: lanes for new subscriptions, none for removed
@@ -799,7 +784,7 @@ impl Hub {
         const BATCH: usize = 1000;
         let mut taken: HashMap<model::MessageId, usize> = HashMap::new();
         loop {
-            let after = self.synced_through.load(Ordering::SeqCst);
+            let after = self.sharing.synced_through.load(Ordering::SeqCst);
             let batch = self
                 .store
                 .hub_messages_after(None, after, BATCH, delivery::LANE_BYTES * 4)
@@ -811,7 +796,9 @@ impl Hub {
                         *taken.entry(m.id).or_default() += 1;
                     }
                 }
-                self.synced_through.fetch_max(m.id, Ordering::SeqCst);
+                self.sharing
+                    .synced_through
+                    .fetch_max(m.id, Ordering::SeqCst);
             }
             if batch.len() < BATCH {
                 return Ok(taken);
@@ -925,7 +912,11 @@ impl Hub {
         // Outcomes are written: another process may take over at once.
         if self.store.is_shared() {
             self.release_partitions().await;
-            if let Err(e) = self.store.release(DELIVERY_LEASE, &self.owner).await {
+            if let Err(e) = self
+                .store
+                .release(DELIVERY_LEASE, &self.sharing.owner)
+                .await
+            {
                 tracing::warn!(error = %e, "releasing the leader lease failed; it lapses by itself");
             }
         }

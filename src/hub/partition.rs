@@ -78,6 +78,35 @@ impl Grant {
     }
 }
 
+/// How this process shares the store with others (on the embedded store: alone).
+pub(super) struct Sharing {
+    /// Whether this process notifies, redoes stale verifications and adopts external writes
+    /// (always on the embedded store; on a shared store, while it holds the leader lease).
+    pub delivering: AtomicBool,
+    /// The embedded store's one grant (every subscription, for ever).
+    pub everything: Arc<Grant>,
+    /// On a shared store: the delivery partitions this process holds, and their count.
+    pub held: std::sync::Mutex<HashMap<u32, Held>>,
+    pub count: std::sync::atomic::AtomicU32,
+    /// The newest message handed to the lanes from the log (shared store).
+    pub synced_through: std::sync::atomic::AtomicI64,
+    /// This process's name in leases.
+    pub owner: String,
+}
+
+impl Sharing {
+    pub fn new() -> Sharing {
+        Sharing {
+            delivering: AtomicBool::new(false),
+            everything: Grant::everything(),
+            held: Default::default(),
+            count: Default::default(),
+            synced_through: Default::default(),
+            owner: format!("{}-{}", std::process::id(), super::challenge()),
+        }
+    }
+}
+
 /// A partition this process holds.
 pub(super) struct Held {
     pub grant: Arc<Grant>,
@@ -130,13 +159,13 @@ impl Hub {
     /// The grant a lane for subscription `id` delivers under, if this process delivers it.
     pub(super) fn grant_for(&self, id: SubscriptionId) -> Option<Arc<Grant>> {
         if !self.store.is_shared() {
-            return Some(self.everything.clone());
+            return Some(self.sharing.everything.clone());
         }
-        let count = self.partition_count.load(Ordering::SeqCst);
+        let count = self.sharing.count.load(Ordering::SeqCst);
         if count == 0 {
             return None;
         }
-        let held = self.held.lock().expect("held partitions");
+        let held = self.sharing.held.lock().expect("held partitions");
         held.get(&partition_of(id, count))
             .map(|h| h.grant.clone())
             .filter(|g| !g.is_lost())
@@ -147,7 +176,7 @@ impl Hub {
         if !self.store.is_shared() {
             return 1;
         }
-        self.held.lock().expect("held partitions").len()
+        self.sharing.held.lock().expect("held partitions").len()
     }
 
     /// On a shared store: keeps this process's heartbeat, takes the partitions it wins and
@@ -176,10 +205,10 @@ impl Hub {
             );
         }
         match self.store.hub_last_message().await {
-            Ok(last) => self.synced_through.store(last, Ordering::SeqCst),
+            Ok(last) => self.sharing.synced_through.store(last, Ordering::SeqCst),
             Err(e) => tracing::warn!(error = %e, "reading the log's end failed"),
         }
-        self.partition_count.store(count, Ordering::SeqCst);
+        self.sharing.count.store(count, Ordering::SeqCst);
         let mut live: Vec<String> = Vec::new();
         let mut last_beat: Option<Instant> = None;
         let mut tick = tokio::time::interval(super::SYNC_EVERY);
@@ -190,7 +219,7 @@ impl Hub {
             }
             if last_beat.is_none_or(|t| t.elapsed() >= renew_every(lease)) {
                 let sent = Instant::now();
-                match self.store.heartbeat(&self.owner, secs).await {
+                match self.store.heartbeat(&self.sharing.owner, secs).await {
                     Ok(nodes) => {
                         if nodes != live {
                             tracing::info!(
@@ -213,15 +242,22 @@ impl Hub {
             let wanted: HashSet<u32> = assign(&live, count)
                 .into_iter()
                 .enumerate()
-                .filter(|(_, o)| *o == Some(self.owner.as_str()))
+                .filter(|(_, o)| *o == Some(self.sharing.owner.as_str()))
                 .map(|(p, _)| p as u32)
                 .collect();
-            let held: Vec<u32> = self.held.lock().expect("held").keys().copied().collect();
+            let held: Vec<u32> = self
+                .sharing
+                .held
+                .lock()
+                .expect("held")
+                .keys()
+                .copied()
+                .collect();
             for p in held.iter().filter(|p| !wanted.contains(p)) {
                 self.hand_over(*p);
             }
             let free: Vec<u32> = {
-                let held = self.held.lock().expect("held");
+                let held = self.sharing.held.lock().expect("held");
                 wanted
                     .iter()
                     .copied()
@@ -237,7 +273,7 @@ impl Hub {
             self.metrics
                 .partitions_held
                 .set(self.partitions_held() as i64);
-            if !self.held.lock().expect("held").is_empty() {
+            if !self.sharing.held.lock().expect("held").is_empty() {
                 if let Err(e) = self.sync().await {
                     self.metrics.store_errors.inc();
                     tracing::warn!(error = %e, "hub: reading subscriptions and messages failed");
@@ -253,7 +289,11 @@ impl Hub {
         let mut taken = Vec::new();
         for &p in wanted {
             let sent = Instant::now();
-            match self.store.take_partition(p, &self.owner, secs).await {
+            match self
+                .store
+                .take_partition(p, &self.sharing.owner, secs)
+                .await
+            {
                 Ok(Some(l)) => taken.push((p, l, sent)),
                 Ok(None) => {}
                 Err(e) => {
@@ -271,7 +311,7 @@ impl Hub {
             tracing::warn!(error = %e, "stamping taken partitions' epochs failed; taking them again later");
             return;
         }
-        let mut held = self.held.lock().expect("held");
+        let mut held = self.sharing.held.lock().expect("held");
         for (p, l, sent) in taken {
             let grant = Grant::new(p, l.epoch, sent + lease - margin(lease));
             held.insert(p, Held { grant, lease: l });
@@ -284,6 +324,7 @@ impl Hub {
     /// Renews every held partition, side by side; a partition someone else wrote is lost.
     async fn renew_all(&self, secs: u64, lease: Duration) {
         let held: Vec<(u32, PartitionLease, Arc<Grant>)> = self
+            .sharing
             .held
             .lock()
             .expect("held")
@@ -292,7 +333,10 @@ impl Hub {
             .collect();
         let renewals = held.into_iter().map(|(p, l, grant)| async move {
             let sent = Instant::now();
-            let r = self.store.renew_partition(p, &l, &self.owner, secs).await;
+            let r = self
+                .store
+                .renew_partition(p, &l, &self.sharing.owner, secs)
+                .await;
             (p, grant, sent, r)
         });
         use futures_util::StreamExt;
@@ -300,7 +344,7 @@ impl Hub {
             .buffer_unordered(16)
             .collect()
             .await;
-        let mut held = self.held.lock().expect("held");
+        let mut held = self.sharing.held.lock().expect("held");
         for (p, grant, sent, r) in done {
             match r {
                 Ok(Some(l)) => {
@@ -329,7 +373,7 @@ impl Hub {
     /// Forgets partitions whose grant was lost (fenced or taken over) and stops their lanes.
     fn drop_lost(&self) {
         let lost: Vec<u32> = {
-            let mut held = self.held.lock().expect("held");
+            let mut held = self.sharing.held.lock().expect("held");
             let lost: Vec<u32> = held
                 .iter()
                 .filter(|(_, h)| h.grant.is_lost())
@@ -349,7 +393,7 @@ impl Hub {
     /// send, and once the last has finished (its outcome written) the lease is released, so
     /// that the new owner starts from a cursor that includes everything sent here.
     fn hand_over(self: &Arc<Self>, p: u32) {
-        let Some(h) = self.held.lock().expect("held").remove(&p) else {
+        let Some(h) = self.sharing.held.lock().expect("held").remove(&p) else {
             return;
         };
         h.grant.lose();
@@ -372,7 +416,7 @@ impl Hub {
 
     /// At a clean stop (lanes ended, outcomes written): every partition released at once.
     pub(super) async fn release_partitions(&self) {
-        let held: Vec<(u32, Held)> = self.held.lock().expect("held").drain().collect();
+        let held: Vec<(u32, Held)> = self.sharing.held.lock().expect("held").drain().collect();
         for (p, h) in held {
             if let Err(e) = self.store.release_partition(p, &h.lease).await {
                 tracing::warn!(partition = p, error = %e, "releasing a partition failed; its lease lapses by itself");

@@ -12,7 +12,7 @@ mod rules;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use embedded::EmbeddedStore;
+use embedded::EmbeddedStore;
 pub use hub::{HubStore, PartitionLease};
 pub use rules::SetRules;
 pub(crate) use rules::{fold, sub_state};

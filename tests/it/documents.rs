@@ -1171,3 +1171,49 @@ async fn clients_that_stop_reading_are_let_go_and_slow_ones_are_not() {
     );
     app.stop().await;
 }
+
+/// Past `server.max_connections` the server stops accepting: a further client waits in the
+/// kernel's queue (it is not refused, and the process does not run out of descriptors), is
+/// served as soon as a connection closes, and `rshub_open_connections` says how many are open.
+#[tokio::test]
+async fn connections_past_the_cap_wait_and_are_served_when_one_closes() {
+    use tokio::io::AsyncReadExt;
+    let (mut c, _dir) = test_config();
+    c.server.max_connections = 3;
+    let app = TestApp::start_with(c).await;
+    // Two connections that say nothing, and the test's client (kept alive) make three.
+    let mut quiet = Vec::new();
+    for _ in 0..2 {
+        quiet.push(tokio::net::TcpStream::connect(&app.addr).await.unwrap());
+    }
+    wait_until("three connections are counted open", || async {
+        app.get_text("/metrics")
+            .await
+            .lines()
+            .any(|l| l == "rshub_open_connections 3")
+    })
+    .await;
+    // A fourth client is queued, not answered (nor refused) while three are open.
+    let mut fourth = raw_request(&app.addr, "/healthz", None).await;
+    let mut first = [0u8; 12];
+    let waited = tokio::time::timeout(
+        std::time::Duration::from_millis(700),
+        fourth.read_exact(&mut first),
+    )
+    .await;
+    assert!(
+        waited.is_err(),
+        "the fourth connection was served past the cap: {waited:?}"
+    );
+    // One closes: the fourth is served.
+    drop(quiet.pop());
+    tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        fourth.read_exact(&mut first),
+    )
+    .await
+    .expect("the fourth connection is served once one closed")
+    .unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    app.stop().await;
+}

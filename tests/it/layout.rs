@@ -137,3 +137,63 @@ fn modules_only_use_lower_floors() {
         problems.join("\n")
     );
 }
+
+/// The code lines (comments left out) of every file under `src`, with the file's path
+/// relative to `src`.
+fn code_lines() -> Vec<(String, usize, String)> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut out = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        for (n, line) in std::fs::read_to_string(&f).unwrap().lines().enumerate() {
+            if !line.trim_start().starts_with("//") {
+                out.push((rel.clone(), n + 1, line.to_string()));
+            }
+        }
+    }
+    out
+}
+
+/// The web framework stays at the edges: the HTTP handlers, the application that serves them,
+/// the error-to-status table, the connection layer and the destination's callback server.
+/// The domain (hub, source, store, notifier, destination's logic) is callable without it.
+#[test]
+fn axum_is_named_only_at_the_edges() {
+    let allowed = |f: &str| {
+        f.starts_with("http/")
+            || ["app.rs", "error.rs", "conn.rs", "destination/follow.rs"].contains(&f)
+    };
+    let found: Vec<String> = code_lines()
+        .into_iter()
+        .filter(|(f, _, l)| l.contains("axum") && !allowed(f))
+        .map(|(f, n, l)| format!("src/{f}:{n}: {}", l.trim()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "axum named outside http, app, error, conn and the callback server:\n{}",
+        found.join("\n")
+    );
+}
+
+/// The store's callers see the contract (`SetStore`, `HubStore`, the neutral types), never a
+/// backend's own types: a backend can change, or a third be added, without touching them.
+#[test]
+fn no_backend_type_is_named_outside_the_store() {
+    let found: Vec<String> = code_lines()
+        .into_iter()
+        .filter(|(f, _, l)| {
+            !f.starts_with("store/")
+                && ["elastic::", "embedded::", "EmbeddedStore", "ElasticStore"]
+                    .iter()
+                    .any(|t| l.contains(t))
+        })
+        .map(|(f, n, l)| format!("src/{f}:{n}: {}", l.trim()))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "a backend's type named outside src/store:\n{}",
+        found.join("\n")
+    );
+}
