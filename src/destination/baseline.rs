@@ -22,7 +22,10 @@ impl Harvester {
             match &set.info.resourcedump {
                 Some(rd) => match self.baseline_from_dump(set, rd).await? {
                     Ok((position, 0)) => {
-                        self.state.finish_baseline(set.row.id, position)?;
+                        let id = set.row.id;
+                        self.state
+                            .run(move |s| s.finish_baseline(id, position))
+                            .await?;
                         return Ok(());
                     }
                     Ok((position, missed)) => {
@@ -86,7 +89,7 @@ impl Harvester {
                 while batch.len() < WALK_BATCH {
                     let Some(e) = r.next_entry()? else { break };
                     bar.inc(1);
-                    if !self.admit(set, &e.loc, &docs)? {
+                    if !self.admit(set, &e.loc, &docs).await? {
                         refused += 1;
                         continue;
                     }
@@ -111,7 +114,8 @@ impl Harvester {
                         (c, r)
                     });
                     while let Some(done) = tasks.try_join_next() {
-                        self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+                        self.collect(set, done?, &mut failures, &mut held, &mut refused)
+                            .await?;
                         self.record(set.row.id, &mut held, &mut writing, RECORD_BATCH)
                             .await?;
                     }
@@ -119,7 +123,8 @@ impl Harvester {
             }
         }
         while let Some(done) = tasks.join_next().await {
-            self.collect(set, done?, &mut failures, &mut held, &mut refused)?;
+            self.collect(set, done?, &mut failures, &mut held, &mut refused)
+                .await?;
             self.record(set.row.id, &mut held, &mut writing, RECORD_BATCH)
                 .await?;
         }
@@ -134,12 +139,17 @@ impl Harvester {
         for (f, _) in &mut failures {
             f.datetime = Timestamp(position.0 - 1);
         }
-        let queued: Vec<Change> = failures.iter().map(|(c, _)| c.clone()).collect();
-        self.state.enqueue(set.row.id, &queued)?;
+        let failed = failures.len();
+        let (id, not_before) = (set.row.id, self.clone_parts().next_try(0));
         self.state
-            .defer(set.row.id, &failures, self.clone_parts().next_try(0))?;
-        self.state.finish_baseline(set.row.id, position)?;
-        tracing::info!(set = %set.info.name, fetched, failed = failures.len(), refused, position = %position, "baseline done");
+            .run(move |s| {
+                let queued: Vec<Change> = failures.iter().map(|(c, _)| c.clone()).collect();
+                s.enqueue(id, &queued)?;
+                s.defer(id, &failures, not_before)?;
+                s.finish_baseline(id, position)
+            })
+            .await?;
+        tracing::info!(set = %set.info.name, fetched, failed, refused, position = %position, "baseline done");
         Ok(())
     }
 
@@ -148,16 +158,21 @@ impl Harvester {
     /// one file, the first listed keeps it.
     fn read_batch(&self, set_id: i64, entries: Vec<Change>) -> tokio::task::JoinHandle<BatchRead> {
         let w = self.clone_parts();
-        tokio::task::spawn_blocking(move || {
-            let listed = w.state.hold_as_listed(set_id, &entries)?;
-            let todo: Vec<Change> = entries
-                .into_iter()
-                .zip(listed)
-                .filter(|(_, listed)| !listed)
-                .map(|(c, _)| c)
-                .collect();
+        tokio::spawn(async move {
+            let todo = w
+                .state
+                .run(move |s| {
+                    let listed = s.hold_as_listed(set_id, &entries)?;
+                    Ok(entries
+                        .into_iter()
+                        .zip(listed)
+                        .filter(|(_, listed)| !listed)
+                        .map(|(c, _)| c)
+                        .collect::<Vec<Change>>())
+                })
+                .await?;
             let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
-            let claims = w.claim_many(&uris);
+            let claims = w.claim_many(&uris).await;
             anyhow::Ok((todo, claims))
         })
     }
@@ -185,9 +200,13 @@ impl Harvester {
             held.recorded += w.await??;
         }
         let state = self.state.clone();
-        *writing = Some(tokio::task::spawn_blocking(move || {
-            batch.record(&state, set_id, 0)?;
-            Ok(batch.recorded)
+        *writing = Some(tokio::spawn(async move {
+            state
+                .run_any(move |s| {
+                    batch.record(s, set_id, 0)?;
+                    Ok(batch.recorded)
+                })
+                .await
         }));
         Ok(())
     }
@@ -206,7 +225,7 @@ impl Harvester {
         Ok(())
     }
 
-    pub(super) fn collect(
+    pub(super) async fn collect(
         &self,
         set: &Followed,
         done: (Change, Result<(Held, Claim), NotApplied>),
@@ -221,7 +240,8 @@ impl Harvester {
             }
             Err(NotApplied::Refused(why)) => {
                 *refused += 1;
-                refuse(&self.state, &set.info.name, set.row.id, &done.0.uri, &why)?;
+                self.refuse(&set.info.name, set.row.id, &done.0.uri, &why)
+                    .await?;
             }
             Err(NotApplied::Failed(e)) => {
                 tracing::warn!(uri = %short(&done.0.uri), error = %e, "baseline fetch failed: queued for retry");
@@ -290,13 +310,8 @@ impl Harvester {
                     .await
                 {
                     if let Some(r) = &err.refused {
-                        refuse(
-                            &self.state,
-                            &set.info.name,
-                            set.row.id,
-                            &e.loc,
-                            &r.to_string(),
-                        )?;
+                        self.refuse(&set.info.name, set.row.id, &e.loc, &r.to_string())
+                            .await?;
                     }
                     let retry = err.retry;
                     // A fetch error is words already (its chain in_words): nothing is lost.
@@ -347,25 +362,26 @@ impl Harvester {
     /// kept).
     /// `walking`: the caller holds a walk already (else one is waited for here).
     pub(super) async fn baselined(&self, set: &Followed, walking: bool) -> anyhow::Result<bool> {
-        if self.row(set.row.id)?.baseline_done {
+        if self.row(set.row.id).await?.baseline_done {
             return Ok(true);
         }
         let _walk = match walking {
             true => None,
             false => Some(self.walks.acquire().await?),
         };
-        Ok(match self.baseline(set).await {
-            Ok(()) => {
-                self.state.set_error(set.row.id, None)?;
-                true
-            }
+        let (done, error) = match self.baseline(set).await {
+            Ok(()) => (true, None),
             Err(e) => {
                 let e = format!("baseline: {e:#}");
                 tracing::warn!(set = %set.info.name, error = %e, "baseline interrupted; resumed at the next check");
-                self.state.set_error(set.row.id, Some(&e))?;
-                false
+                (false, Some(e))
             }
-        })
+        };
+        let id = set.row.id;
+        self.state
+            .run(move |s| s.set_error(id, error.as_deref()))
+            .await?;
+        Ok(done)
     }
 }
 
@@ -471,6 +487,7 @@ impl Worker {
         use md5::Digest;
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
+        let state = self.state.in_blocking_task();
         let (mut placed, mut missed) = (0u64, 0u64);
         // Recorded a thousand at a time.
         let mut held = Batch::default();
@@ -483,14 +500,12 @@ impl Worker {
                 match self.fetcher.scope().check(&e.loc) {
                     Err(r) => {
                         bar.inc(1);
-                        refuse(&self.state, set, set_id, &e.loc, &r.to_string())?;
+                        refuse(state, set, set_id, &e.loc, &r.to_string())?;
                     }
                     Ok(_) => todo.push((e, entry_change(e, "created", at))),
                 }
             }
-            let holds = self
-                .state
-                .hold_as_listed(set_id, todo.iter().map(|(_, c)| c))?;
+            let holds = state.hold_as_listed(set_id, todo.iter().map(|(_, c)| c))?;
             let mut wanted = Vec::with_capacity(todo.len());
             for ((e, c), holds) in todo.into_iter().zip(holds) {
                 if holds {
@@ -510,18 +525,18 @@ impl Worker {
                 }
             }
             let uris: Vec<&str> = wanted.iter().map(|(_, c, _)| c.uri.as_str()).collect();
-            let claims = self.claim_many(&uris);
+            let claims = self.claim_many_blocking(&uris);
             drop(uris);
             for ((e, c, inner), claim) in wanted.into_iter().zip(claims) {
                 if self.stop.load(Ordering::Relaxed) {
-                    held.record(&self.state, set_id, 0)?;
+                    held.record(state, set_id, 0)?;
                     anyhow::bail!("stopping");
                 }
                 bar.inc(1);
                 let claim = match claim {
                     Ok(claim) => claim,
                     Err(NotApplied::Refused(r)) => {
-                        refuse(&self.state, set, set_id, &c.uri, &r)?;
+                        refuse(state, set, set_id, &c.uri, &r)?;
                         continue;
                     }
                     Err(NotApplied::Failed(_)) => {
@@ -532,7 +547,7 @@ impl Worker {
                 let dest = match self.output.download_path(&c.uri) {
                     Ok(d) => d,
                     Err(err) => {
-                        refuse(&self.state, set, set_id, &c.uri, &format!("{err:#}"))?;
+                        refuse(state, set, set_id, &c.uri, &format!("{err:#}"))?;
                         continue;
                     }
                 };
@@ -586,7 +601,7 @@ impl Worker {
                             },
                         ));
                         held.claims.push(claim);
-                        held.record(&self.state, set_id, 1000)?;
+                        held.record(state, set_id, 1000)?;
                         placed += 1;
                     }
                     Err(err) => {
@@ -597,7 +612,7 @@ impl Worker {
                 }
             }
         }
-        held.record(&self.state, set_id, 0)?;
+        held.record(state, set_id, 0)?;
         Ok((placed, missed))
     }
 }

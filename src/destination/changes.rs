@@ -10,9 +10,8 @@ impl Harvester {
     pub(super) async fn apply_inbox(&self, sets: &[Followed]) -> anyhow::Result<()> {
         let ids: Vec<i64> = sets.iter().map(|s| s.row.id).collect();
         loop {
-            let (state, ids) = (self.state.clone(), ids.clone());
-            let Some((id, set_id, body)) =
-                tokio::task::spawn_blocking(move || state.inbox_next(&ids)).await??
+            let ids = ids.clone();
+            let Some((id, set_id, body)) = self.state.run(move |s| s.inbox_next(&ids)).await?
             else {
                 return Ok(());
             };
@@ -21,7 +20,7 @@ impl Harvester {
                     tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "applying a notification failed; the next check catches up");
                 }
             }
-            self.state.inbox_done(id)?;
+            self.state.run(move |s| s.inbox_done(id)).await?;
         }
     }
 
@@ -34,7 +33,10 @@ impl Harvester {
     ) -> anyhow::Result<(usize, Option<Timestamp>)> {
         let r = self.read_changes(set).await;
         let error = r.as_ref().err().map(|e| format!("catching up: {e:#}"));
-        self.state.set_error(set.row.id, error.as_deref())?;
+        let id = set.row.id;
+        self.state
+            .run(move |s| s.set_error(id, error.as_deref()))
+            .await?;
         r
     }
 
@@ -46,10 +48,11 @@ impl Harvester {
             // No Change List: what the baseline could not fetch is still retried (and the
             // check is recorded, for `harvest status`).
             self.drain(set).await?;
-            self.state.checked(set.row.id, None)?;
+            let id = set.row.id;
+            self.state.run(move |s| s.checked(id, None)).await?;
             return Ok((0, None));
         };
-        let row = self.row(set.row.id)?;
+        let row = self.row(set.row.id).await?;
         let Some(p) = row.position else {
             return Ok((0, None));
         };
@@ -87,29 +90,37 @@ impl Harvester {
                     let Some(mut c) = change_of(&e) else { continue };
                     // A refused change is passed too: it never holds the position.
                     newest = newest.max(Some(c.datetime));
-                    if !self.admit(set, &c.uri, &docs)? {
+                    if !self.admit(set, &c.uri, &docs).await? {
                         continue;
                     }
                     if e.md.contains_key("datetime") {
                         if c.datetime >= p {
-                            batch.push(c);
+                            batch.push((c, true));
                         }
-                    } else if self.undated_is_new(set.row.id, &c)? {
+                    } else {
                         // A ResourceSync 1.0 style entry has only `lastmod` (a deletion's is the
                         // deleted resource's old one), so its date cannot place it: it is taken
-                        // when what we hold does not reflect it yet, dated no earlier than P.
+                        // when what we hold does not reflect it yet (looked at with the
+                        // batch), dated no earlier than P.
                         c.datetime = c.datetime.max(p);
-                        batch.push(c);
+                        batch.push((c, false));
                     }
                 }
                 if batch.len() >= 1000 || (end && !batch.is_empty()) {
-                    let (b, state, id) =
-                        (std::mem::take(&mut batch), self.state.clone(), set.row.id);
+                    let (b, id) = (std::mem::take(&mut batch), set.row.id);
                     // Off the async threads, a thousand at a time.
-                    let (n, b) = tokio::task::spawn_blocking(move || {
-                        anyhow::Ok((state.enqueue(id, &b)?, b))
-                    })
-                    .await??;
+                    let (n, b) = self
+                        .state
+                        .run(move |s| {
+                            let mut keep = Vec::with_capacity(b.len());
+                            for (c, dated) in b {
+                                if dated || undated_is_new(s, id, &c)? {
+                                    keep.push(c);
+                                }
+                            }
+                            Ok((s.enqueue(id, &keep)?, keep))
+                        })
+                        .await?;
                     if n > 0 {
                         newest_new = newest_new.max(b.iter().map(|c| c.datetime).max());
                     }
@@ -120,10 +131,11 @@ impl Harvester {
                 }
             }
         }
-        self.state.checked(set.row.id, newest)?;
+        let id = set.row.id;
+        self.state.run(move |s| s.checked(id, newest)).await?;
         self.drain(set).await?;
         if let Some(n) = newest {
-            self.advance(set.row.id, n)?;
+            self.advance(set.row.id, n).await?;
         }
         Ok((new, newest_new))
     }
@@ -132,24 +144,35 @@ impl Harvester {
     /// change they brought is more than a few seconds old and no delivery arrived after it.
     /// Then the subscription may be gone at the hub (removed, expired, its store rebuilt) and
     /// is asked for again.
-    pub(super) fn push_missed(&self, set: &Followed, found: (usize, Option<Timestamp>)) -> bool {
-        let mut unconfirmed = self.unconfirmed.lock().expect("lock");
-        if let (n, Some(newest)) = found {
-            if n > 0 {
-                let e = unconfirmed.entry(set.row.id).or_insert(newest);
-                *e = (*e).max(newest);
+    pub(super) async fn push_missed(
+        &self,
+        set: &Followed,
+        found: (usize, Option<Timestamp>),
+    ) -> bool {
+        let newest = {
+            let mut unconfirmed = self.unconfirmed.lock().expect("lock");
+            if let (n, Some(newest)) = found {
+                if n > 0 {
+                    let e = unconfirmed.entry(set.row.id).or_insert(newest);
+                    *e = (*e).max(newest);
+                }
             }
-        }
-        let Some(&newest) = unconfirmed.get(&set.row.id) else {
-            return false;
+            let Some(&newest) = unconfirmed.get(&set.row.id) else {
+                return false;
+            };
+            if newest.0 > Timestamp::now().0 - 3_000_000 {
+                return false; // push may still be on its way
+            }
+            unconfirmed.remove(&set.row.id);
+            newest
         };
-        if newest.0 > Timestamp::now().0 - 3_000_000 {
-            return false; // push may still be on its way
-        }
-        unconfirmed.remove(&set.row.id);
         // Compared by the changes' dates: a late push of older changes (delivered after these
         // were made) does not mean push brought these.
-        let pushed = self.row(set.row.id).ok().and_then(|r| r.pushed_latest);
+        let pushed = self
+            .row(set.row.id)
+            .await
+            .ok()
+            .and_then(|r| r.pushed_latest);
         let missed = pushed.is_none_or(|t| t < newest);
         if missed {
             tracing::info!(set = %set.info.name, "the Change Lists had changes push did not bring: subscribing again");
@@ -161,32 +184,18 @@ impl Harvester {
     /// held, or a creation/update whose length or md5 differ from what is held, or, when md5
     /// cannot tell (the list or the record has none), whose `lastmod` is newer. A URL refused
     /// before is not taken again.
-    pub(super) fn undated_is_new(&self, set_id: i64, c: &Change) -> anyhow::Result<bool> {
-        if self.state.is_refused(set_id, &c.uri)? {
-            return Ok(false);
-        }
-        let held = self.state.held(set_id, &c.uri)?;
-        Ok(match (c.change.as_str(), held) {
-            ("deleted", held) => held.is_some(),
-            (_, None) => true,
-            (_, Some(h)) => {
-                c.length.is_some_and(|l| Some(l) != h.length)
-                    || match (&c.md5, &h.md5) {
-                        (Some(m), Some(held_md5)) => m != held_md5,
-                        _ => c.newer_than(&h),
-                    }
-            }
-        })
-    }
-
     /// Moves the position to `to`, or to the oldest change still queued if that is earlier.
-    pub(super) fn advance(&self, set_id: i64, to: Timestamp) -> anyhow::Result<()> {
-        let to = match self.state.oldest_pending(set_id)? {
-            Some(p) => p.min(to),
-            None => to,
-        };
-        self.state.advance(set_id, to)?;
-        Ok(())
+    pub(super) async fn advance(&self, set_id: i64, to: Timestamp) -> anyhow::Result<()> {
+        Ok(self
+            .state
+            .run(move |s| {
+                let to = match s.oldest_pending(set_id)? {
+                    Some(p) => p.min(to),
+                    None => to,
+                };
+                s.advance(set_id, to)
+            })
+            .await?)
     }
 
     /// Applies a notification: a gap before it is filled from the Change Lists first. Its
@@ -202,13 +211,13 @@ impl Harvester {
         let until = doc.md.get("until").and_then(|u| Timestamp::parse(u).ok());
         let mut changes: Vec<Change> = Vec::new();
         for c in doc.entries.iter().filter_map(change_of) {
-            if self.admit(set, &c.uri, &HashSet::new())? {
+            if self.admit(set, &c.uri, &HashSet::new()).await? {
                 changes.push(c);
             }
         }
-        self.state
-            .pushed(set.row.id, changes.iter().map(|c| c.datetime).max())?;
-        let row = self.row(set.row.id)?;
+        let (id, newest) = (set.row.id, changes.iter().map(|c| c.datetime).max());
+        self.state.run(move |s| s.pushed(id, newest)).await?;
+        let row = self.row(set.row.id).await?;
         let Some(p) = row.position else {
             return Ok(()); // baseline still running: the Change Lists will bring it
         };
@@ -216,17 +225,13 @@ impl Harvester {
             tracing::info!(set = %set.info.name, position = %p, from = %from.map_or("-".to_string(), |f| f.to_string()), "gap before a notification: filling it from the Change Lists");
             self.catch_up(set).await?;
         }
-        let p = self.row(set.row.id)?.position.unwrap_or(p);
+        let p = self.row(set.row.id).await?.position.unwrap_or(p);
         let fresh: Vec<Change> = changes.into_iter().filter(|c| c.datetime >= p).collect();
-        let (state, id) = (self.state.clone(), set.row.id);
-        let fresh = tokio::task::spawn_blocking(move || {
-            state.enqueue(id, &fresh)?;
-            anyhow::Ok(fresh)
-        })
-        .await??;
+        let newest = fresh.iter().map(|c| c.datetime).max();
+        self.state.run(move |s| s.enqueue(id, &fresh)).await?;
         self.drain(set).await?;
-        if let Some(u) = until.or(fresh.iter().map(|c| c.datetime).max()) {
-            self.advance(set.row.id, u)?;
+        if let Some(u) = until.or(newest) {
+            self.advance(set.row.id, u).await?;
         }
         Ok(())
     }
@@ -236,7 +241,8 @@ impl Harvester {
     /// A resource still in its backoff after a failed try waits for a later pass (or for a
     /// newer change of it).
     pub(super) async fn drain(&self, set: &Followed) -> anyhow::Result<()> {
-        let pending = self.state.pending(set.row.id)?;
+        let id = set.row.id;
+        let pending = self.state.run(move |s| s.pending(id)).await?;
         if pending.is_empty() {
             return Ok(());
         }
@@ -245,30 +251,42 @@ impl Harvester {
         for p in pending {
             by_uri.entry(p.change.uri.clone()).or_default().push(p);
         }
+        // In its backoff, unless a newer change of it came meanwhile.
+        let due: Vec<Vec<Pending>> = by_uri
+            .into_values()
+            .filter(|queue| {
+                queue
+                    .last()
+                    .is_none_or(|p| p.not_before.is_none_or(|t| t <= now))
+            })
+            .collect();
         let sem = self.slots.clone();
+        let w = self.clone_parts();
         let mut tasks = tokio::task::JoinSet::new();
-        for (_, queue) in by_uri {
-            // In its backoff, unless a newer change of it came meanwhile.
-            if queue
-                .last()
-                .is_some_and(|p| p.not_before.is_some_and(|t| t > now))
-            {
-                continue;
-            }
-            let permit = sem.clone().acquire_owned().await?;
-            let w = self.clone_parts();
-            let (name, id) = (set.info.name.clone(), set.row.id);
-            let (max_tries, skip) = (self.cfg.fetch.max_tries, self.cfg.fetch.skip_failed);
-            // Claimed in queue order (what is fetched: not a deletion).
-            let claim = queue
-                .last()
+        for chunk in due.chunks(256) {
+            // Claimed in queue order (what is fetched: not a deletion), a chunk in one read.
+            let fetched: Vec<&str> = chunk
+                .iter()
+                .filter_map(|q| q.last())
                 .filter(|p| p.change.change != "deleted")
-                .map(|p| w.claim(&p.change.uri));
-            tasks.spawn(async move {
-                let _permit = permit;
-                w.apply_queue(&name, id, queue, claim, max_tries, skip)
-                    .await
-            });
+                .map(|p| p.change.uri.as_str())
+                .collect();
+            let mut claims = w.claim_many(&fetched).await.into_iter();
+            for queue in chunk {
+                let claim = queue
+                    .last()
+                    .filter(|p| p.change.change != "deleted")
+                    .and_then(|_| claims.next());
+                let permit = sem.clone().acquire_owned().await?;
+                let (w, queue) = (w.clone(), queue.clone());
+                let (name, id) = (set.info.name.clone(), set.row.id);
+                let (max_tries, skip) = (self.cfg.fetch.max_tries, self.cfg.fetch.skip_failed);
+                tasks.spawn(async move {
+                    let _permit = permit;
+                    w.apply_queue(&name, id, queue, claim, max_tries, skip)
+                        .await
+                });
+            }
         }
         while let Some(r) = tasks.join_next().await {
             r??;
@@ -293,7 +311,13 @@ impl Harvester {
             self.callback_base.trim_end_matches('/'),
             set.row.id
         );
-        let current = self.state.subscription(set.row.id).ok().flatten();
+        let id = set.row.id;
+        let current = self
+            .state
+            .run(move |s| s.subscription(id))
+            .await
+            .ok()
+            .flatten();
         let due = match &current {
             Some(s) if s.topic == *topic && s.callback.starts_with(&ours) => match s.state {
                 SubState::Active => {
@@ -319,20 +343,22 @@ impl Harvester {
         if let Some(s) = current.as_ref().filter(|s| s.state == SubState::Requested) {
             self.subscription_problem(
                 set,
-                &format!(
+                format!(
                     "the hub accepted the request but has not verified the callback {} within 60 s: the hub must be able to \
                      reach it (push.listen, push.callback_url), and a hub may refuse to call loopback or private addresses \
                      (resourcesync-hub: hub.allow_networks)",
                     short(&s.callback)
                 ),
-            );
+            )
+            .await;
         }
         // The callback keeps its token across renewals; a new one for a new callback.
         let callback = match current.filter(|s| s.callback.starts_with(&ours)) {
             Some(s) => s.callback,
             None => match self
                 .state
-                .harvester_id()
+                .run(|s| s.harvester_id())
+                .await
                 .map_err(anyhow::Error::from)
                 .and_then(|id| follow::new_token(&id))
             {
@@ -354,15 +380,20 @@ impl Harvester {
         )
         .await
         {
-            self.subscription_problem(set, &format!("{e:#}"));
+            self.subscription_problem(set, format!("{e:#}")).await;
         }
     }
 
     /// Records why a set's subscription does not work, logged once per reason; shown by
     /// `harvest status`. Push is then replaced by reading Change Lists, and asked for again.
-    pub(super) fn subscription_problem(&self, set: &Followed, reason: &str) {
-        let reason = scope::cut(reason, 800);
-        match self.state.subscription_problem(set.row.id, &reason) {
+    pub(super) async fn subscription_problem(&self, set: &Followed, reason: String) {
+        let reason = scope::cut(&reason, 800).into_owned();
+        let (id, r) = (set.row.id, reason.clone());
+        match self
+            .state
+            .run(move |s| s.subscription_problem(id, &r))
+            .await
+        {
             Ok(true) => {
                 tracing::warn!(set = %set.info.name, reason = %reason, "no push: the subscription does not work (Change Lists are read every follow.check_interval_secs; asked again)")
             }
@@ -372,4 +403,26 @@ impl Harvester {
             Err(e) => tracing::warn!(error = %e, "cannot record the subscription's problem"),
         }
     }
+}
+
+/// Whether an entry without a `datetime` still has to be applied: a deletion of something
+/// held, or a creation/update whose length or md5 differ from what is held, or, when md5
+/// cannot tell (the list or the record has none), whose `lastmod` is newer. A URL refused
+/// before is not taken again.
+fn undated_is_new(state: &State, set_id: i64, c: &Change) -> Result<bool, state::StateError> {
+    if state.is_refused(set_id, &c.uri)? {
+        return Ok(false);
+    }
+    let held = state.held(set_id, &c.uri)?;
+    Ok(match (c.change.as_str(), held) {
+        ("deleted", held) => held.is_some(),
+        (_, None) => true,
+        (_, Some(h)) => {
+            c.length.is_some_and(|l| Some(l) != h.length)
+                || match (&c.md5, &h.md5) {
+                    (Some(m), Some(held_md5)) => m != held_md5,
+                    _ => c.newer_than(&h),
+                }
+        }
+    })
 }

@@ -66,12 +66,12 @@ impl Harvester {
         }
         let mut parts = Vec::new();
         while let Some(e) = d.reader.next_entry()? {
-            if !self.admit(set, &e.loc, &HashSet::new())? {
+            if !self.admit(set, &e.loc, &HashSet::new()).await? {
                 continue;
             }
             if !docs.insert(e.loc.clone()) {
                 let why = "a list document listed again in its own index";
-                refuse(&self.state, &set.info.name, set.row.id, &e.loc, why)?;
+                self.refuse(&set.info.name, set.row.id, &e.loc, why).await?;
                 continue;
             }
             parts.push(Part::There(e));
@@ -101,7 +101,8 @@ impl Harvester {
                 None => return Err(err.into()),
             },
         };
-        refuse(&self.state, &set.info.name, set.row.id, &e.loc, &why)?;
+        self.refuse(&set.info.name, set.row.id, &e.loc, &why)
+            .await?;
         Ok(None)
     }
 }

@@ -24,19 +24,19 @@ use tokio::sync::{Notify, Semaphore};
 use super::config::PushSection;
 use super::fetch::Fetcher;
 use super::scope::short;
-use super::state::{State, SubState, Subscription};
+use super::state::{Handle, SubState, Subscription};
 use crate::model::websub::{signature, SignatureAlg};
 use crate::model::Timestamp;
 
 #[derive(Clone)]
 struct Ctx {
-    state: Arc<State>,
+    state: Handle,
     /// Woken when a verified delivery is in the state's inbox.
     inbox: Arc<Notify>,
     bodies: Arc<Semaphore>,
     max_body: u64,
     max_queued: u64,
-    /// This harvester's id (see [`State::harvester_id`]), read once.
+    /// This harvester's id (see [`super::state::State::harvester_id`]), read once.
     harvester: String,
 }
 
@@ -60,8 +60,12 @@ pub fn serve(
 /// The callback routes: `GET` (verification) and `POST` (deliveries) on
 /// `/cb/{set id}/{token}`; the token-less form of earlier versions answers 410 to deliveries
 /// (the hub drops that subscription) and 404 to verifications.
-pub fn router(state: Arc<State>, inbox: Arc<Notify>, cfg: &PushSection) -> anyhow::Result<Router> {
-    let harvester = state.harvester_id()?;
+pub async fn router(
+    state: Handle,
+    inbox: Arc<Notify>,
+    cfg: &PushSection,
+) -> anyhow::Result<Router> {
+    let harvester = state.run(|s| s.harvester_id()).await?;
     Ok(Router::new()
         .route("/cb/{id}/{token}", get(verify).post(deliver))
         .route(
@@ -83,7 +87,7 @@ pub fn callback_url(base: &str, set_id: i64, token: &str) -> String {
     format!("{}/cb/{set_id}/{token}", base.trim_end_matches('/'))
 }
 
-/// A fresh callback token: the harvester's id (see [`State::harvester_id`]), a dot, and the
+/// A fresh callback token: the harvester's id (see [`super::state::State::harvester_id`]), a dot, and the
 /// hex of 16 random bytes.
 pub fn new_token(harvester: &str) -> anyhow::Result<String> {
     let mut b = [0u8; 16];
@@ -94,23 +98,38 @@ pub fn new_token(harvester: &str) -> anyhow::Result<String> {
 /// A request at a callback that carries another harvester's id: two harvesters share one
 /// callback URL. Said once (and counted for `harvest status`); answered 404, so the hub
 /// keeps retrying the other harvester's subscription rather than dropping it.
-fn foreign(ctx: &Ctx, token: &str) -> bool {
+async fn foreign(ctx: &Ctx, token: &str) -> bool {
     let Some((other, _)) = token.split_once('.') else {
         return false;
     };
     if other == ctx.harvester {
         return false;
     }
-    if ctx.state.counter("foreign").unwrap_or(0) == 0 {
+    let first = ctx
+        .state
+        .run(|s| {
+            let n = s.counter("foreign")?;
+            s.bump("foreign")?;
+            Ok(n == 0)
+        })
+        .await;
+    if first.unwrap_or(false) {
         tracing::warn!(other = %short(other), mine = %ctx.harvester, "a hub called back for another harvester's subscription: two harvesters share one callback URL (give each its own push.listen and push.callback_url)");
     }
-    let _ = ctx.state.bump("foreign");
     true
 }
 
+/// Counts a delivery ignored for `why` (shown by `harvest status`).
+async fn count(ctx: &Ctx, why: &'static str) {
+    let _ = ctx.state.run(move |s| s.bump(why)).await;
+}
+
 /// The subscription of set `id` when `token` is its callback's, compared in constant time.
-fn subscription_of(state: &State, id: i64, token: &str) -> Result<Option<Subscription>, ()> {
-    let sub = state.subscription(id).map_err(|_| ())?;
+async fn subscription_of(state: &Handle, id: i64, token: &str) -> Result<Option<Subscription>, ()> {
+    let sub = state
+        .run(move |s| s.subscription(id))
+        .await
+        .map_err(|_| ())?;
     Ok(sub.filter(|s| {
         let mine = s.callback.rsplit('/').next().unwrap_or("");
         mine.len() == token.len() && bool::from(mine.as_bytes().ct_eq(token.as_bytes()))
@@ -122,8 +141,8 @@ async fn verify(
     Path((id, token)): Path<(i64, String)>,
     Query(q): Query<HashMap<String, String>>,
 ) -> impl IntoResponse {
-    let Ok(Some(sub)) = subscription_of(&ctx.state, id, &token) else {
-        foreign(&ctx, &token);
+    let Ok(Some(sub)) = subscription_of(&ctx.state, id, &token).await else {
+        foreign(&ctx, &token).await;
         return (StatusCode::NOT_FOUND, String::new());
     };
     let mode = q.get("hub.mode").map(String::as_str);
@@ -139,7 +158,7 @@ async fn verify(
                 .get("hub.lease_seconds")
                 .and_then(|l| l.parse().ok())
                 .unwrap_or(0);
-            if let Err(e) = ctx.state.verified(id, lease) {
+            if let Err(e) = ctx.state.run(move |s| s.verified(id, lease)).await {
                 tracing::error!(error = %e, "recording a verification");
                 return (StatusCode::SERVICE_UNAVAILABLE, String::new());
             }
@@ -150,7 +169,8 @@ async fn verify(
         Some("denied") if topic_matches && sub.state == SubState::Requested => {
             let reason = short(q.get("hub.reason").map_or("", String::as_str)).into_owned();
             tracing::warn!(topic = %sub.topic, reason = %reason, "the hub denied the subscription");
-            let _ = ctx.state.denied(id, &reason);
+            let r = reason.clone();
+            let _ = ctx.state.run(move |s| s.denied(id, &r)).await;
             (StatusCode::OK, String::new())
         }
         // Not a request of ours (an unsubscribe we never asked for, another topic): refuse.
@@ -177,10 +197,10 @@ async fn deliver(
     Path((id, token)): Path<(i64, String)>,
     req: Request,
 ) -> Response {
-    let sub = match subscription_of(&ctx.state, id, &token) {
+    let sub = match subscription_of(&ctx.state, id, &token).await {
         Ok(Some(s)) => s,
         // Another harvester's: not ours to end.
-        Ok(None) if foreign(&ctx, &token) => return StatusCode::NOT_FOUND.into_response(),
+        Ok(None) if foreign(&ctx, &token).await => return StatusCode::NOT_FOUND.into_response(),
         // Not subscribed here (any more): 410 tells the hub to stop.
         Ok(None) => return StatusCode::GONE.into_response(),
         Err(()) => return StatusCode::SERVICE_UNAVAILABLE.into_response(),
@@ -192,7 +212,7 @@ async fn deliver(
         .map(str::to_string)
     else {
         tracing::warn!(topic = %sub.topic, "delivery ignored unread: not signed");
-        let _ = ctx.state.bump("unsigned");
+        count(&ctx, "unsigned").await;
         return StatusCode::ACCEPTED.into_response();
     };
     let too_large = || {
@@ -234,17 +254,17 @@ async fn deliver(
     };
     if !signature_ok(&sig, &sub.secret, &body) {
         tracing::warn!(topic = %sub.topic, bytes = body.len(), "delivery ignored: not signed with our secret");
-        let _ = ctx.state.bump("bad_signature");
+        count(&ctx, "bad_signature").await;
         return StatusCode::ACCEPTED.into_response();
     }
     // Kept on disk and answered at once: the hub never waits for the harvester's work.
-    let (state, max) = (ctx.state.clone(), ctx.max_queued);
-    match tokio::task::spawn_blocking(move || state.inbox_put(id, &body, max)).await {
-        Ok(Ok(true)) => {
+    let max = ctx.max_queued;
+    match ctx.state.run(move |s| s.inbox_put(id, &body, max)).await {
+        Ok(true) => {
             ctx.inbox.notify_one();
             StatusCode::ACCEPTED.into_response()
         }
-        Ok(Ok(false)) => {
+        Ok(false) => {
             tracing::warn!(topic = %sub.topic, "delivery refused for now: the deliveries waiting fill push.max_queued_bytes");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -253,12 +273,15 @@ async fn deliver(
             )
                 .into_response()
         }
-        _ => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            [(axum::http::header::RETRY_AFTER, "5")],
-            "the delivery could not be kept",
-        )
-            .into_response(),
+        Err(e) => {
+            tracing::error!(topic = %sub.topic, error = %crate::cause::chain(&e), "a delivery could not be kept; the hub retries it");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [(axum::http::header::RETRY_AFTER, "5")],
+                "the delivery could not be kept",
+            )
+                .into_response()
+        }
     }
 }
 
@@ -267,33 +290,38 @@ async fn deliver(
 /// fetcher, so it too must lie inside the source's scope.
 pub async fn subscribe(
     fetcher: &Fetcher,
-    state: &State,
+    state: &Handle,
     set_id: i64,
     hub: &str,
     topic: &str,
     callback: &str,
     lease_secs: u64,
 ) -> anyhow::Result<()> {
-    let secret = match state.subscription(set_id)? {
-        Some(s) if s.topic == topic && s.hub == hub => s.secret,
-        _ => {
-            let mut b = [0u8; 24];
-            getrandom::fill(&mut b).context("no randomness for hub.secret")?;
-            crate::digest::hex_digest(b)
-        }
-    };
-    state.requested(&Subscription {
-        set_id,
-        hub: hub.into(),
-        topic: topic.into(),
-        callback: callback.into(),
-        secret: secret.clone(),
-        state: SubState::Requested,
-        requested_at: Timestamp::now(),
-        verified_at: None,
-        lease_secs: None,
-        reason: None,
-    })?;
+    let mut fresh = [0u8; 24];
+    getrandom::fill(&mut fresh).context("no randomness for hub.secret")?;
+    let (h, t, cb) = (hub.to_string(), topic.to_string(), callback.to_string());
+    // The secret is kept across renewals; a new one with a new hub or topic.
+    let secret = state
+        .run(move |s| {
+            let secret = match s.subscription(set_id)? {
+                Some(old) if old.topic == t && old.hub == h => old.secret,
+                _ => crate::digest::hex_digest(fresh),
+            };
+            s.requested(&Subscription {
+                set_id,
+                hub: h,
+                topic: t,
+                callback: cb,
+                secret: secret.clone(),
+                state: SubState::Requested,
+                requested_at: Timestamp::now(),
+                verified_at: None,
+                lease_secs: None,
+                reason: None,
+            })?;
+            Ok(secret)
+        })
+        .await?;
     let lease = lease_secs.to_string();
     let (status, text) = fetcher
         .post_form(

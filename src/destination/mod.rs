@@ -74,7 +74,7 @@ pub struct Harvester {
     /// The source's name (`""`: the single `[source]`).
     name: String,
     cfg: HarvestConfig,
-    state: Arc<State>,
+    state: state::Handle,
     fetcher: Fetcher,
     output: Arc<dyn Output>,
     /// Base of the callback URLs.
@@ -83,7 +83,7 @@ pub struct Harvester {
     unconfirmed: std::sync::Mutex<std::collections::HashMap<i64, Timestamp>>,
     /// Set on shutdown: blocking work (unpacking a dump package) stops at its next entry.
     stop: Arc<AtomicBool>,
-    /// Files claimed by resources being fetched or unpacked (see [`Worker::claim`]).
+    /// Files claimed by resources being fetched or unpacked (see [`Worker::claim_many`]).
     in_flight: InFlight,
     /// `fetch.concurrency`, over every source of the process.
     slots: Arc<Semaphore>,
@@ -95,7 +95,7 @@ pub struct Harvester {
 /// files being written, the fetch slots and the stop flag.
 #[derive(Clone)]
 struct Shared {
-    state: Arc<State>,
+    state: state::Handle,
     /// The mirror, one for every source.
     mirror: Option<Arc<dyn Output>>,
     /// Ingestion 3: one archive per provider (one per source), opened when first asked.
@@ -117,7 +117,7 @@ impl Shared {
             config::OutputKind::Ingestion3 => None,
         };
         Ok(Shared {
-            state: Arc::new(State::open(&cfg.database_path())?),
+            state: state::Handle::open(&cfg.database_path())?,
             mirror,
             archives: Default::default(),
             stop: Arc::new(AtomicBool::new(false)),
@@ -196,6 +196,27 @@ fn max_token(cfg: &HarvestConfig) -> usize {
     (cfg.fetch.max_url_length + 1).max(64 * 1024)
 }
 
+/// The state's row of a set found by discovery, with its refusals recorded.
+fn followed(state: &State, source: &str, info: SetInfo) -> anyhow::Result<Followed> {
+    let row = state.set(source, &info.capability, &info.name)?;
+    if row.source != source {
+        // Two sources lead to one Capability List (one through its Source Description, one
+        // directly, say): sharing its state would mix their positions and holdings, so the
+        // second stops and says why.
+        return Err(discover::ConfigMismatch(format!(
+            "its set {} ({}) is followed by source {} already: two [[sources]] lead to one set",
+            info.name,
+            short(&info.capability),
+            row.source
+        ))
+        .into());
+    }
+    for (uri, why) in &info.refused {
+        refuse(state, &info.name, row.id, uri, why)?;
+    }
+    Ok(Followed { row, info })
+}
+
 /// Records a refusal of `uri` for a set; logged the first time only.
 fn refuse(state: &State, set: &str, set_id: i64, uri: &str, reason: &str) -> anyhow::Result<()> {
     if state.refuse(set_id, uri, reason)? {
@@ -258,68 +279,82 @@ impl Harvester {
             max_token(&self.cfg),
         )
         .await?;
-        for (uri, why) in refused {
-            refuse(&self.state, "-", 0, &uri, &why)?;
-        }
-        infos
-            .into_iter()
-            .map(|info| {
-                let row = self.state.set(&self.name, &info.capability, &info.name)?;
-                if row.source != self.name {
-                    // Two sources lead to one Capability List (one through its Source
-                    // Description, one directly, say): sharing its state would mix their
-                    // positions and holdings, so the second stops and says why.
-                    return Err(discover::ConfigMismatch(format!(
-                        "its set {} ({}) is followed by source {} already: two [[sources]] lead to one set",
-                        info.name,
-                        short(&info.capability),
-                        row.source
-                    ))
-                    .into());
+        let name = self.name.clone();
+        // One trip to the state for every set found and every refusal.
+        self.state
+            .run_any(move |s| {
+                for (uri, why) in refused {
+                    refuse(s, "-", 0, &uri, &why)?;
                 }
-                for (uri, why) in &info.refused {
-                    refuse(&self.state, &info.name, row.id, uri, why)?;
-                }
-                Ok(Followed { row, info })
+                infos
+                    .into_iter()
+                    .map(|info| followed(s, &name, info))
+                    .collect()
             })
-            .collect()
+            .await
+    }
+
+    /// Records a refusal of `uri` for a set; logged the first time only.
+    async fn refuse(&self, set: &str, set_id: i64, uri: &str, reason: &str) -> anyhow::Result<()> {
+        let (set, uri, reason) = (set.to_string(), uri.to_string(), reason.to_string());
+        self.state
+            .run_any(move |s| refuse(s, &set, set_id, &uri, &reason))
+            .await
+    }
+
+    /// Records the source's error (`None`: it answers again).
+    async fn source_error(&self, error: Option<String>) -> anyhow::Result<()> {
+        let name = self.name.clone();
+        Ok(self
+            .state
+            .run(move |s| s.source_error(&name, error.as_deref()))
+            .await?)
     }
 
     /// A fresh copy of a set's row.
-    fn row(&self, id: i64) -> anyhow::Result<SetRow> {
+    async fn row(&self, id: i64) -> anyhow::Result<SetRow> {
         self.state
-            .set_by_id(id)?
+            .run(move |s| s.set_by_id(id))
+            .await?
             .ok_or_else(|| anyhow::anyhow!("set {id} vanished from the state"))
     }
 
-    /// Starts the output's periodic work (snapshots of the Ingestion 3 archive) off the
-    /// async threads unless the last one still runs: notifications go on being applied
-    /// while a snapshot of millions of records is written. A failure is logged and tried
-    /// again at the next check.
-    fn housekeeping(&self, sets: &[Followed], running: &mut Option<tokio::task::JoinHandle<()>>) {
-        if running.as_ref().is_some_and(|t| !t.is_finished()) {
+    /// Starts the output's periodic work (snapshots of the Ingestion 3 archive) on the
+    /// blocking pool, owned by `tasks`, unless the last one still runs: notifications go on
+    /// being applied while a snapshot of millions of records is written. A failure is logged
+    /// and tried again at the next check.
+    fn housekeeping(&self, sets: &[Followed], tasks: &Housekeeping) {
+        if tasks.busy.swap(true, Ordering::AcqRel) {
             return;
         }
-        let mut baselined = true;
-        for s in sets {
-            baselined &= self.row(s.row.id).is_ok_and(|r| r.baseline_done);
-        }
-        let output = self.output.clone();
-        *running = Some(tokio::spawn(async move {
-            match tokio::task::spawn_blocking(move || output.housekeeping(baselined)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %format!("{e:#}"), "output housekeeping failed; tried again at the next check")
-                }
-                Err(e) => tracing::warn!(error = %e, "output housekeeping panicked"),
+        let ids: Vec<i64> = sets.iter().map(|s| s.row.id).collect();
+        let (output, state, busy) = (self.output.clone(), self.state.clone(), tasks.busy.clone());
+        tasks.tracker.spawn(async move {
+            let done = state
+                .run_any(move |s| {
+                    let mut baselined = true;
+                    for id in ids {
+                        baselined &= s.set_by_id(id)?.is_some_and(|r| r.baseline_done);
+                    }
+                    output.housekeeping(baselined)
+                })
+                .await;
+            if let Err(e) = done {
+                tracing::warn!(error = %format!("{e:#}"), "output housekeeping failed; tried again at the next check");
             }
-        }));
+            busy.store(false, Ordering::Release);
+        });
     }
 
     /// Whether an entry's URL may be fetched for the set: inside the source's scope and not
     /// one of the documents being read (an index or list is never a resource). A refusal is
     /// recorded.
-    fn admit(&self, set: &Followed, loc: &str, docs: &HashSet<String>) -> anyhow::Result<bool> {
+    async fn admit(
+        &self,
+        set: &Followed,
+        loc: &str,
+        docs: &HashSet<String>,
+    ) -> anyhow::Result<bool> {
         let why = match self.fetcher.scope().check(loc) {
             Err(r) => r.to_string(),
             Ok(_) if docs.contains(loc) => {
@@ -327,7 +362,7 @@ impl Harvester {
             }
             Ok(_) => return Ok(true),
         };
-        refuse(&self.state, &set.info.name, set.row.id, loc, &why)?;
+        self.refuse(&set.info.name, set.row.id, loc, &why).await?;
         Ok(false)
     }
 }
@@ -383,7 +418,7 @@ pub async fn run_reloading(
             callback_base = format!("http://{}", listener.local_addr()?);
         }
         // One callback server for every source: each subscription has a path of its own.
-        let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push)?;
+        let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push).await?;
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
         server = Some(follow::serve(listener, app, cancel.clone()));
     }
@@ -403,7 +438,8 @@ pub async fn run_reloading(
         })
     };
     let mut sources = tokio::task::JoinSet::new();
-    // By source name: what it was started with, its task, and its housekeeping task.
+    let housekeeping = tokio_util::task::TaskTracker::new();
+    // By source name: what it was started with and its task.
     let mut running: std::collections::HashMap<String, Running> = Default::default();
     // `fatal`: a configuration error of the source (a set it does not offer) stops the
     // harvester (at start); a source added by SIGHUP only stops itself, and says why.
@@ -417,12 +453,14 @@ pub async fn run_reloading(
             callback_base.clone(),
             &shared,
         )?);
-        let keeping = Arc::new(std::sync::Mutex::new(None));
-        let task = sources.spawn(follow_source(h, wake.clone(), keeping.clone(), fatal));
+        let keeping = Housekeeping {
+            tracker: housekeeping.clone(),
+            busy: Default::default(),
+        };
+        let task = sources.spawn(follow_source(h, wake.clone(), keeping, fatal));
         Ok(Running {
             source: source.clone(),
             task,
-            keeping,
         })
     };
     for source in cfg.source_list() {
@@ -493,17 +531,12 @@ pub async fn run_reloading(
     }
     sources.abort_all();
     relay.abort();
-    let housekeeping: Vec<_> = running.into_values().map(|r| r.keeping).collect();
     // Blocking work stops at its next step: a package being unpacked at its next entry, a
     // snapshot being written at its next record (redone at the next start).
     shared.stop.store(true, Ordering::Relaxed);
     shared.interrupt();
-    for k in housekeeping {
-        let t = k.lock().expect("housekeeping lock").take();
-        if let Some(t) = t {
-            let _ = t.await;
-        }
-    }
+    housekeeping.close();
+    housekeeping.wait().await;
     if let Some(mut s) = server {
         // A delivery still being read (a hub trickling its body) does not hold the exit.
         if tokio::time::timeout(Duration::from_secs(1), &mut s)
@@ -520,21 +553,27 @@ pub async fn run_reloading(
 struct Running {
     source: config::NamedSource,
     task: tokio::task::AbortHandle,
-    keeping: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+}
+
+/// A source's housekeeping (Ingestion 3 exports and snapshots): its tasks are owned by the
+/// process's tracker, so that shutdown waits for them; one runs at a time per source.
+#[derive(Clone)]
+struct Housekeeping {
+    tracker: tokio_util::task::TaskTracker,
+    busy: Arc<AtomicBool>,
 }
 
 /// One source, for as long as the harvester runs: discovery (retried with growing pauses
 /// while the source cannot be read), each set's subscription and baseline, then the
-/// deliveries in the inbox and the periodic catch-up. Its housekeeping task (Ingestion 3
-/// exports and snapshots) is left in `keeping`, so that shutdown can wait for it.
+/// deliveries in the inbox and the periodic catch-up. Its housekeeping tasks (Ingestion 3
+/// exports and snapshots) go to `keeping`'s tracker, so that shutdown can wait for them.
 async fn follow_source(
     h: Arc<Harvester>,
     mut wake: tokio::sync::watch::Receiver<u64>,
-    keeping: Arc<std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>>,
+    keeping: Housekeeping,
     fatal: bool,
 ) -> anyhow::Result<()> {
     let cfg = &h.cfg;
-    let mut housekeeping = None;
     // A source that cannot be read yet (down, restarting, overloaded) is tried again with
     // growing pauses: a long-lived harvester does not give up at start.
     let mut pause = Duration::from_secs(1);
@@ -548,7 +587,7 @@ async fn follow_source(
         let walk = h.walks.clone().acquire_owned().await?;
         match h.discover().await {
             Ok(s) => {
-                h.state.source_error(&h.name, None)?;
+                h.source_error(None).await?;
                 break (s, walk);
             }
             Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => {
@@ -557,14 +596,14 @@ async fn follow_source(
                     return Err(e);
                 }
                 let e = format!("{e:#}");
-                h.state.source_error(&h.name, Some(&e))?;
+                h.source_error(Some(e.clone())).await?;
                 tracing::error!(error = %e, "the source stops: its configuration asks for what it does not offer");
                 return Ok(());
             }
             Err(e) => {
                 drop(walk);
                 let e = format!("{e:#}");
-                h.state.source_error(&h.name, Some(&e))?;
+                h.source_error(Some(e.clone())).await?;
                 tracing::warn!(source = %h.label(), error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
@@ -581,7 +620,7 @@ async fn follow_source(
         }
         match h.catch_up(s).await {
             Ok(found) => {
-                if h.push_missed(s, found) {
+                if h.push_missed(s, found).await {
                     h.keep_subscribed(s, true).await;
                 }
             }
@@ -591,8 +630,7 @@ async fn follow_source(
         }
     }
     drop(walk);
-    h.housekeeping(&sets, &mut housekeeping);
-    *keeping.lock().expect("housekeeping lock") = housekeeping.take();
+    h.housekeeping(&sets, &keeping);
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -613,15 +651,13 @@ async fn follow_source(
                     }
                     match h.catch_up(s).await {
                         Ok(found) => {
-                            let missed = h.push_missed(s, found);
+                            let missed = h.push_missed(s, found).await;
                             h.keep_subscribed(s, missed).await;
                         }
                         Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
                     }
                 }
-                let mut running = keeping.lock().expect("housekeeping lock").take();
-                h.housekeeping(&sets, &mut running);
-                *keeping.lock().expect("housekeeping lock") = running;
+                h.housekeeping(&sets, &keeping);
             }
         }
     }

@@ -367,54 +367,83 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
                     continue;
                 };
                 let r = &mut doc.reader;
-                while let Some(e) = r.next_entry()? {
-                    let c = entry_change(&e, "created", Timestamp(0));
-                    let uri = short(&c.uri).into_owned();
-                    if let Err(why) = h.fetcher.scope().check(&c.uri) {
-                        refused.add(format!("{uri}: {why}"));
-                        continue;
+                loop {
+                    // A batch of entries, looked up in the state in one trip.
+                    let mut batch = Vec::with_capacity(256);
+                    while batch.len() < 256 {
+                        let Some(e) = r.next_entry()? else { break };
+                        let c = entry_change(&e, "created", Timestamp(0));
+                        let uri = short(&c.uri).into_owned();
+                        if let Err(why) = h.fetcher.scope().check(&c.uri) {
+                            refused.add(format!("{uri}: {why}"));
+                            continue;
+                        }
+                        if docs.contains(&c.uri) {
+                            refused.add(format!("{uri}: a list document, listed as a resource"));
+                            continue;
+                        }
+                        let target = match h.output.target(&c.uri) {
+                            Ok(Some((root, t))) => {
+                                Some((root.display().to_string(), t.display().to_string()))
+                            }
+                            _ => None,
+                        };
+                        batch.push((c, target));
                     }
-                    if docs.contains(&c.uri) {
-                        refused.add(format!("{uri}: a list document, listed as a resource"));
-                        continue;
+                    if batch.is_empty() {
+                        break;
                     }
-                    let other = match h.output.target(&c.uri) {
-                        Ok(Some((root, t))) => h.state.claim_conflict(
-                            &root.display().to_string(),
-                            &t.display().to_string(),
-                            &c.uri,
-                        )?,
-                        _ => None,
-                    };
-                    if let Some(o) = other {
-                        refused.add(format!("{uri}: its file is the file of {}", short(&o)));
-                        listed.insert(c.uri);
-                        continue;
-                    }
-                    match auditor.holding(&c.uri) {
-                        Err(e) => refused.add(format!("{uri}: {}", short(&format!("{e:#}")))),
-                        Ok(output::Holding::Missing) => missing.add(uri),
-                        Ok(output::Holding::NotArchived(_)) => not_archived += 1,
-                        Ok(output::Holding::Held { length, md5 }) => {
-                            if let Err(why) = c.check(length, &md5) {
-                                differ.add(format!("{uri} ({why})"));
-                            } else if c.md5.is_none()
-                                && h.state
-                                    .held(s.row.id, &c.uri)?
-                                    .is_some_and(|held| c.newer_than(&held))
-                            {
-                                differ.add(format!("{uri} (the list's lastmod is newer than the copy's; it has no md5 to compare)"));
+                    let set_id = s.row.id;
+                    let looked = h
+                        .state
+                        .run(move |st| {
+                            batch
+                                .into_iter()
+                                .map(|(c, target)| {
+                                    let other = match &target {
+                                        Some((root, t)) => st.claim_conflict(root, t, &c.uri)?,
+                                        None => None,
+                                    };
+                                    let held = match c.md5 {
+                                        None => st.held(set_id, &c.uri)?,
+                                        Some(_) => None,
+                                    };
+                                    Ok((c, other, held))
+                                })
+                                .collect::<Result<Vec<_>, _>>()
+                        })
+                        .await?;
+                    for (c, other, held) in looked {
+                        let uri = short(&c.uri).into_owned();
+                        if let Some(o) = other {
+                            refused.add(format!("{uri}: its file is the file of {}", short(&o)));
+                            listed.insert(c.uri);
+                            continue;
+                        }
+                        match auditor.holding(&c.uri) {
+                            Err(e) => refused.add(format!("{uri}: {}", short(&format!("{e:#}")))),
+                            Ok(output::Holding::Missing) => missing.add(uri),
+                            Ok(output::Holding::NotArchived(_)) => not_archived += 1,
+                            Ok(output::Holding::Held { length, md5 }) => {
+                                if let Err(why) = c.check(length, &md5) {
+                                    differ.add(format!("{uri} ({why})"));
+                                } else if c.md5.is_none()
+                                    && held.as_ref().is_some_and(|held| c.newer_than(held))
+                                {
+                                    differ.add(format!("{uri} (the list's lastmod is newer than the copy's; it has no md5 to compare)"));
+                                }
                             }
                         }
+                        listed.insert(c.uri);
                     }
-                    listed.insert(c.uri);
                 }
             }
             // The mirror: what the harvester's record holds for this set. (The archive tells
             // what it holds itself, over all sets, below.)
             let mut extra = Sample::default();
             if cfg.output.kind == config::OutputKind::Mirror {
-                for u in h.state.held_uris(s.row.id)? {
+                let set_id = s.row.id;
+                for u in h.state.run(move |st| st.held_uris(set_id)).await? {
                     if !listed.contains(&u) {
                         extra.add(short(&u).into_owned());
                     }

@@ -166,8 +166,49 @@ pub type RefusedCounts = Vec<(i64, u64)>;
 /// Refusals kept per set; past this only counted (a hostile list cannot fill the disk).
 const MAX_REFUSED_ROWS: i64 = 10_000;
 
+/// The state database itself: synchronous calls, for code already off the async threads
+/// (the commands that only read it, tests, and [`Handle::run`]'s closures).
 pub struct State {
     conn: Mutex<Connection>,
+}
+
+/// The running harvester's way to its state: every read and write runs on the blocking pool
+/// (a commit may wait for a checkpoint, a read for another process's write), never on an
+/// async thread, where it would hold up every source's work. Several calls that belong
+/// together go in one closure, one trip.
+#[derive(Clone)]
+pub struct Handle(std::sync::Arc<State>);
+
+impl Handle {
+    pub fn open(path: &Path) -> R<Handle> {
+        Ok(Handle(std::sync::Arc::new(State::open(path)?)))
+    }
+
+    /// Runs `f` on the state on the blocking pool.
+    pub async fn run<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&State) -> R<T> + Send + 'static,
+    ) -> R<T> {
+        let state = self.0.clone();
+        tokio::task::spawn_blocking(move || f(&state))
+            .await
+            .map_err(StateError::Task)?
+    }
+
+    /// The state itself, for code that runs on the blocking pool already (unpacking a dump
+    /// package); never to be called from an async task.
+    pub fn in_blocking_task(&self) -> &State {
+        &self.0
+    }
+
+    /// As [`Handle::run`], for closures that fail with more than the state's errors.
+    pub async fn run_any<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&State) -> anyhow::Result<T> + Send + 'static,
+    ) -> anyhow::Result<T> {
+        let state = self.0.clone();
+        tokio::task::spawn_blocking(move || f(&state)).await?
+    }
 }
 
 /// The state database failed; the words are whole ("harvest state: database is locked") and
@@ -182,6 +223,9 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
+    /// The blocking task running a state call panicked or was cancelled.
+    #[error("harvest state: the task writing it did not finish")]
+    Task(#[source] tokio::task::JoinError),
 }
 
 impl From<rusqlite::Error> for StateError {
@@ -841,7 +885,7 @@ impl State {
     /// that file, a file where `path` needs a folder, or a folder where it needs a file. A
     /// held resource's file is its claim (recorded with it); two URIs never share one file.
     pub fn claim_conflict(&self, root: &str, path: &str, uri: &str) -> R<Option<String>> {
-        conflict(&self.c(), root, path, uri, &mut Folders::new())
+        conflict(&mut Recorded::new(&self.c()), root, path, uri)
     }
 
     /// [`State::claim_conflict`] for many `(root, path, uri)`, in one read transaction; a
@@ -849,11 +893,12 @@ impl State {
     pub fn claim_conflicts(&self, items: &[(&str, &str, &str)]) -> R<Vec<Option<String>>> {
         let mut c = self.c();
         let tx = c.transaction()?;
-        let mut folders = Folders::new();
+        let mut recorded = Recorded::new(&tx);
         let r = items
             .iter()
-            .map(|(root, path, uri)| conflict(&tx, root, path, uri, &mut folders))
+            .map(|(root, path, uri)| conflict(&mut recorded, root, path, uri))
             .collect();
+        drop(recorded);
         tx.commit()?;
         r
     }
@@ -909,43 +954,91 @@ impl State {
     }
 }
 
-/// Paths' claimants as read within one transaction (a folder on the way to many paths is
-/// looked up once): path -> the URI whose file it is, if any.
-type Folders = std::collections::HashMap<String, Option<String>>;
+/// Where the output's files are claimed, by path: the claims recorded with held resources,
+/// or those of files being written now (in memory).
+pub trait Claims {
+    type Error;
+    /// The URI whose file `path` is.
+    fn at(&mut self, path: &str) -> Result<Option<String>, Self::Error>;
+    /// A URI other than `uri` with a file under the folder `path`.
+    fn under(&mut self, path: &str, uri: &str) -> Result<Option<String>, Self::Error>;
+}
 
-/// The URI other than `uri` that has the file `path`, a file on the way to it from the output
-/// folder `root`, or a file under it (see [`State::claim_conflict`]): the path and each of its
-/// folders up to `root` looked up by key (through `folders`), then the range of paths under it.
-fn conflict(
-    c: &Connection,
+/// The one rule of files: the URI other than `uri` that has the file `path`, a file on the
+/// way to it from the output folder `root` (it needs a folder there), or a file under it (it
+/// would need to be a folder). Two URIs never share one file.
+pub fn conflict<C: Claims>(
+    claims: &mut C,
     root: &str,
     path: &str,
     uri: &str,
-    folders: &mut Folders,
-) -> R<Option<String>> {
-    let mut at = c.prepare_cached("SELECT uri FROM claims WHERE path = ?1")?;
+) -> Result<Option<String>, C::Error> {
     for p in Path::new(path)
         .ancestors()
         .filter_map(|p| p.to_str())
         .take_while(|p| p.len() > root.len() && p.starts_with(root))
     {
-        let owner = match folders.get(p) {
-            Some(o) => o.clone(),
-            None => {
-                let o: Option<String> = at.query_row(params![p], |r| r.get(0)).optional()?;
-                folders.insert(p.to_string(), o.clone());
-                o
-            }
-        };
-        if owner.as_deref().is_some_and(|o| o != uri) {
-            return Ok(owner);
+        if let Some(owner) = claims.at(p)?.filter(|o| o != uri) {
+            return Ok(Some(owner));
         }
     }
-    Ok(c.prepare_cached(
-        "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
-    )?
-    .query_row(params![path, uri], |r| r.get(0))
-    .optional()?)
+    claims.under(path, uri)
+}
+
+/// Files being written now, by path, with the URI each is for (ordered by path, so each check
+/// is a lookup, not a scan: an aggregator has many thousands in flight).
+impl Claims for std::collections::BTreeMap<String, String> {
+    type Error = std::convert::Infallible;
+    fn at(&mut self, path: &str) -> Result<Option<String>, Self::Error> {
+        Ok(self.get(path).cloned())
+    }
+    fn under(&mut self, path: &str, uri: &str) -> Result<Option<String>, Self::Error> {
+        Ok(self
+            .range(format!("{path}/")..format!("{path}0"))
+            .find(|(_, u)| *u != uri)
+            .map(|(_, u)| u.clone()))
+    }
+}
+
+/// The claims recorded, read within one transaction; a folder on the way to many paths is
+/// looked up once.
+struct Recorded<'a> {
+    c: &'a Connection,
+    folders: std::collections::HashMap<String, Option<String>>,
+}
+
+impl<'a> Recorded<'a> {
+    fn new(c: &'a Connection) -> Recorded<'a> {
+        Recorded {
+            c,
+            folders: Default::default(),
+        }
+    }
+}
+
+impl Claims for Recorded<'_> {
+    type Error = StateError;
+    fn at(&mut self, path: &str) -> R<Option<String>> {
+        if let Some(o) = self.folders.get(path) {
+            return Ok(o.clone());
+        }
+        let o: Option<String> = self
+            .c
+            .prepare_cached("SELECT uri FROM claims WHERE path = ?1")?
+            .query_row(params![path], |r| r.get(0))
+            .optional()?;
+        self.folders.insert(path.to_string(), o.clone());
+        Ok(o)
+    }
+    fn under(&mut self, path: &str, uri: &str) -> R<Option<String>> {
+        Ok(self
+            .c
+            .prepare_cached(
+                "SELECT uri FROM claims WHERE path > ?1 || '/' AND path < ?1 || '0' AND uri != ?2 LIMIT 1",
+            )?
+            .query_row(params![path, uri], |r| r.get(0))
+            .optional()?)
+    }
 }
 
 fn held(c: &Connection, set_id: i64, uri: &str) -> R<Option<Held>> {

@@ -21,7 +21,7 @@ impl Harvester {
     }
 }
 
-/// A file of the output claimed for a URI being written (see [`Worker::claim`]); let go when
+/// A file of the output claimed for a URI being written (see [`Worker::claim_many`]); let go when
 /// dropped.
 pub(super) struct Claim(pub(super) Option<(InFlight, String)>);
 
@@ -35,7 +35,7 @@ impl Drop for Claim {
 
 /// What a fetch task needs.
 pub(super) struct Worker {
-    pub(super) state: Arc<State>,
+    pub(super) state: state::Handle,
     pub(super) fetcher: Fetcher,
     pub(super) output: Arc<dyn Output>,
     pub(super) exec: String,
@@ -61,82 +61,63 @@ impl Worker {
         )
     }
 
-    /// Claims the file `uri` gets in the output (outputs that name files after URIs): a URI
+    /// Claims the files `uris` get in the output (outputs that name files after URIs): a URI
     /// whose file would be the file of another resource (held, or being written now), or
     /// would need a folder where another's file is (or the other way round), is refused,
-    /// never written over it. The claim holds while the returned guard lives; it becomes
-    /// durable when the resource is recorded as held.
-    pub(super) fn claim(&self, uri: &str) -> Result<Claim, NotApplied> {
-        self.claim_many(&[uri]).pop().expect("one claim")
-    }
-
-    /// [`Worker::claim`] for many URIs, in their order (of two with one file, the first
+    /// never written over it. A claim holds while its guard lives; it becomes durable when
+    /// the resource is recorded as held. In their order (of two with one file, the first
     /// keeps it), with one read of the state for all. Each is claimed in memory first and
     /// then checked against the claims recorded: a claim recorded meanwhile was in memory
-    /// until then, so one of the two checks sees it.
-    pub(super) fn claim_many(&self, uris: &[&str]) -> Vec<Result<Claim, NotApplied>> {
-        let mut out: Vec<Result<Claim, NotApplied>> = Vec::with_capacity(uris.len());
-        let mut check = Vec::new();
-        {
-            let mut writing = self.in_flight.lock().expect("in-flight lock");
-            for uri in uris {
-                let (root, path) = match self.output.target(uri) {
-                    Err(e) => {
-                        out.push(Err(NotApplied::Refused(format!("{e:#}"))));
-                        continue;
-                    }
-                    Ok(None) => {
-                        out.push(Ok(Claim(None)));
-                        continue;
-                    }
-                    Ok(Some((root, t))) => (root.display().to_string(), t.display().to_string()),
-                };
-                // Being written now (ordered by path, so each check is a lookup, not a scan:
-                // an aggregator has many thousands in flight): the file itself or one on the
-                // way to it, or a file under it (it would need to be a folder).
-                let other = std::path::Path::new(&path)
-                    .ancestors()
-                    .filter_map(|p| p.to_str())
-                    .take_while(|p| p.len() > root.len())
-                    .find_map(|p| writing.get(p).filter(|u| *u != uri).cloned())
-                    .or_else(|| {
-                        writing
-                            .range(format!("{path}/")..format!("{path}0"))
-                            .find(|(_, u)| *u != uri)
-                            .map(|(_, u)| u.clone())
-                    });
-                if let Some(other) = other {
-                    out.push(Err(refused_for(&other)));
-                    continue;
-                }
-                writing.insert(path.clone(), uri.to_string());
-                check.push((out.len(), root, path.clone(), *uri));
-                out.push(Ok(Claim(Some((self.in_flight.clone(), path)))));
-            }
-        }
+    /// until then, so one of the two checks sees it. Both checks are [`state::conflict`].
+    pub(super) async fn claim_many(&self, uris: &[&str]) -> Vec<Result<Claim, NotApplied>> {
+        let (out, check) = self.claim_in_memory(uris);
         if check.is_empty() {
             return out;
         }
-        let items: Vec<(&str, &str, &str)> = check
-            .iter()
-            .map(|(_, root, path, uri)| (root.as_str(), path.as_str(), *uri))
-            .collect();
-        match self.state.claim_conflicts(&items) {
-            Ok(found) => {
-                for ((i, ..), other) in check.iter().zip(found) {
-                    if let Some(other) = other {
-                        // Dropping the claim takes it out of memory again.
-                        out[*i] = Err(refused_for(&other));
-                    }
-                }
-            }
-            Err(e) => {
-                for (i, ..) in &check {
-                    out[*i] = Err(NotApplied::Failed(e.to_string()));
-                }
-            }
+        let items: Vec<ClaimItem> = check.iter().map(|(_, i)| i.clone()).collect();
+        let found = self.state.run(move |s| recorded_conflicts(s, &items)).await;
+        settle(out, &check, found)
+    }
+
+    /// [`Worker::claim_many`] for code on the blocking pool (unpacking a dump package).
+    pub(super) fn claim_many_blocking(&self, uris: &[&str]) -> Vec<Result<Claim, NotApplied>> {
+        let (out, check) = self.claim_in_memory(uris);
+        if check.is_empty() {
+            return out;
         }
-        out
+        let items: Vec<ClaimItem> = check.iter().map(|(_, i)| i.clone()).collect();
+        let found = recorded_conflicts(self.state.in_blocking_task(), &items);
+        settle(out, &check, found)
+    }
+
+    /// The first half of a claim: in memory, against the files being written now. Answers
+    /// each URI's claim so far, and those still to check against the claims recorded.
+    fn claim_in_memory(&self, uris: &[&str]) -> (Claims, Vec<(usize, ClaimItem)>) {
+        let mut out: Vec<Result<Claim, NotApplied>> = Vec::with_capacity(uris.len());
+        let mut check = Vec::new();
+        let mut writing = self.in_flight.lock().expect("in-flight lock");
+        for uri in uris {
+            let (root, path) = match self.output.target(uri) {
+                Err(e) => {
+                    out.push(Err(NotApplied::Refused(format!("{e:#}"))));
+                    continue;
+                }
+                Ok(None) => {
+                    out.push(Ok(Claim(None)));
+                    continue;
+                }
+                Ok(Some((root, t))) => (root.display().to_string(), t.display().to_string()),
+            };
+            let Ok(other) = state::conflict(&mut *writing, &root, &path, uri);
+            if let Some(other) = other {
+                out.push(Err(refused_for(&other)));
+                continue;
+            }
+            writing.insert(path.clone(), uri.to_string());
+            check.push((out.len(), (root, path.clone(), uri.to_string())));
+            out.push(Ok(Claim(Some((self.in_flight.clone(), path)))));
+        }
+        (out, check)
     }
 
     /// Fetches, checks length and md5 against `c`, and hands the file to the output.
@@ -258,7 +239,7 @@ impl Worker {
             Err(e) => Err(e),
         };
         // The outcome is written off the async threads (a commit may wait for a checkpoint).
-        let write = |f| on_state(&self.state, f);
+        let write = |f: Outcome| self.state.run_any(f);
         match result {
             Ok(held) => {
                 let q = queue.clone();
@@ -356,6 +337,47 @@ impl Worker {
     }
 }
 
+/// Each URI's claim, or why it has none.
+type Claims = Vec<Result<Claim, NotApplied>>;
+
+/// A file to check against the claims recorded: (output folder, path, URI).
+type ClaimItem = (String, String, String);
+
+fn recorded_conflicts(
+    state: &State,
+    items: &[ClaimItem],
+) -> Result<Vec<Option<String>>, state::StateError> {
+    let items: Vec<(&str, &str, &str)> = items
+        .iter()
+        .map(|(root, path, uri)| (root.as_str(), path.as_str(), uri.as_str()))
+        .collect();
+    state.claim_conflicts(&items)
+}
+
+/// The second half of a claim: a claim recorded by another resource wins (dropping the claim
+/// in memory takes it out again); a state that cannot be read fails them all.
+fn settle(
+    mut out: Vec<Result<Claim, NotApplied>>,
+    check: &[(usize, ClaimItem)],
+    found: Result<Vec<Option<String>>, state::StateError>,
+) -> Vec<Result<Claim, NotApplied>> {
+    match found {
+        Ok(found) => {
+            for ((i, _), other) in check.iter().zip(found) {
+                if let Some(other) = other {
+                    out[*i] = Err(refused_for(&other));
+                }
+            }
+        }
+        Err(e) => {
+            for (i, _) in check {
+                out[*i] = Err(NotApplied::Failed(e.to_string()));
+            }
+        }
+    }
+    out
+}
+
 fn refused_for(other: &str) -> NotApplied {
     NotApplied::Refused(format!(
         "its file in the output would be the file (or a folder) of {}",
@@ -365,9 +387,3 @@ fn refused_for(other: &str) -> NotApplied {
 
 /// What one change's outcome writes to the state (the failed change's record, if any).
 type Outcome = Box<dyn FnOnce(&State) -> anyhow::Result<Option<Pending>> + Send>;
-
-/// Runs `f` on the state off the async threads.
-async fn on_state(state: &Arc<State>, f: Outcome) -> anyhow::Result<Option<Pending>> {
-    let state = state.clone();
-    tokio::task::spawn_blocking(move || f(&state)).await?
-}
