@@ -23,7 +23,7 @@ impl Harvester {
                 Some(rd) => match self.baseline_from_dump(set, rd).await? {
                     Ok((position, 0)) => {
                         let id = set.row.id;
-                        self.state
+                        self.state()
                             .run(move |s| s.finish_baseline(id, position))
                             .await?;
                         return Ok(());
@@ -65,7 +65,7 @@ impl Harvester {
         let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let bar = progress(&format!("baseline {}", set.info.name));
         let mut total = Total::new(parts.len());
-        let sem = self.slots.clone();
+        let sem = self.parts().slots.clone();
         let mut tasks = tokio::task::JoinSet::new();
         let mut failures: Vec<(Change, String)> = Vec::new();
         let (mut held, mut refused) = (Batch::default(), 0u64);
@@ -104,7 +104,7 @@ impl Harvester {
                 };
                 for (c, claim) in todo.into_iter().zip(claims) {
                     let permit = sem.clone().acquire_owned().await?;
-                    let (this, name) = (self.clone_parts(), set.info.name.clone());
+                    let (this, name) = (self.work.clone(), set.info.name.clone());
                     tasks.spawn(async move {
                         let _permit = permit;
                         let r = match claim {
@@ -140,8 +140,8 @@ impl Harvester {
             f.datetime = Timestamp(position.0 - 1);
         }
         let failed = failures.len();
-        let (id, not_before) = (set.row.id, self.clone_parts().next_try(0));
-        self.state
+        let (id, not_before) = (set.row.id, self.work.clone().next_try(0));
+        self.state()
             .run(move |s| {
                 let queued: Vec<Change> = failures.iter().map(|(c, _)| c.clone()).collect();
                 s.enqueue(id, &queued)?;
@@ -157,9 +157,10 @@ impl Harvester {
     /// are left out) and claiming the files of the others, in list order: of two URIs with
     /// one file, the first listed keeps it.
     fn read_batch(&self, set_id: i64, entries: Vec<Change>) -> tokio::task::JoinHandle<BatchRead> {
-        let w = self.clone_parts();
+        let w = self.work.clone();
         tokio::spawn(async move {
             let todo = w
+                .parts
                 .state
                 .run(move |s| {
                     let listed = s.hold_as_listed(set_id, &entries)?;
@@ -199,7 +200,7 @@ impl Harvester {
         if let Some(w) = writing.take() {
             held.recorded += w.await??;
         }
-        let state = self.state.clone();
+        let state = self.state().clone();
         *writing = Some(tokio::spawn(async move {
             state
                 .run_any(move |s| {
@@ -305,7 +306,7 @@ impl Harvester {
                 let local = downloads.join(format!("{}.zip", &name[..32]));
                 let expected = e.md.get("length").and_then(|l| l.parse().ok());
                 if let Err(err) = self
-                    .fetcher
+                    .fetcher()
                     .download_resumable(&e.loc, &local, expected)
                     .await
                 {
@@ -326,7 +327,7 @@ impl Harvester {
                     };
                 }
                 let (worker, set_name, set_id, file, b) = (
-                    self.clone_parts(),
+                    self.work.clone(),
                     set.info.name.clone(),
                     set.row.id,
                     local.clone(),
@@ -367,7 +368,7 @@ impl Harvester {
         }
         let _walk = match walking {
             true => None,
-            false => Some(self.walks.acquire().await?),
+            false => Some(self.parts().walks.acquire().await?),
         };
         let (done, error) = match self.baseline(set).await {
             Ok(()) => (true, None),
@@ -378,7 +379,7 @@ impl Harvester {
             }
         };
         let id = set.row.id;
-        self.state
+        self.state()
             .run(move |s| s.set_error(id, error.as_deref()))
             .await?;
         Ok(done)
@@ -415,7 +416,7 @@ impl Batch {
 /// on their own from the Resource List).
 pub(super) type Unpacked = (u64, u64);
 
-impl Worker {
+impl Work {
     /// Unpacks one Resource Dump package (blocking): every manifest entry's bitstream,
     /// checked against the manifest, handed to the output and recorded as held. Returns how
     /// many were placed and how many could not be. Stops at the next entry on shutdown.
@@ -473,7 +474,7 @@ impl Worker {
         Ok((placed, missed))
     }
 
-    /// Unpacks some entries of a package (see [`Worker::unpack`]). An entry outside the
+    /// Unpacks some entries of a package (see [`Work::unpack`]). An entry outside the
     /// source's scope is refused: its bytes never reach the output.
     pub(super) fn unpack_entries(
         &self,
@@ -487,7 +488,7 @@ impl Worker {
         use md5::Digest;
         use std::io::Read;
         let mut z = zip::ZipArchive::new(std::fs::File::open(zip_path)?)?;
-        let state = self.state.in_blocking_task();
+        let state = self.parts.state.in_blocking_task();
         let (mut placed, mut missed) = (0u64, 0u64);
         // Recorded a thousand at a time.
         let mut held = Batch::default();
@@ -528,7 +529,7 @@ impl Worker {
             let claims = self.claim_many_blocking(&uris);
             drop(uris);
             for ((e, c, inner), claim) in wanted.into_iter().zip(claims) {
-                if self.stop.load(Ordering::Relaxed) {
+                if self.parts.stop.load(Ordering::Relaxed) {
                     held.record(state, set_id, 0)?;
                     anyhow::bail!("stopping");
                 }

@@ -11,7 +11,7 @@ impl Harvester {
         let ids: Vec<i64> = sets.iter().map(|s| s.row.id).collect();
         loop {
             let ids = ids.clone();
-            let Some((id, set_id, body)) = self.state.run(move |s| s.inbox_next(&ids)).await?
+            let Some((id, set_id, body)) = self.state().run(move |s| s.inbox_next(&ids)).await?
             else {
                 return Ok(());
             };
@@ -20,7 +20,7 @@ impl Harvester {
                     tracing::warn!(set = %set.info.name, error = %format!("{e:#}"), "applying a notification failed; the next check catches up");
                 }
             }
-            self.state.run(move |s| s.inbox_done(id)).await?;
+            self.state().run(move |s| s.inbox_done(id)).await?;
         }
     }
 
@@ -34,7 +34,7 @@ impl Harvester {
         let r = self.read_changes(set).await;
         let error = r.as_ref().err().map(|e| format!("catching up: {e:#}"));
         let id = set.row.id;
-        self.state
+        self.state()
             .run(move |s| s.set_error(id, error.as_deref()))
             .await?;
         r
@@ -49,7 +49,7 @@ impl Harvester {
             // check is recorded, for `harvest status`).
             self.drain(set).await?;
             let id = set.row.id;
-            self.state.run(move |s| s.checked(id, None)).await?;
+            self.state().run(move |s| s.checked(id, None)).await?;
             return Ok((0, None));
         };
         let row = self.row(set.row.id).await?;
@@ -110,7 +110,7 @@ impl Harvester {
                     let (b, id) = (std::mem::take(&mut batch), set.row.id);
                     // Off the async threads, a thousand at a time.
                     let (n, b) = self
-                        .state
+                        .state()
                         .run(move |s| {
                             let mut keep = Vec::with_capacity(b.len());
                             for (c, dated) in b {
@@ -132,7 +132,7 @@ impl Harvester {
             }
         }
         let id = set.row.id;
-        self.state.run(move |s| s.checked(id, newest)).await?;
+        self.state().run(move |s| s.checked(id, newest)).await?;
         self.drain(set).await?;
         if let Some(n) = newest {
             self.advance(set.row.id, n).await?;
@@ -187,7 +187,7 @@ impl Harvester {
     /// Moves the position to `to`, or to the oldest change still queued if that is earlier.
     pub(super) async fn advance(&self, set_id: i64, to: Timestamp) -> anyhow::Result<()> {
         Ok(self
-            .state
+            .state()
             .run(move |s| {
                 let to = match s.oldest_pending(set_id)? {
                     Some(p) => p.min(to),
@@ -216,7 +216,7 @@ impl Harvester {
             }
         }
         let (id, newest) = (set.row.id, changes.iter().map(|c| c.datetime).max());
-        self.state.run(move |s| s.pushed(id, newest)).await?;
+        self.state().run(move |s| s.pushed(id, newest)).await?;
         let row = self.row(set.row.id).await?;
         let Some(p) = row.position else {
             return Ok(()); // baseline still running: the Change Lists will bring it
@@ -228,7 +228,7 @@ impl Harvester {
         let p = self.row(set.row.id).await?.position.unwrap_or(p);
         let fresh: Vec<Change> = changes.into_iter().filter(|c| c.datetime >= p).collect();
         let newest = fresh.iter().map(|c| c.datetime).max();
-        self.state.run(move |s| s.enqueue(id, &fresh)).await?;
+        self.state().run(move |s| s.enqueue(id, &fresh)).await?;
         self.drain(set).await?;
         if let Some(u) = until.or(newest) {
             self.advance(set.row.id, u).await?;
@@ -242,7 +242,7 @@ impl Harvester {
     /// newer change of it).
     pub(super) async fn drain(&self, set: &Followed) -> anyhow::Result<()> {
         let id = set.row.id;
-        let pending = self.state.run(move |s| s.pending(id)).await?;
+        let pending = self.state().run(move |s| s.pending(id)).await?;
         if pending.is_empty() {
             return Ok(());
         }
@@ -260,8 +260,8 @@ impl Harvester {
                     .is_none_or(|p| p.not_before.is_none_or(|t| t <= now))
             })
             .collect();
-        let sem = self.slots.clone();
-        let w = self.clone_parts();
+        let sem = self.parts().slots.clone();
+        let w = self.work.clone();
         let mut tasks = tokio::task::JoinSet::new();
         for chunk in due.chunks(256) {
             // Claimed in queue order (what is fetched: not a deletion), a chunk in one read.
@@ -313,7 +313,7 @@ impl Harvester {
         );
         let id = set.row.id;
         let current = self
-            .state
+            .state()
             .run(move |s| s.subscription(id))
             .await
             .ok()
@@ -356,7 +356,7 @@ impl Harvester {
         let callback = match current.filter(|s| s.callback.starts_with(&ours)) {
             Some(s) => s.callback,
             None => match self
-                .state
+                .state()
                 .run(|s| s.harvester_id())
                 .await
                 .map_err(anyhow::Error::from)
@@ -370,8 +370,8 @@ impl Harvester {
             },
         };
         if let Err(e) = follow::subscribe(
-            &self.fetcher,
-            &self.state,
+            self.fetcher(),
+            self.state(),
             set.row.id,
             hub,
             topic,
@@ -390,7 +390,7 @@ impl Harvester {
         let reason = scope::cut(&reason, 800).into_owned();
         let (id, r) = (set.row.id, reason.clone());
         match self
-            .state
+            .state()
             .run(move |s| s.subscription_problem(id, &r))
             .await
         {

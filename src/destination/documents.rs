@@ -22,8 +22,8 @@ impl Harvester {
         what: &str,
     ) -> Result<OnDisk, fetch::FetchError> {
         let file = self
-            .fetcher
-            .document_to_file(url, self.output.temp_dir())
+            .fetcher()
+            .document_to_file(url, self.output().temp_dir())
             .await
             .map_err(|e| fetch::FetchError {
                 message: format!("{what} {e}"),

@@ -64,44 +64,37 @@ use state::{Change, Held, Pending, SetRow, State};
 
 use documents::{change_of, entry_change, OnDisk, Part};
 pub use report::{audit, audit_of, recreate, snapshot, status, status_of};
-use worker::{Claim, Worker};
+use worker::{Claim, Work};
 
 use crate::model::Timestamp;
 use crate::sitemap::{self, EntryReader, ParsedEntry};
 
-/// The harvester's parts, shared by its tasks.
+/// One source's harvester: its configuration and work, on the process's shared [`Parts`].
 pub struct Harvester {
     /// The source's name (`""`: the single `[source]`).
     name: String,
     cfg: HarvestConfig,
-    state: state::Handle,
-    fetcher: Fetcher,
-    output: Arc<dyn Output>,
+    /// What its fetch tasks share (one `Arc`, cloned into each task).
+    work: Arc<Work>,
     /// Base of the callback URLs.
     callback_base: String,
     /// Per set, the newest change the Change Lists brought that no delivery has confirmed yet.
     unconfirmed: std::sync::Mutex<std::collections::HashMap<i64, Timestamp>>,
-    /// Set on shutdown: blocking work (unpacking a dump package) stops at its next entry.
-    stop: Arc<AtomicBool>,
-    /// Files claimed by resources being fetched or unpacked (see [`Worker::claim_many`]).
-    in_flight: InFlight,
-    /// `fetch.concurrency`, over every source of the process.
-    slots: Arc<Semaphore>,
-    /// Baselines walking their lists at once, over every source (see [`Shared`]).
-    walks: Arc<Semaphore>,
 }
 
-/// What the harvesters of one process (one per source) share: the state, the output, the
+/// What the harvesters of one process (one per source) share: the state, the outputs, the
 /// files being written, the fetch slots and the stop flag.
-#[derive(Clone)]
-struct Shared {
+struct Parts {
     state: state::Handle,
     /// The mirror, one for every source.
     mirror: Option<Arc<dyn Output>>,
     /// Ingestion 3: one archive per provider (one per source), opened when first asked.
-    archives: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<dyn Output>>>>,
-    stop: Arc<AtomicBool>,
-    in_flight: InFlight,
+    archives: std::sync::Mutex<std::collections::HashMap<String, Arc<dyn Output>>>,
+    /// Set on shutdown: blocking work (unpacking a dump package) stops at its next entry.
+    stop: AtomicBool,
+    /// Files claimed by resources being fetched or unpacked (see [`Work::claim_many`]).
+    in_flight: std::sync::Mutex<BTreeMap<String, String>>,
+    /// `fetch.concurrency`, over every source of the process.
     slots: Arc<Semaphore>,
     /// At most `fetch.concurrency` sources walk their lists (a temporary file and a reader
     /// each) at once: descriptors follow the work, not the number of sources.
@@ -110,26 +103,24 @@ struct Shared {
     hosts: fetch::Hosts,
 }
 
-impl Shared {
-    fn open(cfg: &HarvestConfig) -> anyhow::Result<Shared> {
+impl Parts {
+    fn open(cfg: &HarvestConfig) -> anyhow::Result<Arc<Parts>> {
         let mirror: Option<Arc<dyn Output>> = match cfg.output.kind {
             config::OutputKind::Mirror => Some(Arc::new(Mirror::new(&cfg.output)?)),
             config::OutputKind::Ingestion3 => None,
         };
-        Ok(Shared {
+        Ok(Arc::new(Parts {
             state: state::Handle::open(&cfg.database_path())?,
             mirror,
             archives: Default::default(),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: AtomicBool::new(false),
             in_flight: Default::default(),
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             walks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             hosts: fetch::Hosts::default(),
-        })
+        }))
     }
-}
 
-impl Shared {
     /// The output of one source (`cfg`: its configuration, from `for_source`).
     fn output_for(&self, cfg: &HarvestConfig) -> anyhow::Result<Arc<dyn Output>> {
         if let Some(m) = &self.mirror {
@@ -154,9 +145,6 @@ impl Shared {
         }
     }
 }
-
-/// Output files being written, by path, with the URI each is for.
-type InFlight = Arc<std::sync::Mutex<BTreeMap<String, String>>>;
 
 /// A followed set: its row and what its Capability List offers.
 #[derive(Debug, Clone)]
@@ -231,12 +219,12 @@ impl Harvester {
         cfg: &HarvestConfig,
         source: &config::NamedSource,
         callback_base: String,
-        shared: &Shared,
+        parts: &Arc<Parts>,
     ) -> anyhow::Result<Harvester> {
         let cfg = cfg.for_source(source);
-        let output = shared.output_for(&cfg)?;
+        let output = parts.output_for(&cfg)?;
         let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
-        let mut fetcher = Fetcher::new(&cfg.fetch, scope, shared.hosts.clone());
+        let mut fetcher = Fetcher::new(&cfg.fetch, scope, parts.hosts.clone());
         if !source.token_env.is_empty() {
             let token = std::env::var(&source.token_env).map_err(|_| {
                 anyhow::anyhow!(
@@ -247,19 +235,37 @@ impl Harvester {
             })?;
             fetcher = fetcher.with_bearer(token);
         }
+        let work = Arc::new(Work {
+            parts: parts.clone(),
+            fetcher,
+            output,
+            exec: cfg.output.exec.clone(),
+            backoff: (cfg.fetch.backoff_initial_ms, cfg.fetch.backoff_max_ms),
+        });
         Ok(Harvester {
             name: source.name.clone(),
             cfg,
-            state: shared.state.clone(),
-            fetcher,
-            output,
+            work,
             callback_base,
             unconfirmed: Default::default(),
-            stop: shared.stop.clone(),
-            in_flight: shared.in_flight.clone(),
-            slots: shared.slots.clone(),
-            walks: shared.walks.clone(),
         })
+    }
+
+    /// The state of the process.
+    fn state(&self) -> &state::Handle {
+        &self.work.parts.state
+    }
+
+    fn fetcher(&self) -> &Fetcher {
+        &self.work.fetcher
+    }
+
+    fn output(&self) -> &Arc<dyn Output> {
+        &self.work.output
+    }
+
+    fn parts(&self) -> &Parts {
+        &self.work.parts
     }
 
     /// The source's name for logs and messages.
@@ -273,7 +279,7 @@ impl Harvester {
 
     async fn discover(&self) -> anyhow::Result<Vec<Followed>> {
         let (infos, refused) = discover::discover(
-            &self.fetcher,
+            self.fetcher(),
             &self.cfg.source.url,
             &self.cfg.source.sets,
             max_token(&self.cfg),
@@ -281,7 +287,7 @@ impl Harvester {
         .await?;
         let name = self.name.clone();
         // One trip to the state for every set found and every refusal.
-        self.state
+        self.state()
             .run_any(move |s| {
                 for (uri, why) in refused {
                     refuse(s, "-", 0, &uri, &why)?;
@@ -297,7 +303,7 @@ impl Harvester {
     /// Records a refusal of `uri` for a set; logged the first time only.
     async fn refuse(&self, set: &str, set_id: i64, uri: &str, reason: &str) -> anyhow::Result<()> {
         let (set, uri, reason) = (set.to_string(), uri.to_string(), reason.to_string());
-        self.state
+        self.state()
             .run_any(move |s| refuse(s, &set, set_id, &uri, &reason))
             .await
     }
@@ -306,14 +312,14 @@ impl Harvester {
     async fn source_error(&self, error: Option<String>) -> anyhow::Result<()> {
         let name = self.name.clone();
         Ok(self
-            .state
+            .state()
             .run(move |s| s.source_error(&name, error.as_deref()))
             .await?)
     }
 
     /// A fresh copy of a set's row.
     async fn row(&self, id: i64) -> anyhow::Result<SetRow> {
-        self.state
+        self.state()
             .run(move |s| s.set_by_id(id))
             .await?
             .ok_or_else(|| anyhow::anyhow!("set {id} vanished from the state"))
@@ -328,7 +334,11 @@ impl Harvester {
             return;
         }
         let ids: Vec<i64> = sets.iter().map(|s| s.row.id).collect();
-        let (output, state, busy) = (self.output.clone(), self.state.clone(), tasks.busy.clone());
+        let (output, state, busy) = (
+            self.output().clone(),
+            self.state().clone(),
+            tasks.busy.clone(),
+        );
         tasks.tracker.spawn(async move {
             let done = state
                 .run_any(move |s| {
@@ -355,7 +365,7 @@ impl Harvester {
         loc: &str,
         docs: &HashSet<String>,
     ) -> anyhow::Result<bool> {
-        let why = match self.fetcher.scope().check(loc) {
+        let why = match self.fetcher().scope().check(loc) {
             Err(r) => r.to_string(),
             Ok(_) if docs.contains(loc) => {
                 "a list document of the source, listed as a resource".to_string()
@@ -396,7 +406,7 @@ pub async fn run_reloading(
         shutdown.await;
         stop.cancel();
     });
-    let shared = Shared::open(&cfg)?;
+    let parts = Parts::open(&cfg)?;
     let mut callback_base = cfg.push.callback_url.clone();
     let mut server = None;
     if cfg.push.enabled {
@@ -418,7 +428,7 @@ pub async fn run_reloading(
             callback_base = format!("http://{}", listener.local_addr()?);
         }
         // One callback server for every source: each subscription has a path of its own.
-        let app = follow::router(shared.state.clone(), inbox.clone(), &cfg.push).await?;
+        let app = follow::router(parts.state.clone(), inbox.clone(), &cfg.push).await?;
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
         server = Some(follow::serve(listener, app, cancel.clone()));
     }
@@ -447,12 +457,7 @@ pub async fn run_reloading(
                  sources: &mut tokio::task::JoinSet<anyhow::Result<()>>,
                  fatal: bool|
      -> anyhow::Result<Running> {
-        let h = Arc::new(Harvester::new(
-            &cfg,
-            source,
-            callback_base.clone(),
-            &shared,
-        )?);
+        let h = Arc::new(Harvester::new(&cfg, source, callback_base.clone(), &parts)?);
         let keeping = Housekeeping {
             tracker: housekeeping.clone(),
             busy: Default::default(),
@@ -533,8 +538,8 @@ pub async fn run_reloading(
     relay.abort();
     // Blocking work stops at its next step: a package being unpacked at its next entry, a
     // snapshot being written at its next record (redone at the next start).
-    shared.stop.store(true, Ordering::Relaxed);
-    shared.interrupt();
+    parts.stop.store(true, Ordering::Relaxed);
+    parts.interrupt();
     housekeeping.close();
     housekeeping.wait().await;
     if let Some(mut s) = server {
@@ -584,7 +589,7 @@ async fn follow_source(
         // connection that read the Capability List reads the Resource List next, instead of
         // lying idle while the source waits for another walk (500 sources discovered at
         // once left ~1,000 descriptors open).
-        let walk = h.walks.clone().acquire_owned().await?;
+        let walk = h.parts().walks.clone().acquire_owned().await?;
         match h.discover().await {
             Ok(s) => {
                 h.source_error(None).await?;

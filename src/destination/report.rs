@@ -330,16 +330,16 @@ fn chosen(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Vec<config:
 /// `harvest audit [--source NAME]`: [`audit`] of one source, or of every source.
 pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<(String, bool)> {
     let sources = chosen(cfg, only)?;
-    let shared = Shared::open(cfg)?;
+    let parts = Parts::open(cfg)?;
     let mut out = String::new();
     let mut in_sync = true;
     let many = !cfg.sources.is_empty();
     for source in &sources {
-        let h = Harvester::new(cfg, source, String::new(), &shared)?;
+        let h = Harvester::new(cfg, source, String::new(), &parts)?;
         if many {
             out.push_str(&format!("source {} ({}):\n", source.name, source.url));
         }
-        let output = h.output.clone();
+        let output = h.output().clone();
         let mut auditor = tokio::task::spawn_blocking(move || output.auditor()).await??;
         let sets = match h.discover().await {
             Ok(s) => s,
@@ -374,7 +374,7 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
                         let Some(e) = r.next_entry()? else { break };
                         let c = entry_change(&e, "created", Timestamp(0));
                         let uri = short(&c.uri).into_owned();
-                        if let Err(why) = h.fetcher.scope().check(&c.uri) {
+                        if let Err(why) = h.fetcher().scope().check(&c.uri) {
                             refused.add(format!("{uri}: {why}"));
                             continue;
                         }
@@ -382,7 +382,7 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
                             refused.add(format!("{uri}: a list document, listed as a resource"));
                             continue;
                         }
-                        let target = match h.output.target(&c.uri) {
+                        let target = match h.output().target(&c.uri) {
                             Ok(Some((root, t))) => {
                                 Some((root.display().to_string(), t.display().to_string()))
                             }
@@ -395,7 +395,7 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
                     }
                     let set_id = s.row.id;
                     let looked = h
-                        .state
+                        .state()
                         .run(move |st| {
                             batch
                                 .into_iter()
@@ -443,7 +443,7 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
             let mut extra = Sample::default();
             if cfg.output.kind == config::OutputKind::Mirror {
                 let set_id = s.row.id;
-                for u in h.state.run(move |st| st.held_uris(set_id)).await? {
+                for u in h.state().run(move |st| st.held_uris(set_id)).await? {
                     if !listed.contains(&u) {
                         extra.add(short(&u).into_owned());
                     }

@@ -3,50 +3,32 @@
 
 use super::*;
 
-impl Harvester {
-    /// The parts a fetch task needs (cheap clones).
-    pub(super) fn clone_parts(&self) -> Arc<Worker> {
-        Arc::new(Worker {
-            state: self.state.clone(),
-            fetcher: self.fetcher.clone(),
-            output: self.output.clone(),
-            exec: self.cfg.output.exec.clone(),
-            stop: self.stop.clone(),
-            in_flight: self.in_flight.clone(),
-            backoff: (
-                self.cfg.fetch.backoff_initial_ms,
-                self.cfg.fetch.backoff_max_ms,
-            ),
-        })
-    }
-}
-
-/// A file of the output claimed for a URI being written (see [`Worker::claim_many`]); let go when
+/// A file of the output claimed for a URI being written (see [`Work::claim_many`]); let go when
 /// dropped.
-pub(super) struct Claim(pub(super) Option<(InFlight, String)>);
+pub(super) struct Claim(pub(super) Option<(Arc<Parts>, String)>);
 
 impl Drop for Claim {
     fn drop(&mut self) {
-        if let Some((writing, path)) = &self.0 {
-            writing.lock().expect("in-flight lock").remove(path);
+        if let Some((parts, path)) = &self.0 {
+            parts.in_flight.lock().expect("in-flight lock").remove(path);
         }
     }
 }
 
-/// What a fetch task needs.
-pub(super) struct Worker {
-    pub(super) state: state::Handle,
+/// What a source's fetch tasks need: built once per source, shared by its tasks through one
+/// `Arc` (the process's [`Parts`] behind it).
+pub(super) struct Work {
+    pub(super) parts: Arc<Parts>,
     pub(super) fetcher: Fetcher,
     pub(super) output: Arc<dyn Output>,
+    /// `output.exec`: the hook run for each applied change.
     pub(super) exec: String,
-    pub(super) stop: Arc<AtomicBool>,
-    pub(super) in_flight: InFlight,
     /// `fetch.backoff_initial_ms`, `fetch.backoff_max_ms`: the pause before a failed resource
     /// is tried again grows from the first by 4× per try, up to ten times the second.
     pub(super) backoff: (u64, u64),
 }
 
-impl Worker {
+impl Work {
     /// When a resource that failed its try number `tries` + 1 is tried again: the pause grows
     /// from `fetch.backoff_initial_ms` by 4× per try, up to ten times `fetch.backoff_max_ms`.
     pub(super) fn next_try(&self, tries: u32) -> Timestamp {
@@ -75,18 +57,22 @@ impl Worker {
             return out;
         }
         let items: Vec<ClaimItem> = check.iter().map(|(_, i)| i.clone()).collect();
-        let found = self.state.run(move |s| recorded_conflicts(s, &items)).await;
+        let found = self
+            .parts
+            .state
+            .run(move |s| recorded_conflicts(s, &items))
+            .await;
         settle(out, &check, found)
     }
 
-    /// [`Worker::claim_many`] for code on the blocking pool (unpacking a dump package).
+    /// [`Work::claim_many`] for code on the blocking pool (unpacking a dump package).
     pub(super) fn claim_many_blocking(&self, uris: &[&str]) -> Vec<Result<Claim, NotApplied>> {
         let (out, check) = self.claim_in_memory(uris);
         if check.is_empty() {
             return out;
         }
         let items: Vec<ClaimItem> = check.iter().map(|(_, i)| i.clone()).collect();
-        let found = recorded_conflicts(self.state.in_blocking_task(), &items);
+        let found = recorded_conflicts(self.parts.state.in_blocking_task(), &items);
         settle(out, &check, found)
     }
 
@@ -95,7 +81,7 @@ impl Worker {
     fn claim_in_memory(&self, uris: &[&str]) -> (Claims, Vec<(usize, ClaimItem)>) {
         let mut out: Vec<Result<Claim, NotApplied>> = Vec::with_capacity(uris.len());
         let mut check = Vec::new();
-        let mut writing = self.in_flight.lock().expect("in-flight lock");
+        let mut writing = self.parts.in_flight.lock().expect("in-flight lock");
         for uri in uris {
             let (root, path) = match self.output.target(uri) {
                 Err(e) => {
@@ -115,7 +101,7 @@ impl Worker {
             }
             writing.insert(path.clone(), uri.to_string());
             check.push((out.len(), (root, path.clone(), uri.to_string())));
-            out.push(Ok(Claim(Some((self.in_flight.clone(), path)))));
+            out.push(Ok(Claim(Some((self.parts.clone(), path)))));
         }
         (out, check)
     }
@@ -183,7 +169,7 @@ impl Worker {
     }
 }
 
-impl Worker {
+impl Work {
     /// One resource's queued changes, in order. The last change decides the content: the
     /// earlier ones are applied with it (each logged once, the hook run for each). A refusal
     /// (outside the scope, a file another resource has) takes them out of the queue.
@@ -239,7 +225,7 @@ impl Worker {
             Err(e) => Err(e),
         };
         // The outcome is written off the async threads (a commit may wait for a checkpoint).
-        let write = |f: Outcome| self.state.run_any(f);
+        let write = |f: Outcome| self.parts.state.run_any(f);
         match result {
             Ok(held) => {
                 let q = queue.clone();
