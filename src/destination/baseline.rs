@@ -93,7 +93,7 @@ impl Harvester {
                         refused += 1;
                         continue;
                     }
-                    batch.push(entry_change(&e, "created", at.unwrap_or(started)));
+                    batch.push(entry_change(&e, ChangeType::Created, at.unwrap_or(started)));
                 }
                 let next = (!batch.is_empty()).then(|| self.read_batch(set.row.id, batch));
                 let (todo, claims) = match std::mem::replace(&mut reading, next) {
@@ -503,7 +503,7 @@ impl Work {
                         bar.inc(1);
                         refuse(state, set, set_id, &e.loc, &r.to_string())?;
                     }
-                    Ok(_) => todo.push((e, entry_change(e, "created", at))),
+                    Ok(_) => todo.push((e, entry_change(e, ChangeType::Created, at))),
                 }
             }
             let holds = state.hold_as_listed(set_id, todo.iter().map(|(_, c)| c))?;

@@ -268,14 +268,14 @@ impl Harvester {
             let fetched: Vec<&str> = chunk
                 .iter()
                 .filter_map(|q| q.last())
-                .filter(|p| p.change.change != "deleted")
+                .filter(|p| p.change.change != ChangeType::Deleted)
                 .map(|p| p.change.uri.as_str())
                 .collect();
             let mut claims = w.claim_many(&fetched).await.into_iter();
             for queue in chunk {
                 let claim = queue
                     .last()
-                    .filter(|p| p.change.change != "deleted")
+                    .filter(|p| p.change.change != ChangeType::Deleted)
                     .and_then(|_| claims.next());
                 let permit = sem.clone().acquire_owned().await?;
                 let (w, queue) = (w.clone(), queue.clone());
@@ -414,8 +414,8 @@ fn undated_is_new(state: &State, set_id: i64, c: &Change) -> Result<bool, state:
         return Ok(false);
     }
     let held = state.held(set_id, &c.uri)?;
-    Ok(match (c.change.as_str(), held) {
-        ("deleted", held) => held.is_some(),
+    Ok(match (c.change, held) {
+        (ChangeType::Deleted, held) => held.is_some(),
         (_, None) => true,
         (_, Some(h)) => {
             c.length.is_some_and(|l| Some(l) != h.length)

@@ -108,10 +108,10 @@ impl Harvester {
 }
 
 /// A Resource List entry as a change of kind `kind` at `datetime`.
-pub(super) fn entry_change(e: &ParsedEntry, kind: &str, datetime: Timestamp) -> Change {
+pub(super) fn entry_change(e: &ParsedEntry, kind: ChangeType, datetime: Timestamp) -> Change {
     Change {
         uri: e.loc.clone(),
-        change: kind.into(),
+        change: kind,
         datetime,
         md5: md5_of(e),
         length: e.md.get("length").and_then(|l| l.parse().ok()),
@@ -122,10 +122,7 @@ pub(super) fn entry_change(e: &ParsedEntry, kind: &str, datetime: Timestamp) -> 
 /// A Change List / notification entry as a change (its `datetime`, or its `lastmod` for
 /// ResourceSync 1.0 lists without one); `None` for an entry without a change or a date.
 pub(super) fn change_of(e: &ParsedEntry) -> Option<Change> {
-    let kind = e.md.get("change")?;
-    if !matches!(kind.as_str(), "created" | "updated" | "deleted") {
-        return None;
-    }
+    let kind = ChangeType::parse(e.md.get("change")?)?;
     let dt =
         e.md.get("datetime")
             .or(e.lastmod.as_ref())

@@ -60,7 +60,7 @@ use discover::SetInfo;
 use fetch::Fetcher;
 use output::{Item, Mirror, Output};
 use scope::short;
-use state::{Change, Held, Pending, SetRow, State};
+use state::{Change, ChangeType, Held, Pending, SetRow, Standing, State};
 
 use documents::{change_of, entry_change, OnDisk, Part};
 pub use report::{audit, audit_of, recreate, snapshot, status, status_of};

@@ -134,16 +134,14 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
     if !problems.is_empty() {
         out.push_str("\nnot applied yet:\n");
         for (_, p) in problems {
-            let what = if p.skipped {
-                "SKIPPED"
-            } else if p.failed {
-                "FAILED"
-            } else {
-                "retrying"
+            let what = match p.standing {
+                Standing::Skipped => "SKIPPED",
+                Standing::Failed => "FAILED",
+                Standing::Trying => "retrying",
             };
             out.push_str(&format!(
                 "  {what:8} {} {} {} (tries {}): {}\n",
-                p.change.change,
+                p.change.change.as_str(),
                 short(&p.change.uri),
                 p.change.datetime,
                 p.tries,
@@ -248,7 +246,9 @@ fn summary(
         }
         let failures = problems
             .iter()
-            .filter(|(set_id, p)| p.failed && sets.iter().any(|s| s.id == *set_id))
+            .filter(|(set_id, p)| {
+                p.standing != Standing::Trying && sets.iter().any(|s| s.id == *set_id)
+            })
             .count();
         let error = failing
             .as_ref()
@@ -372,7 +372,7 @@ pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result
                     let mut batch = Vec::with_capacity(256);
                     while batch.len() < 256 {
                         let Some(e) = r.next_entry()? else { break };
-                        let c = entry_change(&e, "created", Timestamp(0));
+                        let c = entry_change(&e, ChangeType::Created, Timestamp(0));
                         let uri = short(&c.uri).into_owned();
                         if let Err(why) = h.fetcher().scope().check(&c.uri) {
                             refused.add(format!("{uri}: {why}"));

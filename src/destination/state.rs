@@ -13,13 +13,14 @@ use std::sync::Mutex;
 
 use rusqlite::{params, Connection, OptionalExtension};
 
+pub use crate::model::ChangeType;
 use crate::model::Timestamp;
 
 /// One change to apply (from a Change List or a notification).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     pub uri: String,
-    pub change: String,
+    pub change: ChangeType,
     pub datetime: Timestamp,
     pub md5: Option<String>,
     pub length: Option<u64>,
@@ -59,10 +60,39 @@ pub struct Pending {
     pub change: Change,
     pub tries: u32,
     pub last_error: Option<String>,
-    pub failed: bool,
-    pub skipped: bool,
+    pub standing: Standing,
     /// Not tried again before this (a backoff after a failed try).
     pub not_before: Option<Timestamp>,
+}
+
+/// Where a queued change stands after its tries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Not tried yet, or tried fewer than `fetch.max_tries` times: tried again.
+    Trying,
+    /// Tried `fetch.max_tries` times: it holds the position and is retried at every check.
+    Failed,
+    /// Given up on (`fetch.skip_failed`): the position moves past it; listed in the status.
+    Skipped,
+}
+
+impl Standing {
+    fn of(failed: bool, skipped: bool) -> Standing {
+        match (failed, skipped) {
+            (_, true) => Standing::Skipped,
+            (true, false) => Standing::Failed,
+            (false, false) => Standing::Trying,
+        }
+    }
+
+    /// The stored flags: (failed, skipped).
+    fn flags(self) -> (bool, bool) {
+        match self {
+            Standing::Trying => (false, false),
+            Standing::Failed => (true, false),
+            Standing::Skipped => (true, true),
+        }
+    }
 }
 
 /// A set the destination follows.
@@ -300,6 +330,13 @@ impl State {
         add_column(&tx, "sets", "last_error", "TEXT")?;
         add_column(&tx, "sets", "source", "TEXT NOT NULL DEFAULT ''")?;
         add_column(&tx, "sets", "pushed_latest", "INTEGER")?;
+        // The bytes the inbox holds, kept as deliveries come and go (so a delivery is not
+        // answered after summing every one waiting); counted once for a state from before.
+        tx.execute(
+            "INSERT OR IGNORE INTO counters (name, value) \
+             SELECT 'inbox_bytes', COALESCE(SUM(length(body)), 0) FROM inbox",
+            [],
+        )?;
         // Which URI has which file: two URIs never share one. Keyed by path alone (no rowid:
         // one b-tree to write per resource held). Filled from the resources held when the
         // table is new (a state made before it existed), or copied from the first version's
@@ -413,22 +450,22 @@ impl State {
         let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         // A day old and still here: its set is no longer followed (the Change Lists cover
         // anything it said).
-        tx.execute(
-            "DELETE FROM inbox WHERE received_at < ?1",
-            [Timestamp::now().0 - 86_400_000_000],
-        )?;
-        let held: i64 = tx.query_row(
-            "SELECT COALESCE(SUM(length(body)), 0) FROM inbox",
-            [],
-            |r| r.get(0),
-        )?;
+        let gone: i64 = tx
+            .prepare_cached("DELETE FROM inbox WHERE received_at < ?1 RETURNING length(body)")?
+            .query_map([Timestamp::now().0 - 86_400_000_000], |r| {
+                r.get::<_, i64>(0)
+            })?
+            .sum::<rusqlite::Result<i64>>()?;
+        let held = add_inbox_bytes(&tx, -gone)?;
         if held as u64 + body.len() as u64 > max_bytes {
+            tx.commit()?;
             return Ok(false);
         }
         tx.execute(
             "INSERT INTO inbox (set_id, body, received_at) VALUES (?1, ?2, ?3)",
             params![set_id, body, Timestamp::now().0],
         )?;
+        add_inbox_bytes(&tx, body.len() as i64)?;
         tx.commit()?;
         Ok(true)
     }
@@ -454,7 +491,17 @@ impl State {
 
     /// A delivery handled (applied, or found wanting: the Change Lists fill in).
     pub fn inbox_done(&self, id: i64) -> R<()> {
-        self.c().execute("DELETE FROM inbox WHERE id = ?1", [id])?;
+        let mut c = self.c();
+        let tx = c.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
+        let gone: Option<i64> = tx
+            .query_row(
+                "DELETE FROM inbox WHERE id = ?1 RETURNING length(body)",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?;
+        add_inbox_bytes(&tx, -gone.unwrap_or(0))?;
+        tx.commit()?;
         Ok(())
     }
 
@@ -586,13 +633,13 @@ impl State {
                 "INSERT OR IGNORE INTO pending (set_id, uri, change, datetime, md5, length, lastmod) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
             )?;
             for ch in changes {
-                if done.exists(params![set_id, ch.uri, ch.change, ch.datetime.0])? {
+                if done.exists(params![set_id, ch.uri, ch.change.as_str(), ch.datetime.0])? {
                     continue;
                 }
                 n += ins.execute(params![
                     set_id,
                     ch.uri,
-                    ch.change,
+                    ch.change.as_str(),
                     ch.datetime.0,
                     ch.md5,
                     ch.length.map(|n| n as i64),
@@ -618,7 +665,7 @@ impl State {
                 st.execute(params![
                     set_id,
                     ch.uri,
-                    ch.change,
+                    ch.change.as_str(),
                     ch.datetime.0,
                     error,
                     not_before.0
@@ -683,7 +730,7 @@ impl State {
         tx.execute("DELETE FROM pending WHERE id = ?1", [p.id])?;
         tx.execute(
             "INSERT OR IGNORE INTO applied (set_id, uri, change, datetime, applied_at) VALUES (?1, ?2, ?3, ?4, ?5)",
-            params![set_id, p.change.uri, p.change.change, p.change.datetime.0, Timestamp::now().0],
+            params![set_id, p.change.uri, p.change.change.as_str(), p.change.datetime.0, Timestamp::now().0],
         )?;
         match held {
             Some(h) => put_held(&tx, set_id, &p.change.uri, h)?,
@@ -717,8 +764,12 @@ impl State {
         not_before: Timestamp,
     ) -> R<Pending> {
         let tries = p.tries + 1;
-        let failed = tries >= max_tries;
-        let skipped = failed && skip;
+        let standing = match (tries >= max_tries, skip) {
+            (false, _) => Standing::Trying,
+            (true, false) => Standing::Failed,
+            (true, true) => Standing::Skipped,
+        };
+        let (failed, skipped) = standing.flags();
         self.c().execute(
             "UPDATE pending SET tries = ?2, last_error = ?3, failed = ?4, skipped = ?5, not_before = ?6 WHERE id = ?1",
             params![p.id, tries, error, failed, skipped, not_before.0],
@@ -726,8 +777,7 @@ impl State {
         Ok(Pending {
             tries,
             last_error: Some(error.to_string()),
-            failed,
-            skipped,
+            standing,
             ..p.clone()
         })
     }
@@ -1088,6 +1138,15 @@ fn put_held(c: &Connection, set_id: i64, uri: &str, h: &Held) -> R<usize> {
 }
 
 /// Adds a column to a table made by an earlier version.
+/// Adds `n` (may be negative) to the inbox's running total of bytes; returns the new total.
+fn add_inbox_bytes(c: &Connection, n: i64) -> R<i64> {
+    Ok(c.query_row(
+        "UPDATE counters SET value = MAX(0, value + ?1) WHERE name = 'inbox_bytes' RETURNING value",
+        [n],
+        |r| r.get(0),
+    )?)
+}
+
 fn add_column(c: &Connection, table: &str, column: &str, decl: &str) -> R<()> {
     let has: bool = c.query_row(
         &format!("SELECT COUNT(*) > 0 FROM pragma_table_info('{table}') WHERE name = ?1"),
@@ -1129,7 +1188,16 @@ fn pending_row(r: &rusqlite::Row) -> rusqlite::Result<Pending> {
         id: r.get(0)?,
         change: Change {
             uri: r.get(1)?,
-            change: r.get(2)?,
+            change: {
+                let s: String = r.get(2)?;
+                ChangeType::parse(&s).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        2,
+                        rusqlite::types::Type::Text,
+                        format!("not a change: {s}").into(),
+                    )
+                })?
+            },
             datetime: Timestamp(r.get(3)?),
             md5: r.get(4)?,
             length: r.get::<_, Option<i64>>(5)?.map(|n| n as u64),
@@ -1137,8 +1205,7 @@ fn pending_row(r: &rusqlite::Row) -> rusqlite::Result<Pending> {
         },
         tries: r.get(7)?,
         last_error: r.get(8)?,
-        failed: r.get(9)?,
-        skipped: r.get(10)?,
+        standing: Standing::of(r.get(9)?, r.get(10)?),
         not_before: r.get::<_, Option<i64>>(11)?.map(Timestamp),
     })
 }
@@ -1165,7 +1232,7 @@ mod tests {
     fn ch(uri: &str, change: &str, dt: i64) -> Change {
         Change {
             uri: uri.into(),
-            change: change.into(),
+            change: ChangeType::parse(change).unwrap(),
             datetime: Timestamp(dt),
             md5: None,
             length: None,
@@ -1218,11 +1285,11 @@ mod tests {
         let failed = s
             .attempt_failed(&p[1], "md5 mismatch", 2, false, now)
             .unwrap();
-        assert!(!failed.failed);
+        assert_eq!(failed.standing, Standing::Trying);
         let failed = s
             .attempt_failed(&failed, "md5 mismatch", 2, false, now)
             .unwrap();
-        assert!(failed.failed && !failed.skipped);
+        assert_eq!(failed.standing, Standing::Failed);
         assert_eq!(
             s.oldest_pending(set.id).unwrap(),
             Some(Timestamp(2)),
@@ -1270,5 +1337,29 @@ mod tests {
         assert!(s.is_refused(1, "http://x/a").unwrap());
         let (rows, counts) = s.refusals(10).unwrap();
         assert_eq!((rows[0].count, counts), (2, vec![(1, 1)]));
+    }
+
+    /// The inbox refuses a delivery that would take it past its limit, gives the room back
+    /// when one is handled, and keeps its total across a restart (as the bodies sum).
+    #[test]
+    fn the_inbox_keeps_its_total_as_deliveries_come_and_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("h.sqlite");
+        let s = State::open(&path).unwrap();
+        assert!(s.inbox_put(1, &[b'a'; 400], 1000).unwrap());
+        assert!(s.inbox_put(1, &[b'b'; 500], 1000).unwrap());
+        assert!(
+            !s.inbox_put(1, &[b'c'; 200], 1000).unwrap(),
+            "900 + 200 > 1000"
+        );
+        let (first, _, _) = s.inbox_next(&[1]).unwrap().unwrap();
+        s.inbox_done(first).unwrap();
+        assert!(s.inbox_put(1, &[b'c'; 200], 1000).unwrap(), "500 + 200 fit");
+        drop(s);
+        let s = State::open(&path).unwrap();
+        assert_eq!(s.inbox_size().unwrap(), (2, 700));
+        assert_eq!(s.counter("inbox_bytes").unwrap(), 700);
+        assert!(!s.inbox_put(1, &[b'd'; 301], 1000).unwrap());
+        assert!(s.inbox_put(1, &[b'd'; 300], 1000).unwrap());
     }
 }

@@ -185,7 +185,8 @@ impl Work {
         let last = queue.last().expect("a non-empty queue").clone();
         // The file's claim lives until the change is recorded as applied.
         let mut kept = None;
-        let result: Result<Option<Held>, NotApplied> = if last.change.change == "deleted" {
+        let result: Result<Option<Held>, NotApplied> = if last.change.change == ChangeType::Deleted
+        {
             let (output, set_s, uri) = (
                 self.output.clone(),
                 set.to_string(),
@@ -264,9 +265,9 @@ impl Work {
                 .await?
                 .expect("the failed change's record");
                 let uri = short(&last.change.uri);
-                if p.skipped {
+                if p.standing == Standing::Skipped {
                     tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "giving up on a change (fetch.skip_failed): the position moves past it");
-                } else if p.failed {
+                } else if p.standing == Standing::Failed {
                     tracing::warn!(set, uri = %uri, tries = p.tries, error = %e, "change failed; it holds the position and is retried at every check");
                 } else {
                     tracing::info!(set, uri = %uri, tries = p.tries, error = %e, "change not applied yet; retried");
@@ -287,7 +288,7 @@ impl Work {
             return Ok(());
         }
         let json = serde_json::json!({
-            "set": set, "uri": c.uri, "change": c.change, "datetime": c.datetime.to_string(),
+            "set": set, "uri": c.uri, "change": c.change.as_str(), "datetime": c.datetime.to_string(),
             "md5": held.and_then(|h| h.md5.clone()), "length": held.and_then(|h| h.length),
             "path": held.map(|h| h.path.clone()),
         })

@@ -356,10 +356,10 @@ async fn a_wrong_md5_holds_the_position_until_the_resource_is_served_right() {
         30,
         |s| {
             applied(s) == 1
-                && s.problems()
-                    .unwrap()
-                    .iter()
-                    .any(|(_, p)| p.failed && p.change.uri.ends_with("/r1.txt"))
+                && s.problems().unwrap().iter().any(|(_, p)| {
+                    p.standing == resourcesync_hub::destination::state::Standing::Failed
+                        && p.change.uri.ends_with("/r1.txt")
+                })
         },
     )
     .await;
