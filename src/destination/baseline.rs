@@ -315,8 +315,7 @@ impl Harvester {
                             .await?;
                     }
                     let retry = err.retry;
-                    // A fetch error is words already (its chain in_words): nothing is lost.
-                    let err = anyhow::anyhow!("package {}: {err}", short(&e.loc));
+                    let err = anyhow::Error::new(err).context(format!("package {}", short(&e.loc)));
                     return if retry {
                         Err(err)
                     } else {

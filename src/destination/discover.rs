@@ -58,7 +58,7 @@ pub async fn discover(
     let first = match f.document(url).await {
         Ok(b) => parse(&b, max_token).map_err(|e| e.to_string()),
         Err(e) if e.status.is_some() || e.refused.is_some() => Err(e.message),
-        Err(e) => anyhow::bail!("cannot read the source: {}", e.message),
+        Err(e) => return Err(anyhow::Error::new(e).context("cannot read the source")),
     };
     let doc = match first {
         Ok(d) => d,
@@ -71,13 +71,11 @@ pub async fn discover(
         }
         Err(why) => {
             let sd = format!("{}/.well-known/resourcesync", url.trim_end_matches('/'));
-            // A fetch error is words already (its chain in_words): nothing is lost.
-            let body = f.document(&sd).await.map_err(|e| {
-                anyhow::anyhow!(
-                    "{} is neither a Source Description nor a Capability List ({why}), and {} cannot be read: {}",
+            let body = f.document(&sd).await.with_context(|| {
+                format!(
+                    "{} is neither a Source Description nor a Capability List ({why}), and {} cannot be read",
                     short(url),
                     short(&sd),
-                    e.message
                 )
             })?;
             parse(&body, max_token).with_context(|| format!("{}", short(&sd)))?

@@ -29,14 +29,10 @@ impl Harvester {
                 message: format!("{what} {e}"),
                 ..e
             })?;
-        let bad = |e: String| fetch::FetchError {
-            message: format!("{what} {}: {e}", short(url)),
-            retry: false,
-            retry_after: None,
-            refused: None,
-            status: None,
-        };
-        let f = std::fs::File::open(file.path()).map_err(|e| bad(e.to_string()))?;
+        let bad = |e: String| fetch::FetchError::fail(format!("{what} {}: {e}", short(url)));
+        let f = std::fs::File::open(file.path())
+            .map_err(|e| bad("cannot open its downloaded copy".into()).caused_by(e))?;
+        // The reader's error says what is wrong with the document in words; cut to a line.
         let reader = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(
             f,
             max_token(&self.cfg),

@@ -40,6 +40,9 @@ pub struct Fetcher {
 
 /// Why a fetch failed: `retry` when another try within this pass may succeed; `refused` when
 /// the URL (or a redirect) lies outside the source's scope: the source's error, not to retry.
+/// `message` is whole words ("http://…: connection refused (nothing listens on that port)");
+/// the error underneath (the HTTP client's, the file system's) stays its `source()`, so a
+/// log line printing the chain has both, and code can look at it.
 #[derive(Debug, Clone)]
 pub struct FetchError {
     pub message: String,
@@ -48,17 +51,25 @@ pub struct FetchError {
     pub refused: Option<Refusal>,
     /// The HTTP status, when the server answered with one that is not a success.
     pub status: Option<u16>,
+    pub cause: Option<Arc<dyn std::error::Error + Send + Sync>>,
 }
 
 impl FetchError {
-    fn fail(message: String) -> FetchError {
+    pub fn fail(message: String) -> FetchError {
         FetchError {
             message,
             retry: false,
             retry_after: None,
             refused: None,
             status: None,
+            cause: None,
         }
+    }
+
+    /// With the error underneath kept as its cause.
+    pub fn caused_by(mut self, e: impl std::error::Error + Send + Sync + 'static) -> FetchError {
+        self.cause = Some(Arc::new(e));
+        self
     }
 
     fn refused(url: &str, r: Refusal) -> FetchError {
@@ -76,7 +87,13 @@ impl std::fmt::Display for FetchError {
     }
 }
 
-impl std::error::Error for FetchError {}
+impl std::error::Error for FetchError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}
 
 /// What every server sees of this harvester, shared by the fetchers of all its sources:
 /// per authority (scheme, host, port), at most `fetch.per_host_concurrency` requests in
@@ -240,7 +257,7 @@ impl Fetcher {
                         .unwrap_or(wait)
                         .max(wait)
                         .min(max.max(e.retry_after.unwrap_or_default()));
-                    tracing::debug!(error = %e.message, attempt, pause_ms = pause.as_millis() as u64, "retrying");
+                    tracing::debug!(error = %crate::cause::chain(&e), attempt, pause_ms = pause.as_millis() as u64, "retrying");
                     tokio::time::sleep(pause).await;
                     wait = (wait * 2).min(max);
                     attempt += 1;
@@ -615,17 +632,12 @@ fn transport(url: &str, e: reqwest::Error, timeout_secs: u64) -> FetchError {
     let slow = e.is_timeout();
     let retry = !slow && (e.is_connect() || e.is_request() || e.is_body());
     let e = e.without_url();
+    let words = in_words(&e, timeout_secs).unwrap_or_else(|| crate::cause::chain(&e));
     FetchError {
-        message: format!(
-            "{}: {}",
-            short(url),
-            in_words(&e, timeout_secs).unwrap_or_else(|| crate::cause::chain(&e))
-        ),
         retry,
-        retry_after: None,
-        refused: None,
-        status: None,
+        ..FetchError::fail(format!("{}: {words}", short(url)))
     }
+    .caused_by(e)
 }
 
 /// A transport error as a reader says it ("connection refused", "timed out"), when its
@@ -673,7 +685,7 @@ fn in_words(e: &reqwest::Error, timeout_secs: u64) -> Option<String> {
 }
 
 fn local(dir: &Path, e: std::io::Error) -> FetchError {
-    FetchError::fail(format!("writing under {}: {e}", dir.display()))
+    FetchError::fail(format!("writing under {}", dir.display())).caused_by(e)
 }
 
 fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
@@ -690,11 +702,10 @@ fn check_status(url: &str, r: &reqwest::Response) -> Result<(), FetchError> {
         .and_then(|v| v.to_str().ok())
         .and_then(crate::model::Timestamp::retry_after);
     Err(FetchError {
-        message: format!("{}: {s}", short(url)),
         retry,
         retry_after,
-        refused: None,
         status: Some(s.as_u16()),
+        ..FetchError::fail(format!("{}: {s}", short(url)))
     })
 }
 

@@ -173,7 +173,7 @@ impl From<fetch::FetchError> for NotApplied {
     fn from(e: fetch::FetchError) -> Self {
         match e.refused {
             Some(r) => NotApplied::Refused(r.to_string()),
-            None => NotApplied::Failed(e.message),
+            None => NotApplied::Failed(crate::cause::chain(&e)),
         }
     }
 }
