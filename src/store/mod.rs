@@ -7,6 +7,7 @@
 pub mod elastic;
 mod embedded;
 pub(crate) mod hub;
+pub(crate) mod plan;
 mod rules;
 
 use std::path::Path;

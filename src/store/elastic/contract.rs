@@ -17,9 +17,10 @@ use serde_json::{json, Value};
 use super::hub::{corrupt, notify_source, NotifyDoc};
 use super::{ElasticStore, Versioned};
 use crate::model::{Change, ChangeType, NewChange, Resource, ResourceKey, SetName, Timestamp};
+use crate::store::plan;
 use crate::store::{
-    entry_bytes_estimate, Adoption, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor,
-    ListPolicy, NotifyState, OpenTotals, Page, PartInfo, SetInfo, SetRules, SetStore, StoreError,
+    Adoption, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, NotifyState,
+    OpenTotals, Page, PartInfo, SetInfo, SetRules, SetStore, StoreError,
 };
 
 /// How long a writer's claim on a set lasts before others treat it as dead.
@@ -335,25 +336,32 @@ impl ElasticStore {
         for (index, mut c) in changes.into_iter().enumerate() {
             let id = resource_id(set, &c.key);
             let existing = known.get(&id).cloned().flatten();
-            if c.change == ChangeType::Deleted && existing.is_none() {
-                out.ignored.push((
-                    index,
-                    "deleted: no such resource in the set, nothing recorded".into(),
-                ));
-                continue;
-            }
-            let mut datetime = policy
-                .change_datetime(c.datetime, &st.open().totals(), notified, now)
-                .map_err(|reason| ApplyError::Rejected { index, reason })?;
-            if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
-                c.meta.lastmod = Some(datetime);
-            }
-            let eb = entry_bytes_estimate(&c);
-            if policy.must_roll(&st.open().totals(), eb, now) {
-                let (closed, until) = st.close_open(now);
+            let last = st.parts.last().map(|p| plan::LastPart {
+                no: p.no,
+                count: p.count,
+                bytes: p.bytes,
+            });
+            let planned = match plan::plan(
+                index,
+                &mut c,
+                existing,
+                &st.open().totals(),
+                last,
+                notified,
+                &policy,
+                now,
+            )? {
+                plan::Step::Ignore(why) => {
+                    out.ignored.push((index, why.into()));
+                    continue;
+                }
+                plan::Step::Record(p) => p,
+            };
+            if planned.roll {
+                let (closed, _) = st.close_open(now);
                 out.closed_lists.push(closed);
-                datetime = Timestamp(datetime.0.max(until));
             }
+            let (datetime, eb) = (planned.datetime, planned.entry_bytes);
             let seq = st.next_seq;
             st.next_seq += 1;
             st.open().record(seq, eb, datetime);
@@ -372,48 +380,39 @@ impl ElasticStore {
                 }
                 st.touch(part, seq, datetime.0);
             };
-            match (c.change, existing) {
-                (ChangeType::Deleted, Some((part, bytes))) => {
+            let (part, dcount, dbytes) = match planned.effect {
+                plan::Effect::Delete { part, bytes } => {
                     ops.push_str(
                         &json!({"delete": {"_index": self.resources, "_id": id}}).to_string(),
                     );
                     ops.push('\n');
                     touch(st, part, -1, -(bytes as i64));
                     known.insert(id, None);
+                    change_ops.push_str(&cdoc.to_string());
+                    change_ops.push('\n');
+                    continue;
                 }
-                (ChangeType::Deleted, None) => unreachable!("handled above"),
-                (_, existing) => {
-                    let (part, dcount, old) = match existing {
-                        Some((part, bytes)) => (part, 0, bytes as i64),
-                        None => {
-                            let fits = st
-                                .parts
-                                .last()
-                                .is_some_and(|lp| policy.part_has_room(lp.count, lp.bytes, eb));
-                            if !fits {
-                                let no = st.parts.last().map_or(1, |lp| lp.no + 1);
-                                st.parts.push(PartState {
-                                    no,
-                                    ..Default::default()
-                                });
-                            }
-                            (st.parts.last().expect("a part").no, 1, 0)
-                        }
-                    };
-                    let mut doc = resource_doc(set, &c, part, seq, now);
-                    doc["bytes"] = json!(eb);
-                    ops.push_str(
-                        &json!({"index": {"_index": self.resources, "_id": id}}).to_string(),
-                    );
-                    ops.push('\n');
-                    ops.push_str(&doc.to_string());
-                    ops.push('\n');
-                    touch(st, part, dcount, eb as i64 - old);
-                    known.insert(id, Some((part, eb)));
-                    // Replay after a crash recreates the resource in its part.
-                    (cdoc["part"], cdoc["bytes"]) = (json!(part), json!(eb));
+                plan::Effect::Update { part, dbytes } => (part, 0, dbytes),
+                plan::Effect::Create { part, new_part } => {
+                    if new_part {
+                        st.parts.push(PartState {
+                            no: part,
+                            ..Default::default()
+                        });
+                    }
+                    (part, 1, eb as i64)
                 }
-            }
+            };
+            let mut doc = resource_doc(set, &c, part, seq, now);
+            doc["bytes"] = json!(eb);
+            ops.push_str(&json!({"index": {"_index": self.resources, "_id": id}}).to_string());
+            ops.push('\n');
+            ops.push_str(&doc.to_string());
+            ops.push('\n');
+            touch(st, part, dcount, dbytes);
+            known.insert(id, Some((part, eb)));
+            // Replay after a crash recreates the resource in its part.
+            (cdoc["part"], cdoc["bytes"]) = (json!(part), json!(eb));
             change_ops.push_str(&cdoc.to_string());
             change_ops.push('\n');
         }

@@ -10,11 +10,12 @@ use rusqlite::{params, Connection, OptionalExtension, Row, TransactionBehavior};
 
 mod hub;
 mod notify;
+use super::plan;
 use notify::state_from_row;
 
 use super::{
-    entry_bytes_estimate, ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy,
-    NotifyState, OpenTotals, Page, PartInfo, SetInfo, SetStore, StoreError,
+    ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, NotifyState, OpenTotals,
+    Page, PartInfo, SetInfo, SetStore, StoreError,
 };
 use crate::model::{
     Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey,
@@ -177,13 +178,6 @@ struct OpenList {
     bytes: u64,
     last_seq: i64,
     max_dt: Option<i64>,
-}
-
-/// The last Resource List partition of a set, where new resources go.
-struct LastPart {
-    no: u32,
-    count: u64,
-    bytes: u64,
 }
 
 impl EmbeddedStore {
@@ -437,11 +431,11 @@ fn apply_tx(
     };
     let mut open = load_open_list(tx, set)?
         .ok_or_else(|| StoreError::Corrupt(format!("set {set} has no open change list")))?;
-    let mut last_part: Option<LastPart> = tx
+    let mut last_part: Option<plan::LastPart> = tx
         .query_row(
             "SELECT part, count, bytes FROM rl_parts WHERE set_name = ?1 ORDER BY part DESC LIMIT 1",
             [set.as_str()],
-            |r| Ok(LastPart { no: r.get(0)?, count: r.get::<_, i64>(1)? as u64, bytes: r.get::<_, i64>(2)? as u64 }),
+            |r| Ok(plan::LastPart { no: r.get(0)?, count: r.get::<_, i64>(1)? as u64, bytes: r.get::<_, i64>(2)? as u64 }),
         )
         .optional()
         .map_err(StoreError::from)?;
@@ -467,28 +461,27 @@ fn apply_tx(
             })
             .optional()
             .map_err(sql_err)?;
-        if c.change == ChangeType::Deleted && existing.is_none() {
-            out.ignored.push((
-                index,
-                "deleted: no such resource in the set, nothing recorded".into(),
-            ));
-            continue;
-        }
-        let mut datetime = policy
-            .change_datetime(c.datetime, &open.totals(), notified, now)
-            .map_err(|reason| ApplyError::Rejected { index, reason })?;
-        if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
-            // A destination needs a lastmod to audit; the change's own datetime is the best we know.
-            c.meta.lastmod = Some(datetime);
-        }
-        let eb = entry_bytes_estimate(&c);
-        if policy.must_roll(&open.totals(), eb, now) {
+        let planned = match plan::plan(
+            index,
+            &mut c,
+            existing.map(|(_, part, bytes)| (part, bytes as u64)),
+            &open.totals(),
+            last_part,
+            notified,
+            &policy,
+            now,
+        )? {
+            plan::Step::Ignore(why) => {
+                out.ignored.push((index, why.into()));
+                continue;
+            }
+            plan::Step::Record(p) => p,
+        };
+        if planned.roll {
             out.closed_lists.push(open.no);
             close_list(tx, set, &mut open, now)?;
-            // Only reachable when this change's datetime is older than the newest entry of the
-            // list just closed: it belongs to the new list, so it cannot be earlier than its start.
-            datetime = Timestamp(datetime.0.max(open.from));
         }
+        let (datetime, eb) = (planned.datetime, planned.entry_bytes);
         let ln = if c.meta.ln.is_empty() {
             None
         } else {
@@ -520,6 +513,7 @@ fn apply_tx(
         open.last_seq = seq;
         open.max_dt = Some(open.max_dt.map_or(datetime.0, |m| m.max(datetime.0)));
         out.applied.push((index, seq));
+        last_part = plan::LastPart::after(last_part, planned.effect, eb);
 
         let touch_part = |part: u32, dcount: i64, dbytes: i64| -> Result<(), ApplyError> {
             tx.prepare_cached(
@@ -531,77 +525,56 @@ fn apply_tx(
             .map_err(sql_err)?;
             Ok(())
         };
-        match (c.change, existing) {
-            (ChangeType::Deleted, Some((rid, part, bytes))) => {
+        let (part, dcount, dbytes) = match planned.effect {
+            plan::Effect::Delete { part, bytes } => {
+                let rid = existing
+                    .map(|(rid, ..)| rid)
+                    .expect("a deletion of something held");
                 tx.prepare_cached("DELETE FROM resources WHERE rid = ?1")
                     .map_err(sql_err)?
                     .execute([rid])
                     .map_err(sql_err)?;
-                touch_part(part, -1, -bytes)?;
-                if let Some(lp) = last_part.as_mut().filter(|lp| lp.no == part) {
-                    lp.count -= 1;
-                    lp.bytes = lp.bytes.saturating_sub(bytes as u64);
+                touch_part(part, -1, -(bytes as i64))?;
+                continue;
+            }
+            plan::Effect::Update { part, dbytes } => (part, 0, dbytes),
+            plan::Effect::Create { part, new_part } => {
+                if new_part {
+                    tx.prepare_cached(
+                        "INSERT INTO rl_parts (set_name, part, count, bytes, last_seq, last_change) VALUES (?1, ?2, 0, 0, 0, 0)",
+                    )
+                    .map_err(sql_err)?
+                    .execute(params![set.as_str(), part])
+                    .map_err(sql_err)?;
                 }
+                (part, 1, eb as i64)
             }
-            (ChangeType::Deleted, None) => unreachable!("handled above"),
-            (_, existing) => {
-                let (part, dcount, old_bytes) = match existing {
-                    Some((_, part, bytes)) => {
-                        if let Some(lp) = last_part.as_mut().filter(|lp| lp.no == part) {
-                            lp.bytes = (lp.bytes as i64 + eb as i64 - bytes).max(0) as u64;
-                        }
-                        (part, 0, bytes)
-                    }
-                    None => match &mut last_part {
-                        Some(lp) if policy.part_has_room(lp.count, lp.bytes, eb) => {
-                            lp.count += 1;
-                            lp.bytes += eb;
-                            (lp.no, 1, 0)
-                        }
-                        _ => {
-                            let no = last_part.as_ref().map_or(1, |lp| lp.no + 1);
-                            tx.prepare_cached(
-                                "INSERT INTO rl_parts (set_name, part, count, bytes, last_seq, last_change) VALUES (?1, ?2, 0, 0, 0, 0)",
-                            )
-                            .map_err(sql_err)?
-                            .execute(params![set.as_str(), no])
-                            .map_err(sql_err)?;
-                            last_part = Some(LastPart {
-                                no,
-                                count: 1,
-                                bytes: eb,
-                            });
-                            (no, 1, 0)
-                        }
-                    },
-                };
-                // One upsert for both: an existing resource keeps its part.
-                tx.prepare_cached(
-                    "INSERT INTO resources (set_name, key, part, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp, bytes) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
-                     ON CONFLICT (set_name, key) DO UPDATE SET loc_type = excluded.loc_type, loc_value = excluded.loc_value, \
-                     length = excluded.length, md5 = excluded.md5, mime = excluded.mime, lastmod = excluded.lastmod, \
-                     ln = excluded.ln, timestamp = excluded.timestamp, bytes = excluded.bytes",
-                )
-                .map_err(sql_err)?
-                .execute(params![
-                    set.as_str(),
-                    c.key.0,
-                    part,
-                    c.location.kind.as_str(),
-                    c.location.value,
-                    c.meta.length.map(|l| l as i64),
-                    c.meta.md5,
-                    c.meta.mime,
-                    c.meta.lastmod.map(|t| t.0),
-                    ln,
-                    now.0,
-                    eb as i64
-                ])
-                .map_err(sql_err)?;
-                touch_part(part, dcount, eb as i64 - old_bytes)?;
-            }
-        }
+        };
+        // One upsert for both: an existing resource keeps its part.
+        tx.prepare_cached(
+            "INSERT INTO resources (set_name, key, part, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp, bytes) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+             ON CONFLICT (set_name, key) DO UPDATE SET loc_type = excluded.loc_type, loc_value = excluded.loc_value, \
+             length = excluded.length, md5 = excluded.md5, mime = excluded.mime, lastmod = excluded.lastmod, \
+             ln = excluded.ln, timestamp = excluded.timestamp, bytes = excluded.bytes",
+        )
+        .map_err(sql_err)?
+        .execute(params![
+            set.as_str(),
+            c.key.0,
+            part,
+            c.location.kind.as_str(),
+            c.location.value,
+            c.meta.length.map(|l| l as i64),
+            c.meta.md5,
+            c.meta.mime,
+            c.meta.lastmod.map(|t| t.0),
+            ln,
+            now.0,
+            eb as i64
+        ])
+        .map_err(sql_err)?;
+        touch_part(part, dcount, dbytes)?;
     }
     tx.execute(
         "UPDATE changelists SET count = ?3, bytes = ?4, last_seq = ?5, max_dt = ?6 WHERE set_name = ?1 AND no = ?2",
