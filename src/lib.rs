@@ -7,7 +7,7 @@
 //! `tests/it/layout.rs`):
 //! 1. [`digest`] (hex digests), [`cause`] (an error and its causes in words), [`metrics`],
 //!    [`admin_cli`] (talks to the admin API over HTTP), [`conn`] (accepted connections: no
-//!    delay, let go when nothing moves);
+//!    delay, let go when nothing moves, at most `server.max_connections` open);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
 //!    [`dump`]; 8. [`http`]; 9. [`app`].
@@ -15,8 +15,9 @@
 //! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
 //!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
 //! - [`config`]: layered configuration (compiled-in commented defaults, `--config`, `RSHUB_*`, flags).
-//! - [`store`]: the storage contract and its backends (the embedded SQLite store; Elasticsearch,
-//!   shareable by several processes).
+//! - [`store`]: the storage contract (the `SetStore` and `HubStore` traits, the pure planner of
+//!   applying a change) and its backends (the embedded SQLite store; Elasticsearch, shareable by
+//!   several processes), whose own types no module outside it names.
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
 //! - [`package`]: the dump package format (manifest first, member names, what a manifest
 //!   entry promises), its builder and its reading, for [`dump`] and [`destination`] alike.

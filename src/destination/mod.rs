@@ -69,7 +69,7 @@ use worker::{Claim, Work};
 use crate::model::Timestamp;
 use crate::sitemap::{self, EntryReader, ParsedEntry};
 
-/// One source's harvester: its configuration and work, on the process's shared [`Parts`].
+/// One source's harvester: its configuration and work, on the process's shared `Parts`.
 pub struct Harvester {
     /// The source's name (`""`: the single `[source]`).
     name: String,

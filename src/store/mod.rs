@@ -1,8 +1,10 @@
-//! The storage contract every backend fulfils, as a closed enum: resource sets, the current
+//! The storage contract every backend fulfils, as two traits ([`SetStore`], and the hub's
+//! [`HubStore`]) behind one handle ([`Store`]): resource sets, the current
 //! resources of a set in stable partitions with keyset paging, the change log by (datetime, id)
 //! with keyset paging, Change List bookkeeping, and one atomic *apply* that writes a resource
 //! document and its change document together. No offsets and no in-process joins, so a search
-//! engine backend can implement the same calls.
+//! engine backend can implement the same calls. The rules of applying a change are one pure
+//! planner (`plan`); each backend persists what it plans.
 
 pub mod elastic;
 mod embedded;

@@ -934,7 +934,7 @@ impl SetStore for ElasticStore {
         Ok(())
     }
 
-    /// See [`super::adopt`].
+    /// See the `adopt` module: documents written straight into the indices by a harvester.
     async fn adopt_external(&self, rules: &dyn SetRules) -> Result<Adoption, StoreError> {
         self.adopt(rules).await
     }
