@@ -126,12 +126,18 @@ async fn serve(
     if let Some(n) = &notifier {
         tasks.spawn(n.clone().run(cancel.clone()));
     }
-    // Without the notifier (which adopts before each sweep), external writers' documents
-    // are adopted on their own schedule: only a shared store has external writers.
-    if notifier.is_none() && store_is_shared {
+    // External writers' documents are adopted by a worker of their own (only a shared store
+    // has external writers), which hands what it adopted to the notifier.
+    if store_is_shared {
+        let poke = notifier.clone();
         tasks.spawn(workers::adopt::run(
             source.clone(),
             hub.clone(),
+            move |n| {
+                if let Some(p) = &poke {
+                    p.poke(n)
+                }
+            },
             cancel.clone(),
         ));
     }

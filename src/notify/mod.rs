@@ -114,18 +114,6 @@ impl Notifier {
     /// One pass over every set, stepping each until nothing is left.
     pub async fn sweep(&self) -> Result<(), StoreError> {
         self.poked.store(0, Ordering::Relaxed);
-        match self.store().adopt_external(self.source.as_ref()).await {
-            Ok(a) => {
-                self.hub
-                    .metrics()
-                    .adoption_lag_seconds
-                    .set(a.lag.map_or(0.0, |l| l.as_secs_f64()));
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "adopting external documents failed; the next sweep retries");
-                return Err(e);
-            }
-        }
         for set in self.store().sets().await? {
             for _ in 0..10_000 {
                 match self.step(&set.name).await {

@@ -1,6 +1,6 @@
-//! Adopts external writers' documents (Elasticsearch backend) when the notifier, which
-//! otherwise does it before each sweep, is disabled. Only the process holding the leader
-//! lease adopts, every `notify.poll_interval_ms`.
+//! Adopts external writers' documents on a shared store (Elasticsearch: the only one with
+//! external writers). Only the process holding the leader lease adopts, every
+//! `notify.poll_interval_ms`; what it adopted is handed to the notifier at once (`adopted`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,7 +10,12 @@ use tokio_util::sync::CancellationToken;
 use crate::hub::Hub;
 use crate::source::Source;
 
-pub async fn run(source: Arc<Source>, hub: Arc<Hub>, cancel: CancellationToken) {
+pub async fn run(
+    source: Arc<Source>,
+    hub: Arc<Hub>,
+    adopted: impl Fn(usize) + Send + 'static,
+    cancel: CancellationToken,
+) {
     let every = Duration::from_millis(source.config().notify.poll_interval_ms.max(1));
     loop {
         if hub.is_delivering() {
@@ -18,12 +23,14 @@ pub async fn run(source: Arc<Source>, hub: Arc<Hub>, cancel: CancellationToken) 
                 Ok(a) => {
                     if a.adopted > 0 {
                         tracing::debug!(changes = a.adopted, "external documents adopted");
+                        adopted(a.adopted);
                     }
                     hub.metrics()
                         .adoption_lag_seconds
                         .set(a.lag.map_or(0.0, |l| l.as_secs_f64()));
                 }
                 Err(e) => {
+                    hub.metrics().store_errors.inc();
                     tracing::warn!(error = %e, "adopting external documents failed; will retry")
                 }
             }
