@@ -1,7 +1,20 @@
 //! The baseline: a set's Resource List walked part by part (or its Resource Dump unpacked),
 //! every resource fetched, checked and recorded a batch at a time, with a progress bar.
 
-use super::*;
+use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+
+use super::documents::{entry_change, OnDisk};
+use super::output::Item;
+use super::scope::short;
+use super::state::{Change, ChangeType, Held, State};
+use super::worker::{Claim, Work};
+use super::{config, refuse, Followed, Harvester, NotApplied};
+use crate::model::Timestamp;
+use crate::sitemap::{self, EntryReader, ParsedEntry};
 use anyhow::Context as _;
 
 /// Entries of a Resource List checked against the state at once by a walk.
@@ -67,9 +80,14 @@ impl Harvester {
         let mut total = Total::new(parts.len());
         let sem = self.parts().slots.clone();
         let mut tasks = tokio::task::JoinSet::new();
-        let mut failures: Vec<(Change, String)> = Vec::new();
-        let (mut held, mut refused) = (Batch::default(), 0u64);
-        let mut writing = None;
+        let mut walk = Walk {
+            h: self,
+            set,
+            failures: Vec::new(),
+            held: Batch::default(),
+            refused: 0,
+            writing: None,
+        };
         for part in parts {
             let Some(mut doc) = self
                 .open_part(set, part, "Resource List part", &mut docs)
@@ -90,7 +108,7 @@ impl Harvester {
                     let Some(e) = r.next_entry()? else { break };
                     bar.inc(1);
                     if !self.admit(set, &e.loc, &docs).await? {
-                        refused += 1;
+                        walk.refused += 1;
                         continue;
                     }
                     batch.push(entry_change(&e, ChangeType::Created, at.unwrap_or(started)));
@@ -114,21 +132,23 @@ impl Harvester {
                         (c, r)
                     });
                     while let Some(done) = tasks.try_join_next() {
-                        self.collect(set, done?, &mut failures, &mut held, &mut refused)
-                            .await?;
-                        self.record(set.row.id, &mut held, &mut writing, RECORD_BATCH)
-                            .await?;
+                        walk.collect(done?).await?;
+                        walk.record(RECORD_BATCH).await?;
                     }
                 }
             }
         }
         while let Some(done) = tasks.join_next().await {
-            self.collect(set, done?, &mut failures, &mut held, &mut refused)
-                .await?;
-            self.record(set.row.id, &mut held, &mut writing, RECORD_BATCH)
-                .await?;
+            walk.collect(done?).await?;
+            walk.record(RECORD_BATCH).await?;
         }
-        self.record_all(set.row.id, &mut held, &mut writing).await?;
+        walk.record_all().await?;
+        let Walk {
+            mut failures,
+            held,
+            refused,
+            ..
+        } = walk;
         let fetched = held.recorded;
         bar.finish_and_clear();
         // Without `at` (a source that omits it), the time the walk started is the safe start.
@@ -176,80 +196,6 @@ impl Harvester {
             let claims = w.claim_many(&uris).await;
             anyhow::Ok((todo, claims))
         })
-    }
-
-    /// Once `held` has more than `over` resources, records them in the background (one
-    /// transaction, off the async threads) after the batch before them is recorded: the walk
-    /// goes on fetching while a batch commits (it used to wait, its fetches draining meanwhile).
-    /// The claims go with the batch and are released once it is recorded.
-    async fn record(
-        &self,
-        set_id: i64,
-        held: &mut Batch,
-        writing: &mut Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
-        over: usize,
-    ) -> anyhow::Result<()> {
-        if held.holds.len() <= over {
-            return Ok(());
-        }
-        let mut batch = Batch {
-            holds: std::mem::take(&mut held.holds),
-            claims: std::mem::take(&mut held.claims),
-            recorded: 0,
-        };
-        if let Some(w) = writing.take() {
-            held.recorded += w.await??;
-        }
-        let state = self.state().clone();
-        *writing = Some(tokio::spawn(async move {
-            state
-                .run_any(move |s| {
-                    batch.record(s, set_id, 0)?;
-                    Ok(batch.recorded)
-                })
-                .await
-        }));
-        Ok(())
-    }
-
-    /// Records what is left and waits for every batch to be recorded.
-    async fn record_all(
-        &self,
-        set_id: i64,
-        held: &mut Batch,
-        writing: &mut Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
-    ) -> anyhow::Result<()> {
-        self.record(set_id, held, writing, 0).await?;
-        if let Some(w) = writing.take() {
-            held.recorded += w.await??;
-        }
-        Ok(())
-    }
-
-    pub(super) async fn collect(
-        &self,
-        set: &Followed,
-        done: (Change, Result<(Held, Claim), NotApplied>),
-        failures: &mut Vec<(Change, String)>,
-        held: &mut Batch,
-        refused: &mut u64,
-    ) -> anyhow::Result<()> {
-        match done.1 {
-            Ok((h, claim)) => {
-                held.holds.push((done.0.uri, h));
-                held.claims.push(claim);
-            }
-            Err(NotApplied::Refused(why)) => {
-                *refused += 1;
-                self.refuse(&set.info.name, set.row.id, &done.0.uri, &why)
-                    .await?;
-            }
-            Err(NotApplied::Failed(e)) => {
-                tracing::warn!(uri = %short(&done.0.uri), error = %e, "baseline fetch failed: queued for retry");
-                failures.push((done.0, e));
-            }
-        }
-        Ok(())
     }
 
     /// The baseline from the set's Resource Dump: each package downloaded (resumed after a
@@ -382,6 +328,82 @@ impl Harvester {
             .run(move |s| s.set_error(id, error.as_deref()))
             .await?;
         Ok(done)
+    }
+}
+
+/// A baseline's walk of a Resource List: what it has fetched (recorded a batch at a time, the
+/// batch before this one possibly still being written), what failed (queued at the end) and
+/// how many URLs it refused.
+struct Walk<'a> {
+    h: &'a Harvester,
+    set: &'a Followed,
+    failures: Vec<(Change, String)>,
+    held: Batch,
+    refused: u64,
+    writing: Option<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+}
+
+impl Walk<'_> {
+    /// Takes in a finished fetch: held (to record), refused (recorded now) or failed (queued
+    /// for retry at the end of the walk).
+    async fn collect(
+        &mut self,
+        done: (Change, Result<(Held, Claim), NotApplied>),
+    ) -> anyhow::Result<()> {
+        match done.1 {
+            Ok((h, claim)) => {
+                self.held.holds.push((done.0.uri, h));
+                self.held.claims.push(claim);
+            }
+            Err(NotApplied::Refused(why)) => {
+                self.refused += 1;
+                self.h
+                    .refuse(&self.set.info.name, self.set.row.id, &done.0.uri, &why)
+                    .await?;
+            }
+            Err(NotApplied::Failed(e)) => {
+                tracing::warn!(uri = %short(&done.0.uri), error = %e, "baseline fetch failed: queued for retry");
+                self.failures.push((done.0, e));
+            }
+        }
+        Ok(())
+    }
+
+    /// Once more than `over` resources are held, records them in the background (one
+    /// transaction, on the blocking pool) after the batch before them is recorded: the walk
+    /// goes on fetching while a batch commits (it used to wait, its fetches draining
+    /// meanwhile). The claims go with the batch and are released once it is recorded.
+    async fn record(&mut self, over: usize) -> anyhow::Result<()> {
+        if self.held.holds.len() <= over {
+            return Ok(());
+        }
+        let mut batch = Batch {
+            holds: std::mem::take(&mut self.held.holds),
+            claims: std::mem::take(&mut self.held.claims),
+            recorded: 0,
+        };
+        if let Some(w) = self.writing.take() {
+            self.held.recorded += w.await??;
+        }
+        let (state, set_id) = (self.h.state().clone(), self.set.row.id);
+        self.writing = Some(tokio::spawn(async move {
+            state
+                .run_any(move |s| {
+                    batch.record(s, set_id, 0)?;
+                    Ok(batch.recorded)
+                })
+                .await
+        }));
+        Ok(())
+    }
+
+    /// Records what is left and waits for every batch to be recorded.
+    async fn record_all(&mut self) -> anyhow::Result<()> {
+        self.record(0).await?;
+        if let Some(w) = self.writing.take() {
+            self.held.recorded += w.await??;
+        }
+        Ok(())
     }
 }
 

@@ -2,7 +2,13 @@
 //! notifications, the queue drained in order, and the subscription kept.
 
 use super::state::SubState;
-use super::*;
+use std::collections::{BTreeMap, HashSet};
+
+use super::documents::{change_of, Part};
+use super::scope::{self, short};
+use super::state::{self, Change, ChangeType, Pending, State};
+use super::{discover, follow, max_token, Followed, Harvester};
+use crate::model::Timestamp;
 
 impl Harvester {
     /// Applies the deliveries in the inbox, oldest first, each removed once handled (a

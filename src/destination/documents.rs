@@ -1,7 +1,12 @@
 //! List documents of a source: fetched to a temporary file and read entry by entry, an
 //! index's parts one at a time (one level of index only), and their entries as changes.
 
-use super::*;
+use std::collections::HashSet;
+
+use super::state::{Change, ChangeType};
+use super::{fetch, max_token, scope::short, Followed, Harvester};
+use crate::model::Timestamp;
+use crate::sitemap::{self, EntryReader, ParsedEntry};
 
 /// A document fetched to a temporary file, read entry by entry (the file lives as long as this).
 pub(super) struct OnDisk {

@@ -46,28 +46,24 @@ mod report;
 mod worker;
 
 use std::collections::{BTreeMap, HashSet};
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
 use config::HarvestConfig;
 use discover::SetInfo;
 use fetch::Fetcher;
-use output::{Item, Mirror, Output};
+use output::{Mirror, Output};
 use scope::short;
-use state::{Change, ChangeType, Held, Pending, SetRow, Standing, State};
+use state::{SetRow, State};
 
-use documents::{change_of, entry_change, OnDisk, Part};
 pub use report::{audit, audit_of, recreate, snapshot, status, status_of};
-use worker::{Claim, Work};
+use worker::Work;
 
 use crate::model::Timestamp;
-use crate::sitemap::{self, EntryReader, ParsedEntry};
 
 /// One source's harvester: its configuration and work, on the process's shared `Parts`.
 pub struct Harvester {

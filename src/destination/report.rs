@@ -1,7 +1,16 @@
 //! What the operator reads: `harvest status`, `harvest audit`, and the Ingestion 3 commands
 //! (`snapshot`, `recreate`).
 
-use super::*;
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use super::config::{self, HarvestConfig};
+use super::documents::entry_change;
+use super::output;
+use super::scope::{self, short};
+use super::state::{self, ChangeType, Standing, State};
+use super::{Harvester, Parts};
+use crate::model::Timestamp;
 
 /// The Ingestion 3 archives of the sources `only` names (every source when `None`).
 pub(super) fn ingestion3(

@@ -1,7 +1,15 @@
 //! What a fetch task does: claim the output file, fetch, verify against the list, hand to
 //! the output, apply a resource's queued changes in order, run the exec hook.
 
-use super::*;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::fetch::Fetcher;
+use super::output::{Item, Output};
+use super::scope::short;
+use super::state::{self, Change, ChangeType, Held, Pending, Standing, State};
+use super::{NotApplied, Parts};
+use crate::model::Timestamp;
 
 /// A file of the output claimed for a URI being written (see [`Work::claim_many`]); let go when
 /// dropped.
