@@ -13,11 +13,13 @@
 //! - [`follow`]: the callback server and the subscription.
 //! - [`output`]: where resources go: the mirror folder, or the Ingestion 3 archive (Avro
 //!   snapshots per provider, on a local folder or S3).
-//! - `baseline`: a set's first copy, from its Resource List or Resource Dump; `changes`: the
-//!   Change Lists, pushed notifications, the queue and the subscription after it; `documents`:
-//!   list documents read from disk entry by entry; `worker`: what one fetch task does (claim,
-//!   fetch, verify, output, apply in order); `report`: `harvest status`, `audit`, `snapshot`,
-//!   `recreate`. This file: the harvester's parts, discovery, and [`run`].
+//! - `baseline`: a set's first copy, from its Resource List or Resource Dump (a `Walk` per
+//!   list); `changes`: the Change Lists, pushed notifications and the queue after it; `push`:
+//!   the subscriptions (the `Push` of a source); `documents`: list documents read from disk
+//!   entry by entry; `worker`: what a source's fetch tasks share and do (`Work`: claim, fetch,
+//!   verify, output, apply in order); `report`: `harvest status`, `audit`, `snapshot`,
+//!   `recreate`. This file: the process's shared `Parts`, a source's `Harvester`, discovery,
+//!   and [`run`].
 //!
 //! The position of a set is a datetime P: every change dated before P has been applied
 //! (or, with `fetch.skip_failed`, given up on and listed). Baseline: P = the Resource List's
@@ -42,6 +44,7 @@ pub mod state;
 mod baseline;
 mod changes;
 mod documents;
+mod push;
 mod report;
 mod worker;
 
@@ -63,8 +66,6 @@ use state::{SetRow, State};
 pub use report::{audit, audit_of, recreate, snapshot, status, status_of};
 use worker::Work;
 
-use crate::model::Timestamp;
-
 /// One source's harvester: its configuration and work, on the process's shared `Parts`.
 pub struct Harvester {
     /// The source's name (`""`: the single `[source]`).
@@ -72,10 +73,8 @@ pub struct Harvester {
     cfg: HarvestConfig,
     /// What its fetch tasks share (one `Arc`, cloned into each task).
     work: Arc<Work>,
-    /// Base of the callback URLs.
-    callback_base: String,
-    /// Per set, the newest change the Change Lists brought that no delivery has confirmed yet.
-    unconfirmed: std::sync::Mutex<std::collections::HashMap<i64, Timestamp>>,
+    /// Its subscriptions.
+    push: push::Push,
 }
 
 /// What the harvesters of one process (one per source) share: the state, the outputs, the
@@ -238,12 +237,18 @@ impl Harvester {
             exec: cfg.output.exec.clone(),
             backoff: (cfg.fetch.backoff_initial_ms, cfg.fetch.backoff_max_ms),
         });
+        let push = push::Push::new(
+            cfg.push.clone(),
+            cfg.follow.check_interval_secs,
+            work.fetcher.clone(),
+            parts.state.clone(),
+            callback_base,
+        );
         Ok(Harvester {
             name: source.name.clone(),
             cfg,
             work,
-            callback_base,
-            unconfirmed: Default::default(),
+            push,
         })
     }
 
@@ -615,14 +620,14 @@ async fn follow_source(
     for s in &sets {
         // Subscribe first, so that nothing published during the baseline is lost to push
         // (the Change Lists would bring it anyway).
-        h.keep_subscribed(s, false).await;
+        h.push.keep_subscribed(s, false).await;
         if !h.baselined(s, true).await? {
             continue;
         }
         match h.catch_up(s).await {
             Ok(found) => {
-                if h.push_missed(s, found).await {
-                    h.keep_subscribed(s, true).await;
+                if h.push.missed(s, found).await {
+                    h.push.keep_subscribed(s, true).await;
                 }
             }
             Err(e) => {
@@ -652,8 +657,8 @@ async fn follow_source(
                     }
                     match h.catch_up(s).await {
                         Ok(found) => {
-                            let missed = h.push_missed(s, found).await;
-                            h.keep_subscribed(s, missed).await;
+                            let missed = h.push.missed(s, found).await;
+                            h.push.keep_subscribed(s, missed).await;
                         }
                         Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
                     }
