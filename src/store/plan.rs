@@ -4,7 +4,7 @@
 //! the rules need (the open list's totals, the last part, the resource as the batch left it),
 //! asks [`plan`], and persists the answer in its own way.
 
-use super::{entry_bytes_estimate, ApplyError, ListPolicy, OpenTotals};
+use super::{entry_bytes_estimate, ApplyError, ApplyOutcome, ListPolicy, OpenTotals};
 use crate::model::{ChangeType, NewChange, Timestamp};
 
 /// The last Resource List part of a set, where new resources go: its number, resources and
@@ -107,6 +107,31 @@ pub(crate) fn plan(
         entry_bytes,
         effect,
     }))
+}
+
+/// [`plan`] for a backend applying a batch: an ignored change is noted in `out`, and `None`
+/// says there is nothing to record.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn plan_into(
+    out: &mut ApplyOutcome,
+    index: usize,
+    c: &mut NewChange,
+    existing: Option<(u32, u64)>,
+    open: &OpenTotals,
+    last: Option<LastPart>,
+    notified: Option<i64>,
+    policy: &ListPolicy,
+    now: Timestamp,
+) -> Result<Option<Planned>, ApplyError> {
+    Ok(
+        match plan(index, c, existing, open, last, notified, policy, now)? {
+            Step::Ignore(why) => {
+                out.ignored.push((index, why.into()));
+                None
+            }
+            Step::Record(p) => Some(p),
+        },
+    )
 }
 
 impl LastPart {

@@ -341,7 +341,8 @@ impl ElasticStore {
                 count: p.count,
                 bytes: p.bytes,
             });
-            let planned = match plan::plan(
+            let Some(planned) = plan::plan_into(
+                &mut out,
                 index,
                 &mut c,
                 existing,
@@ -350,12 +351,9 @@ impl ElasticStore {
                 notified,
                 &policy,
                 now,
-            )? {
-                plan::Step::Ignore(why) => {
-                    out.ignored.push((index, why.into()));
-                    continue;
-                }
-                plan::Step::Record(p) => p,
+            )?
+            else {
+                continue;
             };
             if planned.roll {
                 let (closed, _) = st.close_open(now);

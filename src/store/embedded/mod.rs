@@ -461,7 +461,8 @@ fn apply_tx(
             })
             .optional()
             .map_err(sql_err)?;
-        let planned = match plan::plan(
+        let Some(planned) = plan::plan_into(
+            &mut out,
             index,
             &mut c,
             existing.map(|(_, part, bytes)| (part, bytes as u64)),
@@ -470,12 +471,9 @@ fn apply_tx(
             notified,
             &policy,
             now,
-        )? {
-            plan::Step::Ignore(why) => {
-                out.ignored.push((index, why.into()));
-                continue;
-            }
-            plan::Step::Record(p) => p,
+        )?
+        else {
+            continue;
         };
         if planned.roll {
             out.closed_lists.push(open.no);
