@@ -725,11 +725,11 @@ async fn deliver(
             }
         }
     };
+    let id = webhook_id(m);
     let mut req = hub
         .client
         .post(url)
         .header(CONTENT_TYPE, &m.content_type)
-        .header("Webhook-Id", webhook_id(m))
         .header(
             LINK,
             format!(
@@ -739,11 +739,22 @@ async fn deliver(
         )
         .body(m.body.clone());
     if let Some(secret) = &sub.secret {
-        req = req.header(
-            "X-Hub-Signature",
-            signature(sub.alg, secret.as_bytes(), &m.body),
-        );
+        // Signed twice: the WebSub way, and the Standard Webhooks way over this attempt's
+        // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
+        // refuses a late retry).
+        let at = Timestamp::now().0.div_euclid(1_000_000);
+        req = req
+            .header(
+                "X-Hub-Signature",
+                signature(sub.alg, secret.as_bytes(), &m.body),
+            )
+            .header("webhook-timestamp", at)
+            .header(
+                "webhook-signature",
+                crate::model::websub::standard_signature(secret.as_bytes(), &id, at, &m.body),
+            );
     }
+    let req = req.header("webhook-id", id);
     match req.send().await {
         Ok(resp) if hub.policy.check_peer(&resp).is_err() => Attempt::Failed {
             status: None,

@@ -78,6 +78,31 @@ pub fn signature(alg: SignatureAlg, secret: &[u8], body: &[u8]) -> String {
     format!("{alg}={hex}")
 }
 
+/// The Standard Webhooks `webhook-signature` value: `v1,<base64 of HMAC-SHA256 of
+/// "{id}.{timestamp}.{body}">` keyed with `secret`'s bytes. A receiver using the
+/// `standardwebhooks` libraries passes the secret as `whsec_` + base64 of those bytes
+/// ([`whsec`]).
+pub fn standard_signature(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    use base64::Engine as _;
+    let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret)
+        .expect("HMAC takes keys of any length");
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    format!(
+        "v1,{}",
+        base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes())
+    )
+}
+
+/// The `whsec_` form of a WebSub `hub.secret`, as the Standard Webhooks libraries take it.
+pub fn whsec(secret: &[u8]) -> String {
+    use base64::Engine as _;
+    format!(
+        "whsec_{}",
+        base64::engine::general_purpose::STANDARD.encode(secret)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +143,25 @@ mod tests {
             assert_eq!(SignatureAlg::parse(a.as_str()), Some(a));
         }
         assert_eq!(SignatureAlg::parse("md5"), None);
+    }
+
+    /// The example of the Standard Webhooks specification (its secret, id, timestamp and
+    /// payload give this signature).
+    #[test]
+    fn the_standard_webhooks_example() {
+        use base64::Engine as _;
+        let key = base64::engine::general_purpose::STANDARD
+            .decode("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+            .unwrap();
+        assert_eq!(
+            standard_signature(
+                &key,
+                "msg_p5jXN8AQM9LWM0D4loKWxJek",
+                1614265330,
+                br#"{"test": 2432232314}"#
+            ),
+            "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+        );
+        assert_eq!(whsec(&key), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
     }
 }

@@ -6,7 +6,7 @@ use std::fmt;
 use bytes::Bytes;
 use serde::Serialize;
 
-pub use super::signature::{signature, SignatureAlg};
+pub use super::signature::{signature, standard_signature, whsec, SignatureAlg};
 use super::Timestamp;
 
 /// The form URLs are matched in (WebSub §5.1 leaves equivalence to RFC 3986 §6): the URL

@@ -1203,3 +1203,58 @@ async fn hung_verification_callbacks_are_bounded() {
     );
     app.stop().await;
 }
+
+/// Every signed delivery also carries the Standard Webhooks headers, and the official
+/// `standardwebhooks` library verifies them with the `whsec_` form of the `hub.secret`; a
+/// changed body or another secret fails its check.
+#[tokio::test]
+async fn signed_deliveries_pass_the_standard_webhooks_library() {
+    use base64::Engine as _;
+    let (c, _d) = hub_config();
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "papers/changes");
+    let secret = "a WebSub secret, any bytes";
+    subscribed(&app, &sub, &t, "/sw", &[("hub.secret", secret)]).await;
+    let payload = r#"<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"/>"#;
+    let (status, text) = fat_ping(&app, &t, payload).await;
+    assert_eq!(status, 200, "{text}");
+    let d = &sub.wait_deliveries("/sw", 1).await[0];
+    let id = d.header("webhook-id").expect("webhook-id").to_string();
+    assert!(id.starts_with("msg_"), "{id}");
+    let at: i64 = d.header("webhook-timestamp").unwrap().parse().unwrap();
+    let now = Timestamp::now().0 / 1_000_000;
+    assert!(
+        (now - 60..=now).contains(&at),
+        "the attempt's time: {at} (now {now})"
+    );
+    assert!(
+        d.header("x-hub-signature").is_some(),
+        "WebSub's signature is kept"
+    );
+
+    let headers: serde_json::Value = ["webhook-id", "webhook-timestamp", "webhook-signature"]
+        .iter()
+        .map(|h| (h.to_string(), d.header(h).unwrap().into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    let whsec = resourcesync_hub::model::websub::whsec(secret.as_bytes());
+    let cases = serde_json::json!([
+        {"secret": whsec, "headers": headers, "body_b64": b64(&d.body)},
+        {"secret": whsec, "headers": headers, "body_b64": b64(payload.replace("urlset", "urlsex").as_bytes())},
+        {"secret": resourcesync_hub::model::websub::whsec(b"another secret"), "headers": headers, "body_b64": b64(&d.body)},
+    ]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    std::fs::write(&file, cases.to_string()).unwrap();
+    let verdicts = crate::support::py_tool_json("verify_standard_webhooks.py", &[file.as_os_str()]);
+    assert_eq!(
+        verdicts[0],
+        serde_json::Value::Null,
+        "the library verifies it: {verdicts}"
+    );
+    assert!(verdicts[1].is_string(), "a changed body fails: {verdicts}");
+    assert!(verdicts[2].is_string(), "another secret fails: {verdicts}");
+    app.stop().await;
+}
