@@ -1205,8 +1205,8 @@ async fn hung_verification_callbacks_are_bounded() {
 }
 
 /// Every signed delivery also carries the Standard Webhooks headers, and the official
-/// `standardwebhooks` library verifies them with the `whsec_` form of the `hub.secret`; a
-/// changed body or another secret fails its check.
+/// `standardwebhooks` libraries (Python's and JavaScript's) verify them with the `whsec_` form
+/// of the `hub.secret`; a changed body or another secret fails their check.
 #[tokio::test]
 async fn signed_deliveries_pass_the_standard_webhooks_library() {
     use base64::Engine as _;
@@ -1248,13 +1248,23 @@ async fn signed_deliveries_pass_the_standard_webhooks_library() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("cases.json");
     std::fs::write(&file, cases.to_string()).unwrap();
-    let verdicts = crate::support::py_tool_json("verify_standard_webhooks.py", &[file.as_os_str()]);
-    assert_eq!(
-        verdicts[0],
-        serde_json::Value::Null,
-        "the library verifies it: {verdicts}"
-    );
-    assert!(verdicts[1].is_string(), "a changed body fails: {verdicts}");
-    assert!(verdicts[2].is_string(), "another secret fails: {verdicts}");
+    let python = crate::support::py_tool_json("verify_standard_webhooks.py", &[file.as_os_str()]);
+    let js = crate::support::NodeEnv::get()
+        .tool_json("verify_standard_webhooks.mjs", &[file.as_os_str()]);
+    for (lib, verdicts) in [("Python", python), ("JavaScript", js)] {
+        assert_eq!(
+            verdicts[0],
+            serde_json::Value::Null,
+            "{lib}: the library verifies it: {verdicts}"
+        );
+        assert!(
+            verdicts[1].is_string(),
+            "{lib}: a changed body fails: {verdicts}"
+        );
+        assert!(
+            verdicts[2].is_string(),
+            "{lib}: another secret fails: {verdicts}"
+        );
+    }
     app.stop().await;
 }

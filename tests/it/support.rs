@@ -225,6 +225,73 @@ impl PyEnv {
     }
 }
 
+/// The tests' JavaScript tools (`tests/tools/node`): the packages its lock file pins, installed
+/// with `npm ci` into a folder under `target/` on first use (and again when the lock file
+/// changes), under a file lock, with the tools beside them. Needs only `node` and `npm`.
+pub struct NodeEnv {
+    dir: PathBuf,
+}
+
+impl NodeEnv {
+    pub fn get() -> &'static NodeEnv {
+        static ENV: std::sync::OnceLock<NodeEnv> = std::sync::OnceLock::new();
+        ENV.get_or_init(|| {
+            let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/node");
+            let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            std::fs::create_dir_all(tmp).unwrap();
+            let dir = tmp.join("nodeenv");
+            let lock = std::fs::File::create(tmp.join("nodeenv.lock")).unwrap();
+            lock.lock().expect("lock the JavaScript environment");
+            let wanted = std::fs::read(src.join("package-lock.json")).unwrap();
+            let stamp = dir.join("installed-from.json");
+            if std::fs::read(&stamp).ok().as_ref() != Some(&wanted) {
+                let _ = std::fs::remove_dir_all(&dir);
+                std::fs::create_dir_all(&dir).unwrap();
+                for f in ["package.json", "package-lock.json"] {
+                    std::fs::copy(src.join(f), dir.join(f)).unwrap();
+                }
+                let out = Command::new("npm")
+                    .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                    .current_dir(&dir)
+                    .output()
+                    .expect("npm on PATH (the tests need Node.js for their JavaScript tools)");
+                assert!(
+                    out.status.success(),
+                    "installing the tests' JavaScript tools in {} failed:\n{}{}",
+                    dir.display(),
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                std::fs::write(&stamp, &wanted).unwrap();
+            }
+            // The tools beside their packages (an ES module finds its imports from where it is).
+            for e in std::fs::read_dir(&src).unwrap() {
+                let p = e.unwrap().path();
+                if p.extension().is_some_and(|x| x == "mjs") {
+                    std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+                }
+            }
+            NodeEnv { dir }
+        })
+    }
+
+    /// Runs one of the tools on `args`; its standard output parsed as JSON (panics with its
+    /// standard error when it fails).
+    pub fn tool_json(&self, tool: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+        let out = Command::new("node")
+            .arg(self.dir.join(tool))
+            .args(args)
+            .output()
+            .expect("node on PATH");
+        assert!(
+            out.status.success(),
+            "{tool} failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+}
+
 /// Runs one of `tests/tools/` with the environment's Python on `args`; its standard output
 /// parsed as JSON (panics with its standard error when it fails).
 pub fn py_tool_json(tool: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value {
