@@ -153,6 +153,7 @@ pub struct HubConfig {
     pub retention_hours: u64,
     pub partitions: u32,
     pub partition_lease_secs: u64,
+    pub secret_grace_secs: u64,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -16,14 +16,16 @@ use tracing::Instrument;
 use super::admin::AttemptRecord;
 use super::partition::Grant;
 use super::{random_unit, signature, Hub};
-use crate::model::websub::{Message, MessageId, Outcome, Subscription, SubscriptionId, Topic};
+use crate::model::websub::{
+    standard_signature, Message, MessageId, Outcome, Subscription, SubscriptionId, Topic,
+};
 use crate::model::Timestamp;
 use crate::store::Store;
 
 enum LaneMsg {
     Job(Arc<Message>),
     /// The subscription was renewed or changed (secret, lease).
-    Update(Subscription),
+    Update(Box<Subscription>),
     /// An admin asked: queue these failed messages again, and stop waiting for a retry.
     RetryNow(Vec<Arc<Message>>),
     /// An admin asked: deliver the messages of the topic numbered after `.0` up to `.1` (a
@@ -121,7 +123,7 @@ impl Lane {
     pub(super) fn update(&mut self, sub: Subscription) {
         self.expires_at = sub.expires_at;
         self.verified_at = sub.verified_at;
-        let _ = self.tx.send(LaneMsg::Update(sub));
+        let _ = self.tx.send(LaneMsg::Update(Box::new(sub)));
     }
 }
 
@@ -260,7 +262,7 @@ impl LaneState {
                     self.queue.push_back(Job::new(message));
                 }
             }
-            LaneMsg::Update(s) => self.sub = s,
+            LaneMsg::Update(s) => self.sub = *s,
             LaneMsg::RetryNow(failed) => {
                 if let Some(head) = self.queue.front_mut() {
                     head.due = None;
@@ -742,17 +744,22 @@ async fn deliver(
         // Signed twice: the WebSub way, and the Standard Webhooks way over this attempt's
         // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
         // refuses a late retry).
-        let at = Timestamp::now().0.div_euclid(1_000_000);
+        let now = Timestamp::now();
+        let at = now.0.div_euclid(1_000_000);
+        let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
+        // During a rotation's grace period the previous secret signs too (receivers accept
+        // any one of the space-separated signatures).
+        let signatures = match &sub.previous_secret {
+            Some((old, until)) if now < *until => format!("{} {}", sign(secret), sign(old)),
+            _ => sign(secret),
+        };
         req = req
             .header(
                 "X-Hub-Signature",
                 signature(sub.alg, secret.as_bytes(), &m.body),
             )
             .header("webhook-timestamp", at)
-            .header(
-                "webhook-signature",
-                crate::model::websub::standard_signature(secret.as_bytes(), &id, at, &m.body),
-            );
+            .header("webhook-signature", signatures);
     }
     let req = req.header("webhook-id", id);
     match req.send().await {
@@ -918,6 +925,7 @@ mod tests {
             topic: Topic::parse("http://h.test/t").unwrap(),
             callback: crate::model::websub::Callback::parse("http://cb.test/x").unwrap(),
             secret: None,
+            previous_secret: None,
             alg: crate::model::websub::SignatureAlg::Sha256,
             lease_secs: 60,
             lease_start: now,

@@ -94,6 +94,8 @@ pub struct HubSettings {
     /// Delivery partitions wanted on a shared store (the store's count wins).
     pub partitions: u32,
     pub partition_lease: Duration,
+    /// How long a subscription's previous secret still signs deliveries after a new one.
+    pub secret_grace: Duration,
 }
 
 impl HubSettings {
@@ -128,6 +130,7 @@ impl HubSettings {
             history: Duration::from_secs(h.history_days * 86_400),
             retention: Duration::from_secs(h.retention_hours * 3_600),
             partitions: h.partitions,
+            secret_grace: Duration::from_secs(h.secret_grace_secs),
             partition_lease: Duration::from_secs(h.partition_lease_secs),
         }
     }

@@ -112,6 +112,7 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
     Ok(match intent.mode {
         IntentMode::Subscribe => Resolution::Subscribed {
             verified_at: sent_at,
+            keep_old_secret_until: sent_at.plus_secs(hub.settings.secret_grace.as_secs()),
         },
         _ => Resolution::Unsubscribed,
     })

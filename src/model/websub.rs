@@ -220,6 +220,9 @@ pub struct Subscription {
     pub topic: Topic,
     pub callback: Callback,
     pub secret: Option<String>,
+    /// The secret before the last one, and until when deliveries are signed with it too (a
+    /// receiver switches at its own pace: `hub.secret_grace_secs`).
+    pub previous_secret: Option<(String, Timestamp)>,
     pub alg: SignatureAlg,
     pub lease_secs: u64,
     pub lease_start: Timestamp,
@@ -240,6 +243,10 @@ impl fmt::Debug for Subscription {
             .field("topic", &self.topic)
             .field("callback", &self.callback)
             .field("secret", &self.secret.as_ref().map(|_| "<set>"))
+            .field(
+                "previous_secret_until",
+                &self.previous_secret.as_ref().map(|(_, until)| until),
+            )
             .field("alg", &self.alg)
             .field("expires_at", &self.expires_at)
             .finish()
@@ -316,7 +323,12 @@ impl Outcome {
 #[derive(Debug, Clone)]
 pub enum Resolution {
     /// Verified subscribe: create or update the (topic, callback) subscription.
-    Subscribed { verified_at: Timestamp },
+    /// A secret the subscription had that the request changes is kept for signing until
+    /// `keep_old_secret_until`.
+    Subscribed {
+        verified_at: Timestamp,
+        keep_old_secret_until: Timestamp,
+    },
     /// Verified unsubscribe (or 410 Gone): remove the subscription, cancel its deliveries.
     Unsubscribed,
     /// Verification failed or a denial was sent: drop the intent, change nothing else.

@@ -1209,7 +1209,6 @@ async fn hung_verification_callbacks_are_bounded() {
 /// of the `hub.secret`; a changed body or another secret fails their check.
 #[tokio::test]
 async fn signed_deliveries_pass_the_standard_webhooks_library() {
-    use base64::Engine as _;
     let (c, _d) = hub_config();
     let app = start(c).await;
     let sub = TestSubscriber::start().await;
@@ -1233,38 +1232,109 @@ async fn signed_deliveries_pass_the_standard_webhooks_library() {
         "WebSub's signature is kept"
     );
 
-    let headers: serde_json::Value = ["webhook-id", "webhook-timestamp", "webhook-signature"]
-        .iter()
-        .map(|h| (h.to_string(), d.header(h).unwrap().into()))
-        .collect::<serde_json::Map<_, _>>()
-        .into();
-    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
-    let whsec = resourcesync_hub::model::websub::whsec(secret.as_bytes());
-    let cases = serde_json::json!([
-        {"secret": whsec, "headers": headers, "body_b64": b64(&d.body)},
-        {"secret": whsec, "headers": headers, "body_b64": b64(payload.replace("urlset", "urlsex").as_bytes())},
-        {"secret": resourcesync_hub::model::websub::whsec(b"another secret"), "headers": headers, "body_b64": b64(&d.body)},
-    ]);
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("cases.json");
-    std::fs::write(&file, cases.to_string()).unwrap();
-    let python = crate::support::py_tool_json("verify_standard_webhooks.py", &[file.as_os_str()]);
-    let js = crate::support::NodeEnv::get()
-        .tool_json("verify_standard_webhooks.mjs", &[file.as_os_str()]);
-    for (lib, verdicts) in [("Python", python), ("JavaScript", js)] {
+    let changed = payload.replace("urlset", "urlsex");
+    for verdicts in standard_verdicts(d, None, &[secret, "another secret"]) {
         assert_eq!(
             verdicts[0],
             serde_json::Value::Null,
-            "{lib}: the library verifies it: {verdicts}"
+            "the library verifies it: {verdicts:?}"
         );
         assert!(
             verdicts[1].is_string(),
-            "{lib}: a changed body fails: {verdicts}"
+            "another secret fails: {verdicts:?}"
         );
+    }
+    for verdicts in standard_verdicts(d, Some(changed.as_bytes()), &[secret]) {
         assert!(
-            verdicts[2].is_string(),
-            "{lib}: another secret fails: {verdicts}"
+            verdicts[0].is_string(),
+            "a changed body fails: {verdicts:?}"
         );
+    }
+    app.stop().await;
+}
+
+/// What the official Standard Webhooks libraries (Python's, then JavaScript's) say of delivery
+/// `d`, with its body replaced by `body` when given, for each of `secrets` (given as WebSub
+/// `hub.secret`s): `null` where it verifies, else the library's error.
+fn standard_verdicts(
+    d: &crate::subscriber::Delivery,
+    body: Option<&[u8]>,
+    secrets: &[&str],
+) -> [Vec<serde_json::Value>; 2] {
+    use base64::Engine as _;
+    let headers: serde_json::Value = ["webhook-id", "webhook-timestamp", "webhook-signature"]
+        .iter()
+        .map(|h| (h.to_string(), d.header(h).unwrap_or_default().into()))
+        .collect::<serde_json::Map<_, _>>()
+        .into();
+    let body = base64::engine::general_purpose::STANDARD.encode(body.unwrap_or(&d.body));
+    let cases: Vec<serde_json::Value> = secrets
+        .iter()
+        .map(|s| {
+            serde_json::json!({
+                "secret": resourcesync_hub::model::websub::whsec(s.as_bytes()),
+                "headers": headers, "body_b64": body,
+            })
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    std::fs::write(&file, serde_json::Value::from(cases).to_string()).unwrap();
+    let list = |v: serde_json::Value| v.as_array().unwrap().clone();
+    [
+        list(crate::support::py_tool_json(
+            "verify_standard_webhooks.py",
+            &[file.as_os_str()],
+        )),
+        list(
+            crate::support::NodeEnv::get()
+                .tool_json("verify_standard_webhooks.mjs", &[file.as_os_str()]),
+        ),
+    ]
+}
+
+/// A subscriber that subscribes again with a new secret gets deliveries that both its old and
+/// its new secret verify while `hub.secret_grace_secs` lasts (`X-Hub-Signature` with the new
+/// one at once), and only the new one after.
+#[tokio::test]
+async fn a_rotated_secret_and_the_old_one_both_verify_until_the_grace_period_ends() {
+    let (mut c, _d) = hub_config();
+    c.hub.secret_grace_secs = 2;
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "papers/changes");
+    subscribed(&app, &sub, &t, "/rot", &[("hub.secret", "old secret")]).await;
+    let rotated = Timestamp::now();
+    subscribed(&app, &sub, &t, "/rot", &[("hub.secret", "new secret")]).await;
+    fat_ping(&app, &t, "<a/>").await;
+    let d = &sub.wait_deliveries("/rot", 1).await[0];
+    let want = format!(
+        "sha256={}",
+        hmac_hex::<Hmac<sha2::Sha256>>(b"new secret", b"<a/>")
+    );
+    assert_eq!(d.header("x-hub-signature"), Some(want.as_str()));
+    for verdicts in standard_verdicts(d, None, &["old secret", "new secret", "neither"]) {
+        assert_eq!(
+            verdicts[..2],
+            [serde_json::Value::Null, serde_json::Value::Null],
+            "both verify during the grace period: {verdicts:?}"
+        );
+        assert!(verdicts[2].is_string(), "{verdicts:?}");
+    }
+    // The grace period (2 s from the rotation) is over: only the new secret signs.
+    wait_until("the grace period is over", || async {
+        Timestamp::now() > rotated.plus_secs(3)
+    })
+    .await;
+    fat_ping(&app, &t, "<b/>").await;
+    let d = &sub.wait_deliveries("/rot", 2).await[1];
+    assert_eq!(d.text(), "<b/>");
+    for verdicts in standard_verdicts(d, None, &["old secret", "new secret"]) {
+        assert!(
+            verdicts[0].is_string(),
+            "the old secret no longer verifies: {verdicts:?}"
+        );
+        assert_eq!(verdicts[1], serde_json::Value::Null, "{verdicts:?}");
     }
     app.stop().await;
 }

@@ -259,10 +259,70 @@ pub async fn contract_suite(store: Store) {
     ));
 }
 
+/// A subscription's secrets across a rotation: a re-subscription with another secret keeps
+/// the previous one (until the given time), one with the same secret or none changes nothing.
+async fn secret_rotation_contract(store: &Store) {
+    use resourcesync_hub::model::websub::{
+        Callback, Intent, IntentMode, Resolution, SignatureAlg, Topic,
+    };
+    let now = Timestamp::now();
+    let intent = |secret: Option<&str>| Intent {
+        id: 0,
+        mode: IntentMode::Subscribe,
+        topic: Topic::parse("http://example.org/t").unwrap(),
+        callback: Callback::parse("http://example.org/cb").unwrap(),
+        lease_secs: 3600,
+        secret: secret.map(str::to_string),
+        alg: SignatureAlg::Sha256,
+        reason: None,
+        requested_at: now,
+        verify_token: None,
+    };
+    let resolve = |secret: Option<&'static str>, until: i64| {
+        let store = store.clone();
+        async move {
+            let mut i = intent(secret);
+            i.id = store.hub_add_intent(i.clone()).await.unwrap();
+            store
+                .hub_resolve(
+                    i,
+                    Resolution::Subscribed {
+                        verified_at: now,
+                        keep_old_secret_until: Timestamp(until),
+                    },
+                )
+                .await
+                .unwrap()
+                .unwrap()
+        }
+    };
+    let s = resolve(Some("one"), 10).await;
+    assert_eq!(
+        (s.secret.as_deref(), s.previous_secret),
+        (Some("one"), None)
+    );
+    let s = resolve(Some("two"), 20).await;
+    assert_eq!(s.secret.as_deref(), Some("two"));
+    assert_eq!(s.previous_secret, Some(("one".to_string(), Timestamp(20))));
+    let s = resolve(Some("two"), 30).await;
+    assert_eq!(
+        s.previous_secret,
+        Some(("one".to_string(), Timestamp(20))),
+        "the same secret again changes nothing"
+    );
+    let stored = store.hub_subscriptions().await.unwrap();
+    assert_eq!(
+        stored[0].previous_secret,
+        Some(("one".to_string(), Timestamp(20))),
+        "as read back"
+    );
+}
+
 #[tokio::test]
 async fn embedded_store_fulfils_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_embedded(&dir.path().join("db.sqlite")).unwrap();
+    secret_rotation_contract(&store).await;
     contract_suite(store).await;
 }
 
@@ -273,5 +333,6 @@ async fn elasticsearch_store_fulfils_the_contract() {
         .elasticsearch;
     cfg.url = crate::support::Osmem::clone_url().await;
     let (store, _version) = Store::open_elasticsearch(&cfg).await.unwrap();
+    secret_rotation_contract(&store).await;
     contract_suite(store).await;
 }

@@ -92,6 +92,11 @@ struct SubDoc {
     topic: String,
     callback: String,
     secret: Option<String>,
+    /// The secret before the last one, and until when it signs too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_secret: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    previous_until: Option<i64>,
     alg: String,
     lease_secs: u64,
     lease_start: i64,
@@ -129,6 +134,10 @@ impl SubDoc {
                 self.callback_given.clone(),
             ),
             secret: self.secret.clone(),
+            previous_secret: self
+                .previous_secret
+                .clone()
+                .zip(self.previous_until.map(Timestamp)),
             alg: SignatureAlg::parse(&self.alg)
                 .ok_or_else(|| corrupt(format!("subscription {}: alg {}", self.id, self.alg)))?,
             lease_secs: self.lease_secs,
@@ -684,7 +693,10 @@ impl HubStore for ElasticStore {
         let doc_id = sub_doc_id(&intent.topic, &intent.callback);
         let out = match res {
             Resolution::Dropped => None,
-            Resolution::Subscribed { verified_at } => {
+            Resolution::Subscribed {
+                verified_at,
+                keep_old_secret_until,
+            } => {
                 let expires = verified_at.plus_secs(intent.lease_secs);
                 let newest = self.hub_last_message().await?;
                 let mut written = None;
@@ -696,6 +708,8 @@ impl HubStore for ElasticStore {
                                 topic: intent.topic.as_str().into(),
                                 callback: intent.callback.as_str().into(),
                                 secret: intent.secret.clone(),
+                                previous_secret: None,
+                                previous_until: None,
                                 alg: intent.alg.as_str().into(),
                                 lease_secs: intent.lease_secs,
                                 lease_start: verified_at.0,
@@ -729,6 +743,10 @@ impl HubStore for ElasticStore {
                             // A renewal of a lapsed subscription skips what was published meanwhile.
                             if s.expires_at <= verified_at.0 {
                                 s.cursor = s.cursor.max(newest);
+                            }
+                            if s.secret.is_some() && s.secret != intent.secret {
+                                s.previous_secret = s.secret.take();
+                                s.previous_until = Some(keep_old_secret_until.0);
                             }
                             s.secret = intent.secret.clone();
                             s.topic_given = Some(intent.topic.given().into());

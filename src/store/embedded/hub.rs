@@ -22,10 +22,11 @@ use crate::store::{HubStore, NotifyState, StoreError};
 
 const SUB_COLS: &str =
     "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
-     created_at, cursor, attempts, next_attempt_at, topic_given, callback_given";
+     created_at, cursor, attempts, next_attempt_at, topic_given, callback_given, \
+     previous_secret, previous_until";
 
 /// How many columns [`SUB_COLS`] has (a listing's own columns follow).
-const SUB_N: usize = 15;
+const SUB_N: usize = 17;
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
@@ -43,6 +44,13 @@ fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
         topic: Topic::from_stored_given(r.get(1)?, r.get(13)?),
         callback: Callback::from_stored_given(r.get(2)?, r.get(14)?),
         secret: r.get(3)?,
+        previous_secret: match (
+            r.get::<_, Option<String>>(15)?,
+            r.get::<_, Option<i64>>(16)?,
+        ) {
+            (Some(s), Some(until)) => Some((s, Timestamp(until))),
+            _ => None,
+        },
         alg: alg_from(r.get(4)?)?,
         lease_secs: r.get::<_, i64>(5)? as u64,
         lease_start: Timestamp(r.get(6)?),
@@ -225,7 +233,10 @@ impl HubStore for EmbeddedStore {
             tx.execute("DELETE FROM hub_intents WHERE id = ?1", [intent.id])?;
             let out = match res {
                 Resolution::Dropped => None,
-                Resolution::Subscribed { verified_at } => {
+                Resolution::Subscribed {
+                    verified_at,
+                    keep_old_secret_until,
+                } => {
                     let expires = verified_at.plus_secs(intent.lease_secs);
                     // A new subscription starts after the newest message; a renewal of one whose
                     // lease had ended skips what was published meanwhile.
@@ -237,6 +248,12 @@ impl HubStore for EmbeddedStore {
                              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?6, ?6, (SELECT coalesce(max(id), 0) FROM hub_messages), ?8, ?9)
                              ON CONFLICT (topic, callback) DO UPDATE SET
                                topic_given = excluded.topic_given, callback_given = excluded.callback_given,
+                               previous_secret = CASE
+                                 WHEN hub_subscriptions.secret IS NOT NULL AND hub_subscriptions.secret IS NOT excluded.secret
+                                 THEN hub_subscriptions.secret ELSE hub_subscriptions.previous_secret END,
+                               previous_until = CASE
+                                 WHEN hub_subscriptions.secret IS NOT NULL AND hub_subscriptions.secret IS NOT excluded.secret
+                                 THEN ?10 ELSE hub_subscriptions.previous_until END,
                                secret = excluded.secret, alg = excluded.alg, lease_secs = excluded.lease_secs,
                                lease_start = excluded.lease_start, expires_at = excluded.expires_at,
                                verified_at = excluded.verified_at,
@@ -254,7 +271,8 @@ impl HubStore for EmbeddedStore {
                             verified_at.0,
                             expires.0,
                             intent.topic.given(),
-                            intent.callback.given()
+                            intent.callback.given(),
+                            keep_old_secret_until.0
                         ],
                         sub_from_row,
                     )?;

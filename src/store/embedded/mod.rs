@@ -191,11 +191,14 @@ impl EmbeddedStore {
         conn.execute_batch(HUB_SCHEMA)?;
         // Additive columns of later builds: the topic and callback as given (the key columns
         // hold their normal form).
-        for (table, column) in [
-            ("hub_intents", "topic_given"),
-            ("hub_intents", "callback_given"),
-            ("hub_subscriptions", "topic_given"),
-            ("hub_subscriptions", "callback_given"),
+        for (table, column, decl) in [
+            ("hub_intents", "topic_given", "TEXT"),
+            ("hub_intents", "callback_given", "TEXT"),
+            ("hub_subscriptions", "topic_given", "TEXT"),
+            ("hub_subscriptions", "callback_given", "TEXT"),
+            // The secret before the last one, signing too until `previous_until`.
+            ("hub_subscriptions", "previous_secret", "TEXT"),
+            ("hub_subscriptions", "previous_until", "INTEGER"),
         ] {
             let has: bool = conn
                 .prepare(&format!(
@@ -203,7 +206,7 @@ impl EmbeddedStore {
                 ))?
                 .exists([column])?;
             if !has {
-                conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} TEXT"))?;
+                conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {decl}"))?;
             }
         }
         let version: Option<String> = conn
