@@ -1338,3 +1338,42 @@ async fn a_rotated_secret_and_the_old_one_both_verify_until_the_grace_period_end
     }
     app.stop().await;
 }
+
+/// A delivery made long after its message was published (a retry, a backlog after a restart)
+/// is signed at its attempt: the Standard Webhooks libraries, which refuse a timestamp more
+/// than five minutes off, verify a message published six minutes before it is sent (written
+/// into the store as published then, so no test waits six minutes).
+#[tokio::test]
+async fn a_delivery_long_after_publication_is_signed_at_its_attempt() {
+    let (c, _d) = hub_config();
+    let app = start(c.clone()).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "papers/changes");
+    subscribed(&app, &sub, &t, "/late", &[("hub.secret", "k")]).await;
+    let config = app.config.clone();
+    app.stop().await;
+    let store = Store::open_embedded(&config.database_path()).unwrap();
+    let six_minutes_ago = Timestamp(Timestamp::now().0 - 360_000_000);
+    let message = (
+        Topic::parse(&t).unwrap(),
+        "application/xml".to_string(),
+        Bytes::from_static(b"<late/>"),
+    );
+    store
+        .hub_publish(vec![message], None, six_minutes_ago)
+        .await
+        .unwrap();
+    drop(store);
+    let app = start(c).await;
+    let d = &sub.wait_deliveries("/late", 1).await[0];
+    assert_eq!(d.text(), "<late/>");
+    let id = d.header("webhook-id").unwrap();
+    assert!(
+        id.starts_with(&format!("msg_{}_", six_minutes_ago.0)),
+        "the message published six minutes ago: {id}"
+    );
+    for verdicts in standard_verdicts(d, None, &["k"]) {
+        assert_eq!(verdicts[0], serde_json::Value::Null, "{verdicts:?}");
+    }
+    app.stop().await;
+}
