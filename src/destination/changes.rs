@@ -212,33 +212,35 @@ impl Harvester {
             by_uri.entry(p.change.uri.clone()).or_default().push(p);
         }
         // In its backoff, unless a newer change of it came meanwhile.
-        let due: Vec<Vec<Pending>> = by_uri
+        let mut due = by_uri
             .into_values()
             .filter(|queue| {
                 queue
                     .last()
                     .is_none_or(|p| p.not_before.is_none_or(|t| t <= now))
             })
-            .collect();
-        let sem = self.parts().slots.clone();
-        let w = self.work.clone();
-        let mut tasks = tokio::task::JoinSet::new();
-        for chunk in due.chunks(256) {
-            // Claimed in queue order (what is fetched: not a deletion), a chunk in one read.
-            let fetched: Vec<&str> = chunk
-                .iter()
-                .filter_map(|q| q.last())
+            .peekable();
+        /// The change of a queue that is fetched: its last, unless a deletion.
+        fn fetched(queue: &[Pending]) -> Option<&Pending> {
+            queue
+                .last()
                 .filter(|p| p.change.change != ChangeType::Deleted)
+        }
+        let sem = self.parts().slots.clone();
+        let mut tasks = tokio::task::JoinSet::new();
+        while due.peek().is_some() {
+            let chunk: Vec<Vec<Pending>> = due.by_ref().take(256).collect();
+            // Claimed in queue order, a chunk in one read of the state.
+            let uris: Vec<&str> = chunk
+                .iter()
+                .filter_map(|q| fetched(q))
                 .map(|p| p.change.uri.as_str())
                 .collect();
-            let mut claims = w.claim_many(&fetched).await.into_iter();
+            let mut claims = self.work.claim_many(&uris).await.into_iter();
             for queue in chunk {
-                let claim = queue
-                    .last()
-                    .filter(|p| p.change.change != ChangeType::Deleted)
-                    .and_then(|_| claims.next());
+                let claim = fetched(&queue).and_then(|_| claims.next());
                 let permit = sem.clone().acquire_owned().await?;
-                let (w, queue) = (w.clone(), queue.clone());
+                let w = self.work.clone();
                 let (name, id) = (set.info.name.clone(), set.row.id);
                 let (max_tries, skip) = (self.cfg.fetch.max_tries, self.cfg.fetch.skip_failed);
                 tasks.spawn(async move {
