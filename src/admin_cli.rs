@@ -41,7 +41,7 @@ pub enum SubscriptionsCommand {
         /// Part of the callback URL.
         #[arg(long)]
         callback: Option<String>,
-        /// pending_verification, active, failing or expired.
+        /// pending_verification, active, failing, paused, disabled or expired.
         #[arg(long)]
         state: Option<String>,
         /// At most this many rows.
@@ -74,6 +74,16 @@ pub enum SubscriptionsCommand {
         /// End of the window (default: now).
         #[arg(long, value_name = "T")]
         until: Option<String>,
+    },
+    /// Pause a subscription's deliveries; its messages keep accumulating until `resume`.
+    Pause {
+        /// The subscription's id (from `list`).
+        id: String,
+    },
+    /// Resume a paused or disabled subscription: what it missed is delivered in order.
+    Resume {
+        /// The subscription's id (from `list`).
+        id: String,
     },
 }
 
@@ -254,6 +264,8 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 "pending",
                 "retry_attempts",
                 "next_attempt_at",
+                "failing_since",
+                "held_since",
             ] {
                 rows.push(vec![k.to_string(), cell(&s[k])]);
             }
@@ -316,6 +328,29 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 cell(&r["queued"])
             );
         }
+        AdminCommand::Subscriptions(
+            ref c @ (SubscriptionsCommand::Pause { ref id }
+            | SubscriptionsCommand::Resume { ref id }),
+        ) => {
+            let verb = match c {
+                SubscriptionsCommand::Pause { .. } => "pause",
+                _ => "resume",
+            };
+            let r = api
+                .send(
+                    reqwest::Method::POST,
+                    &format!("/admin/v1/subscriptions/{id}/{verb}"),
+                    &[],
+                    None,
+                )
+                .await?
+                .unwrap_or(Value::Null);
+            println!(
+                "subscription {id}: {} ({} messages waiting)",
+                cell(&r["state"]),
+                cell(&r["pending"])
+            );
+        }
         AdminCommand::Topics => {
             let topics = api.get("/admin/v1/topics", &[]).await?;
             let rows: Vec<Vec<String>> = topics
@@ -338,11 +373,17 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Stats => {
             let s = api.get("/admin/v1/stats", &[]).await?;
             let subs = &s["subscriptions"];
-            let mut rows: Vec<Vec<String>> =
-                ["active", "failing", "expired", "pending_verification"]
-                    .iter()
-                    .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
-                    .collect();
+            let mut rows: Vec<Vec<String>> = [
+                "active",
+                "failing",
+                "paused",
+                "disabled",
+                "expired",
+                "pending_verification",
+            ]
+            .iter()
+            .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
+            .collect();
             for k in ["delivered", "failed", "queue_depth"] {
                 rows.push(vec![k.to_string(), cell(&s[k])]);
             }

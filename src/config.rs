@@ -154,6 +154,9 @@ pub struct HubConfig {
     pub partitions: u32,
     pub partition_lease_secs: u64,
     pub secret_grace_secs: u64,
+    pub disable_after_secs: u64,
+    pub operator_webhook: String,
+    pub operator_webhook_secret: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -527,6 +530,17 @@ impl Config {
                 "hub.partitions is {}: it must be between 1 and 4096",
                 h.partitions
             ));
+        }
+        if !h.operator_webhook.is_empty() {
+            match url::Url::parse(&h.operator_webhook) {
+                Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.host().is_some() => {}
+                _ => {
+                    return bad(format!(
+                        "hub.operator_webhook {:?} is not an http(s) URL",
+                        h.operator_webhook
+                    ))
+                }
+            }
         }
         if !(3..=300).contains(&h.partition_lease_secs) {
             return bad(format!(

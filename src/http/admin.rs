@@ -25,7 +25,7 @@ use crate::model::Timestamp;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
-    paths(list_subscriptions, show_subscription, delete_subscription, reverify, retry, redeliver, list_topics, latest_payload, list_deliveries, stats),
+    paths(list_subscriptions, show_subscription, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
     components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState)),
     modifiers(&Bearer),
     security(("bearer" = []))
@@ -70,6 +70,8 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/subscriptions/{id}/verify", post(reverify))
         .route("/admin/v1/subscriptions/{id}/retry", post(retry))
         .route("/admin/v1/subscriptions/{id}/redeliver", post(redeliver))
+        .route("/admin/v1/subscriptions/{id}/pause", post(pause))
+        .route("/admin/v1/subscriptions/{id}/resume", post(resume))
         .route("/admin/v1/topics", get(list_topics))
         .route("/admin/v1/topics/latest", get(latest_payload))
         .route("/admin/v1/deliveries", get(list_deliveries))
@@ -153,6 +155,11 @@ pub struct SubscriptionView {
     pub next_attempt_at: Option<String>,
     pub last_success: Option<LastSuccess>,
     pub last_failure: Option<LastFailure>,
+    /// Since when its deliveries have been held (state `paused` or `disabled`).
+    pub held_since: Option<String>,
+    /// Since when every attempt has failed, if its last did (it is disabled once this lies
+    /// `hub.disable_after_secs` back).
+    pub failing_since: Option<String>,
 }
 
 fn ts(t: Timestamp) -> String {
@@ -186,6 +193,8 @@ fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
             status: st.last_failure_status,
             error: st.last_failure_error.clone(),
         }),
+        held_since: s.held.map(|h| ts(h.since)),
+        failing_since: s.failing_since.map(ts),
     }
 }
 
@@ -209,6 +218,8 @@ fn pending_view(i: Intent) -> SubscriptionView {
         next_attempt_at: None,
         last_success: None,
         last_failure: None,
+        held_since: None,
+        failing_since: None,
     }
 }
 
@@ -470,6 +481,56 @@ async fn redeliver(
     }
 }
 
+/// Pauses a subscription's deliveries: nothing is sent (an attempt under way finishes), its
+/// messages keep accumulating, and resume delivers them in order. Answers the subscription.
+#[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/pause", params(("id" = String, Path, description = "Subscription id")), responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn pause(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    hold(
+        st,
+        headers,
+        p,
+        Some(crate::model::websub::HoldReason::Paused),
+    )
+    .await
+}
+
+/// Resumes a paused or disabled subscription: what it missed is delivered in order from where
+/// it stopped (and a disabled one gets a whole `hub.disable_after_secs` again).
+#[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/resume", params(("id" = String, Path, description = "Subscription id")), responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn resume(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    hold(st, headers, p, None).await
+}
+
+async fn hold(
+    st: AppState,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+    reason: Option<crate::model::websub::HoldReason>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    if st.hub.hold(id, reason).await?.is_none() {
+        return Err(AppError::NotFound(format!("no subscription {id}")));
+    }
+    let (s, x) = st
+        .hub
+        .store()
+        .hub_detail(id, Timestamp::now())
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    Ok(Json(view(s, x)))
+}
+
 #[derive(Serialize, ToSchema)]
 pub struct TopicView {
     pub topic: String,
@@ -624,6 +685,8 @@ pub struct SubscriptionCounts {
     pub active: u64,
     pub failing: u64,
     pub expired: u64,
+    pub paused: u64,
+    pub disabled: u64,
     pub pending_verification: u64,
 }
 
@@ -699,6 +762,8 @@ async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
             active: t.active,
             failing: t.failing,
             expired: t.expired,
+            paused: t.paused,
+            disabled: t.disabled,
             pending_verification: t.pending_verification,
         },
         delivered: t.delivered,
@@ -721,6 +786,8 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
                 ("active", s.subscriptions.active),
                 ("failing", s.subscriptions.failing),
                 ("expired", s.subscriptions.expired),
+                ("paused", s.subscriptions.paused),
+                ("disabled", s.subscriptions.disabled),
                 ("pending_verification", s.subscriptions.pending_verification),
             ] {
                 m.subscriptions

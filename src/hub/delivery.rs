@@ -17,7 +17,7 @@ use super::admin::AttemptRecord;
 use super::partition::Grant;
 use super::{random_unit, signature, Hub};
 use crate::model::websub::{
-    standard_signature, Message, MessageId, Outcome, Subscription, SubscriptionId, Topic,
+    standard_signature, Hold, Message, MessageId, Outcome, Subscription, SubscriptionId, Topic,
 };
 use crate::model::Timestamp;
 use crate::store::Store;
@@ -44,6 +44,7 @@ pub(super) struct Lane {
     topic: Topic,
     expires_at: Timestamp,
     verified_at: Timestamp,
+    held: Option<Hold>,
     /// The newest message handed to the lane: older ones are not queued twice.
     last: MessageId,
     pub(super) born: Instant,
@@ -76,6 +77,7 @@ impl Lane {
             topic: sub.topic.clone(),
             expires_at: sub.expires_at,
             verified_at: sub.verified_at,
+            held: sub.held,
             last: sub.cursor,
             born: Instant::now(),
             grant: grant.clone(),
@@ -107,9 +109,11 @@ impl Lane {
         true
     }
 
-    /// Whether `sub` is a newer verification than the lane's.
+    /// Whether `sub` is a newer verification than the lane's, or held or let go since.
     pub(super) fn renewed(&self, sub: &Subscription) -> bool {
-        sub.verified_at != self.verified_at || sub.expires_at != self.expires_at
+        sub.verified_at != self.verified_at
+            || sub.expires_at != self.expires_at
+            || sub.held != self.held
     }
 
     pub(super) fn retry_now(&self, failed: Vec<Arc<Message>>) {
@@ -123,6 +127,7 @@ impl Lane {
     pub(super) fn update(&mut self, sub: Subscription) {
         self.expires_at = sub.expires_at;
         self.verified_at = sub.verified_at;
+        self.held = sub.held;
         let _ = self.tx.send(LaneMsg::Update(Box::new(sub)));
     }
 }
@@ -198,7 +203,7 @@ enum Step {
         want: usize,
         replay: bool,
     },
-    /// Nothing queued: wait for a message.
+    /// Nothing queued, or the subscription is held: wait for a message.
     Idle,
     /// The head is due at this instant: wait for it (or a message).
     Wait(Instant),
@@ -262,7 +267,15 @@ impl LaneState {
                     self.queue.push_back(Job::new(message));
                 }
             }
-            LaneMsg::Update(s) => self.sub = *s,
+            LaneMsg::Update(s) => {
+                // The store's run of failures may lag this lane's own (outcomes are written
+                // in batches): the lane's start stands unless the store saw a success since.
+                let since = self.sub.failing_since;
+                self.sub = *s;
+                if self.sub.failing_since.is_some() {
+                    self.sub.failing_since = since.or(self.sub.failing_since);
+                }
+            }
             LaneMsg::RetryNow(failed) => {
                 if let Some(head) = self.queue.front_mut() {
                     head.due = None;
@@ -291,6 +304,10 @@ impl LaneState {
     }
 
     fn next(&self, now: Instant, ts: Timestamp) -> Step {
+        if self.sub.held.is_some() {
+            // Paused or disabled: the queue waits (in the log past what is held here).
+            return Step::Idle;
+        }
         if let Some(&(after, _)) = self.replay.front() {
             if self.replayed.len() < LANE_BATCH / 2 {
                 return Step::Read {
@@ -422,6 +439,7 @@ impl LaneState {
         let outcome = match attempt {
             Attempt::Delivered(status) => {
                 record.status = Some(status);
+                self.sub.failing_since = None;
                 self.pop_head();
                 Some(Outcome::Delivered {
                     sub,
@@ -441,6 +459,7 @@ impl LaneState {
                 error,
                 retry_after,
             } => {
+                self.sub.failing_since.get_or_insert(at);
                 let wait = settings.retry_delay(attempts, retry_after, random_unit());
                 record.outcome = if wait.is_some() { "retry" } else { "failed" };
                 (record.status, record.error) = (status, Some(error.clone()));
@@ -587,6 +606,7 @@ async fn run_lane(
                     continue;
                 };
                 let (outcome, record) = st.settle(attempt, took, &hub.settings);
+                let error = record.error.clone();
                 hub.log_attempt(record);
                 let Some(outcome) = outcome else {
                     hub.remove_gone(st.sub.id).await;
@@ -596,6 +616,16 @@ async fn run_lane(
                 // most the one delivery in flight.
                 if !hub.record(outcome, &grant).await || hub.cancel.is_cancelled() {
                     return;
+                }
+                if hub.due_for_disable(&st.sub, Timestamp::now()) {
+                    let error = error.unwrap_or_default();
+                    match hub.disable(&st.sub, &error).await {
+                        Ok(Some(sub)) => st.sub = sub,
+                        Ok(None) => return,
+                        Err(e) => {
+                            tracing::warn!(error = %e, "disabling the failing subscription failed; will try after its next attempt")
+                        }
+                    }
                 }
                 continue;
             }
@@ -935,6 +965,8 @@ mod tests {
             cursor: 0,
             attempts: 0,
             next_attempt_at: None,
+            failing_since: None,
+            held: None,
         }
     }
 

@@ -15,6 +15,7 @@ mod delivery;
 mod partition;
 mod policy;
 mod request;
+mod steer;
 mod verify;
 
 use std::collections::{HashMap, HashSet};
@@ -96,6 +97,8 @@ pub struct HubSettings {
     pub partition_lease: Duration,
     /// How long a subscription's previous secret still signs deliveries after a new one.
     pub secret_grace: Duration,
+    /// A subscription failing this long with no success is disabled (`None`: never).
+    pub disable_after: Option<Duration>,
 }
 
 impl HubSettings {
@@ -131,6 +134,8 @@ impl HubSettings {
             retention: Duration::from_secs(h.retention_hours * 3_600),
             partitions: h.partitions,
             secret_grace: Duration::from_secs(h.secret_grace_secs),
+            disable_after: (h.disable_after_secs > 0)
+                .then(|| Duration::from_secs(h.disable_after_secs)),
             partition_lease: Duration::from_secs(h.partition_lease_secs),
         }
     }
@@ -321,6 +326,8 @@ pub struct Hub {
     attempts: admin::AttemptLog,
     /// How this process shares the store with others: leadership and delivery partitions.
     sharing: partition::Sharing,
+    /// Where disable events go (`hub.operator_webhook`).
+    operator: Option<steer::Operator>,
 }
 
 /// Outcomes buffered for the writer before lanes wait for it.
@@ -388,6 +395,7 @@ impl Hub {
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
             sharing: partition::Sharing::new(),
+            operator: steer::Operator::from_config(config)?,
         });
         if hub.store.is_shared() {
             let leader = hub.clone();

@@ -233,6 +233,43 @@ pub struct Subscription {
     /// Failed attempts at the head of the queue.
     pub attempts: u32,
     pub next_attempt_at: Option<Timestamp>,
+    /// Since when every attempt has failed (none since the last success), if the last did.
+    pub failing_since: Option<Timestamp>,
+    /// Nothing is delivered while held: paused by an admin, or disabled after failing for
+    /// `hub.disable_after_secs`. Messages keep accumulating in the log.
+    pub held: Option<Hold>,
+}
+
+/// Why a subscription's deliveries are held, and since when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hold {
+    pub reason: HoldReason,
+    pub since: Timestamp,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldReason {
+    /// An admin paused it.
+    Paused,
+    /// It failed for `hub.disable_after_secs` with no success.
+    Disabled,
+}
+
+impl HoldReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HoldReason::Paused => "paused",
+            HoldReason::Disabled => "disabled",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<HoldReason> {
+        match s {
+            "paused" => Some(HoldReason::Paused),
+            "disabled" => Some(HoldReason::Disabled),
+            _ => None,
+        }
+    }
 }
 
 impl fmt::Debug for Subscription {
@@ -249,6 +286,7 @@ impl fmt::Debug for Subscription {
             )
             .field("alg", &self.alg)
             .field("expires_at", &self.expires_at)
+            .field("held", &self.held)
             .finish()
     }
 }
@@ -354,6 +392,10 @@ pub enum SubState {
     Failing,
     /// The lease ended.
     Expired,
+    /// An admin paused its deliveries.
+    Paused,
+    /// Its deliveries stopped after failing for `hub.disable_after_secs`.
+    Disabled,
 }
 
 impl SubState {
@@ -363,6 +405,8 @@ impl SubState {
             SubState::Active => "active",
             SubState::Failing => "failing",
             SubState::Expired => "expired",
+            SubState::Paused => "paused",
+            SubState::Disabled => "disabled",
         }
     }
 }
@@ -405,6 +449,8 @@ pub struct HubTotals {
     pub active: u64,
     pub failing: u64,
     pub expired: u64,
+    pub paused: u64,
+    pub disabled: u64,
     pub pending_verification: u64,
     pub delivered: u64,
     pub failed: u64,

@@ -8,7 +8,7 @@ use bytes::Bytes;
 
 use super::{NotifyState, StoreError};
 use crate::model::websub::{
-    Callback, HubTotals, Intent, Message, MessageId, Outcome, Resolution, Subscription,
+    Callback, Hold, HubTotals, Intent, Message, MessageId, Outcome, Resolution, Subscription,
     SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
@@ -218,6 +218,17 @@ pub trait HubStore: Send + Sync {
 
     /// Every topic known (published to, registered, or subscribed to).
     async fn hub_topics(&self) -> Result<Vec<TopicSummary>, StoreError>;
+
+    /// Holds a subscription's deliveries (`Some`) or lets them go on (`None`, which also starts
+    /// its run of failures afresh, so an enabled subscription gets a whole disable period).
+    /// With `only_if_unheld`, a held subscription is left as it is (a disable never overrides a
+    /// pause). Returns the subscription as it now stands; `None` when there is none.
+    async fn hub_hold(
+        &self,
+        id: SubscriptionId,
+        hold: Option<Hold>,
+        only_if_unheld: bool,
+    ) -> Result<Option<Subscription>, StoreError>;
 
     /// Removes a subscription's failure records, returning their messages (to try again).
     async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError>;

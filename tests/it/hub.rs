@@ -1256,7 +1256,7 @@ async fn signed_deliveries_pass_the_standard_webhooks_library() {
 /// What the official Standard Webhooks libraries (Python's, then JavaScript's) say of delivery
 /// `d`, with its body replaced by `body` when given, for each of `secrets` (given as WebSub
 /// `hub.secret`s): `null` where it verifies, else the library's error.
-fn standard_verdicts(
+pub fn standard_verdicts(
     d: &crate::subscriber::Delivery,
     body: Option<&[u8]>,
     secrets: &[&str],

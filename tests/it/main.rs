@@ -25,5 +25,6 @@ mod restart;
 mod resync;
 mod scale;
 mod shards;
+mod steer;
 mod store_contract;
 mod strict;

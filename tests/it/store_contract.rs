@@ -318,11 +318,120 @@ async fn secret_rotation_contract(store: &Store) {
     );
 }
 
+/// Holding deliveries and the run of failures: failures start it (the first one's time
+/// stands), a success ends it; a hold is kept and read back, a disable (`only_if_unheld`) never
+/// overrides a pause, letting go clears the run; the state and totals say so. Leaves no
+/// subscription behind.
+async fn hold_contract(store: &Store) {
+    use resourcesync_hub::model::websub::{Hold, HoldReason, Outcome, SubState};
+    let id = store.hub_subscriptions().await.unwrap()[0].id;
+    let retry = |at: i64| Outcome::Retry {
+        sub: id,
+        message: 1,
+        attempts: 1,
+        at: Timestamp(at),
+        next_at: Timestamp(at + 1),
+        status: Some(500),
+        error: "callback answered 500".into(),
+    };
+    let record = |o: Vec<Outcome>| {
+        let store = store.clone();
+        async move {
+            let fenced = store
+                .hub_record(o, &std::collections::HashMap::new())
+                .await
+                .unwrap();
+            assert!(fenced.is_empty());
+            store.hub_subscriptions().await.unwrap()[0].clone()
+        }
+    };
+    assert_eq!(
+        record(vec![retry(100)]).await.failing_since,
+        Some(Timestamp(100))
+    );
+    assert_eq!(
+        record(vec![retry(200)]).await.failing_since,
+        Some(Timestamp(100)),
+        "the run's first failure stands"
+    );
+    let delivered = Outcome::Delivered {
+        sub: id,
+        message: 1,
+        attempts: 2,
+        at: Timestamp(300),
+        status: 200,
+    };
+    assert_eq!(record(vec![delivered.clone()]).await.failing_since, None);
+    assert_eq!(
+        record(vec![retry(400), delivered, retry(600)])
+            .await
+            .failing_since,
+        Some(Timestamp(600)),
+        "a batch with a success in it: the run starts after it"
+    );
+
+    let now = Timestamp::now();
+    let state = || {
+        let store = store.clone();
+        async move {
+            let (_, st) = store.hub_detail(id, now).await.unwrap().unwrap();
+            let t = store.hub_totals(now).await.unwrap();
+            (st.state.unwrap(), t.paused, t.disabled)
+        }
+    };
+    let paused = Hold {
+        reason: HoldReason::Paused,
+        since: Timestamp(700),
+    };
+    let s = store
+        .hub_hold(id, Some(paused), false)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.held, Some(paused));
+    assert_eq!(state().await, (SubState::Paused, 1, 0));
+    let disabled = Hold {
+        reason: HoldReason::Disabled,
+        since: Timestamp(800),
+    };
+    let s = store
+        .hub_hold(id, Some(disabled), true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.held, Some(paused), "a disable never overrides a pause");
+    assert_eq!(
+        store.hub_subscriptions().await.unwrap()[0].held,
+        Some(paused),
+        "as read back"
+    );
+    let s = store.hub_hold(id, None, false).await.unwrap().unwrap();
+    assert_eq!(
+        (s.held, s.failing_since),
+        (None, None),
+        "let go, the run starts afresh"
+    );
+    let s = store
+        .hub_hold(id, Some(disabled), true)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(s.held, Some(disabled));
+    assert_eq!(state().await, (SubState::Disabled, 0, 1));
+    assert!(store
+        .hub_hold(id + 1_000_000, None, false)
+        .await
+        .unwrap()
+        .is_none());
+    store.hub_remove_subscription(id).await.unwrap();
+}
+
 #[tokio::test]
 async fn embedded_store_fulfils_the_contract() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open_embedded(&dir.path().join("db.sqlite")).unwrap();
     secret_rotation_contract(&store).await;
+    hold_contract(&store).await;
     contract_suite(store).await;
 }
 
@@ -334,5 +443,6 @@ async fn elasticsearch_store_fulfils_the_contract() {
     cfg.url = crate::support::Osmem::clone_url().await;
     let (store, _version) = Store::open_elasticsearch(&cfg).await.unwrap();
     secret_rotation_contract(&store).await;
+    hold_contract(&store).await;
     contract_suite(store).await;
 }

@@ -33,8 +33,9 @@ use super::{ElasticStore, Versioned};
 use crate::model::websub::partition_of;
 use crate::model::websub::SignatureAlg;
 use crate::model::websub::{
-    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, Subscription,
-    SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
+    Callback, Hold, HoldReason, HubTotals, Intent, IntentMode, Message, MessageId, Outcome,
+    Resolution, Subscription, SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic,
+    TopicInfo, TopicSummary,
 };
 use crate::model::{SetName, Timestamp};
 use crate::store::hub::LeaseVersion;
@@ -113,6 +114,14 @@ struct SubDoc {
     last_failure_at: Option<i64>,
     last_failure_status: Option<u16>,
     last_failure_error: Option<String>,
+    /// Since when every attempt has failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    failing_since: Option<i64>,
+    /// `paused` or `disabled`, since `held_at`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    held_reason: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    held_at: Option<i64>,
     /// The topic and callback as given (`topic`/`callback` hold their normal form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     topic_given: Option<String>,
@@ -148,13 +157,27 @@ impl SubDoc {
             cursor: self.cursor,
             attempts: self.attempts,
             next_attempt_at: self.next_attempt_at.map(Timestamp),
+            failing_since: self.failing_since.map(Timestamp),
+            held: self.hold()?,
         })
+    }
+
+    fn hold(&self) -> Result<Option<Hold>, StoreError> {
+        match (&self.held_reason, self.held_at) {
+            (Some(r), Some(since)) => Ok(Some(Hold {
+                reason: HoldReason::parse(r)
+                    .ok_or_else(|| corrupt(format!("subscription {}: held_reason {r}", self.id)))?,
+                since: Timestamp(since),
+            })),
+            _ => Ok(None),
+        }
     }
 
     fn stats(&self, pending: u64, now: Timestamp) -> SubscriptionStats {
         SubscriptionStats {
             state: Some(sub_state(
                 self.expires_at,
+                self.held_reason.as_deref().and_then(HoldReason::parse),
                 self.attempts,
                 self.last_failure_at,
                 self.last_success_at,
@@ -726,6 +749,9 @@ impl HubStore for ElasticStore {
                                 last_failure_at: None,
                                 last_failure_status: None,
                                 last_failure_error: None,
+                                failing_since: None,
+                                held_reason: None,
+                                held_at: None,
                                 topic_given: Some(intent.topic.given().into()),
                                 callback_given: Some(intent.callback.given().into()),
                                 epoch: 0,
@@ -988,6 +1014,7 @@ impl HubStore for ElasticStore {
                     s.next_attempt_at = f.next_at;
                     s.delivered += f.delivered as u64;
                     s.failed += f.failed as u64;
+                    s.failing_since = f.failing_since(s.failing_since);
                     if let Some((at, status)) = f.success {
                         (s.last_success_at, s.last_success_status) = (Some(at), Some(status));
                     }
@@ -1329,6 +1356,7 @@ impl HubStore for ElasticStore {
             subs.retain(|s| {
                 sub_state(
                     s.expires_at,
+                    s.held_reason.as_deref().and_then(HoldReason::parse),
                     s.attempts,
                     s.last_failure_at,
                     s.last_success_at,
@@ -1401,6 +1429,32 @@ impl HubStore for ElasticStore {
         Ok(out)
     }
 
+    async fn hub_hold(
+        &self,
+        id: SubscriptionId,
+        hold: Option<Hold>,
+        only_if_unheld: bool,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let doc_ids = self.sub_doc_ids([id].into_iter()).await?;
+        let Some(doc_id) = doc_ids.get(&id) else {
+            return Ok(None);
+        };
+        let written = self
+            .update_sub(doc_id, |s| {
+                if only_if_unheld && s.held_reason.is_some() {
+                    return false;
+                }
+                s.held_reason = hold.map(|h| h.reason.as_str().to_string());
+                s.held_at = hold.map(|h| h.since.0);
+                if hold.is_none() {
+                    s.failing_since = None;
+                }
+                true
+            })
+            .await?;
+        written.map(|s| s.subscription()).transpose()
+    }
+
     async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
         let mut t = HubTotals::default();
         for (_, s) in self.listing(json!({"match_all": {}}), now).await? {
@@ -1408,6 +1462,14 @@ impl HubStore for ElasticStore {
                 Some(crate::model::websub::SubState::Expired) => t.expired += 1,
                 Some(crate::model::websub::SubState::Failing) => {
                     t.failing += 1;
+                    t.queue_depth += s.pending;
+                }
+                Some(crate::model::websub::SubState::Paused) => {
+                    t.paused += 1;
+                    t.queue_depth += s.pending;
+                }
+                Some(crate::model::websub::SubState::Disabled) => {
+                    t.disabled += 1;
                     t.queue_depth += s.pending;
                 }
                 _ => {

@@ -13,9 +13,9 @@ use rusqlite::{params, OptionalExtension, Row, TransactionBehavior};
 use super::EmbeddedStore;
 use crate::model::websub::SignatureAlg;
 use crate::model::websub::{
-    Callback, HubTotals, Intent, IntentMode, Message, MessageId, Outcome, Resolution, SubState,
-    Subscription, SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo,
-    TopicSummary,
+    Callback, Hold, HoldReason, HubTotals, Intent, IntentMode, Message, MessageId, Outcome,
+    Resolution, SubState, Subscription, SubscriptionFilter, SubscriptionId, SubscriptionStats,
+    Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
 use crate::store::{HubStore, NotifyState, StoreError};
@@ -23,10 +23,10 @@ use crate::store::{HubStore, NotifyState, StoreError};
 const SUB_COLS: &str =
     "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
      created_at, cursor, attempts, next_attempt_at, topic_given, callback_given, \
-     previous_secret, previous_until";
+     previous_secret, previous_until, failing_since, held_reason, held_at";
 
 /// How many columns [`SUB_COLS`] has (a listing's own columns follow).
-const SUB_N: usize = 17;
+const SUB_N: usize = 20;
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
@@ -60,6 +60,23 @@ fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
         cursor: r.get(10)?,
         attempts: r.get::<_, i64>(11)? as u32,
         next_attempt_at: r.get::<_, Option<i64>>(12)?.map(Timestamp),
+        failing_since: r.get::<_, Option<i64>>(17)?.map(Timestamp),
+        held: match (
+            r.get::<_, Option<String>>(18)?,
+            r.get::<_, Option<i64>>(19)?,
+        ) {
+            (Some(reason), Some(since)) => Some(Hold {
+                reason: HoldReason::parse(&reason).ok_or_else(|| {
+                    rusqlite::Error::FromSqlConversionFailure(
+                        18,
+                        rusqlite::types::Type::Text,
+                        format!("bad held_reason {reason}").into(),
+                    )
+                })?,
+                since: Timestamp(since),
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -97,7 +114,8 @@ fn record_tx(
                        last_success_status = coalesce(?8, last_success_status),
                        last_failure_at = coalesce(?9, last_failure_at),
                        last_failure_status = CASE WHEN ?9 IS NULL THEN last_failure_status ELSE ?10 END,
-                       last_failure_error = coalesce(?11, last_failure_error)
+                       last_failure_error = coalesce(?11, last_failure_error),
+                       failing_since = CASE WHEN ?12 THEN ?13 ELSE coalesce(failing_since, ?13) END
                      WHERE id = ?1",
                 )?;
                 let mut fail = tx.prepare_cached(
@@ -120,7 +138,9 @@ fn record_tx(
                         f.success.map(|s| s.1),
                         fat,
                         fstatus,
-                        ferr
+                        ferr,
+                        f.streak.reset,
+                        f.streak.first_failure
                     ])?;
                     for (msg, attempts, status, error, at) in &f.failures {
                         fail.execute(params![sub, msg, attempts, status, error, at])?;
@@ -135,6 +155,7 @@ fn record_tx(
 
 /// A subscription's state; `?6` is now.
 const STATE_SQL: &str = "(CASE WHEN s.expires_at <= ?6 THEN 'expired' \
+     WHEN s.held_reason IS NOT NULL THEN s.held_reason \
      WHEN s.attempts > 0 OR coalesce(s.last_failure_at, 0) > coalesce(s.last_success_at, 0) THEN 'failing' \
      ELSE 'active' END)";
 
@@ -154,6 +175,8 @@ fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
         state: Some(match state.as_str() {
             "expired" => SubState::Expired,
             "failing" => SubState::Failing,
+            "paused" => SubState::Paused,
+            "disabled" => SubState::Disabled,
             _ => SubState::Active,
         }),
         delivered: r.get::<_, i64>(SUB_N)? as u64,
@@ -600,6 +623,38 @@ impl HubStore for EmbeddedStore {
         .await
     }
 
+    async fn hub_hold(
+        &self,
+        id: SubscriptionId,
+        hold: Option<Hold>,
+        only_if_unheld: bool,
+    ) -> Result<Option<Subscription>, StoreError> {
+        self.write(move |c| {
+            let tx = c.transaction_with_behavior(TransactionBehavior::Immediate)?;
+            tx.execute(
+                "UPDATE hub_subscriptions SET held_reason = ?2, held_at = ?3,
+                   failing_since = CASE WHEN ?2 IS NULL THEN NULL ELSE failing_since END
+                 WHERE id = ?1 AND (NOT ?4 OR held_reason IS NULL)",
+                params![
+                    id,
+                    hold.map(|h| h.reason.as_str()),
+                    hold.map(|h| h.since.0),
+                    only_if_unheld
+                ],
+            )?;
+            let sub = tx
+                .query_row(
+                    &format!("SELECT {SUB_COLS} FROM hub_subscriptions WHERE id = ?1"),
+                    [id],
+                    sub_from_row,
+                )
+                .optional()?;
+            tx.commit()?;
+            Ok(sub)
+        })
+        .await
+    }
+
     /// Takes a subscription's failed deliveries (to try again): their messages, oldest first.
     async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError> {
         self.write(move |c| {
@@ -633,6 +688,8 @@ impl HubStore for EmbeddedStore {
                 match state.as_str() {
                     "active" => t.active = n as u64,
                     "failing" => t.failing = n as u64,
+                    "paused" => t.paused = n as u64,
+                    "disabled" => t.disabled = n as u64,
                     _ => t.expired = n as u64,
                 }
                 t.delivered += r.get::<_, Option<i64>>(2)?.unwrap_or(0) as u64;

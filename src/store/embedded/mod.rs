@@ -199,6 +199,10 @@ impl EmbeddedStore {
             // The secret before the last one, signing too until `previous_until`.
             ("hub_subscriptions", "previous_secret", "TEXT"),
             ("hub_subscriptions", "previous_until", "INTEGER"),
+            // Deliveries held (paused or disabled) since `held_at`; failing since when.
+            ("hub_subscriptions", "held_reason", "TEXT"),
+            ("hub_subscriptions", "held_at", "INTEGER"),
+            ("hub_subscriptions", "failing_since", "INTEGER"),
         ] {
             let has: bool = conn
                 .prepare(&format!(

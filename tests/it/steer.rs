@@ -1,0 +1,252 @@
+//! Steering subscriptions: an admin's pause and resume (API and CLI), and the disable that
+//! follows a subscriber failing for `hub.disable_after_secs`, with the operator's event.
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::hub::{fat_ping, hub_config, standard_verdicts, subscribed};
+use crate::subscriber::{number, TestSubscriber};
+use crate::support::*;
+
+const ADMIN: &str = "admin-token";
+
+async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, Value) {
+    let r = app
+        .client
+        .request(method, app.url(path))
+        .header("authorization", format!("Bearer {ADMIN}"))
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn sub_id(app: &TestApp, callback_part: &str) -> String {
+    let (s, page) = admin(
+        app,
+        reqwest::Method::GET,
+        &format!("/admin/v1/subscriptions?callback={callback_part}"),
+    )
+    .await;
+    assert_eq!(s, 200, "{page}");
+    page["items"][0]["id"].as_str().unwrap().to_string()
+}
+
+async fn metric(app: &TestApp, line: &str) -> bool {
+    let text = get_text(&app.client, &app.url("/metrics")).await;
+    text.lines().any(|l| l == line)
+}
+
+/// The CLI against the running server; (success, stdout + stderr).
+async fn cli(app: &TestApp, args: &[&str]) -> (bool, String) {
+    let base = app.url("");
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    tokio::task::spawn_blocking(move || {
+        let out = std::process::Command::new(ChildServer::BIN)
+            .args(["admin", "--url", &base, "--token", ADMIN])
+            .args(&args)
+            .output()
+            .unwrap();
+        (out.status.success(), output_text(&out))
+    })
+    .await
+    .unwrap()
+}
+
+/// A paused subscription is sent nothing while its topic keeps publishing (its neighbour gets
+/// everything meanwhile); resumed, it gets every message it missed, in order, once each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_subscription_gets_its_backlog_in_order_once_on_resume() {
+    let (mut c, _d) = hub_config();
+    c.admin.token = ADMIN.into();
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/steer";
+    subscribed(&app, &sub, &t, "/paused", &[]).await;
+    subscribed(&app, &sub, &t, "/neighbour", &[]).await;
+    let id = sub_id(&app, "/paused").await;
+
+    let (s, v) = admin(
+        &app,
+        reqwest::Method::POST,
+        &format!("/admin/v1/subscriptions/{id}/pause"),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["state"], "paused");
+    assert!(v["held_since"].is_string(), "{v}");
+
+    // Five minutes' worth of a busy topic (one message a second), published at once.
+    const N: usize = 300;
+    for i in 0..N {
+        assert_eq!(fat_ping(&app, &t, &format!("<n i=\"{i}\"/>")).await.0, 200);
+    }
+    let neighbour = sub.wait_deliveries("/neighbour", N).await;
+    assert_eq!(
+        neighbour.iter().map(number).collect::<Vec<_>>(),
+        (0..N).collect::<Vec<_>>()
+    );
+    assert!(
+        sub.deliveries("/paused").is_empty(),
+        "nothing is sent while paused"
+    );
+    let (_, detail) = admin(
+        &app,
+        reqwest::Method::GET,
+        &format!("/admin/v1/subscriptions/{id}"),
+    )
+    .await;
+    assert_eq!(
+        (detail["state"].as_str(), detail["pending"].as_u64()),
+        (Some("paused"), Some(N as u64)),
+        "{detail}"
+    );
+    assert!(metric(&app, "rshub_subscriptions{state=\"paused\"} 1").await);
+
+    // Resumed with the CLI.
+    let (ok, out) = cli(&app, &["subscriptions", "resume", &id]).await;
+    assert!(ok, "{out}");
+    assert!(out.contains("active"), "{out}");
+    let got = sub.wait_deliveries("/paused", N).await;
+    assert_eq!(
+        got.iter().map(number).collect::<Vec<_>>(),
+        (0..N).collect::<Vec<_>>(),
+        "every message missed, in order"
+    );
+    let ids: std::collections::HashSet<_> = got
+        .iter()
+        .map(|d| d.header("webhook-id").unwrap().to_string())
+        .collect();
+    assert_eq!(ids.len(), N, "each once");
+    wait_until("the queue is empty", || async {
+        let (_, d) = admin(
+            &app,
+            reqwest::Method::GET,
+            &format!("/admin/v1/subscriptions/{id}"),
+        )
+        .await;
+        d["pending"] == 0 && d["state"] == "active"
+    })
+    .await;
+    assert_eq!(sub.deliveries("/paused").len(), N, "nothing twice");
+
+    // Pausing with the CLI; an unknown id is a 404 that names it.
+    let (ok, out) = cli(&app, &["subscriptions", "pause", &id]).await;
+    assert!(ok && out.contains("paused"), "{out}");
+    let (s, v) = admin(
+        &app,
+        reqwest::Method::POST,
+        "/admin/v1/subscriptions/987654/pause",
+    )
+    .await;
+    assert_eq!(s, 404, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("987654"), "{v}");
+    app.stop().await;
+}
+
+/// A subscriber answering 500 for longer than `hub.disable_after_secs` is disabled: nothing
+/// more is attempted, the operator webhook gets a signed `subscription.disabled` event that the
+/// Standard Webhooks libraries verify, and the metrics count it. Resumed once it answers
+/// again, it gets its whole backlog in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_failing_past_the_disable_period_is_disabled_and_resumes_in_order() {
+    let ops = TestSubscriber::start().await;
+    let (mut c, _d) = hub_config();
+    c.admin.token = ADMIN.into();
+    c.hub.disable_after_secs = 2;
+    c.hub.retry_schedule_secs = vec![1; 20];
+    c.hub.retry_jitter = 0.0;
+    c.hub.operator_webhook = ops.url("/ops");
+    c.hub.operator_webhook_secret = "operator secret".into();
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    sub.answer("/down", 500);
+    let t = app.config.topic_base() + "/steer";
+    subscribed(&app, &sub, &t, "/down", &[]).await;
+    let id = sub_id(&app, "/down").await;
+    for i in 0..3 {
+        assert_eq!(fat_ping(&app, &t, &format!("<n i=\"{i}\"/>")).await.0, 200);
+    }
+
+    let event = &ops.wait_deliveries("/ops", 1).await[0];
+    let body: Value = serde_json::from_str(&event.text()).unwrap();
+    assert_eq!(body["type"], "subscription.disabled", "{body}");
+    assert_eq!(body["data"]["subscription_id"], id.as_str(), "{body}");
+    assert_eq!(body["data"]["callback"], sub.url("/down"), "{body}");
+    assert!(
+        body["data"]["last_error"].as_str().unwrap().contains("500"),
+        "{body}"
+    );
+    for verdicts in standard_verdicts(event, None, &["operator secret", "another"]) {
+        assert_eq!(
+            verdicts[0],
+            Value::Null,
+            "the operator's library verifies it: {verdicts:?}"
+        );
+        assert!(verdicts[1].is_string(), "{verdicts:?}");
+    }
+    let (_, detail) = admin(
+        &app,
+        reqwest::Method::GET,
+        &format!("/admin/v1/subscriptions/{id}"),
+    )
+    .await;
+    assert_eq!(detail["state"], "disabled", "{detail}");
+    assert!(detail["failing_since"].is_string(), "{detail}");
+    assert!(metric(&app, "rshub_subscriptions{state=\"disabled\"} 1").await);
+
+    // Disabled: no attempt is made, however long (three retry periods here), while the topic
+    // keeps publishing.
+    let attempts = sub.deliveries("/down").len();
+    for i in 3..6 {
+        assert_eq!(fat_ping(&app, &t, &format!("<n i=\"{i}\"/>")).await.0, 200);
+    }
+    let quiet_until = std::time::Instant::now() + Duration::from_secs(3);
+    wait_until("three retry periods have passed", || async {
+        std::time::Instant::now() >= quiet_until
+    })
+    .await;
+    assert_eq!(
+        sub.deliveries("/down").len(),
+        attempts,
+        "nothing sent while disabled"
+    );
+
+    sub.answer("/down", 200);
+    let (s, v) = admin(
+        &app,
+        reqwest::Method::POST,
+        &format!("/admin/v1/subscriptions/{id}/resume"),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert!(
+        v["state"] == "failing" || v["state"] == "active",
+        "no longer disabled: {v}"
+    );
+    let got = sub.wait_deliveries("/down", attempts + 6).await;
+    let delivered: Vec<usize> = got[attempts..].iter().map(number).collect();
+    assert_eq!(
+        delivered,
+        (0..6).collect::<Vec<_>>(),
+        "the backlog in order"
+    );
+    wait_until("active again", || async {
+        let (_, d) = admin(
+            &app,
+            reqwest::Method::GET,
+            &format!("/admin/v1/subscriptions/{id}"),
+        )
+        .await;
+        d["state"] == "active" && d["pending"] == 0
+    })
+    .await;
+    assert_eq!(ops.deliveries("/ops").len(), 1, "one event");
+    app.stop().await;
+}
