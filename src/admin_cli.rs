@@ -85,6 +85,14 @@ pub enum SubscriptionsCommand {
         /// The subscription's id (from `list`).
         id: String,
     },
+    /// Limit a subscription's deliveries a second (messages beyond wait in order).
+    Limit {
+        /// The subscription's id (from `list`).
+        id: String,
+        /// Deliveries a second at most; 0 for no limit, "default" for the hub's
+        /// hub.max_per_sec_per_subscriber.
+        per_sec: String,
+    },
 }
 
 struct Api {
@@ -349,6 +357,34 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 "subscription {id}: {} ({} messages waiting)",
                 cell(&r["state"]),
                 cell(&r["pending"])
+            );
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Limit { id, per_sec }) => {
+            let limit = match per_sec.as_str() {
+                "default" => Value::Null,
+                n => match n.parse::<f64>() {
+                    Ok(n) if n.is_finite() => serde_json::json!(n),
+                    _ => anyhow::bail!(
+                        "{per_sec:?} is not a number of deliveries a second (or \"default\")"
+                    ),
+                },
+            };
+            let r = api
+                .send(
+                    reqwest::Method::PATCH,
+                    &format!("/admin/v1/subscriptions/{id}"),
+                    &[],
+                    Some(serde_json::json!({ "max_per_sec": limit })),
+                )
+                .await?
+                .unwrap_or(Value::Null);
+            println!(
+                "subscription {id}: at most {} deliveries a second",
+                match &r["max_per_sec"] {
+                    Value::Null => "the hub's default number of".to_string(),
+                    v if v.as_f64() == Some(0.0) => "any number of".to_string(),
+                    v => cell(v),
+                }
             );
         }
         AdminCommand::Topics => {

@@ -18,6 +18,10 @@ pub const DEFAULTS_TOML: &str = include_str!("../config.default.toml");
 /// The sitemap protocol's hard limit on entries per document.
 pub const SITEMAP_MAX_ITEMS: u32 = 50_000;
 /// The sitemap protocol's 50 MB limit, less a margin for the document's own envelope.
+/// The highest per-subscriber delivery rate one may set (`hub.max_per_sec_per_subscriber`, the
+/// admin API's `max_per_sec`): above it, a limit means nothing.
+pub const MAX_PER_SEC: f64 = 10_000.0;
+
 pub const SITEMAP_MAX_BYTES: u64 = 50 * 1024 * 1024 - 64 * 1024;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -155,6 +159,7 @@ pub struct HubConfig {
     pub partition_lease_secs: u64,
     pub secret_grace_secs: u64,
     pub disable_after_secs: u64,
+    pub max_per_sec_per_subscriber: f64,
     pub operator_webhook: String,
     pub operator_webhook_secret: String,
 }
@@ -529,6 +534,12 @@ impl Config {
             return bad(format!(
                 "hub.partitions is {}: it must be between 1 and 4096",
                 h.partitions
+            ));
+        }
+        if !(h.max_per_sec_per_subscriber >= 0.0 && h.max_per_sec_per_subscriber <= MAX_PER_SEC) {
+            return bad(format!(
+                "hub.max_per_sec_per_subscriber is {}: it must be between 0 (no limit) and {MAX_PER_SEC}",
+                h.max_per_sec_per_subscriber
             ));
         }
         if !h.operator_webhook.is_empty() {

@@ -25,8 +25,8 @@ use crate::model::Timestamp;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
-    paths(list_subscriptions, show_subscription, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState)),
+    paths(list_subscriptions, show_subscription, patch_subscription, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -65,7 +65,9 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/subscriptions", get(list_subscriptions))
         .route(
             "/admin/v1/subscriptions/{id}",
-            get(show_subscription).delete(delete_subscription),
+            get(show_subscription)
+                .delete(delete_subscription)
+                .patch(patch_subscription),
         )
         .route("/admin/v1/subscriptions/{id}/verify", post(reverify))
         .route("/admin/v1/subscriptions/{id}/retry", post(retry))
@@ -160,6 +162,9 @@ pub struct SubscriptionView {
     /// Since when every attempt has failed, if its last did (it is disabled once this lies
     /// `hub.disable_after_secs` back).
     pub failing_since: Option<String>,
+    /// Its own limit of deliveries a second (0: none); null: the hub's
+    /// `hub.max_per_sec_per_subscriber`.
+    pub max_per_sec: Option<f64>,
 }
 
 fn ts(t: Timestamp) -> String {
@@ -195,6 +200,7 @@ fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         }),
         held_since: s.held.map(|h| ts(h.since)),
         failing_since: s.failing_since.map(ts),
+        max_per_sec: s.max_per_sec,
     }
 }
 
@@ -220,6 +226,7 @@ fn pending_view(i: Intent) -> SubscriptionView {
         last_failure: None,
         held_since: None,
         failing_since: None,
+        max_per_sec: None,
     }
 }
 
@@ -330,14 +337,7 @@ async fn show_subscription(
     p: Result<Path<String>, PathRejection>,
 ) -> Result<Json<SubscriptionView>, AppError> {
     authorize(&st, &headers)?;
-    let id = sub_id(p)?;
-    let (s, x) = st
-        .hub
-        .store()
-        .hub_detail(id, Timestamp::now())
-        .await?
-        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
-    Ok(Json(view(s, x)))
+    detail(&st, sub_id(p)?).await
 }
 
 #[derive(Deserialize, IntoParams)]
@@ -481,6 +481,70 @@ async fn redeliver(
     }
 }
 
+/// What an admin may change of a subscription.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SubscriptionPatch {
+    /// Deliveries a second at most (a positive number up to 10000; 0: no limit, whatever the
+    /// hub's default; null: the hub's `hub.max_per_sec_per_subscriber`). Messages beyond it wait
+    /// in order; none is dropped.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<f64>)]
+    pub max_per_sec: Option<Option<f64>>,
+}
+
+/// A field given, even as null (`Some(None)`), told from one left out (`None`).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
+    Option::<f64>::deserialize(d).map(Some)
+}
+
+/// Changes a subscription's settings (its delivery rate limit); answers the subscription.
+#[utoipa::path(patch, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")),
+    request_body = SubscriptionPatch, responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn patch_subscription(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+    body: Result<Json<SubscriptionPatch>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let Json(req) = body.map_err(|e| {
+        AppError::BadRequest(format!(
+            "the body must be JSON like {{\"max_per_sec\": 5}}: {}",
+            e.body_text()
+        ))
+    })?;
+    let Some(max) = req.max_per_sec else {
+        return Err(AppError::BadRequest(
+            "nothing to change: give max_per_sec (a number, or null for the hub's default)".into(),
+        ));
+    };
+    if let Some(n) = max {
+        if !(0.0..=crate::config::MAX_PER_SEC).contains(&n) {
+            return Err(AppError::BadRequest(format!(
+                "max_per_sec {n} must lie between 0 (no limit) and {}",
+                crate::config::MAX_PER_SEC
+            )));
+        }
+    }
+    if st.hub.set_max_per_sec(id, max).await?.is_none() {
+        return Err(AppError::NotFound(format!("no subscription {id}")));
+    }
+    detail(&st, id).await
+}
+
+async fn detail(st: &AppState, id: i64) -> Result<Json<SubscriptionView>, AppError> {
+    let (s, x) = st
+        .hub
+        .store()
+        .hub_detail(id, Timestamp::now())
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    Ok(Json(view(s, x)))
+}
+
 /// Pauses a subscription's deliveries: nothing is sent (an attempt under way finishes), its
 /// messages keep accumulating, and resume delivers them in order. Answers the subscription.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/pause", params(("id" = String, Path, description = "Subscription id")), responses(
@@ -522,13 +586,7 @@ async fn hold(
     if st.hub.hold(id, reason).await?.is_none() {
         return Err(AppError::NotFound(format!("no subscription {id}")));
     }
-    let (s, x) = st
-        .hub
-        .store()
-        .hub_detail(id, Timestamp::now())
-        .await?
-        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
-    Ok(Json(view(s, x)))
+    detail(&st, id).await
 }
 
 #[derive(Serialize, ToSchema)]

@@ -45,6 +45,7 @@ pub(super) struct Lane {
     expires_at: Timestamp,
     verified_at: Timestamp,
     held: Option<Hold>,
+    max_per_sec: Option<f64>,
     /// The newest message handed to the lane: older ones are not queued twice.
     last: MessageId,
     pub(super) born: Instant,
@@ -78,6 +79,7 @@ impl Lane {
             expires_at: sub.expires_at,
             verified_at: sub.verified_at,
             held: sub.held,
+            max_per_sec: sub.max_per_sec,
             last: sub.cursor,
             born: Instant::now(),
             grant: grant.clone(),
@@ -114,6 +116,7 @@ impl Lane {
         sub.verified_at != self.verified_at
             || sub.expires_at != self.expires_at
             || sub.held != self.held
+            || sub.max_per_sec != self.max_per_sec
     }
 
     pub(super) fn retry_now(&self, failed: Vec<Arc<Message>>) {
@@ -128,6 +131,7 @@ impl Lane {
         self.expires_at = sub.expires_at;
         self.verified_at = sub.verified_at;
         self.held = sub.held;
+        self.max_per_sec = sub.max_per_sec;
         let _ = self.tx.send(LaneMsg::Update(Box::new(sub)));
     }
 }
@@ -228,7 +232,16 @@ struct LaneState {
     replay: VecDeque<(MessageId, MessageId)>,
     /// Messages of the redelivery window read and not yet delivered: they go first.
     replayed: VecDeque<Job>,
+    /// No attempt before this instant: the subscriber's rate limit, or its slowdown.
+    not_before: Option<Instant>,
+    /// The wait between attempts that answers 429, 502, 503 and 504 have asked for (doubled by
+    /// each, halved by each success).
+    slowdown: Duration,
 }
+
+/// The first slowdown after a 429, 502, 503 or 504, and the most it grows to.
+const SLOWDOWN_MIN: Duration = Duration::from_millis(100);
+const SLOWDOWN_MAX: Duration = Duration::from_secs(60);
 
 impl LaneState {
     fn new(sub: Subscription, suspect: bool) -> LaneState {
@@ -244,6 +257,8 @@ impl LaneState {
             suspect,
             replay: VecDeque::new(),
             replayed: VecDeque::new(),
+            not_before: None,
+            slowdown: Duration::ZERO,
         }
     }
 
@@ -342,6 +357,10 @@ impl LaneState {
         if let Some(due) = head.due.filter(|d| *d > now) {
             return Step::Wait(due);
         }
+        if let Some(at) = self.not_before.filter(|t| *t > now) {
+            // Rate-limited or slowed down: the queue waits, in order, in the log.
+            return Step::Wait(at);
+        }
         if self.sub.expires_at <= ts {
             return Step::Expired;
         }
@@ -396,6 +415,34 @@ impl LaneState {
         }
     }
 
+    /// Spaces the next attempt after this one: at least 1/`max_per_sec` (the subscription's
+    /// own limit, else the hub's), and the slowdown that overload answers ask for.
+    fn pace(&mut self, attempt: &Attempt, settings: &super::HubSettings) {
+        match attempt {
+            Attempt::Failed {
+                status: Some(429 | 502 | 503 | 504),
+                ..
+            } => self.slowdown = (self.slowdown * 2).clamp(SLOWDOWN_MIN, SLOWDOWN_MAX),
+            Attempt::Delivered(_) => {
+                self.slowdown /= 2;
+                if self.slowdown < SLOWDOWN_MIN / 8 {
+                    self.slowdown = Duration::ZERO;
+                }
+            }
+            _ => {}
+        }
+        let limit = self
+            .sub
+            .max_per_sec
+            .or(settings.max_per_sec)
+            .filter(|n| *n > 0.0)
+            .map_or(Duration::ZERO, |n| Duration::from_secs_f64(1.0 / n));
+        // From the end of this attempt: however long the network takes, the subscriber never
+        // gets two deliveries closer than this.
+        let gap = limit.max(self.slowdown);
+        self.not_before = (!gap.is_zero()).then(|| Instant::now() + gap);
+    }
+
     /// Drops the queue: the lease ended before it was delivered.
     fn expire(&mut self) -> Outcome {
         tracing::info!(
@@ -420,6 +467,7 @@ impl LaneState {
         settings: &super::HubSettings,
     ) -> (Option<Outcome>, AttemptRecord) {
         self.suspect = !matches!(attempt, Attempt::Delivered(_)) || took > settings.slow_delivery;
+        self.pace(&attempt, settings);
         let sub = self.sub.id;
         let (attempts, message, topic) = {
             let job = self.head_mut().expect("a job at the head");
@@ -967,6 +1015,7 @@ mod tests {
             next_attempt_at: None,
             failing_since: None,
             held: None,
+            max_per_sec: None,
         }
     }
 

@@ -99,6 +99,8 @@ pub struct HubSettings {
     pub secret_grace: Duration,
     /// A subscription failing this long with no success is disabled (`None`: never).
     pub disable_after: Option<Duration>,
+    /// Deliveries a second at most to a subscription without its own limit (`None`: none).
+    pub max_per_sec: Option<f64>,
 }
 
 impl HubSettings {
@@ -134,6 +136,8 @@ impl HubSettings {
             retention: Duration::from_secs(h.retention_hours * 3_600),
             partitions: h.partitions,
             secret_grace: Duration::from_secs(h.secret_grace_secs),
+            max_per_sec: (h.max_per_sec_per_subscriber > 0.0)
+                .then_some(h.max_per_sec_per_subscriber),
             disable_after: (h.disable_after_secs > 0)
                 .then(|| Duration::from_secs(h.disable_after_secs)),
             partition_lease: Duration::from_secs(h.partition_lease_secs),

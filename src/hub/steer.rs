@@ -116,6 +116,21 @@ impl Hub {
         Ok(Some(sub))
     }
 
+    /// Sets a subscription's own delivery rate limit (`Some(0.0)`: none, whatever the hub's
+    /// default; `None`: the hub's default). `None` when there is no such subscription.
+    pub async fn set_max_per_sec(
+        &self,
+        id: SubscriptionId,
+        max_per_sec: Option<f64>,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let Some(sub) = self.store.hub_set_max_per_sec(id, max_per_sec).await? else {
+            return Ok(None);
+        };
+        tracing::info!(subscription = id, max_per_sec = ?max_per_sec, "delivery rate limit set");
+        self.update_lane(&sub);
+        Ok(Some(sub))
+    }
+
     /// Hands a changed subscription to its lane, if this process delivers it.
     fn update_lane(&self, sub: &Subscription) {
         if let Some(lane) = self.lanes().get_mut(&sub.id) {

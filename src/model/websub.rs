@@ -238,6 +238,9 @@ pub struct Subscription {
     /// Nothing is delivered while held: paused by an admin, or disabled after failing for
     /// `hub.disable_after_secs`. Messages keep accumulating in the log.
     pub held: Option<Hold>,
+    /// Deliveries a second at most for this subscriber (`None`: the hub's
+    /// `hub.max_per_sec_per_subscriber`).
+    pub max_per_sec: Option<f64>,
 }
 
 /// Why a subscription's deliveries are held, and since when.

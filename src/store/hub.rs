@@ -230,6 +230,14 @@ pub trait HubStore: Send + Sync {
         only_if_unheld: bool,
     ) -> Result<Option<Subscription>, StoreError>;
 
+    /// Sets a subscription's own limit of deliveries a second (`None`: the hub's default).
+    /// Returns the subscription as it now stands; `None` when there is none.
+    async fn hub_set_max_per_sec(
+        &self,
+        id: SubscriptionId,
+        max_per_sec: Option<f64>,
+    ) -> Result<Option<Subscription>, StoreError>;
+
     /// Removes a subscription's failure records, returning their messages (to try again).
     async fn hub_take_failures(&self, id: SubscriptionId) -> Result<Vec<Arc<Message>>, StoreError>;
 

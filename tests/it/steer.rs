@@ -136,6 +136,14 @@ async fn a_paused_subscription_gets_its_backlog_in_order_once_on_resume() {
     .await;
     assert_eq!(sub.deliveries("/paused").len(), N, "nothing twice");
 
+    // The CLI sets a rate limit, and takes it back to the hub's default.
+    let (ok, out) = cli(&app, &["subscriptions", "limit", &id, "2.5"]).await;
+    assert!(ok && out.contains("at most 2.5 deliveries a second"), "{out}");
+    let (ok, out) = cli(&app, &["subscriptions", "limit", &id, "default"]).await;
+    assert!(ok && out.contains("the hub's default"), "{out}");
+    let (ok, out) = cli(&app, &["subscriptions", "limit", &id, "fast"]).await;
+    assert!(!ok && out.contains("\"fast\" is not a number"), "{out}");
+
     // Pausing with the CLI; an unknown id is a 404 that names it.
     let (ok, out) = cli(&app, &["subscriptions", "pause", &id]).await;
     assert!(ok && out.contains("paused"), "{out}");
@@ -248,5 +256,94 @@ async fn a_subscriber_failing_past_the_disable_period_is_disabled_and_resumes_in
     })
     .await;
     assert_eq!(ops.deliveries("/ops").len(), 1, "one event");
+    app.stop().await;
+}
+
+/// A subscriber limited to 5 deliveries a second gets all of 500 messages, in order, never two
+/// closer than 200 ms (so never more than 5 in a second), while its neighbours get theirs at
+/// once; overload answers (429) slow a subscriber down and successes speed it up again; bad
+/// limits are refused with a reason. The clock is tokio's, paused: no test waits 100 s.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limited_subscriber_gets_everything_in_order_at_its_pace_and_429_slows_it() {
+    let (mut c, _d) = hub_config();
+    c.admin.token = ADMIN.into();
+    c.hub.retry_schedule_secs = vec![1];
+    c.hub.retry_jitter = 0.0;
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/steer";
+    for p in ["/limited", "/n1", "/n2", "/busy"] {
+        subscribed(&app, &sub, &t, p, &[]).await;
+    }
+    let id = sub_id(&app, "/limited").await;
+    let patch = |body: Value| {
+        let (app, id) = (&app, &id);
+        async move {
+            let r = app
+                .client
+                .patch(app.url(&format!("/admin/v1/subscriptions/{id}")))
+                .header("authorization", format!("Bearer {ADMIN}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    for (bad, why) in [
+        (serde_json::json!({"max_per_sec": -1}), "between 0"),
+        (serde_json::json!({"max_per_sec": 1e9}), "between 0"),
+        (serde_json::json!({"max_per_sec": "five"}), "JSON like"),
+        (serde_json::json!({}), "nothing to change"),
+        (
+            serde_json::json!({"max_per_sec": 5, "burst": 2}),
+            "JSON like",
+        ),
+    ] {
+        let (s, v) = patch(bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(why), "{bad}: {v}");
+    }
+    let (s, v) = patch(serde_json::json!({"max_per_sec": 5})).await;
+    assert_eq!((s, v["max_per_sec"].as_f64()), (200, Some(5.0)), "{v}");
+    sub.script("/busy", &[(429, None)]);
+
+    const N: usize = 500;
+    let start = tokio::time::Instant::now();
+    for i in 0..N {
+        assert_eq!(fat_ping(&app, &t, &format!("<n i=\"{i}\"/>")).await.0, 200);
+    }
+    let limited = sub.wait_deliveries("/limited", N).await;
+    let in_order = |d: &[crate::subscriber::Delivery]| d.iter().map(number).collect::<Vec<_>>();
+    assert_eq!(in_order(&limited), (0..N).collect::<Vec<_>>());
+    let closest = limited.windows(2).map(|w| w[1].at - w[0].at).min().unwrap();
+    assert!(
+        closest >= Duration::from_millis(200),
+        "never two within 200 ms: {closest:?}"
+    );
+    for p in ["/n1", "/n2"] {
+        let got = sub.deliveries(p);
+        assert_eq!(in_order(&got), (0..N).collect::<Vec<_>>(), "{p}");
+        assert!(
+            got[N - 1].at < limited[10].at,
+            "{p} got all {N} before the limited one got 11 ({:?} after the first publish)",
+            got[N - 1].at - start
+        );
+    }
+    // /busy: a 429 at the first message; its retry (after 1 s) and the next deliveries come
+    // ever closer: 100 ms of slowdown, halved by each success.
+    let busy = sub.wait_deliveries("/busy", N + 1).await;
+    assert_eq!(in_order(&busy[1..]), (0..N).collect::<Vec<_>>());
+    let gaps: Vec<u128> = busy
+        .windows(2)
+        .take(5)
+        .map(|w| (w[1].at - w[0].at).as_millis())
+        .collect();
+    assert!(gaps[0] >= 1000, "the retry after 1 s: {gaps:?}");
+    assert!(
+        gaps[1] >= 50 && gaps[2] >= 25 && gaps[3] >= 12,
+        "slowed down, then faster with each success: {gaps:?}"
+    );
+    assert!(gaps[4] < 12, "back to full speed: {gaps:?}");
     app.stop().await;
 }

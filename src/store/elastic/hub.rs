@@ -122,6 +122,9 @@ struct SubDoc {
     held_reason: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     held_at: Option<i64>,
+    /// Deliveries a second at most (none: the hub's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_per_sec: Option<f64>,
     /// The topic and callback as given (`topic`/`callback` hold their normal form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     topic_given: Option<String>,
@@ -159,6 +162,7 @@ impl SubDoc {
             next_attempt_at: self.next_attempt_at.map(Timestamp),
             failing_since: self.failing_since.map(Timestamp),
             held: self.hold()?,
+            max_per_sec: self.max_per_sec,
         })
     }
 
@@ -752,6 +756,7 @@ impl HubStore for ElasticStore {
                                 failing_since: None,
                                 held_reason: None,
                                 held_at: None,
+                                max_per_sec: None,
                                 topic_given: Some(intent.topic.given().into()),
                                 callback_given: Some(intent.callback.given().into()),
                                 epoch: 0,
@@ -1449,6 +1454,24 @@ impl HubStore for ElasticStore {
                 if hold.is_none() {
                     s.failing_since = None;
                 }
+                true
+            })
+            .await?;
+        written.map(|s| s.subscription()).transpose()
+    }
+
+    async fn hub_set_max_per_sec(
+        &self,
+        id: SubscriptionId,
+        max_per_sec: Option<f64>,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let doc_ids = self.sub_doc_ids([id].into_iter()).await?;
+        let Some(doc_id) = doc_ids.get(&id) else {
+            return Ok(None);
+        };
+        let written = self
+            .update_sub(doc_id, |s| {
+                s.max_per_sec = max_per_sec;
                 true
             })
             .await?;

@@ -23,10 +23,10 @@ use crate::store::{HubStore, NotifyState, StoreError};
 const SUB_COLS: &str =
     "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
      created_at, cursor, attempts, next_attempt_at, topic_given, callback_given, \
-     previous_secret, previous_until, failing_since, held_reason, held_at";
+     previous_secret, previous_until, failing_since, held_reason, held_at, max_per_sec";
 
 /// How many columns [`SUB_COLS`] has (a listing's own columns follow).
-const SUB_N: usize = 20;
+const SUB_N: usize = 21;
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
@@ -77,6 +77,7 @@ fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
             }),
             _ => None,
         },
+        max_per_sec: r.get(20)?,
     })
 }
 
@@ -651,6 +652,22 @@ impl HubStore for EmbeddedStore {
                 .optional()?;
             tx.commit()?;
             Ok(sub)
+        })
+        .await
+    }
+
+    async fn hub_set_max_per_sec(
+        &self,
+        id: SubscriptionId,
+        max_per_sec: Option<f64>,
+    ) -> Result<Option<Subscription>, StoreError> {
+        self.write(move |c| {
+            Ok(c.query_row(
+                &format!("UPDATE hub_subscriptions SET max_per_sec = ?2 WHERE id = ?1 RETURNING {SUB_COLS}"),
+                params![id, max_per_sec],
+                sub_from_row,
+            )
+            .optional()?)
         })
         .await
     }

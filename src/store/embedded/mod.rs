@@ -203,6 +203,8 @@ impl EmbeddedStore {
             ("hub_subscriptions", "held_reason", "TEXT"),
             ("hub_subscriptions", "held_at", "INTEGER"),
             ("hub_subscriptions", "failing_since", "INTEGER"),
+            // Deliveries a second at most (NULL: the hub's default).
+            ("hub_subscriptions", "max_per_sec", "REAL"),
         ] {
             let has: bool = conn
                 .prepare(&format!(
