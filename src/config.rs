@@ -162,6 +162,7 @@ pub struct HubConfig {
     pub max_per_sec_per_subscriber: f64,
     pub operator_webhook: String,
     pub operator_webhook_secret: String,
+    pub egress_proxy: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -541,6 +542,19 @@ impl Config {
                 "hub.max_per_sec_per_subscriber is {}: it must be between 0 (no limit) and {MAX_PER_SEC}",
                 h.max_per_sec_per_subscriber
             ));
+        }
+        if !h.egress_proxy.is_empty() {
+            match url::Url::parse(&h.egress_proxy) {
+                Ok(u) if (u.scheme() == "http" || u.scheme() == "https")
+                    && u.host().is_some()
+                    && reqwest::Proxy::all(u.as_str()).is_ok() => {}
+                _ => {
+                    return bad(format!(
+                        "hub.egress_proxy {:?} is not a proxy URL like \"http://proxy.example.org:3128\"",
+                        h.egress_proxy
+                    ))
+                }
+            }
         }
         if !h.operator_webhook.is_empty() {
             match url::Url::parse(&h.operator_webhook) {

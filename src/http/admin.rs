@@ -18,7 +18,7 @@ use crate::error::AppError;
 use crate::hub::admin::{AttemptFilter, AttemptRecord};
 use crate::metrics::{SetLabel, StateLabel};
 use crate::model::websub::{
-    Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic,
+    DeliveryAuth, Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic,
 };
 use crate::model::Timestamp;
 
@@ -26,7 +26,7 @@ use crate::model::Timestamp;
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
     paths(list_subscriptions, show_subscription, patch_subscription, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch)),
+    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -165,6 +165,8 @@ pub struct SubscriptionView {
     /// Its own limit of deliveries a second (0: none); null: the hub's
     /// `hub.max_per_sec_per_subscriber`.
     pub max_per_sec: Option<f64>,
+    /// How the hub authenticates itself to the receiver (never a key or a secret).
+    pub auth: Option<AuthView>,
 }
 
 fn ts(t: Timestamp) -> String {
@@ -201,6 +203,7 @@ fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         held_since: s.held.map(|h| ts(h.since)),
         failing_since: s.failing_since.map(ts),
         max_per_sec: s.max_per_sec,
+        auth: s.auth.as_ref().map(auth_view),
     }
 }
 
@@ -227,6 +230,7 @@ fn pending_view(i: Intent) -> SubscriptionView {
         held_since: None,
         failing_since: None,
         max_per_sec: None,
+        auth: None,
     }
 }
 
@@ -456,16 +460,14 @@ async fn redeliver(
     State(st): State<AppState>,
     headers: HeaderMap,
     p: Result<Path<String>, PathRejection>,
-    body: Result<Json<RedeliverRequest>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<(StatusCode, Json<Redelivered>), AppError> {
     authorize(&st, &headers)?;
     let id = sub_id(p)?;
-    let Json(req) = body.map_err(|e| {
-        AppError::BadRequest(format!(
-            "the body must be JSON like {{\"since\": \"2026-01-31T12:00:00Z\", \"until\": optional}}: {}",
-            e.body_text()
-        ))
-    })?;
+    let req: RedeliverRequest = json_object(
+        body,
+        r#"{"since": "2026-01-31T12:00:00Z", "until": optional}"#,
+    )?;
     let since = Timestamp::parse_zoned(&req.since, "since").map_err(AppError::BadRequest)?;
     let until = req
         .until
@@ -491,14 +493,72 @@ pub struct SubscriptionPatch {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = Option<f64>)]
     pub max_per_sec: Option<Option<f64>>,
+    /// How the hub authenticates itself to the receiver: `{"mtls": {"certificate": PEM,
+    /// "key": PEM, "ca": PEM (optional)}}` or `{"oauth2": {"token_url", "client_id",
+    /// "client_secret", "scope" (optional)}}`; null: none. Keys and secrets are never shown
+    /// back.
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<DeliveryAuth>)]
+    pub auth: Option<Option<DeliveryAuth>>,
+}
+
+/// A request body that must be a JSON object of `T`'s fields (serde would also take an array
+/// of them in order): 400 naming `example` otherwise.
+fn json_object<T: serde::de::DeserializeOwned>(
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
+    example: &str,
+) -> Result<T, AppError> {
+    let bad =
+        |why: String| AppError::BadRequest(format!("the body must be JSON like {example}: {why}"));
+    let Json(v) = body.map_err(|e| bad(e.body_text()))?;
+    if !v.is_object() {
+        return Err(bad("it is not an object".into()));
+    }
+    serde_json::from_value(v).map_err(|e| bad(e.to_string()))
 }
 
 /// A field given, even as null (`Some(None)`), told from one left out (`None`).
-fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Option<f64>>, D::Error> {
-    Option::<f64>::deserialize(d).map(Some)
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<Option<T>>, D::Error> {
+    Option::<T>::deserialize(d).map(Some)
 }
 
-/// Changes a subscription's settings (its delivery rate limit); answers the subscription.
+/// What is shown of a subscription's delivery auth: never a key or a secret.
+#[derive(Serialize, ToSchema)]
+pub struct AuthView {
+    /// `mtls` or `oauth2`.
+    pub kind: String,
+    pub token_url: Option<String>,
+    pub client_id: Option<String>,
+    pub scope: Option<String>,
+}
+
+fn auth_view(a: &DeliveryAuth) -> AuthView {
+    let mut v = AuthView {
+        kind: a.kind().into(),
+        token_url: None,
+        client_id: None,
+        scope: None,
+    };
+    if let DeliveryAuth::Oauth2 {
+        token_url,
+        client_id,
+        scope,
+        ..
+    } = a
+    {
+        (v.token_url, v.client_id, v.scope) = (
+            Some(token_url.clone()),
+            Some(client_id.clone()),
+            scope.clone(),
+        );
+    }
+    v
+}
+
+/// Changes a subscription's settings (its delivery rate limit, how the hub authenticates to
+/// its receiver); answers the subscription.
 #[utoipa::path(patch, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")),
     request_body = SubscriptionPatch, responses(
     (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -506,22 +566,12 @@ async fn patch_subscription(
     State(st): State<AppState>,
     headers: HeaderMap,
     p: Result<Path<String>, PathRejection>,
-    body: Result<Json<SubscriptionPatch>, axum::extract::rejection::JsonRejection>,
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
 ) -> Result<Json<SubscriptionView>, AppError> {
     authorize(&st, &headers)?;
     let id = sub_id(p)?;
-    let Json(req) = body.map_err(|e| {
-        AppError::BadRequest(format!(
-            "the body must be JSON like {{\"max_per_sec\": 5}}: {}",
-            e.body_text()
-        ))
-    })?;
-    let Some(max) = req.max_per_sec else {
-        return Err(AppError::BadRequest(
-            "nothing to change: give max_per_sec (a number, or null for the hub's default)".into(),
-        ));
-    };
-    if let Some(n) = max {
+    let req: SubscriptionPatch = json_object(body, r#"{"max_per_sec": 5}"#)?;
+    if let Some(Some(n)) = req.max_per_sec {
         if !(0.0..=crate::config::MAX_PER_SEC).contains(&n) {
             return Err(AppError::BadRequest(format!(
                 "max_per_sec {n} must lie between 0 (no limit) and {}",
@@ -529,7 +579,20 @@ async fn patch_subscription(
             )));
         }
     }
-    if st.hub.set_max_per_sec(id, max).await?.is_none() {
+    if let Some(Some(a)) = &req.auth {
+        let (sub, _) = st
+            .hub
+            .store()
+            .hub_detail(id, Timestamp::now())
+            .await?
+            .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+        st.hub.check_auth(&sub, a).map_err(AppError::BadRequest)?;
+    }
+    let change = crate::model::websub::SubscriptionChange {
+        max_per_sec: req.max_per_sec,
+        auth: req.auth,
+    };
+    if st.hub.change(id, change).await?.is_none() {
         return Err(AppError::NotFound(format!("no subscription {id}")));
     }
     detail(&st, id).await

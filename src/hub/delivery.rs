@@ -14,10 +14,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::admin::AttemptRecord;
+use super::auth::Link;
 use super::partition::Grant;
 use super::{random_unit, signature, Hub};
 use crate::model::websub::{
-    standard_signature, Hold, Message, MessageId, Outcome, Subscription, SubscriptionId, Topic,
+    standard_signature, DeliveryAuth, Hold, Message, MessageId, Outcome, Subscription,
+    SubscriptionId, Topic,
 };
 use crate::model::Timestamp;
 use crate::store::Store;
@@ -46,6 +48,7 @@ pub(super) struct Lane {
     verified_at: Timestamp,
     held: Option<Hold>,
     max_per_sec: Option<f64>,
+    auth: Option<DeliveryAuth>,
     /// The newest message handed to the lane: older ones are not queued twice.
     last: MessageId,
     pub(super) born: Instant,
@@ -80,6 +83,7 @@ impl Lane {
             verified_at: sub.verified_at,
             held: sub.held,
             max_per_sec: sub.max_per_sec,
+            auth: sub.auth.clone(),
             last: sub.cursor,
             born: Instant::now(),
             grant: grant.clone(),
@@ -117,6 +121,7 @@ impl Lane {
             || sub.expires_at != self.expires_at
             || sub.held != self.held
             || sub.max_per_sec != self.max_per_sec
+            || sub.auth != self.auth
     }
 
     pub(super) fn retry_now(&self, failed: Vec<Arc<Message>>) {
@@ -132,6 +137,7 @@ impl Lane {
         self.verified_at = sub.verified_at;
         self.held = sub.held;
         self.max_per_sec = sub.max_per_sec;
+        self.auth = sub.auth.clone();
         let _ = self.tx.send(LaneMsg::Update(Box::new(sub)));
     }
 }
@@ -558,6 +564,7 @@ async fn run_lane(
 ) {
     // A subscription's callback never changes (a new callback is a new subscription).
     let target = target(&hub, &sub);
+    let mut link = Link::new(&hub, &sub);
     let mut st = LaneState::new(sub, suspect);
     loop {
         loop {
@@ -567,6 +574,7 @@ async fn run_lane(
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
         }
+        link.update(&hub, &st.sub);
         st.note_missed(&signals);
         let wake = match st.next(Instant::now(), Timestamp::now()) {
             Step::Read {
@@ -637,7 +645,7 @@ async fn run_lane(
                         None
                     } else {
                         let t0 = std::time::Instant::now();
-                        let a = deliver(&hub, &st.sub, &target, &message).await;
+                        let a = deliver(&hub, &mut link, &st.sub, &target, &message).await;
                         Some((a, t0.elapsed()))
                     }
                 };
@@ -791,24 +799,60 @@ fn target(hub: &Hub, sub: &Subscription) -> Result<url::Url, String> {
 
 async fn deliver(
     hub: &Hub,
+    link: &mut Link,
     sub: &Subscription,
     target: &Result<url::Url, String>,
     m: &Message,
 ) -> Attempt {
+    let failed = |error: String| Attempt::Failed {
+        status: None,
+        error,
+        retry_after: None,
+    };
     let url = match target {
         Ok(u) => u.clone(),
-        Err(e) => {
-            return Attempt::Failed {
-                status: None,
-                error: e.clone(),
-                retry_after: None,
-            }
-        }
+        Err(e) => return failed(e.clone()),
     };
+    let client = match &link.client {
+        Ok(c) => c.clone(),
+        Err(e) => return failed(e.clone()),
+    };
+    if let Err(e) = hub.policy.check_before_sending(&url, "callback").await {
+        return failed(e);
+    }
+    let token = match link.bearer(hub, false).await {
+        Ok(t) => t,
+        Err(e) => return failed(e),
+    };
+    let mut sent = request(hub, &client, &url, sub, m, token.as_deref())
+        .send()
+        .await;
+    if link.uses_oauth2() && matches!(&sent, Ok(r) if r.status() == StatusCode::UNAUTHORIZED) {
+        // The token was revoked or expired early: one fresh token, one more try.
+        match link.bearer(hub, true).await {
+            Ok(t) => {
+                sent = request(hub, &client, &url, sub, m, t.as_deref())
+                    .send()
+                    .await
+            }
+            Err(e) => return failed(e),
+        }
+    }
+    settle_response(hub, sent).await
+}
+
+/// A delivery request, signed at this attempt, with the bearer token when there is one.
+fn request(
+    hub: &Hub,
+    client: &reqwest::Client,
+    url: &url::Url,
+    sub: &Subscription,
+    m: &Message,
+    token: Option<&str>,
+) -> reqwest::RequestBuilder {
     let id = webhook_id(m);
-    let mut req = hub
-        .client
-        .post(url)
+    let mut req = client
+        .post(url.clone())
         .header(CONTENT_TYPE, &m.content_type)
         .header(
             LINK,
@@ -839,8 +883,15 @@ async fn deliver(
             .header("webhook-timestamp", at)
             .header("webhook-signature", signatures);
     }
-    let req = req.header("webhook-id", id);
-    match req.send().await {
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    req.header("webhook-id", id)
+}
+
+/// What a delivery's answer (or failure to get one) comes to.
+async fn settle_response(hub: &Hub, sent: reqwest::Result<reqwest::Response>) -> Attempt {
+    match sent {
         Ok(resp) if hub.policy.check_peer(&resp).is_err() => Attempt::Failed {
             status: None,
             error: hub.policy.check_peer(&resp).unwrap_err(),
@@ -888,8 +939,10 @@ pub(super) async fn fetch(
     topic: &Topic,
     max_bytes: usize,
 ) -> Result<(String, Bytes), String> {
+    let url = topic.url();
+    policy.check_before_sending(&url, "hub.topic").await?;
     let mut resp = client
-        .get(topic.url())
+        .get(url)
         .send()
         .await
         .map_err(|e| crate::cause::chain(&e))?;
@@ -1016,6 +1069,7 @@ mod tests {
             failing_since: None,
             held: None,
             max_per_sec: None,
+            auth: None,
         }
     }
 

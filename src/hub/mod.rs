@@ -11,6 +11,7 @@
 //! verification, removal and admin calls never wait on a publish's store write.
 
 pub mod admin;
+mod auth;
 mod delivery;
 mod partition;
 mod policy;
@@ -347,25 +348,37 @@ const RENEW_EVERY: Duration = Duration::from_secs(2);
 /// How often a process that delivers picks up subscriptions and messages other processes wrote.
 const SYNC_EVERY: Duration = Duration::from_millis(250);
 
+/// How the hub's HTTP clients are made (deliveries, verifications, topic fetches, tokens).
+fn client_builder(policy: &Arc<AddressPolicy>, settings: &HubSettings) -> reqwest::ClientBuilder {
+    policy::guarded_client(
+        policy,
+        concat!(
+            "resourcesync-hub/",
+            env!("CARGO_PKG_VERSION"),
+            " (WebSub hub)"
+        ),
+    )
+    .no_gzip()
+    .timeout(settings.request_timeout)
+    .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
+    .pool_idle_timeout(Duration::from_secs(60))
+}
+
 impl Hub {
+    /// A builder for a client like the hub's (for one with a subscription's certificate).
+    fn client_builder(&self) -> reqwest::ClientBuilder {
+        client_builder(&self.policy, &self.settings)
+    }
+
     /// Builds the hub, restores every subscription's queue from the store and restarts
     /// verifications that were under way.
     pub async fn start(config: &Config, store: Store) -> anyhow::Result<Arc<Hub>> {
         let settings = HubSettings::from_config(config);
-        let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks));
-        let client = policy::guarded_client(
-            &policy,
-            concat!(
-                "resourcesync-hub/",
-                env!("CARGO_PKG_VERSION"),
-                " (WebSub hub)"
-            ),
-        )
-        .no_gzip()
-        .timeout(settings.request_timeout)
-        .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
-        .pool_idle_timeout(Duration::from_secs(60))
-        .build()?;
+        let proxy = (!config.hub.egress_proxy.is_empty())
+            .then(|| url::Url::parse(&config.hub.egress_proxy))
+            .transpose()?;
+        let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks).through(proxy));
+        let client = client_builder(&policy, &settings).build()?;
         let (tx, rx) = mpsc::channel(OUTCOME_BUFFER);
         let writer_stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());

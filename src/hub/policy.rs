@@ -2,7 +2,9 @@
 //! link-local, shared (CGNAT) or cloud-metadata addresses are refused unless their network is
 //! allow-listed (`hub.allow_networks`). IP literals are checked before every request; host
 //! names are checked where they are resolved ([`SafeResolver`]), so a name that later
-//! re-resolves to an internal address is still refused.
+//! re-resolves to an internal address is still refused. Behind an egress proxy
+//! (`hub.egress_proxy`) the proxy resolves and connects: the hub then resolves each host
+//! itself before every request and refuses it when any of its addresses is refused.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -14,6 +16,8 @@ use url::{Host, Url};
 #[derive(Debug, Clone, Default)]
 pub struct AddressPolicy {
     allow: Vec<IpNet>,
+    /// Every request goes through this HTTP proxy (CONNECT for https).
+    proxy: Option<Url>,
 }
 
 impl AddressPolicy {
@@ -21,7 +25,40 @@ impl AddressPolicy {
     pub fn new(allow: &[ipnet::IpNet]) -> AddressPolicy {
         AddressPolicy {
             allow: allow.to_vec(),
+            proxy: None,
         }
+    }
+
+    /// The same policy, with every request sent through `proxy`.
+    pub fn through(mut self, proxy: Option<Url>) -> AddressPolicy {
+        self.proxy = proxy;
+        self
+    }
+
+    /// Checks `url` before a request: as [`AddressPolicy::check_url`], and behind a proxy
+    /// (which resolves the host itself) every address its host resolves to here.
+    pub async fn check_before_sending(&self, url: &Url, what: &str) -> Result<(), String> {
+        self.check_url(url, what)?;
+        let (Some(_), Some(Host::Domain(d))) = (&self.proxy, url.host()) else {
+            return Ok(());
+        };
+        let port = url.port_or_known_default().unwrap_or(80);
+        let found: Vec<SocketAddr> = tokio::net::lookup_host((d, port))
+            .await
+            .map_err(|e| format!("{what} {url}: {d} does not resolve ({e})"))?
+            .collect();
+        if found.is_empty() {
+            return Err(format!("{what} {url}: {d} does not resolve"));
+        }
+        for a in found {
+            if let Err(why) = self.check_ip(a.ip()) {
+                return Err(format!(
+                    "{what} {url}: {d} resolves to {}, {why}, which this hub does not call (see hub.allow_networks)",
+                    a.ip()
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Whether the hub may open a connection to `ip`.
@@ -58,6 +95,10 @@ impl AddressPolicy {
     /// The peer of a connection actually made: a last check, should anything between the
     /// resolver and the socket (a proxy, a resolver quirk) have led elsewhere.
     pub fn check_peer(&self, resp: &reqwest::Response) -> Result<(), String> {
+        if self.proxy.is_some() {
+            // The peer is the proxy; the target was checked before sending.
+            return Ok(());
+        }
         match resp.remote_addr() {
             Some(a) => self.check_ip(a.ip()).map_err(|why| {
                 format!("the connection went to {a}, {why}, which this hub does not call")
@@ -235,15 +276,21 @@ impl Resolve for SafeResolver {
 
 /// An HTTP client that calls only addresses `policy` permits (checked where names are
 /// resolved; the peer of each response is checked with [`AddressPolicy::check_peer`]), follows
-/// no redirects and uses no proxy: the hub's, and the dump builder's for remote resources.
+/// no redirects and uses no proxy but the policy's: the hub's, and the dump builder's for
+/// remote resources. Behind a proxy, callers check each URL with
+/// [`AddressPolicy::check_before_sending`] (the proxy's own address is the operator's choice).
 pub fn guarded_client(policy: &Arc<AddressPolicy>, user_agent: &str) -> reqwest::ClientBuilder {
-    reqwest::Client::builder()
+    let b = reqwest::Client::builder()
         .user_agent(user_agent)
-        .dns_resolver(Arc::new(SafeResolver {
-            policy: policy.clone(),
-        }))
-        .redirect(reqwest::redirect::Policy::none())
-        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none());
+    match &policy.proxy {
+        Some(p) => b.proxy(reqwest::Proxy::all(p.as_str()).expect("a validated proxy URL")),
+        None => b
+            .dns_resolver(Arc::new(SafeResolver {
+                policy: policy.clone(),
+            }))
+            .no_proxy(),
+    }
 }
 
 #[cfg(test)]

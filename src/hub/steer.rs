@@ -10,7 +10,9 @@ use reqwest::header::CONTENT_TYPE;
 
 use super::Hub;
 use crate::config::Config;
-use crate::model::websub::{standard_signature, Hold, HoldReason, Subscription, SubscriptionId};
+use crate::model::websub::{
+    standard_signature, Hold, HoldReason, Subscription, SubscriptionChange, SubscriptionId,
+};
 use crate::model::Timestamp;
 use crate::store::StoreError;
 
@@ -116,17 +118,19 @@ impl Hub {
         Ok(Some(sub))
     }
 
-    /// Sets a subscription's own delivery rate limit (`Some(0.0)`: none, whatever the hub's
-    /// default; `None`: the hub's default). `None` when there is no such subscription.
-    pub async fn set_max_per_sec(
+    /// Changes an admin's settings of a subscription: its own delivery rate limit
+    /// (`Some(0.0)`: none, whatever the hub's default; `None`: the hub's default), its delivery
+    /// auth. `None` when there is no such subscription.
+    pub async fn change(
         &self,
         id: SubscriptionId,
-        max_per_sec: Option<f64>,
+        change: SubscriptionChange,
     ) -> Result<Option<Subscription>, StoreError> {
-        let Some(sub) = self.store.hub_set_max_per_sec(id, max_per_sec).await? else {
+        let what = format!("{change:?}");
+        let Some(sub) = self.store.hub_change(id, change).await? else {
             return Ok(None);
         };
-        tracing::info!(subscription = id, max_per_sec = ?max_per_sec, "delivery rate limit set");
+        tracing::info!(subscription = id, change = %what, "subscription settings changed");
         self.update_lane(&sub);
         Ok(Some(sub))
     }

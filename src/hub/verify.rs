@@ -47,7 +47,7 @@ pub(super) async fn verify(hub: &Arc<Hub>, intent: Intent) {
 /// Sends the verification (or denial) request; `Err(reason)` when the intent is not confirmed.
 async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
     let mut url = intent.callback.url();
-    hub.policy.check_url(&url, "callback")?;
+    hub.policy.check_before_sending(&url, "callback").await?;
     let token = challenge();
     {
         let mut q = url.query_pairs_mut();

@@ -241,6 +241,66 @@ pub struct Subscription {
     /// Deliveries a second at most for this subscriber (`None`: the hub's
     /// `hub.max_per_sec_per_subscriber`).
     pub max_per_sec: Option<f64>,
+    /// How the hub authenticates itself to the receiver (set by an admin; never shown back).
+    pub auth: Option<DeliveryAuth>,
+}
+
+/// What an admin changes of a subscription: each field given is set (`Some(None)` clears it).
+#[derive(Debug, Clone, Default)]
+pub struct SubscriptionChange {
+    pub max_per_sec: Option<Option<f64>>,
+    pub auth: Option<Option<DeliveryAuth>>,
+}
+
+/// How the hub authenticates itself to a receiver behind a firewall.
+#[derive(Clone, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum DeliveryAuth {
+    /// Mutual TLS: the hub presents this client certificate (PEM, the chain after it) and its
+    /// private key (PEM); `ca` (PEM), when given, is trusted for this receiver's server
+    /// certificate besides the usual roots.
+    Mtls {
+        certificate: String,
+        key: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ca: Option<String>,
+    },
+    /// OAuth2 client credentials (RFC 6749 §4.4): a bearer token from `token_url`, asked for
+    /// with HTTP Basic client authentication, kept until it expires.
+    Oauth2 {
+        token_url: String,
+        client_id: String,
+        client_secret: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        scope: Option<String>,
+    },
+}
+
+impl DeliveryAuth {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            DeliveryAuth::Mtls { .. } => "mtls",
+            DeliveryAuth::Oauth2 { .. } => "oauth2",
+        }
+    }
+}
+
+impl fmt::Debug for DeliveryAuth {
+    /// Never prints a key or a secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeliveryAuth::Mtls { .. } => f.write_str("Mtls(<set>)"),
+            DeliveryAuth::Oauth2 {
+                token_url,
+                client_id,
+                ..
+            } => f
+                .debug_struct("Oauth2")
+                .field("token_url", token_url)
+                .field("client_id", client_id)
+                .finish(),
+        }
+    }
 }
 
 /// Why a subscription's deliveries are held, and since when.

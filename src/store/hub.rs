@@ -9,7 +9,8 @@ use bytes::Bytes;
 use super::{NotifyState, StoreError};
 use crate::model::websub::{
     Callback, Hold, HubTotals, Intent, Message, MessageId, Outcome, Resolution, Subscription,
-    SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo, TopicSummary,
+    SubscriptionChange, SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic, TopicInfo,
+    TopicSummary,
 };
 use crate::model::Timestamp;
 
@@ -230,12 +231,12 @@ pub trait HubStore: Send + Sync {
         only_if_unheld: bool,
     ) -> Result<Option<Subscription>, StoreError>;
 
-    /// Sets a subscription's own limit of deliveries a second (`None`: the hub's default).
+    /// Changes an admin's settings of a subscription (its rate limit, its delivery auth).
     /// Returns the subscription as it now stands; `None` when there is none.
-    async fn hub_set_max_per_sec(
+    async fn hub_change(
         &self,
         id: SubscriptionId,
-        max_per_sec: Option<f64>,
+        change: SubscriptionChange,
     ) -> Result<Option<Subscription>, StoreError>;
 
     /// Removes a subscription's failure records, returning their messages (to try again).

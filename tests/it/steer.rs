@@ -138,7 +138,10 @@ async fn a_paused_subscription_gets_its_backlog_in_order_once_on_resume() {
 
     // The CLI sets a rate limit, and takes it back to the hub's default.
     let (ok, out) = cli(&app, &["subscriptions", "limit", &id, "2.5"]).await;
-    assert!(ok && out.contains("at most 2.5 deliveries a second"), "{out}");
+    assert!(
+        ok && out.contains("at most 2.5 deliveries a second"),
+        "{out}"
+    );
     let (ok, out) = cli(&app, &["subscriptions", "limit", &id, "default"]).await;
     assert!(ok && out.contains("the hub's default"), "{out}");
     let (ok, out) = cli(&app, &["subscriptions", "limit", &id, "fast"]).await;
@@ -294,7 +297,7 @@ async fn a_rate_limited_subscriber_gets_everything_in_order_at_its_pace_and_429_
         (serde_json::json!({"max_per_sec": -1}), "between 0"),
         (serde_json::json!({"max_per_sec": 1e9}), "between 0"),
         (serde_json::json!({"max_per_sec": "five"}), "JSON like"),
-        (serde_json::json!({}), "nothing to change"),
+        (serde_json::json!([5]), "not an object"),
         (
             serde_json::json!({"max_per_sec": 5, "burst": 2}),
             "JSON like",
@@ -304,6 +307,12 @@ async fn a_rate_limited_subscriber_gets_everything_in_order_at_its_pace_and_429_
         assert_eq!(s, 400, "{bad}: {v}");
         assert!(v["error"].as_str().unwrap().contains(why), "{bad}: {v}");
     }
+    let (s, v) = patch(serde_json::json!({})).await;
+    assert_eq!(
+        (s, &v["max_per_sec"]),
+        (200, &Value::Null),
+        "nothing changed: {v}"
+    );
     let (s, v) = patch(serde_json::json!({"max_per_sec": 5})).await;
     assert_eq!((s, v["max_per_sec"].as_f64()), (200, Some(5.0)), "{v}");
     sub.script("/busy", &[(429, None)]);

@@ -33,9 +33,9 @@ use super::{ElasticStore, Versioned};
 use crate::model::websub::partition_of;
 use crate::model::websub::SignatureAlg;
 use crate::model::websub::{
-    Callback, Hold, HoldReason, HubTotals, Intent, IntentMode, Message, MessageId, Outcome,
-    Resolution, Subscription, SubscriptionFilter, SubscriptionId, SubscriptionStats, Topic,
-    TopicInfo, TopicSummary,
+    Callback, DeliveryAuth, Hold, HoldReason, HubTotals, Intent, IntentMode, Message, MessageId,
+    Outcome, Resolution, Subscription, SubscriptionChange, SubscriptionFilter, SubscriptionId,
+    SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::{SetName, Timestamp};
 use crate::store::hub::LeaseVersion;
@@ -125,6 +125,9 @@ struct SubDoc {
     /// Deliveries a second at most (none: the hub's default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_per_sec: Option<f64>,
+    /// How the hub authenticates to the receiver.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    delivery_auth: Option<DeliveryAuth>,
     /// The topic and callback as given (`topic`/`callback` hold their normal form).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     topic_given: Option<String>,
@@ -163,6 +166,7 @@ impl SubDoc {
             failing_since: self.failing_since.map(Timestamp),
             held: self.hold()?,
             max_per_sec: self.max_per_sec,
+            auth: self.delivery_auth.clone(),
         })
     }
 
@@ -757,6 +761,7 @@ impl HubStore for ElasticStore {
                                 held_reason: None,
                                 held_at: None,
                                 max_per_sec: None,
+                                delivery_auth: None,
                                 topic_given: Some(intent.topic.given().into()),
                                 callback_given: Some(intent.callback.given().into()),
                                 epoch: 0,
@@ -1460,10 +1465,10 @@ impl HubStore for ElasticStore {
         written.map(|s| s.subscription()).transpose()
     }
 
-    async fn hub_set_max_per_sec(
+    async fn hub_change(
         &self,
         id: SubscriptionId,
-        max_per_sec: Option<f64>,
+        change: SubscriptionChange,
     ) -> Result<Option<Subscription>, StoreError> {
         let doc_ids = self.sub_doc_ids([id].into_iter()).await?;
         let Some(doc_id) = doc_ids.get(&id) else {
@@ -1471,7 +1476,12 @@ impl HubStore for ElasticStore {
         };
         let written = self
             .update_sub(doc_id, |s| {
-                s.max_per_sec = max_per_sec;
+                if let Some(m) = change.max_per_sec {
+                    s.max_per_sec = m;
+                }
+                if let Some(a) = &change.auth {
+                    s.delivery_auth = a.clone();
+                }
                 true
             })
             .await?;

@@ -14,8 +14,8 @@ use super::EmbeddedStore;
 use crate::model::websub::SignatureAlg;
 use crate::model::websub::{
     Callback, Hold, HoldReason, HubTotals, Intent, IntentMode, Message, MessageId, Outcome,
-    Resolution, SubState, Subscription, SubscriptionFilter, SubscriptionId, SubscriptionStats,
-    Topic, TopicInfo, TopicSummary,
+    Resolution, SubState, Subscription, SubscriptionChange, SubscriptionFilter, SubscriptionId,
+    SubscriptionStats, Topic, TopicInfo, TopicSummary,
 };
 use crate::model::Timestamp;
 use crate::store::{HubStore, NotifyState, StoreError};
@@ -23,10 +23,10 @@ use crate::store::{HubStore, NotifyState, StoreError};
 const SUB_COLS: &str =
     "id, topic, callback, secret, alg, lease_secs, lease_start, expires_at, verified_at, \
      created_at, cursor, attempts, next_attempt_at, topic_given, callback_given, \
-     previous_secret, previous_until, failing_since, held_reason, held_at, max_per_sec";
+     previous_secret, previous_until, failing_since, held_reason, held_at, max_per_sec, delivery_auth";
 
 /// How many columns [`SUB_COLS`] has (a listing's own columns follow).
-const SUB_N: usize = 21;
+const SUB_N: usize = 22;
 
 fn alg_from(s: String) -> rusqlite::Result<SignatureAlg> {
     SignatureAlg::parse(&s).ok_or_else(|| {
@@ -78,6 +78,12 @@ fn sub_from_row(r: &Row) -> rusqlite::Result<Subscription> {
             _ => None,
         },
         max_per_sec: r.get(20)?,
+        auth: match r.get::<_, Option<String>>(21)? {
+            Some(json) => Some(serde_json::from_str(&json).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(21, rusqlite::types::Type::Text, e.into())
+            })?),
+            None => None,
+        },
     })
 }
 
@@ -656,15 +662,30 @@ impl HubStore for EmbeddedStore {
         .await
     }
 
-    async fn hub_set_max_per_sec(
+    async fn hub_change(
         &self,
         id: SubscriptionId,
-        max_per_sec: Option<f64>,
+        change: SubscriptionChange,
     ) -> Result<Option<Subscription>, StoreError> {
+        let auth = match &change.auth {
+            Some(Some(a)) => Some(serde_json::to_string(a).expect("auth serialises")),
+            _ => None,
+        };
         self.write(move |c| {
             Ok(c.query_row(
-                &format!("UPDATE hub_subscriptions SET max_per_sec = ?2 WHERE id = ?1 RETURNING {SUB_COLS}"),
-                params![id, max_per_sec],
+                &format!(
+                    "UPDATE hub_subscriptions SET
+                       max_per_sec = CASE WHEN ?2 THEN ?3 ELSE max_per_sec END,
+                       delivery_auth = CASE WHEN ?4 THEN ?5 ELSE delivery_auth END
+                     WHERE id = ?1 RETURNING {SUB_COLS}"
+                ),
+                params![
+                    id,
+                    change.max_per_sec.is_some(),
+                    change.max_per_sec.flatten(),
+                    change.auth.is_some(),
+                    auth
+                ],
                 sub_from_row,
             )
             .optional()?)

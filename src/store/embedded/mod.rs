@@ -205,6 +205,8 @@ impl EmbeddedStore {
             ("hub_subscriptions", "failing_since", "INTEGER"),
             // Deliveries a second at most (NULL: the hub's default).
             ("hub_subscriptions", "max_per_sec", "REAL"),
+            // How the hub authenticates to the receiver (JSON), set by an admin.
+            ("hub_subscriptions", "delivery_auth", "TEXT"),
         ] {
             let has: bool = conn
                 .prepare(&format!(
