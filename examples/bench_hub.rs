@@ -2,12 +2,14 @@
 //!
 //! ```text
 //! cargo run --release --example bench_hub -- [--subscribers 100,500,1000] [--notifications 20]
-//!     [--hung N] [--failing N] [--request-timeout-secs 10]
+//!     [--hung N] [--failing N] [--limited PER_SEC] [--request-timeout-secs 10]
 //! ```
 //!
 //! With `--hung N` / `--failing N`, each round runs twice: as above, then with N more callbacks
 //! on the same topic that never answer (or answer 500), printing the healthy subscribers'
-//! figures both times, and the process's peak RSS at the end.
+//! figures both times, and the process's peak RSS at the end. With `--limited PER_SEC`, the
+//! second run has one more subscriber whose deliveries are limited to that many a second
+//! (`PATCH /admin/v1/subscriptions/{id}`), to see whether its neighbours slow down.
 //!
 //! With `--elasticsearch URL [--processes 1,2,3] [--subscribers 60] [--notifications 200]
 //! [--lease-secs 10]`, delivery is shared: for each count N, N server processes (this program
@@ -174,6 +176,10 @@ async fn main() -> anyhow::Result<()> {
         arg("--request-timeout-secs").map_or(10, |s| s.parse().expect("--request-timeout-secs N"));
     let hung: usize = arg("--hung").map_or(0, |s| s.parse().expect("--hung N"));
     let failing: usize = arg("--failing").map_or(0, |s| s.parse().expect("--failing N"));
+    // One more subscriber limited to this many deliveries a second (admin API): do its
+    // neighbours slow down?
+    let limited: Option<f64> = arg("--limited").map(|s| s.parse().expect("--limited N"));
+    config.admin.token = "bench".into();
     let db = config.database_path();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let hub_addr = listener.local_addr()?;
@@ -187,6 +193,7 @@ async fn main() -> anyhow::Result<()> {
         .route("/cb/{id}", get(verify).post(receive))
         .route("/hang/{id}", get(verify).post(hang))
         .route("/fail/{id}", get(verify).post(fail))
+        .route("/slow/{id}", get(verify).post(|| async { "" }))
         .with_state(receipts.clone());
     let recv_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let recv_addr = recv_listener.local_addr()?;
@@ -214,13 +221,14 @@ async fn main() -> anyhow::Result<()> {
         "subscribers", "deliveries", "deliveries/s", "p50 ms", "p99 ms", "max ms", "publishing ms"
     );
     let mut base = 0usize;
-    let variants: Vec<(usize, usize)> = if hung + failing > 0 {
-        vec![(0, 0), (hung, failing)]
+    // (hung, failing, limited) beside the healthy subscribers.
+    let variants: Vec<(usize, usize, Option<f64>)> = if hung + failing > 0 || limited.is_some() {
+        vec![(0, 0, None), (hung, failing, limited)]
     } else {
-        vec![(0, 0)]
+        vec![(0, 0, None)]
     };
     for n in rounds {
-        for (round, &(extra_hung, extra_failing)) in variants.iter().enumerate() {
+        for (round, &(extra_hung, extra_failing, extra_limited)) in variants.iter().enumerate() {
             let topic = format!("http://{hub_addr}/topics/bench-{n}-{round}");
             let mut callbacks: Vec<String> = (0..n)
                 .map(|i| format!("http://{recv_addr}/cb/{}", base + i))
@@ -230,6 +238,9 @@ async fn main() -> anyhow::Result<()> {
             callbacks.extend(
                 (0..extra_failing).map(|i| format!("http://{recv_addr}/fail/{}", base + i)),
             );
+            if extra_limited.is_some() {
+                callbacks.push(format!("http://{recv_addr}/slow/{base}"));
+            }
             // The healthy subscribers first, established by one delivery (as they would be
             // when someone starts registering bad callbacks), then the bad ones.
             let (healthy, bad) = callbacks.split_at(n);
@@ -250,6 +261,16 @@ async fn main() -> anyhow::Result<()> {
                 println!(
                     "  with {extra_hung} hung and {extra_failing} failing callbacks beside them:"
                 );
+            }
+            if let Some(per_sec) = extra_limited {
+                limit(
+                    &client,
+                    &hub_addr,
+                    bad.last().expect("the limited one"),
+                    per_sec,
+                )
+                .await?;
+                println!("  with one more subscriber limited to {per_sec} a second beside them:");
             }
             receipts.lock().unwrap().clear();
             let mut sent = Vec::with_capacity(notifications);
@@ -308,6 +329,34 @@ async fn main() -> anyhow::Result<()> {
     let _ = stop_tx.send(());
     let _ = server.await;
     let _ = std::fs::remove_dir_all(&tmp);
+    Ok(())
+}
+
+/// Sets the rate limit of the subscription of `callback` through the admin API.
+async fn limit(
+    client: &reqwest::Client,
+    hub: &std::net::SocketAddr,
+    callback: &str,
+    per_sec: f64,
+) -> anyhow::Result<()> {
+    let page: serde_json::Value = client
+        .get(format!("http://{hub}/admin/v1/subscriptions"))
+        .query(&[("callback", callback)])
+        .bearer_auth("bench")
+        .send()
+        .await?
+        .json()
+        .await?;
+    let id = page["items"][0]["id"]
+        .as_str()
+        .ok_or_else(|| anyhow::anyhow!("no subscription of {callback}: {page}"))?;
+    let r = client
+        .patch(format!("http://{hub}/admin/v1/subscriptions/{id}"))
+        .bearer_auth("bench")
+        .json(&serde_json::json!({ "max_per_sec": per_sec }))
+        .send()
+        .await?;
+    anyhow::ensure!(r.status() == 200, "the limit was refused: {}", r.status());
     Ok(())
 }
 

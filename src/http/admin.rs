@@ -25,7 +25,7 @@ use crate::model::Timestamp;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
-    paths(list_subscriptions, show_subscription, patch_subscription, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    paths(list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
     components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth)),
     modifiers(&Bearer),
     security(("bearer" = []))
@@ -73,6 +73,10 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/subscriptions/{id}/retry", post(retry))
         .route("/admin/v1/subscriptions/{id}/redeliver", post(redeliver))
         .route("/admin/v1/subscriptions/{id}/pause", post(pause))
+        .route(
+            "/admin/v1/subscriptions/{id}/auth",
+            axum::routing::put(put_auth).delete(delete_auth),
+        )
         .route("/admin/v1/subscriptions/{id}/resume", post(resume))
         .route("/admin/v1/topics", get(list_topics))
         .route("/admin/v1/topics/latest", get(latest_payload))
@@ -491,15 +495,8 @@ pub struct SubscriptionPatch {
     /// hub's default; null: the hub's `hub.max_per_sec_per_subscriber`). Messages beyond it wait
     /// in order; none is dropped.
     #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<f64>)]
+    #[schema(value_type = Option<f64>, minimum = 0, maximum = 10000)]
     pub max_per_sec: Option<Option<f64>>,
-    /// How the hub authenticates itself to the receiver: `{"mtls": {"certificate": PEM,
-    /// "key": PEM, "ca": PEM (optional)}}` or `{"oauth2": {"token_url", "client_id",
-    /// "client_secret", "scope" (optional)}}`; null: none. Keys and secrets are never shown
-    /// back.
-    #[serde(default, deserialize_with = "present")]
-    #[schema(value_type = Option<DeliveryAuth>)]
-    pub auth: Option<Option<DeliveryAuth>>,
 }
 
 /// A request body that must be a JSON object of `T`'s fields (serde would also take an array
@@ -557,8 +554,7 @@ fn auth_view(a: &DeliveryAuth) -> AuthView {
     v
 }
 
-/// Changes a subscription's settings (its delivery rate limit, how the hub authenticates to
-/// its receiver); answers the subscription.
+/// Changes a subscription's settings (its delivery rate limit); answers the subscription.
 #[utoipa::path(patch, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")),
     request_body = SubscriptionPatch, responses(
     (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
@@ -579,23 +575,75 @@ async fn patch_subscription(
             )));
         }
     }
-    if let Some(Some(a)) = &req.auth {
-        let (sub, _) = st
-            .hub
-            .store()
-            .hub_detail(id, Timestamp::now())
-            .await?
-            .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
-        st.hub.check_auth(&sub, a).map_err(AppError::BadRequest)?;
-    }
     let change = crate::model::websub::SubscriptionChange {
         max_per_sec: req.max_per_sec,
-        auth: req.auth,
+        auth: None,
     };
     if st.hub.change(id, change).await?.is_none() {
         return Err(AppError::NotFound(format!("no subscription {id}")));
     }
     detail(&st, id).await
+}
+
+/// Sets how the hub authenticates itself to the subscription's receiver, for deliveries and
+/// verifications: `{"mtls": {"certificate": PEM, "key": PEM, "ca": PEM (optional)}}` (an https
+/// callback) or `{"oauth2": {"token_url", "client_id", "client_secret", "scope" (optional)}}`
+/// (the token URL under the callbacks' address policy). Answers the subscription; keys and
+/// secrets are never shown back. 400 with the reason when the certificate, key or CA do not
+/// parse or the token URL is refused.
+#[utoipa::path(put, path = "/admin/v1/subscriptions/{id}/auth", params(("id" = String, Path, description = "Subscription id")),
+    request_body = DeliveryAuth, responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn put_auth(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let auth: DeliveryAuth = json_object(
+        body,
+        r#"{"oauth2": {"token_url": "https://…", "client_id": "…", "client_secret": "…"}}"#,
+    )?;
+    let (sub, _) = st
+        .hub
+        .store()
+        .hub_detail(id, Timestamp::now())
+        .await?
+        .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
+    st.hub
+        .check_auth(&sub, &auth)
+        .map_err(AppError::BadRequest)?;
+    set_auth(&st, id, Some(auth)).await
+}
+
+/// Removes the subscription's delivery auth (deliveries go as to any receiver).
+#[utoipa::path(delete, path = "/admin/v1/subscriptions/{id}/auth", params(("id" = String, Path, description = "Subscription id")), responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn delete_auth(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    set_auth(&st, id, None).await
+}
+
+async fn set_auth(
+    st: &AppState,
+    id: i64,
+    auth: Option<DeliveryAuth>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    let change = crate::model::websub::SubscriptionChange {
+        max_per_sec: None,
+        auth: Some(auth),
+    };
+    if st.hub.change(id, change).await?.is_none() {
+        return Err(AppError::NotFound(format!("no subscription {id}")));
+    }
+    detail(st, id).await
 }
 
 async fn detail(st: &AppState, id: i64) -> Result<Json<SubscriptionView>, AppError> {

@@ -71,12 +71,22 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
             }
         }
     }
+    // A receiver that requires the hub's client certificate gets it on the verifications of
+    // its subscription too (renewals, an admin's verify).
+    let client = match hub
+        .store
+        .hub_subscription(&intent.topic, &intent.callback)
+        .await
+    {
+        Ok(Some(s)) if s.auth.is_some() => hub.client_for(s.auth.as_ref())?,
+        _ => hub.client.clone(),
+    };
     let sent_at = Timestamp::now();
     // Once more at once when the request failed short of a timeout: the usual cause is a
     // pooled keep-alive connection the callback's server had closed (after an earlier
     // delivery), and a verification GET may be repeated.
-    let resp = match hub.client.get(url.clone()).send().await {
-        Err(e) if !e.is_timeout() => hub.client.get(url).send().await,
+    let resp = match client.get(url.clone()).send().await {
+        Err(e) if !e.is_timeout() => client.get(url).send().await,
         r => r,
     }
     .map_err(|e| format!("callback unreachable: {}", crate::cause::chain(&e)))
