@@ -35,6 +35,11 @@ impl AddressPolicy {
         self
     }
 
+    /// Whether requests go through an egress proxy.
+    pub fn is_proxied(&self) -> bool {
+        self.proxy.is_some()
+    }
+
     /// Checks `url` before a request: as [`AddressPolicy::check_url`], and behind a proxy
     /// (which resolves the host itself) every address its host resolves to here.
     pub async fn check_before_sending(&self, url: &Url, what: &str) -> Result<(), String> {
