@@ -25,8 +25,8 @@ use crate::model::Timestamp;
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
-    paths(list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth)),
+    paths(list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -73,6 +73,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/subscriptions/{id}/retry", post(retry))
         .route("/admin/v1/subscriptions/{id}/redeliver", post(redeliver))
         .route("/admin/v1/subscriptions/{id}/pause", post(pause))
+        .route("/admin/v1/subscriptions/{id}/secret", post(rotate_secret))
         .route(
             "/admin/v1/subscriptions/{id}/auth",
             axum::routing::put(put_auth).delete(delete_auth),
@@ -171,6 +172,8 @@ pub struct SubscriptionView {
     pub max_per_sec: Option<f64>,
     /// How the hub authenticates itself to the receiver (never a key or a secret).
     pub auth: Option<AuthView>,
+    /// After a rotation, until when the previous secret still signs deliveries.
+    pub previous_secret_until: Option<String>,
 }
 
 fn ts(t: Timestamp) -> String {
@@ -208,6 +211,7 @@ fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         failing_since: s.failing_since.map(ts),
         max_per_sec: s.max_per_sec,
         auth: s.auth.as_ref().map(auth_view),
+        previous_secret_until: s.previous_secret.as_ref().map(|(_, until)| ts(*until)),
     }
 }
 
@@ -235,6 +239,7 @@ fn pending_view(i: Intent) -> SubscriptionView {
         failing_since: None,
         max_per_sec: None,
         auth: None,
+        previous_secret_until: None,
     }
 }
 
@@ -577,7 +582,49 @@ async fn patch_subscription(
     }
     let change = crate::model::websub::SubscriptionChange {
         max_per_sec: req.max_per_sec,
-        auth: None,
+        ..Default::default()
+    };
+    if st.hub.change(id, change).await?.is_none() {
+        return Err(AppError::NotFound(format!("no subscription {id}")));
+    }
+    detail(&st, id).await
+}
+
+/// A subscription's new secret.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SecretRequest {
+    /// The new `hub.secret` (1 to 199 bytes). The previous one keeps signing deliveries (a
+    /// second `v1,` signature in `webhook-signature`) for `hub.secret_grace_secs`;
+    /// `X-Hub-Signature` uses the new one at once.
+    #[schema(min_length = 1, max_length = 199)]
+    pub secret: String,
+}
+
+/// Rotates a subscription's secret without a gap (as a re-subscription with a new
+/// `hub.secret` does): answers the subscription, with until when the previous secret signs.
+#[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/secret", params(("id" = String, Path, description = "Subscription id")),
+    request_body = SecretRequest, responses(
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn rotate_secret(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+    body: Result<Json<serde_json::Value>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<SubscriptionView>, AppError> {
+    authorize(&st, &headers)?;
+    let id = sub_id(p)?;
+    let req: SecretRequest = json_object(body, r#"{"secret": "…"}"#)?;
+    if req.secret.is_empty() || req.secret.len() > crate::hub::MAX_SECRET_BYTES {
+        return Err(AppError::BadRequest(format!(
+            "the secret must be 1 to {} bytes",
+            crate::hub::MAX_SECRET_BYTES
+        )));
+    }
+    let until = Timestamp::now().plus_secs(st.hub.settings().secret_grace.as_secs());
+    let change = crate::model::websub::SubscriptionChange {
+        secret: Some((req.secret, until)),
+        ..Default::default()
     };
     if st.hub.change(id, change).await?.is_none() {
         return Err(AppError::NotFound(format!("no subscription {id}")));
@@ -637,8 +684,8 @@ async fn set_auth(
     auth: Option<DeliveryAuth>,
 ) -> Result<Json<SubscriptionView>, AppError> {
     let change = crate::model::websub::SubscriptionChange {
-        max_per_sec: None,
         auth: Some(auth),
+        ..Default::default()
     };
     if st.hub.change(id, change).await?.is_none() {
         return Err(AppError::NotFound(format!("no subscription {id}")));

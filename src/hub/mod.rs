@@ -34,7 +34,7 @@ use tokio_util::task::TaskTracker;
 
 pub use crate::model::websub::{signature, SignatureAlg};
 pub use policy::{guarded_client, is_internal, AddressPolicy};
-pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest};
+pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest, MAX_SECRET_BYTES};
 
 use crate::config::Config;
 use crate::metrics::Metrics;

@@ -250,6 +250,8 @@ pub struct Subscription {
 pub struct SubscriptionChange {
     pub max_per_sec: Option<Option<f64>>,
     pub auth: Option<Option<DeliveryAuth>>,
+    /// A new secret, and until when the one it replaces still signs (a rotation).
+    pub secret: Option<(String, Timestamp)>,
 }
 
 /// How the hub authenticates itself to a receiver behind a firewall.

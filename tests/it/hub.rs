@@ -150,7 +150,7 @@ async fn wait_subscribers(app: &TestApp, topic: &str, n: u64) {
     panic!("{topic} never got to {n} subscriber(s)");
 }
 
-fn hmac_hex<M: Mac + KeyInit>(key: &[u8], body: &[u8]) -> String {
+pub fn hmac_hex<M: Mac + KeyInit>(key: &[u8], body: &[u8]) -> String {
     let mut m = <M as KeyInit>::new_from_slice(key).unwrap();
     m.update(body);
     m.finalize()

@@ -356,3 +356,62 @@ async fn a_rate_limited_subscriber_gets_everything_in_order_at_its_pace_and_429_
     assert!(gaps[4] < 12, "back to full speed: {gaps:?}");
     app.stop().await;
 }
+
+/// An admin rotates a subscriber's secret without a gap, as a re-subscription does: the new
+/// one signs `X-Hub-Signature` at once, and both verify with the Standard Webhooks libraries
+/// during the grace period; a bad secret is refused with a reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_rotates_a_secret_and_both_verify_during_the_grace_period() {
+    let (mut c, _d) = hub_config();
+    c.admin.token = ADMIN.into();
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = app.config.topic_base() + "/steer";
+    subscribed(&app, &sub, &t, "/rot", &[("hub.secret", "old secret")]).await;
+    let id = sub_id(&app, "/rot").await;
+    let rotate = |body: Value| {
+        let (app, id) = (&app, &id);
+        async move {
+            let r = app
+                .client
+                .post(app.url(&format!("/admin/v1/subscriptions/{id}/secret")))
+                .header("authorization", format!("Bearer {ADMIN}"))
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            (r.status().as_u16(), r.json::<Value>().await.unwrap())
+        }
+    };
+    for (bad, why) in [
+        (serde_json::json!({"secret": ""}), "1 to 199 bytes"),
+        (
+            serde_json::json!({"secret": "x".repeat(200)}),
+            "1 to 199 bytes",
+        ),
+        (serde_json::json!({"key": "x"}), "JSON like"),
+    ] {
+        let (s, v) = rotate(bad.clone()).await;
+        assert_eq!(s, 400, "{bad}: {v}");
+        assert!(v["error"].as_str().unwrap().contains(why), "{bad}: {v}");
+    }
+    let (s, v) = rotate(serde_json::json!({"secret": "new secret"})).await;
+    assert_eq!(s, 200, "{v}");
+    assert!(v["previous_secret_until"].is_string(), "{v}");
+    assert!(!v.to_string().contains("secret\""), "no secret shown: {v}");
+    assert_eq!(fat_ping(&app, &t, "<a/>").await.0, 200);
+    let d = &sub.wait_deliveries("/rot", 1).await[0];
+    let want = format!(
+        "sha256={}",
+        crate::hub::hmac_hex::<hmac::Hmac<sha2::Sha256>>(b"new secret", b"<a/>")
+    );
+    assert_eq!(d.header("x-hub-signature"), Some(want.as_str()));
+    for verdicts in standard_verdicts(d, None, &["old secret", "new secret"]) {
+        assert_eq!(
+            verdicts,
+            [Value::Null, Value::Null],
+            "both verify: {verdicts:?}"
+        );
+    }
+    app.stop().await;
+}

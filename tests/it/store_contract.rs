@@ -316,6 +316,55 @@ async fn secret_rotation_contract(store: &Store) {
         Some(("one".to_string(), Timestamp(20))),
         "as read back"
     );
+
+    // An admin's changes: a rotation, a rate limit and delivery auth, set, read back, cleared.
+    use resourcesync_hub::model::websub::{DeliveryAuth, SubscriptionChange};
+    let id = stored[0].id;
+    let change = |c: SubscriptionChange| {
+        let store = store.clone();
+        async move { store.hub_change(id, c).await.unwrap().unwrap() }
+    };
+    let s = change(SubscriptionChange {
+        secret: Some(("three".into(), Timestamp(40))),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!(
+        (s.secret.as_deref(), s.previous_secret),
+        (Some("three"), Some(("two".to_string(), Timestamp(40))))
+    );
+    let auth = DeliveryAuth::Oauth2 {
+        token_url: "https://auth.example.org/token".into(),
+        client_id: "c".into(),
+        client_secret: "s".into(),
+        scope: None,
+    };
+    let s = change(SubscriptionChange {
+        max_per_sec: Some(Some(2.5)),
+        auth: Some(Some(auth.clone())),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!((s.max_per_sec, s.auth.as_ref()), (Some(2.5), Some(&auth)));
+    let read = store.hub_subscriptions().await.unwrap()[0].clone();
+    assert_eq!(
+        (read.max_per_sec, read.auth),
+        (Some(2.5), Some(auth)),
+        "as read back"
+    );
+    assert_eq!(read.secret.as_deref(), Some("three"), "left as it was");
+    let s = change(SubscriptionChange {
+        max_per_sec: Some(None),
+        auth: Some(None),
+        ..Default::default()
+    })
+    .await;
+    assert_eq!((s.max_per_sec, s.auth), (None, None));
+    assert!(store
+        .hub_change(id + 1_000_000, SubscriptionChange::default())
+        .await
+        .unwrap()
+        .is_none());
 }
 
 /// Holding deliveries and the run of failures: failures start it (the first one's time

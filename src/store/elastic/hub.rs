@@ -1482,6 +1482,13 @@ impl HubStore for ElasticStore {
                 if let Some(a) = &change.auth {
                     s.delivery_auth = a.clone();
                 }
+                if let Some((new, until)) = &change.secret {
+                    if s.secret.is_some() && s.secret.as_ref() != Some(new) {
+                        s.previous_secret = s.secret.take();
+                        s.previous_until = Some(until.0);
+                    }
+                    s.secret = Some(new.clone());
+                }
                 true
             })
             .await?;

@@ -676,7 +676,12 @@ impl HubStore for EmbeddedStore {
                 &format!(
                     "UPDATE hub_subscriptions SET
                        max_per_sec = CASE WHEN ?2 THEN ?3 ELSE max_per_sec END,
-                       delivery_auth = CASE WHEN ?4 THEN ?5 ELSE delivery_auth END
+                       delivery_auth = CASE WHEN ?4 THEN ?5 ELSE delivery_auth END,
+                       previous_secret = CASE WHEN ?6 IS NOT NULL AND secret IS NOT NULL AND secret IS NOT ?6
+                                         THEN secret ELSE previous_secret END,
+                       previous_until = CASE WHEN ?6 IS NOT NULL AND secret IS NOT NULL AND secret IS NOT ?6
+                                        THEN ?7 ELSE previous_until END,
+                       secret = coalesce(?6, secret)
                      WHERE id = ?1 RETURNING {SUB_COLS}"
                 ),
                 params![
@@ -684,7 +689,9 @@ impl HubStore for EmbeddedStore {
                     change.max_per_sec.is_some(),
                     change.max_per_sec.flatten(),
                     change.auth.is_some(),
-                    auth
+                    auth,
+                    change.secret.as_ref().map(|(s, _)| s.as_str()),
+                    change.secret.as_ref().map(|(_, until)| until.0)
                 ],
                 sub_from_row,
             )
