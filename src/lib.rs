@@ -24,8 +24,8 @@
 //! - [`source`]: the pull side: every document, generated from the store, kept with its gzip
 //!   form in a page cache on disk (surviving restarts) and, for small pages, in memory.
 //! - [`hub`]: the WebSub hub: requests, verification, signatures, address policy, delivery lanes
-//!   (a state machine each), and on a shared store the partitions that spread delivery over
-//!   the processes.
+//!   (a state machine each: paced, held, authenticated per subscriber), and on a shared store
+//!   the partitions that spread delivery over the processes.
 //! - [`notify`]: the poller turning store changes into change and framework notifications.
 //! - [`metrics`]: Prometheus metrics; [`admin_cli`]: the `admin` commands.
 //! - [`ingest`]: the harvester's API: change events in, atomic batches into the store.

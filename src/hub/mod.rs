@@ -9,6 +9,12 @@
 //! Publishing (the store write and the hand-off) is serialised by its own async mutex, so lanes
 //! receive messages in number order; the lane map is a plain mutex never held across I/O, so
 //! verification, removal and admin calls never wait on a publish's store write.
+//!
+//! Steering (`steer`): a lane whose subscription is held (paused, or disabled after failing for
+//! `hub.disable_after_secs`) sends nothing and its queue waits in the log; a lane paces itself
+//! to the subscriber's rate limit and slows down on overload answers (`delivery`). A lane's
+//! way to its receiver (`auth`): the hub's client, or one with the subscription's client
+//! certificate, and its OAuth2 token.
 
 pub mod admin;
 mod auth;
