@@ -10,7 +10,7 @@
 //!    delay, let go when nothing moves, at most `server.max_connections` open);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
-//!    [`dump`]; 8. [`http`]; 9. [`app`].
+//!    [`dump`], [`collect`]; 8. [`http`]; 9. [`app`].
 //!
 //! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
 //!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
@@ -30,6 +30,7 @@
 //! - [`metrics`]: Prometheus metrics; [`admin_cli`]: the `admin` commands.
 //! - [`ingest`]: the harvester's API: change events in, atomic batches into the store.
 //! - [`import`]: the folder scanner behind `resourcesync-hub import`.
+//! - [`collect`]: OAI-PMH repositories feeding resource sets (under way: the protocol's reading).
 //! - [`http`]: axum handlers only; [`error`]: the one error-to-status table.
 //! - [`workers`]: background loops (Change List rollover).
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
@@ -47,6 +48,7 @@
 pub mod admin_cli;
 pub mod app;
 pub mod cause;
+pub mod collect;
 pub mod config;
 pub mod conn;
 pub mod demo;

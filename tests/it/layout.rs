@@ -12,7 +12,7 @@ const FLOORS: &[&[&str]] = &[
     &["store", "sitemap"],
     &["source", "hub", "package"],
     &["notify", "ingest", "import", "workers", "destination"],
-    &["error", "demo", "dump"],
+    &["error", "demo", "dump", "collect"],
     &["http"],
     &["app"],
 ];

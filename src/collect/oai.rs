@@ -1,0 +1,630 @@
+//! Reading OAI-PMH 2.0 responses (pure functions over a response's bytes, already bounded by
+//! the caller): `Identify`, a page of `ListRecords` / `ListIdentifiers` with its resumption
+//! token, and the protocol's errors. A repository's bad input costs one record, never the page:
+//! each `<record>` is cut out of the page and checked on its own (well-formed, only characters
+//! XML 1.0 can carry, references included), and one that fails is quarantined with its reason
+//! while the rest are read. A record's metadata comes out as a standalone XML document: its
+//! element as sent, with the namespace declarations it inherited from the envelope added to its
+//! start tag, so that it means the same outside it. No DTD or entity is ever expanded (quick-xml
+//! knows none but the five predefined ones).
+
+use quick_xml::events::{BytesStart, Event};
+use quick_xml::reader::Reader;
+
+/// Why a response could not be read at all.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OaiError {
+    /// The repository answered with an OAI-PMH error (`noRecordsMatch`, `badResumptionToken`, …).
+    #[error("the repository answered {code}: {message}")]
+    Protocol { code: String, message: String },
+    /// Not an OAI-PMH response (an HTML error page, another root, a truncated body).
+    #[error("not an OAI-PMH response: {0}")]
+    NotOai(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Granularity {
+    Day,
+    Seconds,
+}
+
+/// How the repository keeps deletions (`Identify`'s `deletedRecord`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeletedRecord {
+    No,
+    Transient,
+    Persistent,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identify {
+    pub repository_name: String,
+    pub granularity: Granularity,
+    pub earliest_datestamp: String,
+    pub deleted_record: DeletedRecord,
+    pub response_date: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Header {
+    pub identifier: String,
+    pub datestamp: String,
+    pub sets: Vec<String>,
+    /// `status="deleted"`.
+    pub deleted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    pub header: Header,
+    /// The metadata element as a standalone XML document (none for a deleted record or a
+    /// `ListIdentifiers` page).
+    pub metadata: Option<String>,
+}
+
+/// A record kept aside: its identifier when it could be read, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Quarantined {
+    pub identifier: Option<String>,
+    pub reason: String,
+}
+
+/// A page's resumption token: an empty `value` ends the list.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Token {
+    pub value: String,
+    pub cursor: Option<u64>,
+    pub complete_list_size: Option<u64>,
+    pub expiration_date: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page {
+    pub response_date: String,
+    pub records: Vec<Record>,
+    pub quarantined: Vec<Quarantined>,
+    pub token: Option<Token>,
+}
+
+fn not_oai(why: impl std::fmt::Display) -> OaiError {
+    OaiError::NotOai(why.to_string())
+}
+
+fn local(name: &[u8]) -> &[u8] {
+    name.iter()
+        .rposition(|b| *b == b':')
+        .map_or(name, |i| &name[i + 1..])
+}
+
+fn attr(e: &BytesStart, key: &[u8]) -> Option<String> {
+    e.attributes()
+        .flatten()
+        .find(|a| a.key.as_ref() == key)
+        .and_then(|a| a.unescape_value().ok().map(|v| v.into_owned()))
+}
+
+/// The `xmlns` and `xmlns:p` declarations of a start tag, as (attribute name, raw value).
+fn declarations(e: &BytesStart) -> Vec<(Vec<u8>, Vec<u8>)> {
+    e.attributes()
+        .flatten()
+        .filter(|a| a.key.as_ref() == b"xmlns" || a.key.as_ref().starts_with(b"xmlns:"))
+        .map(|a| (a.key.as_ref().to_vec(), a.value.to_vec()))
+        .collect()
+}
+
+/// Whether `c` is a character XML 1.0 can carry.
+fn xml_char(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}')
+}
+
+/// The first character (raw or referenced) XML 1.0 cannot carry, described.
+fn bad_character(text: &str) -> Option<String> {
+    if let Some(c) = text.chars().find(|c| !xml_char(*c)) {
+        return Some(format!(
+            "the character U+{:04X}, which XML 1.0 cannot carry",
+            c as u32
+        ));
+    }
+    let mut rest = text;
+    while let Some(i) = rest.find("&#") {
+        rest = &rest[i + 2..];
+        let end = rest.find(';')?;
+        let (digits, radix) = match rest[..end].strip_prefix(['x', 'X']) {
+            Some(hex) => (hex, 16),
+            None => (&rest[..end], 10),
+        };
+        let ok = u32::from_str_radix(digits, radix)
+            .ok()
+            .and_then(char::from_u32)
+            .is_some_and(xml_char);
+        if !ok {
+            return Some(format!(
+                "the character reference &#{};, which XML 1.0 cannot carry",
+                &rest[..end]
+            ));
+        }
+        rest = &rest[end..];
+    }
+    None
+}
+
+/// Reads every event of `xml` with end names checked: `Err(why)` unless well-formed.
+fn well_formed(xml: &str) -> Result<(), String> {
+    let mut r = Reader::from_str(xml);
+    r.config_mut().check_end_names = true;
+    let mut depth = 0i64;
+    loop {
+        match r.read_event() {
+            Ok(Event::Start(_)) => depth += 1,
+            Ok(Event::End(_)) => depth -= 1,
+            Ok(Event::Eof) if depth == 0 => return Ok(()),
+            Ok(Event::Eof) => return Err("an element is not closed".into()),
+            Ok(Event::DocType(_)) => return Err("a DOCTYPE, which is not read".into()),
+            Ok(Event::Text(t)) => {
+                t.unescape()
+                    .map_err(|e| format!("at byte {}: {e}", r.buffer_position()))?;
+            }
+            Ok(_) => {}
+            Err(e) => return Err(format!("at byte {}: {e}", r.error_position())),
+        }
+    }
+}
+
+/// Reads an `Identify` response.
+pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
+    let text = std::str::from_utf8(xml).map_err(|e| not_oai(format!("not UTF-8: {e}")))?;
+    let mut r = Reader::from_str(text);
+    let mut path: Vec<Vec<u8>> = Vec::new();
+    let mut f = std::collections::HashMap::<&'static str, String>::new();
+    let mut error: Option<(String, String)> = None;
+    let mut root_seen = false;
+    loop {
+        match r
+            .read_event()
+            .map_err(|e| not_oai(format!("at byte {}: {e}", r.error_position())))?
+        {
+            Event::Start(e) => {
+                let name = local(e.name().as_ref()).to_vec();
+                if path.is_empty() {
+                    if name != b"OAI-PMH" {
+                        return Err(not_oai(format!(
+                            "its root is <{}>",
+                            String::from_utf8_lossy(e.name().as_ref())
+                        )));
+                    }
+                    root_seen = true;
+                }
+                if name == b"error" {
+                    error = Some((attr(&e, b"code").unwrap_or_default(), String::new()));
+                }
+                path.push(name);
+            }
+            Event::Empty(e) if local(e.name().as_ref()) == b"error" => {
+                error = Some((attr(&e, b"code").unwrap_or_default(), String::new()));
+            }
+            Event::Text(t) => {
+                let v = t
+                    .unescape()
+                    .map_err(|e| not_oai(e.to_string()))?
+                    .trim()
+                    .to_string();
+                let key = match path.last().map(Vec::as_slice) {
+                    Some(b"responseDate") => "responseDate",
+                    Some(b"repositoryName") => "repositoryName",
+                    Some(b"granularity") => "granularity",
+                    Some(b"earliestDatestamp") => "earliestDatestamp",
+                    Some(b"deletedRecord") => "deletedRecord",
+                    Some(b"error") => {
+                        if let Some(err) = &mut error {
+                            err.1.push_str(&v);
+                        }
+                        continue;
+                    }
+                    _ => continue,
+                };
+                f.entry(key).or_default().push_str(&v);
+            }
+            Event::End(_) => {
+                path.pop();
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if !root_seen {
+        return Err(not_oai("no <OAI-PMH> element"));
+    }
+    if let Some((code, message)) = error {
+        return Err(OaiError::Protocol { code, message });
+    }
+    let get = |k: &str| f.get(k).cloned().unwrap_or_default();
+    Ok(Identify {
+        repository_name: get("repositoryName"),
+        granularity: match get("granularity").as_str() {
+            "YYYY-MM-DD" => Granularity::Day,
+            "YYYY-MM-DDThh:mm:ssZ" => Granularity::Seconds,
+            g => return Err(not_oai(format!("granularity {g:?}"))),
+        },
+        earliest_datestamp: get("earliestDatestamp"),
+        deleted_record: match get("deletedRecord").as_str() {
+            "no" => DeletedRecord::No,
+            "transient" => DeletedRecord::Transient,
+            "persistent" => DeletedRecord::Persistent,
+            d => return Err(not_oai(format!("deletedRecord {d:?}"))),
+        },
+        response_date: get("responseDate"),
+    })
+}
+
+/// Reads a page of `ListRecords` or `ListIdentifiers` (whose headers come outside records).
+pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
+    let text = std::str::from_utf8(xml).map_err(|e| not_oai(format!("not UTF-8: {e}")))?;
+    let mut r = Reader::from_str(text);
+    // Records are cut out by name; a malformed one is found out on its own.
+    r.config_mut().check_end_names = false;
+    let mut page = Page {
+        response_date: String::new(),
+        records: Vec::new(),
+        quarantined: Vec::new(),
+        token: None,
+    };
+    let mut path: Vec<Vec<u8>> = Vec::new();
+    // Namespace declarations in scope at the list (root and verb element).
+    let mut inherited: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
+    let mut error: Option<(String, String)> = None;
+    let mut token: Option<Token> = None;
+    loop {
+        let before = r.buffer_position() as usize;
+        let ev = r
+            .read_event()
+            .map_err(|e| not_oai(format!("at byte {}: {e}", r.error_position())))?;
+        match ev {
+            Event::Start(e) => {
+                let name = local(e.name().as_ref()).to_vec();
+                if path.is_empty() && name != b"OAI-PMH" {
+                    return Err(not_oai(format!(
+                        "its root is <{}>",
+                        String::from_utf8_lossy(e.name().as_ref())
+                    )));
+                }
+                match name.as_slice() {
+                    b"record" | b"header" if path.len() == 2 => {
+                        let end = e.to_end().into_owned();
+                        r.read_to_end(end.name())
+                            .map_err(|e| not_oai(format!("a <record> is not closed: {e}")))?;
+                        let after = r.buffer_position() as usize;
+                        let slice = &text[before..after];
+                        match record(slice, &inherited, name == b"header") {
+                            Ok(rec) => page.records.push(rec),
+                            Err(q) => page.quarantined.push(q),
+                        }
+                        continue;
+                    }
+                    b"error" => {
+                        error = Some((attr(&e, b"code").unwrap_or_default(), String::new()))
+                    }
+                    b"resumptionToken" => token = Some(token_of(&e)),
+                    _ => {}
+                }
+                if path.len() < 2 {
+                    inherited.extend(declarations(&e));
+                }
+                path.push(name);
+            }
+            Event::Empty(e) => match local(e.name().as_ref()) {
+                b"resumptionToken" => token = Some(token_of(&e)),
+                b"error" => error = Some((attr(&e, b"code").unwrap_or_default(), String::new())),
+                _ => {}
+            },
+            Event::Text(t) => {
+                let v = t.unescape().map_err(|e| not_oai(e.to_string()))?;
+                match path.last().map(Vec::as_slice) {
+                    Some(b"responseDate") => page.response_date.push_str(v.trim()),
+                    Some(b"resumptionToken") => {
+                        if let Some(t) = &mut token {
+                            t.value.push_str(v.trim());
+                        }
+                    }
+                    Some(b"error") => {
+                        if let Some(err) = &mut error {
+                            err.1.push_str(v.trim());
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Event::End(_) => {
+                path.pop();
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if page.response_date.is_empty() && error.is_none() && page.records.is_empty() {
+        return Err(not_oai("no <OAI-PMH> response (no responseDate)"));
+    }
+    if !path.is_empty() {
+        return Err(not_oai(
+            "it ends before its elements are closed (truncated)",
+        ));
+    }
+    if let Some((code, message)) = error {
+        return Err(OaiError::Protocol { code, message });
+    }
+    page.token = token;
+    Ok(page)
+}
+
+fn token_of(e: &BytesStart) -> Token {
+    Token {
+        value: String::new(),
+        cursor: attr(e, b"cursor").and_then(|v| v.parse().ok()),
+        complete_list_size: attr(e, b"completeListSize").and_then(|v| v.parse().ok()),
+        expiration_date: attr(e, b"expirationDate"),
+    }
+}
+
+/// One `<record>` (or, in `ListIdentifiers`, one `<header>`) cut out of a page.
+fn record(
+    slice: &str,
+    inherited: &[(Vec<u8>, Vec<u8>)],
+    header_only: bool,
+) -> Result<Record, Quarantined> {
+    let quarantine =
+        |identifier: Option<String>, reason: String| Quarantined { identifier, reason };
+    // The identifier first, read leniently, so a bad record can still be named.
+    let identifier = slice
+        .split_once("identifier>")
+        .and_then(|(_, rest)| rest.split_once('<'))
+        .map(|(id, _)| id.trim().to_string());
+    if let Some(why) = bad_character(slice) {
+        return Err(quarantine(identifier, why));
+    }
+    well_formed(slice)
+        .map_err(|why| quarantine(identifier.clone(), format!("not well-formed XML: {why}")))?;
+    let mut r = Reader::from_str(slice);
+    let mut path: Vec<Vec<u8>> = Vec::new();
+    let mut header = Header {
+        identifier: String::new(),
+        datestamp: String::new(),
+        sets: Vec::new(),
+        deleted: false,
+    };
+    let mut metadata = None;
+    let mut scope: Vec<(Vec<u8>, Vec<u8>)> = inherited.to_vec();
+    loop {
+        let before = r.buffer_position() as usize;
+        let ev = r
+            .read_event()
+            .map_err(|e| quarantine(identifier.clone(), e.to_string()))?;
+        match ev {
+            Event::Start(e) => {
+                let name = local(e.name().as_ref()).to_vec();
+                if name == b"header" && attr(&e, b"status").as_deref() == Some("deleted") {
+                    header.deleted = true;
+                }
+                let in_metadata = path.last().map(Vec::as_slice) == Some(b"metadata");
+                if in_metadata {
+                    let end = e.to_end().into_owned();
+                    r.read_to_end(end.name())
+                        .map_err(|e| quarantine(identifier.clone(), e.to_string()))?;
+                    let after = r.buffer_position() as usize;
+                    metadata = Some(standalone(&slice[before..after], &e, &scope));
+                    continue;
+                }
+                scope.extend(declarations(&e));
+                path.push(name);
+            }
+            Event::Empty(e) => {
+                let qname = e.name();
+                let name = local(qname.as_ref());
+                if name == b"header" && attr(&e, b"status").as_deref() == Some("deleted") {
+                    header.deleted = true;
+                }
+                if path.last().map(Vec::as_slice) == Some(b"metadata") {
+                    let raw = &slice[before..r.buffer_position() as usize];
+                    metadata = Some(standalone(raw, &e, &scope));
+                }
+            }
+            Event::Text(t) => {
+                let v = t
+                    .unescape()
+                    .map_err(|e| quarantine(identifier.clone(), e.to_string()))?;
+                match path.last().map(Vec::as_slice) {
+                    Some(b"identifier") => header.identifier.push_str(v.trim()),
+                    Some(b"datestamp") => header.datestamp.push_str(v.trim()),
+                    Some(b"setSpec") => header.sets.push(v.trim().to_string()),
+                    _ => {}
+                }
+            }
+            Event::End(_) => {
+                path.pop();
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if header.identifier.is_empty() || header.datestamp.is_empty() {
+        return Err(quarantine(
+            identifier,
+            "its header has no identifier or no datestamp".into(),
+        ));
+    }
+    if !header.deleted && !header_only && metadata.is_none() {
+        return Err(quarantine(
+            Some(header.identifier),
+            "it has no metadata".into(),
+        ));
+    }
+    if header.deleted {
+        metadata = None;
+    }
+    Ok(Record { header, metadata })
+}
+
+/// The metadata element `raw` (whose start tag is `start`) as a standalone document: the
+/// declarations in `scope` it does not make itself are added to its start tag.
+fn standalone(raw: &str, start: &BytesStart, scope: &[(Vec<u8>, Vec<u8>)]) -> String {
+    let own: Vec<Vec<u8>> = declarations(start).into_iter().map(|(k, _)| k).collect();
+    let mut added = String::new();
+    let mut seen: Vec<&[u8]> = Vec::new();
+    // Innermost declarations win: walk the scope from the end.
+    for (k, v) in scope.iter().rev() {
+        if own.contains(k) || seen.contains(&k.as_slice()) {
+            continue;
+        }
+        seen.push(k);
+        added.push(' ');
+        added.push_str(&String::from_utf8_lossy(k));
+        added.push_str("=\"");
+        added.push_str(&String::from_utf8_lossy(v));
+        added.push('"');
+    }
+    let name_end = 1 + start.name().as_ref().len();
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n{}{}{}",
+        &raw[..name_end],
+        added,
+        &raw[name_end..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
+<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">
+<responseDate>2026-11-26T10:00:00Z</responseDate>
+<request verb="ListRecords" metadataPrefix="oai_dc">http://repo.example.org/oai</request>
+<ListRecords>"#;
+    const TAIL: &str = "</ListRecords></OAI-PMH>";
+
+    fn rec(id: &str, meta: &str) -> String {
+        format!(
+            "<record><header><identifier>{id}</identifier><datestamp>2026-11-01</datestamp>\
+             <setSpec>a</setSpec><setSpec>b:c</setSpec></header><metadata>{meta}</metadata></record>"
+        )
+    }
+
+    const DC: &str = r#"<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>T &amp; U</dc:title></oai_dc:dc>"#;
+
+    #[test]
+    fn a_page_gives_its_records_headers_deletions_and_token() {
+        let xml = format!(
+            "{HEAD}{}<record><header status=\"deleted\"><identifier>oai:x:2</identifier>\
+             <datestamp>2026-11-02T01:02:03Z</datestamp></header></record>\
+             <resumptionToken cursor=\"0\" completeListSize=\"3\" expirationDate=\"2026-11-27T00:00:00Z\">tok&amp;1</resumptionToken>{TAIL}",
+            rec("oai:x:1", DC)
+        );
+        let p = parse_list(xml.as_bytes()).unwrap();
+        assert_eq!(p.response_date, "2026-11-26T10:00:00Z");
+        assert_eq!(p.records.len(), 2);
+        let r = &p.records[0];
+        assert_eq!(r.header.identifier, "oai:x:1");
+        assert_eq!(r.header.sets, ["a", "b:c"]);
+        let m = r.metadata.as_deref().unwrap();
+        assert!(
+            m.starts_with("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<oai_dc:dc"),
+            "{m}"
+        );
+        assert!(m.contains("<dc:title>T &amp; U</dc:title>"), "as sent: {m}");
+        assert!(
+            m.contains("xmlns=\"http://www.openarchives.org/OAI/2.0/\""),
+            "inherited: {m}"
+        );
+        well_formed(m.split_once('\n').unwrap().1).unwrap();
+        assert!(p.records[1].header.deleted && p.records[1].metadata.is_none());
+        assert_eq!(
+            p.token,
+            Some(Token {
+                value: "tok&1".into(),
+                cursor: Some(0),
+                complete_list_size: Some(3),
+                expiration_date: Some("2026-11-27T00:00:00Z".into())
+            })
+        );
+        assert!(p.quarantined.is_empty());
+    }
+
+    #[test]
+    fn a_bad_record_is_quarantined_and_the_rest_of_its_page_read() {
+        let xml = format!(
+            "{HEAD}{}{}{}{}{}<resumptionToken/>{TAIL}",
+            rec("oai:x:1", DC),
+            rec("oai:x:2", "<dc>bad \u{1} char</dc>"),
+            rec("oai:x:3", "<dc>a reference &#x1; to one</dc>"),
+            rec("oai:x:4", "<dc><unclosed></dc>"),
+            rec(
+                "oai:x:5",
+                "<record xmlns=\"http://www.loc.gov/MARC21/slim\"><leader>x</leader></record>"
+            ),
+        );
+        let p = parse_list(xml.as_bytes()).unwrap();
+        let ids: Vec<&str> = p
+            .records
+            .iter()
+            .map(|r| r.header.identifier.as_str())
+            .collect();
+        assert_eq!(
+            ids,
+            ["oai:x:1", "oai:x:5"],
+            "a MARC <record> inside metadata is fine"
+        );
+        let q: Vec<(Option<&str>, &str)> = p
+            .quarantined
+            .iter()
+            .map(|q| (q.identifier.as_deref(), q.reason.as_str()))
+            .collect();
+        assert_eq!(q.len(), 3, "{q:?}");
+        assert_eq!(q[0].0, Some("oai:x:2"));
+        assert!(q[0].1.contains("U+0001"), "{q:?}");
+        assert!(q[1].1.contains("&#x1;"), "{q:?}");
+        assert!(q[2].1.contains("not well-formed"), "{q:?}");
+        assert_eq!(p.token.unwrap().value, "", "an empty token ends the list");
+    }
+
+    #[test]
+    fn errors_html_pages_and_truncated_bodies_are_told_apart() {
+        let err = format!(
+            "{}<error code=\"noRecordsMatch\">nothing in this window</error></OAI-PMH>",
+            HEAD.split("<ListRecords>").next().unwrap()
+        );
+        assert_eq!(
+            parse_list(err.as_bytes()),
+            Err(OaiError::Protocol {
+                code: "noRecordsMatch".into(),
+                message: "nothing in this window".into()
+            })
+        );
+        let html = "<html><body><h1>502 Bad Gateway</h1></body></html>";
+        assert!(
+            matches!(parse_list(html.as_bytes()), Err(OaiError::NotOai(m)) if m.contains("<html>"))
+        );
+        let truncated = format!("{HEAD}{}", rec("oai:x:1", DC));
+        assert!(matches!(
+            parse_list(truncated.as_bytes()),
+            Err(OaiError::NotOai(_))
+        ));
+        assert!(matches!(parse_list(b"\xff\xfe"), Err(OaiError::NotOai(m)) if m.contains("UTF-8")));
+    }
+
+    #[test]
+    fn identify_says_granularity_earliest_datestamp_and_deletions() {
+        let xml = r#"<?xml version="1.0"?><OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/">
+<responseDate>2026-11-26T10:00:00Z</responseDate><request verb="Identify">http://r/oai</request>
+<Identify><repositoryName>R &amp; D</repositoryName><baseURL>http://r/oai</baseURL>
+<protocolVersion>2.0</protocolVersion><adminEmail>a@r</adminEmail>
+<earliestDatestamp>2001-01-01</earliestDatestamp><deletedRecord>transient</deletedRecord>
+<granularity>YYYY-MM-DD</granularity></Identify></OAI-PMH>"#;
+        let i = parse_identify(xml.as_bytes()).unwrap();
+        assert_eq!(i.repository_name, "R & D");
+        assert_eq!(i.granularity, Granularity::Day);
+        assert_eq!(i.deleted_record, DeletedRecord::Transient);
+        assert_eq!(i.earliest_datestamp, "2001-01-01");
+        assert!(matches!(
+            parse_identify(b"<html/>"),
+            Err(OaiError::NotOai(_))
+        ));
+    }
+}
