@@ -7,6 +7,7 @@ mod subscriber;
 mod support;
 
 mod cli;
+mod collect;
 mod delivery_auth;
 mod documents;
 mod dumps;
