@@ -100,7 +100,7 @@ mod tests {
         let name = c.split_once('/').unwrap().1;
         let kept = name.split_once('~').unwrap().0;
         assert!(
-            kept.len() % 3 == 0 && kept.chars().all(|ch| "%3A".contains(ch)),
+            kept.len().is_multiple_of(3) && kept.chars().all(|ch| "%3A".contains(ch)),
             "{kept}"
         );
     }
