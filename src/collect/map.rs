@@ -1,0 +1,175 @@
+//! What a harvested record becomes in its set: one resource per record, its file the record's
+//! metadata as a standalone document at [`record_path`], `lastmod` its datestamp (a day means
+//! its midnight, UTC), md5 and length of the file's bytes, and a `via` link to the record's
+//! `GetRecord` URL at the repository. A record whose bytes are those the set holds records
+//! nothing (overlapping windows and repeated runs are harmless), nor does the deletion of a
+//! record the set never held.
+
+use super::oai::Record;
+use super::path::record_path;
+use crate::model::{ChangeEvent, ChangeType, Link, Location, LocationType, Timestamp};
+
+/// Where records come from: the repository's base URL and the metadata format harvested.
+#[derive(Debug, Clone)]
+pub struct Origin {
+    pub base_url: String,
+    pub metadata_prefix: String,
+}
+
+/// A record's change for the set, and the file to write first (none for a deletion).
+#[derive(Debug, Clone)]
+pub struct Harvested {
+    pub event: ChangeEvent,
+    pub file: Option<(String, Vec<u8>)>,
+}
+
+impl Origin {
+    /// The record's `GetRecord` URL at the repository.
+    pub fn get_record_url(&self, identifier: &str) -> String {
+        let mut u = url::Url::parse(&self.base_url).expect("a validated base URL");
+        u.query_pairs_mut()
+            .append_pair("verb", "GetRecord")
+            .append_pair("metadataPrefix", &self.metadata_prefix)
+            .append_pair("identifier", identifier);
+        u.to_string()
+    }
+}
+
+/// An OAI-PMH datestamp as an instant: a day (`YYYY-MM-DD`) is its midnight, UTC; a
+/// date-time is read as sent (repositories add fractions or offsets the protocol does not
+/// have; they mean what they say).
+pub fn datestamp(s: &str) -> Result<Timestamp, String> {
+    let t = s.trim();
+    let full = if t.len() == 10 && t.as_bytes()[4] == b'-' && t.as_bytes()[7] == b'-' {
+        format!("{t}T00:00:00Z")
+    } else {
+        t.to_string()
+    };
+    Timestamp::parse(&full).map_err(|e| format!("datestamp {t:?}: {e}"))
+}
+
+/// The change `rec` makes to a set whose resource for it has the md5 `held` (`None`: the set
+/// has none); `Ok(None)` when it makes none. `Err` says why the record cannot be taken (a
+/// datestamp that is not one).
+pub fn change_for(
+    rec: &Record,
+    origin: &Origin,
+    held: Option<&str>,
+) -> Result<Option<Harvested>, String> {
+    let path = record_path(&rec.header.identifier);
+    let location = Location {
+        kind: LocationType::RelPath,
+        value: path.clone(),
+    };
+    let datestamp = datestamp(&rec.header.datestamp)?;
+    let event = |change, bytes: Option<&[u8]>| ChangeEvent {
+        change,
+        location: location.clone(),
+        length: bytes.map(|b| b.len() as u64),
+        md5: bytes.map(crate::digest::md5_hex),
+        mime: bytes.map(|_| "application/xml".to_string()),
+        lastmod: bytes.map(|_| datestamp),
+        ln: match bytes {
+            Some(_) => vec![Link {
+                rel: "via".into(),
+                href: Location {
+                    kind: LocationType::Url,
+                    value: origin.get_record_url(&rec.header.identifier),
+                },
+                mime: Some("text/xml".into()),
+            }],
+            None => vec![],
+        },
+        datetime: Some(datestamp),
+        resource_set: None,
+        timestamp: None,
+    };
+    if rec.header.deleted {
+        return Ok(held.map(|_| Harvested {
+            event: event(ChangeType::Deleted, None),
+            file: None,
+        }));
+    }
+    let Some(metadata) = &rec.metadata else {
+        return Err("a live record without metadata".into());
+    };
+    let bytes = metadata.as_bytes();
+    let md5 = crate::digest::md5_hex(bytes);
+    let change = match held {
+        Some(h) if h == md5 => return Ok(None),
+        Some(_) => ChangeType::Updated,
+        None => ChangeType::Created,
+    };
+    Ok(Some(Harvested {
+        event: event(change, Some(bytes)),
+        file: Some((path, bytes.to_vec())),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::oai::Header;
+    use super::*;
+
+    fn record(id: &str, datestamp: &str, meta: Option<&str>) -> Record {
+        Record {
+            header: Header {
+                identifier: id.into(),
+                datestamp: datestamp.into(),
+                sets: vec!["s".into()],
+                deleted: meta.is_none(),
+            },
+            metadata: meta.map(str::to_string),
+        }
+    }
+
+    fn origin() -> Origin {
+        Origin {
+            base_url: "https://repo.example.org/oai".into(),
+            metadata_prefix: "oai_dc".into(),
+        }
+    }
+
+    #[test]
+    fn a_record_is_created_then_updated_only_when_its_bytes_change() {
+        let r = record("oai:r:1", "2026-11-01", Some("<dc/>"));
+        let h = change_for(&r, &origin(), None).unwrap().unwrap();
+        assert_eq!(h.event.change, ChangeType::Created);
+        let (path, bytes) = h.file.unwrap();
+        assert_eq!(bytes, b"<dc/>");
+        assert_eq!(h.event.location.value, path);
+        assert_eq!(h.event.length, Some(5));
+        assert_eq!(
+            h.event.lastmod.unwrap().to_string(),
+            "2026-11-01T00:00:00Z",
+            "a day is its midnight"
+        );
+        assert_eq!(
+            h.event.ln[0].href.value,
+            "https://repo.example.org/oai?verb=GetRecord&metadataPrefix=oai_dc&identifier=oai%3Ar%3A1"
+        );
+        let md5 = h.event.md5.unwrap();
+        assert!(
+            change_for(&r, &origin(), Some(&md5)).unwrap().is_none(),
+            "the same bytes: nothing"
+        );
+        let changed = record("oai:r:1", "2026-11-02T10:00:00Z", Some("<dc>x</dc>"));
+        let h = change_for(&changed, &origin(), Some(&md5))
+            .unwrap()
+            .unwrap();
+        assert_eq!(h.event.change, ChangeType::Updated);
+    }
+
+    #[test]
+    fn a_deletion_counts_only_for_a_record_the_set_holds() {
+        let gone = record("oai:r:1", "2026-11-03", None);
+        assert!(change_for(&gone, &origin(), None).unwrap().is_none());
+        let h = change_for(&gone, &origin(), Some("x")).unwrap().unwrap();
+        assert_eq!(h.event.change, ChangeType::Deleted);
+        assert!(h.file.is_none() && h.event.md5.is_none());
+        let bad = record("oai:r:2", "yesterday", Some("<dc/>"));
+        assert!(change_for(&bad, &origin(), None)
+            .unwrap_err()
+            .contains("yesterday"));
+    }
+}
