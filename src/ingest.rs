@@ -68,6 +68,24 @@ pub struct IngestReport {
     pub closed_change_lists: Vec<u32>,
 }
 
+/// One change event from a JSON value, which must be an object: serde would also take an
+/// array of the fields in order, a form nobody documents and a new field would change.
+fn event_of(v: serde_json::Value) -> Result<ChangeEvent, String> {
+    if !v.is_object() {
+        return Err(format!(
+            "a change is a JSON object like {{\"change\": \"created\", \"location\": {{…}}}}, not {}",
+            match v {
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::Bool(_) => "a boolean",
+                _ => "null",
+            }
+        ));
+    }
+    serde_json::from_value(v).map_err(|e| e.to_string())
+}
+
 /// Parses the body into events, numbering them by line (or item).
 pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEvent)>, IngestError> {
     let text = std::str::from_utf8(body).map_err(|e| {
@@ -94,7 +112,7 @@ pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEve
                 v => vec![v],
             };
             for (i, v) in items.into_iter().enumerate() {
-                match serde_json::from_value::<ChangeEvent>(v) {
+                match event_of(v) {
                     Ok(e) => events.push((i + 1, e)),
                     Err(e) => errors.push(LineError {
                         line: i + 1,
@@ -108,7 +126,10 @@ pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEve
                 if line.trim().is_empty() {
                     continue;
                 }
-                match serde_json::from_str::<ChangeEvent>(line) {
+                let parsed = serde_json::from_str::<serde_json::Value>(line)
+                    .map_err(|e| e.to_string())
+                    .and_then(event_of);
+                match parsed {
                     Ok(e) => events.push((i + 1, e)),
                     Err(e) => errors.push(LineError {
                         line: i + 1,
@@ -197,6 +218,21 @@ mod tests {
         };
         assert_eq!(errs.iter().map(|e| e.line).collect::<Vec<_>>(), [3, 4]);
         assert!(errs[1].reason.contains("gone"), "{:?}", errs[1]);
+    }
+
+    #[test]
+    fn a_change_given_as_an_array_of_its_fields_is_refused() {
+        let line = br#"["created", {"type": "rel_path", "value": "a"}]"#;
+        for framing in [Framing::Ndjson, Framing::Json] {
+            let body = match framing {
+                Framing::Json => [b"[".as_slice(), line, b"]"].concat(),
+                Framing::Ndjson => line.to_vec(),
+            };
+            let IngestError::Invalid(errs) = parse_body(&body, framing).unwrap_err() else {
+                panic!()
+            };
+            assert!(errs[0].reason.contains("not an array"), "{errs:?}");
+        }
     }
 
     #[test]
