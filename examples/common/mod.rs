@@ -13,16 +13,26 @@ pub fn arg(name: &str, default: u64) -> u64 {
 }
 
 /// A console script of PyPI `resync` (`resync-sync`, `resync-build`): the tests' Python
-/// environment under target/ when present, else the one on PATH.
+/// environment under target/ when present, else the one on PATH; when neither has it, the
+/// benchmark stops saying how to get it (not with a bare "No such file or directory").
 pub fn py_tool(name: &str) -> PathBuf {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("target/tmp/pyenv/bin")
         .join(name);
     if venv.exists() {
-        venv
-    } else {
-        name.into()
+        return venv;
     }
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+        .unwrap_or(false);
+    if !on_path {
+        eprintln!(
+            "{name} is not installed: run `cargo test` once (it installs the tests' Python tools, \
+             PyPI resync among them, under target/tmp/pyenv) or `pip install resync==2.0.1`"
+        );
+        std::process::exit(2);
+    }
+    name.into()
 }
 
 /// One ingest line (NDJSON) for the file `rel` holding `body`.
