@@ -584,10 +584,7 @@ async fn patch_subscription(
         max_per_sec: req.max_per_sec,
         ..Default::default()
     };
-    if st.hub.change(id, change).await?.is_none() {
-        return Err(AppError::NotFound(format!("no subscription {id}")));
-    }
-    detail(&st, id).await
+    apply_change(&st, id, change).await
 }
 
 /// A subscription's new secret.
@@ -626,10 +623,7 @@ async fn rotate_secret(
         secret: Some((req.secret, until)),
         ..Default::default()
     };
-    if st.hub.change(id, change).await?.is_none() {
-        return Err(AppError::NotFound(format!("no subscription {id}")));
-    }
-    detail(&st, id).await
+    apply_change(&st, id, change).await
 }
 
 /// Sets how the hub authenticates itself to the subscription's receiver, for deliveries and
@@ -687,6 +681,15 @@ async fn set_auth(
         auth: Some(auth),
         ..Default::default()
     };
+    apply_change(st, id, change).await
+}
+
+/// Applies an admin's change to a subscription and answers it as it now stands.
+async fn apply_change(
+    st: &AppState,
+    id: i64,
+    change: crate::model::websub::SubscriptionChange,
+) -> Result<Json<SubscriptionView>, AppError> {
     if st.hub.change(id, change).await?.is_none() {
         return Err(AppError::NotFound(format!("no subscription {id}")));
     }

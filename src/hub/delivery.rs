@@ -243,6 +243,8 @@ struct LaneState {
     /// The wait between attempts that answers 429, 502, 503 and 504 have asked for (doubled by
     /// each, halved by each success).
     slowdown: Duration,
+    /// The subscription was replaced by an update not yet looked at by the lane's link.
+    updated: bool,
 }
 
 /// The first slowdown after a 429, 502, 503 or 504, and the most it grows to.
@@ -265,6 +267,7 @@ impl LaneState {
             replayed: VecDeque::new(),
             not_before: None,
             slowdown: Duration::ZERO,
+            updated: false,
         }
     }
 
@@ -293,6 +296,7 @@ impl LaneState {
                 // in batches): the lane's start stands unless the store saw a success since.
                 let since = self.sub.failing_since;
                 self.sub = *s;
+                self.updated = true;
                 if self.sub.failing_since.is_some() {
                     self.sub.failing_since = since.or(self.sub.failing_since);
                 }
@@ -574,7 +578,10 @@ async fn run_lane(
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
         }
-        link.update(&hub, &st.sub);
+        if std::mem::take(&mut st.updated) {
+            // Its delivery auth may have changed (a new client, no token).
+            link.update(&hub, &st.sub);
+        }
         st.note_missed(&signals);
         let wake = match st.next(Instant::now(), Timestamp::now()) {
             Step::Read {

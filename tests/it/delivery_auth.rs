@@ -33,20 +33,7 @@ async fn admin(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Value) {
-    let mut rb = app
-        .client
-        .request(method, app.url(path))
-        .header("authorization", format!("Bearer {ADMIN}"));
-    if let Some(b) = body {
-        rb = rb.json(&b);
-    }
-    let r = rb.send().await.unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    admin_call(app, ADMIN, method, path, body).await
 }
 
 /// Records a verified subscription of `callback` to [`TOPIC`] in the store directly (the

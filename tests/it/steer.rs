@@ -12,19 +12,7 @@ use crate::support::*;
 const ADMIN: &str = "admin-token";
 
 async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, Value) {
-    let r = app
-        .client
-        .request(method, app.url(path))
-        .header("authorization", format!("Bearer {ADMIN}"))
-        .send()
-        .await
-        .unwrap();
-    let status = r.status().as_u16();
-    let text = r.text().await.unwrap();
-    (
-        status,
-        serde_json::from_str(&text).unwrap_or(Value::String(text)),
-    )
+    admin_call(app, ADMIN, method, path, None).await
 }
 
 async fn sub_id(app: &TestApp, callback_part: &str) -> String {
@@ -279,20 +267,8 @@ async fn a_rate_limited_subscriber_gets_everything_in_order_at_its_pace_and_429_
         subscribed(&app, &sub, &t, p, &[]).await;
     }
     let id = sub_id(&app, "/limited").await;
-    let patch = |body: Value| {
-        let (app, id) = (&app, &id);
-        async move {
-            let r = app
-                .client
-                .patch(app.url(&format!("/admin/v1/subscriptions/{id}")))
-                .header("authorization", format!("Bearer {ADMIN}"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
-    };
+    let path = format!("/admin/v1/subscriptions/{id}");
+    let patch = |body: Value| admin_call(&app, ADMIN, reqwest::Method::PATCH, &path, Some(body));
     for (bad, why) in [
         (serde_json::json!({"max_per_sec": -1}), "between 0"),
         (serde_json::json!({"max_per_sec": 1e9}), "between 0"),
@@ -369,20 +345,8 @@ async fn an_admin_rotates_a_secret_and_both_verify_during_the_grace_period() {
     let t = app.config.topic_base() + "/steer";
     subscribed(&app, &sub, &t, "/rot", &[("hub.secret", "old secret")]).await;
     let id = sub_id(&app, "/rot").await;
-    let rotate = |body: Value| {
-        let (app, id) = (&app, &id);
-        async move {
-            let r = app
-                .client
-                .post(app.url(&format!("/admin/v1/subscriptions/{id}/secret")))
-                .header("authorization", format!("Bearer {ADMIN}"))
-                .json(&body)
-                .send()
-                .await
-                .unwrap();
-            (r.status().as_u16(), r.json::<Value>().await.unwrap())
-        }
-    };
+    let path = format!("/admin/v1/subscriptions/{id}/secret");
+    let rotate = |body: Value| admin_call(&app, ADMIN, reqwest::Method::POST, &path, Some(body));
     for (bad, why) in [
         (serde_json::json!({"secret": ""}), "1 to 199 bytes"),
         (

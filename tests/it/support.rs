@@ -612,3 +612,28 @@ pub async fn post_json(
     let status = r.status();
     (status, r.json().await.unwrap_or(serde_json::Value::Null))
 }
+
+/// An admin API request with bearer `token` (and a JSON body when given): its status and its
+/// body as JSON (a string when it is not JSON).
+pub async fn admin_call(
+    app: &TestApp,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let mut rb = app
+        .client
+        .request(method, app.url(path))
+        .header("authorization", format!("Bearer {token}"));
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let r = rb.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
+    )
+}

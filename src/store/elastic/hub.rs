@@ -170,6 +170,15 @@ impl SubDoc {
         })
     }
 
+    /// Takes `new` as the secret; a different one it replaces keeps signing until `until`.
+    fn take_secret(&mut self, new: Option<String>, until: Timestamp) {
+        if self.secret.is_some() && self.secret != new {
+            self.previous_secret = self.secret.take();
+            self.previous_until = Some(until.0);
+        }
+        self.secret = new;
+    }
+
     fn hold(&self) -> Result<Option<Hold>, StoreError> {
         match (&self.held_reason, self.held_at) {
             (Some(r), Some(since)) => Ok(Some(Hold {
@@ -347,6 +356,23 @@ impl ElasticStore {
         Err(StoreError::Unavailable(format!(
             "subscription {doc_id} kept changing under us"
         )))
+    }
+
+    /// [`ElasticStore::update_sub`] of the subscription numbered `id`, as it then stands;
+    /// `None` when there is none.
+    async fn update_sub_by_id(
+        &self,
+        id: SubscriptionId,
+        f: impl FnMut(&mut SubDoc) -> bool,
+    ) -> Result<Option<Subscription>, StoreError> {
+        let doc_ids = self.sub_doc_ids([id].into_iter()).await?;
+        let Some(doc_id) = doc_ids.get(&id) else {
+            return Ok(None);
+        };
+        self.update_sub(doc_id, f)
+            .await?
+            .map(|s| s.subscription())
+            .transpose()
     }
 
     async fn delete_query(&self, query: Value) -> Result<u64, StoreError> {
@@ -780,11 +806,7 @@ impl HubStore for ElasticStore {
                             if s.expires_at <= verified_at.0 {
                                 s.cursor = s.cursor.max(newest);
                             }
-                            if s.secret.is_some() && s.secret != intent.secret {
-                                s.previous_secret = s.secret.take();
-                                s.previous_until = Some(keep_old_secret_until.0);
-                            }
-                            s.secret = intent.secret.clone();
+                            s.take_secret(intent.secret.clone(), keep_old_secret_until);
                             s.topic_given = Some(intent.topic.given().into());
                             s.callback_given = Some(intent.callback.given().into());
                             s.alg = intent.alg.as_str().into();
@@ -1445,24 +1467,18 @@ impl HubStore for ElasticStore {
         hold: Option<Hold>,
         only_if_unheld: bool,
     ) -> Result<Option<Subscription>, StoreError> {
-        let doc_ids = self.sub_doc_ids([id].into_iter()).await?;
-        let Some(doc_id) = doc_ids.get(&id) else {
-            return Ok(None);
-        };
-        let written = self
-            .update_sub(doc_id, |s| {
-                if only_if_unheld && s.held_reason.is_some() {
-                    return false;
-                }
-                s.held_reason = hold.map(|h| h.reason.as_str().to_string());
-                s.held_at = hold.map(|h| h.since.0);
-                if hold.is_none() {
-                    s.failing_since = None;
-                }
-                true
-            })
-            .await?;
-        written.map(|s| s.subscription()).transpose()
+        self.update_sub_by_id(id, |s| {
+            if only_if_unheld && s.held_reason.is_some() {
+                return false;
+            }
+            s.held_reason = hold.map(|h| h.reason.as_str().to_string());
+            s.held_at = hold.map(|h| h.since.0);
+            if hold.is_none() {
+                s.failing_since = None;
+            }
+            true
+        })
+        .await
     }
 
     async fn hub_change(
@@ -1470,29 +1486,19 @@ impl HubStore for ElasticStore {
         id: SubscriptionId,
         change: SubscriptionChange,
     ) -> Result<Option<Subscription>, StoreError> {
-        let doc_ids = self.sub_doc_ids([id].into_iter()).await?;
-        let Some(doc_id) = doc_ids.get(&id) else {
-            return Ok(None);
-        };
-        let written = self
-            .update_sub(doc_id, |s| {
-                if let Some(m) = change.max_per_sec {
-                    s.max_per_sec = m;
-                }
-                if let Some(a) = &change.auth {
-                    s.delivery_auth = a.clone();
-                }
-                if let Some((new, until)) = &change.secret {
-                    if s.secret.is_some() && s.secret.as_ref() != Some(new) {
-                        s.previous_secret = s.secret.take();
-                        s.previous_until = Some(until.0);
-                    }
-                    s.secret = Some(new.clone());
-                }
-                true
-            })
-            .await?;
-        written.map(|s| s.subscription()).transpose()
+        self.update_sub_by_id(id, |s| {
+            if let Some(m) = change.max_per_sec {
+                s.max_per_sec = m;
+            }
+            if let Some(a) = &change.auth {
+                s.delivery_auth = a.clone();
+            }
+            if let Some((new, until)) = &change.secret {
+                s.take_secret(Some(new.clone()), *until);
+            }
+            true
+        })
+        .await
     }
 
     async fn hub_totals(&self, now: Timestamp) -> Result<HubTotals, StoreError> {
