@@ -577,3 +577,87 @@ async fn every_request_goes_through_the_egress_proxy_and_the_policy_still_holds(
     let err = c.validate().unwrap_err().to_string();
     assert!(err.contains("hub.egress_proxy"), "{err}");
 }
+
+/// A hostile token endpoint costs a delivery attempt, not the hub: an answer larger than
+/// 64 KiB, one that never comes (cut at `hub.request_timeout_secs`) and one that is not a
+/// token each fail the attempt with the reason in the subscription's last failure, and
+/// nothing reaches the receiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_token_endpoint_fails_the_attempt_with_its_reason() {
+    let router = Router::new()
+        .route("/huge", post(|| async { "x".repeat(1 << 20) }))
+        .route(
+            "/hang",
+            post(|| async {
+                std::future::pending::<()>().await;
+                ""
+            }),
+        )
+        .route("/html", post(|| async { "<html>sign in</html>" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+
+    let (mut c, _d) = hub_config();
+    c.admin.token = ADMIN.into();
+    c.hub.request_timeout_secs = 1;
+    c.hub.retry_schedule_secs = vec![60];
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    for (path, why) in [
+        ("/huge", "more than 65536 bytes"),
+        ("/hang", "timed out"),
+        ("/html", "no token"),
+    ] {
+        subscribed(&app, &sub, TOPIC, path, &[]).await;
+        let id = admin(
+            &app,
+            reqwest::Method::GET,
+            &format!("/admin/v1/subscriptions?callback={path}"),
+            None,
+        )
+        .await
+        .1["items"][0]["id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let auth = serde_json::json!({"oauth2": {"token_url": format!("{base}{path}"),
+            "client_id": "c", "client_secret": "s"}});
+        let (s, v) = admin(
+            &app,
+            reqwest::Method::PUT,
+            &format!("/admin/v1/subscriptions/{id}/auth"),
+            Some(auth),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(fat_ping(&app, TOPIC, "<m/>").await.0, 200);
+        wait_until(&format!("the attempt through {path} failed"), || async {
+            admin(
+                &app,
+                reqwest::Method::GET,
+                &format!("/admin/v1/subscriptions/{id}"),
+                None,
+            )
+            .await
+            .1["last_failure"]["error"]
+                .is_string()
+        })
+        .await;
+        let detail = admin(
+            &app,
+            reqwest::Method::GET,
+            &format!("/admin/v1/subscriptions/{id}"),
+            None,
+        )
+        .await
+        .1;
+        let error = detail["last_failure"]["error"].as_str().unwrap();
+        assert!(
+            error.contains(why) && error.contains("OAuth2 token URL"),
+            "{path}: {error}"
+        );
+        assert!(sub.deliveries(path).is_empty(), "{path}: nothing delivered");
+    }
+    app.stop().await;
+}
