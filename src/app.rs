@@ -66,7 +66,7 @@ pub async fn run(
     let config = Arc::new(config);
     let store = open_store(&config).await?;
     let now = Timestamp::now();
-    for name in config.sets.keys() {
+    for name in config.sets.keys().chain(config.collect.keys()) {
         let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
         if store.ensure_set(&set, now).await? {
             tracing::info!(set = %set, "configured resource set registered");
@@ -142,6 +142,19 @@ async fn serve(
         ));
     }
 
+    let poke = notifier.clone();
+    let collectors = crate::collect::Collectors::new(
+        &config,
+        source.clone(),
+        Arc::new(move |n| {
+            if let Some(p) = &poke {
+                p.poke(n)
+            }
+        }),
+        hub.owner().to_string(),
+    )?;
+    collectors.spawn(tasks, cancel.clone());
+
     if config.admin.token.is_empty() {
         tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");
     }
@@ -169,6 +182,7 @@ async fn serve(
         hub,
         notifier,
         dumps,
+        collectors,
     });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 

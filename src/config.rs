@@ -37,6 +37,9 @@ pub struct Config {
     pub set_defaults: SetDefaults,
     #[serde(default)]
     pub sets: BTreeMap<String, SetOverrides>,
+    /// `[collect.NAME]`: OAI-PMH repositories feeding the resource set NAME.
+    #[serde(default)]
+    pub collect: BTreeMap<String, CollectConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -221,6 +224,87 @@ pub struct SetOverrides {
     pub describedby: Vec<DescribedBy>,
 }
 
+/// A `[collect.NAME]` table: an OAI-PMH repository that keeps the resource set NAME current.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct CollectConfig {
+    /// The repository's base URL (`http(s)://…`, without a query).
+    pub url: String,
+    /// The metadata format harvested.
+    #[serde(default = "CollectConfig::default_prefix")]
+    pub metadata_prefix: String,
+    /// An OAI set (`setSpec`) to harvest instead of the whole repository.
+    #[serde(default)]
+    pub set: Option<String>,
+    /// Seconds between the starts of two incremental runs.
+    #[serde(default = "CollectConfig::default_interval")]
+    pub interval_secs: u64,
+    /// Seconds between reconcile passes (`ListIdentifiers`, recording as deleted what the
+    /// repository no longer lists); 0 = on demand only. Passes run only for repositories
+    /// whose `deletedRecord` is `no` or `transient`, or when asked.
+    #[serde(default = "CollectConfig::default_reconcile")]
+    pub reconcile_secs: u64,
+    /// One request's time limit, the body included.
+    #[serde(default = "CollectConfig::default_timeout")]
+    pub request_timeout_secs: u64,
+    /// The largest response read (a page with its records), in bytes.
+    #[serde(default = "CollectConfig::default_max_response")]
+    pub max_response_bytes: u64,
+    /// Attempts of one request before the run stops with the reason (timeouts, 5xx, pages
+    /// that are not OAI-PMH); 503 with `Retry-After` waits as told without using one.
+    #[serde(default = "CollectConfig::default_attempts")]
+    pub attempts: u32,
+    /// The first retry's delay in milliseconds, doubled on each further retry, with jitter.
+    #[serde(default = "CollectConfig::default_retry_base")]
+    pub retry_base_ms: u64,
+    /// The longest `Retry-After` honoured, in seconds (a longer one is waited for this long).
+    #[serde(default = "CollectConfig::default_max_retry_after")]
+    pub max_retry_after_secs: u64,
+}
+
+impl CollectConfig {
+    fn default_prefix() -> String {
+        "oai_dc".into()
+    }
+    fn default_interval() -> u64 {
+        3600
+    }
+    fn default_reconcile() -> u64 {
+        7 * 86400
+    }
+    fn default_timeout() -> u64 {
+        120
+    }
+    fn default_max_response() -> u64 {
+        64 * 1024 * 1024
+    }
+    fn default_attempts() -> u32 {
+        5
+    }
+    fn default_retry_base() -> u64 {
+        2000
+    }
+    fn default_max_retry_after() -> u64 {
+        3600
+    }
+
+    /// A collector of `url` with every other key at its default.
+    pub fn new(url: &str) -> CollectConfig {
+        CollectConfig {
+            url: url.into(),
+            metadata_prefix: Self::default_prefix(),
+            set: None,
+            interval_secs: Self::default_interval(),
+            reconcile_secs: Self::default_reconcile(),
+            request_timeout_secs: Self::default_timeout(),
+            max_response_bytes: Self::default_max_response(),
+            attempts: Self::default_attempts(),
+            retry_base_ms: Self::default_retry_base(),
+            max_retry_after_secs: Self::default_max_retry_after(),
+        }
+    }
+}
+
 /// Command-line overrides, the last layer.
 #[derive(Debug, Clone, Default)]
 pub struct CliOverrides {
@@ -255,6 +339,32 @@ const SET_KEYS: &[&str] = &[
     "changelist_rollover_secs",
     "describedby",
 ];
+
+/// The keys of a `[collect.NAME]` table.
+const COLLECT_KEYS: &[&str] = &[
+    "url",
+    "metadata_prefix",
+    "set",
+    "interval_secs",
+    "reconcile_secs",
+    "request_timeout_secs",
+    "max_response_bytes",
+    "attempts",
+    "retry_base_ms",
+    "max_retry_after_secs",
+];
+
+/// The open-ended tables, whose names the operator chooses, and the keys each name's table has.
+const NAMED_TABLES: &[(&str, &[&str])] = &[("sets", SET_KEYS), ("collect", COLLECT_KEYS)];
+
+/// A key inside a named table (`sets.papers.url_prefix`): the table, the name, the key and
+/// the keys that table has.
+fn named_key(key: &str) -> Option<(&'static str, &str, &str, &'static [&'static str])> {
+    NAMED_TABLES.iter().find_map(|(table, keys)| {
+        let (name, k) = key.strip_prefix(table)?.strip_prefix('.')?.split_once('.')?;
+        Some((*table, name, k, *keys))
+    })
+}
 
 /// A relative path whose value came from a configuration file is taken from that file's
 /// folder (not from the working directory); one from the defaults, the environment or the
@@ -475,6 +585,38 @@ impl Config {
                 ));
             }
         }
+        self.validate_collect()
+    }
+
+    fn validate_collect(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        for (name, c) in &self.collect {
+            if let Err(reason) = crate::model::SetName::parse(name) {
+                return bad(format!("[collect.{name}]: {reason} (NAME is the resource set it feeds)"));
+            }
+            match url::Url::parse(&c.url) {
+                Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.query().is_none() => {}
+                _ => {
+                    return bad(format!(
+                        "collect.{name}.url {:?} is not an OAI-PMH base URL: http(s), without a query (the verbs are added to it)",
+                        c.url
+                    ))
+                }
+            }
+            if c.metadata_prefix.is_empty() || c.metadata_prefix.len() > 64 {
+                return bad(format!("collect.{name}.metadata_prefix must be 1 to 64 characters (such as oai_dc)"));
+            }
+            if c.interval_secs == 0 || c.request_timeout_secs == 0 || c.attempts == 0 {
+                return bad(format!(
+                    "collect.{name}: interval_secs, request_timeout_secs and attempts must be at least 1"
+                ));
+            }
+            if c.max_response_bytes < 64 * 1024 {
+                return bad(format!(
+                    "collect.{name}.max_response_bytes must be at least 65536 (one page of records)"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -620,7 +762,11 @@ impl Config {
         SetConfig {
             name: name.to_string(),
             url_prefix,
-            resource_root_dir: o.resource_root_dir,
+            resource_root_dir: o.resource_root_dir.or_else(|| {
+                self.collect
+                    .contains_key(name)
+                    .then(|| self.collected_dir(name))
+            }),
             max_items_in_list: o
                 .max_items_in_list
                 .unwrap_or(self.set_defaults.max_items_in_list),
@@ -629,6 +775,12 @@ impl Config {
                 .unwrap_or(self.set_defaults.changelist_rollover_secs),
             describedby: o.describedby,
         }
+    }
+
+    /// Where a collected set keeps its records' files when `[sets.NAME]` names no
+    /// `resource_root_dir`: `<data_dir>/collected/NAME`.
+    pub fn collected_dir(&self, name: &str) -> PathBuf {
+        self.server.data_dir.join("collected").join(name)
     }
 
     pub fn database_path(&self) -> PathBuf {
@@ -689,7 +841,7 @@ fn known_keys() -> Vec<String> {
             flatten("", dict, &mut out);
         }
     }
-    out.retain(|k| k != "sets");
+    out.retain(|k| !NAMED_TABLES.iter().any(|(t, _)| t == k));
     out
 }
 
@@ -701,20 +853,18 @@ fn flatten(prefix: &str, dict: &figment::value::Dict, out: &mut Vec<String>) {
             format!("{prefix}.{k}")
         };
         match v {
-            figment::value::Value::Dict(_, d) if !d.is_empty() && key != "sets" => {
-                flatten(&key, d, out)
-            }
-            figment::value::Value::Dict(_, d) if key == "sets" => {
-                for (name, set) in d {
-                    match set {
+            figment::value::Value::Dict(_, d) if NAMED_TABLES.iter().any(|(t, _)| *t == key) => {
+                for (name, table) in d {
+                    match table {
                         figment::value::Value::Dict(_, keys) => {
-                            out.extend(keys.keys().map(|k| format!("sets.{name}.{k}")));
+                            out.extend(keys.keys().map(|k| format!("{key}.{name}.{k}")));
                         }
-                        _ => out.push(format!("sets.{name}")),
+                        _ => out.push(format!("{key}.{name}")),
                     }
                 }
                 out.push(key);
             }
+            figment::value::Value::Dict(_, d) if !d.is_empty() => flatten(&key, d, out),
             _ => out.push(key),
         }
     }
@@ -732,12 +882,12 @@ fn unknown_keys(fig: &Figment) -> Vec<String> {
     }
     let mut out = Vec::new();
     for key in given {
-        if known.contains(&key) || key == "sets" {
+        if known.contains(&key) || NAMED_TABLES.iter().any(|(t, _)| *t == key) {
             continue;
         }
-        let set_key = key.strip_prefix("sets.").and_then(|r| r.split_once('.'));
-        if let Some((_, k)) = set_key {
-            if SET_KEYS.contains(&k) {
+        let named = named_key(&key);
+        if let Some((_, _, k, keys)) = named {
+            if keys.contains(&k) {
                 continue;
             }
         }
@@ -745,10 +895,10 @@ fn unknown_keys(fig: &Figment) -> Vec<String> {
             Some(figment::Source::File(p)) => format!(" in {}", p.display()),
             _ => String::new(),
         };
-        let candidates: Vec<String> = match set_key {
-            Some((name, _)) => SET_KEYS
+        let candidates: Vec<String> = match named {
+            Some((table, name, _, keys)) => keys
                 .iter()
-                .map(|k| format!("sets.{name}.{k}"))
+                .map(|k| format!("{table}.{name}.{k}"))
                 .collect(),
             None => known.clone(),
         };
@@ -835,8 +985,16 @@ impl EnvMapping {
             } else if rest.contains("__") {
                 let parts: Vec<&str> = rest.split("__").collect();
                 let key = match parts.as_slice() {
-                    [first, name, k] if first.eq_ignore_ascii_case("sets") => {
-                        format!("sets.{name}.{}", k.to_ascii_lowercase())
+                    [first, name, k]
+                        if NAMED_TABLES
+                            .iter()
+                            .any(|(t, _)| first.eq_ignore_ascii_case(t)) =>
+                    {
+                        format!(
+                            "{}.{name}.{}",
+                            first.to_ascii_lowercase(),
+                            k.to_ascii_lowercase()
+                        )
                     }
                     _ => parts
                         .iter()
@@ -845,10 +1003,7 @@ impl EnvMapping {
                         .join("."),
                 };
                 let ok = known.contains(&key)
-                    || key
-                        .strip_prefix("sets.")
-                        .and_then(|r| r.split_once('.'))
-                        .is_some_and(|(_, k)| SET_KEYS.contains(&k));
+                    || named_key(&key).is_some_and(|(_, _, k, keys)| keys.contains(&k));
                 if ok {
                     m.vars.push((var.clone(), key));
                 } else {

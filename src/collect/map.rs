@@ -80,7 +80,9 @@ pub fn change_for(
             }],
             None => vec![],
         },
-        datetime: Some(datestamp),
+        // Recorded at the time of arrival: the datestamp is the record's, not this store's
+        // (a datestamp in the past would precede what was already notified).
+        datetime: None,
         resource_set: None,
         timestamp: None,
     };

@@ -1,8 +1,396 @@
-//! The collector (issue 35, under way): OAI-PMH repositories feeding resource sets. So far the
-//! protocol's reading ([`oai`]): pure functions over a response's bytes, each record checked on
-//! its own so that a repository's bad input costs one record, never the page; and where a
-//! record's file goes ([`path`]); what a record becomes in its set ([`map`]).
+//! The collector: OAI-PMH repositories feeding resource sets. Each `[collect.NAME]` keeps the
+//! set NAME current: one resource per record ([`map`]), its file under the set's
+//! `resource_root_dir` ([`path`]), changes recorded through the same path as ingest (so
+//! notifications, Change Lists and dumps follow), runs that follow the protocol's rules
+//! ([`run`], [`client`]) and state kept in the store ([`state`]) so a restart continues where
+//! the last page left off. On a shared store one process at a time holds a collector (a
+//! lease, renewed while it works); a killed one's collector is taken over once its lease
+//! runs out.
+//!
+//! The protocol's reading ([`oai`]) is pure functions over a response's bytes, each record
+//! checked on its own so that a repository's bad input costs one record, never the page.
 
+pub mod client;
 pub mod map;
 pub mod oai;
 pub mod path;
+pub mod run;
+pub mod state;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use run::{Collector, Poke, Report, RunError};
+use state::{Control, Saved};
+
+use crate::config::Config;
+use crate::model::{SetName, Timestamp};
+use crate::source::Source;
+use crate::store::StoreError;
+
+/// How long a collector's lease lasts on a shared store (renewed every [`CHECK`]).
+pub const LEASE_SECS: u64 = 30;
+/// How often an idle collector looks at its admins' requests and its lease.
+const CHECK: Duration = Duration::from_secs(2);
+
+/// What an admin asks of a collector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Run,
+    Reconcile,
+    Pause,
+    Resume,
+}
+
+/// What this process knows of a collector beyond the store: whether it holds it, what it is
+/// doing, when it next runs.
+#[derive(Debug, Clone, Default, Serialize, utoipa::ToSchema)]
+pub struct Live {
+    /// Whether this process holds the collector (always, on the embedded store).
+    pub held_here: bool,
+    /// `run` or `reconcile` while one is under way here.
+    pub doing: Option<String>,
+    /// When the next incremental run is due (RFC 3339), as this process sees it.
+    pub next_run: Option<String>,
+}
+
+pub struct Entry {
+    pub collector: Collector,
+    wake: Notify,
+    live: Mutex<Live>,
+}
+
+impl Entry {
+    pub fn live(&self) -> Live {
+        self.live.lock().expect("not poisoned").clone()
+    }
+    fn set_live(&self, f: impl FnOnce(&mut Live)) {
+        f(&mut self.live.lock().expect("not poisoned"))
+    }
+}
+
+/// Every configured collector of this process.
+#[derive(Clone)]
+pub struct Collectors {
+    entries: Arc<Vec<Arc<Entry>>>,
+    source: Arc<Source>,
+    owner: String,
+}
+
+fn parse_time(s: &Option<String>) -> Option<Timestamp> {
+    s.as_deref().and_then(|t| Timestamp::parse(t).ok())
+}
+
+impl Collectors {
+    /// The collectors `[collect.NAME]` configures; `owner` names this process in leases.
+    pub fn new(
+        config: &Config,
+        source: Arc<Source>,
+        poke: Poke,
+        owner: String,
+    ) -> anyhow::Result<Collectors> {
+        let mut entries = Vec::new();
+        for (name, cfg) in &config.collect {
+            let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
+            let collector = Collector::new(set, cfg.clone(), source.clone(), poke.clone())
+                .map_err(|e| anyhow::anyhow!("[collect.{name}]: {e}"))?;
+            entries.push(Arc::new(Entry {
+                collector,
+                wake: Notify::new(),
+                live: Mutex::new(Live::default()),
+            }));
+        }
+        Ok(Collectors {
+            entries: Arc::new(entries),
+            source,
+            owner,
+        })
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn entries(&self) -> &[Arc<Entry>] {
+        &self.entries
+    }
+
+    pub fn get(&self, name: &str) -> Option<&Arc<Entry>> {
+        self.entries.iter().find(|e| e.collector.name.as_str() == name)
+    }
+
+    /// Records an admin's request in the store (where the process holding the collector
+    /// sees it) and wakes the collector if it is held here.
+    pub async fn ask(&self, name: &str, action: Action) -> Result<Control, StoreError> {
+        let c = state::control(self.source.store(), name, |c| match action {
+            Action::Run => c.run_requests += 1,
+            Action::Reconcile => c.reconcile_requests += 1,
+            Action::Pause => c.paused = true,
+            Action::Resume => {
+                c.paused = false;
+                c.resumes += 1;
+            }
+        })
+        .await?;
+        if let Some(e) = self.get(name) {
+            e.wake.notify_one();
+        }
+        Ok(c)
+    }
+
+    /// Starts one loop per collector on `tasks`.
+    pub fn spawn(&self, tasks: &TaskTracker, cancel: CancellationToken) {
+        for e in self.entries.iter() {
+            tasks.spawn(drive(e.clone(), self.clone(), cancel.clone()));
+        }
+    }
+
+    /// `collect --once`: one run of each collector (or of `only`), then a reconcile pass
+    /// where the repository forgets deletions and one is due. A collector another process
+    /// holds, paused or stopped is skipped with the reason.
+    pub async fn once(&self, only: Option<&str>, cancel: &CancellationToken) -> Vec<(String, Result<String, String>)> {
+        let mut out = Vec::new();
+        for e in self.entries.iter() {
+            let name = e.collector.name.to_string();
+            if only.is_some_and(|o| o != name) {
+                continue;
+            }
+            let r = self.once_one(e, cancel).await;
+            out.push((name, r));
+        }
+        out
+    }
+
+    async fn once_one(&self, e: &Entry, cancel: &CancellationToken) -> Result<String, String> {
+        let store = self.source.store();
+        let lease = format!("collect:{}", e.collector.name);
+        if !store.lease(&lease, &self.owner, LEASE_SECS * 10).await.map_err(|e| e.to_string())? {
+            return Err("another process holds this collector".into());
+        }
+        let (control, _) = state::load::<Control>(store, &state::control_key(e.collector.name.as_str()))
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut saved = e.collector.adopt().await.map_err(|e| e.to_string())?;
+        if control.paused {
+            return Err("paused (resume it with `admin collect resume`)".into());
+        }
+        if let Some((why, _)) = saved.stopped.as_ref().filter(|(_, r)| control.resumes <= *r) {
+            return Err(format!("stopped: {why}"));
+        }
+        saved.stopped = None;
+        let report = work(e, &mut saved, Work::Run, cancel).await;
+        let result = match report {
+            Ok(words) => {
+                if reconcile_due(e, &saved, &control) {
+                    work(e, &mut saved, Work::Reconcile, cancel)
+                        .await
+                        .map(|r| format!("{words}; {r}"))
+                } else {
+                    Ok(words)
+                }
+            }
+            Err(e) => Err(e),
+        };
+        let _ = store.release(&lease, &self.owner).await;
+        result
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    Run,
+    Reconcile,
+}
+
+/// Whether a reconcile pass is due: asked for, or on schedule for a repository that forgets
+/// deletions (after a first complete run).
+fn reconcile_due(e: &Entry, saved: &Saved, control: &Control) -> bool {
+    if control.reconcile_requests > saved.reconciles_answered {
+        return true;
+    }
+    let cfg = e.collector.config();
+    let forgets = saved
+        .identify
+        .as_ref()
+        .is_some_and(|i| i.deleted_record != "persistent");
+    cfg.reconcile_secs > 0
+        && forgets
+        && saved.from.is_some()
+        && parse_time(&saved.last_reconcile)
+            .is_none_or(|t| t.plus_secs(cfg.reconcile_secs) <= Timestamp::now())
+}
+
+/// Does one run or pass, saving its outcome in words; `Ok` with a summary, `Err` with the
+/// reason.
+async fn work(e: &Entry, saved: &mut Saved, what: Work, cancel: &CancellationToken) -> Result<String, String> {
+    let c = &e.collector;
+    e.set_live(|l| {
+        l.doing = Some(match what {
+            Work::Run => "run".into(),
+            Work::Reconcile => "reconcile".into(),
+        })
+    });
+    let result = match what {
+        Work::Run => c.run(saved, cancel).await.map(|r| {
+            let k = r.counts;
+            let mut words = format!(
+                "{} records read: {} created, {} updated, {} deleted, {} unchanged, {} quarantined",
+                k.seen, k.created, k.updated, k.deleted, k.unchanged, k.quarantined
+            );
+            if let Some(why) = r.ended_early {
+                words.push_str(&format!(" (ended early: {why})"));
+            }
+            words
+        }),
+        Work::Reconcile => c
+            .reconcile(saved, cancel)
+            .await
+            .map(|n| format!("reconcile: {n} records the repository no longer lists marked deleted")),
+    };
+    e.set_live(|l| l.doing = None);
+    let now = Timestamp::now().to_string();
+    match &result {
+        Ok(words) => {
+            tracing::info!(collector = %c.name, "{words}");
+            if what == Work::Run {
+                saved.last_ended = Some(now);
+                saved.last_outcome = Some(words.clone());
+                saved.last_error = None;
+            }
+        }
+        Err(RunError::Lost) => {
+            tracing::warn!(collector = %c.name, "another process took this collector over");
+        }
+        Err(RunError::Fetch(client::Failure::Cancelled)) => {}
+        Err(err) => {
+            let words = crate::cause::chain(err);
+            tracing::warn!(collector = %c.name, error = %words, "collector run failed");
+            if what == Work::Run {
+                saved.last_ended = Some(now);
+                saved.last_outcome = Some(format!("failed: {words}"));
+            }
+            saved.last_error = Some(words);
+        }
+    }
+    if !matches!(result, Err(RunError::Lost)) {
+        if let Err(err) = c.save(saved).await {
+            tracing::warn!(collector = %c.name, error = %crate::cause::chain(&err), "the collector's outcome was not saved");
+        }
+    }
+    result.map_err(|e| crate::cause::chain(&e))
+}
+
+/// One collector's loop: hold it (a lease on a shared store), answer admins' requests, run
+/// when due, reconcile when due.
+async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
+    let store = all.source.store().clone();
+    let name = e.collector.name.to_string();
+    let lease = format!("collect:{name}");
+    let mut was_held = false;
+    while !cancel.is_cancelled() {
+        let held = match store.lease(&lease, &all.owner, LEASE_SECS).await {
+            Ok(h) => h,
+            Err(err) => {
+                tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "cannot reach the store for the collector's lease");
+                false
+            }
+        };
+        e.set_live(|l| l.held_here = held);
+        if held && !was_held && store.is_shared() {
+            tracing::info!(collector = %name, owner = %all.owner, "this process now holds the collector");
+        }
+        was_held = held;
+        let mut wait = CHECK;
+        if held {
+            match step(&e, &all, &cancel).await {
+                Ok(Some(next)) => wait = next.min(CHECK),
+                Ok(None) => wait = Duration::ZERO,
+                Err(err) => {
+                    tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "the collector's state could not be read");
+                }
+            }
+        }
+        if wait.is_zero() {
+            continue;
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = e.wake.notified() => {}
+            _ = cancel.cancelled() => break,
+        }
+    }
+    let _ = store.release(&lease, &all.owner).await;
+}
+
+/// Does what is due now, if anything: `Some(wait)` until the next thing is due, `None` to
+/// look again at once.
+async fn step(e: &Entry, all: &Collectors, cancel: &CancellationToken) -> Result<Option<Duration>, StoreError> {
+    let store = all.source.store();
+    let c = &e.collector;
+    let (control, _) = state::load::<Control>(store, &state::control_key(c.name.as_str())).await?;
+    let mut saved = c.adopt().await?;
+    let interval = c.config().interval_secs;
+    let failed = saved
+        .last_outcome
+        .as_deref()
+        .is_some_and(|o| o.starts_with("failed"));
+    // After a failure the next run comes sooner (at most 5 minutes later).
+    let next = match failed {
+        true => parse_time(&saved.last_ended).map(|t| t.plus_secs(interval.min(300))),
+        false => parse_time(&saved.last_started).map(|t| t.plus_secs(interval)),
+    };
+    // A run that started and never ended here (a killed process, a pause) goes on at once.
+    let interrupted = saved.run.is_some()
+        && parse_time(&saved.last_ended) < parse_time(&saved.last_started);
+    e.set_live(|l| l.next_run = next.map(|t| t.to_string()));
+    if control.paused {
+        return Ok(Some(CHECK));
+    }
+    if let Some((_, at)) = &saved.stopped {
+        if control.resumes <= *at {
+            return Ok(Some(CHECK));
+        }
+        saved.stopped = None;
+    }
+    let asked = control.run_requests > saved.runs_answered;
+    let due = interrupted || next.is_none_or(|t| t <= Timestamp::now()) || asked;
+    let what = if due {
+        saved.runs_answered = control.run_requests;
+        Work::Run
+    } else if reconcile_due(e, &saved, &control) {
+        saved.reconciles_answered = control.reconcile_requests;
+        Work::Reconcile
+    } else {
+        let left = next.map_or(0, |t| (t.0 - Timestamp::now().0).max(0) as u64);
+        return Ok(Some(Duration::from_micros(left)));
+    };
+    // While it works: the lease renewed, and a pause (or a lost lease) stops it at once.
+    let stop = cancel.child_token();
+    let guard = async {
+        let lease = format!("collect:{}", c.name);
+        loop {
+            tokio::time::sleep(CHECK).await;
+            let held = store.lease(&lease, &all.owner, LEASE_SECS).await.unwrap_or(false);
+            let paused = state::load::<Control>(store, &state::control_key(c.name.as_str()))
+                .await
+                .map(|(c, _)| c.paused)
+                .unwrap_or(false);
+            if !held || paused {
+                tracing::info!(collector = %c.name, held, paused, "stopping the collector's work");
+                stop.cancel();
+                // The work ends at its next step, saving where it stands.
+                return std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = work(e, &mut saved, what, &stop) => {}
+        _ = guard => {}
+    }
+    Ok(if cancel.is_cancelled() { Some(CHECK) } else { None })
+}

@@ -24,9 +24,9 @@ use crate::model::Timestamp;
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub."),
-    paths(list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest)),
+    info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub; the OAI-PMH collectors."),
+    paths(super::collect::list_collectors, super::collect::show_collector, super::collect::act, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(super::collect::CollectorView, super::collect::CollectorDetail, super::collect::CollectorList, super::collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -83,9 +83,10 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/topics/latest", get(latest_payload))
         .route("/admin/v1/deliveries", get(list_deliveries))
         .route("/admin/v1/stats", get(stats))
+        .merge(super::collect::routes())
 }
 
-fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {
+pub(super) fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {
     let given = super::bearer_token(headers).ok_or_else(|| {
         AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into())
     })?;

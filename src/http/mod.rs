@@ -1,6 +1,7 @@
 //! HTTP handlers only: extract, call the domain, render. The router is assembled here.
 
 mod admin;
+mod collect;
 mod documents;
 mod files;
 mod hub;
@@ -32,6 +33,8 @@ pub struct AppState {
     pub notifier: Option<Arc<Notifier>>,
     /// The dumps, when `dumps.enabled`.
     pub dumps: Option<Arc<crate::dump::Dumps>>,
+    /// The OAI-PMH collectors (`[collect.NAME]`).
+    pub collectors: crate::collect::Collectors,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -253,6 +256,25 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
                 ));
             }
         }
+    }
+    for e in st.collectors.entries() {
+        let c = e.collector.config();
+        let last = match e.collector.status().await {
+            Ok((saved, _)) => saved
+                .last_outcome
+                .map(|o| format!("last run ended {}: {o}", saved.last_ended.unwrap_or_default()))
+                .unwrap_or_else(|| "no run has ended yet".into()),
+            Err(err) => format!("state unreadable: {}", crate::cause::chain(&err)),
+        };
+        s.push_str(&format!(
+            "
+collector {} (OAI-PMH {} metadataPrefix={}{}): {last}
+",
+            e.collector.name,
+            c.url,
+            c.metadata_prefix,
+            c.set.as_deref().map(|s| format!(" set={s}")).unwrap_or_default()
+        ));
     }
     (
         [(

@@ -438,6 +438,11 @@ impl Hub {
     }
 
     /// Whether this process delivers and notifies (see [`DELIVERY_LEASE`]).
+    /// This process's name in leases on a shared store.
+    pub fn owner(&self) -> &str {
+        &self.sharing.owner
+    }
+
     pub fn is_delivering(&self) -> bool {
         self.sharing.delivering.load(Ordering::SeqCst)
     }

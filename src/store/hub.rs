@@ -55,6 +55,19 @@ pub trait HubStore: Send + Sync {
         Ok(())
     }
 
+    /// A component's saved state under `key` (JSON text the component owns, such as a
+    /// collector's window and counters) with its version; `None` before its first save.
+    async fn state(&self, key: &str) -> Result<Option<(String, i64)>, StoreError>;
+
+    /// Saves `json` under `key` if its version is still `expected` (`None`: never saved);
+    /// returns the new version, or `None` when another process moved it first.
+    async fn save_state(
+        &self,
+        key: &str,
+        json: &str,
+        expected: Option<i64>,
+    ) -> Result<Option<i64>, StoreError>;
+
     /// Records a request awaiting verification (or a denial to send); returns its id.
     async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError>;
 

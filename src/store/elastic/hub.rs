@@ -692,6 +692,36 @@ impl HubStore for ElasticStore {
         Ok(())
     }
 
+    async fn state(&self, key: &str) -> Result<Option<(String, i64)>, StoreError> {
+        let Some(v) = self.es.get_doc(&self.hub, &format!("state:{key}")).await? else {
+            return Ok(None);
+        };
+        let json = v.source["doc"]["json"].as_str().ok_or_else(|| corrupt(format!("state {key} has no json")))?;
+        let version = v.source["doc"]["version"].as_i64().ok_or_else(|| corrupt(format!("state {key} has no version")))?;
+        Ok(Some((json.to_string(), version)))
+    }
+
+    async fn save_state(
+        &self,
+        key: &str,
+        json: &str,
+        expected: Option<i64>,
+    ) -> Result<Option<i64>, StoreError> {
+        let id = format!("state:{key}");
+        let current = self.es.get_doc(&self.hub, &id).await?;
+        let held = current.as_ref().and_then(|v| v.source["doc"]["version"].as_i64());
+        if held != expected {
+            return Ok(None);
+        }
+        let version = expected.map_or(1, |v| v + 1);
+        let doc = json!({"kind": "state", "doc": {"json": json, "version": version}});
+        Ok(self
+            .es
+            .put_doc_if(&self.hub, &id, &doc, current.as_ref())
+            .await?
+            .then_some(version))
+    }
+
     async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         let doc = IntentDoc {
             id: random_id(),

@@ -199,6 +199,42 @@ fn stats_from_row(r: &Row) -> rusqlite::Result<SubscriptionStats> {
 
 #[async_trait::async_trait]
 impl HubStore for EmbeddedStore {
+    async fn state(&self, key: &str) -> Result<Option<(String, i64)>, StoreError> {
+        let key = key.to_string();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT json, version FROM saved_state WHERE key = ?1",
+                [key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
+    async fn save_state(
+        &self,
+        key: &str,
+        json: &str,
+        expected: Option<i64>,
+    ) -> Result<Option<i64>, StoreError> {
+        let (key, json) = (key.to_string(), json.to_string());
+        self.write(move |c| {
+            let n = match expected {
+                None => c.execute(
+                    "INSERT OR IGNORE INTO saved_state (key, json, version) VALUES (?1, ?2, 1)",
+                    params![key, json],
+                )?,
+                Some(v) => c.execute(
+                    "UPDATE saved_state SET json = ?2, version = version + 1 WHERE key = ?1 AND version = ?3",
+                    params![key, json, v],
+                )?,
+            };
+            Ok((n == 1).then(|| expected.map_or(1, |v| v + 1)))
+        })
+        .await
+    }
+
     async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         self.write(move |c| {
             c.execute(

@@ -105,6 +105,9 @@ CREATE TABLE IF NOT EXISTS notify_state (
     watermark INTEGER NOT NULL, parts_seen INTEGER NOT NULL, lists_seen INTEGER NOT NULL,
     announced INTEGER NOT NULL, version INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS saved_state (
+    key TEXT PRIMARY KEY, json TEXT NOT NULL, version INTEGER NOT NULL
+);
 "#;
 
 #[derive(Clone)]

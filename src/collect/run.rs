@@ -1,0 +1,643 @@
+//! One collector's work: an incremental run (`Identify`, then `ListRecords` from the window's
+//! start, page by page, each page applied through the same path as ingest and then
+//! checkpointed with its resumption token), and the reconcile pass for repositories that
+//! forget deletions.
+//!
+//! The rules (see FACTS.md "OAI-PMH"): `from` is the `responseDate` of the last run that
+//! completed, taken at that run's start (its `Identify`), saved only when it completes, minus
+//! one granularity step; no `until`. A restart continues the list from the checkpointed
+//! token; a refused token (`badResumptionToken`) starts the window again from the saved
+//! `from`; `noRecordsMatch` is an empty run. A token that repeats, or more than
+//! [`MAX_EMPTY_PAGES`] pages in a row without a record, end the run with the reason.
+//!
+//! A page's records are applied before its token is saved: a process killed in between reads
+//! the page again and records nothing twice, because a record whose bytes the set already
+//! holds records nothing.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use futures_util::StreamExt as _;
+use tokio_util::sync::CancellationToken;
+
+use super::client::{Client, Failure, Trace};
+use super::map::{change_for, Origin};
+use super::oai::{self, DeletedRecord, Granularity, Record};
+use super::state::{self, Control, Counts, Identified, RunPoint, Saved};
+use crate::config::CollectConfig;
+use crate::ingest::{self, IngestError};
+use crate::model::{ChangeEvent, ChangeType, Location, LocationType, SetName, Timestamp};
+use crate::source::Source;
+use crate::store::StoreError;
+
+/// Pages in a row without a record before a run ends (a repository that pages forever).
+pub const MAX_EMPTY_PAGES: u32 = 10;
+/// Restarts of the list after refused tokens before a run ends.
+const MAX_RESTARTS: u32 = 3;
+/// Stored resources read per store call by the reconcile pass.
+const RECONCILE_PAGE: usize = 1000;
+
+/// Why a run did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Fetch(#[from] super::client::Failure),
+    #[error("{0}")]
+    Protocol(String),
+    #[error("the store: {0}")]
+    Store(#[from] StoreError),
+    #[error("writing a record's file: {0}")]
+    Io(#[from] std::io::Error),
+    /// Another process took the collector over (a shared store).
+    #[error("another process took this collector over")]
+    Lost,
+}
+
+/// A completed run's or pass's figures.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub counts: Counts,
+    pub pages: u64,
+    pub requests: u64,
+    /// Set when the run ended early on its own terms (a repeated token, endless empty pages).
+    pub ended_early: Option<String>,
+}
+
+/// Called with the number of changes just committed (the notifier's poke).
+pub type Poke = Arc<dyn Fn(usize) + Send + Sync>;
+
+pub struct Collector {
+    pub name: SetName,
+    cfg: CollectConfig,
+    client: Client,
+    origin: Origin,
+    source: Arc<Source>,
+    poke: Poke,
+    /// The saved document's version as this process last wrote or read it.
+    version: tokio::sync::Mutex<Option<i64>>,
+}
+
+fn now_text() -> String {
+    Timestamp::now().to_string()
+}
+
+/// `t` in the form a repository of `g` takes as `from`.
+pub fn oai_date(t: Timestamp, g: Granularity) -> String {
+    let d = chrono::DateTime::from_timestamp_micros(t.0).unwrap_or_default();
+    match g {
+        Granularity::Day => d.format("%Y-%m-%d").to_string(),
+        Granularity::Seconds => d.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+    }
+}
+
+/// The next run's `from`: the saved `responseDate` less one granularity step.
+pub fn window_start(saved: &str, g: Granularity) -> Option<String> {
+    let t = super::map::datestamp(saved).ok()?;
+    let step = match g {
+        Granularity::Day => 86_400_000_000,
+        Granularity::Seconds => 1_000_000,
+    };
+    Some(oai_date(Timestamp(t.0 - step), g))
+}
+
+impl Collector {
+    pub fn new(
+        name: SetName,
+        cfg: CollectConfig,
+        source: Arc<Source>,
+        poke: Poke,
+    ) -> Result<Collector, String> {
+        let product = format!(
+            "resourcesync-hub/{} (OAI-PMH collector; +{})",
+            env!("CARGO_PKG_VERSION"),
+            source.config().base_url()
+        );
+        Ok(Collector {
+            client: Client::new(&cfg, &product)?,
+            origin: Origin {
+                base_url: cfg.url.clone(),
+                metadata_prefix: cfg.metadata_prefix.clone(),
+            },
+            name,
+            cfg,
+            source,
+            poke,
+            version: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    pub fn config(&self) -> &CollectConfig {
+        &self.cfg
+    }
+
+    /// The saved document and the admins' one, as the store has them now.
+    pub async fn status(&self) -> Result<(Saved, Control), StoreError> {
+        let store = self.source.store();
+        let (saved, _) = state::load::<Saved>(store, &state::saved_key(self.name.as_str())).await?;
+        let (control, _) =
+            state::load::<Control>(store, &state::control_key(self.name.as_str())).await?;
+        Ok((saved, control))
+    }
+
+    /// Reads the saved document, taking its version as this process's own (on becoming the
+    /// collector's holder).
+    pub async fn adopt(&self) -> Result<Saved, StoreError> {
+        let (saved, v) =
+            state::load::<Saved>(self.source.store(), &state::saved_key(self.name.as_str()))
+                .await?;
+        *self.version.lock().await = v;
+        Ok(saved)
+    }
+
+    /// Saves the document over the version this process holds; [`RunError::Lost`] when another
+    /// process wrote it since.
+    pub async fn save(&self, saved: &Saved) -> Result<(), RunError> {
+        let mut v = self.version.lock().await;
+        match state::save(
+            self.source.store(),
+            &state::saved_key(self.name.as_str()),
+            saved,
+            *v,
+        )
+        .await?
+        {
+            Some(new) => {
+                *v = Some(new);
+                Ok(())
+            }
+            None => Err(RunError::Lost),
+        }
+    }
+
+    async fn identify(
+        &self,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<oai::Identify, RunError> {
+        match self
+            .client
+            .call(&[("verb", "Identify")], oai::parse_identify, trace, cancel)
+            .await?
+        {
+            Ok(i) => Ok(i),
+            Err((code, message)) => Err(RunError::Protocol(format!(
+                "Identify was answered {code}: {message}"
+            ))),
+        }
+    }
+
+    /// One incremental run, continuing the run under way if there is one. Updates `saved`
+    /// (and the store) as it goes.
+    pub async fn run(&self, saved: &mut Saved, cancel: &CancellationToken) -> Result<Report, RunError> {
+        let mut trace = Trace::default();
+        let id = self.identify(&mut trace, cancel).await?;
+        saved.identify = Some(Identified {
+            repository_name: id.repository_name.clone(),
+            granularity: match id.granularity {
+                Granularity::Day => "YYYY-MM-DD".into(),
+                Granularity::Seconds => "YYYY-MM-DDThh:mm:ssZ".into(),
+            },
+            earliest_datestamp: id.earliest_datestamp.clone(),
+            deleted_record: match id.deleted_record {
+                DeletedRecord::No => "no",
+                DeletedRecord::Transient => "transient",
+                DeletedRecord::Persistent => "persistent",
+            }
+            .into(),
+        });
+        let mut run = match saved.run.take() {
+            Some(r) => {
+                tracing::info!(collector = %self.name, pages = r.pages, "continuing the run under way");
+                r
+            }
+            None => RunPoint {
+                started: id.response_date.clone(),
+                from: saved
+                    .from
+                    .as_deref()
+                    .and_then(|f| window_start(f, id.granularity)),
+                ..RunPoint::default()
+            },
+        };
+        saved.last_started = Some(now_text());
+        saved.run = Some(run.clone());
+        self.save(saved).await?;
+        let mut report = Report::default();
+        let mut tokens = HashSet::new();
+        let mut empty = 0u32;
+        loop {
+            if cancel.is_cancelled() {
+                saved.run = Some(run);
+                return Err(Failure::Cancelled.into());
+            }
+            let first;
+            let args: Vec<(&str, &str)> = match &run.token {
+                Some(t) => vec![("verb", "ListRecords"), ("resumptionToken", t)],
+                None => {
+                    first = vec![("verb", "ListRecords"), ("metadataPrefix", self.cfg.metadata_prefix.as_str())];
+                    let mut a = first;
+                    if let Some(f) = &run.from {
+                        a.push(("from", f));
+                    }
+                    if let Some(s) = &self.cfg.set {
+                        a.push(("set", s));
+                    }
+                    a
+                }
+            };
+            let page = match self.client.call(&args, oai::parse_list, &mut trace, cancel).await {
+                Ok(Ok(p)) => p,
+                Ok(Err((code, _))) if code == "noRecordsMatch" => break,
+                Ok(Err((code, message))) if code == "badResumptionToken" && run.token.is_some() => {
+                    run.restarts += 1;
+                    if run.restarts > MAX_RESTARTS {
+                        saved.run = None;
+                        self.save(saved).await?;
+                        return Err(RunError::Protocol(format!(
+                            "the repository refused its own resumption tokens {MAX_RESTARTS} times ({message}); the next run starts the window again"
+                        )));
+                    }
+                    tracing::warn!(collector = %self.name, %message, "the repository refused the resumption token: starting the window again from the saved from");
+                    run.token = None;
+                    tokens.clear();
+                    saved.run = Some(run.clone());
+                    self.save(saved).await?;
+                    continue;
+                }
+                Ok(Err((code, message))) => {
+                    return Err(RunError::Protocol(format!(
+                        "ListRecords was answered {code}: {message}"
+                    )))
+                }
+                Err(e) => {
+                    if let Failure::Refused(why) = &e {
+                        let (control, _) = state::load::<Control>(
+                            self.source.store(),
+                            &state::control_key(self.name.as_str()),
+                        )
+                        .await?;
+                        saved.stopped = Some((why.clone(), control.resumes));
+                    }
+                    saved.run = Some(run);
+                    return Err(e.into());
+                }
+            };
+            let at = now_text();
+            for q in page.quarantined {
+                run.counts.quarantined += 1;
+                run.counts.seen += 1;
+                tracing::warn!(collector = %self.name, identifier = ?q.identifier, reason = %q.reason, "record quarantined");
+                saved.quarantine(q.identifier, q.reason, &at);
+            }
+            if page.records.is_empty() {
+                empty += 1;
+            } else {
+                empty = 0;
+            }
+            let counts = self.apply(page.records, saved, &at).await?;
+            run.counts.add(&counts);
+            run.pages += 1;
+            let next = page.token.map(|t| t.value).filter(|v| !v.is_empty());
+            let mut ended = None;
+            if let Some(t) = &next {
+                if !tokens.insert(t.clone()) {
+                    ended = Some(format!("the repository sent the resumption token {t:?} twice; the run ends here"));
+                } else if empty > MAX_EMPTY_PAGES {
+                    ended = Some(format!("{empty} pages in a row came without a record; the run ends here"));
+                }
+            }
+            if let Some(why) = ended {
+                tracing::warn!(collector = %self.name, reason = %why, "run ended early");
+                report.ended_early = Some(why);
+                // The next run starts the window again (it is not saved as complete).
+                saved.run = None;
+                saved.totals.add(&run.counts);
+                report.counts = run.counts;
+                self.save(saved).await?;
+                return Ok(report);
+            }
+            run.token = next;
+            saved.run = Some(run.clone());
+            self.save(saved).await?;
+            if run.token.is_none() {
+                break;
+            }
+        }
+        saved.from = Some(run.started.clone());
+        saved.run = None;
+        saved.last = run.counts;
+        saved.totals.add(&run.counts);
+        report.counts = run.counts;
+        report.pages = run.pages;
+        report.requests = trace.requests;
+        self.save(saved).await?;
+        Ok(report)
+    }
+
+    /// The md5 the set holds for each path (`None`: no resource).
+    async fn held(&self, paths: Vec<String>) -> Result<HashMap<String, Option<String>>, StoreError> {
+        let sc = self.source.set_config(&self.name);
+        let store = self.source.store();
+        let found: Vec<Result<(String, Option<String>), StoreError>> =
+            futures_util::stream::iter(paths.into_iter().map(|p| {
+                let key = Location::rel_path(p.clone()).key(&sc);
+                let set = self.name.clone();
+                async move {
+                    let key = key.map_err(StoreError::Corrupt)?;
+                    let r = store.resource(&set, &key).await?;
+                    Ok((p, r.and_then(|r| r.meta.md5)))
+                }
+            }))
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        found.into_iter().collect()
+    }
+
+    /// Applies a page's records: files first, then the changes in one batch through ingest,
+    /// then the files of deleted records are removed.
+    async fn apply(&self, records: Vec<Record>, saved: &mut Saved, at: &str) -> Result<Counts, RunError> {
+        let mut counts = Counts {
+            seen: records.len() as u64,
+            ..Counts::default()
+        };
+        if records.is_empty() {
+            return Ok(counts);
+        }
+        let paths: Vec<String> = records
+            .iter()
+            .map(|r| super::path::record_path(&r.header.identifier))
+            .collect();
+        let mut held = self.held(paths.clone()).await?;
+        let mut events = Vec::new();
+        let mut files = Vec::new();
+        let mut gone = Vec::new();
+        let mut ids = Vec::new();
+        for (rec, path) in records.iter().zip(paths) {
+            let h = held.get(&path).cloned().flatten();
+            match change_for(rec, &self.origin, h.as_deref()) {
+                Ok(None) => counts.unchanged += 1,
+                Ok(Some(mut c)) => {
+                    // Where the store can carry them: the record's OAI sets, as `collection` links.
+                    for spec in &rec.header.sets {
+                        c.event.ln.push(crate::model::Link {
+                            rel: "collection".into(),
+                            href: Location {
+                                kind: LocationType::Url,
+                                value: self.set_url(spec),
+                            },
+                            mime: None,
+                        });
+                    }
+                    // A later record of the same page sees this one's outcome.
+                    held.insert(path.clone(), c.event.md5.clone());
+                    match c.event.change {
+                        ChangeType::Created => counts.created += 1,
+                        ChangeType::Updated => counts.updated += 1,
+                        ChangeType::Deleted => {
+                            counts.deleted += 1;
+                            gone.push(path.clone());
+                        }
+                    }
+                    if let Some(f) = c.file {
+                        files.push(f);
+                    }
+                    ids.push(rec.header.identifier.clone());
+                    events.push((events.len() + 1, c.event));
+                }
+                Err(reason) => {
+                    counts.quarantined += 1;
+                    saved.quarantine(Some(rec.header.identifier.clone()), reason, at);
+                }
+            }
+        }
+        if events.is_empty() {
+            return Ok(counts);
+        }
+        let root = self
+            .source
+            .set_config(&self.name)
+            .resource_root_dir
+            .expect("a collected set has a resource_root_dir");
+        tokio::task::spawn_blocking(move || write_files(&root, files))
+            .await
+            .expect("file writing does not panic")?;
+        let n = self.ingest(events, &ids, saved, &mut counts, at).await?;
+        (self.poke)(n);
+        if !gone.is_empty() {
+            let root = self.source.set_config(&self.name).resource_root_dir.expect("a root");
+            tokio::task::spawn_blocking(move || {
+                for p in gone {
+                    let _ = std::fs::remove_file(root.join(p));
+                }
+            })
+            .await
+            .expect("file removal does not panic");
+        }
+        Ok(counts)
+    }
+
+    /// Ingests the events; one the store refuses is quarantined and the rest applied.
+    async fn ingest(
+        &self,
+        mut events: Vec<(usize, ChangeEvent)>,
+        ids: &[String],
+        saved: &mut Saved,
+        counts: &mut Counts,
+        at: &str,
+    ) -> Result<usize, RunError> {
+        loop {
+            match ingest::ingest(&self.source, &self.name, events.clone()).await {
+                Ok(r) => return Ok(r.applied),
+                Err(IngestError::Invalid(errors)) => {
+                    let bad: HashSet<usize> = errors.iter().map(|e| e.line).collect();
+                    for e in errors {
+                        counts.quarantined += 1;
+                        saved.quarantine(ids.get(e.line - 1).cloned(), format!("the store refused it: {}", e.reason), at);
+                    }
+                    events.retain(|(line, _)| !bad.contains(line));
+                    if events.is_empty() {
+                        return Ok(0);
+                    }
+                }
+                Err(IngestError::Empty) => return Ok(0),
+                Err(IngestError::Store(e)) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// The repository's URL listing an OAI set's identifiers.
+    fn set_url(&self, spec: &str) -> String {
+        self.client
+            .url(&[
+                ("verb", "ListIdentifiers"),
+                ("metadataPrefix", &self.cfg.metadata_prefix),
+                ("set", spec),
+            ])
+            .to_string()
+    }
+
+    /// The reconcile pass: lists every identifier the repository holds (`ListIdentifiers`)
+    /// and, only once the listing is complete, records as deleted each resource of the set
+    /// it no longer lists. Returns how many it marked.
+    pub async fn reconcile(&self, saved: &mut Saved, cancel: &CancellationToken) -> Result<u64, RunError> {
+        let mut trace = Trace::default();
+        let mut listed: HashSet<u128> = HashSet::new();
+        let mut token: Option<String> = None;
+        let mut tokens = HashSet::new();
+        let mut restarts = 0;
+        let mut empty = 0;
+        loop {
+            let args: Vec<(&str, &str)> = match &token {
+                Some(t) => vec![("verb", "ListIdentifiers"), ("resumptionToken", t)],
+                None => {
+                    let mut a = vec![("verb", "ListIdentifiers"), ("metadataPrefix", self.cfg.metadata_prefix.as_str())];
+                    if let Some(s) = &self.cfg.set {
+                        a.push(("set", s));
+                    }
+                    a
+                }
+            };
+            let page = match self.client.call(&args, oai::parse_list, &mut trace, cancel).await? {
+                Ok(p) => p,
+                Err((code, _)) if code == "noRecordsMatch" => break,
+                Err((code, message)) if code == "badResumptionToken" && restarts < MAX_RESTARTS => {
+                    tracing::warn!(collector = %self.name, %message, "reconcile: the token was refused; listing again from the start");
+                    restarts += 1;
+                    token = None;
+                    listed.clear();
+                    tokens.clear();
+                    continue;
+                }
+                Err((code, message)) => {
+                    return Err(RunError::Protocol(format!(
+                        "ListIdentifiers was answered {code}: {message}; nothing was marked deleted"
+                    )))
+                }
+            };
+            if page.records.is_empty() {
+                empty += 1;
+            } else {
+                empty = 0;
+            }
+            for r in page.records.iter().filter(|r| !r.header.deleted) {
+                listed.insert(path_hash(&super::path::record_path(&r.header.identifier)));
+            }
+            // A listing with a record that could not be read is not complete.
+            if let Some(q) = page.quarantined.first() {
+                return Err(RunError::Protocol(format!(
+                    "ListIdentifiers held a header that could not be read ({}); nothing was marked deleted",
+                    q.reason
+                )));
+            }
+            match page.token.map(|t| t.value).filter(|v| !v.is_empty()) {
+                None => break,
+                Some(t) if !tokens.insert(t.clone()) => {
+                    return Err(RunError::Protocol(format!(
+                        "the repository sent the resumption token {t:?} twice; the listing is not complete and nothing was marked deleted"
+                    )))
+                }
+                Some(_) if empty > MAX_EMPTY_PAGES => {
+                    return Err(RunError::Protocol(format!(
+                        "{empty} pages in a row came without a header; nothing was marked deleted"
+                    )))
+                }
+                Some(t) => token = Some(t),
+            }
+        }
+        // The listing is complete: what the set holds and the repository no longer lists.
+        let store = self.source.store();
+        let mut after = None;
+        let mut marked = 0u64;
+        let at = now_text();
+        loop {
+            let page = store.resources(&self.name, None, after, RECONCILE_PAGE).await?;
+            let mut events = Vec::new();
+            let mut ids = Vec::new();
+            for r in &page.items {
+                let Some(path) = r.key.0.strip_prefix("path:") else {
+                    continue;
+                };
+                if listed.contains(&path_hash(path)) {
+                    continue;
+                }
+                ids.push(path.to_string());
+                events.push((events.len() + 1, ChangeEvent {
+                    change: ChangeType::Deleted,
+                    location: Location::rel_path(path),
+                    length: None,
+                    md5: None,
+                    mime: None,
+                    lastmod: None,
+                    ln: vec![],
+                    datetime: None,
+                    resource_set: None,
+                    timestamp: None,
+                }));
+            }
+            if !events.is_empty() {
+                let mut counts = Counts::default();
+                let n = self.ingest(events, &ids, saved, &mut counts, &at).await?;
+                marked += n as u64;
+                (self.poke)(n);
+                let root = self.source.set_config(&self.name).resource_root_dir.expect("a root");
+                tokio::task::spawn_blocking(move || {
+                    for p in ids {
+                        let _ = std::fs::remove_file(root.join(p));
+                    }
+                })
+                .await
+                .expect("file removal does not panic");
+            }
+            match page.next {
+                Some(c) => after = Some(c),
+                None => break,
+            }
+        }
+        saved.last_reconcile = Some(at);
+        saved.last_reconcile_deleted = marked;
+        saved.totals.deleted += marked;
+        self.save(saved).await?;
+        Ok(marked)
+    }
+}
+
+fn path_hash(path: &str) -> u128 {
+    use md5::Digest as _;
+    u128::from_be_bytes(md5::Md5::digest(path.as_bytes()).into())
+}
+
+/// Writes each file whole beside its place, then moves it there (a reader never sees half a
+/// record).
+fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>)>) -> std::io::Result<()> {
+    let mut made = HashSet::new();
+    for (rel, bytes) in files {
+        let path = root.join(&rel);
+        let dir = path.parent().expect("a record path has a folder");
+        if made.insert(dir.to_path_buf()) {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = dir.join(format!(".{}.part", path.file_name().and_then(|n| n.to_str()).unwrap_or("r")));
+        std::fs::write(&tmp, &bytes)?;
+        std::fs::rename(&tmp, &path)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_window_starts_one_step_before_the_last_response_date() {
+        assert_eq!(
+            window_start("2026-11-26T10:00:00Z", Granularity::Seconds).as_deref(),
+            Some("2026-11-26T09:59:59Z")
+        );
+        assert_eq!(
+            window_start("2026-11-26T00:30:00Z", Granularity::Day).as_deref(),
+            Some("2026-11-25")
+        );
+        assert_eq!(window_start("garbage", Granularity::Day), None);
+    }
+}

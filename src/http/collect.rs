@@ -1,0 +1,193 @@
+//! The collectors in the admin API (`/admin/v1/collect…`): each one's window, runs, counters,
+//! quarantine and last error, and the actions run now, reconcile now, pause and resume.
+
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::admin::{authorize, ErrorBody};
+use super::AppState;
+use crate::collect::state::{Control, Counts, Identified, QuarantineEntry, RunPoint, Saved};
+use crate::collect::{Action, Entry, Live};
+use crate::error::AppError;
+
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/admin/v1/collect", get(list_collectors))
+        .route("/admin/v1/collect/{name}", get(show_collector))
+        .route("/admin/v1/collect/{name}/{action}", post(act))
+}
+
+/// A collector as the admin API shows it.
+#[derive(Serialize, ToSchema)]
+pub struct CollectorView {
+    /// The resource set it feeds (its `[collect.NAME]`).
+    pub name: String,
+    pub url: String,
+    pub metadata_prefix: String,
+    /// The OAI set harvested, if not the whole repository.
+    pub oai_set: Option<String>,
+    pub interval_secs: u64,
+    /// `running`, `idle`, `paused`, `stopped` (a 401/403 until resumed) or `elsewhere`
+    /// (another process holds it).
+    pub state: String,
+    pub live: Live,
+    /// The next run's window start: the `responseDate` at the start of the last complete run.
+    pub window_from: Option<String>,
+    /// The run under way (or interrupted), with its checkpoint.
+    pub run: Option<RunPoint>,
+    pub identify: Option<Identified>,
+    pub last_started: Option<String>,
+    pub last_ended: Option<String>,
+    pub last_outcome: Option<String>,
+    pub last_error: Option<String>,
+    /// Why it stopped itself, when it did.
+    pub stopped: Option<String>,
+    pub last: Counts,
+    pub totals: Counts,
+    /// Records quarantined in all (the newest are listed in the detail).
+    pub quarantined: u64,
+    pub last_reconcile: Option<String>,
+    pub last_reconcile_deleted: u64,
+    pub control: Control,
+}
+
+/// One collector with its quarantined records (the newest first).
+#[derive(Serialize, ToSchema)]
+pub struct CollectorDetail {
+    #[serde(flatten)]
+    pub collector: CollectorView,
+    pub quarantine: Vec<QuarantineEntry>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CollectorList {
+    pub collectors: Vec<CollectorView>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct CollectAccepted {
+    pub name: String,
+    pub action: String,
+    pub control: Control,
+    pub message: String,
+}
+
+fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
+    let c = e.collector.config();
+    let live = e.live();
+    let resumed = saved.stopped.as_ref().is_none_or(|(_, r)| control.resumes > *r);
+    let state = if live.doing.is_some() {
+        "running"
+    } else if control.paused {
+        "paused"
+    } else if !resumed {
+        "stopped"
+    } else if !live.held_here {
+        "elsewhere"
+    } else {
+        "idle"
+    };
+    CollectorView {
+        name: e.collector.name.to_string(),
+        url: c.url.clone(),
+        metadata_prefix: c.metadata_prefix.clone(),
+        oai_set: c.set.clone(),
+        interval_secs: c.interval_secs,
+        state: state.into(),
+        live,
+        window_from: saved.from.clone(),
+        run: saved.run.clone(),
+        identify: saved.identify.clone(),
+        last_started: saved.last_started.clone(),
+        last_ended: saved.last_ended.clone(),
+        last_outcome: saved.last_outcome.clone(),
+        last_error: saved.last_error.clone(),
+        stopped: saved.stopped.as_ref().filter(|_| !resumed).map(|(w, _)| w.clone()),
+        last: saved.last,
+        totals: saved.totals,
+        quarantined: saved.totals.quarantined,
+        last_reconcile: saved.last_reconcile.clone(),
+        last_reconcile_deleted: saved.last_reconcile_deleted,
+        control,
+    }
+}
+
+fn entry<'a>(st: &'a AppState, p: Result<Path<String>, PathRejection>) -> Result<&'a std::sync::Arc<Entry>, AppError> {
+    let Path(name) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
+    st.collectors.get(&name).ok_or_else(|| {
+        AppError::NotFound(format!(
+            "no collector {name:?}: collectors are the [collect.NAME] tables of the configuration"
+        ))
+    })
+}
+
+#[utoipa::path(get, path = "/admin/v1/collect", responses(
+    (status = 200, body = CollectorList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+pub async fn list_collectors(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Json<CollectorList>, AppError> {
+    authorize(&st, &headers)?;
+    let mut collectors = Vec::new();
+    for e in st.collectors.entries() {
+        let (saved, control) = e.collector.status().await?;
+        collectors.push(view(e, &saved, control));
+    }
+    Ok(Json(CollectorList { collectors }))
+}
+
+#[utoipa::path(get, path = "/admin/v1/collect/{name}", params(("name" = String, Path, description = "The collector (and resource set) name")), responses(
+    (status = 200, body = CollectorDetail), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn show_collector(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<CollectorDetail>, AppError> {
+    authorize(&st, &headers)?;
+    let e = entry(&st, p)?;
+    let (saved, control) = e.collector.status().await?;
+    Ok(Json(CollectorDetail {
+        collector: view(e, &saved, control),
+        quarantine: saved.quarantine.iter().rev().cloned().collect(),
+    }))
+}
+
+#[utoipa::path(post, path = "/admin/v1/collect/{name}/{action}", params(
+    ("name" = String, Path, description = "The collector (and resource set) name"),
+    ("action" = String, Path, description = "`run` (an incremental run now), `reconcile` (a reconcile pass now), `pause` or `resume`")),
+    responses((status = 202, body = CollectAccepted), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+pub async fn act(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<(String, String)>, PathRejection>,
+) -> Result<(StatusCode, Json<CollectAccepted>), AppError> {
+    authorize(&st, &headers)?;
+    let Path((name, action)) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
+    let e = entry(&st, Ok(Path(name.clone())))?;
+    let (a, message) = match action.as_str() {
+        "run" => (Action::Run, "an incremental run starts as soon as the collector is free"),
+        "reconcile" => (Action::Reconcile, "a reconcile pass starts as soon as the collector is free"),
+        "pause" => (Action::Pause, "paused: the run under way stops after its page and nothing runs until resumed"),
+        "resume" => (Action::Resume, "resumed: an interrupted run goes on where it stopped"),
+        other => {
+            return Err(AppError::NotFound(format!(
+                "no action {other:?}: run, reconcile, pause or resume"
+            )))
+        }
+    };
+    let control = st.collectors.ask(e.collector.name.as_str(), a).await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(CollectAccepted {
+            name,
+            action,
+            control,
+            message: message.into(),
+        }),
+    ))
+}
