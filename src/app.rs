@@ -66,7 +66,7 @@ pub async fn run(
     let config = Arc::new(config);
     let store = open_store(&config).await?;
     let now = Timestamp::now();
-    for name in config.sets.keys().chain(config.collect.keys()) {
+    for name in config.configured_sets() {
         let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
         if store.ensure_set(&set, now).await? {
             tracing::info!(set = %set, "configured resource set registered");

@@ -777,6 +777,15 @@ impl Config {
         }
     }
 
+    /// The sets the configuration names: `[sets.NAME]` and `[collect.NAME]` tables, in order.
+    pub fn configured_sets(&self) -> std::collections::BTreeSet<&str> {
+        self.sets
+            .keys()
+            .chain(self.collect.keys())
+            .map(String::as_str)
+            .collect()
+    }
+
     /// Where a collected set keeps its records' files when `[sets.NAME]` names no
     /// `resource_root_dir`: `<data_dir>/collected/NAME`.
     pub fn collected_dir(&self, name: &str) -> PathBuf {

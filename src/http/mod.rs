@@ -100,7 +100,7 @@ pub fn router(state: AppState) -> Router {
         .merge(admin::routes(&state));
     // Resource files of sets whose url_prefix lies under our own base URL.
     let base = state.config.base_url();
-    for name in state.config.sets.keys() {
+    for name in state.config.configured_sets() {
         let sc = state.config.set_config(name);
         if let (Some(path), Some(root)) = (sc.served_path(&base), sc.root_dir()) {
             tracing::info!(set = %name, path = %path, root = %root.display(), "serving resource files");

@@ -6,7 +6,10 @@ use std::process::{Child, Command, Stdio};
 
 use resourcesync_hub::collect::oai::{self, DeletedRecord, Granularity, OaiError};
 
-use crate::support::PyEnv;
+use resourcesync_hub::config::{CollectConfig, Config};
+use resourcesync_hub::store::SetStore as _;
+
+use crate::support::{admin_call, md5_hex, test_config, PyEnv, TestApp};
 
 /// The fixture repository, running until dropped.
 pub struct OaiServer {
@@ -161,4 +164,124 @@ async fn the_reader_follows_a_real_repository_through_its_pages() {
     );
     let bad = oai::parse_list(&get("verb=ListRecords&resumptionToken=nonsense".into()).await);
     assert!(matches!(&bad, Err(OaiError::Protocol { .. })), "{bad:?}");
+}
+
+pub const ADMIN: &str = "collect-admin-token";
+
+/// A server collecting the fixture repository into the set `papers`.
+pub struct Collecting {
+    pub repo: OaiServer,
+    pub app: TestApp,
+}
+
+/// A configuration collecting `base` into `papers` (one run an hour: the tests ask for runs).
+pub fn collect_config(base: &str) -> (Config, tempfile::TempDir) {
+    let (mut c, dir) = test_config();
+    c.admin.token = ADMIN.into();
+    let mut cc = CollectConfig::new(base);
+    cc.retry_base_ms = 20;
+    cc.attempts = 3;
+    c.collect.insert("papers".into(), cc);
+    (c, dir)
+}
+
+impl Collecting {
+    pub async fn start(fixture: &serde_json::Value, batch: usize) -> (Collecting, tempfile::TempDir) {
+        let repo = OaiServer::start(fixture, batch);
+        let (c, dir) = collect_config(&repo.base);
+        let app = TestApp::start_with(c).await;
+        (Collecting { repo, app }, dir)
+    }
+
+    pub async fn status(&self) -> serde_json::Value {
+        let (s, v) = admin_call(&self.app, ADMIN, reqwest::Method::GET, "/admin/v1/collect/papers", None).await;
+        assert_eq!(s, 200, "{v}");
+        v
+    }
+
+    /// Waits for the run under way (or the first) to end; its status.
+    pub async fn wait_ended(&self, after: Option<&str>) -> serde_json::Value {
+        let mut last = serde_json::Value::Null;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        loop {
+            let v = self.status().await;
+            let ended = v["last_ended"].as_str();
+            if ended.is_some() && ended != after && v["state"] != "running" {
+                return v;
+            }
+            assert!(std::time::Instant::now() < deadline, "no run ended: {v:#}");
+            last = v;
+            let _ = &last;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Asks for a run now and waits for it to end.
+    pub async fn run_now(&self) -> serde_json::Value {
+        let before = self.status().await["last_ended"].as_str().map(str::to_string);
+        let (s, v) = admin_call(&self.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/run", None).await;
+        assert_eq!(s, 202, "{v}");
+        self.wait_ended(before.as_deref()).await
+    }
+
+    /// Every resource of the set: location value -> (md5, length).
+    pub async fn resources(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        let sc = self.app.config.set_config("papers");
+        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path()).unwrap();
+        let mut out = std::collections::BTreeMap::new();
+        let mut after = None;
+        loop {
+            let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
+            let page = store.resources(&set, None, after, 1000).await.unwrap();
+            for r in page.items {
+                out.insert(
+                    r.key.url(&sc.url_prefix),
+                    serde_json::json!({"md5": r.meta.md5, "length": r.meta.length, "ln": r.meta.ln.iter().map(|l| (l.rel.clone(), l.href.value.clone())).collect::<Vec<_>>()}),
+                );
+            }
+            match page.next {
+                Some(c) => after = Some(c),
+                None => return out,
+            }
+        }
+    }
+}
+
+/// The record `k`'s metadata as the fixture repository writes it (`oai_dc`).
+fn record_title(k: usize) -> String {
+    format!("Record {k} &amp; co")
+}
+
+/// A repository becomes a resource set: one resource per live record, its file the record's
+/// metadata as a standalone document served by this server, a `via` link to its GetRecord
+/// URL, its OAI sets as `collection` links; deleted records are never created.
+#[tokio::test]
+async fn a_repository_becomes_a_resource_set() {
+    let (c, _dir) = Collecting::start(&fixture(25), 10).await;
+    let v = c.wait_ended(None).await;
+    assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
+    assert_eq!(v["last"]["created"], 22, "{v:#}");
+    assert_eq!(v["last"]["unchanged"], 3, "{v:#}");
+    let res = c.resources().await;
+    assert_eq!(res.len(), 22);
+    for k in (0..25).filter(|k| k % 7 != 6) {
+        let id = format!("oai:test:{k}");
+        let rel = resourcesync_hub::collect::path::record_path(&id);
+        let url = res
+            .keys()
+            .find(|u| u.ends_with(&rel.replace('%', "%25")))
+            .unwrap_or_else(|| panic!("{rel} not in {:?}", res.keys().take(3).collect::<Vec<_>>()))
+            .clone();
+        let body = c.app.client.get(c.app.url(&c.app.path_of(&url))).send().await.unwrap();
+        assert_eq!(body.status(), 200, "{url}");
+        let text = body.text().await.unwrap();
+        assert!(text.contains(&record_title(k)), "{text}");
+        assert!(text.starts_with("<oai_dc:dc") || text.starts_with("<?xml"), "{text}");
+        assert_eq!(res[&url]["md5"], md5_hex(text.as_bytes()));
+        let ln = res[&url]["ln"].as_array().unwrap();
+        assert!(ln.iter().any(|l| l[0] == "via" && l[1].as_str().unwrap().contains("verb=GetRecord")), "{ln:?}");
+        let set = if k % 2 == 0 { "even" } else { "odd" };
+        assert!(ln.iter().any(|l| l[0] == "collection" && l[1].as_str().unwrap().ends_with(&format!("set={set}"))), "{ln:?}");
+    }
+    c.app.stop().await;
 }
