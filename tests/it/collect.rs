@@ -7,15 +7,14 @@ use std::process::{Child, Command, Stdio};
 use resourcesync_hub::collect::oai::{self, DeletedRecord, Granularity, OaiError};
 
 use resourcesync_hub::config::{CollectConfig, Config};
-use resourcesync_hub::store::SetStore as _;
 
-use crate::support::{admin_call, md5_hex, test_config, PyEnv, TestApp};
+use crate::support::{admin_call, assert_valid, md5_hex, test_config, PyEnv, TestApp};
 
 /// The fixture repository, running until dropped.
 pub struct OaiServer {
     child: Child,
     pub base: String,
-    _fixture: tempfile::NamedTempFile,
+    fixture: tempfile::NamedTempFile,
 }
 
 impl OaiServer {
@@ -40,7 +39,7 @@ impl OaiServer {
         OaiServer {
             child,
             base: format!("http://127.0.0.1:{port}/oai"),
-            _fixture: file,
+            fixture: file,
         }
     }
 }
@@ -201,7 +200,6 @@ impl Collecting {
 
     /// Waits for the run under way (or the first) to end; its status.
     pub async fn wait_ended(&self, after: Option<&str>) -> serde_json::Value {
-        let mut last = serde_json::Value::Null;
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
         loop {
             let v = self.status().await;
@@ -210,8 +208,6 @@ impl Collecting {
                 return v;
             }
             assert!(std::time::Instant::now() < deadline, "no run ended: {v:#}");
-            last = v;
-            let _ = &last;
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
     }
@@ -222,6 +218,13 @@ impl Collecting {
         let (s, v) = admin_call(&self.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/run", None).await;
         assert_eq!(s, 202, "{v}");
         self.wait_ended(before.as_deref()).await
+    }
+
+    /// How many changes the set has recorded.
+    pub async fn app_counts(&self) -> u64 {
+        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path()).unwrap();
+        let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
+        store.counts(&set).await.unwrap().changes
     }
 
     /// Every resource of the set: location value -> (md5, length).
@@ -257,7 +260,7 @@ fn record_title(k: usize) -> String {
 /// URL, its OAI sets as `collection` links; deleted records are never created.
 #[tokio::test]
 async fn a_repository_becomes_a_resource_set() {
-    let (c, _dir) = Collecting::start(&fixture(25), 10).await;
+    let (c, dir) = Collecting::start(&fixture(25), 10).await;
     let v = c.wait_ended(None).await;
     assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
     assert_eq!(v["last"]["created"], 22, "{v:#}");
@@ -283,5 +286,194 @@ async fn a_repository_becomes_a_resource_set() {
         let set = if k % 2 == 0 { "even" } else { "odd" };
         assert!(ln.iter().any(|l| l[0] == "collection" && l[1].as_str().unwrap().ends_with(&format!("set={set}"))), "{ln:?}");
     }
+    // The Python reference client mirrors exactly those records.
+    let dest = dir.path().join("resync-mirror");
+    std::fs::create_dir_all(&dest).unwrap();
+    let cap = format!("{}/sets/papers/capabilitylist.xml", c.app.config.base_url());
+    let mapping = format!("{}/files/papers/={}", c.app.config.base_url(), dest.display());
+    let cwd = dir.path().to_path_buf();
+    let out = tokio::task::spawn_blocking(move || {
+        Command::new(PyEnv::get().bin("resync-sync"))
+            .current_dir(cwd)
+            .args(["--baseline", "--capabilitylist", &cap, "--verbose", &mapping])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = crate::support::output_text(&out);
+    let mirrored: Vec<_> = walkdir::WalkDir::new(&dest)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .collect();
+    assert_eq!(mirrored.len(), 22, "{text}");
+    c.app.stop().await;
+}
+
+/// `n` records `oai:big:K`, a second apart from 2026-11-01, in three sets `s0`..`s2`; every
+/// twentieth deleted (500 of 10,000).
+pub fn repository(n: usize) -> serde_json::Value {
+    let start = chrono::DateTime::parse_from_rfc3339("2026-11-01T00:00:00Z").unwrap();
+    let records: Vec<serde_json::Value> = (0..n)
+        .map(|k| {
+            let d = start + chrono::Duration::seconds(k as i64);
+            serde_json::json!({
+                "id": format!("oai:big:{k}"),
+                "datestamp": d.format("%Y-%m-%dT%H:%M:%SZ").to_string(),
+                "sets": [format!("s{}", k % 3)],
+                "deleted": k % 20 == 19,
+                "dc": {"title": [format!("Record {k} & co")], "creator": ["A. Author"], "subject": ["ü ∑ 𝄞"]},
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "granularity": "YYYY-MM-DDThh:mm:ssZ",
+        "deletedRecord": "persistent",
+        "sets": [["s0", "Zero"], ["s1", "One"], ["s2", "Two"]],
+        "records": records,
+    })
+}
+
+/// Rewrites the repository's fixture (the server reads it again on its next request).
+pub fn rewrite(repo: &OaiServer, fixture: &serde_json::Value) {
+    let tmp = repo.fixture.path().with_extension("new");
+    std::fs::write(&tmp, fixture.to_string()).unwrap();
+    std::fs::rename(&tmp, repo.fixture.path()).unwrap();
+}
+
+fn now_datestamp() -> String {
+    chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// Compares the set's files with the repository's records as canonical XML (lxml).
+fn c14n_compare(c: &Collecting, fixture: &serde_json::Value) -> serde_json::Value {
+    let root = c.app.config.collected_dir("papers");
+    let map: serde_json::Map<String, serde_json::Value> = fixture["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            let id = r["id"].as_str().unwrap();
+            let p = root.join(resourcesync_hub::collect::path::record_path(id));
+            p.exists().then(|| (id.to_string(), p.display().to_string().into()))
+        })
+        .collect();
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), serde_json::Value::Object(map).to_string()).unwrap();
+    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/oai_c14n_compare.py");
+    let out = Command::new(PyEnv::get().python())
+        .arg(tool)
+        .arg(&c.repo.base)
+        .arg(file.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The acceptance's main path: a baseline of 10,000 records (500 deleted, 3 sets) gives
+/// exactly the 9,500 live records, each file equal to its record as canonical XML, documents
+/// valid against the schemas, and a mirror made by `harvest` holding exactly those; then
+/// 300 created, 200 updated, 100 deleted and 50 re-datestamped but unchanged records give
+/// exactly 600 changes, each pushed to the subscribed `harvest` destination.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
+    let mut fx = repository(10_000);
+    let repo = OaiServer::start(&fx, 500);
+    let (mut cfg, dir) = collect_config(&repo.base);
+    let (hc, _) = crate::hub::hub_config();
+    cfg.hub = hc.hub;
+    let app = TestApp::start_with(cfg).await;
+    let c = Collecting { repo, app };
+    let v = c.wait_ended(None).await;
+    assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
+    assert_eq!(v["last"]["created"], 9_500, "{v:#}");
+    assert_eq!(v["last"]["seen"], 10_000, "{v:#}");
+    assert_eq!(c.resources().await.len(), 9_500);
+    let cmp = c14n_compare(&c, &fx);
+    assert_eq!(cmp["equal"], 9_500, "{cmp}");
+    assert_eq!(cmp["differ"].as_array().unwrap().len() + cmp["missing"].as_array().unwrap().len() + cmp["extra"].as_array().unwrap().len(), 0, "{cmp}");
+    let docs = [
+        "/sets/papers/capabilitylist.xml",
+        "/sets/papers/resourcelist.xml",
+        "/sets/papers/changelist.xml",
+    ];
+    let mut bodies = Vec::new();
+    for d in docs {
+        bodies.push((d, c.app.get_text(d).await));
+    }
+    assert_valid(&bodies.iter().map(|(d, b)| (*d, b.as_str())).collect::<Vec<_>>());
+
+    // A destination baselines from this server and subscribes.
+    let mut hcfg = crate::harvest::harvest_config(dir.path(), &c.app.url("/.well-known/resourcesync"));
+    hcfg.follow.check_interval_secs = 3600;
+    let h = crate::harvest::TestHarvester::start(hcfg.clone()).await;
+    crate::harvest::wait_state(&h, "the baseline", 180, |s| crate::harvest::set_done(s, 9_500)).await;
+    crate::harvest::wait_state(&h, "an active subscription", 30, |s| {
+        s.sets()
+            .unwrap()
+            .first()
+            .and_then(|r| s.subscription(r.id).unwrap())
+            .is_some_and(|sub| sub.state == resourcesync_hub::destination::state::SubState::Active)
+    })
+    .await;
+    let mirrored = std::fs::read_to_string(
+        h.state()
+            .held(1, &format!("{}/files/papers/{}", c.app.config.base_url(), resourcesync_hub::collect::path::record_path("oai:big:7").replace('%', "%25")))
+            .unwrap()
+            .expect("record 7 mirrored")
+            .path,
+    )
+    .unwrap();
+    assert!(mirrored.contains("Record 7 &amp; co"), "{mirrored}");
+
+    // The repository changes.
+    let changes_before = c.app_counts().await;
+    let now = now_datestamp();
+    let recs = fx["records"].as_array_mut().unwrap();
+    let live: Vec<usize> = (0..10_000).filter(|k| k % 20 != 19).collect();
+    for &k in &live[..200] {
+        recs[k]["dc"]["title"] = serde_json::json!([format!("Record {k}, second version")]);
+        recs[k]["datestamp"] = now.clone().into();
+    }
+    for &k in &live[1000..1100] {
+        recs[k]["deleted"] = true.into();
+        recs[k]["datestamp"] = now.clone().into();
+    }
+    for &k in &live[2000..2050] {
+        recs[k]["datestamp"] = now.clone().into();
+    }
+    for k in 10_000..10_300 {
+        recs.push(serde_json::json!({
+            "id": format!("oai:big:{k}"), "datestamp": now, "sets": ["s1"],
+            "dc": {"title": [format!("New record {k}")]},
+        }));
+    }
+    rewrite(&c.repo, &fx);
+    let v = c.run_now().await;
+    assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
+    assert_eq!(
+        (&v["last"]["created"], &v["last"]["updated"], &v["last"]["deleted"]),
+        (&300.into(), &200.into(), &100.into()),
+        "{v:#}"
+    );
+    assert!(v["last"]["unchanged"].as_u64().unwrap() >= 50, "{v:#}");
+    assert_eq!(c.app_counts().await - changes_before, 600, "exactly 600 changes recorded");
+    // A second run over an overlapping window records nothing.
+    let again = c.run_now().await;
+    assert_eq!(again["last"]["created"].as_u64().unwrap() + again["last"]["updated"].as_u64().unwrap() + again["last"]["deleted"].as_u64().unwrap(), 0, "{again:#}");
+    assert_eq!(c.app_counts().await - changes_before, 600);
+
+    crate::harvest::wait_state(&h, "600 changes applied by push", 120, |s| {
+        crate::harvest::applied(s) == 600 && crate::harvest::pending(s) == 0
+    })
+    .await;
+    let row = h.state().sets().unwrap()[0].clone();
+    assert!(row.last_push_at.is_some(), "applied by push");
+    assert_eq!(h.state().count_held(row.id).unwrap(), 9_500 + 300 - 100);
+    let cmp = c14n_compare(&c, &fx);
+    assert_eq!(cmp["equal"], 9_700, "{cmp}");
+    h.stop().await;
     c.app.stop().await;
 }

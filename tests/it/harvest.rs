@@ -122,7 +122,7 @@ pub fn pending(s: &State) -> u64 {
         .map_or(0, |r| s.count_pending(r.id).unwrap())
 }
 
-async fn audit(cfg: &HarvestConfig) -> (String, bool) {
+pub async fn audit(cfg: &HarvestConfig) -> (String, bool) {
     destination::audit(cfg).await.unwrap()
 }
 
