@@ -267,6 +267,17 @@ async fn work(e: &Entry, saved: &mut Saved, what: Work, cancel: &CancellationTok
             tracing::warn!(collector = %c.name, "another process took this collector over");
         }
         Err(RunError::Fetch(client::Failure::Cancelled)) => {}
+        Err(RunError::Fetch(client::Failure::Refused(why))) => {
+            tracing::warn!(collector = %c.name, reason = %why, "the repository refused access: the collector is stopped until an admin resumes it");
+            match state::load::<Control>(c.store(), &state::control_key(c.name.as_str())).await {
+                Ok((control, _)) => saved.stopped = Some((why.clone(), control.resumes)),
+                Err(err) => tracing::warn!(collector = %c.name, error = %crate::cause::chain(&err), "cannot read the collector's control"),
+            }
+            saved.last_ended = Some(now.clone());
+            let words = format!("the repository refused access ({why}); the collector is stopped until an admin resumes it");
+            saved.last_outcome = Some(format!("failed: {words}"));
+            saved.last_error = Some(words);
+        }
         Err(err) => {
             let words = crate::cause::chain(err);
             tracing::warn!(collector = %c.name, error = %words, "collector run failed");
@@ -351,14 +362,17 @@ async fn step(e: &Entry, all: &Collectors, cancel: &CancellationToken) -> Result
     if control.paused {
         return Ok(Some(CHECK));
     }
+    // Resumed after it stopped itself: it runs at once.
+    let mut resumed = false;
     if let Some((_, at)) = &saved.stopped {
         if control.resumes <= *at {
             return Ok(Some(CHECK));
         }
         saved.stopped = None;
+        resumed = true;
     }
     let asked = control.run_requests > saved.runs_answered;
-    let due = interrupted || next.is_none_or(|t| t <= Timestamp::now()) || asked;
+    let due = interrupted || resumed || next.is_none_or(|t| t <= Timestamp::now()) || asked;
     let what = if due {
         saved.runs_answered = control.run_requests;
         Work::Run

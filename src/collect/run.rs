@@ -130,6 +130,10 @@ impl Collector {
         &self.cfg
     }
 
+    pub fn store(&self) -> &crate::store::Store {
+        self.source.store()
+    }
+
     /// The saved document and the admins' one, as the store has them now.
     pub async fn status(&self) -> Result<(Saved, Control), StoreError> {
         let store = self.source.store();
@@ -190,6 +194,7 @@ impl Collector {
     /// (and the store) as it goes.
     pub async fn run(&self, saved: &mut Saved, cancel: &CancellationToken) -> Result<Report, RunError> {
         let mut trace = Trace::default();
+        saved.last_started = Some(now_text());
         let id = self.identify(&mut trace, cancel).await?;
         saved.identify = Some(Identified {
             repository_name: id.repository_name.clone(),
@@ -219,7 +224,6 @@ impl Collector {
                 ..RunPoint::default()
             },
         };
-        saved.last_started = Some(now_text());
         saved.run = Some(run.clone());
         self.save(saved).await?;
         let mut report = Report::default();
@@ -270,14 +274,6 @@ impl Collector {
                     )))
                 }
                 Err(e) => {
-                    if let Failure::Refused(why) = &e {
-                        let (control, _) = state::load::<Control>(
-                            self.source.store(),
-                            &state::control_key(self.name.as_str()),
-                        )
-                        .await?;
-                        saved.stopped = Some((why.clone(), control.resumes));
-                    }
                     saved.run = Some(run);
                     return Err(e.into());
                 }

@@ -477,3 +477,205 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
     h.stop().await;
     c.app.stop().await;
 }
+
+impl OaiServer {
+    /// Every request the repository answered: (unix time, query).
+    pub async fn requests(&self) -> Vec<(f64, String)> {
+        let url = self.base.replace("/oai", "/_requests");
+        let v: serde_json::Value = reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .unwrap()
+            .get(url)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|r| (r["t"].as_f64().unwrap(), r["query"].as_str().unwrap().to_string()))
+            .collect()
+    }
+}
+
+/// The fixture with its faults set to `faults`.
+fn with_faults(mut fx: serde_json::Value, faults: serde_json::Value) -> serde_json::Value {
+    fx["faults"] = faults;
+    fx
+}
+
+fn no_error(v: &serde_json::Value) {
+    assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
+    assert!(v["last_outcome"].as_str().unwrap().contains("records read"), "{v:#}");
+}
+
+/// An expired resumption token starts the window again from the saved `from`: every record
+/// is still taken, none twice.
+#[tokio::test]
+async fn an_expired_token_starts_the_window_again() {
+    let fx = with_faults(fixture(50), serde_json::json!({"expire_tokens": 1}));
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    let v = c.wait_ended(None).await;
+    no_error(&v);
+    assert_eq!(v["last"]["created"], 43, "{v:#}");
+    let reqs = c.repo.requests().await;
+    let firsts = reqs
+        .iter()
+        .filter(|(_, q)| q.contains("verb=ListRecords") && !q.contains("resumptionToken"))
+        .count();
+    assert_eq!(firsts, 2, "the list was started again once: {reqs:#?}");
+    assert_eq!(c.resources().await.len(), 43);
+    c.app.stop().await;
+}
+
+/// A 503 with `Retry-After` is waited out exactly: no request before it is due (seen at the
+/// repository), in seconds and as an HTTP date.
+#[tokio::test]
+async fn a_busy_repository_is_asked_again_only_when_its_retry_after_is_due() {
+    let fx = with_faults(fixture(20), serde_json::json!({"busy": {"count": 1, "retry_after": "2"}}));
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    no_error(&c.wait_ended(None).await);
+    let reqs = c.repo.requests().await;
+    assert!(reqs.len() >= 2);
+    let gap = reqs[1].0 - reqs[0].0;
+    assert!((2.0..3.0).contains(&gap), "the second request came {gap:.2}s after the 503");
+
+    let at = chrono::Utc::now() + chrono::Duration::seconds(3);
+    let date = at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    rewrite(&c.repo, &with_faults(fixture(20), serde_json::json!({"busy": {"count": 1, "retry_after": date}})));
+    let seen = c.repo.requests().await.len();
+    no_error(&c.run_now().await);
+    let reqs = c.repo.requests().await;
+    let due = at.timestamp() as f64;
+    assert!(reqs[seen + 1].0 >= due - 0.01, "asked again {:.2}s before the date", due - reqs[seen + 1].0);
+    assert!(reqs[seen + 1].0 < due + 1.0);
+    c.app.stop().await;
+}
+
+/// A repository that ignores `from` sends everything again: nothing is recorded twice and the
+/// run ends.
+#[tokio::test]
+async fn a_repository_that_ignores_from_records_nothing_twice() {
+    let (c, _dir) = Collecting::start(&fixture(30), 10).await;
+    no_error(&c.wait_ended(None).await);
+    rewrite(&c.repo, &with_faults(fixture(30), serde_json::json!({"ignore_from": true})));
+    let v = c.run_now().await;
+    no_error(&v);
+    assert_eq!(v["last"]["seen"], 30, "{v:#}");
+    assert_eq!(v["last"]["created"].as_u64().unwrap() + v["last"]["updated"].as_u64().unwrap(), 0, "{v:#}");
+    let froms: Vec<String> = c.repo.requests().await.into_iter().map(|(_, q)| q).filter(|q| q.contains("from=")).collect();
+    assert_eq!(froms.len(), 1, "the second run asked from its window: {froms:?}");
+    assert_eq!(c.app_counts().await, 26);
+    c.app.stop().await;
+}
+
+/// A day-granularity repository: `from` is a day (the one before the last run's start), and
+/// a record's lastmod is its day's midnight.
+#[tokio::test]
+async fn a_day_granularity_repository_is_asked_by_day() {
+    let mut fx = fixture(12);
+    fx["granularity"] = "YYYY-MM-DD".into();
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    no_error(&c.wait_ended(None).await);
+    no_error(&c.run_now().await);
+    let from = c.repo.requests().await.into_iter().map(|(_, q)| q).find(|q| q.contains("from=")).expect("a from");
+    let yesterday = (chrono::Utc::now() - chrono::Duration::days(1)).format("%Y-%m-%d").to_string();
+    assert!(from.contains(&format!("from={yesterday}")) && !from.contains("T"), "{from}");
+    let (_, rl) = c.app.get_doc("/sets/papers/resourcelist.xml").await;
+    let text = c.app.get_text("/sets/papers/resourcelist.xml").await;
+    assert!(text.contains("<lastmod>2026-11-01T00:00:00Z</lastmod>"), "{text}");
+    assert_eq!(rl.entries.len(), 11);
+    c.app.stop().await;
+}
+
+/// A record holding a character XML 1.0 cannot carry is quarantined with its reason and
+/// shown; the rest of its page is applied.
+#[tokio::test]
+async fn a_record_with_a_control_character_costs_only_that_record() {
+    let fx = with_faults(fixture(20), serde_json::json!({"replace": [["Record 5 &amp; co", "Record 5 \u{1} co"]]}));
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    let v = c.wait_ended(None).await;
+    no_error(&v);
+    assert_eq!(v["last"]["quarantined"], 1, "{v:#}");
+    assert_eq!(v["last"]["created"], 17, "{v:#}");
+    assert_eq!(v["quarantine"][0]["identifier"], "oai:test:5", "{v:#}");
+    assert!(v["quarantine"][0]["reason"].as_str().unwrap().contains("U+0001"), "{v:#}");
+    c.app.stop().await;
+}
+
+/// An HTML error page is retried; one that keeps coming ends the run with the reason in
+/// words, and the next run goes on.
+#[tokio::test]
+async fn an_html_error_page_is_retried_then_reported() {
+    let fx = with_faults(fixture(20), serde_json::json!({"html": 1}));
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    no_error(&c.wait_ended(None).await);
+    rewrite(&c.repo, &with_faults(fixture(20), serde_json::json!({"html": 10})));
+    let v = c.run_now().await;
+    let err = v["last_error"].as_str().unwrap_or_default();
+    assert!(err.contains("not an OAI-PMH response") && err.contains("after 3 attempts"), "{v:#}");
+    rewrite(&c.repo, &fixture(20));
+    no_error(&c.run_now().await);
+    c.app.stop().await;
+}
+
+/// A repository that forgets deletions (`deletedRecord=no`): records that vanish are marked
+/// deleted by the reconcile pass, exactly those.
+#[tokio::test]
+async fn reconcile_marks_exactly_the_records_a_forgetful_repository_dropped() {
+    let mut fx = fixture(300);
+    fx["deletedRecord"] = "no".into();
+    for r in fx["records"].as_array_mut().unwrap() {
+        r["deleted"] = false.into();
+    }
+    let (c, _dir) = Collecting::start(&fx, 50).await;
+    no_error(&c.wait_ended(None).await);
+    assert_eq!(c.resources().await.len(), 300);
+    let gone: Vec<String> = (0..100).map(|k| format!("oai:test:{}", k * 3)).collect();
+    fx["records"].as_array_mut().unwrap().retain(|r| !gone.contains(&r["id"].as_str().unwrap().to_string()));
+    rewrite(&c.repo, &fx);
+    let before = c.status().await["last_reconcile"].clone();
+    let (s, _) = admin_call(&c.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/reconcile", None).await;
+    assert_eq!(s, 202);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let v = loop {
+        let v = c.status().await;
+        if v["last_reconcile"] != before {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "{v:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(v["last_reconcile_deleted"], 100, "{v:#}");
+    let left = c.resources().await;
+    assert_eq!(left.len(), 200);
+    for id in &gone {
+        let rel = resourcesync_hub::collect::path::record_path(id).replace('%', "%25");
+        assert!(!left.keys().any(|u| u.ends_with(&rel)), "{id} still held");
+        assert!(!c.app.config.collected_dir("papers").join(resourcesync_hub::collect::path::record_path(id)).exists());
+    }
+    c.app.stop().await;
+}
+
+/// 401/403 stop the collector and say so; resumed, it runs again.
+#[tokio::test]
+async fn a_refusing_repository_stops_its_collector_until_resumed() {
+    let fx = with_faults(fixture(10), serde_json::json!({"refuse": 403}));
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    let v = c.wait_ended(None).await;
+    assert_eq!(v["state"], "stopped", "{v:#}");
+    assert!(v["stopped"].as_str().unwrap().contains("403"), "{v:#}");
+    let asked = c.repo.requests().await.len();
+    assert_eq!(asked, 1, "a refusal is not retried");
+    rewrite(&c.repo, &fixture(10));
+    let before = v["last_ended"].as_str().map(str::to_string);
+    let (s, _) = admin_call(&c.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/resume", None).await;
+    assert_eq!(s, 202);
+    let v = c.wait_ended(before.as_deref()).await;
+    no_error(&v);
+    assert_eq!(v["state"], "idle", "{v:#}");
+    c.app.stop().await;
+}
