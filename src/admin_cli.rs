@@ -29,6 +29,13 @@ pub enum AdminCommand {
     Topics,
     /// Totals, queue depth, and the poller's position per set.
     Stats,
+    /// The OAI-PMH collectors: list them, show one (with its quarantined records), or act.
+    Collect {
+        /// One collector (its `[collect.NAME]`); without it, every one as a table.
+        name: Option<String>,
+        /// run (an incremental run now), reconcile (a reconcile pass now), pause or resume.
+        action: Option<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -386,6 +393,82 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                     v => cell(v),
                 }
             );
+        }
+        AdminCommand::Collect { name: None, .. } => {
+            let v = api.get("/admin/v1/collect", &[]).await?;
+            let rows: Vec<Vec<String>> = v["collectors"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|c| {
+                    vec![
+                        cell(&c["name"]),
+                        cell(&c["state"]),
+                        cell(&c["last_ended"]),
+                        cell(&c["live"]["next_run"]),
+                        cell(&c["totals"]["seen"]),
+                        cell(&c["quarantined"]),
+                        cell(&c["last_error"]),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(
+                    &["COLLECTOR", "STATE", "LAST RUN ENDED", "NEXT RUN", "RECORDS", "QUARANTINED", "LAST ERROR"],
+                    &rows
+                )
+            );
+        }
+        AdminCommand::Collect {
+            name: Some(name),
+            action: None,
+        } => {
+            let c = api.get(&format!("/admin/v1/collect/{name}"), &[]).await?;
+            let mut rows = Vec::new();
+            for (k, v) in [
+                ("repository", &c["url"]),
+                ("metadata prefix", &c["metadata_prefix"]),
+                ("OAI set", &c["oai_set"]),
+                ("state", &c["state"]),
+                ("window from", &c["window_from"]),
+                ("last run started", &c["last_started"]),
+                ("last run ended", &c["last_ended"]),
+                ("last outcome", &c["last_outcome"]),
+                ("last error", &c["last_error"]),
+                ("next run", &c["live"]["next_run"]),
+                ("last reconcile", &c["last_reconcile"]),
+                ("marked deleted by it", &c["last_reconcile_deleted"]),
+            ] {
+                rows.push(vec![k.to_string(), cell(v)]);
+            }
+            if !c["run"].is_null() {
+                rows.push(vec!["run under way: pages".into(), cell(&c["run"]["pages"])]);
+            }
+            for k in ["seen", "created", "updated", "deleted", "unchanged", "quarantined"] {
+                rows.push(vec![format!("{k} (last run / all)"), format!("{} / {}", cell(&c["last"][k]), cell(&c["totals"][k]))]);
+            }
+            print!("{}", table(&["WHAT", "VALUE"], &rows));
+            let q: Vec<Vec<String>> = c["quarantine"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|e| vec![cell(&e["at"]), cell(&e["identifier"]), cell(&e["reason"])])
+                .collect();
+            if !q.is_empty() {
+                println!();
+                print!("{}", table(&["QUARANTINED AT", "IDENTIFIER", "REASON"], &q));
+            }
+        }
+        AdminCommand::Collect {
+            name: Some(name),
+            action: Some(action),
+        } => {
+            let r = api
+                .call(reqwest::Method::POST, &format!("/admin/v1/collect/{name}/{action}"), &[])
+                .await?
+                .unwrap_or(Value::Null);
+            println!("collector {name}: {}", cell(&r["message"]));
         }
         AdminCommand::Topics => {
             let topics = api.get("/admin/v1/topics", &[]).await?;

@@ -45,6 +45,17 @@ enum Command {
         #[arg(long)]
         set: String,
     },
+    /// Run the OAI-PMH collectors (`[collect.NAME]`) once and exit, for cron; `serve` runs
+    /// them on their own schedule. Prints a line per collector; exit status 1 if one failed.
+    Collect {
+        #[command(flatten)]
+        common: Common,
+        /// One run each (required: collectors that keep running live inside `serve`).
+        #[arg(long, required = true)]
+        once: bool,
+        /// Only this collector.
+        name: Option<String>,
+    },
     /// Print the commented default configuration.
     Config,
     /// The destination: baseline from a source, stay in sync by push, fill gaps from its
@@ -192,6 +203,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             app::run(config, listener, app::shutdown_signal()).await
         }
+        Command::Collect { common, once: _, name } => collect_once(common, name).await,
         Command::Import { common, dir, set } => {
             let overrides = common.overrides(None);
             let config = Config::load(&overrides)?;
@@ -215,6 +227,56 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `collect --once [NAME]`: every collector (or one) runs once, in this process.
+async fn collect_once(common: Common, name: Option<String>) -> anyhow::Result<()> {
+    let overrides = common.overrides(None);
+    let mut config = Config::load(&overrides)?;
+    if config.collect.is_empty() {
+        anyhow::bail!("the configuration has no [collect.NAME] table: nothing to collect");
+    }
+    if let Some(n) = &name {
+        if !config.collect.contains_key(n) {
+            anyhow::bail!(
+                "no collector {n:?}; the configuration has {}",
+                config.collect.keys().cloned().collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    if config.server.base_url.is_empty() {
+        config.server.base_url = format!("http://{}", config.server.listen);
+    }
+    let config = std::sync::Arc::new(config);
+    let store = app::open_store(&config).await?;
+    let now = resourcesync_hub::model::Timestamp::now();
+    for n in config.collect.keys() {
+        let set = resourcesync_hub::model::SetName::parse(n).map_err(anyhow::Error::msg)?;
+        store.ensure_set(&set, now).await?;
+    }
+    let source = std::sync::Arc::new(resourcesync_hub::source::Source::open(config.clone(), store)?);
+    let owner = format!("collect-once-{}", std::process::id());
+    let collectors = resourcesync_hub::collect::Collectors::new(&config, source, std::sync::Arc::new(|_| {}), owner)?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let stop = cancel.clone();
+    tokio::spawn(async move {
+        app::shutdown_signal().await;
+        stop.cancel();
+    });
+    let mut failed = 0;
+    for (n, r) in collectors.once(name.as_deref(), &cancel).await {
+        match r {
+            Ok(words) => println!("{n}: {words}"),
+            Err(why) => {
+                failed += 1;
+                println!("{n}: FAILED: {why}");
+            }
+        }
+    }
+    if failed > 0 {
+        anyhow::bail!("{failed} collector(s) failed");
+    }
+    Ok(())
 }
 
 /// Says which store `import` writes to, and refuses to create a new embedded store from the

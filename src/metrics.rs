@@ -34,8 +34,27 @@ pub struct SetLabel {
     pub set: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CollectorLabel {
+    pub collector: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CollectorOutcomeLabel {
+    pub collector: String,
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// Records a collector has read since it was configured, by outcome (from its saved state).
+    pub collect_records: Family<CollectorOutcomeLabel, Gauge>,
+    /// When a collector's last run ended well (Unix seconds; 0 before the first).
+    pub collect_last_success: Family<CollectorLabel, Gauge>,
+    /// 1 while a collector's last run failed or it is stopped (a 401/403), else 0.
+    pub collect_failing: Family<CollectorLabel, Gauge>,
+    /// 1 while a collector works in this process.
+    pub collect_running: Family<CollectorLabel, Gauge>,
     /// Delivery attempts by outcome: delivered, retry, failed, gone.
     pub deliveries: Family<OutcomeLabel, Counter>,
     /// Duration of delivery attempts.
@@ -155,7 +174,35 @@ impl Default for Metrics {
             "Connections open to the server (at most server.max_connections; more wait to be accepted)",
             open_connections.clone(),
         );
+        let collect_records = Family::<CollectorOutcomeLabel, Gauge>::default();
+        registry.register(
+            "collect_records",
+            "Records an OAI-PMH collector has read since it was configured, by outcome (seen, created, updated, deleted, unchanged, quarantined)",
+            collect_records.clone(),
+        );
+        let collect_last_success = Family::<CollectorLabel, Gauge>::default();
+        registry.register(
+            "collect_last_success_timestamp_seconds",
+            "When the collector's last run ended well (Unix seconds; 0 before the first)",
+            collect_last_success.clone(),
+        );
+        let collect_failing = Family::<CollectorLabel, Gauge>::default();
+        registry.register(
+            "collect_failing",
+            "1 while the collector's last run failed or it is stopped by a 401/403, else 0",
+            collect_failing.clone(),
+        );
+        let collect_running = Family::<CollectorLabel, Gauge>::default();
+        registry.register(
+            "collect_running",
+            "1 while the collector works in this process",
+            collect_running.clone(),
+        );
         Metrics {
+            collect_records,
+            collect_last_success,
+            collect_failing,
+            collect_running,
             open_connections,
             registry,
             deliveries,
