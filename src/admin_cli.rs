@@ -415,7 +415,15 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             print!(
                 "{}",
                 table(
-                    &["COLLECTOR", "STATE", "LAST RUN ENDED", "NEXT RUN", "RECORDS", "QUARANTINED", "LAST ERROR"],
+                    &[
+                        "COLLECTOR",
+                        "STATE",
+                        "LAST RUN ENDED",
+                        "NEXT RUN",
+                        "RECORDS",
+                        "QUARANTINED",
+                        "LAST ERROR"
+                    ],
                     &rows
                 )
             );
@@ -443,10 +451,23 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 rows.push(vec![k.to_string(), cell(v)]);
             }
             if !c["run"].is_null() {
-                rows.push(vec!["run under way: pages".into(), cell(&c["run"]["pages"])]);
+                rows.push(vec![
+                    "run under way: pages".into(),
+                    cell(&c["run"]["pages"]),
+                ]);
             }
-            for k in ["seen", "created", "updated", "deleted", "unchanged", "quarantined"] {
-                rows.push(vec![format!("{k} (last run / all)"), format!("{} / {}", cell(&c["last"][k]), cell(&c["totals"][k]))]);
+            for k in [
+                "seen",
+                "created",
+                "updated",
+                "deleted",
+                "unchanged",
+                "quarantined",
+            ] {
+                rows.push(vec![
+                    format!("{k} (last run / all)"),
+                    format!("{} / {}", cell(&c["last"][k]), cell(&c["totals"][k])),
+                ]);
             }
             print!("{}", table(&["WHAT", "VALUE"], &rows));
             let q: Vec<Vec<String>> = c["quarantine"]
@@ -465,7 +486,11 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             action: Some(action),
         } => {
             let r = api
-                .call(reqwest::Method::POST, &format!("/admin/v1/collect/{name}/{action}"), &[])
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/admin/v1/collect/{name}/{action}"),
+                    &[],
+                )
                 .await?
                 .unwrap_or(Value::Null);
             println!("collector {name}: {}", cell(&r["message"]));

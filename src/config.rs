@@ -361,7 +361,10 @@ const NAMED_TABLES: &[(&str, &[&str])] = &[("sets", SET_KEYS), ("collect", COLLE
 /// the keys that table has.
 fn named_key(key: &str) -> Option<(&'static str, &str, &str, &'static [&'static str])> {
     NAMED_TABLES.iter().find_map(|(table, keys)| {
-        let (name, k) = key.strip_prefix(table)?.strip_prefix('.')?.split_once('.')?;
+        let (name, k) = key
+            .strip_prefix(table)?
+            .strip_prefix('.')?
+            .split_once('.')?;
         Some((*table, name, k, *keys))
     })
 }
@@ -592,7 +595,9 @@ impl Config {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         for (name, c) in &self.collect {
             if let Err(reason) = crate::model::SetName::parse(name) {
-                return bad(format!("[collect.{name}]: {reason} (NAME is the resource set it feeds)"));
+                return bad(format!(
+                    "[collect.{name}]: {reason} (NAME is the resource set it feeds)"
+                ));
             }
             match url::Url::parse(&c.url) {
                 Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.query().is_none() => {}
@@ -604,7 +609,9 @@ impl Config {
                 }
             }
             if c.metadata_prefix.is_empty() || c.metadata_prefix.len() > 64 {
-                return bad(format!("collect.{name}.metadata_prefix must be 1 to 64 characters (such as oai_dc)"));
+                return bad(format!(
+                    "collect.{name}.metadata_prefix must be 1 to 64 characters (such as oai_dc)"
+                ));
             }
             if c.interval_secs == 0 || c.request_timeout_secs == 0 || c.attempts == 0 {
                 return bad(format!(
@@ -905,10 +912,9 @@ fn unknown_keys(fig: &Figment) -> Vec<String> {
             _ => String::new(),
         };
         let candidates: Vec<String> = match named {
-            Some((table, name, _, keys)) => keys
-                .iter()
-                .map(|k| format!("{table}.{name}.{k}"))
-                .collect(),
+            Some((table, name, _, keys)) => {
+                keys.iter().map(|k| format!("{table}.{name}.{k}")).collect()
+            }
             None => known.clone(),
         };
         out.push(format!(

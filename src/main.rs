@@ -203,7 +203,11 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             }
             app::run(config, listener, app::shutdown_signal()).await
         }
-        Command::Collect { common, once: _, name } => collect_once(common, name).await,
+        Command::Collect {
+            common,
+            once: _,
+            name,
+        } => collect_once(common, name).await,
         Command::Import { common, dir, set } => {
             let overrides = common.overrides(None);
             let config = Config::load(&overrides)?;
@@ -240,7 +244,12 @@ async fn collect_once(common: Common, name: Option<String>) -> anyhow::Result<()
         if !config.collect.contains_key(n) {
             anyhow::bail!(
                 "no collector {n:?}; the configuration has {}",
-                config.collect.keys().cloned().collect::<Vec<_>>().join(", ")
+                config
+                    .collect
+                    .keys()
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", ")
             );
         }
     }
@@ -254,9 +263,17 @@ async fn collect_once(common: Common, name: Option<String>) -> anyhow::Result<()
         let set = resourcesync_hub::model::SetName::parse(n).map_err(anyhow::Error::msg)?;
         store.ensure_set(&set, now).await?;
     }
-    let source = std::sync::Arc::new(resourcesync_hub::source::Source::open(config.clone(), store)?);
+    let source = std::sync::Arc::new(resourcesync_hub::source::Source::open(
+        config.clone(),
+        store,
+    )?);
     let owner = format!("collect-once-{}", std::process::id());
-    let collectors = resourcesync_hub::collect::Collectors::new(&config, source, std::sync::Arc::new(|_| {}), owner)?;
+    let collectors = resourcesync_hub::collect::Collectors::new(
+        &config,
+        source,
+        std::sync::Arc::new(|_| {}),
+        owner,
+    )?;
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
     tokio::spawn(async move {

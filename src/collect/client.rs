@@ -21,7 +21,9 @@ const MAX_WAITS: u32 = 100;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Failure {
     /// 401 or 403: the repository refuses this client; the collector stops until resumed.
-    #[error("the repository refused access ({0}); the collector is stopped until an admin resumes it")]
+    #[error(
+        "the repository refused access ({0}); the collector is stopped until an admin resumes it"
+    )]
     Refused(String),
     /// Every attempt failed (the last reason given), or an answer no retry can mend.
     #[error("{0}")]
@@ -126,10 +128,11 @@ impl Client {
                     "{failed} (after {attempt} attempts)"
                 )));
             }
-            let base = self.cfg.retry_base_ms.saturating_mul(1 << (attempt - 1).min(16));
-            let d = Duration::from_millis(
-                (base as f64 * (0.5 + crate::hub::random_unit())) as u64,
-            );
+            let base = self
+                .cfg
+                .retry_base_ms
+                .saturating_mul(1 << (attempt - 1).min(16));
+            let d = Duration::from_millis((base as f64 * (0.5 + crate::hub::random_unit())) as u64);
             tracing::warn!(reason = %failed, attempt, retry_in_ms = d.as_millis() as u64, "OAI-PMH request failed; retrying");
             tokio::select! {
                 _ = tokio::time::sleep(d) => {}
@@ -264,7 +267,8 @@ pub fn to_utf8(body: Vec<u8>, charset: Option<&str>) -> Vec<u8> {
     }
     let (text, _, _) = enc.decode(&body);
     let text = match &declared {
-        Some(d) => text.replacen(&format!("encoding=\"{d}\""), "encoding=\"UTF-8\"", 1)
+        Some(d) => text
+            .replacen(&format!("encoding=\"{d}\""), "encoding=\"UTF-8\"", 1)
             .replacen(&format!("encoding='{d}'"), "encoding='UTF-8'", 1),
         None => text.into_owned(),
     };
@@ -284,6 +288,9 @@ mod tests {
         assert_eq!(by_header, "<x>é</x>".as_bytes());
         let utf8 = "<x>é</x>".as_bytes().to_vec();
         assert_eq!(to_utf8(utf8.clone(), Some("utf-8")), utf8);
-        assert_eq!(charset_of("text/xml; charset=\"ISO-8859-1\""), Some("ISO-8859-1"));
+        assert_eq!(
+            charset_of("text/xml; charset=\"ISO-8859-1\""),
+            Some("ISO-8859-1")
+        );
     }
 }

@@ -121,7 +121,9 @@ impl Collectors {
     }
 
     pub fn get(&self, name: &str) -> Option<&Arc<Entry>> {
-        self.entries.iter().find(|e| e.collector.name.as_str() == name)
+        self.entries
+            .iter()
+            .find(|e| e.collector.name.as_str() == name)
     }
 
     /// Records an admin's request in the store (where the process holding the collector
@@ -153,7 +155,11 @@ impl Collectors {
     /// `collect --once`: one run of each collector (or of `only`), then a reconcile pass
     /// where the repository forgets deletions and one is due. A collector another process
     /// holds, paused or stopped is skipped with the reason.
-    pub async fn once(&self, only: Option<&str>, cancel: &CancellationToken) -> Vec<(String, Result<String, String>)> {
+    pub async fn once(
+        &self,
+        only: Option<&str>,
+        cancel: &CancellationToken,
+    ) -> Vec<(String, Result<String, String>)> {
         let mut out = Vec::new();
         for e in self.entries.iter() {
             let name = e.collector.name.to_string();
@@ -169,17 +175,26 @@ impl Collectors {
     async fn once_one(&self, e: &Entry, cancel: &CancellationToken) -> Result<String, String> {
         let store = self.source.store();
         let lease = format!("collect:{}", e.collector.name);
-        if !store.lease(&lease, &self.owner, LEASE_SECS * 10).await.map_err(|e| e.to_string())? {
+        if !store
+            .lease(&lease, &self.owner, LEASE_SECS * 10)
+            .await
+            .map_err(|e| e.to_string())?
+        {
             return Err("another process holds this collector".into());
         }
-        let (control, _) = state::load::<Control>(store, &state::control_key(e.collector.name.as_str()))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (control, _) =
+            state::load::<Control>(store, &state::control_key(e.collector.name.as_str()))
+                .await
+                .map_err(|e| e.to_string())?;
         let mut saved = e.collector.adopt().await.map_err(|e| e.to_string())?;
         if control.paused {
             return Err("paused (resume it with `admin collect resume`)".into());
         }
-        if let Some((why, _)) = saved.stopped.as_ref().filter(|(_, r)| control.resumes <= *r) {
+        if let Some((why, _)) = saved
+            .stopped
+            .as_ref()
+            .filter(|(_, r)| control.resumes <= *r)
+        {
             return Err(format!("stopped: {why}"));
         }
         saved.stopped = None;
@@ -227,7 +242,12 @@ fn reconcile_due(e: &Entry, saved: &Saved, control: &Control) -> bool {
 
 /// Does one run or pass, saving its outcome in words; `Ok` with a summary, `Err` with the
 /// reason.
-async fn work(e: &Entry, saved: &mut Saved, what: Work, cancel: &CancellationToken) -> Result<String, String> {
+async fn work(
+    e: &Entry,
+    saved: &mut Saved,
+    what: Work,
+    cancel: &CancellationToken,
+) -> Result<String, String> {
     let c = &e.collector;
     e.set_live(|l| {
         l.doing = Some(match what {
@@ -247,10 +267,9 @@ async fn work(e: &Entry, saved: &mut Saved, what: Work, cancel: &CancellationTok
             }
             words
         }),
-        Work::Reconcile => c
-            .reconcile(saved, cancel)
-            .await
-            .map(|n| format!("reconcile: {n} records the repository no longer lists marked deleted")),
+        Work::Reconcile => c.reconcile(saved, cancel).await.map(|n| {
+            format!("reconcile: {n} records the repository no longer lists marked deleted")
+        }),
     };
     e.set_live(|l| l.doing = None);
     let now = Timestamp::now().to_string();
@@ -271,7 +290,9 @@ async fn work(e: &Entry, saved: &mut Saved, what: Work, cancel: &CancellationTok
             tracing::warn!(collector = %c.name, reason = %why, "the repository refused access: the collector is stopped until an admin resumes it");
             match state::load::<Control>(c.store(), &state::control_key(c.name.as_str())).await {
                 Ok((control, _)) => saved.stopped = Some((why.clone(), control.resumes)),
-                Err(err) => tracing::warn!(collector = %c.name, error = %crate::cause::chain(&err), "cannot read the collector's control"),
+                Err(err) => {
+                    tracing::warn!(collector = %c.name, error = %crate::cause::chain(&err), "cannot read the collector's control")
+                }
             }
             saved.last_ended = Some(now.clone());
             let words = format!("the repository refused access ({why}); the collector is stopped until an admin resumes it");
@@ -340,7 +361,11 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
 
 /// Does what is due now, if anything: `Some(wait)` until the next thing is due, `None` to
 /// look again at once.
-async fn step(e: &Entry, all: &Collectors, cancel: &CancellationToken) -> Result<Option<Duration>, StoreError> {
+async fn step(
+    e: &Entry,
+    all: &Collectors,
+    cancel: &CancellationToken,
+) -> Result<Option<Duration>, StoreError> {
     let store = all.source.store();
     let c = &e.collector;
     let (control, _) = state::load::<Control>(store, &state::control_key(c.name.as_str())).await?;
@@ -356,8 +381,8 @@ async fn step(e: &Entry, all: &Collectors, cancel: &CancellationToken) -> Result
         false => parse_time(&saved.last_started).map(|t| t.plus_secs(interval)),
     };
     // A run that started and never ended here (a killed process, a pause) goes on at once.
-    let interrupted = saved.run.is_some()
-        && parse_time(&saved.last_ended) < parse_time(&saved.last_started);
+    let interrupted =
+        saved.run.is_some() && parse_time(&saved.last_ended) < parse_time(&saved.last_started);
     e.set_live(|l| l.next_run = next.map(|t| t.to_string()));
     if control.paused {
         return Ok(Some(CHECK));
@@ -389,7 +414,10 @@ async fn step(e: &Entry, all: &Collectors, cancel: &CancellationToken) -> Result
         let lease = format!("collect:{}", c.name);
         loop {
             tokio::time::sleep(CHECK).await;
-            let held = store.lease(&lease, &all.owner, LEASE_SECS).await.unwrap_or(false);
+            let held = store
+                .lease(&lease, &all.owner, LEASE_SECS)
+                .await
+                .unwrap_or(false);
             let paused = state::load::<Control>(store, &state::control_key(c.name.as_str()))
                 .await
                 .map(|(c, _)| c.paused)
@@ -406,5 +434,9 @@ async fn step(e: &Entry, all: &Collectors, cancel: &CancellationToken) -> Result
         _ = work(e, &mut saved, what, &stop) => {}
         _ = guard => {}
     }
-    Ok(if cancel.is_cancelled() { Some(CHECK) } else { None })
+    Ok(if cancel.is_cancelled() {
+        Some(CHECK)
+    } else {
+        None
+    })
 }

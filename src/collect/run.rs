@@ -192,7 +192,11 @@ impl Collector {
 
     /// One incremental run, continuing the run under way if there is one. Updates `saved`
     /// (and the store) as it goes.
-    pub async fn run(&self, saved: &mut Saved, cancel: &CancellationToken) -> Result<Report, RunError> {
+    pub async fn run(
+        &self,
+        saved: &mut Saved,
+        cancel: &CancellationToken,
+    ) -> Result<Report, RunError> {
         let mut trace = Trace::default();
         saved.last_started = Some(now_text());
         let id = self.identify(&mut trace, cancel).await?;
@@ -238,7 +242,10 @@ impl Collector {
             let args: Vec<(&str, &str)> = match &run.token {
                 Some(t) => vec![("verb", "ListRecords"), ("resumptionToken", t)],
                 None => {
-                    first = vec![("verb", "ListRecords"), ("metadataPrefix", self.cfg.metadata_prefix.as_str())];
+                    first = vec![
+                        ("verb", "ListRecords"),
+                        ("metadataPrefix", self.cfg.metadata_prefix.as_str()),
+                    ];
                     let mut a = first;
                     if let Some(f) = &run.from {
                         a.push(("from", f));
@@ -249,7 +256,11 @@ impl Collector {
                     a
                 }
             };
-            let page = match self.client.call(&args, oai::parse_list, &mut trace, cancel).await {
+            let page = match self
+                .client
+                .call(&args, oai::parse_list, &mut trace, cancel)
+                .await
+            {
                 Ok(Ok(p)) => p,
                 Ok(Err((code, _))) if code == "noRecordsMatch" => break,
                 Ok(Err((code, message))) if code == "badResumptionToken" && run.token.is_some() => {
@@ -297,9 +308,13 @@ impl Collector {
             let mut ended = None;
             if let Some(t) = &next {
                 if !tokens.insert(t.clone()) {
-                    ended = Some(format!("the repository sent the resumption token {t:?} twice; the run ends here"));
+                    ended = Some(format!(
+                        "the repository sent the resumption token {t:?} twice; the run ends here"
+                    ));
                 } else if empty > MAX_EMPTY_PAGES {
-                    ended = Some(format!("{empty} pages in a row came without a record; the run ends here"));
+                    ended = Some(format!(
+                        "{empty} pages in a row came without a record; the run ends here"
+                    ));
                 }
             }
             if let Some(why) = ended {
@@ -331,7 +346,10 @@ impl Collector {
     }
 
     /// The md5 the set holds for each path (`None`: no resource).
-    async fn held(&self, paths: Vec<String>) -> Result<HashMap<String, Option<String>>, StoreError> {
+    async fn held(
+        &self,
+        paths: Vec<String>,
+    ) -> Result<HashMap<String, Option<String>>, StoreError> {
         let sc = self.source.set_config(&self.name);
         let store = self.source.store();
         let found: Vec<Result<(String, Option<String>), StoreError>> =
@@ -352,7 +370,12 @@ impl Collector {
 
     /// Applies a page's records: files first, then the changes in one batch through ingest,
     /// then the files of deleted records are removed.
-    async fn apply(&self, records: Vec<Record>, saved: &mut Saved, at: &str) -> Result<Counts, RunError> {
+    async fn apply(
+        &self,
+        records: Vec<Record>,
+        saved: &mut Saved,
+        at: &str,
+    ) -> Result<Counts, RunError> {
         let mut counts = Counts {
             seen: records.len() as u64,
             ..Counts::default()
@@ -421,7 +444,11 @@ impl Collector {
         let n = self.ingest(events, &ids, saved, &mut counts, at).await?;
         (self.poke)(n);
         if !gone.is_empty() {
-            let root = self.source.set_config(&self.name).resource_root_dir.expect("a root");
+            let root = self
+                .source
+                .set_config(&self.name)
+                .resource_root_dir
+                .expect("a root");
             tokio::task::spawn_blocking(move || {
                 for p in gone {
                     let _ = std::fs::remove_file(root.join(p));
@@ -449,7 +476,11 @@ impl Collector {
                     let bad: HashSet<usize> = errors.iter().map(|e| e.line).collect();
                     for e in errors {
                         counts.quarantined += 1;
-                        saved.quarantine(ids.get(e.line - 1).cloned(), format!("the store refused it: {}", e.reason), at);
+                        saved.quarantine(
+                            ids.get(e.line - 1).cloned(),
+                            format!("the store refused it: {}", e.reason),
+                            at,
+                        );
                     }
                     events.retain(|(line, _)| !bad.contains(line));
                     if events.is_empty() {
@@ -476,7 +507,11 @@ impl Collector {
     /// The reconcile pass: lists every identifier the repository holds (`ListIdentifiers`)
     /// and, only once the listing is complete, records as deleted each resource of the set
     /// it no longer lists. Returns how many it marked.
-    pub async fn reconcile(&self, saved: &mut Saved, cancel: &CancellationToken) -> Result<u64, RunError> {
+    pub async fn reconcile(
+        &self,
+        saved: &mut Saved,
+        cancel: &CancellationToken,
+    ) -> Result<u64, RunError> {
         let mut trace = Trace::default();
         let mut listed: HashSet<u128> = HashSet::new();
         let mut token: Option<String> = None;
@@ -487,14 +522,21 @@ impl Collector {
             let args: Vec<(&str, &str)> = match &token {
                 Some(t) => vec![("verb", "ListIdentifiers"), ("resumptionToken", t)],
                 None => {
-                    let mut a = vec![("verb", "ListIdentifiers"), ("metadataPrefix", self.cfg.metadata_prefix.as_str())];
+                    let mut a = vec![
+                        ("verb", "ListIdentifiers"),
+                        ("metadataPrefix", self.cfg.metadata_prefix.as_str()),
+                    ];
                     if let Some(s) = &self.cfg.set {
                         a.push(("set", s));
                     }
                     a
                 }
             };
-            let page = match self.client.call(&args, oai::parse_list, &mut trace, cancel).await? {
+            let page = match self
+                .client
+                .call(&args, oai::parse_list, &mut trace, cancel)
+                .await?
+            {
                 Ok(p) => p,
                 Err((code, _)) if code == "noRecordsMatch" => break,
                 Err((code, message)) if code == "badResumptionToken" && restarts < MAX_RESTARTS => {
@@ -547,7 +589,9 @@ impl Collector {
         let mut marked = 0u64;
         let at = now_text();
         loop {
-            let page = store.resources(&self.name, None, after, RECONCILE_PAGE).await?;
+            let page = store
+                .resources(&self.name, None, after, RECONCILE_PAGE)
+                .await?;
             let mut events = Vec::new();
             let mut ids = Vec::new();
             for r in &page.items {
@@ -558,25 +602,32 @@ impl Collector {
                     continue;
                 }
                 ids.push(path.to_string());
-                events.push((events.len() + 1, ChangeEvent {
-                    change: ChangeType::Deleted,
-                    location: Location::rel_path(path),
-                    length: None,
-                    md5: None,
-                    mime: None,
-                    lastmod: None,
-                    ln: vec![],
-                    datetime: None,
-                    resource_set: None,
-                    timestamp: None,
-                }));
+                events.push((
+                    events.len() + 1,
+                    ChangeEvent {
+                        change: ChangeType::Deleted,
+                        location: Location::rel_path(path),
+                        length: None,
+                        md5: None,
+                        mime: None,
+                        lastmod: None,
+                        ln: vec![],
+                        datetime: None,
+                        resource_set: None,
+                        timestamp: None,
+                    },
+                ));
             }
             if !events.is_empty() {
                 let mut counts = Counts::default();
                 let n = self.ingest(events, &ids, saved, &mut counts, &at).await?;
                 marked += n as u64;
                 (self.poke)(n);
-                let root = self.source.set_config(&self.name).resource_root_dir.expect("a root");
+                let root = self
+                    .source
+                    .set_config(&self.name)
+                    .resource_root_dir
+                    .expect("a root");
                 tokio::task::spawn_blocking(move || {
                     for p in ids {
                         let _ = std::fs::remove_file(root.join(p));
@@ -613,7 +664,10 @@ fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>)>) -> std::io
         if made.insert(dir.to_path_buf()) {
             std::fs::create_dir_all(dir)?;
         }
-        let tmp = dir.join(format!(".{}.part", path.file_name().and_then(|n| n.to_str()).unwrap_or("r")));
+        let tmp = dir.join(format!(
+            ".{}.part",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("r")
+        ));
         std::fs::write(&tmp, &bytes)?;
         std::fs::rename(&tmp, &path)?;
     }

@@ -141,7 +141,9 @@ pub fn control_key(name: &str) -> String {
 }
 
 fn corrupt(key: &str, e: serde_json::Error) -> StoreError {
-    StoreError::Corrupt(format!("the store's document {key} is not what this version wrote: {e}"))
+    StoreError::Corrupt(format!(
+        "the store's document {key} is not what this version wrote: {e}"
+    ))
 }
 
 /// A document and the version it was read at (`None`: never written).
@@ -151,7 +153,10 @@ pub async fn load<T: Default + serde::de::DeserializeOwned>(
 ) -> Result<(T, Option<i64>), StoreError> {
     match store.state(key).await? {
         None => Ok((T::default(), None)),
-        Some((json, v)) => Ok((serde_json::from_str(&json).map_err(|e| corrupt(key, e))?, Some(v))),
+        Some((json, v)) => Ok((
+            serde_json::from_str(&json).map_err(|e| corrupt(key, e))?,
+            Some(v),
+        )),
     }
 }
 

@@ -1040,18 +1040,29 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
             ("quarantined", t.quarantined),
         ] {
             m.collect_records
-                .get_or_create(&crate::metrics::CollectorOutcomeLabel { collector: collector.clone(), outcome })
+                .get_or_create(&crate::metrics::CollectorOutcomeLabel {
+                    collector: collector.clone(),
+                    outcome,
+                })
                 .set(n as i64);
         }
         let label = crate::metrics::CollectorLabel { collector };
         let failing = saved.last_error.is_some() || saved.stopped.is_some();
-        m.collect_failing.get_or_create(&label).set(i64::from(failing));
+        m.collect_failing
+            .get_or_create(&label)
+            .set(i64::from(failing));
         m.collect_running
             .get_or_create(&label)
             .set(i64::from(e.live().doing.is_some()));
         if !failing {
-            if let Some(t) = saved.last_ended.as_deref().and_then(|t| Timestamp::parse(t).ok()) {
-                m.collect_last_success.get_or_create(&label).set(t.0 / 1_000_000);
+            if let Some(t) = saved
+                .last_ended
+                .as_deref()
+                .and_then(|t| Timestamp::parse(t).ok())
+            {
+                m.collect_last_success
+                    .get_or_create(&label)
+                    .set(t.0 / 1_000_000);
             }
         }
     }

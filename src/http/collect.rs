@@ -80,7 +80,10 @@ pub struct CollectAccepted {
 fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
     let c = e.collector.config();
     let live = e.live();
-    let resumed = saved.stopped.as_ref().is_none_or(|(_, r)| control.resumes > *r);
+    let resumed = saved
+        .stopped
+        .as_ref()
+        .is_none_or(|(_, r)| control.resumes > *r);
     let state = if live.doing.is_some() {
         "running"
     } else if control.paused {
@@ -107,7 +110,11 @@ fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
         last_ended: saved.last_ended.clone(),
         last_outcome: saved.last_outcome.clone(),
         last_error: saved.last_error.clone(),
-        stopped: saved.stopped.as_ref().filter(|_| !resumed).map(|(w, _)| w.clone()),
+        stopped: saved
+            .stopped
+            .as_ref()
+            .filter(|_| !resumed)
+            .map(|(w, _)| w.clone()),
         last: saved.last,
         totals: saved.totals,
         quarantined: saved.totals.quarantined,
@@ -117,7 +124,10 @@ fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
     }
 }
 
-fn entry<'a>(st: &'a AppState, p: Result<Path<String>, PathRejection>) -> Result<&'a std::sync::Arc<Entry>, AppError> {
+fn entry<'a>(
+    st: &'a AppState,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<&'a std::sync::Arc<Entry>, AppError> {
     let Path(name) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
     st.collectors.get(&name).ok_or_else(|| {
         AppError::NotFound(format!(
@@ -170,10 +180,22 @@ pub async fn act(
     let Path((name, action)) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
     let e = entry(&st, Ok(Path(name.clone())))?;
     let (a, message) = match action.as_str() {
-        "run" => (Action::Run, "an incremental run starts as soon as the collector is free"),
-        "reconcile" => (Action::Reconcile, "a reconcile pass starts as soon as the collector is free"),
-        "pause" => (Action::Pause, "paused: the run under way stops after its page and nothing runs until resumed"),
-        "resume" => (Action::Resume, "resumed: an interrupted run goes on where it stopped"),
+        "run" => (
+            Action::Run,
+            "an incremental run starts as soon as the collector is free",
+        ),
+        "reconcile" => (
+            Action::Reconcile,
+            "a reconcile pass starts as soon as the collector is free",
+        ),
+        "pause" => (
+            Action::Pause,
+            "paused: the run under way stops after its page and nothing runs until resumed",
+        ),
+        "resume" => (
+            Action::Resume,
+            "resumed: an interrupted run goes on where it stopped",
+        ),
         other => {
             return Err(AppError::NotFound(format!(
                 "no action {other:?}: run, reconcile, pause or resume"

@@ -262,7 +262,12 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
         let last = match e.collector.status().await {
             Ok((saved, _)) => saved
                 .last_outcome
-                .map(|o| format!("last run ended {}: {o}", saved.last_ended.unwrap_or_default()))
+                .map(|o| {
+                    format!(
+                        "last run ended {}: {o}",
+                        saved.last_ended.unwrap_or_default()
+                    )
+                })
                 .unwrap_or_else(|| "no run has ended yet".into()),
             Err(err) => format!("state unreadable: {}", crate::cause::chain(&err)),
         };
@@ -273,7 +278,10 @@ collector {} (OAI-PMH {} metadataPrefix={}{}): {last}
             e.collector.name,
             c.url,
             c.metadata_prefix,
-            c.set.as_deref().map(|s| format!(" set={s}")).unwrap_or_default()
+            c.set
+                .as_deref()
+                .map(|s| format!(" set={s}"))
+                .unwrap_or_default()
         ));
     }
     (

@@ -185,7 +185,10 @@ pub fn collect_config(base: &str) -> (Config, tempfile::TempDir) {
 }
 
 impl Collecting {
-    pub async fn start(fixture: &serde_json::Value, batch: usize) -> (Collecting, tempfile::TempDir) {
+    pub async fn start(
+        fixture: &serde_json::Value,
+        batch: usize,
+    ) -> (Collecting, tempfile::TempDir) {
         let repo = OaiServer::start(fixture, batch);
         let (c, dir) = collect_config(&repo.base);
         let app = TestApp::start_with(c).await;
@@ -193,7 +196,14 @@ impl Collecting {
     }
 
     pub async fn status(&self) -> serde_json::Value {
-        let (s, v) = admin_call(&self.app, ADMIN, reqwest::Method::GET, "/admin/v1/collect/papers", None).await;
+        let (s, v) = admin_call(
+            &self.app,
+            ADMIN,
+            reqwest::Method::GET,
+            "/admin/v1/collect/papers",
+            None,
+        )
+        .await;
         assert_eq!(s, 200, "{v}");
         v
     }
@@ -214,15 +224,25 @@ impl Collecting {
 
     /// Asks for a run now and waits for it to end.
     pub async fn run_now(&self) -> serde_json::Value {
-        let before = self.status().await["last_ended"].as_str().map(str::to_string);
-        let (s, v) = admin_call(&self.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/run", None).await;
+        let before = self.status().await["last_ended"]
+            .as_str()
+            .map(str::to_string);
+        let (s, v) = admin_call(
+            &self.app,
+            ADMIN,
+            reqwest::Method::POST,
+            "/admin/v1/collect/papers/run",
+            None,
+        )
+        .await;
         assert_eq!(s, 202, "{v}");
         self.wait_ended(before.as_deref()).await
     }
 
     /// How many changes the set has recorded.
     pub async fn app_counts(&self) -> u64 {
-        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path()).unwrap();
+        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path())
+            .unwrap();
         let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
         store.counts(&set).await.unwrap().changes
     }
@@ -230,7 +250,8 @@ impl Collecting {
     /// Every resource of the set: location value -> (md5, length).
     pub async fn resources(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         let sc = self.app.config.set_config("papers");
-        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path()).unwrap();
+        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path())
+            .unwrap();
         let mut out = std::collections::BTreeMap::new();
         let mut after = None;
         loop {
@@ -275,27 +296,55 @@ async fn a_repository_becomes_a_resource_set() {
             .find(|u| u.ends_with(&rel.replace('%', "%25")))
             .unwrap_or_else(|| panic!("{rel} not in {:?}", res.keys().take(3).collect::<Vec<_>>()))
             .clone();
-        let body = c.app.client.get(c.app.url(&c.app.path_of(&url))).send().await.unwrap();
+        let body = c
+            .app
+            .client
+            .get(c.app.url(&c.app.path_of(&url)))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(body.status(), 200, "{url}");
         let text = body.text().await.unwrap();
         assert!(text.contains(&record_title(k)), "{text}");
-        assert!(text.starts_with("<oai_dc:dc") || text.starts_with("<?xml"), "{text}");
+        assert!(
+            text.starts_with("<oai_dc:dc") || text.starts_with("<?xml"),
+            "{text}"
+        );
         assert_eq!(res[&url]["md5"], md5_hex(text.as_bytes()));
         let ln = res[&url]["ln"].as_array().unwrap();
-        assert!(ln.iter().any(|l| l[0] == "via" && l[1].as_str().unwrap().contains("verb=GetRecord")), "{ln:?}");
+        assert!(
+            ln.iter()
+                .any(|l| l[0] == "via" && l[1].as_str().unwrap().contains("verb=GetRecord")),
+            "{ln:?}"
+        );
         let set = if k % 2 == 0 { "even" } else { "odd" };
-        assert!(ln.iter().any(|l| l[0] == "collection" && l[1].as_str().unwrap().ends_with(&format!("set={set}"))), "{ln:?}");
+        assert!(
+            ln.iter()
+                .any(|l| l[0] == "collection"
+                    && l[1].as_str().unwrap().ends_with(&format!("set={set}"))),
+            "{ln:?}"
+        );
     }
     // The Python reference client mirrors exactly those records.
     let dest = dir.path().join("resync-mirror");
     std::fs::create_dir_all(&dest).unwrap();
     let cap = format!("{}/sets/papers/capabilitylist.xml", c.app.config.base_url());
-    let mapping = format!("{}/files/papers/={}", c.app.config.base_url(), dest.display());
+    let mapping = format!(
+        "{}/files/papers/={}",
+        c.app.config.base_url(),
+        dest.display()
+    );
     let cwd = dir.path().to_path_buf();
     let out = tokio::task::spawn_blocking(move || {
         Command::new(PyEnv::get().bin("resync-sync"))
             .current_dir(cwd)
-            .args(["--baseline", "--capabilitylist", &cap, "--verbose", &mapping])
+            .args([
+                "--baseline",
+                "--capabilitylist",
+                &cap,
+                "--verbose",
+                &mapping,
+            ])
             .output()
             .unwrap()
     })
@@ -356,19 +405,25 @@ fn c14n_compare(c: &Collecting, fixture: &serde_json::Value) -> serde_json::Valu
         .filter_map(|r| {
             let id = r["id"].as_str().unwrap();
             let p = root.join(resourcesync_hub::collect::path::record_path(id));
-            p.exists().then(|| (id.to_string(), p.display().to_string().into()))
+            p.exists()
+                .then(|| (id.to_string(), p.display().to_string().into()))
         })
         .collect();
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), serde_json::Value::Object(map).to_string()).unwrap();
-    let tool = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/oai_c14n_compare.py");
+    let tool =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/oai_c14n_compare.py");
     let out = Command::new(PyEnv::get().python())
         .arg(tool)
         .arg(&c.repo.base)
         .arg(file.path())
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
@@ -393,7 +448,13 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
     assert_eq!(c.resources().await.len(), 9_500);
     let cmp = c14n_compare(&c, &fx);
     assert_eq!(cmp["equal"], 9_500, "{cmp}");
-    assert_eq!(cmp["differ"].as_array().unwrap().len() + cmp["missing"].as_array().unwrap().len() + cmp["extra"].as_array().unwrap().len(), 0, "{cmp}");
+    assert_eq!(
+        cmp["differ"].as_array().unwrap().len()
+            + cmp["missing"].as_array().unwrap().len()
+            + cmp["extra"].as_array().unwrap().len(),
+        0,
+        "{cmp}"
+    );
     let docs = [
         "/sets/papers/capabilitylist.xml",
         "/sets/papers/resourcelist.xml",
@@ -403,13 +464,22 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
     for d in docs {
         bodies.push((d, c.app.get_text(d).await));
     }
-    assert_valid(&bodies.iter().map(|(d, b)| (*d, b.as_str())).collect::<Vec<_>>());
+    assert_valid(
+        &bodies
+            .iter()
+            .map(|(d, b)| (*d, b.as_str()))
+            .collect::<Vec<_>>(),
+    );
 
     // A destination baselines from this server and subscribes.
-    let mut hcfg = crate::harvest::harvest_config(dir.path(), &c.app.url("/.well-known/resourcesync"));
+    let mut hcfg =
+        crate::harvest::harvest_config(dir.path(), &c.app.url("/.well-known/resourcesync"));
     hcfg.follow.check_interval_secs = 3600;
     let h = crate::harvest::TestHarvester::start(hcfg.clone()).await;
-    crate::harvest::wait_state(&h, "the baseline", 180, |s| crate::harvest::set_done(s, 9_500)).await;
+    crate::harvest::wait_state(&h, "the baseline", 180, |s| {
+        crate::harvest::set_done(s, 9_500)
+    })
+    .await;
     crate::harvest::wait_state(&h, "an active subscription", 30, |s| {
         s.sets()
             .unwrap()
@@ -420,7 +490,14 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
     .await;
     let mirrored = std::fs::read_to_string(
         h.state()
-            .held(1, &format!("{}/files/papers/{}", c.app.config.base_url(), resourcesync_hub::collect::path::record_path("oai:big:7").replace('%', "%25")))
+            .held(
+                1,
+                &format!(
+                    "{}/files/papers/{}",
+                    c.app.config.base_url(),
+                    resourcesync_hub::collect::path::record_path("oai:big:7").replace('%', "%25")
+                ),
+            )
             .unwrap()
             .expect("record 7 mirrored")
             .path,
@@ -454,15 +531,29 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
     let v = c.run_now().await;
     assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
     assert_eq!(
-        (&v["last"]["created"], &v["last"]["updated"], &v["last"]["deleted"]),
+        (
+            &v["last"]["created"],
+            &v["last"]["updated"],
+            &v["last"]["deleted"]
+        ),
         (&300.into(), &200.into(), &100.into()),
         "{v:#}"
     );
     assert!(v["last"]["unchanged"].as_u64().unwrap() >= 50, "{v:#}");
-    assert_eq!(c.app_counts().await - changes_before, 600, "exactly 600 changes recorded");
+    assert_eq!(
+        c.app_counts().await - changes_before,
+        600,
+        "exactly 600 changes recorded"
+    );
     // A second run over an overlapping window records nothing.
     let again = c.run_now().await;
-    assert_eq!(again["last"]["created"].as_u64().unwrap() + again["last"]["updated"].as_u64().unwrap() + again["last"]["deleted"].as_u64().unwrap(), 0, "{again:#}");
+    assert_eq!(
+        again["last"]["created"].as_u64().unwrap()
+            + again["last"]["updated"].as_u64().unwrap()
+            + again["last"]["deleted"].as_u64().unwrap(),
+        0,
+        "{again:#}"
+    );
     assert_eq!(c.app_counts().await - changes_before, 600);
 
     crate::harvest::wait_state(&h, "600 changes applied by push", 120, |s| {
@@ -496,7 +587,12 @@ impl OaiServer {
         v.as_array()
             .unwrap()
             .iter()
-            .map(|r| (r["t"].as_f64().unwrap(), r["query"].as_str().unwrap().to_string()))
+            .map(|r| {
+                (
+                    r["t"].as_f64().unwrap(),
+                    r["query"].as_str().unwrap().to_string(),
+                )
+            })
             .collect()
     }
 }
@@ -509,7 +605,10 @@ fn with_faults(mut fx: serde_json::Value, faults: serde_json::Value) -> serde_js
 
 fn no_error(v: &serde_json::Value) {
     assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
-    assert!(v["last_outcome"].as_str().unwrap().contains("records read"), "{v:#}");
+    assert!(
+        v["last_outcome"].as_str().unwrap().contains("records read"),
+        "{v:#}"
+    );
 }
 
 /// An expired resumption token starts the window again from the saved `from`: every record
@@ -535,22 +634,38 @@ async fn an_expired_token_starts_the_window_again() {
 /// repository), in seconds and as an HTTP date.
 #[tokio::test]
 async fn a_busy_repository_is_asked_again_only_when_its_retry_after_is_due() {
-    let fx = with_faults(fixture(20), serde_json::json!({"busy": {"count": 1, "retry_after": "2"}}));
+    let fx = with_faults(
+        fixture(20),
+        serde_json::json!({"busy": {"count": 1, "retry_after": "2"}}),
+    );
     let (c, _dir) = Collecting::start(&fx, 10).await;
     no_error(&c.wait_ended(None).await);
     let reqs = c.repo.requests().await;
     assert!(reqs.len() >= 2);
     let gap = reqs[1].0 - reqs[0].0;
-    assert!((2.0..3.0).contains(&gap), "the second request came {gap:.2}s after the 503");
+    assert!(
+        (2.0..3.0).contains(&gap),
+        "the second request came {gap:.2}s after the 503"
+    );
 
     let at = chrono::Utc::now() + chrono::Duration::seconds(3);
     let date = at.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
-    rewrite(&c.repo, &with_faults(fixture(20), serde_json::json!({"busy": {"count": 1, "retry_after": date}})));
+    rewrite(
+        &c.repo,
+        &with_faults(
+            fixture(20),
+            serde_json::json!({"busy": {"count": 1, "retry_after": date}}),
+        ),
+    );
     let seen = c.repo.requests().await.len();
     no_error(&c.run_now().await);
     let reqs = c.repo.requests().await;
     let due = at.timestamp() as f64;
-    assert!(reqs[seen + 1].0 >= due - 0.01, "asked again {:.2}s before the date", due - reqs[seen + 1].0);
+    assert!(
+        reqs[seen + 1].0 >= due - 0.01,
+        "asked again {:.2}s before the date",
+        due - reqs[seen + 1].0
+    );
     assert!(reqs[seen + 1].0 < due + 1.0);
     c.app.stop().await;
 }
@@ -561,13 +676,31 @@ async fn a_busy_repository_is_asked_again_only_when_its_retry_after_is_due() {
 async fn a_repository_that_ignores_from_records_nothing_twice() {
     let (c, _dir) = Collecting::start(&fixture(30), 10).await;
     no_error(&c.wait_ended(None).await);
-    rewrite(&c.repo, &with_faults(fixture(30), serde_json::json!({"ignore_from": true})));
+    rewrite(
+        &c.repo,
+        &with_faults(fixture(30), serde_json::json!({"ignore_from": true})),
+    );
     let v = c.run_now().await;
     no_error(&v);
     assert_eq!(v["last"]["seen"], 30, "{v:#}");
-    assert_eq!(v["last"]["created"].as_u64().unwrap() + v["last"]["updated"].as_u64().unwrap(), 0, "{v:#}");
-    let froms: Vec<String> = c.repo.requests().await.into_iter().map(|(_, q)| q).filter(|q| q.contains("from=")).collect();
-    assert_eq!(froms.len(), 1, "the second run asked from its window: {froms:?}");
+    assert_eq!(
+        v["last"]["created"].as_u64().unwrap() + v["last"]["updated"].as_u64().unwrap(),
+        0,
+        "{v:#}"
+    );
+    let froms: Vec<String> = c
+        .repo
+        .requests()
+        .await
+        .into_iter()
+        .map(|(_, q)| q)
+        .filter(|q| q.contains("from="))
+        .collect();
+    assert_eq!(
+        froms.len(),
+        1,
+        "the second run asked from its window: {froms:?}"
+    );
     assert_eq!(c.app_counts().await, 26);
     c.app.stop().await;
 }
@@ -581,12 +714,27 @@ async fn a_day_granularity_repository_is_asked_by_day() {
     let (c, _dir) = Collecting::start(&fx, 10).await;
     no_error(&c.wait_ended(None).await);
     no_error(&c.run_now().await);
-    let from = c.repo.requests().await.into_iter().map(|(_, q)| q).find(|q| q.contains("from=")).expect("a from");
-    let yesterday = (chrono::Utc::now() - chrono::Duration::days(1)).format("%Y-%m-%d").to_string();
-    assert!(from.contains(&format!("from={yesterday}")) && !from.contains("T"), "{from}");
+    let from = c
+        .repo
+        .requests()
+        .await
+        .into_iter()
+        .map(|(_, q)| q)
+        .find(|q| q.contains("from="))
+        .expect("a from");
+    let yesterday = (chrono::Utc::now() - chrono::Duration::days(1))
+        .format("%Y-%m-%d")
+        .to_string();
+    assert!(
+        from.contains(&format!("from={yesterday}")) && !from.contains("T"),
+        "{from}"
+    );
     let (_, rl) = c.app.get_doc("/sets/papers/resourcelist.xml").await;
     let text = c.app.get_text("/sets/papers/resourcelist.xml").await;
-    assert!(text.contains("<lastmod>2026-11-01T00:00:00Z</lastmod>"), "{text}");
+    assert!(
+        text.contains("<lastmod>2026-11-01T00:00:00Z</lastmod>"),
+        "{text}"
+    );
     assert_eq!(rl.entries.len(), 11);
     c.app.stop().await;
 }
@@ -595,14 +743,23 @@ async fn a_day_granularity_repository_is_asked_by_day() {
 /// shown; the rest of its page is applied.
 #[tokio::test]
 async fn a_record_with_a_control_character_costs_only_that_record() {
-    let fx = with_faults(fixture(20), serde_json::json!({"replace": [["Record 5 &amp; co", "Record 5 \u{1} co"]]}));
+    let fx = with_faults(
+        fixture(20),
+        serde_json::json!({"replace": [["Record 5 &amp; co", "Record 5 \u{1} co"]]}),
+    );
     let (c, _dir) = Collecting::start(&fx, 10).await;
     let v = c.wait_ended(None).await;
     no_error(&v);
     assert_eq!(v["last"]["quarantined"], 1, "{v:#}");
     assert_eq!(v["last"]["created"], 17, "{v:#}");
     assert_eq!(v["quarantine"][0]["identifier"], "oai:test:5", "{v:#}");
-    assert!(v["quarantine"][0]["reason"].as_str().unwrap().contains("U+0001"), "{v:#}");
+    assert!(
+        v["quarantine"][0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("U+0001"),
+        "{v:#}"
+    );
     c.app.stop().await;
 }
 
@@ -613,10 +770,16 @@ async fn an_html_error_page_is_retried_then_reported() {
     let fx = with_faults(fixture(20), serde_json::json!({"html": 1}));
     let (c, _dir) = Collecting::start(&fx, 10).await;
     no_error(&c.wait_ended(None).await);
-    rewrite(&c.repo, &with_faults(fixture(20), serde_json::json!({"html": 10})));
+    rewrite(
+        &c.repo,
+        &with_faults(fixture(20), serde_json::json!({"html": 10})),
+    );
     let v = c.run_now().await;
     let err = v["last_error"].as_str().unwrap_or_default();
-    assert!(err.contains("not an OAI-PMH response") && err.contains("after 3 attempts"), "{v:#}");
+    assert!(
+        err.contains("not an OAI-PMH response") && err.contains("after 3 attempts"),
+        "{v:#}"
+    );
     rewrite(&c.repo, &fixture(20));
     no_error(&c.run_now().await);
     c.app.stop().await;
@@ -635,10 +798,20 @@ async fn reconcile_marks_exactly_the_records_a_forgetful_repository_dropped() {
     no_error(&c.wait_ended(None).await);
     assert_eq!(c.resources().await.len(), 300);
     let gone: Vec<String> = (0..100).map(|k| format!("oai:test:{}", k * 3)).collect();
-    fx["records"].as_array_mut().unwrap().retain(|r| !gone.contains(&r["id"].as_str().unwrap().to_string()));
+    fx["records"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|r| !gone.contains(&r["id"].as_str().unwrap().to_string()));
     rewrite(&c.repo, &fx);
     let before = c.status().await["last_reconcile"].clone();
-    let (s, _) = admin_call(&c.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/reconcile", None).await;
+    let (s, _) = admin_call(
+        &c.app,
+        ADMIN,
+        reqwest::Method::POST,
+        "/admin/v1/collect/papers/reconcile",
+        None,
+    )
+    .await;
     assert_eq!(s, 202);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let v = loop {
@@ -655,7 +828,12 @@ async fn reconcile_marks_exactly_the_records_a_forgetful_repository_dropped() {
     for id in &gone {
         let rel = resourcesync_hub::collect::path::record_path(id).replace('%', "%25");
         assert!(!left.keys().any(|u| u.ends_with(&rel)), "{id} still held");
-        assert!(!c.app.config.collected_dir("papers").join(resourcesync_hub::collect::path::record_path(id)).exists());
+        assert!(!c
+            .app
+            .config
+            .collected_dir("papers")
+            .join(resourcesync_hub::collect::path::record_path(id))
+            .exists());
     }
     c.app.stop().await;
 }
@@ -672,10 +850,152 @@ async fn a_refusing_repository_stops_its_collector_until_resumed() {
     assert_eq!(asked, 1, "a refusal is not retried");
     rewrite(&c.repo, &fixture(10));
     let before = v["last_ended"].as_str().map(str::to_string);
-    let (s, _) = admin_call(&c.app, ADMIN, reqwest::Method::POST, "/admin/v1/collect/papers/resume", None).await;
+    let (s, _) = admin_call(
+        &c.app,
+        ADMIN,
+        reqwest::Method::POST,
+        "/admin/v1/collect/papers/resume",
+        None,
+    )
+    .await;
     assert_eq!(s, 202);
     let v = c.wait_ended(before.as_deref()).await;
     no_error(&v);
     assert_eq!(v["state"], "idle", "{v:#}");
     c.app.stop().await;
+}
+
+/// A configuration file collecting `base` into `papers` with its data in `dir/data`.
+fn config_file(dir: &std::path::Path, base: &str) -> std::path::PathBuf {
+    let p = dir.join("rshub.toml");
+    std::fs::write(
+        &p,
+        format!(
+            "[server]\ndata_dir = {:?}\n[admin]\ntoken = \"{ADMIN}\"\n[collect.papers]\nurl = \"{base}\"\nretry_base_ms = 20\n",
+            dir.join("data")
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Killed (SIGKILL) in the middle of a run and started again: the run goes on from its
+/// checkpointed token, no page but the one in flight is fetched again, and no change is
+/// recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_run_it_goes_on_from_its_token_and_records_nothing_twice() {
+    let fx = with_faults(repository(2_000), serde_json::json!({"delay_ms": 150}));
+    let repo = OaiServer::start(&fx, 100);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_file(dir.path(), &repo.base);
+    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    crate::support::wait_until("6 pages asked for", || async {
+        repo.requests()
+            .await
+            .iter()
+            .filter(|(_, q)| q.contains("resumptionToken"))
+            .count()
+            >= 6
+    })
+    .await;
+    server.signal("KILL");
+    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let status = || async {
+        client
+            .get(server.url("/admin/v1/collect/papers"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    crate::support::wait_until("the run to end", || async {
+        status().await["last_ended"].is_string()
+    })
+    .await;
+    let v = status().await;
+    no_error(&v);
+    assert!(
+        server.log().contains("continuing the run under way"),
+        "{}",
+        server.log()
+    );
+    let reqs = repo.requests().await;
+    let lists: Vec<&String> = reqs
+        .iter()
+        .map(|(_, q)| q)
+        .filter(|q| q.contains("ListRecords"))
+        .collect();
+    assert_eq!(
+        lists
+            .iter()
+            .filter(|q| !q.contains("resumptionToken"))
+            .count(),
+        1,
+        "the list was not started again"
+    );
+    let mut seen = std::collections::HashMap::new();
+    for q in &lists {
+        *seen.entry(q.as_str()).or_insert(0) += 1;
+    }
+    let again: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        again.len() <= 1 && again.iter().all(|(_, n)| **n == 2),
+        "pages fetched again: {again:?}"
+    );
+    assert_eq!(lists.len(), 20 + again.len());
+    drop(server);
+    let store =
+        resourcesync_hub::store::Store::open_embedded(&dir.path().join("data/rshub.sqlite"))
+            .unwrap();
+    let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
+    let counts = store.counts(&set).await.unwrap();
+    assert_eq!(
+        (counts.resources, counts.changes),
+        (1_900, 1_900),
+        "one change per live record"
+    );
+}
+
+/// `collect --once` runs each collector once and exits, saying what it did; a second run
+/// finds nothing new.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn collect_once_runs_and_exits() {
+    let repo = OaiServer::start(&fixture(25), 10);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_file(dir.path(), &repo.base);
+    let c2 = cfg.clone();
+    let run = move || {
+        let out = Command::new(crate::support::ChildServer::BIN)
+            .args(["collect", "--once", "--config", c2.to_str().unwrap()])
+            .output()
+            .unwrap();
+        (out.status.success(), crate::support::output_text(&out))
+    };
+    let (ok, text) = tokio::task::spawn_blocking(run.clone()).await.unwrap();
+    assert!(
+        ok && text.contains("papers: 25 records read: 22 created"),
+        "{text}"
+    );
+    let (ok, text) = tokio::task::spawn_blocking(run).await.unwrap();
+    assert!(
+        ok && text.contains("0 created, 0 updated, 0 deleted"),
+        "{text}"
+    );
+    let bad = Command::new(crate::support::ChildServer::BIN)
+        .args([
+            "collect",
+            "--once",
+            "nope",
+            "--config",
+            cfg.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(crate::support::output_text(&bad)
+        .contains("no collector \"nope\"; the configuration has papers"));
 }

@@ -696,8 +696,12 @@ impl HubStore for ElasticStore {
         let Some(v) = self.es.get_doc(&self.hub, &format!("state:{key}")).await? else {
             return Ok(None);
         };
-        let json = v.source["doc"]["json"].as_str().ok_or_else(|| corrupt(format!("state {key} has no json")))?;
-        let version = v.source["doc"]["version"].as_i64().ok_or_else(|| corrupt(format!("state {key} has no version")))?;
+        let json = v.source["doc"]["json"]
+            .as_str()
+            .ok_or_else(|| corrupt(format!("state {key} has no json")))?;
+        let version = v.source["doc"]["version"]
+            .as_i64()
+            .ok_or_else(|| corrupt(format!("state {key} has no version")))?;
         Ok(Some((json.to_string(), version)))
     }
 
@@ -709,7 +713,9 @@ impl HubStore for ElasticStore {
     ) -> Result<Option<i64>, StoreError> {
         let id = format!("state:{key}");
         let current = self.es.get_doc(&self.hub, &id).await?;
-        let held = current.as_ref().and_then(|v| v.source["doc"]["version"].as_i64());
+        let held = current
+            .as_ref()
+            .and_then(|v| v.source["doc"]["version"].as_i64());
         if held != expected {
             return Ok(None);
         }
