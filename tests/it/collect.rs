@@ -999,3 +999,193 @@ async fn collect_once_runs_and_exits() {
     assert!(crate::support::output_text(&bad)
         .contains("no collector \"nope\"; the configuration has papers"));
 }
+
+fn identify_xml() -> String {
+    r#"<?xml version="1.0" encoding="UTF-8"?>
+<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><responseDate>2026-11-26T10:00:00Z</responseDate><request verb="Identify">http://x/oai</request>
+<Identify><repositoryName>Hostile</repositoryName><baseURL>http://x/oai</baseURL><protocolVersion>2.0</protocolVersion><adminEmail>a@example.org</adminEmail><earliestDatestamp>2001-01-01T00:00:00Z</earliestDatestamp><deletedRecord>persistent</deletedRecord><granularity>YYYY-MM-DDThh:mm:ssZ</granularity></Identify></OAI-PMH>"#.into()
+}
+
+/// A ListRecords page with `n` records (named after `tag`) and the token `next` ("" ends).
+fn page_xml(tag: &str, n: usize, next: Option<&str>) -> String {
+    let records: String = (0..n)
+        .map(|k| format!(r#"<record><header><identifier>oai:{tag}:{k}</identifier><datestamp>2026-11-01T00:00:00Z</datestamp></header><metadata><oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>{tag} {k}</dc:title></oai_dc:dc></metadata></record>"#))
+        .collect();
+    let token = next
+        .map(|t| format!("<resumptionToken>{t}</resumptionToken>"))
+        .unwrap_or_default();
+    format!(
+        r#"<?xml version="1.0" encoding="UTF-8"?>
+<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><responseDate>2026-11-26T10:00:00Z</responseDate><request verb="ListRecords">http://x/oai</request><ListRecords>{records}{token}</ListRecords></OAI-PMH>"#
+    )
+}
+
+/// Repositories that misbehave on purpose (the real binary collecting from each): an endless
+/// answer, one that trickles, one that redirects to another port (the canary), a token that
+/// repeats, pages that come empty for ever, a truncated page. Each run ends with its reason
+/// in words; nothing reaches the canary; memory stays bounded and nothing is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_repositories_cost_a_run_never_the_server() {
+    use crate::hostile::{endless, trickle, Canary, Hostile};
+    let src = Hostile::start().await;
+    let canary = Canary::start().await;
+    let first = "verb=ListRecords&metadataPrefix=oai_dc";
+    for name in ["big", "slow", "away", "loop", "empty", "cut"] {
+        if name != "away" {
+            src.xml(&format!("/{name}/oai?verb=Identify"), identify_xml());
+        }
+    }
+    src.on(&format!("/big/oai?{first}"), |_| endless());
+    src.on(&format!("/slow/oai?{first}"), |_| {
+        trickle(b"<?xml version=\"1.0\"?><OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\">                ", std::time::Duration::from_millis(200))
+    });
+    let to = canary.url("/oai?verb=Identify");
+    src.on("/away/oai?verb=Identify", move |_| {
+        axum::response::Response::builder()
+            .status(302)
+            .header("location", to.clone())
+            .body(axum::body::Body::empty())
+            .unwrap()
+    });
+    src.xml(
+        &format!("/loop/oai?{first}"),
+        page_xml("loop", 1, Some("same")),
+    );
+    src.xml(
+        "/loop/oai?verb=ListRecords&resumptionToken=same",
+        page_xml("loop", 1, Some("same")),
+    );
+    src.xml(
+        &format!("/empty/oai?{first}"),
+        page_xml("empty", 0, Some("t0")),
+    );
+    for k in 0..30 {
+        src.xml(
+            &format!("/empty/oai?verb=ListRecords&resumptionToken=t{k}"),
+            page_xml("empty", 0, Some(&format!("t{}", k + 1))),
+        );
+    }
+    let cut = page_xml("cut", 5, None);
+    let cut = cut[..cut.len() / 2].to_string();
+    src.xml(&format!("/cut/oai?{first}"), cut);
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut toml = format!(
+        "[server]\ndata_dir = {:?}\n[admin]\ntoken = \"{ADMIN}\"\n",
+        dir.path().join("data")
+    );
+    for name in ["big", "slow", "away", "loop", "empty", "cut"] {
+        toml.push_str(&format!(
+            "[collect.{name}]\nurl = \"{}\"\nretry_base_ms = 20\nattempts = 2\nrequest_timeout_secs = 2\nmax_response_bytes = 262144\n",
+            src.url(&format!("/{name}/oai"))
+        ));
+    }
+    let cfg = dir.path().join("rshub.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let list = || async {
+        client
+            .get(server.url("/admin/v1/collect"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .json::<serde_json::Value>()
+            .await
+            .unwrap()
+    };
+    crate::support::wait_until("every run to end", || async {
+        list().await["collectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["last_ended"].is_string())
+    })
+    .await;
+    let v = list().await;
+    let by: std::collections::HashMap<String, serde_json::Value> = v["collectors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["name"].as_str().unwrap().to_string(), c.clone()))
+        .collect();
+    let words = |n: &str| {
+        format!(
+            "{} | {}",
+            by[n]["last_outcome"].as_str().unwrap_or(""),
+            by[n]["last_error"].as_str().unwrap_or("")
+        )
+    };
+    assert!(
+        words("big").contains("larger than collect max_response_bytes (262144)"),
+        "{}",
+        words("big")
+    );
+    assert!(
+        words("slow").contains("after 2 attempts") && words("slow").contains("timed out"),
+        "{}",
+        words("slow")
+    );
+    assert!(
+        words("away").contains("leaves the repository's origin"),
+        "{}",
+        words("away")
+    );
+    assert!(
+        words("loop").contains("resumption token \"same\" twice"),
+        "{}",
+        words("loop")
+    );
+    assert!(
+        words("empty").contains("pages in a row came without a record"),
+        "{}",
+        words("empty")
+    );
+    assert!(
+        words("cut").contains("not an OAI-PMH response"),
+        "{}",
+        words("cut")
+    );
+    assert_eq!(canary.connections(), 0, "nothing reached another port");
+    assert!(
+        src.hits("/empty/oai?verb=ListRecords&resumptionToken=t20") == 0,
+        "the empty pages were not followed for ever"
+    );
+    // The one record of the looping repository is all that was written.
+    let files: Vec<_> = walkdir::WalkDir::new(dir.path().join("data/collected"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .map(|e| e.path().display().to_string())
+        .collect();
+    assert!(files.len() == 1 && files[0].contains("/loop/"), "{files:?}");
+    let peak = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:")
+                .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
+        })
+        .unwrap();
+    assert!(peak < 100 * 1024, "peak memory {peak} kB");
+}
+
+/// A repository answering in ISO-8859-1 (as its XML declaration says): records are stored as
+/// UTF-8 and mean the same.
+#[tokio::test]
+async fn a_latin1_repository_is_decoded() {
+    let mut fx = fixture(3);
+    fx["records"][0]["dc"]["title"] = serde_json::json!(["Café Müller"]);
+    let fx = with_faults(fx, serde_json::json!({"encoding": "ISO-8859-1"}));
+    let (c, _dir) = Collecting::start(&fx, 10).await;
+    no_error(&c.wait_ended(None).await);
+    let file = c
+        .app
+        .config
+        .collected_dir("papers")
+        .join(resourcesync_hub::collect::path::record_path("oai:test:0"));
+    let text = std::fs::read_to_string(file).expect("a UTF-8 file");
+    assert!(text.contains("Café Müller"), "{text}");
+    c.app.stop().await;
+}

@@ -228,7 +228,7 @@ pub fn rl_md() -> String {
 
 /// A body that never ends: 1 MB at once, then silence (a harvester reading past the length
 /// it was given would leave a file of 1 MB lying for its idle timeout).
-fn endless() -> Response {
+pub fn endless() -> Response {
     use futures_util::StreamExt;
     let chunk = Bytes::from(vec![b'x'; 64 * 1024]);
     let s =

@@ -182,7 +182,9 @@ class Handler(BaseHTTPRequestHandler):
                 body = body.replace(find, replace)
             enc = f.get("encoding")
             if enc:
-                body = body.replace('encoding="UTF-8"', 'encoding="%s"' % enc, 1).encode(enc)
+                for q in "\"'":
+                    body = body.replace("encoding=%sUTF-8%s" % (q, q), "encoding=%s%s%s" % (q, enc, q), 1)
+                body = body.encode(enc)
                 ctype = "text/xml"
             else:
                 body = body.encode("utf-8")
