@@ -33,9 +33,8 @@ use crate::model::{SetName, Timestamp};
 use crate::source::Source;
 use crate::store::StoreError;
 
-/// How long a collector's lease lasts on a shared store (renewed every [`CHECK`]).
-pub const LEASE_SECS: u64 = 30;
-/// How often an idle collector looks at its admins' requests and its lease.
+/// How often an idle collector looks at its admins' requests and its lease (more often when
+/// the lease is shorter).
 const CHECK: Duration = Duration::from_secs(2);
 
 /// What an admin asks of a collector.
@@ -80,6 +79,40 @@ pub struct Collectors {
     entries: Arc<Vec<Arc<Entry>>>,
     source: Arc<Source>,
     owner: String,
+    /// A collector's lease on a shared store (`hub.partition_lease_secs`: how long a killed
+    /// process's work waits before another takes it over).
+    lease_secs: u64,
+}
+
+impl Collectors {
+    /// How often the lease is renewed and requests looked at.
+    fn check(&self) -> Duration {
+        CHECK.min(Duration::from_millis(self.lease_secs * 1000 / 3))
+    }
+
+    /// While a collector works: renews its lease, and cancels `stop` when the lease is lost
+    /// or an admin pauses it (the work then ends at its next step, saving where it stands).
+    /// Never resolves.
+    async fn hold(&self, name: &str, stop: &CancellationToken) {
+        let store = self.source.store();
+        let lease = format!("collect:{name}");
+        loop {
+            tokio::time::sleep(self.check()).await;
+            let held = store
+                .lease(&lease, &self.owner, self.lease_secs)
+                .await
+                .unwrap_or(false);
+            let paused = state::load::<Control>(store, &state::control_key(name))
+                .await
+                .map(|(c, _)| c.paused)
+                .unwrap_or(false);
+            if !held || paused {
+                tracing::info!(collector = %name, held, paused, "stopping the collector's work");
+                stop.cancel();
+                return std::future::pending::<()>().await;
+            }
+        }
+    }
 }
 
 fn parse_time(s: &Option<String>) -> Option<Timestamp> {
@@ -109,6 +142,7 @@ impl Collectors {
             entries: Arc::new(entries),
             source,
             owner,
+            lease_secs: config.hub.partition_lease_secs,
         })
     }
 
@@ -176,7 +210,7 @@ impl Collectors {
         let store = self.source.store();
         let lease = format!("collect:{}", e.collector.name);
         if !store
-            .lease(&lease, &self.owner, LEASE_SECS * 10)
+            .lease(&lease, &self.owner, self.lease_secs)
             .await
             .map_err(|e| e.to_string())?
         {
@@ -198,18 +232,20 @@ impl Collectors {
             return Err(format!("stopped: {why}"));
         }
         saved.stopped = None;
-        let report = work(e, &mut saved, Work::Run, cancel).await;
-        let result = match report {
-            Ok(words) => {
-                if reconcile_due(e, &saved, &control) {
-                    work(e, &mut saved, Work::Reconcile, cancel)
-                        .await
-                        .map(|r| format!("{words}; {r}"))
-                } else {
-                    Ok(words)
-                }
+        saved.runs_answered = control.run_requests;
+        let stop = cancel.child_token();
+        let both = async {
+            let words = work(e, &mut saved, Work::Run, &stop).await?;
+            if reconcile_due(e, &saved, &control) {
+                saved.reconciles_answered = control.reconcile_requests;
+                let r = work(e, &mut saved, Work::Reconcile, &stop).await?;
+                return Ok(format!("{words}; {r}"));
             }
-            Err(e) => Err(e),
+            Ok(words)
+        };
+        let result = tokio::select! {
+            r = both => r,
+            _ = self.hold(e.collector.name.as_str(), &stop) => unreachable!("hold never resolves"),
         };
         let _ = store.release(&lease, &self.owner).await;
         result
@@ -325,7 +361,7 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
     let lease = format!("collect:{name}");
     let mut was_held = false;
     while !cancel.is_cancelled() {
-        let held = match store.lease(&lease, &all.owner, LEASE_SECS).await {
+        let held = match store.lease(&lease, &all.owner, all.lease_secs).await {
             Ok(h) => h,
             Err(err) => {
                 tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "cannot reach the store for the collector's lease");
@@ -337,10 +373,10 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
             tracing::info!(collector = %name, owner = %all.owner, "this process now holds the collector");
         }
         was_held = held;
-        let mut wait = CHECK;
+        let mut wait = all.check();
         if held {
             match step(&e, &all, &cancel).await {
-                Ok(Some(next)) => wait = next.min(CHECK),
+                Ok(Some(next)) => wait = next.min(all.check()),
                 Ok(None) => wait = Duration::ZERO,
                 Err(err) => {
                     tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "the collector's state could not be read");
@@ -385,13 +421,13 @@ async fn step(
         saved.run.is_some() && parse_time(&saved.last_ended) < parse_time(&saved.last_started);
     e.set_live(|l| l.next_run = next.map(|t| t.to_string()));
     if control.paused {
-        return Ok(Some(CHECK));
+        return Ok(Some(all.check()));
     }
     // Resumed after it stopped itself: it runs at once.
     let mut resumed = false;
     if let Some((_, at)) = &saved.stopped {
         if control.resumes <= *at {
-            return Ok(Some(CHECK));
+            return Ok(Some(all.check()));
         }
         saved.stopped = None;
         resumed = true;
@@ -410,32 +446,13 @@ async fn step(
     };
     // While it works: the lease renewed, and a pause (or a lost lease) stops it at once.
     let stop = cancel.child_token();
-    let guard = async {
-        let lease = format!("collect:{}", c.name);
-        loop {
-            tokio::time::sleep(CHECK).await;
-            let held = store
-                .lease(&lease, &all.owner, LEASE_SECS)
-                .await
-                .unwrap_or(false);
-            let paused = state::load::<Control>(store, &state::control_key(c.name.as_str()))
-                .await
-                .map(|(c, _)| c.paused)
-                .unwrap_or(false);
-            if !held || paused {
-                tracing::info!(collector = %c.name, held, paused, "stopping the collector's work");
-                stop.cancel();
-                // The work ends at its next step, saving where it stands.
-                return std::future::pending::<()>().await;
-            }
-        }
-    };
+    let guard = all.hold(c.name.as_str(), &stop);
     tokio::select! {
         _ = work(e, &mut saved, what, &stop) => {}
         _ = guard => {}
     }
     Ok(if cancel.is_cancelled() {
-        Some(CHECK)
+        Some(all.check())
     } else {
         None
     })

@@ -241,7 +241,8 @@ impl Collecting {
 
     /// How many changes the set has recorded.
     pub async fn app_counts(&self) -> u64 {
-        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path())
+        let store = resourcesync_hub::app::open_store(&self.app.config)
+            .await
             .unwrap();
         let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
         store.counts(&set).await.unwrap().changes
@@ -250,7 +251,8 @@ impl Collecting {
     /// Every resource of the set: location value -> (md5, length).
     pub async fn resources(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
         let sc = self.app.config.set_config("papers");
-        let store = resourcesync_hub::store::Store::open_embedded(&self.app.config.database_path())
+        let store = resourcesync_hub::app::open_store(&self.app.config)
+            .await
             .unwrap();
         let mut out = std::collections::BTreeMap::new();
         let mut after = None;
@@ -1187,5 +1189,163 @@ async fn a_latin1_repository_is_decoded() {
         .join(resourcesync_hub::collect::path::record_path("oai:test:0"));
     let text = std::fs::read_to_string(file).expect("a UTF-8 file");
     assert!(text.contains("Café Müller"), "{text}");
+    c.app.stop().await;
+}
+
+/// On a shared store (osmem-server) two processes run the same collector: one collects at a
+/// time; killed mid-run (SIGKILL), the other takes the collector over once the lease lapses
+/// and goes on from the checkpointed token, and every change is recorded once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_shared_store_a_killed_collector_is_taken_over() {
+    let fx = with_faults(repository(2_000), serde_json::json!({"delay_ms": 150}));
+    let repo = OaiServer::start(&fx, 100);
+    let tmp = tempfile::tempdir().unwrap();
+    let es = crate::support::Osmem::clone_url().await;
+    let cfg = tmp.path().join("rshub.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[store]\nbackend = \"elasticsearch\"\n[store.elasticsearch]\nurl = \"{es}\"\n\
+             [hub]\npartition_lease_secs = 3\n[admin]\ntoken = \"{ADMIN}\"\n\
+             [sets.papers]\nresource_root_dir = {:?}\n\
+             [collect.papers]\nurl = \"{}\"\nretry_base_ms = 20\n",
+            tmp.path().join("files"),
+            repo.base
+        ),
+    )
+    .unwrap();
+    let procs = [
+        crate::support::ChildServer::serve_one_of(tmp.path(), "a", &cfg),
+        crate::support::ChildServer::serve_one_of(tmp.path(), "b", &cfg),
+    ];
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let status = |p: &crate::support::ChildServer| {
+        let (client, url) = (client.clone(), p.url("/admin/v1/collect/papers"));
+        async move {
+            client
+                .get(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    crate::support::wait_until("6 pages asked for", || async {
+        repo.requests()
+            .await
+            .iter()
+            .filter(|(_, q)| q.contains("resumptionToken"))
+            .count()
+            >= 6
+    })
+    .await;
+    let held = [
+        status(&procs[0]).await["live"]["held_here"] == true,
+        status(&procs[1]).await["live"]["held_here"] == true,
+    ];
+    assert_eq!(
+        held.iter().filter(|h| **h).count(),
+        1,
+        "exactly one process holds the collector: {held:?}"
+    );
+    let [a, b] = procs;
+    let (killed, other) = if held[0] { (a, b) } else { (b, a) };
+    killed.signal("KILL");
+    crate::support::wait_until("the other process to end the run", || async {
+        let v = status(&other).await;
+        v["last_ended"].is_string() && v["state"] != "running"
+    })
+    .await;
+    let v = status(&other).await;
+    no_error(&v);
+    assert!(
+        other.log().contains("this process now holds the collector"),
+        "{}",
+        other.log()
+    );
+    assert!(
+        other.log().contains("continuing the run under way"),
+        "{}",
+        other.log()
+    );
+    let reqs = repo.requests().await;
+    let lists: Vec<&String> = reqs
+        .iter()
+        .map(|(_, q)| q)
+        .filter(|q| q.contains("ListRecords"))
+        .collect();
+    assert_eq!(
+        lists
+            .iter()
+            .filter(|q| !q.contains("resumptionToken"))
+            .count(),
+        1,
+        "the list was not started again"
+    );
+    let mut seen = std::collections::HashMap::new();
+    for q in &lists {
+        *seen.entry(q.as_str()).or_insert(0) += 1;
+    }
+    assert!(seen.values().filter(|n| **n > 1).count() <= 1, "{seen:?}");
+    let store = crate::support::elastic_store(&es).await;
+    let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
+    let counts = store.counts(&set).await.unwrap();
+    assert_eq!(
+        (counts.resources, counts.changes),
+        (1_900, 1_900),
+        "one change per live record"
+    );
+    assert_eq!(
+        walkdir::WalkDir::new(tmp.path().join("files"))
+            .into_iter()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_type().is_file())
+            .count(),
+        1_900
+    );
+}
+
+/// The same on Elasticsearch (osmem-server): a baseline, then created, updated, deleted and
+/// re-datestamped records give exactly their changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_elasticsearch_runs_record_each_change_once() {
+    let mut fx = fixture(60);
+    let repo = OaiServer::start(&fx, 20);
+    let (mut cfg, _dir) = collect_config(&repo.base);
+    crate::support::use_elasticsearch(&mut cfg).await;
+    let app = TestApp::start_with(cfg).await;
+    let c = Collecting { repo, app };
+    no_error(&c.wait_ended(None).await);
+    let live = (0..60).filter(|k| k % 7 != 6).count() as u64;
+    assert_eq!(c.resources().await.len() as u64, live);
+    assert_eq!(c.app_counts().await, live);
+    let now = now_datestamp();
+    let recs = fx["records"].as_array_mut().unwrap();
+    recs[0]["dc"]["title"] = serde_json::json!(["changed"]);
+    recs[1]["deleted"] = true.into();
+    recs[2]["datestamp"] = now.clone().into();
+    for k in [0, 1] {
+        recs[k]["datestamp"] = now.clone().into();
+    }
+    recs.push(
+        serde_json::json!({"id": "oai:test:new", "datestamp": now, "dc": {"title": ["new"]}}),
+    );
+    rewrite(&c.repo, &fx);
+    let v = c.run_now().await;
+    no_error(&v);
+    assert_eq!(
+        (
+            &v["last"]["created"],
+            &v["last"]["updated"],
+            &v["last"]["deleted"]
+        ),
+        (&1.into(), &1.into(), &1.into()),
+        "{v:#}"
+    );
+    assert_eq!(c.app_counts().await, live + 3);
+    assert_eq!(c.resources().await.len() as u64, live);
     c.app.stop().await;
 }
