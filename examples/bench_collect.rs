@@ -14,7 +14,7 @@
 //! repository's own push, or an operator's cron, would): printed is change at the repository
 //! → file at the destination, p50/p99.
 //!
-//!     cargo run --release --example bench_collect [-- --records N --changes N --ours-only]
+//!     cargo run --release --example bench_collect [-- --records N --changes N --dir D --ours-only]
 
 mod common;
 
@@ -75,7 +75,14 @@ fn record(k: usize, version: &str, datestamp: &str) -> String {
 }
 
 /// Writes the list pages `{prefix}{n}.xml` of these records (the last without a token).
-fn write_pages(dir: &Path, prefix: &str, ks: &[usize], page: usize, version: &str, datestamp: &str) -> anyhow::Result<()> {
+fn write_pages(
+    dir: &Path,
+    prefix: &str,
+    ks: &[usize],
+    page: usize,
+    version: &str,
+    datestamp: &str,
+) -> anyhow::Result<()> {
     let chunks: Vec<&[usize]> = ks.chunks(page).collect();
     for (n, chunk) in chunks.iter().enumerate() {
         let mut body = String::from("<ListRecords>");
@@ -85,7 +92,11 @@ fn write_pages(dir: &Path, prefix: &str, ks: &[usize], page: usize, version: &st
         if n + 1 < chunks.len() {
             body.push_str(&format!("<resumptionToken cursor=\"{}\" completeListSize=\"{}\">{prefix}{}</resumptionToken>", n * page, ks.len(), n + 1));
         } else {
-            body.push_str(&format!("<resumptionToken cursor=\"{}\" completeListSize=\"{}\"/>", n * page, ks.len()));
+            body.push_str(&format!(
+                "<resumptionToken cursor=\"{}\" completeListSize=\"{}\"/>",
+                n * page,
+                ks.len()
+            ));
         }
         body.push_str("</ListRecords>");
         let tmp = dir.join(format!(".{prefix}{n}.xml"));
@@ -186,13 +197,20 @@ async fn main() -> anyhow::Result<()> {
     }
     let records = arg("--records", 100_000) as usize;
     let page = arg("--page", 500) as usize;
-    let tmp = tempfile::tempdir()?;
+    // `--dir D`: work under D (a file system of one's choice; file creation dominates).
+    let tmp = match args.iter().position(|a| a == "--dir") {
+        Some(i) => tempfile::tempdir_in(&args[i + 1])?,
+        None => tempfile::tempdir()?,
+    };
     let pages = tmp.path().join("pages");
     std::fs::create_dir_all(&pages)?;
     write_identify(&pages)?;
     let ks: Vec<usize> = (0..records).collect();
     write_pages(&pages, "p", &ks, page, "v1", "2026-11-01T00:00:00Z")?;
-    let bytes: u64 = std::fs::read_dir(&pages)?.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum();
+    let bytes: u64 = std::fs::read_dir(&pages)?
+        .filter_map(|e| e.ok()?.metadata().ok())
+        .map(|m| m.len())
+        .sum();
     println!(
         "repository: {records} records in {} pages of {page}, {:.0} MB ({:.1} KB a record)",
         records.div_ceil(page),
@@ -204,17 +222,36 @@ async fn main() -> anyhow::Result<()> {
     // Ours: one run, in this process.
     let config = Arc::new(collect_config(&tmp.path().join("ours"), &base));
     let store = resourcesync_hub::app::open_store(&config).await?;
-    store.ensure_set(&SetName::parse("bench").map_err(anyhow::Error::msg)?, Timestamp::now()).await?;
-    let source = Arc::new(resourcesync_hub::source::Source::open(config.clone(), store)?);
-    let collectors = resourcesync_hub::collect::Collectors::new(&config, source, Arc::new(|_| {}), "bench".into())?;
+    store
+        .ensure_set(
+            &SetName::parse("bench").map_err(anyhow::Error::msg)?,
+            Timestamp::now(),
+        )
+        .await?;
+    let source = Arc::new(resourcesync_hub::source::Source::open(
+        config.clone(),
+        store,
+    )?);
+    let collectors = resourcesync_hub::collect::Collectors::new(
+        &config,
+        source,
+        Arc::new(|_| {}),
+        "bench".into(),
+    )?;
     reset_peak();
     let rss0 = status_mb("VmRSS:");
     let (t, cpu0) = (Instant::now(), cpu_secs());
-    let out = collectors.once(None, &tokio_util::sync::CancellationToken::new()).await;
+    let out = collectors
+        .once(None, &tokio_util::sync::CancellationToken::new())
+        .await;
     let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu_secs() - cpu0);
     let peak = status_mb("VmHWM:");
     for (name, r) in &out {
-        println!("  {name}: {}", r.as_ref().map_or_else(|e| format!("FAILED: {e}"), |w| w.clone()));
+        println!(
+            "  {name}: {}",
+            r.as_ref()
+                .map_or_else(|e| format!("FAILED: {e}"), |w| w.clone())
+        );
     }
     let ours_rate = records as f64 / secs;
     println!(
@@ -225,13 +262,18 @@ async fn main() -> anyhow::Result<()> {
 
     if !args.iter().any(|a| a == "--ours-only") {
         let py = common::py_tool("python");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/common/scythe_collect.py");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/common/scythe_collect.py");
         let o = std::process::Command::new(py)
             .arg(script)
             .arg(&base)
             .arg(tmp.path().join("scythe"))
             .output()?;
-        anyhow::ensure!(o.status.success(), "scythe failed: {}", String::from_utf8_lossy(&o.stderr));
+        anyhow::ensure!(
+            o.status.success(),
+            "scythe failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
         let v: serde_json::Value = serde_json::from_slice(&o.stdout)?;
         let n = v["records"].as_f64().unwrap_or(0.0);
         let rate = n / v["secs"].as_f64().unwrap_or(f64::NAN);
@@ -248,7 +290,13 @@ async fn main() -> anyhow::Result<()> {
 
     let changes = arg("--changes", 1_000) as usize;
     if changes > 0 {
-        latency(arg("--latency-records", 5_000) as usize, changes, page, tmp.path()).await?;
+        latency(
+            arg("--latency-records", 5_000) as usize,
+            changes,
+            page,
+            tmp.path(),
+        )
+        .await?;
     }
     Ok(())
 }
@@ -280,7 +328,10 @@ async fn latency(records: usize, changes: usize, page: usize, dir: &Path) -> any
             .await
     };
     loop {
-        if status(client.clone()).await.is_ok_and(|v| v["last_ended"].is_string() && v["state"] != "running") {
+        if status(client.clone())
+            .await
+            .is_ok_and(|v| v["last_ended"].is_string() && v["state"] != "running")
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -305,7 +356,9 @@ async fn latency(records: usize, changes: usize, page: usize, dir: &Path) -> any
         let s = State::open(&watched)?;
         loop {
             if let Some(r) = s.sets()?.first() {
-                let active = s.subscription(r.id)?.is_some_and(|sub| sub.state == destination::state::SubState::Active);
+                let active = s
+                    .subscription(r.id)?
+                    .is_some_and(|sub| sub.state == destination::state::SubState::Active);
                 if r.baseline_done && active {
                     return Ok(());
                 }
@@ -321,13 +374,19 @@ async fn latency(records: usize, changes: usize, page: usize, dir: &Path) -> any
     let per = page.min(changes).max(1);
     let changed: Vec<usize> = (0..changes).map(|i| (i * 7) % records).collect();
     for (round, chunk) in changed.chunks(per).enumerate() {
-        let before = status(client.clone()).await?["last_ended"].as_str().map(str::to_string);
+        let before = status(client.clone()).await?["last_ended"]
+            .as_str()
+            .map(str::to_string);
         let now = chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string();
         write_pages(&pages, "c", chunk, page, &format!("v{}", round + 2), &now)?;
         let at = Timestamp::now();
         for &k in chunk {
             commits.push((
-                format!("http://{addr}/files/bench/{}", resourcesync_hub::collect::path::record_path(&format!("oai:bench:{k}")).replace('%', "%25")),
+                format!(
+                    "http://{addr}/files/bench/{}",
+                    resourcesync_hub::collect::path::record_path(&format!("oai:bench:{k}"))
+                        .replace('%', "%25")
+                ),
                 at,
             ));
         }

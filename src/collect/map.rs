@@ -62,14 +62,14 @@ pub fn change_for(
         value: path.clone(),
     };
     let datestamp = datestamp(&rec.header.datestamp)?;
-    let event = |change, bytes: Option<&[u8]>| ChangeEvent {
+    let event = |change, bytes: Option<(&[u8], String)>| ChangeEvent {
         change,
         location: location.clone(),
-        length: bytes.map(|b| b.len() as u64),
-        md5: bytes.map(crate::digest::md5_hex),
-        mime: bytes.map(|_| "application/xml".to_string()),
-        lastmod: bytes.map(|_| datestamp),
-        ln: match bytes {
+        length: bytes.as_ref().map(|(b, _)| b.len() as u64),
+        md5: bytes.as_ref().map(|(_, m)| m.clone()),
+        mime: bytes.as_ref().map(|_| "application/xml".to_string()),
+        lastmod: bytes.as_ref().map(|_| datestamp),
+        ln: match &bytes {
             Some(_) => vec![Link {
                 rel: "via".into(),
                 href: Location {
@@ -103,7 +103,7 @@ pub fn change_for(
         None => ChangeType::Created,
     };
     Ok(Some(Harvested {
-        event: event(change, Some(bytes)),
+        event: event(change, Some((bytes, md5))),
         file: Some((path, bytes.to_vec())),
     }))
 }

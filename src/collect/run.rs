@@ -17,7 +17,6 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use futures_util::StreamExt as _;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{Client, Failure, Trace};
@@ -238,29 +237,15 @@ impl Collector {
                 saved.run = Some(run);
                 return Err(Failure::Cancelled.into());
             }
-            let first;
-            let args: Vec<(&str, &str)> = match &run.token {
-                Some(t) => vec![("verb", "ListRecords"), ("resumptionToken", t)],
-                None => {
-                    first = vec![
-                        ("verb", "ListRecords"),
-                        ("metadataPrefix", self.cfg.metadata_prefix.as_str()),
-                    ];
-                    let mut a = first;
-                    if let Some(f) = &run.from {
-                        a.push(("from", f));
-                    }
-                    if let Some(s) = &self.cfg.set {
-                        a.push(("set", s));
-                    }
-                    a
-                }
-            };
-            let page = match self
-                .client
-                .call(&args, oai::parse_list, &mut trace, cancel)
-                .await
-            {
+            let answer = self
+                .list(
+                    run.token.as_deref(),
+                    run.from.as_deref(),
+                    &mut trace,
+                    cancel,
+                )
+                .await;
+            let page = match answer {
                 Ok(Ok(p)) => p,
                 Ok(Err((code, _))) if code == "noRecordsMatch" => break,
                 Ok(Err((code, message))) if code == "badResumptionToken" && run.token.is_some() => {
@@ -301,9 +286,6 @@ impl Collector {
             } else {
                 empty = 0;
             }
-            let counts = self.apply(page.records, saved, &at).await?;
-            run.counts.add(&counts);
-            run.pages += 1;
             let next = page.token.map(|t| t.value).filter(|v| !v.is_empty());
             let mut ended = None;
             if let Some(t) = &next {
@@ -317,6 +299,11 @@ impl Collector {
                     ));
                 }
             }
+            // Fetching the next page while this one is applied gained 0-20% (bench_collect),
+            // but a process killed meanwhile would fetch two pages again: not done.
+            let counts = self.apply(page.records, saved, &at).await?;
+            run.counts.add(&counts);
+            run.pages += 1;
             if let Some(why) = ended {
                 tracing::warn!(collector = %self.name, reason = %why, "run ended early");
                 report.ended_early = Some(why);
@@ -345,27 +332,57 @@ impl Collector {
         Ok(report)
     }
 
-    /// The md5 the set holds for each path (`None`: no resource).
+    /// One `ListRecords` request: the page after `token`, or the list's first page (from
+    /// `from`, of the configured OAI set).
+    async fn list(
+        &self,
+        token: Option<&str>,
+        from: Option<&str>,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<Result<oai::Page, (String, String)>, Failure> {
+        let mut args = vec![("verb", "ListRecords")];
+        match token {
+            Some(t) => args.push(("resumptionToken", t)),
+            None => {
+                args.push(("metadataPrefix", self.cfg.metadata_prefix.as_str()));
+                if let Some(f) = from {
+                    args.push(("from", f));
+                }
+                if let Some(s) = &self.cfg.set {
+                    args.push(("set", s));
+                }
+            }
+        }
+        self.client
+            .call(&args, oai::parse_list, trace, cancel)
+            .await
+    }
+
+    /// The md5 the set holds for each path (`None`: no resource), in one store call.
     async fn held(
         &self,
         paths: Vec<String>,
     ) -> Result<HashMap<String, Option<String>>, StoreError> {
         let sc = self.source.set_config(&self.name);
-        let store = self.source.store();
-        let found: Vec<Result<(String, Option<String>), StoreError>> =
-            futures_util::stream::iter(paths.into_iter().map(|p| {
-                let key = Location::rel_path(p.clone()).key(&sc);
-                let set = self.name.clone();
-                async move {
-                    let key = key.map_err(StoreError::Corrupt)?;
-                    let r = store.resource(&set, &key).await?;
-                    Ok((p, r.and_then(|r| r.meta.md5)))
-                }
-            }))
-            .buffer_unordered(16)
-            .collect()
-            .await;
-        found.into_iter().collect()
+        let keys = paths
+            .iter()
+            .map(|p| {
+                Location::rel_path(p.clone())
+                    .key(&sc)
+                    .map_err(StoreError::Corrupt)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let found = self
+            .source
+            .store()
+            .resources_by_key(&self.name, &keys)
+            .await?;
+        Ok(paths
+            .into_iter()
+            .zip(found)
+            .map(|(p, r)| (p, r.and_then(|r| r.meta.md5)))
+            .collect())
     }
 
     /// Applies a page's records: files first, then the changes in one batch through ingest,
@@ -418,8 +435,8 @@ impl Collector {
                             gone.push(path.clone());
                         }
                     }
-                    if let Some(f) = c.file {
-                        files.push(f);
+                    if let Some((path, bytes)) = c.file {
+                        files.push((path, bytes, c.event.change == ChangeType::Created));
                     }
                     ids.push(rec.header.identifier.clone());
                     events.push((events.len() + 1, c.event));
@@ -654,15 +671,20 @@ fn path_hash(path: &str) -> u128 {
     u128::from_be_bytes(md5::Md5::digest(path.as_bytes()).into())
 }
 
-/// Writes each file whole beside its place, then moves it there (a reader never sees half a
-/// record).
-fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>)>) -> std::io::Result<()> {
+/// Writes each file: a new record's in place (no list names it before its change is
+/// recorded), a changed one's whole beside its place and then moved there (a reader never sees
+/// half a record).
+fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>, bool)>) -> std::io::Result<()> {
     let mut made = HashSet::new();
-    for (rel, bytes) in files {
+    for (rel, bytes, new) in files {
         let path = root.join(&rel);
         let dir = path.parent().expect("a record path has a folder");
         if made.insert(dir.to_path_buf()) {
             std::fs::create_dir_all(dir)?;
+        }
+        if new {
+            std::fs::write(&path, &bytes)?;
+            continue;
         }
         let tmp = dir.join(format!(
             ".{}.part",

@@ -323,6 +323,14 @@ pub trait SetStore: Send + Sync {
         key: &ResourceKey,
     ) -> Result<Option<Resource>, StoreError>;
 
+    /// Resources of a set by key, in the order asked (`None` where the set has none): one
+    /// round trip for many, as a collector asks for a page of records.
+    async fn resources_by_key(
+        &self,
+        set: &SetName,
+        keys: &[ResourceKey],
+    ) -> Result<Vec<Option<Resource>>, StoreError>;
+
     /// A set's Change Lists, oldest first, the open one last.
     async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError>;
 

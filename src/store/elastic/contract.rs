@@ -737,6 +737,35 @@ impl SetStore for ElasticStore {
         }
     }
 
+    async fn resources_by_key(
+        &self,
+        set: &SetName,
+        keys: &[ResourceKey],
+    ) -> Result<Vec<Option<Resource>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(vec![]);
+        }
+        let ids: Vec<String> = keys.iter().map(|k| resource_id(set, k)).collect();
+        let v = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_mget", self.resources),
+                Some(json!({"ids": ids})),
+            )
+            .await?;
+        let mut found: HashMap<String, Resource> = HashMap::new();
+        for d in v["docs"].as_array().into_iter().flatten() {
+            if d["found"] == json!(true) {
+                found.insert(
+                    d["_id"].as_str().unwrap_or_default().to_string(),
+                    resource_from(&d["_source"])?,
+                );
+            }
+        }
+        Ok(ids.iter().map(|id| found.remove(id)).collect())
+    }
+
     async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
         let st = self.load(set).await?.map(|(s, _)| s).unwrap_or_default();
         Ok(st

@@ -802,6 +802,30 @@ impl SetStore for EmbeddedStore {
         .await
     }
 
+    async fn resources_by_key(
+        &self,
+        set: &SetName,
+        keys: &[ResourceKey],
+    ) -> Result<Vec<Option<Resource>>, StoreError> {
+        let (set, keys) = (set.clone(), keys.to_vec());
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                 FROM resources WHERE set_name = ?1 AND key = ?2",
+            )?;
+            let mut out = Vec::with_capacity(keys.len());
+            for key in keys {
+                let mut rows = st.query(params![set.as_str(), key.0])?;
+                out.push(match rows.next()? {
+                    Some(r) => Some(resource_from_row(r)?),
+                    None => None,
+                });
+            }
+            Ok(out)
+        })
+        .await
+    }
+
     async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {
         let set = set.clone();
         self.read(move |c| {
