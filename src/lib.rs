@@ -30,7 +30,8 @@
 //! - [`metrics`]: Prometheus metrics; [`admin_cli`]: the `admin` commands.
 //! - [`ingest`]: the harvester's API: change events in, atomic batches into the store.
 //! - [`import`]: the folder scanner behind `resourcesync-hub import`.
-//! - [`collect`]: OAI-PMH repositories feeding resource sets (under way: the protocol's reading).
+//! - [`collect`]: OAI-PMH repositories feeding resource sets (`[collect.NAME]`): runs inside
+//!   `serve` (or `collect --once`), state and leases in the store, changes through [`ingest`].
 //! - [`http`]: axum handlers only; [`error`]: the one error-to-status table.
 //! - [`workers`]: background loops (Change List rollover).
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
