@@ -124,10 +124,10 @@ fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
     }
 }
 
-fn entry<'a>(
-    st: &'a AppState,
+fn entry(
+    st: &AppState,
     p: Result<Path<String>, PathRejection>,
-) -> Result<&'a std::sync::Arc<Entry>, AppError> {
+) -> Result<&std::sync::Arc<Entry>, AppError> {
     let Path(name) = p.map_err(|e| AppError::BadRequest(e.body_text()))?;
     st.collectors.get(&name).ok_or_else(|| {
         AppError::NotFound(format!(
