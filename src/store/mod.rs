@@ -344,6 +344,19 @@ pub trait SetStore: Send + Sync {
         limit: usize,
     ) -> Result<Page<Change>, StoreError>;
 
+    /// The position just after the change (`datetime`, `id`) as this backend's cursor for
+    /// [`SetStore::changes`]: a list resumed from a position kept elsewhere (a token).
+    fn change_cursor(&self, datetime: Timestamp, id: i64) -> Cursor;
+
+    /// For each key, the newest change of it dated before `until`, as (datetime, id); keys
+    /// with none are left out.
+    async fn latest_changes(
+        &self,
+        set: &SetName,
+        keys: &[ResourceKey],
+        until: Timestamp,
+    ) -> Result<std::collections::HashMap<ResourceKey, (Timestamp, i64)>, StoreError>;
+
     /// How many resources and changes a set holds.
     async fn counts(&self, set: &SetName) -> Result<Counts, StoreError>;
 

@@ -815,6 +815,50 @@ impl SetStore for ElasticStore {
         })
     }
 
+    fn change_cursor(&self, datetime: Timestamp, id: i64) -> Cursor {
+        Cursor(json!([datetime.0, id]).to_string())
+    }
+
+    async fn latest_changes(
+        &self,
+        set: &SetName,
+        keys: &[ResourceKey],
+        until: Timestamp,
+    ) -> Result<HashMap<ResourceKey, (Timestamp, i64)>, StoreError> {
+        let mut out: HashMap<ResourceKey, (Timestamp, i64)> = HashMap::new();
+        if keys.is_empty() {
+            return Ok(out);
+        }
+        let terms: Vec<&str> = keys.iter().map(|k| k.0.as_str()).collect();
+        let q = json!({"bool": {"filter": [
+            {"term": {"resource_set": set.as_str()}},
+            {"terms": {"key": terms}},
+            {"range": {"datetime_us": {"lt": until.0}}},
+            self.committed(set).await?
+        ]}});
+        // Every change of these keys before `until`, newest first; the first seen per key wins.
+        let mut after = None;
+        loop {
+            let (docs, next) = self
+                .typed_page::<typed::ChangeSource>(
+                    &self.changes,
+                    q.clone(),
+                    json!([{"datetime_us": "desc"}, {"seq": "desc"}]),
+                    after,
+                    2_000,
+                )
+                .await?;
+            for d in docs {
+                let c = Change::try_from(d)?;
+                out.entry(c.key).or_insert((c.datetime, c.id));
+            }
+            match next {
+                Some(n) if out.len() < keys.len() => after = Some(n),
+                _ => return Ok(out),
+            }
+        }
+    }
+
     async fn counts(&self, set: &SetName) -> Result<Counts, StoreError> {
         let q = json!({"query": {"term": {"resource_set": set.as_str()}}});
         let r = self

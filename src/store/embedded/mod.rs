@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS changes (
     timestamp INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS changes_dt ON changes (set_name, datetime, seq);
+CREATE INDEX IF NOT EXISTS changes_key ON changes (set_name, key, datetime, seq);
 CREATE TABLE IF NOT EXISTS changelists (
     set_name TEXT NOT NULL, no INTEGER NOT NULL,
     from_ts INTEGER NOT NULL, until_ts INTEGER,
@@ -887,6 +888,34 @@ impl SetStore for EmbeddedStore {
                 _ => None,
             };
             Ok(Page { items, next })
+        })
+        .await
+    }
+
+    fn change_cursor(&self, datetime: Timestamp, id: i64) -> Cursor {
+        Cursor(format!("{}:{id}", datetime.0))
+    }
+
+    async fn latest_changes(
+        &self,
+        set: &SetName,
+        keys: &[ResourceKey],
+        until: Timestamp,
+    ) -> Result<std::collections::HashMap<ResourceKey, (Timestamp, i64)>, StoreError> {
+        let (set, keys) = (set.clone(), keys.to_vec());
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT datetime, seq FROM changes WHERE set_name = ?1 AND key = ?2 AND datetime < ?3 \
+                 ORDER BY datetime DESC, seq DESC LIMIT 1",
+            )?;
+            let mut out = std::collections::HashMap::with_capacity(keys.len());
+            for key in keys {
+                let mut rows = st.query(params![set.as_str(), key.0, until.0])?;
+                if let Some(r) = rows.next()? {
+                    out.insert(key, (Timestamp(r.get(0)?), r.get(1)?));
+                }
+            }
+            Ok(out)
         })
         .await
     }
