@@ -176,6 +176,10 @@ async fn serve(
         tasks.spawn(d.clone().run(cancel.clone()));
     }
     let open_connections = hub.metrics().open_connections.clone();
+    let oai = config
+        .oai
+        .enabled
+        .then(|| Arc::new(crate::oaipmh::Repository::new(source.clone())));
     let app = http::router(AppState {
         config: config.clone(),
         source,
@@ -183,6 +187,7 @@ async fn serve(
         notifier,
         dumps,
         collectors,
+        oai,
     });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 

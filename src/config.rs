@@ -35,6 +35,7 @@ pub struct Config {
     pub notify: NotifyConfig,
     pub dumps: DumpsConfig,
     pub set_defaults: SetDefaults,
+    pub oai: OaiConfig,
     #[serde(default)]
     pub sets: BTreeMap<String, SetOverrides>,
     /// `[collect.NAME]`: OAI-PMH repositories feeding the resource set NAME.
@@ -212,6 +213,35 @@ pub struct SetDefaults {
     pub changelist_rollover_secs: u64,
 }
 
+/// `[oai]`: the OAI-PMH repository at `/oai`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct OaiConfig {
+    pub enabled: bool,
+    pub page_size: usize,
+    pub repository_name: String,
+    pub admin_email: String,
+}
+
+/// A set's records as OAI-PMH serves them (`[sets.NAME.oai]`): their metadata format.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct OaiFormat {
+    pub metadata_prefix: String,
+    pub schema: String,
+    pub namespace: String,
+}
+
+impl OaiFormat {
+    /// Dublin Core as OAI-PMH defines it: the format every repository serves.
+    pub fn oai_dc() -> OaiFormat {
+        OaiFormat {
+            metadata_prefix: "oai_dc".into(),
+            schema: "http://www.openarchives.org/OAI/2.0/oai_dc.xsd".into(),
+            namespace: "http://www.openarchives.org/OAI/2.0/oai_dc/".into(),
+        }
+    }
+}
+
 /// A `[sets.NAME]` table: every key optional, falling back to `[set_defaults]`.
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -222,6 +252,8 @@ pub struct SetOverrides {
     pub changelist_rollover_secs: Option<u64>,
     #[serde(default)]
     pub describedby: Vec<DescribedBy>,
+    /// Served by the OAI-PMH repository in this format.
+    pub oai: Option<OaiFormat>,
 }
 
 /// A `[collect.NAME]` table: an OAI-PMH repository that keeps the resource set NAME current.
@@ -338,6 +370,7 @@ const SET_KEYS: &[&str] = &[
     "max_items_in_list",
     "changelist_rollover_secs",
     "describedby",
+    "oai",
 ];
 
 /// The keys of a `[collect.NAME]` table.
@@ -782,6 +815,18 @@ impl Config {
                 .unwrap_or(self.set_defaults.changelist_rollover_secs),
             describedby: o.describedby,
         }
+    }
+
+    /// The format the OAI-PMH repository serves a set's records in: its `[sets.NAME.oai]`, or
+    /// for a set collected in `oai_dc`, that; `None`: the set is not served over OAI-PMH.
+    pub fn oai_format(&self, set: &str) -> Option<OaiFormat> {
+        if let Some(f) = self.sets.get(set).and_then(|s| s.oai.clone()) {
+            return Some(f);
+        }
+        self.collect
+            .get(set)
+            .filter(|c| c.metadata_prefix == "oai_dc")
+            .map(|_| OaiFormat::oai_dc())
     }
 
     /// The sets the configuration names: `[sets.NAME]` and `[collect.NAME]` tables, in order.

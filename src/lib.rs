@@ -10,7 +10,7 @@
 //!    delay, let go when nothing moves, at most `server.max_connections` open);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
-//!    [`dump`], [`collect`]; 8. [`http`]; 9. [`app`].
+//!    [`dump`], [`collect`], [`oaipmh`]; 8. [`http`]; 9. [`app`].
 //!
 //! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
 //!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
@@ -32,6 +32,8 @@
 //! - [`import`]: the folder scanner behind `resourcesync-hub import`.
 //! - [`collect`]: OAI-PMH repositories feeding resource sets (`[collect.NAME]`): runs inside
 //!   `serve` (or `collect --once`), state and leases in the store, changes through [`ingest`].
+//! - [`oaipmh`]: the OAI-PMH 2.0 repository at `/oai` over the sets of XML records (lists
+//!   walked over the change log, signed stateless resumption tokens).
 //! - [`http`]: axum handlers only; [`error`]: the one error-to-status table.
 //! - [`workers`]: background loops (Change List rollover).
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
@@ -64,6 +66,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod model;
 pub mod notify;
+pub mod oaipmh;
 pub mod package;
 pub mod sitemap;
 pub mod source;

@@ -6,6 +6,7 @@ mod documents;
 mod files;
 mod hub;
 mod ingest;
+mod oai;
 
 use std::sync::Arc;
 
@@ -35,12 +36,15 @@ pub struct AppState {
     pub dumps: Option<Arc<crate::dump::Dumps>>,
     /// The OAI-PMH collectors (`[collect.NAME]`).
     pub collectors: crate::collect::Collectors,
+    /// The OAI-PMH repository at `/oai`, when `oai.enabled`.
+    pub oai: Option<Arc<crate::oaipmh::Repository>>,
 }
 
 pub fn router(state: AppState) -> Router {
     let mut app = Router::new()
         .route("/", get(home))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/oai", get(oai::get).post(oai::post))
         .route("/readyz", get(readyz))
         .route(
             "/.well-known/resourcesync",

@@ -393,7 +393,7 @@ pub fn rewrite(repo: &OaiServer, fixture: &serde_json::Value) {
     std::fs::rename(&tmp, repo.fixture.path()).unwrap();
 }
 
-fn now_datestamp() -> String {
+pub fn now_datestamp() -> String {
     chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
@@ -605,7 +605,7 @@ fn with_faults(mut fx: serde_json::Value, faults: serde_json::Value) -> serde_js
     fx
 }
 
-fn no_error(v: &serde_json::Value) {
+pub fn no_error(v: &serde_json::Value) {
     assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
     assert!(
         v["last_outcome"].as_str().unwrap().contains("records read"),

@@ -12,7 +12,7 @@ const FLOORS: &[&[&str]] = &[
     &["store", "sitemap"],
     &["source", "hub", "package"],
     &["notify", "ingest", "import", "workers", "destination"],
-    &["error", "demo", "dump", "collect"],
+    &["error", "demo", "dump", "collect", "oaipmh"],
     &["http"],
     &["app"],
 ];

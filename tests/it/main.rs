@@ -23,6 +23,7 @@ mod ingestion3;
 mod layout;
 mod multi;
 mod notify;
+mod oai;
 mod restart;
 mod resync;
 mod scale;

@@ -1,0 +1,637 @@
+//! The OAI-PMH 2.0 repository at `/oai`, over the resource sets whose resources are XML
+//! metadata records (a set opts in with `[sets.NAME.oai]`; a set collected in `oai_dc` by
+//! itself). One OAI set per resource set; an item is a resource, its identifier the resource's
+//! URL, its datestamp the time this store last changed it (so a harvester coming back with
+//! `from` misses nothing); a deleted resource is a header with `status="deleted"`, from the
+//! change log, for ever (`deletedRecord` persistent).
+//!
+//! Lists walk the change log in (datetime, id) order from `from` and take a change when it is
+//! its resource's newest before the list's bound (`until`, or the time of the list's first
+//! request): a resource appears once, at its newest change, and one changed while the list is
+//! walked appears in it once (its newer change is past the bound and is seen by the next
+//! `from` harvest). Resumption tokens are that position, signed: stateless, valid across
+//! restarts and on every process of a shared store; a tampered one, or one of another list,
+//! is `badResumptionToken`.
+
+mod token;
+mod write;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::config::OaiFormat;
+use crate::model::{ChangeType, ResourceKey, SetName, Timestamp};
+use crate::source::Source;
+use crate::store::StoreError;
+
+pub use token::Position;
+pub use write::Body;
+
+/// The protocol's errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OaiError {
+    pub code: &'static str,
+    pub message: String,
+}
+
+fn err(code: &'static str, message: impl Into<String>) -> OaiError {
+    OaiError {
+        code,
+        message: message.into(),
+    }
+}
+
+/// Why a request could not be answered at all (the store): a 503.
+#[derive(Debug, thiserror::Error)]
+pub enum Failure {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The verbs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    Identify,
+    ListMetadataFormats,
+    ListSets,
+    ListIdentifiers,
+    ListRecords,
+    GetRecord,
+}
+
+impl Verb {
+    fn parse(s: &str) -> Option<Verb> {
+        Some(match s {
+            "Identify" => Verb::Identify,
+            "ListMetadataFormats" => Verb::ListMetadataFormats,
+            "ListSets" => Verb::ListSets,
+            "ListIdentifiers" => Verb::ListIdentifiers,
+            "ListRecords" => Verb::ListRecords,
+            "GetRecord" => Verb::GetRecord,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verb::Identify => "Identify",
+            Verb::ListMetadataFormats => "ListMetadataFormats",
+            Verb::ListSets => "ListSets",
+            Verb::ListIdentifiers => "ListIdentifiers",
+            Verb::ListRecords => "ListRecords",
+            Verb::GetRecord => "GetRecord",
+        }
+    }
+
+    /// The arguments the verb takes: (required, optional, exclusive).
+    fn arguments(
+        self,
+    ) -> (
+        &'static [&'static str],
+        &'static [&'static str],
+        Option<&'static str>,
+    ) {
+        match self {
+            Verb::Identify => (&[], &[], None),
+            Verb::ListMetadataFormats => (&[], &["identifier"], None),
+            Verb::ListSets => (&[], &[], Some("resumptionToken")),
+            Verb::ListIdentifiers | Verb::ListRecords => (
+                &["metadataPrefix"],
+                &["from", "until", "set"],
+                Some("resumptionToken"),
+            ),
+            Verb::GetRecord => (&["identifier", "metadataPrefix"], &[], None),
+        }
+    }
+}
+
+/// A request, its arguments checked against its verb.
+#[derive(Debug, Clone)]
+pub struct Request {
+    pub verb: Verb,
+    pub args: HashMap<String, String>,
+}
+
+/// Checks the arguments: `Err` with the request's arguments (for the answer's `request`
+/// element, empty when they were not valid) and the error.
+pub fn parse_request(pairs: &[(String, String)]) -> Result<Request, OaiError> {
+    let mut args: HashMap<String, String> = HashMap::new();
+    for (k, v) in pairs {
+        if args.insert(k.clone(), v.clone()).is_some() {
+            return Err(err("badArgument", format!("the argument {k} is repeated")));
+        }
+    }
+    let Some(verb) = args.remove("verb") else {
+        return Err(err("badVerb", "the request has no verb"));
+    };
+    let Some(verb) = Verb::parse(&verb) else {
+        return Err(err("badVerb", format!("{verb:?} is not an OAI-PMH verb")));
+    };
+    let (required, optional, exclusive) = verb.arguments();
+    if let Some(x) = exclusive {
+        if args.contains_key(x) {
+            if args.len() > 1 {
+                return Err(err(
+                    "badArgument",
+                    format!("{x} is an exclusive argument: send it alone with the verb"),
+                ));
+            }
+            return Ok(Request { verb, args });
+        }
+    }
+    for k in args.keys() {
+        if !required.contains(&k.as_str()) && !optional.contains(&k.as_str()) {
+            return Err(err(
+                "badArgument",
+                format!("{} takes no argument {k:?}", verb.as_str()),
+            ));
+        }
+    }
+    for r in required {
+        if !args.contains_key(*r) {
+            return Err(err(
+                "badArgument",
+                format!("{} needs the argument {r}", verb.as_str()),
+            ));
+        }
+    }
+    Ok(Request { verb, args })
+}
+
+/// A `from` or `until` argument: its instant and whether it was a day.
+fn parse_date(s: &str, name: &str) -> Result<(Timestamp, bool), OaiError> {
+    let bad = || {
+        err(
+            "badArgument",
+            format!("{name} {s:?} is neither YYYY-MM-DD nor YYYY-MM-DDThh:mm:ssZ"),
+        )
+    };
+    if s.len() == 10 {
+        let d = chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").map_err(|_| bad())?;
+        let t = d.and_hms_opt(0, 0, 0).ok_or_else(bad)?.and_utc();
+        return Ok((Timestamp(t.timestamp_micros()), true));
+    }
+    if s.len() == 20 {
+        let t =
+            chrono::NaiveDateTime::parse_from_str(s, "%Y-%m-%dT%H:%M:%SZ").map_err(|_| bad())?;
+        return Ok((Timestamp(t.and_utc().timestamp_micros()), false));
+    }
+    Err(bad())
+}
+
+/// The window of a list: changes dated `from <= t < until`.
+fn window(
+    args: &HashMap<String, String>,
+) -> Result<(Option<Timestamp>, Option<Timestamp>), OaiError> {
+    let from = args
+        .get("from")
+        .map(|f| parse_date(f, "from"))
+        .transpose()?;
+    let until = args
+        .get("until")
+        .map(|u| parse_date(u, "until"))
+        .transpose()?;
+    if let (Some((_, fd)), Some((_, ud))) = (from, until) {
+        if fd != ud {
+            return Err(err(
+                "badArgument",
+                "from and until have different granularities",
+            ));
+        }
+    }
+    // `until` is inclusive: up to the end of its day or second.
+    let until = until.map(|(t, day)| Timestamp(t.0 + if day { 86_400_000_000 } else { 1_000_000 }));
+    let from = from.map(|(t, _)| t);
+    if let (Some(f), Some(u)) = (from, until) {
+        if f >= u {
+            return Err(err("badArgument", "from is after until"));
+        }
+    }
+    Ok((from, until))
+}
+
+/// A set served over OAI-PMH.
+#[derive(Debug, Clone)]
+pub struct OaiSet {
+    pub name: SetName,
+    pub format: OaiFormat,
+}
+
+/// An item of a list or `GetRecord`.
+#[derive(Debug, Clone)]
+pub struct Item {
+    pub identifier: String,
+    pub datestamp: Timestamp,
+    pub set: SetName,
+    pub deleted: bool,
+    /// The resource as it is now (none for a deleted one).
+    pub resource: Option<crate::model::Resource>,
+    /// Its file under the set's `resource_root_dir`, when it has one.
+    pub file: Option<std::path::PathBuf>,
+}
+
+/// What a list request answers: its items and the token of the rest.
+#[derive(Debug)]
+pub struct ListPage {
+    pub items: Vec<Item>,
+    /// `None`: the list is complete; `Some("")`: the last page of a list that had tokens.
+    pub token: Option<String>,
+    pub cursor: u64,
+    /// The metadata prefix of the list.
+    pub prefix: String,
+}
+
+pub struct Repository {
+    source: Arc<Source>,
+    key: tokio::sync::OnceCell<[u8; 32]>,
+}
+
+/// An answer: small ones whole, lists streamed.
+pub enum Answer {
+    Text(String),
+    Stream(Body),
+}
+
+/// Changes read per store call while walking a list.
+const WALK_CHUNK: usize = 1000;
+
+impl Repository {
+    pub fn new(source: Arc<Source>) -> Repository {
+        Repository {
+            source,
+            key: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    pub fn source(&self) -> &Source {
+        &self.source
+    }
+
+    /// The key signing tokens, kept in the store so every process and restart shares it.
+    async fn key(&self) -> Result<&[u8; 32], StoreError> {
+        self.key
+            .get_or_try_init(|| async {
+                let store = self.source.store();
+                loop {
+                    if let Some((hex, _)) = store.state("oai-token-key").await? {
+                        let mut k = [0u8; 32];
+                        for (i, b) in k.iter_mut().enumerate() {
+                            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16)
+                                .unwrap_or(0);
+                        }
+                        return Ok(k);
+                    }
+                    let mut k = [0u8; 32];
+                    getrandom::fill(&mut k).map_err(|e| {
+                        StoreError::Unavailable(format!("no randomness for the token key: {e}"))
+                    })?;
+                    store
+                        .save_state("oai-token-key", &crate::digest::hex_digest(k), None)
+                        .await?;
+                }
+            })
+            .await
+    }
+
+    /// The sets served over OAI-PMH, in name order.
+    pub async fn sets(&self) -> Result<Vec<OaiSet>, StoreError> {
+        let config = self.source.config();
+        let mut out = Vec::new();
+        for info in self.source.store().sets().await? {
+            if let Some(format) = config.oai_format(info.name.as_str()) {
+                out.push(OaiSet {
+                    name: info.name,
+                    format,
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// The formats of a set's items: its own and, when that is not it, `oai_dc` made from what
+    /// the store knows.
+    pub fn formats(set: &OaiSet) -> Vec<OaiFormat> {
+        let mut f = vec![set.format.clone()];
+        if set.format.metadata_prefix != "oai_dc" {
+            f.push(OaiFormat::oai_dc());
+        }
+        f
+    }
+
+    /// The earliest datestamp of the repository (its oldest change), or now when it has none.
+    pub async fn earliest(&self) -> Result<Timestamp, StoreError> {
+        let mut earliest: Option<Timestamp> = None;
+        for s in self.sets().await? {
+            let page = self
+                .source
+                .store()
+                .changes(&s.name, Timestamp(0), None, None, 1)
+                .await?;
+            if let Some(c) = page.items.first() {
+                earliest = Some(earliest.map_or(c.datetime, |e| e.min(c.datetime)));
+            }
+        }
+        Ok(earliest.unwrap_or_else(Timestamp::now).floor_secs())
+    }
+
+    fn item(
+        &self,
+        set: &SetName,
+        key: &ResourceKey,
+        datestamp: Timestamp,
+        resource: Option<crate::model::Resource>,
+    ) -> Item {
+        let sc = self.source.set_config(set);
+        let file = resource.as_ref().and_then(|_| {
+            let rel = key.0.strip_prefix("path:")?;
+            Some(sc.root_dir()?.join(rel))
+        });
+        Item {
+            identifier: key.url(&sc.url_prefix),
+            datestamp,
+            set: set.clone(),
+            deleted: resource.is_none(),
+            resource,
+            file,
+        }
+    }
+
+    /// The item an identifier names: the set whose URL prefix it lies under (the longest), and
+    /// the resource there, live or deleted; `None` when no set knows it.
+    pub async fn find(&self, identifier: &str) -> Result<Option<(Item, OaiSet)>, StoreError> {
+        let mut sets = self.sets().await?;
+        sets.sort_by_key(|s| std::cmp::Reverse(self.source.set_config(&s.name).url_prefix.len()));
+        let store = self.source.store();
+        for s in sets {
+            let sc = self.source.set_config(&s.name);
+            let mut keys = vec![ResourceKey(format!("url:{identifier}"))];
+            if let Some(rest) = identifier.strip_prefix(&sc.url_prefix) {
+                let rel = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
+                keys.insert(0, ResourceKey(format!("path:{rel}")));
+            }
+            let latest = store
+                .latest_changes(&s.name, &keys, Timestamp(i64::MAX))
+                .await?;
+            for key in keys {
+                if let Some((dt, _)) = latest.get(&key) {
+                    let r = store.resource(&s.name, &key).await?;
+                    return Ok(Some((self.item(&s.name, &key, *dt, r), s)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// A page of `ListIdentifiers` / `ListRecords`, from its arguments or its token.
+    pub async fn list(
+        &self,
+        req: &Request,
+        page_size: usize,
+    ) -> Result<Result<ListPage, OaiError>, Failure> {
+        let key = *self.key().await?;
+        let sets = self.sets().await?;
+        let pos = match req.args.get("resumptionToken") {
+            Some(t) => match Position::open(&key, t) {
+                Some(p) if p.verb == req.verb.as_str() => p,
+                _ => {
+                    return Ok(Err(err(
+                        "badResumptionToken",
+                        "the resumption token is not one of this repository's for this verb",
+                    )))
+                }
+            },
+            None => {
+                let prefix = req.args.get("metadataPrefix").cloned().unwrap_or_default();
+                let (from, until) = match window(&req.args) {
+                    Ok(w) => w,
+                    Err(e) => return Ok(Err(e)),
+                };
+                let set = req.args.get("set").cloned();
+                if let Some(s) = &set {
+                    if !sets.iter().any(|o| o.name.as_str() == s) {
+                        return Ok(Err(err("noRecordsMatch", format!("there is no set {s:?}"))));
+                    }
+                }
+                let scope: Vec<&OaiSet> = sets
+                    .iter()
+                    .filter(|o| set.as_ref().is_none_or(|s| o.name.as_str() == s))
+                    .collect();
+                if !scope
+                    .iter()
+                    .any(|o| Self::formats(o).iter().any(|f| f.metadata_prefix == prefix))
+                {
+                    return Ok(Err(err(
+                        "cannotDisseminateFormat",
+                        format!("no item is available as {prefix:?}"),
+                    )));
+                }
+                let now = Timestamp::now();
+                Position {
+                    verb: req.verb.as_str().into(),
+                    prefix,
+                    from: from.map(|t| t.0),
+                    bound: until.map_or(now.0, |u| u.0.min(now.0)),
+                    set,
+                    at_set: None,
+                    after: None,
+                    cursor: 0,
+                }
+            }
+        };
+        let mut pos = pos;
+        let mut items = Vec::new();
+        let store = self.source.store();
+        let scope: Vec<&OaiSet> = sets
+            .iter()
+            .filter(|o| pos.set.as_ref().is_none_or(|s| o.name.as_str() == s))
+            .filter(|o| {
+                Self::formats(o)
+                    .iter()
+                    .any(|f| f.metadata_prefix == pos.prefix)
+            })
+            .filter(|o| {
+                pos.at_set
+                    .as_ref()
+                    .is_none_or(|a| o.name.as_str() >= a.as_str())
+            })
+            .collect();
+        let mut scanned = 0usize;
+        let mut more = false;
+        let last = scope.len().saturating_sub(1);
+        'sets: for (n, s) in scope.into_iter().enumerate() {
+            if pos.at_set.as_deref() != Some(s.name.as_str()) {
+                pos.at_set = Some(s.name.to_string());
+                pos.after = None;
+            }
+            loop {
+                let after = pos
+                    .after
+                    .map(|(dt, id)| store.change_cursor(Timestamp(dt), id));
+                let page = store
+                    .changes(
+                        &s.name,
+                        Timestamp(pos.from.unwrap_or(0)),
+                        Some(Timestamp(pos.bound)),
+                        after,
+                        WALK_CHUNK,
+                    )
+                    .await?;
+                let keys: Vec<ResourceKey> = page.items.iter().map(|c| c.key.clone()).collect();
+                let latest = store
+                    .latest_changes(&s.name, &keys, Timestamp(pos.bound))
+                    .await?;
+                let mut taken = Vec::new();
+                for c in &page.items {
+                    scanned += 1;
+                    pos.after = Some((c.datetime.0, c.id));
+                    if latest.get(&c.key) == Some(&(c.datetime, c.id)) {
+                        taken.push(c.clone());
+                        if items.len() + taken.len() >= page_size {
+                            break;
+                        }
+                    }
+                }
+                let live_keys: Vec<ResourceKey> = taken
+                    .iter()
+                    .filter(|c| c.change != ChangeType::Deleted)
+                    .map(|c| c.key.clone())
+                    .collect();
+                let now = store.resources_by_key(&s.name, &live_keys).await?;
+                let mut now: HashMap<ResourceKey, crate::model::Resource> = live_keys
+                    .into_iter()
+                    .zip(now)
+                    .filter_map(|(k, r)| Some((k, r?)))
+                    .collect();
+                for c in taken {
+                    let r = now.remove(&c.key);
+                    items.push(self.item(&s.name, &c.key, c.datetime.floor_secs(), r));
+                }
+                let exhausted = page.next.is_none()
+                    && pos.after == page.items.last().map(|c| (c.datetime.0, c.id));
+                if items.len() >= page_size || scanned >= 20 * page_size {
+                    more = !(exhausted && n == last);
+                    if exhausted {
+                        // Next time, the next set.
+                        pos.after = Some((i64::MAX, i64::MAX));
+                    }
+                    break 'sets;
+                }
+                if page.next.is_none() {
+                    continue 'sets;
+                }
+            }
+        }
+        let cursor = pos.cursor;
+        pos.cursor += items.len() as u64;
+        let had_token = req.args.contains_key("resumptionToken");
+        if items.is_empty() && !more && !had_token {
+            return Ok(Err(err(
+                "noRecordsMatch",
+                "no item matches these arguments",
+            )));
+        }
+        let token = if more {
+            Some(pos.seal(&key))
+        } else if had_token {
+            Some(String::new())
+        } else {
+            None
+        };
+        Ok(Ok(ListPage {
+            items,
+            token,
+            cursor,
+            prefix: pos.prefix,
+        }))
+    }
+
+    /// Answers one request (the pairs of its query or form).
+    pub async fn answer(&self, pairs: &[(String, String)]) -> Result<Answer, Failure> {
+        let config = self.source.config();
+        let base = format!("{}/oai", config.base_url());
+        let req = match parse_request(pairs) {
+            Ok(r) => r,
+            Err(e) => return Ok(Answer::Text(write::error(&base, None, &e))),
+        };
+        let fail = |e: OaiError| Ok(Answer::Text(write::error(&base, Some(&req), &e)));
+        match req.verb {
+            Verb::Identify => {
+                let earliest = self.earliest().await?;
+                Ok(Answer::Text(write::identify(
+                    &base,
+                    &req,
+                    &config.oai,
+                    earliest,
+                )))
+            }
+            Verb::ListSets => {
+                if req.args.contains_key("resumptionToken") {
+                    return fail(err(
+                        "badResumptionToken",
+                        "ListSets is answered whole: it has no tokens",
+                    ));
+                }
+                let sets = self.sets().await?;
+                Ok(Answer::Text(write::list_sets(&base, &req, &sets)))
+            }
+            Verb::ListMetadataFormats => {
+                let formats = match req.args.get("identifier") {
+                    Some(id) => match self.find(id).await? {
+                        Some((_, set)) => Self::formats(&set),
+                        None => return fail(err("idDoesNotExist", format!("no item {id:?}"))),
+                    },
+                    None => {
+                        let mut all = vec![OaiFormat::oai_dc()];
+                        for s in self.sets().await? {
+                            if !all
+                                .iter()
+                                .any(|f| f.metadata_prefix == s.format.metadata_prefix)
+                            {
+                                all.push(s.format);
+                            }
+                        }
+                        all
+                    }
+                };
+                Ok(Answer::Text(write::list_metadata_formats(
+                    &base, &req, &formats,
+                )))
+            }
+            Verb::GetRecord => {
+                let id = &req.args["identifier"];
+                let prefix = &req.args["metadataPrefix"];
+                let Some((item, set)) = self.find(id).await? else {
+                    return fail(err("idDoesNotExist", format!("no item {id:?}")));
+                };
+                if !Self::formats(&set)
+                    .iter()
+                    .any(|f| &f.metadata_prefix == prefix)
+                {
+                    return fail(err(
+                        "cannotDisseminateFormat",
+                        format!("the item is not available as {prefix:?}"),
+                    ));
+                }
+                match write::get_record(&base, &req, &item, prefix, &set.format).await {
+                    Ok(t) => Ok(Answer::Text(t)),
+                    Err(e) => fail(e),
+                }
+            }
+            Verb::ListIdentifiers | Verb::ListRecords => {
+                let page_size = config.oai.page_size;
+                match self.list(&req, page_size).await? {
+                    Ok(page) => {
+                        let formats = self
+                            .sets()
+                            .await?
+                            .into_iter()
+                            .map(|s| (s.name.to_string(), s.format))
+                            .collect();
+                        Ok(Answer::Stream(write::list(base, req, page, formats)))
+                    }
+                    Err(e) => fail(e),
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! The repository's answers as XML. Small answers are strings; a list or a record is a stream:
+//! its headers come from the store, each record's metadata is its file read as the answer is
+//! written (a page is never held whole in memory), without the file's XML declaration.
+
+use std::fmt::Write as _;
+
+use bytes::Bytes;
+use quick_xml::escape::escape;
+
+use super::{Item, ListPage, OaiError, OaiSet, Request, Verb};
+use crate::config::{OaiConfig, OaiFormat};
+use crate::model::Timestamp;
+
+/// A streamed answer.
+pub type Body = futures_util::stream::BoxStream<'static, Result<Bytes, std::io::Error>>;
+
+/// The largest resource file embedded as a record's metadata.
+const MAX_RECORD_BYTES: u64 = 16 * 1024 * 1024;
+
+fn date(t: Timestamp) -> String {
+    chrono::DateTime::from_timestamp_micros(t.0)
+        .unwrap_or_default()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// The answer's start: declaration, root, `responseDate`, `request` (with the arguments when
+/// they were valid).
+fn start(base: &str, req: Option<&Request>) -> String {
+    let mut s = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\" \
+         xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\" \
+         xsi:schemaLocation=\"http://www.openarchives.org/OAI/2.0/ http://www.openarchives.org/OAI/2.0/OAI-PMH.xsd\">\n\
+         <responseDate>{}</responseDate>\n<request",
+        date(Timestamp::now())
+    );
+    if let Some(r) = req {
+        let _ = write!(s, " verb=\"{}\"", r.verb.as_str());
+        let mut args: Vec<_> = r.args.iter().collect();
+        args.sort();
+        for (k, v) in args {
+            let _ = write!(s, " {k}=\"{}\"", escape(v.as_str()));
+        }
+    }
+    let _ = write!(s, ">{}</request>\n", escape(base));
+    s
+}
+
+const END: &str = "</OAI-PMH>\n";
+
+pub fn error(base: &str, req: Option<&Request>, e: &OaiError) -> String {
+    // badVerb and badArgument answers echo no arguments (the protocol's rule).
+    let req = req.filter(|_| e.code != "badVerb" && e.code != "badArgument");
+    format!(
+        "{}<error code=\"{}\">{}</error>\n{END}",
+        start(base, req),
+        e.code,
+        escape(e.message.as_str())
+    )
+}
+
+pub fn identify(base: &str, req: &Request, cfg: &OaiConfig, earliest: Timestamp) -> String {
+    format!(
+        "{}<Identify><repositoryName>{}</repositoryName><baseURL>{}</baseURL><protocolVersion>2.0</protocolVersion>\
+         <adminEmail>{}</adminEmail><earliestDatestamp>{}</earliestDatestamp><deletedRecord>persistent</deletedRecord>\
+         <granularity>YYYY-MM-DDThh:mm:ssZ</granularity></Identify>\n{END}",
+        start(base, Some(req)),
+        escape(cfg.repository_name.as_str()),
+        escape(base),
+        escape(cfg.admin_email.as_str()),
+        date(earliest)
+    )
+}
+
+pub fn list_metadata_formats(base: &str, req: &Request, formats: &[OaiFormat]) -> String {
+    let mut s = start(base, Some(req));
+    s.push_str("<ListMetadataFormats>");
+    for f in formats {
+        let _ = write!(
+            s,
+            "<metadataFormat><metadataPrefix>{}</metadataPrefix><schema>{}</schema><metadataNamespace>{}</metadataNamespace></metadataFormat>",
+            escape(f.metadata_prefix.as_str()),
+            escape(f.schema.as_str()),
+            escape(f.namespace.as_str())
+        );
+    }
+    s.push_str("</ListMetadataFormats>\n");
+    s.push_str(END);
+    s
+}
+
+pub fn list_sets(base: &str, req: &Request, sets: &[OaiSet]) -> String {
+    let mut s = start(base, Some(req));
+    s.push_str("<ListSets>");
+    for set in sets {
+        let _ = write!(
+            s,
+            "<set><setSpec>{0}</setSpec><setName>{0}</setName></set>",
+            escape(set.name.as_str())
+        );
+    }
+    s.push_str("</ListSets>\n");
+    s.push_str(END);
+    s
+}
+
+fn header(item: &Item, out: &mut String) {
+    if item.deleted {
+        out.push_str("<header status=\"deleted\">");
+    } else {
+        out.push_str("<header>");
+    }
+    let _ = write!(
+        out,
+        "<identifier>{}</identifier><datestamp>{}</datestamp><setSpec>{}</setSpec></header>",
+        escape(item.identifier.as_str()),
+        date(item.datestamp),
+        escape(item.set.as_str())
+    );
+}
+
+/// Dublin Core made from what the store knows of a resource.
+fn minimal_dc(item: &Item) -> String {
+    let mut s = String::from(
+        "<oai_dc:dc xmlns:oai_dc=\"http://www.openarchives.org/OAI/2.0/oai_dc/\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\" \
+         xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\" \
+         xsi:schemaLocation=\"http://www.openarchives.org/OAI/2.0/oai_dc/ http://www.openarchives.org/OAI/2.0/oai_dc.xsd\">",
+    );
+    let _ = write!(
+        s,
+        "<dc:identifier>{}</dc:identifier>",
+        escape(item.identifier.as_str())
+    );
+    if let Some(r) = &item.resource {
+        if let Some(l) = r.meta.lastmod {
+            let _ = write!(s, "<dc:date>{}</dc:date>", date(l));
+        }
+        if let Some(m) = &r.meta.mime {
+            let _ = write!(s, "<dc:format>{}</dc:format>", escape(m.as_str()));
+        }
+        for l in &r.meta.ln {
+            let _ = write!(
+                s,
+                "<dc:relation>{}</dc:relation>",
+                escape(l.href.value.as_str())
+            );
+        }
+    }
+    s.push_str("</oai_dc:dc>");
+    s
+}
+
+/// A file as embeddable metadata: well-formed, without a DTD, its declaration and byte order
+/// mark taken off. `Err` says why not.
+fn embeddable(bytes: &[u8]) -> Result<&str, String> {
+    let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
+    let mut text = text.trim_start_matches('\u{feff}').trim_start();
+    if text.starts_with("<?xml") {
+        let end = text.find("?>").ok_or("an unfinished XML declaration")?;
+        text = text[end + 2..].trim_start();
+    }
+    let mut r = quick_xml::reader::Reader::from_str(text);
+    r.config_mut().check_end_names = true;
+    let mut depth = 0i64;
+    let mut roots = 0;
+    loop {
+        match r.read_event() {
+            Ok(quick_xml::events::Event::Start(_)) => {
+                if depth == 0 {
+                    roots += 1;
+                }
+                depth += 1
+            }
+            Ok(quick_xml::events::Event::Empty(_)) if depth == 0 => roots += 1,
+            Ok(quick_xml::events::Event::End(_)) => depth -= 1,
+            Ok(quick_xml::events::Event::DocType(_)) => return Err("a DOCTYPE".into()),
+            Ok(quick_xml::events::Event::Text(t))
+                if depth == 0 && !t.iter().all(u8::is_ascii_whitespace) =>
+            {
+                return Err("text outside the root element".into())
+            }
+            Ok(quick_xml::events::Event::Eof) if depth == 0 && roots == 1 => return Ok(text),
+            Ok(quick_xml::events::Event::Eof) => return Err("not one root element".into()),
+            Ok(_) => {}
+            Err(e) => return Err(format!("not well-formed: {e}")),
+        }
+    }
+}
+
+async fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String) -> bool {
+    if item.deleted {
+        out.push_str("<record>");
+        header(item, out);
+        out.push_str("</record>");
+        return true;
+    }
+    let metadata = if prefix == native.metadata_prefix {
+        let Some(path) = &item.file else {
+            tracing::warn!(identifier = %item.identifier, "OAI-PMH: a record without a file in the set's resource_root_dir is left out");
+            return false;
+        };
+        let read = async {
+            let meta = tokio::fs::metadata(path).await?;
+            if meta.len() > MAX_RECORD_BYTES {
+                return Err(std::io::Error::other(format!(
+                    "larger than {MAX_RECORD_BYTES} bytes"
+                )));
+            }
+            tokio::fs::read(path).await
+        };
+        match read.await {
+            Ok(bytes) => match embeddable(&bytes) {
+                Ok(t) => t.to_string(),
+                Err(why) => {
+                    tracing::warn!(identifier = %item.identifier, file = %path.display(), %why, "OAI-PMH: a record whose file is not embeddable XML is left out");
+                    return false;
+                }
+            },
+            Err(e) => {
+                tracing::warn!(identifier = %item.identifier, file = %path.display(), error = %e, "OAI-PMH: a record whose file cannot be read is left out");
+                return false;
+            }
+        }
+    } else {
+        minimal_dc(item)
+    };
+    out.push_str("<record>");
+    header(item, out);
+    out.push_str("<metadata>");
+    out.push_str(&metadata);
+    out.push_str("</metadata></record>");
+    true
+}
+
+fn stream(parts: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
+    use futures_util::StreamExt as _;
+    // Fused: a body may be polled again after its end (the compression layer does).
+    Box::pin(
+        futures_util::stream::unfold(parts, |mut rx| async move {
+            rx.recv().await.map(|b| (Ok(b), rx))
+        })
+        .fuse(),
+    )
+}
+
+/// A `ListIdentifiers` or `ListRecords` page, streamed.
+pub fn list(base: String, req: Request, page: ListPage, formats: Vec<(String, OaiFormat)>) -> Body {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
+    tokio::spawn(async move {
+        let verb = req.verb;
+        let prefix = page.prefix.clone();
+        let mut s = start(&base, Some(&req));
+        let _ = write!(s, "<{}>", verb.as_str());
+        let _ = tx.send(Bytes::from(s)).await;
+        let mut buf = String::new();
+        for item in &page.items {
+            if verb == Verb::ListIdentifiers {
+                header(item, &mut buf);
+            } else {
+                let native = formats
+                    .iter()
+                    .find(|(set, _)| set == item.set.as_str())
+                    .map(|(_, f)| f.clone())
+                    .unwrap_or_else(OaiFormat::oai_dc);
+                record(item, &prefix, &native, &mut buf).await;
+            }
+            if buf.len() > 64 * 1024 {
+                if tx
+                    .send(Bytes::from(std::mem::take(&mut buf)))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+        }
+        match &page.token {
+            Some(t) if t.is_empty() => {
+                let _ = write!(buf, "<resumptionToken cursor=\"{}\"/>", page.cursor);
+            }
+            Some(t) => {
+                let _ = write!(
+                    buf,
+                    "<resumptionToken cursor=\"{}\">{}</resumptionToken>",
+                    page.cursor,
+                    escape(t.as_str())
+                );
+            }
+            None => {}
+        }
+        let _ = write!(buf, "</{}>\n{END}", verb.as_str());
+        let _ = tx.send(Bytes::from(buf)).await;
+    });
+    stream(rx)
+}
+
+/// A `GetRecord` answer.
+pub async fn get_record(
+    base: &str,
+    req: &Request,
+    item: &Item,
+    prefix: &str,
+    native: &OaiFormat,
+) -> Result<String, OaiError> {
+    let mut body = String::new();
+    if !record(item, prefix, native, &mut body).await {
+        return Err(OaiError {
+            code: "cannotDisseminateFormat",
+            message: format!("the record is not available as {prefix:?} now"),
+        });
+    }
+    Ok(format!(
+        "{}<GetRecord>{body}</GetRecord>\n{END}",
+        start(base, Some(req))
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::embeddable;
+
+    #[test]
+    fn only_one_well_formed_element_is_embedded() {
+        assert_eq!(
+            embeddable(b"<?xml version=\"1.0\"?>\n<a x=\"1\"><b/></a>\n").unwrap(),
+            "<a x=\"1\"><b/></a>\n"
+        );
+        assert!(embeddable(b"<!DOCTYPE a [<!ENTITY e \"x\">]><a>&e;</a>").is_err());
+        assert!(embeddable(b"<a><b></a>").is_err());
+        assert!(embeddable(b"<a/><b/>").is_err());
+        assert!(embeddable(b"text").is_err());
+    }
+}
