@@ -42,7 +42,7 @@ fn start(base: &str, req: Option<&Request>) -> String {
             let _ = write!(s, " {k}=\"{}\"", escape(v.as_str()));
         }
     }
-    let _ = write!(s, ">{}</request>\n", escape(base));
+    let _ = writeln!(s, ">{}</request>", escape(base));
     s
 }
 
@@ -264,14 +264,13 @@ pub fn list(base: String, req: Request, page: ListPage, formats: Vec<(String, Oa
                     .unwrap_or_else(OaiFormat::oai_dc);
                 record(item, &prefix, &native, &mut buf).await;
             }
-            if buf.len() > 64 * 1024 {
-                if tx
+            if buf.len() > 64 * 1024
+                && tx
                     .send(Bytes::from(std::mem::take(&mut buf)))
                     .await
                     .is_err()
-                {
-                    return;
-                }
+            {
+                return;
             }
         }
         match &page.token {
