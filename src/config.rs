@@ -626,6 +626,36 @@ impl Config {
 
     fn validate_collect(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.oai.page_size == 0 || self.oai.page_size > 10_000 {
+            return bad(format!(
+                "oai.page_size is {}: it must be between 1 and 10000",
+                self.oai.page_size
+            ));
+        }
+        if !self.oai.admin_email.contains('@') {
+            return bad(format!(
+                "oai.admin_email {:?} is not an e-mail address (OAI-PMH's Identify requires one)",
+                self.oai.admin_email
+            ));
+        }
+        for (name, set) in &self.sets {
+            let Some(f) = &set.oai else { continue };
+            let prefix_ok = !f.metadata_prefix.is_empty()
+                && f.metadata_prefix
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.!~*'()".contains(c));
+            if !prefix_ok {
+                return bad(format!(
+                    "sets.{name}.oai.metadata_prefix {:?} is not an OAI-PMH metadataPrefix (letters, digits and -_.!~*'())",
+                    f.metadata_prefix
+                ));
+            }
+            for (k, v) in [("schema", &f.schema), ("namespace", &f.namespace)] {
+                if url::Url::parse(v).is_err() {
+                    return bad(format!("sets.{name}.oai.{k} {v:?} is not an absolute URL"));
+                }
+            }
+        }
         for (name, c) in &self.collect {
             if let Err(reason) = crate::model::SetName::parse(name) {
                 return bad(format!(

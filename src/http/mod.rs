@@ -261,6 +261,18 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
             }
         }
     }
+    if let Some(repo) = &st.oai {
+        if let Ok(sets) = repo.sets().await {
+            if !sets.is_empty() {
+                let names: Vec<&str> = sets.iter().map(|s| s.name.as_str()).collect();
+                s.push_str(&format!(
+                    "\nOAI-PMH repository: {}/oai?verb=Identify (sets: {})\n",
+                    st.config.base_url(),
+                    names.join(", ")
+                ));
+            }
+        }
+    }
     for e in st.collectors.entries() {
         let c = e.collector.config();
         let last = match e.collector.status().await {

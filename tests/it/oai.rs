@@ -181,3 +181,194 @@ async fn independent_harvesters_get_exactly_the_sets_records_in_full_and_increme
     }
     c.app.stop().await;
 }
+
+/// A set fed by ingest whose files are `oai_dc` records, served at `/oai`.
+fn oai_set_config(c: &mut resourcesync_hub::config::Config, root: &Path) {
+    crate::support::add_file_set(c, "papers", root, None);
+    c.sets.get_mut("papers").unwrap().oai = Some(resourcesync_hub::config::OaiFormat::oai_dc());
+    c.oai.page_size = 100;
+}
+
+fn dc(k: usize, version: u32) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<oai_dc:dc xmlns:oai_dc=\"http://www.openarchives.org/OAI/2.0/oai_dc/\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\"><dc:title>Paper {k} v{version}</dc:title></oai_dc:dc>\n"
+    )
+}
+
+/// Writes record `k`'s file and returns its change line.
+fn record_line(root: &Path, change: &str, k: usize, version: u32) -> String {
+    let rel = format!("r/{k}.xml");
+    if change == "deleted" {
+        let _ = std::fs::remove_file(root.join(&rel));
+        return crate::support::change_line("deleted", &rel, "", 0);
+    }
+    crate::harvest::file_line(root, change, &rel, &dc(k, version))
+}
+
+/// One page of a list: (identifiers, deleted flags, next token).
+async fn page(app: &TestApp, query: &str) -> (Vec<(String, bool)>, Option<String>) {
+    let body = app
+        .client
+        .get(app.url(&format!("/oai?{query}")))
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let p = resourcesync_hub::collect::oai::parse_list(&body)
+        .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body)));
+    assert!(p.quarantined.is_empty(), "{:?}", p.quarantined);
+    let items = p
+        .records
+        .into_iter()
+        .map(|r| (r.header.identifier, r.header.deleted))
+        .collect();
+    (items, p.token.map(|t| t.value).filter(|v| !v.is_empty()))
+}
+
+fn next_query(token: &str) -> String {
+    format!(
+        "verb=ListRecords&resumptionToken={}",
+        url::form_urlencoded::byte_serialize(token.as_bytes()).collect::<String>()
+    )
+}
+
+/// A `ListRecords` walk while 2,000 changes are ingested into the set: every record that
+/// existed throughout appears exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_walk_during_ingest_lists_every_lasting_record_once() {
+    let (mut c, dir) = crate::support::test_config();
+    let root = dir.path().join("root");
+    oai_set_config(&mut c, &root);
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..3_000)
+        .map(|k| record_line(&root, "created", k, 1))
+        .collect();
+    for chunk in lines.chunks(1_000) {
+        app.ingest_ok("papers", &chunk.join("\n")).await;
+    }
+    let prefix = app.config.set_config("papers").url_prefix;
+    let id = |k: usize| format!("{prefix}r/{k}.xml");
+    let mut seen: std::collections::HashMap<String, usize> = Default::default();
+    let (items, mut token) = page(&app, "verb=ListRecords&metadataPrefix=oai_dc").await;
+    for (i, _) in items {
+        *seen.entry(i).or_default() += 1;
+    }
+    // 2,000 changes while walking: 100 per page, updates all over the set (so that some
+    // records change before the walk reaches them and some after), creates, and deletes of
+    // records 2,900.. (which do not last).
+    let mut k = 0;
+    while let Some(t) = token {
+        if k < 2_000 {
+            let mut batch = Vec::new();
+            for j in k..k + 100 {
+                batch.push(match j % 4 {
+                    0 | 1 => record_line(&root, "updated", (j * 7) % 2_900, 2),
+                    2 => record_line(&root, "created", 10_000 + j, 1),
+                    _ => record_line(&root, "deleted", 2_900 + (j / 4) % 100, 0),
+                });
+            }
+            k += 100;
+            app.ingest_ok("papers", &batch.join("\n")).await;
+        }
+        let (items, next) = page(&app, &next_query(&t)).await;
+        for (i, _) in items {
+            *seen.entry(i).or_default() += 1;
+        }
+        token = next;
+    }
+    assert_eq!(k, 2_000, "the walk lasted while all 2,000 changes came");
+    for k in 0..2_900 {
+        assert_eq!(seen.get(&id(k)), Some(&1), "record {k}");
+    }
+    assert!(seen.values().all(|n| *n == 1), "no item twice");
+    app.stop().await;
+}
+
+/// A walk goes on after a restart of the server with the token it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_outlives_a_restart() {
+    let (mut c, dir) = crate::support::test_config();
+    let root = dir.path().join("root");
+    oai_set_config(&mut c, &root);
+    let app = TestApp::start_with(c.clone()).await;
+    let lines: Vec<String> = (0..450)
+        .map(|k| record_line(&root, "created", k, 1))
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    let (first, token) = page(&app, "verb=ListRecords&metadataPrefix=oai_dc").await;
+    app.stop().await;
+    let app = TestApp::start_with(c).await;
+    let mut all: Vec<String> = first.into_iter().map(|(i, _)| i).collect();
+    let mut token = token;
+    while let Some(t) = token {
+        let (items, next) = page(&app, &next_query(&t)).await;
+        all.extend(items.into_iter().map(|(i, _)| i));
+        token = next;
+    }
+    let unique: std::collections::HashSet<_> = all.iter().collect();
+    assert_eq!((all.len(), unique.len()), (450, 450));
+    let tampered = format!("{}A", token_of(&app).await);
+    let (s, body) = get(&app, &next_query(&tampered)).await;
+    assert!(
+        s == 200 && body.contains("code=\"badResumptionToken\""),
+        "{body}"
+    );
+    app.stop().await;
+}
+
+async fn get(app: &TestApp, query: &str) -> (u16, String) {
+    let r = app
+        .client
+        .get(app.url(&format!("/oai?{query}")))
+        .send()
+        .await
+        .unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+async fn token_of(app: &TestApp) -> String {
+    page(app, "verb=ListIdentifiers&metadataPrefix=oai_dc")
+        .await
+        .1
+        .expect("a token")
+}
+
+/// On Elasticsearch (osmem-server), a walk started on one process goes on on another: the
+/// tokens are signed with a key both find in the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_one_process_is_taken_by_another_on_a_shared_store() {
+    let (mut c, dir) = crate::support::test_config();
+    let root = dir.path().join("root");
+    oai_set_config(&mut c, &root);
+    crate::support::use_elasticsearch(&mut c).await;
+    // Both processes serve one public base URL (as behind a load balancer).
+    c.server.base_url = "http://repository.test".into();
+    let a = TestApp::start_with(c.clone()).await;
+    let mut c2 = c.clone();
+    c2.server.data_dir = dir.path().join("b");
+    let b = TestApp::start_with(c2).await;
+    let lines: Vec<String> = (0..250)
+        .map(|k| record_line(&root, "created", k, 1))
+        .collect();
+    a.ingest_ok("papers", &lines.join("\n")).await;
+    let (first, mut token) = page(&a, "verb=ListRecords&metadataPrefix=oai_dc").await;
+    let mut all: Vec<String> = first.into_iter().map(|(i, _)| i).collect();
+    let mut on_b = true;
+    while let Some(t) = token {
+        let (items, next) = page(if on_b { &b } else { &a }, &next_query(&t)).await;
+        all.extend(items.into_iter().map(|(i, _)| i));
+        token = next;
+        on_b = !on_b;
+    }
+    let unique: std::collections::HashSet<_> = all.iter().collect();
+    assert_eq!((all.len(), unique.len()), (250, 250));
+    assert!(
+        all.iter()
+            .all(|i| i.starts_with("http://repository.test/files/papers/r/")),
+        "{all:?}"
+    );
+    a.stop().await;
+    b.stop().await;
+}
