@@ -187,7 +187,8 @@ fn embeddable(bytes: &[u8]) -> Result<&str, String> {
     }
 }
 
-async fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String) -> bool {
+/// Writes a record (read on a blocking thread: its file); `false` when it is left out.
+fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String) -> bool {
     if item.deleted {
         out.push_str("<record>");
         header(item, out);
@@ -199,16 +200,19 @@ async fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String)
             tracing::warn!(identifier = %item.identifier, "OAI-PMH: a record without a file in the set's resource_root_dir is left out");
             return false;
         };
-        let read = async {
-            let meta = tokio::fs::metadata(path).await?;
-            if meta.len() > MAX_RECORD_BYTES {
+        let read = || {
+            use std::io::Read as _;
+            let mut f = std::fs::File::open(path)?;
+            if f.metadata()?.len() > MAX_RECORD_BYTES {
                 return Err(std::io::Error::other(format!(
                     "larger than {MAX_RECORD_BYTES} bytes"
                 )));
             }
-            tokio::fs::read(path).await
+            let mut bytes = Vec::new();
+            f.read_to_end(&mut bytes)?;
+            Ok(bytes)
         };
-        match read.await {
+        match read() {
             Ok(bytes) => match embeddable(&bytes) {
                 Ok(t) => t.to_string(),
                 Err(why) => {
@@ -232,6 +236,9 @@ async fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String)
     true
 }
 
+/// Records written a blocking task at a time.
+const RECORDS_PER_TASK: usize = 64;
+
 fn stream(parts: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
     use futures_util::StreamExt as _;
     // Fused: a body may be polled again after its end (the compression layer does).
@@ -253,17 +260,31 @@ pub fn list(base: String, req: Request, page: ListPage, formats: Vec<(String, Oa
         let _ = write!(s, "<{}>", verb.as_str());
         let _ = tx.send(Bytes::from(s)).await;
         let mut buf = String::new();
-        for item in &page.items {
-            if verb == Verb::ListIdentifiers {
-                header(item, &mut buf);
-            } else {
-                let native = formats
-                    .iter()
-                    .find(|(set, _)| set == item.set.as_str())
-                    .map(|(_, f)| f.clone())
-                    .unwrap_or_else(OaiFormat::oai_dc);
-                record(item, &prefix, &native, &mut buf).await;
-            }
+        let formats = std::sync::Arc::new(formats);
+        let prefix = std::sync::Arc::new(prefix);
+        let mut items = page.items.into_iter().peekable();
+        while items.peek().is_some() {
+            let chunk: Vec<Item> = items.by_ref().take(RECORDS_PER_TASK).collect();
+            let (formats, prefix) = (formats.clone(), prefix.clone());
+            let part = tokio::task::spawn_blocking(move || {
+                let mut out = String::new();
+                for item in &chunk {
+                    if verb == Verb::ListIdentifiers {
+                        header(item, &mut out);
+                    } else {
+                        let native = formats
+                            .iter()
+                            .find(|(set, _)| set == item.set.as_str())
+                            .map(|(_, f)| f.clone())
+                            .unwrap_or_else(OaiFormat::oai_dc);
+                        record(item, &prefix, &native, &mut out);
+                    }
+                }
+                out
+            })
+            .await
+            .unwrap_or_default();
+            buf.push_str(&part);
             if buf.len() > 64 * 1024
                 && tx
                     .send(Bytes::from(std::mem::take(&mut buf)))
@@ -301,13 +322,19 @@ pub async fn get_record(
     prefix: &str,
     native: &OaiFormat,
 ) -> Result<String, OaiError> {
-    let mut body = String::new();
-    if !record(item, prefix, native, &mut body).await {
+    let (item2, prefix2, native2) = (item.clone(), prefix.to_string(), native.clone());
+    let body = tokio::task::spawn_blocking(move || {
+        let mut body = String::new();
+        record(&item2, &prefix2, &native2, &mut body).then_some(body)
+    })
+    .await
+    .unwrap_or(None);
+    let Some(body) = body else {
         return Err(OaiError {
             code: "cannotDisseminateFormat",
             message: format!("the record is not available as {prefix:?} now"),
         });
-    }
+    };
     Ok(format!(
         "{}<GetRecord>{body}</GetRecord>\n{END}",
         start(base, Some(req))
