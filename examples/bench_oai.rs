@@ -71,13 +71,25 @@ fn write_record(root: &Path, k: usize, version: u32) -> anyhow::Result<String> {
     .replace("text/plain", "application/xml"))
 }
 
-/// Walks a whole `ListRecords`; (records, bytes, page times in ms).
+/// Walks a whole `ListRecords`; (records, bytes, page times in ms; a page answered 503 is
+/// asked again after its Retry-After and timed from the answer that had it).
 async fn walk(client: &reqwest::Client, base: &str) -> anyhow::Result<(usize, usize, Vec<f64>)> {
     let mut url = format!("{base}/oai?verb=ListRecords&metadataPrefix=oai_dc");
     let (mut records, mut bytes, mut times) = (0, 0, Vec::new());
     loop {
         let t = Instant::now();
-        let body = client.get(&url).send().await?.bytes().await?;
+        let r = client.get(&url).send().await?;
+        if r.status() == 503 {
+            // Every build slot taken: come back when told, as a harvester does.
+            let wait = r
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                .unwrap_or(1);
+            tokio::time::sleep(Duration::from_secs(wait)).await;
+            continue;
+        }
+        let body = r.bytes().await?;
         times.push(t.elapsed().as_secs_f64() * 1000.0);
         bytes += body.len();
         let page = resourcesync_hub::collect::oai::parse_list(&body)

@@ -24,6 +24,7 @@ async fn answer(st: &AppState, pairs: Vec<(String, String)>) -> Result<Response,
         Ok(Answer::Text(t)) => Ok((ct, t).into_response()),
         Ok(Answer::Stream(s)) => Ok((ct, Body::from_stream(s)).into_response()),
         Err(Failure::Store(e)) => Err(e.into()),
+        Err(Failure::Busy(e)) => Err(e.into()),
     }
 }
 

@@ -41,11 +41,13 @@ fn err(code: &'static str, message: impl Into<String>) -> OaiError {
     }
 }
 
-/// Why a request could not be answered at all (the store): a 503.
+/// Why a request could not be answered at all: the store, or every build slot taken (a 503).
 #[derive(Debug, thiserror::Error)]
 pub enum Failure {
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Busy(#[from] crate::source::SourceError),
 }
 
 /// The verbs.
@@ -619,6 +621,9 @@ impl Repository {
             }
             Verb::ListIdentifiers | Verb::ListRecords => {
                 let page_size = config.oai.page_size;
+                // A page is made on the documents' bounded build slots, held until it is
+                // written out.
+                let slot = self.source.build_slot().await?;
                 match self.list(&req, page_size).await? {
                     Ok(page) => {
                         let formats = self
@@ -627,7 +632,7 @@ impl Repository {
                             .into_iter()
                             .map(|s| (s.name.to_string(), s.format))
                             .collect();
-                        Ok(Answer::Stream(write::list(base, req, page, formats)))
+                        Ok(Answer::Stream(write::list(base, req, page, formats, slot)))
                     }
                     Err(e) => fail(e),
                 }

@@ -251,9 +251,16 @@ fn stream(parts: tokio::sync::mpsc::Receiver<Bytes>) -> Body {
 }
 
 /// A `ListIdentifiers` or `ListRecords` page, streamed.
-pub fn list(base: String, req: Request, page: ListPage, formats: Vec<(String, OaiFormat)>) -> Body {
+pub fn list(
+    base: String,
+    req: Request,
+    page: ListPage,
+    formats: Vec<(String, OaiFormat)>,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) -> Body {
     let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
+        let _slot = slot;
         let verb = req.verb;
         let prefix = page.prefix.clone();
         let mut s = start(&base, Some(&req));

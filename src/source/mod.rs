@@ -221,7 +221,7 @@ pub struct Source {
     fingerprint: String,
     metrics: Arc<crate::metrics::Metrics>,
     /// Build slots (`source.max_concurrent_builds`).
-    builds: tokio::sync::Semaphore,
+    builds: Arc<tokio::sync::Semaphore>,
     /// Builds waiting for a slot (at most `source.max_queued_builds`).
     queued: std::sync::atomic::AtomicUsize,
     /// One lock per page being built: concurrent requests for it wait for that one build.
@@ -294,7 +294,9 @@ impl Source {
         };
         let urls = Urls::new(&config.base_url());
         let memory = PageCache::new(config.source.cache_max_bytes);
-        let builds = tokio::sync::Semaphore::new(config.source.max_concurrent_builds);
+        let builds = Arc::new(tokio::sync::Semaphore::new(
+            config.source.max_concurrent_builds,
+        ));
         let file_reads = Arc::new(tokio::sync::Semaphore::new(
             config.source.max_concurrent_file_reads,
         ));
@@ -558,10 +560,12 @@ impl Source {
         Ok(doc)
     }
 
-    /// A build slot, waiting in the bounded queue when all are taken.
-    async fn build_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, SourceError> {
+    /// A build slot, waiting in the bounded queue when all are taken; [`SourceError::Busy`]
+    /// when the queue is full. Held for as long as the page is being made (an OAI-PMH page:
+    /// until it is written out).
+    pub async fn build_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, SourceError> {
         use std::sync::atomic::Ordering::SeqCst;
-        if let Ok(p) = self.builds.try_acquire() {
+        if let Ok(p) = self.builds.clone().try_acquire_owned() {
             return Ok(p);
         }
         if self.queued.fetch_add(1, SeqCst) >= self.config.source.max_queued_builds {
@@ -571,7 +575,7 @@ impl Source {
             ));
         }
         self.metrics.build_queue.inc();
-        let p = self.builds.acquire().await;
+        let p = self.builds.clone().acquire_owned().await;
         self.queued.fetch_sub(1, SeqCst);
         self.metrics.build_queue.dec();
         Ok(p.expect("the build semaphore is never closed"))
