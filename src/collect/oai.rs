@@ -11,6 +11,8 @@
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::reader::Reader;
 
+use crate::sitemap::element::{bad_character, check_element};
+
 /// Why a response could not be read at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OaiError {
@@ -110,64 +112,6 @@ fn declarations(e: &BytesStart) -> Vec<(Vec<u8>, Vec<u8>)> {
         .filter(|a| a.key.as_ref() == b"xmlns" || a.key.as_ref().starts_with(b"xmlns:"))
         .map(|a| (a.key.as_ref().to_vec(), a.value.to_vec()))
         .collect()
-}
-
-/// Whether `c` is a character XML 1.0 can carry.
-fn xml_char(c: char) -> bool {
-    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}')
-}
-
-/// The first character (raw or referenced) XML 1.0 cannot carry, described.
-fn bad_character(text: &str) -> Option<String> {
-    if let Some(c) = text.chars().find(|c| !xml_char(*c)) {
-        return Some(format!(
-            "the character U+{:04X}, which XML 1.0 cannot carry",
-            c as u32
-        ));
-    }
-    let mut rest = text;
-    while let Some(i) = rest.find("&#") {
-        rest = &rest[i + 2..];
-        let end = rest.find(';')?;
-        let (digits, radix) = match rest[..end].strip_prefix(['x', 'X']) {
-            Some(hex) => (hex, 16),
-            None => (&rest[..end], 10),
-        };
-        let ok = u32::from_str_radix(digits, radix)
-            .ok()
-            .and_then(char::from_u32)
-            .is_some_and(xml_char);
-        if !ok {
-            return Some(format!(
-                "the character reference &#{};, which XML 1.0 cannot carry",
-                &rest[..end]
-            ));
-        }
-        rest = &rest[end..];
-    }
-    None
-}
-
-/// Reads every event of `xml` with end names checked: `Err(why)` unless well-formed.
-fn well_formed(xml: &str) -> Result<(), String> {
-    let mut r = Reader::from_str(xml);
-    r.config_mut().check_end_names = true;
-    let mut depth = 0i64;
-    loop {
-        match r.read_event() {
-            Ok(Event::Start(_)) => depth += 1,
-            Ok(Event::End(_)) => depth -= 1,
-            Ok(Event::Eof) if depth == 0 => return Ok(()),
-            Ok(Event::Eof) => return Err("an element is not closed".into()),
-            Ok(Event::DocType(_)) => return Err("a DOCTYPE, which is not read".into()),
-            Ok(Event::Text(t)) => {
-                t.unescape()
-                    .map_err(|e| format!("at byte {}: {e}", r.buffer_position()))?;
-            }
-            Ok(_) => {}
-            Err(e) => return Err(format!("at byte {}: {e}", r.error_position())),
-        }
-    }
 }
 
 /// Reads an `Identify` response.
@@ -380,7 +324,7 @@ fn record(
     if let Some(why) = bad_character(slice) {
         return Err(quarantine(identifier, why));
     }
-    well_formed(slice)
+    check_element(slice)
         .map_err(|why| quarantine(identifier.clone(), format!("not well-formed XML: {why}")))?;
     let mut r = Reader::from_str(slice);
     let mut path: Vec<Vec<u8>> = Vec::new();
@@ -533,7 +477,7 @@ mod tests {
             m.contains("xmlns=\"http://www.openarchives.org/OAI/2.0/\""),
             "inherited: {m}"
         );
-        well_formed(m.split_once('\n').unwrap().1).unwrap();
+        check_element(m.split_once('\n').unwrap().1).unwrap();
         assert!(p.records[1].header.deleted && p.records[1].metadata.is_none());
         assert_eq!(
             p.token,

@@ -450,31 +450,37 @@ impl Collector {
         if events.is_empty() {
             return Ok(counts);
         }
-        let root = self
-            .source
-            .set_config(&self.name)
-            .resource_root_dir
-            .expect("a collected set has a resource_root_dir");
+        let root = self.root();
         tokio::task::spawn_blocking(move || write_files(&root, files))
             .await
             .expect("file writing does not panic")?;
         let n = self.ingest(events, &ids, saved, &mut counts, at).await?;
         (self.poke)(n);
-        if !gone.is_empty() {
-            let root = self
-                .source
-                .set_config(&self.name)
-                .resource_root_dir
-                .expect("a root");
-            tokio::task::spawn_blocking(move || {
-                for p in gone {
-                    let _ = std::fs::remove_file(root.join(p));
-                }
-            })
-            .await
-            .expect("file removal does not panic");
-        }
+        self.remove_files(gone).await;
         Ok(counts)
+    }
+
+    /// The folder of the set's files (a collected set always has one: config.rs gives it).
+    fn root(&self) -> std::path::PathBuf {
+        self.source
+            .set_config(&self.name)
+            .resource_root_dir
+            .expect("a collected set has a resource_root_dir")
+    }
+
+    /// Removes the files of records recorded as deleted (one already gone is no error).
+    async fn remove_files(&self, rels: Vec<String>) {
+        if rels.is_empty() {
+            return;
+        }
+        let root = self.root();
+        tokio::task::spawn_blocking(move || {
+            for p in rels {
+                let _ = std::fs::remove_file(root.join(p));
+            }
+        })
+        .await
+        .expect("file removal does not panic");
     }
 
     /// Ingests the events; one the store refuses is quarantined and the rest applied.
@@ -640,18 +646,7 @@ impl Collector {
                 let n = self.ingest(events, &ids, saved, &mut counts, &at).await?;
                 marked += n as u64;
                 (self.poke)(n);
-                let root = self
-                    .source
-                    .set_config(&self.name)
-                    .resource_root_dir
-                    .expect("a root");
-                tokio::task::spawn_blocking(move || {
-                    for p in ids {
-                        let _ = std::fs::remove_file(root.join(p));
-                    }
-                })
-                .await
-                .expect("file removal does not panic");
+                self.remove_files(ids).await;
             }
             match page.next {
                 Some(c) => after = Some(c),

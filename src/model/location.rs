@@ -254,15 +254,18 @@ pub const MAX_URL_LEN: usize = 2048;
 /// carriage return; U+FFFE and U+FFFF): a field holding one would make every document that
 /// shows it unreadable.
 pub fn check_xml_text(what: &str, s: &str) -> Result<(), String> {
-    match s.char_indices().find(|(_, c)| {
-        (*c < ' ' && !matches!(c, '\t' | '\n' | '\r')) || matches!(c, '\u{FFFE}' | '\u{FFFF}')
-    }) {
+    match s.char_indices().find(|(_, c)| !is_xml_char(*c)) {
         Some((i, c)) => Err(format!(
             "{what} holds the control character U+{:04X} at byte {i}, which XML 1.0 cannot carry",
             c as u32
         )),
         None => Ok(()),
     }
+}
+
+/// Whether XML 1.0 can carry `c` (a Rust `char` is never a surrogate).
+pub fn is_xml_char(c: char) -> bool {
+    matches!(c, '\u{9}' | '\u{A}' | '\u{D}' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..='\u{10FFFF}')
 }
 
 /// A resolved URL must be at most 2,048 characters and an RFC 3986 URI (see [`check_loc`]

@@ -10,8 +10,8 @@ pub mod websub;
 use serde::{Deserialize, Serialize};
 
 pub use location::{
-    bare_media_type, check_loc, check_media_type, check_url, check_xml_text, Link, Location,
-    LocationType, ResourceKey, MAX_URL_LEN,
+    bare_media_type, check_loc, check_media_type, check_url, check_xml_text, is_xml_char, Link,
+    Location, LocationType, ResourceKey, MAX_URL_LEN,
 };
 pub use set::{DescribedBy, SetConfig, SetName};
 pub use time::Timestamp;

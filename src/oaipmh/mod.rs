@@ -389,9 +389,9 @@ impl Repository {
         &self,
         req: &Request,
         page_size: usize,
+        sets: &[OaiSet],
     ) -> Result<Result<ListPage, OaiError>, Failure> {
         let key = *self.key().await?;
-        let sets = self.sets().await?;
         let pos = match req.args.get("resumptionToken") {
             Some(t) => match Position::open(&key, t) {
                 Some(p) if p.verb == req.verb.as_str() => p,
@@ -624,11 +624,10 @@ impl Repository {
                 // A page is made on the documents' bounded build slots, held until it is
                 // written out.
                 let slot = self.source.build_slot().await?;
-                match self.list(&req, page_size).await? {
+                let sets = self.sets().await?;
+                match self.list(&req, page_size, &sets).await? {
                     Ok(page) => {
-                        let formats = self
-                            .sets()
-                            .await?
+                        let formats = sets
                             .into_iter()
                             .map(|s| (s.name.to_string(), s.format))
                             .collect();

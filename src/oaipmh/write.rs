@@ -150,8 +150,9 @@ fn minimal_dc(item: &Item) -> String {
     s
 }
 
-/// A file as embeddable metadata: well-formed, without a DTD, its declaration and byte order
-/// mark taken off. `Err` says why not.
+/// A file as embeddable metadata: its declaration and byte order mark taken off, then only
+/// characters XML 1.0 can carry and one element, as [`crate::sitemap::element`] checks them
+/// (a file that is not would make the whole answer unreadable). `Err` says why not.
 fn embeddable(bytes: &[u8]) -> Result<&str, String> {
     let text = std::str::from_utf8(bytes).map_err(|e| format!("not UTF-8: {e}"))?;
     let mut text = text.trim_start_matches('\u{feff}').trim_start();
@@ -159,32 +160,10 @@ fn embeddable(bytes: &[u8]) -> Result<&str, String> {
         let end = text.find("?>").ok_or("an unfinished XML declaration")?;
         text = text[end + 2..].trim_start();
     }
-    let mut r = quick_xml::reader::Reader::from_str(text);
-    r.config_mut().check_end_names = true;
-    let mut depth = 0i64;
-    let mut roots = 0;
-    loop {
-        match r.read_event() {
-            Ok(quick_xml::events::Event::Start(_)) => {
-                if depth == 0 {
-                    roots += 1;
-                }
-                depth += 1
-            }
-            Ok(quick_xml::events::Event::Empty(_)) if depth == 0 => roots += 1,
-            Ok(quick_xml::events::Event::End(_)) => depth -= 1,
-            Ok(quick_xml::events::Event::DocType(_)) => return Err("a DOCTYPE".into()),
-            Ok(quick_xml::events::Event::Text(t))
-                if depth == 0 && !t.iter().all(u8::is_ascii_whitespace) =>
-            {
-                return Err("text outside the root element".into())
-            }
-            Ok(quick_xml::events::Event::Eof) if depth == 0 && roots == 1 => return Ok(text),
-            Ok(quick_xml::events::Event::Eof) => return Err("not one root element".into()),
-            Ok(_) => {}
-            Err(e) => return Err(format!("not well-formed: {e}")),
-        }
+    if let Some(why) = crate::sitemap::element::bad_character(text) {
+        return Err(why);
     }
+    crate::sitemap::element::check_element(text).map(|()| text)
 }
 
 /// Writes a record (read on a blocking thread: its file); `false` when it is left out.
@@ -362,5 +341,9 @@ mod tests {
         assert!(embeddable(b"<a><b></a>").is_err());
         assert!(embeddable(b"<a/><b/>").is_err());
         assert!(embeddable(b"text").is_err());
+        assert!(embeddable("<a>\u{1}</a>".as_bytes())
+            .unwrap_err()
+            .contains("U+0001"));
+        assert!(embeddable(b"<a>&undefined;</a>").is_err());
     }
 }

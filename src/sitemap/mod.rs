@@ -2,6 +2,7 @@
 //! (pure, allocation-light, element order as the sitemaps.org schema wants), and reading them
 //! back (used by tests and by anything that consumes ResourceSync documents).
 
+pub mod element;
 mod read;
 
 pub use read::{parse, Bounded, Document, EntryReader, ParsedEntry, ReadError};

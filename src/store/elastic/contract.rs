@@ -310,28 +310,18 @@ impl ElasticStore {
         let notified = self.notified_until(set).await?.map(|t| t.0);
         // Existing resources: part and bytes, by key (later changes in the batch see earlier ones).
         let ids: Vec<String> = changes.iter().map(|c| resource_id(set, &c.key)).collect();
-        let mut known: HashMap<String, Option<(u32, u64)>> = HashMap::new();
-        if !ids.is_empty() {
-            let v = self
-                .es
-                .ok(
-                    Method::Post,
-                    &format!("/{}/_mget", self.resources),
-                    Some(json!({"ids": ids})),
-                )
-                .await?;
-            for d in v["docs"].as_array().into_iter().flatten() {
-                let id = d["_id"].as_str().unwrap_or_default().to_string();
-                let found = d["found"] == json!(true);
-                let entry = found.then(|| {
-                    (
-                        d["_source"]["part"].as_u64().unwrap_or(1) as u32,
-                        d["_source"]["bytes"].as_u64().unwrap_or(0),
-                    )
-                });
-                known.insert(id, entry);
-            }
-        }
+        let mut known: HashMap<String, Option<(u32, u64)>> = self
+            .resource_sources(&ids)
+            .await?
+            .into_iter()
+            .map(|(id, src)| {
+                let entry = (
+                    src["part"].as_u64().unwrap_or(1) as u32,
+                    src["bytes"].as_u64().unwrap_or(0),
+                );
+                (id, Some(entry))
+            })
+            .collect();
         let (mut change_ops, mut ops) = (String::new(), String::new());
         for (index, mut c) in changes.into_iter().enumerate() {
             let id = resource_id(set, &c.key);
@@ -520,6 +510,29 @@ impl ElasticStore {
             })
             .flatten();
         Ok((hits.into_iter().map(|h| h.source).collect(), next))
+    }
+
+    /// The resource documents of these ids that exist, by id (one `_mget`).
+    async fn resource_sources(&self, ids: &[String]) -> Result<HashMap<String, Value>, StoreError> {
+        let mut out = HashMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let v = self
+            .es
+            .ok(
+                Method::Post,
+                &format!("/{}/_mget", self.resources),
+                Some(json!({"ids": ids})),
+            )
+            .await?;
+        for d in v["docs"].as_array().into_iter().flatten() {
+            if d["found"] == json!(true) {
+                let id = d["_id"].as_str().unwrap_or_default().to_string();
+                out.insert(id, d["_source"].clone());
+            }
+        }
+        Ok(out)
     }
 
     /// The filter that hides change documents of a batch not (yet) committed.
@@ -742,28 +755,11 @@ impl SetStore for ElasticStore {
         set: &SetName,
         keys: &[ResourceKey],
     ) -> Result<Vec<Option<Resource>>, StoreError> {
-        if keys.is_empty() {
-            return Ok(vec![]);
-        }
         let ids: Vec<String> = keys.iter().map(|k| resource_id(set, k)).collect();
-        let v = self
-            .es
-            .ok(
-                Method::Post,
-                &format!("/{}/_mget", self.resources),
-                Some(json!({"ids": ids})),
-            )
-            .await?;
-        let mut found: HashMap<String, Resource> = HashMap::new();
-        for d in v["docs"].as_array().into_iter().flatten() {
-            if d["found"] == json!(true) {
-                found.insert(
-                    d["_id"].as_str().unwrap_or_default().to_string(),
-                    resource_from(&d["_source"])?,
-                );
-            }
-        }
-        Ok(ids.iter().map(|id| found.remove(id)).collect())
+        let mut found = self.resource_sources(&ids).await?;
+        ids.iter()
+            .map(|id| found.remove(id).map(|src| resource_from(&src)).transpose())
+            .collect()
     }
 
     async fn changelists(&self, set: &SetName) -> Result<Vec<ChangeListInfo>, StoreError> {

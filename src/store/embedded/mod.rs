@@ -788,19 +788,11 @@ impl SetStore for EmbeddedStore {
         set: &SetName,
         key: &ResourceKey,
     ) -> Result<Option<Resource>, StoreError> {
-        let (set, key) = (set.clone(), key.clone());
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                 FROM resources WHERE set_name = ?1 AND key = ?2",
-            )?;
-            let mut rows = st.query(params![set.as_str(), key.0])?;
-            match rows.next()? {
-                Some(r) => Ok(Some(resource_from_row(r)?)),
-                None => Ok(None),
-            }
-        })
-        .await
+        Ok(self
+            .resources_by_key(set, std::slice::from_ref(key))
+            .await?
+            .pop()
+            .flatten())
     }
 
     async fn resources_by_key(
