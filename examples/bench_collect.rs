@@ -30,26 +30,6 @@ use resourcesync_hub::model::{SetName, Timestamp};
 
 const LOREM: &str = "Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation ullamco laboris nisi ut aliquip ex ea commodo consequat. ";
 
-/// User + system CPU seconds of this process.
-fn cpu_secs() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn status_mb(field: &str) -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 /// Resets the peak resident size (VmHWM) to the current one.
 fn reset_peak() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -239,13 +219,16 @@ async fn main() -> anyhow::Result<()> {
         "bench".into(),
     )?;
     reset_peak();
-    let rss0 = status_mb("VmRSS:");
-    let (t, cpu0) = (Instant::now(), cpu_secs());
+    let rss0 = common::proc_status_mb("self", "VmRSS:");
+    let (t, cpu0) = (Instant::now(), common::proc_cpu_secs("self"));
     let out = collectors
         .once(None, &tokio_util::sync::CancellationToken::new())
         .await;
-    let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu_secs() - cpu0);
-    let peak = status_mb("VmHWM:");
+    let (secs, cpu) = (
+        t.elapsed().as_secs_f64(),
+        common::proc_cpu_secs("self") - cpu0,
+    );
+    let peak = common::proc_status_mb("self", "VmHWM:");
     for (name, r) in &out {
         println!(
             "  {name}: {}",

@@ -27,25 +27,6 @@ fn dc(k: usize, version: u32) -> String {
     )
 }
 
-fn cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    (ticks(11) + ticks(12)) / 100.0
-}
-
-fn status_mb(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .unwrap_or(0.0)
-        / 1024.0
-}
-
 fn config(dir: &Path) -> resourcesync_hub::config::Config {
     let mut c = common::bench_server_config(&dir.join("data"), &dir.join("root"));
     c.sets.get_mut("bench").expect("the bench set").oai =
@@ -158,7 +139,7 @@ async fn main() -> anyhow::Result<()> {
             .map(|a| a.trim().to_string())
             .ok_or_else(|| anyhow::anyhow!("our server said {line:?}"))?
     };
-    let pid = server.id();
+    let pid = server.id().to_string();
     let base = format!("http://{addr}");
     let client = reqwest::Client::builder().no_proxy().build()?;
     let ingest = format!("{base}/api/v1/resource-sets/bench/changes");
@@ -179,9 +160,12 @@ async fn main() -> anyhow::Result<()> {
 
     // 1. One client.
     let _ = walk(&client, &base).await?; // warm-up: the files in the page cache
-    let (cpu0, t) = (cpu_secs(pid), Instant::now());
+    let (cpu0, t) = (common::proc_cpu_secs(&pid), Instant::now());
     let (n, bytes, times) = walk(&client, &base).await?;
-    let (secs, cpu) = (t.elapsed().as_secs_f64(), cpu_secs(pid) - cpu0);
+    let (secs, cpu) = (
+        t.elapsed().as_secs_f64(),
+        common::proc_cpu_secs(&pid) - cpu0,
+    );
     let oai_mbs = bytes as f64 / 1e6 / secs;
     let mut times = times;
     times.sort_by(|a, b| a.total_cmp(b));
@@ -222,7 +206,7 @@ async fn main() -> anyhow::Result<()> {
             anyhow::Ok(k)
         })
     };
-    let rss0 = status_mb(pid, "VmRSS:");
+    let rss0 = common::proc_status_mb(&pid, "VmRSS:");
     let t = Instant::now();
     let mut walkers = Vec::new();
     for _ in 0..harvesters {
@@ -234,7 +218,7 @@ async fn main() -> anyhow::Result<()> {
     let mut total = 0;
     for w in walkers {
         while !w.is_finished() {
-            peak = peak.max(status_mb(pid, "VmRSS:"));
+            peak = peak.max(common::proc_status_mb(&pid, "VmRSS:"));
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let (n, _, times) = w.await??;

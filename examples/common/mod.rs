@@ -35,6 +35,27 @@ pub fn py_tool(name: &str) -> PathBuf {
     name.into()
 }
 
+/// User + system CPU seconds of a process (`"self"` or a pid), from `/proc`.
+pub fn proc_cpu_secs(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// A `/proc/<pid>/status` size field (`"VmRSS:"`, `"VmHWM:"`) of a process, in MB.
+pub fn proc_status_mb(pid: &str, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kb| kb.parse::<f64>().ok())
+        .unwrap_or(0.0)
+        / 1024.0
+}
+
 /// One ingest line (NDJSON) for the file `rel` holding `body`.
 pub fn ingest_line(rel: &str, body: &str, change: &str) -> String {
     use md5::{Digest, Md5};

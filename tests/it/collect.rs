@@ -386,6 +386,30 @@ pub fn repository(n: usize) -> serde_json::Value {
     })
 }
 
+/// Changes [`repository`]'s fixture as the acceptance says, all datestamped `now`: 200 live
+/// records updated, 100 deleted, 50 re-datestamped but unchanged, 300 created.
+pub fn change_upstream(fx: &mut serde_json::Value, now: &str) {
+    let recs = fx["records"].as_array_mut().unwrap();
+    let live: Vec<usize> = (0..10_000).filter(|k| k % 20 != 19).collect();
+    for &k in &live[..200] {
+        recs[k]["dc"]["title"] = serde_json::json!([format!("Record {k}, second version")]);
+        recs[k]["datestamp"] = now.into();
+    }
+    for &k in &live[1000..1100] {
+        recs[k]["deleted"] = true.into();
+        recs[k]["datestamp"] = now.into();
+    }
+    for &k in &live[2000..2050] {
+        recs[k]["datestamp"] = now.into();
+    }
+    for k in 10_000..10_300 {
+        recs.push(serde_json::json!({
+            "id": format!("oai:big:{k}"), "datestamp": now, "sets": ["s1"],
+            "dc": {"title": [format!("New record {k}")]},
+        }));
+    }
+}
+
 /// Rewrites the repository's fixture (the server reads it again on its next request).
 pub fn rewrite(repo: &OaiServer, fixture: &serde_json::Value) {
     let tmp = repo.fixture.path().with_extension("new");
@@ -509,26 +533,7 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
 
     // The repository changes.
     let changes_before = c.app_counts().await;
-    let now = now_datestamp();
-    let recs = fx["records"].as_array_mut().unwrap();
-    let live: Vec<usize> = (0..10_000).filter(|k| k % 20 != 19).collect();
-    for &k in &live[..200] {
-        recs[k]["dc"]["title"] = serde_json::json!([format!("Record {k}, second version")]);
-        recs[k]["datestamp"] = now.clone().into();
-    }
-    for &k in &live[1000..1100] {
-        recs[k]["deleted"] = true.into();
-        recs[k]["datestamp"] = now.clone().into();
-    }
-    for &k in &live[2000..2050] {
-        recs[k]["datestamp"] = now.clone().into();
-    }
-    for k in 10_000..10_300 {
-        recs.push(serde_json::json!({
-            "id": format!("oai:big:{k}"), "datestamp": now, "sets": ["s1"],
-            "dc": {"title": [format!("New record {k}")]},
-        }));
-    }
+    change_upstream(&mut fx, &now_datestamp());
     rewrite(&c.repo, &fx);
     let v = c.run_now().await;
     assert_eq!(v["last_error"], serde_json::Value::Null, "{v:#}");
@@ -881,50 +886,38 @@ fn config_file(dir: &std::path::Path, base: &str) -> std::path::PathBuf {
     p
 }
 
-/// Killed (SIGKILL) in the middle of a run and started again: the run goes on from its
-/// checkpointed token, no page but the one in flight is fetched again, and no change is
-/// recorded twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn killed_mid_run_it_goes_on_from_its_token_and_records_nothing_twice() {
-    let fx = with_faults(repository(2_000), serde_json::json!({"delay_ms": 150}));
-    let repo = OaiServer::start(&fx, 100);
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = config_file(dir.path(), &repo.base);
-    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
-    crate::support::wait_until("6 pages asked for", || async {
+/// A child server's view of the collector `papers` (admin API).
+async fn child_status(
+    client: &reqwest::Client,
+    server: &crate::support::ChildServer,
+) -> serde_json::Value {
+    client
+        .get(server.url("/admin/v1/collect/papers"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap()
+}
+
+/// Waits until the repository was asked for `n` pages by token.
+async fn wait_pages(repo: &OaiServer, n: usize) {
+    crate::support::wait_until(&format!("{n} pages asked for"), || async {
         repo.requests()
             .await
             .iter()
             .filter(|(_, q)| q.contains("resumptionToken"))
             .count()
-            >= 6
+            >= n
     })
     .await;
-    server.signal("KILL");
-    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
-    let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let status = || async {
-        client
-            .get(server.url("/admin/v1/collect/papers"))
-            .bearer_auth(ADMIN)
-            .send()
-            .await
-            .unwrap()
-            .json::<serde_json::Value>()
-            .await
-            .unwrap()
-    };
-    crate::support::wait_until("the run to end", || async {
-        status().await["last_ended"].is_string()
-    })
-    .await;
-    let v = status().await;
-    no_error(&v);
-    assert!(
-        server.log().contains("continuing the run under way"),
-        "{}",
-        server.log()
-    );
+}
+
+/// The repository's log shows one list of `pages` pages, continued after an interruption:
+/// its first page asked once, at most one page asked again (twice), nothing else.
+async fn assert_list_continued(repo: &OaiServer, pages: usize) {
     let reqs = repo.requests().await;
     let lists: Vec<&String> = reqs
         .iter()
@@ -948,7 +941,34 @@ async fn killed_mid_run_it_goes_on_from_its_token_and_records_nothing_twice() {
         again.len() <= 1 && again.iter().all(|(_, n)| **n == 2),
         "pages fetched again: {again:?}"
     );
-    assert_eq!(lists.len(), 20 + again.len());
+    assert_eq!(lists.len(), pages + again.len());
+}
+
+/// Killed (SIGKILL) in the middle of a run and started again: the run goes on from its
+/// checkpointed token, no page but the one in flight is fetched again, and no change is
+/// recorded twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_mid_run_it_goes_on_from_its_token_and_records_nothing_twice() {
+    let fx = with_faults(repository(2_000), serde_json::json!({"delay_ms": 150}));
+    let repo = OaiServer::start(&fx, 100);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config_file(dir.path(), &repo.base);
+    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    wait_pages(&repo, 6).await;
+    server.signal("KILL");
+    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    crate::support::wait_until("the run to end", || async {
+        child_status(&client, &server).await["last_ended"].is_string()
+    })
+    .await;
+    no_error(&child_status(&client, &server).await);
+    assert!(
+        server.log().contains("continuing the run under way"),
+        "{}",
+        server.log()
+    );
+    assert_list_continued(&repo, 20).await;
     drop(server);
     let store =
         resourcesync_hub::store::Store::open_embedded(&dir.path().join("data/rshub.sqlite"))
@@ -1219,32 +1239,10 @@ async fn on_a_shared_store_a_killed_collector_is_taken_over() {
         crate::support::ChildServer::serve_one_of(tmp.path(), "b", &cfg),
     ];
     let client = reqwest::Client::builder().no_proxy().build().unwrap();
-    let status = |p: &crate::support::ChildServer| {
-        let (client, url) = (client.clone(), p.url("/admin/v1/collect/papers"));
-        async move {
-            client
-                .get(url)
-                .bearer_auth(ADMIN)
-                .send()
-                .await
-                .unwrap()
-                .json::<serde_json::Value>()
-                .await
-                .unwrap()
-        }
-    };
-    crate::support::wait_until("6 pages asked for", || async {
-        repo.requests()
-            .await
-            .iter()
-            .filter(|(_, q)| q.contains("resumptionToken"))
-            .count()
-            >= 6
-    })
-    .await;
+    wait_pages(&repo, 6).await;
     let held = [
-        status(&procs[0]).await["live"]["held_here"] == true,
-        status(&procs[1]).await["live"]["held_here"] == true,
+        child_status(&client, &procs[0]).await["live"]["held_here"] == true,
+        child_status(&client, &procs[1]).await["live"]["held_here"] == true,
     ];
     assert_eq!(
         held.iter().filter(|h| **h).count(),
@@ -1255,12 +1253,11 @@ async fn on_a_shared_store_a_killed_collector_is_taken_over() {
     let (killed, other) = if held[0] { (a, b) } else { (b, a) };
     killed.signal("KILL");
     crate::support::wait_until("the other process to end the run", || async {
-        let v = status(&other).await;
+        let v = child_status(&client, &other).await;
         v["last_ended"].is_string() && v["state"] != "running"
     })
     .await;
-    let v = status(&other).await;
-    no_error(&v);
+    no_error(&child_status(&client, &other).await);
     assert!(
         other.log().contains("this process now holds the collector"),
         "{}",
@@ -1271,25 +1268,7 @@ async fn on_a_shared_store_a_killed_collector_is_taken_over() {
         "{}",
         other.log()
     );
-    let reqs = repo.requests().await;
-    let lists: Vec<&String> = reqs
-        .iter()
-        .map(|(_, q)| q)
-        .filter(|q| q.contains("ListRecords"))
-        .collect();
-    assert_eq!(
-        lists
-            .iter()
-            .filter(|q| !q.contains("resumptionToken"))
-            .count(),
-        1,
-        "the list was not started again"
-    );
-    let mut seen = std::collections::HashMap::new();
-    for q in &lists {
-        *seen.entry(q.as_str()).or_insert(0) += 1;
-    }
-    assert!(seen.values().filter(|n| **n > 1).count() <= 1, "{seen:?}");
+    assert_list_continued(&repo, 20).await;
     let store = crate::support::elastic_store(&es).await;
     let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
     let counts = store.counts(&set).await.unwrap();

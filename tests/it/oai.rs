@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::collect::{
-    collect_config, no_error, now_datestamp, repository, rewrite, Collecting, OaiServer,
+    change_upstream, collect_config, no_error, now_datestamp, repository, rewrite, Collecting,
+    OaiServer,
 };
 use crate::support::{PyEnv, TestApp};
 
@@ -149,23 +150,11 @@ async fn independent_harvesters_get_exactly_the_sets_records_in_full_and_increme
         assert_eq!(codes[case], code, "{case}: {v}");
     }
 
-    // Upstream changes, collected; the harvesters come back with `from`.
+    // Upstream changes (re-datestamped unchanged records record nothing here, so are not
+    // listed), collected; the harvesters come back with `from`.
     let since = now_datestamp();
     tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let now = now_datestamp();
-    let recs = fx["records"].as_array_mut().unwrap();
-    let live: Vec<usize> = (0..10_000).filter(|k| k % 20 != 19).collect();
-    for &k in &live[..200] {
-        recs[k]["dc"]["title"] = serde_json::json!([format!("Record {k}, second version")]);
-        recs[k]["datestamp"] = now.clone().into();
-    }
-    for &k in &live[1000..1100] {
-        recs[k]["deleted"] = true.into();
-        recs[k]["datestamp"] = now.clone().into();
-    }
-    for k in 10_000..10_300 {
-        recs.push(serde_json::json!({"id": format!("oai:big:{k}"), "datestamp": now, "sets": ["s1"], "dc": {"title": [format!("New {k}")]}}));
-    }
+    change_upstream(&mut fx, &now_datestamp());
     rewrite(&c.repo, &fx);
     no_error(&c.run_now().await);
     for (client, state) in &states {
