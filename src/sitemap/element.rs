@@ -11,7 +11,14 @@ use crate::model::is_xml_char;
 
 /// The first character (raw or referenced) XML 1.0 cannot carry, described.
 pub fn bad_character(text: &str) -> Option<String> {
-    if let Some(c) = text.chars().find(|c| !is_xml_char(*c)) {
+    // A byte scan: in a `str` the characters XML 1.0 cannot carry are the C0 controls but
+    // tab, newline and carriage return (single bytes), and U+FFFE and U+FFFF.
+    let raw = text
+        .bytes()
+        .position(|b| b < 0x20 && !matches!(b, b'\t' | b'\n' | b'\r'))
+        .or_else(|| text.find(['\u{FFFE}', '\u{FFFF}']));
+    if let Some(c) = raw.and_then(|i| text[i..].chars().next()) {
+        debug_assert!(!is_xml_char(c));
         return Some(format!(
             "the character U+{:04X}, which XML 1.0 cannot carry",
             c as u32
@@ -86,5 +93,7 @@ mod tests {
         assert!(bad_character("<a>\u{1}</a>").unwrap().contains("U+0001"));
         assert!(bad_character("<a>&#1;</a>").unwrap().contains("&#1;"));
         assert_eq!(bad_character("<a>&#x1F600;</a>"), None);
+        assert!(bad_character("<a>\u{FFFE}</a>").unwrap().contains("U+FFFE"));
+        assert_eq!(bad_character("<a>\u{7F}\u{FFFD}\u{10FFFF}\tx</a>"), None);
     }
 }
