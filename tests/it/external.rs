@@ -107,10 +107,7 @@ async fn an_external_writers_25000_resources_are_listed_once_and_their_changes_i
             .map(|(_, d)| d.entries.len())
             .sum::<usize>()
     };
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while notified(&sub) < total && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    crate::support::wait_for_count("external changes notified", total, || notified(&sub)).await;
     assert_eq!(notified(&sub), total, "every external change notified");
 
     let (rl, resources, texts) = all_entries(&app, "/sets/papers/resourcelist.xml").await;

@@ -1065,15 +1065,8 @@ async fn a_dead_subscribers_backlog_costs_bounded_memory_and_arrives_in_order() 
     counter
         .fail
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    let deadline = std::time::Instant::now() + Duration::from_secs(300);
-    while counter.got.lock().unwrap().len() < N {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "only {} of {N} delivered",
-            counter.got.lock().unwrap().len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    crate::support::wait_for_count("backlog delivered", N, || counter.got.lock().unwrap().len())
+        .await;
     let got = counter.got.lock().unwrap().clone();
     assert_eq!(
         got,

@@ -162,6 +162,26 @@ where
     }
 }
 
+/// Waits until `count()` reaches `total`, for as long as it keeps moving: panics naming `what`
+/// when it has not grown for 120 s (a stall, not a slow machine: on a loaded 2-core runner a
+/// large backlog can take minutes, and a fixed deadline turned slowness into failures).
+pub async fn wait_for_count(what: &str, total: usize, mut count: impl FnMut() -> usize) {
+    let stall = std::time::Duration::from_secs(120);
+    let (mut seen, mut moved) = (count(), std::time::Instant::now());
+    while seen < total {
+        assert!(
+            moved.elapsed() < stall,
+            "{what}: stuck at {seen} of {total} for {} s",
+            stall.as_secs()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        let now = count();
+        if now > seen {
+            (seen, moved) = (now, std::time::Instant::now());
+        }
+    }
+}
+
 /// One NDJSON change line for a rel_path resource.
 pub fn change_line(change: &str, rel: &str, md5: &str, length: u64) -> String {
     if change == "deleted" {
