@@ -68,6 +68,26 @@ pub async fn change_list_no(
     .await
 }
 
+pub async fn activity(
+    State(st): State<AppState>,
+    Path(set): Path<String>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    serve(&st, DocKind::Activity(set_name(&set)?), &h).await
+}
+
+pub async fn activity_page(
+    State(st): State<AppState>,
+    Path((set, no)): Path<(String, String)>,
+    h: HeaderMap,
+) -> Result<Response, AppError> {
+    let no = no
+        .strip_suffix(".json")
+        .and_then(|n| n.parse::<u32>().ok())
+        .ok_or_else(|| AppError::NotFound(format!("{no:?} is not a page name like 1.json")))?;
+    serve(&st, DocKind::ActivityPage(set_name(&set)?, no), &h).await
+}
+
 /// The dump file a request names, or a 404 that says why there is none.
 async fn dump(
     st: &AppState,
@@ -180,6 +200,7 @@ fn number_xml(s: &str) -> Result<u32, AppError> {
 
 async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Response, AppError> {
     let gzip = accepts_gzip(headers);
+    let content_type = kind.media_type();
     let opened = st.source.open_document(&kind, gzip).await?;
     let (doc, body) = match opened {
         Opened::Memory(d, b) => (d, Body_::Memory(b)),
@@ -192,7 +213,7 @@ async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Resp
             etag: doc.etag(gzip),
             last_modified: doc.last_modified().floor_secs(),
             len: doc.len(gzip),
-            content_type: "application/xml",
+            content_type,
             gzip,
             vary: true,
         },

@@ -67,6 +67,8 @@ pub fn router(state: AppState) -> Router {
             "/sets/{set}/changelist/{no}",
             get(documents::change_list_no),
         )
+        .route("/sets/{set}/activity.json", get(documents::activity))
+        .route("/sets/{set}/activity/{no}", get(documents::activity_page))
         .route(
             "/sets/{set}/resourcedump.xml",
             get(documents::resource_dump),
@@ -246,10 +248,11 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
         for set in sets {
             let n = &set.name;
             s.push_str(&format!(
-                "\nset {n}\n  capability list: {}\n  resource list:   {}\n  change list:     {}\n  ingest (POST):   {}\n",
+                "\nset {n}\n  capability list: {}\n  resource list:   {}\n  change list:     {}\n  activity stream: {} (IIIF Change Discovery)\n  ingest (POST):   {}\n",
                 urls.capability_list(n),
                 urls.resource_list(n),
                 urls.change_list(n),
+                urls.activity(n),
                 urls.ingest(n)
             ));
             if st.config.notify.enabled {
@@ -266,8 +269,8 @@ async fn home(State(st): State<AppState>) -> impl IntoResponse {
             if !sets.is_empty() {
                 let names: Vec<&str> = sets.iter().map(|s| s.name.as_str()).collect();
                 s.push_str(&format!(
-                    "\nOAI-PMH repository: {}/oai?verb=Identify (sets: {})\n",
-                    st.config.base_url(),
+                    "\nOAI-PMH repository: {}?verb=Identify (sets: {})\n",
+                    urls.oai(),
                     names.join(", ")
                 ));
             }

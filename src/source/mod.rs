@@ -5,6 +5,7 @@
 //! The page cache has two tiers: every page and its gzip form as files on disk ([`disk`],
 //! surviving restarts, with a byte budget), and the small hot pages in memory ([`cache`]).
 
+pub mod activity;
 mod cache;
 pub mod disk;
 
@@ -34,6 +35,10 @@ pub enum DocKind {
     /// The only Change List, or the Change List Index once a list has been closed.
     ChangeList(SetName),
     ChangeListNo(SetName, u32),
+    /// The IIIF Change Discovery collection of a set's changes.
+    Activity(SetName),
+    /// One of its pages: the activities of Change List `no`.
+    ActivityPage(SetName, u32),
 }
 
 impl DocKind {
@@ -46,6 +51,16 @@ impl DocKind {
             DocKind::ResourceListPart(..) => "resource_list_part",
             DocKind::ChangeList(_) => "change_list",
             DocKind::ChangeListNo(..) => "change_list_no",
+            DocKind::Activity(_) => "activity",
+            DocKind::ActivityPage(..) => "activity_page",
+        }
+    }
+
+    /// The media type the document is served as.
+    pub fn media_type(&self) -> &'static str {
+        match self {
+            DocKind::Activity(_) | DocKind::ActivityPage(..) => activity::MEDIA_TYPE,
+            _ => "application/xml",
         }
     }
 }
@@ -203,6 +218,15 @@ impl Urls {
     pub fn change_dump_file(&self, set: &SetName, no: u32, name: &str) -> String {
         format!("{}/sets/{set}/changedump/{no}/{name}", self.base)
     }
+    pub fn activity(&self, set: &SetName) -> String {
+        format!("{}/sets/{set}/activity.json", self.base)
+    }
+    pub fn activity_page(&self, set: &SetName, no: u32) -> String {
+        format!("{}/sets/{set}/activity/{no}.json", self.base)
+    }
+    pub fn oai(&self) -> String {
+        format!("{}/oai", self.base)
+    }
     pub fn ingest(&self, set: &SetName) -> String {
         format!("{}/api/v1/resource-sets/{set}/changes", self.base)
     }
@@ -287,6 +311,12 @@ impl Source {
                 "notify": config.notify.enabled,
                 "set_defaults": config.set_defaults,
                 "sets": config.sets,
+                "oai": config.oai.enabled,
+                "oai_formats": config
+                    .configured_sets()
+                    .into_iter()
+                    .map(|n| (n, config.oai_format(n)))
+                    .collect::<Vec<_>>(),
             });
             let mut h = hex_digest(sha2::Sha256::digest(inputs.to_string().as_bytes()));
             h.truncate(16);
@@ -692,6 +722,7 @@ impl Source {
                         parts,
                         lists: vec![],
                         latest_change,
+                        nav: None,
                     }),
                     None => {
                         let nos: Vec<String> = parts.iter().map(|p| p.no.to_string()).collect();
@@ -708,6 +739,7 @@ impl Source {
                             parts,
                             lists: vec![],
                             latest_change,
+                            nav: None,
                         })
                     }
                 }
@@ -761,12 +793,73 @@ impl Source {
                     parts: vec![],
                     lists,
                     latest_change: None,
+                    nav: None,
                 })
+            }
+            DocKind::Activity(set) | DocKind::ActivityPage(set, _) => {
+                let created = self.known_set(set).await?;
+                let lists = self.store.changelists(set).await?;
+                // Pages are the lists that hold changes: every closed list, and the open
+                // one once it has any (a page has at least one activity).
+                let pages: Vec<&ChangeListInfo> = lists.iter().filter(|l| l.count > 0).collect();
+                let changed = |l: &ChangeListInfo| l.until.or(l.last_change).unwrap_or(l.from);
+                match kind {
+                    DocKind::ActivityPage(_, no) => {
+                        let at = pages.iter().position(|l| l.no == *no).ok_or_else(|| {
+                            SourceError::NotFound(format!(
+                                "set {set} has no activity page {no} (pages are its Change Lists that hold changes)"
+                            ))
+                        })?;
+                        let l = pages[at];
+                        let nav = Nav {
+                            start: pages[..at].iter().map(|l| l.count).sum(),
+                            total: l.count,
+                            prev: at.checked_sub(1).map(|p| pages[p].no),
+                            next: pages.get(at + 1).map(|n| n.no),
+                        };
+                        Ok(Plan {
+                            // A closed list's page changes once more: when a later page
+                            // first gets its `next`.
+                            version: format!(
+                                "{}:activitypage:{}:{:?}:{}:{}:{:?}:{:?}:{}",
+                                created.0,
+                                l.no,
+                                l.until,
+                                l.count,
+                                l.last_seq,
+                                nav.prev,
+                                nav.next,
+                                nav.start
+                            ),
+                            last_modified: changed(l),
+                            lists: vec![l.clone()],
+                            nav: Some(nav),
+                            ..Plan::new(String::new(), created)
+                        })
+                    }
+                    _ => {
+                        let nav = Nav {
+                            start: 0,
+                            total: pages.iter().map(|l| l.count).sum(),
+                            prev: pages.first().map(|l| l.no),
+                            next: pages.last().map(|l| l.no),
+                        };
+                        Ok(Plan {
+                            version: format!(
+                                "{}:activity:{}:{:?}:{:?}",
+                                created.0, nav.total, nav.prev, nav.next
+                            ),
+                            last_modified: pages.last().map_or(created, |l| changed(l)),
+                            nav: Some(nav),
+                            ..Plan::new(String::new(), created)
+                        })
+                    }
+                }
             }
         }
     }
 
-    async fn generate(&self, kind: &DocKind, plan: &Plan) -> Result<Gen, SourceError> {
+    async fn generate(&self, kind: &DocKind, plan: &Plan) -> Result<Gen<Pages>, SourceError> {
         // A Resource List's `at` is just after the newest change it reflects (L + 1µs) when
         // that is earlier than now. A change stamped before now but committed after this read
         // is dated after L (the store dates changes strictly increasingly), so it cannot fall
@@ -778,7 +871,8 @@ impl Source {
         let out = match kind {
             DocKind::SourceDescription => {
                 let describedby = &self.config.source.describedby;
-                let links: Vec<Ln> = (!describedby.is_empty())
+                let oai = format!("{}?verb=Identify", self.urls.oai());
+                let mut links: Vec<Ln> = (!describedby.is_empty())
                     .then(|| Ln {
                         rel: "describedby",
                         href: describedby,
@@ -786,6 +880,14 @@ impl Source {
                     })
                     .into_iter()
                     .collect();
+                // The same sets over OAI-PMH (the repository's Identify).
+                if self.config.oai.enabled {
+                    links.push(Ln {
+                        rel: "alternate",
+                        href: &oai,
+                        mime: Some("text/xml"),
+                    });
+                }
                 let mut w = SitemapWriter::new(
                     Root::Urlset,
                     &Md {
@@ -815,7 +917,7 @@ impl Source {
                         &links,
                     );
                 }
-                self.gen(w)?
+                self.gen(w)?.boxed()
             }
             DocKind::CapabilityList(set) => {
                 let sc = self.set_config(set);
@@ -834,6 +936,32 @@ impl Source {
                     href: &sd,
                     mime: None,
                 });
+                // The set's changes as IIIF Change Discovery activities, and its records
+                // over OAI-PMH when it is served there.
+                let activity = self.urls.activity(set);
+                links.push(Ln {
+                    rel: "alternate",
+                    href: &activity,
+                    mime: Some(activity::MEDIA_TYPE),
+                });
+                let oai = self
+                    .config
+                    .oai_format(set.as_str())
+                    .filter(|_| self.config.oai.enabled)
+                    .map(|f| {
+                        format!(
+                            "{}?verb=ListRecords&metadataPrefix={}&set={set}",
+                            self.urls.oai(),
+                            f.metadata_prefix
+                        )
+                    });
+                if let Some(oai) = &oai {
+                    links.push(Ln {
+                        rel: "alternate",
+                        href: oai,
+                        mime: Some("text/xml"),
+                    });
+                }
                 let mut w = SitemapWriter::new(
                     Root::Urlset,
                     &Md {
@@ -900,7 +1028,7 @@ impl Source {
                         &hub_ln,
                     );
                 }
-                self.gen(w)?
+                self.gen(w)?.boxed()
             }
             DocKind::ResourceList(set) | DocKind::ResourceListPart(set, _) => {
                 let up = self.urls.capability_list(set);
@@ -927,9 +1055,12 @@ impl Source {
                                 &[],
                             );
                         }
-                        self.gen(w)?
+                        self.gen(w)?.boxed()
                     }
-                    Some(part) => self.resource_list_part(set, part, plan.indexed, at).await?,
+                    Some(part) => self
+                        .resource_list_part(set, part, plan.indexed, at)
+                        .await?
+                        .boxed(),
                 }
             }
             DocKind::ChangeList(set) | DocKind::ChangeListNo(set, _) => {
@@ -962,22 +1093,42 @@ impl Source {
                                 &[],
                             );
                         }
-                        self.gen(w)?
+                        self.gen(w)?.boxed()
                     }
                     _ => {
                         let list = plan.lists.first().ok_or_else(|| {
                             SourceError::NotFound(format!("set {set} has no Change List"))
                         })?;
-                        self.change_list(set, list, plan.indexed).await?
+                        self.change_list(set, list, plan.indexed).await?.boxed()
                     }
                 }
+            }
+            DocKind::Activity(set) => {
+                let nav = plan.nav.expect("an activity plan has its nav");
+                let page = |no: Option<u32>| no.map(|n| self.urls.activity_page(set, n));
+                let (first, last) = (page(nav.prev), page(nav.next));
+                self.gen(activity::ActivityWriter::collection(
+                    &self.urls.activity(set),
+                    nav.total,
+                    first.as_deref(),
+                    last.as_deref(),
+                ))?
+                .boxed()
+            }
+            DocKind::ActivityPage(set, no) => {
+                let list = plan
+                    .lists
+                    .first()
+                    .expect("an activity page plan has its list");
+                let nav = plan.nav.expect("an activity plan has its nav");
+                self.activity_page(set, *no, list, nav).await?.boxed()
             }
         };
         Ok(out)
     }
 
     /// A page whose entries are all in the writer.
-    fn gen(&self, w: SitemapWriter) -> Result<Gen, SourceError> {
+    fn gen<W: PageWriter>(&self, w: W) -> Result<Gen<W>, SourceError> {
         Ok(Gen {
             w,
             spool: self.disk.spool()?,
@@ -991,7 +1142,7 @@ impl Source {
         part: &PartInfo,
         indexed: bool,
         at: Timestamp,
-    ) -> Result<Gen, SourceError> {
+    ) -> Result<Gen<SitemapWriter>, SourceError> {
         let sc = Arc::new(self.set_config(set));
         let up = self.urls.capability_list(set);
         let index = self.urls.resource_list(set);
@@ -1051,7 +1202,7 @@ impl Source {
         set: &SetName,
         list: &ChangeListInfo,
         indexed: bool,
-    ) -> Result<Gen, SourceError> {
+    ) -> Result<Gen<SitemapWriter>, SourceError> {
         let sc = Arc::new(self.set_config(set));
         let up = self.urls.capability_list(set);
         let index = self.urls.change_list(set);
@@ -1106,23 +1257,138 @@ impl Source {
         }
         Ok(gen)
     }
+
+    /// The activity page of Change List `no`: its changes as activities, oldest first.
+    async fn activity_page(
+        &self,
+        set: &SetName,
+        no: u32,
+        list: &ChangeListInfo,
+        nav: Nav,
+    ) -> Result<Gen<activity::ActivityWriter>, SourceError> {
+        let sc = Arc::new(self.set_config(set));
+        let page = |n: Option<u32>| n.map(|n| self.urls.activity_page(set, n));
+        let (prev, next) = (page(nav.prev), page(nav.next));
+        let mut gen = self.gen(activity::ActivityWriter::page(
+            &self.urls.activity_page(set, no),
+            &self.urls.activity(set),
+            nav.start,
+            prev.as_deref(),
+            next.as_deref(),
+        ))?;
+        let mut cursor = None;
+        loop {
+            let page = self
+                .store
+                .changes(
+                    set,
+                    list.from,
+                    list.until,
+                    cursor,
+                    self.config.source.store_page_size,
+                )
+                .await?;
+            let (items, next) = (page.items, page.next);
+            let sc = sc.clone();
+            gen = gen
+                .write_rows(move |w| {
+                    let mut loc = String::new();
+                    for c in &items {
+                        loc.clear();
+                        c.key.to_url(&sc.url_prefix, &mut loc);
+                        w.activity(c.change, &loc, c.datetime);
+                    }
+                })
+                .await?;
+            match next {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        Ok(gen)
+    }
+}
+
+/// What the page cache needs of a document's writer: a head, the entries taken as they
+/// accumulate, a tail (the sitemaps, the activity streams).
+trait PageWriter: Send + 'static {
+    fn head(&self) -> &str;
+    fn take_entries(&mut self) -> String;
+    fn tail(&self) -> String;
+    fn entries(&self) -> usize;
+}
+
+impl PageWriter for SitemapWriter {
+    fn head(&self) -> &str {
+        SitemapWriter::head(self)
+    }
+    fn take_entries(&mut self) -> String {
+        SitemapWriter::take_entries(self)
+    }
+    fn tail(&self) -> String {
+        SitemapWriter::tail(self)
+    }
+    fn entries(&self) -> usize {
+        SitemapWriter::entries(self)
+    }
+}
+
+impl PageWriter for activity::ActivityWriter {
+    fn head(&self) -> &str {
+        activity::ActivityWriter::head(self)
+    }
+    fn take_entries(&mut self) -> String {
+        activity::ActivityWriter::take_entries(self)
+    }
+    fn tail(&self) -> String {
+        activity::ActivityWriter::tail(self)
+    }
+    fn entries(&self) -> usize {
+        activity::ActivityWriter::entries(self)
+    }
+}
+
+/// Any page's writer, once its entries are written.
+type Pages = Box<dyn PageWriter>;
+
+impl PageWriter for Pages {
+    fn head(&self) -> &str {
+        (**self).head()
+    }
+    fn take_entries(&mut self) -> String {
+        (**self).take_entries()
+    }
+    fn tail(&self) -> String {
+        (**self).tail()
+    }
+    fn entries(&self) -> usize {
+        (**self).entries()
+    }
 }
 
 /// A page being generated: the writer, and the spool its entries are moved to as they
 /// accumulate, so a 50 MB page is never held in memory.
-struct Gen {
-    w: SitemapWriter,
+struct Gen<W> {
+    w: W,
     spool: Spool,
     /// Entry bytes moved to the spool so far.
     bytes: u64,
 }
 
-impl Gen {
+impl<W: PageWriter> Gen<W> {
+    fn boxed(self) -> Gen<Pages> {
+        Gen {
+            w: Box::new(self.w),
+            spool: self.spool,
+            bytes: self.bytes,
+        }
+    }
+
     /// Formats one batch of rows and spools it, on the blocking pool.
     async fn write_rows(
         self,
-        f: impl FnOnce(&mut SitemapWriter) + Send + 'static,
-    ) -> Result<Gen, SourceError> {
+        f: impl FnOnce(&mut W) + Send + 'static,
+    ) -> Result<Gen<W>, SourceError> {
         blocking(move || {
             let mut g = self;
             f(&mut g.w);
@@ -1145,6 +1411,18 @@ struct Plan {
     lists: Vec<ChangeListInfo>,
     /// Datetime of the newest change of the set visible when planning.
     latest_change: Option<Timestamp>,
+    /// Where an activity page lies (for the collection: its first and last pages).
+    nav: Option<Nav>,
+}
+
+/// An activity page's place in its collection: the activities before it and in it, its
+/// neighbours. For the collection, `prev` and `next` are its first and last pages.
+#[derive(Debug, Clone, Copy)]
+struct Nav {
+    start: u64,
+    total: u64,
+    prev: Option<u32>,
+    next: Option<u32>,
 }
 
 impl Plan {
@@ -1157,6 +1435,7 @@ impl Plan {
             parts: vec![],
             lists: vec![],
             latest_change: None,
+            nav: None,
         }
     }
 }
