@@ -407,7 +407,7 @@ fn accepts_gzip(headers: &HeaderMap) -> bool {
 }
 
 /// RFC 9110 §13.1: If-None-Match wins over If-Modified-Since.
-fn not_modified(headers: &HeaderMap, etag: &str, last_modified: Timestamp) -> bool {
+pub(super) fn not_modified(headers: &HeaderMap, etag: &str, last_modified: Timestamp) -> bool {
     if let Some(inm) = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())

@@ -547,6 +547,39 @@ impl Repository {
         }))
     }
 
+    /// A weak validator of the answer to `pairs` and when what it depends on last changed:
+    /// the same while no served set changed (two such answers differ only in their
+    /// `responseDate` and, on a list's first page, in the bound its token carries, and a
+    /// harvester continuing with either gets the same records).
+    pub async fn validator(
+        &self,
+        pairs: &[(String, String)],
+    ) -> Result<(String, Timestamp), StoreError> {
+        use sha2::Digest as _;
+        let config = self.source.config();
+        let mut h = sha2::Sha256::new();
+        let mut sorted: Vec<&(String, String)> = pairs.iter().collect();
+        sorted.sort();
+        for (k, v) in sorted {
+            for part in [k.as_bytes(), b"=", v.as_bytes(), b"&"] {
+                h.update(part);
+            }
+        }
+        let about = serde_json::json!([env!("CARGO_PKG_VERSION"), config.base_url(), config.oai]);
+        h.update(about.to_string().as_bytes());
+        let mut newest = Timestamp(0);
+        for s in self.sets().await? {
+            h.update(format!("|{}:{}", s.name, s.format.metadata_prefix).as_bytes());
+            if let Some(c) = self.source.store().latest_change(&s.name).await? {
+                h.update(format!(":{}:{}", c.datetime.0, c.id).as_bytes());
+                newest = newest.max(c.datetime);
+            }
+        }
+        let mut tag = crate::digest::hex_digest(h.finalize());
+        tag.truncate(32);
+        Ok((tag, newest))
+    }
+
     /// Answers one request (the pairs of its query or form).
     pub async fn answer(&self, pairs: &[(String, String)]) -> Result<Answer, Failure> {
         let config = self.source.config();

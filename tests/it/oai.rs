@@ -361,3 +361,72 @@ async fn a_token_from_one_process_is_taken_by_another_on_a_shared_store() {
     a.stop().await;
     b.stop().await;
 }
+
+/// A harvester asking again gets a 304 while nothing it could see changed, and the new
+/// answer once something did; answers are gzipped for those who take it.
+#[tokio::test]
+async fn a_repeated_request_is_not_modified_until_the_set_changes() {
+    let (mut c, dir) = crate::support::test_config();
+    let root = dir.path().join("root");
+    oai_set_config(&mut c, &root);
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..150)
+        .map(|k| record_line(&root, "created", k, 1))
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    let list = app.url("/oai?verb=ListRecords&metadataPrefix=oai_dc");
+    let r = app.client.get(&list).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let etag = r.headers()[reqwest::header::ETAG].clone();
+    assert!(etag.to_str().unwrap().starts_with("W/\""), "{etag:?}");
+    let again = |tag: reqwest::header::HeaderValue| {
+        app.client
+            .get(&list)
+            .header(reqwest::header::IF_NONE_MATCH, tag)
+            .send()
+    };
+    assert_eq!(again(etag.clone()).await.unwrap().status(), 304);
+    // The same request with its arguments in another order is the same answer.
+    let r = app
+        .client
+        .get(app.url("/oai?metadataPrefix=oai_dc&verb=ListRecords"))
+        .header(reqwest::header::IF_NONE_MATCH, etag.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 304);
+    app.ingest_ok("papers", &record_line(&root, "updated", 7, 2))
+        .await;
+    let r = again(etag.clone()).await.unwrap();
+    assert_eq!(r.status(), 200, "a changed set answers anew");
+    assert_ne!(r.headers()[reqwest::header::ETAG], etag);
+
+    // gzip, taken by a client that asks for it (one that does not undo it on the way in).
+    let raw = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .build()
+        .unwrap();
+    let r = raw
+        .get(&list)
+        .header(reqwest::header::ACCEPT_ENCODING, "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.headers()
+            .get(reqwest::header::CONTENT_ENCODING)
+            .map(|v| v.to_str().unwrap()),
+        Some("gzip"),
+        "{:?}",
+        r.headers()
+    );
+    let gz = r.bytes().await.unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(&gz[..]), &mut text).unwrap();
+    assert!(
+        text.contains("Paper 0 v1") && text.trim_end().ends_with("</OAI-PMH>"),
+        "{text}"
+    );
+    app.stop().await;
+}
