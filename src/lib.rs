@@ -21,7 +21,8 @@
 //! - [`sitemap`]: ResourceSync XML writing and reading, pure functions.
 //! - [`package`]: the dump package format (manifest first, member names, what a manifest
 //!   entry promises), its builder and its reading, for [`dump`] and [`destination`] alike.
-//! - [`source`]: the pull side: every document, generated from the store, kept with its gzip
+//! - [`source`]: the pull side: every document (the ResourceSync documents, and each set's
+//!   IIIF Change Discovery activity stream), generated from the store, kept with its gzip
 //!   form in a page cache on disk (surviving restarts) and, for small pages, in memory.
 //! - [`hub`]: the WebSub hub: requests, verification, signatures, address policy, delivery lanes
 //!   (a state machine each: paced, held, authenticated per subscriber), and on a shared store
