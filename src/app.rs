@@ -188,6 +188,7 @@ async fn serve(
         dumps,
         collectors,
         oai,
+        console_key: Default::default(),
     });
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 

@@ -181,7 +181,7 @@ fn ts(t: Timestamp) -> String {
     t.to_string()
 }
 
-fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
+pub(super) fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
     SubscriptionView {
         id: s.id.to_string(),
         state: st.state.unwrap_or(SubState::Active),
@@ -698,13 +698,21 @@ async fn apply_change(
 }
 
 async fn detail(st: &AppState, id: i64) -> Result<Json<SubscriptionView>, AppError> {
+    subscription_view(st, id).await.map(Json)
+}
+
+/// One subscription as the admin API and the console show it.
+pub(super) async fn subscription_view(
+    st: &AppState,
+    id: i64,
+) -> Result<SubscriptionView, AppError> {
     let (s, x) = st
         .hub
         .store()
         .hub_detail(id, Timestamp::now())
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
-    Ok(Json(view(s, x)))
+    Ok(view(s, x))
 }
 
 /// Pauses a subscription's deliveries: nothing is sent (an attempt under way finishes), its
@@ -945,7 +953,7 @@ async fn stats(
     Ok(Json(collect_stats(&st).await?))
 }
 
-async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
+pub(super) async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> {
     let store = st.hub.store();
     let now = Timestamp::now();
     let t = store.hub_totals(now).await?;

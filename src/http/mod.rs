@@ -2,6 +2,7 @@
 
 mod admin;
 mod collect;
+mod console;
 mod documents;
 mod files;
 mod hub;
@@ -38,6 +39,8 @@ pub struct AppState {
     pub collectors: crate::collect::Collectors,
     /// The OAI-PMH repository at `/oai`, when `oai.enabled`.
     pub oai: Option<Arc<crate::oaipmh::Repository>>,
+    /// The console's session key, read from the store on first use.
+    pub console_key: Arc<tokio::sync::OnceCell<[u8; 32]>>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -103,7 +106,8 @@ pub fn router(state: AppState) -> Router {
             get(hub::get_topic),
         )
         .route("/metrics", get(admin::metrics))
-        .merge(admin::routes(&state));
+        .merge(admin::routes(&state))
+        .merge(console::routes());
     // Resource files of sets whose url_prefix lies under our own base URL.
     let base = state.config.base_url();
     for name in state.config.configured_sets() {
@@ -170,11 +174,12 @@ async fn json_errors(
     let method = req.method().clone();
     let resp = next.run(req).await;
     let status = resp.status();
+    // JSON errors already, and the console's pages (which say what went wrong as a page).
     let is_json = resp
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.starts_with("application/json"));
+        .is_some_and(|ct| ct.starts_with("application/json") || ct.starts_with("text/html"));
     if !(status.is_client_error() || status.is_server_error())
         || is_json
         || path == st.config.hub.path

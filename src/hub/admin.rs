@@ -19,11 +19,25 @@ pub struct AttemptRecord {
     pub subscription_id: SubscriptionId,
     pub topic: Topic,
     pub message_id: MessageId,
+    /// The message's `webhook-id` header.
+    pub webhook_id: String,
     /// `delivered`, `retry`, `failed` or `gone`.
     pub outcome: &'static str,
     pub status: Option<u16>,
     pub error: Option<String>,
     pub duration_ms: f64,
+}
+
+/// Minutes of attempt counts kept (the console's chart of the last hour).
+pub const MINUTES: usize = 60;
+
+/// Delivery attempts in one minute (minutes since the epoch).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Minute {
+    pub minute: i64,
+    pub delivered: u64,
+    /// Attempts that did not deliver (`retry`, `failed`, `gone`).
+    pub failed: u64,
 }
 
 /// Which attempts to show.
@@ -42,11 +56,51 @@ impl Hub {
             .get_or_create(&crate::metrics::OutcomeLabel { outcome: a.outcome })
             .inc();
         m.delivery_seconds.observe(a.duration_ms / 1000.0);
+        {
+            let minute = a.at.micros().div_euclid(60_000_000);
+            let mut m = self.minutes.lock().expect("minutes");
+            if m.back().is_none_or(|b| b.minute < minute) {
+                m.push_back(Minute {
+                    minute,
+                    ..Minute::default()
+                });
+            }
+            while m
+                .front()
+                .is_some_and(|f| f.minute <= minute - MINUTES as i64)
+            {
+                m.pop_front();
+            }
+            if let Some(b) = m.iter_mut().rev().find(|b| b.minute == minute) {
+                match a.outcome {
+                    "delivered" => b.delivered += 1,
+                    _ => b.failed += 1,
+                }
+            }
+        }
         let mut log = self.attempts.lock().expect("attempt log");
         if log.len() == ATTEMPT_LOG {
             log.pop_front();
         }
         log.push_back(a);
+    }
+
+    /// This process's delivery attempts per minute over the last hour, oldest first, one
+    /// entry per minute (those without attempts included), the current minute last.
+    pub fn attempts_per_minute(&self, now: Timestamp) -> Vec<Minute> {
+        let current = now.micros().div_euclid(60_000_000);
+        let m = self.minutes.lock().expect("minutes");
+        (current - MINUTES as i64 + 1..=current)
+            .map(|minute| {
+                m.iter()
+                    .find(|b| b.minute == minute)
+                    .copied()
+                    .unwrap_or(Minute {
+                        minute,
+                        ..Minute::default()
+                    })
+            })
+            .collect()
     }
 
     /// The most recent attempts matching `f`, newest first.
@@ -173,6 +227,7 @@ impl Hub {
             let handed = match self.lanes().get(&sub) {
                 Some(lane) => {
                     lane.redeliver(after, through);
+                    lane.retry_now(vec![]);
                     true
                 }
                 None => false,
@@ -193,7 +248,8 @@ impl Hub {
 
     /// Queues the subscription's messages published in `[since, until)` (until now when
     /// `None`) again: the ones it was sent already (those after its cursor are on their way
-    /// anyway), from when it subscribed, next and in order, with their `Webhook-Id`.
+    /// anyway), from when it subscribed, next and in order, with their `Webhook-Id`. Any wait
+    /// before the next retry ends: the window is wanted now, its pending messages included.
     pub async fn redeliver(
         &self,
         id: SubscriptionId,
@@ -225,6 +281,9 @@ impl Hub {
         }
         if !self.lanes().contains_key(&id) && !self.store.is_shared() {
             return Ok(Redelivery::NoSuchSubscription);
+        }
+        if let Some(lane) = self.lanes().get(&id) {
+            lane.retry_now(vec![]);
         }
         let since = since.max(sub.created_at);
         let until = until.unwrap_or(now).min(now);

@@ -479,9 +479,14 @@ impl LaneState {
         self.suspect = !matches!(attempt, Attempt::Delivered(_)) || took > settings.slow_delivery;
         self.pace(&attempt, settings);
         let sub = self.sub.id;
-        let (attempts, message, topic) = {
+        let (attempts, message, topic, webhook) = {
             let job = self.head_mut().expect("a job at the head");
-            (job.attempts + 1, job.message.id, job.message.topic.clone())
+            (
+                job.attempts + 1,
+                job.message.id,
+                job.message.topic.clone(),
+                webhook_id(&job.message),
+            )
         };
         let at = Timestamp::now();
         let mut record = AttemptRecord {
@@ -489,6 +494,7 @@ impl LaneState {
             subscription_id: sub,
             topic,
             message_id: message,
+            webhook_id: webhook,
             outcome: "delivered",
             status: None,
             error: None,

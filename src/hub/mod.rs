@@ -335,6 +335,8 @@ pub struct Hub {
     writer: Mutex<Option<JoinHandle<()>>>,
     metrics: Arc<Metrics>,
     attempts: admin::AttemptLog,
+    /// Attempts per minute over the last hour (the console's chart).
+    minutes: Mutex<std::collections::VecDeque<admin::Minute>>,
     /// How this process shares the store with others: leadership and delivery partitions.
     sharing: partition::Sharing,
     /// Where disable events go (`hub.operator_webhook`).
@@ -417,6 +419,7 @@ impl Hub {
             writer: Mutex::new(Some(writer)),
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
+            minutes: Mutex::new(std::collections::VecDeque::new()),
             sharing: partition::Sharing::new(),
             operator: steer::Operator::from_config(config)?,
         });

@@ -92,6 +92,8 @@ pub(super) struct Sharing {
     pub synced_through: std::sync::atomic::AtomicI64,
     /// This process's name in leases.
     pub owner: String,
+    /// The live delivering processes as this one last read them (shared store).
+    pub live: std::sync::Mutex<Vec<String>>,
 }
 
 impl Sharing {
@@ -103,6 +105,7 @@ impl Sharing {
             count: Default::default(),
             synced_through: Default::default(),
             owner: format!("{}-{}", std::process::id(), super::challenge()),
+            live: Default::default(),
         }
     }
 }
@@ -171,6 +174,23 @@ impl Hub {
             .filter(|g| !g.is_lost())
     }
 
+    /// On a shared store, the live delivering processes as this one last saw them, each with
+    /// the partitions it is assigned (this process's name is [`Hub::owner`]); empty alone.
+    pub fn processes(&self) -> Vec<(String, usize)> {
+        if !self.store.is_shared() {
+            return vec![];
+        }
+        let live = self.sharing.live.lock().expect("live").clone();
+        let count = self.sharing.count.load(Ordering::SeqCst);
+        let mut out: Vec<(String, usize)> = live.iter().map(|n| (n.clone(), 0)).collect();
+        for owner in assign(&live, count).into_iter().flatten() {
+            if let Some(e) = out.iter_mut().find(|(n, _)| n == owner) {
+                e.1 += 1;
+            }
+        }
+        out
+    }
+
     /// Partitions held now.
     pub fn partitions_held(&self) -> usize {
         if !self.store.is_shared() {
@@ -229,6 +249,7 @@ impl Hub {
                             );
                         }
                         live = nodes;
+                        live.clone_into(&mut self.sharing.live.lock().expect("live"));
                         last_beat = Some(sent);
                     }
                     Err(e) => {

@@ -272,26 +272,7 @@ impl Repository {
     /// The key signing tokens, kept in the store so every process and restart shares it.
     async fn key(&self) -> Result<&[u8; 32], StoreError> {
         self.key
-            .get_or_try_init(|| async {
-                let store = self.source.store();
-                loop {
-                    if let Some((hex, _)) = store.state("oai-token-key").await? {
-                        let mut k = [0u8; 32];
-                        for (i, b) in k.iter_mut().enumerate() {
-                            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16)
-                                .unwrap_or(0);
-                        }
-                        return Ok(k);
-                    }
-                    let mut k = [0u8; 32];
-                    getrandom::fill(&mut k).map_err(|e| {
-                        StoreError::Unavailable(format!("no randomness for the token key: {e}"))
-                    })?;
-                    store
-                        .save_state("oai-token-key", &crate::digest::hex_digest(k), None)
-                        .await?;
-                }
-            })
+            .get_or_try_init(|| crate::store::shared_key(self.source.store(), "oai-token-key"))
             .await
     }
 

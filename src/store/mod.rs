@@ -404,6 +404,28 @@ pub struct NotifyState {
     pub version: i64,
 }
 
+/// A 32-byte secret shared by every process on the store, made by whichever asks first and
+/// kept in the store's state under `name` (the OAI-PMH tokens' key, the console's cookie key):
+/// what one process signs, every other and every restart accepts.
+pub async fn shared_key(store: &Store, name: &str) -> Result<[u8; 32], StoreError> {
+    loop {
+        if let Some((hex, _)) = store.state(name).await? {
+            let mut k = [0u8; 32];
+            for (i, b) in k.iter_mut().enumerate() {
+                *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).unwrap_or("00"), 16).unwrap_or(0);
+            }
+            return Ok(k);
+        }
+        let mut k = [0u8; 32];
+        getrandom::fill(&mut k).map_err(|e| {
+            StoreError::Unavailable(format!("no randomness for the key {name}: {e}"))
+        })?;
+        store
+            .save_state(name, &crate::digest::hex_digest(k), None)
+            .await?;
+    }
+}
+
 /// Where the first Change List of a set created by this batch starts: the batch's earliest
 /// datetime when that is in the past, else now.
 pub(crate) fn batch_start(changes: &[NewChange], now: Timestamp) -> Timestamp {

@@ -9,6 +9,7 @@ mod support;
 
 mod cli;
 mod collect;
+mod console;
 mod delivery_auth;
 mod documents;
 mod dumps;

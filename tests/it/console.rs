@@ -1,0 +1,287 @@
+//! The console in a real browser: Debian's Chromium driven headless by Selenium
+//! (`tests/tools/console_browser.py`), as an admin finding a failing subscriber would use it.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::hub::{fat_ping, hub_config, subscribed};
+use crate::subscriber::TestSubscriber;
+use crate::support::*;
+
+const TOKEN: &str = "console-admin-token";
+
+/// Chromium and its driver, as `.ci/run` installs them; their absence fails the test, saying
+/// how to install them (it never passes without a browser).
+fn browser_present() {
+    let missing: Vec<&str> = ["/usr/bin/chromium", "/usr/bin/chromedriver"]
+        .into_iter()
+        .filter(|p| !std::path::Path::new(p).exists())
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the console tests drive a real browser and {missing:?} is missing: install Debian's \
+         chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)"
+    );
+}
+
+/// Where screenshots of every view go: `target/console-screenshots/`.
+fn screenshots() -> PathBuf {
+    PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .parent()
+        .expect("target/tmp has a parent")
+        .join("console-screenshots")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_reaches_a_failing_subscriber_and_redelivers_from_the_browser() {
+    browser_present();
+    let (mut c, _dir) = hub_config();
+    c.admin.token = TOKEN.into();
+    // A failing subscriber is retried twice a second apart, so the page has attempts to
+    // show, then not for an hour: what reaches it after the fix is the console's redelivery.
+    c.hub.retry_schedule_secs = vec![1, 1, 3600];
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    let topic = format!("{}/console", app.config.topic_base());
+    for i in 0..20 {
+        subscribed(&app, &sub, &topic, &format!("/ok{i}"), &[]).await;
+    }
+    sub.answer("/bad", 500);
+    subscribed(&app, &sub, &topic, "/bad", &[]).await;
+    for n in 0..3 {
+        let (status, text) = fat_ping(&app, &topic, &format!("message {n}")).await;
+        assert!(status < 300, "{text}");
+    }
+    sub.wait_until("every healthy subscriber has the 3 messages", |s| {
+        (0..20).all(|i| s.deliveries(&format!("/ok{i}")).len() >= 3)
+    })
+    .await;
+    sub.wait_until("the failing subscriber was tried", |s| {
+        !s.deliveries("/bad").is_empty()
+    })
+    .await;
+    let (status, page) = admin_call(
+        &app,
+        TOKEN,
+        reqwest::Method::GET,
+        "/admin/v1/subscriptions?state=failing",
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{page}");
+    let failing = page["items"][0]["id"].as_str().unwrap().to_string();
+
+    let shots = screenshots();
+    let mut child = std::process::Command::new(PyEnv::get().python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/tools/console_browser.py"
+        ))
+        .args([&app.url(""), TOKEN, &failing])
+        .arg(&shots)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the test environment's Python");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in stdout.lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut findings = None;
+    let mut fixed_at = None;
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(180), rx.recv())
+        .await
+        .expect("the browser script went silent for 3 minutes")
+    {
+        if line == "FIX" {
+            // The admin has seen the 500s: the receiver is mended.
+            sub.answer("/bad", 200);
+            fixed_at = Some(tokio::time::Instant::now());
+            writeln!(stdin, "fixed").unwrap();
+            stdin.flush().unwrap();
+        } else if line.starts_with('{') {
+            findings = Some(line);
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the browser script failed (screenshots in {}):\n{}",
+        shots.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f: serde_json::Value =
+        serde_json::from_str(&findings.expect("the script's findings")).unwrap();
+    let text = |k: &str| f[k].as_str().unwrap_or_default().to_string();
+
+    assert!(text("wrong_token").contains("not the admin token"), "{f}");
+    assert_eq!(f["cookie"]["httpOnly"], true, "{f}");
+    assert_eq!(f["cookie"]["sameSite"], "Strict", "{f}");
+    assert_eq!(f["cookie"]["path"], "/console", "{f}");
+    assert_eq!(f["post_without_csrf"][0], 403, "{f}");
+    assert!(
+        f["post_without_csrf"][1]
+            .as_str()
+            .unwrap()
+            .contains("CSRF token"),
+        "{f}"
+    );
+    assert_eq!(text("first_tab"), "Skip to content", "{f}");
+    // One click from the overview to the page holding the redeliver form, then two to send
+    // it (submit, confirm): three in all.
+    assert_eq!(f["clicks_to_redeliver_form"], 1, "{f}");
+    assert!(text("attempts_text").contains("500"), "{f}");
+    assert!(
+        text("attempts_text").contains("HTTP 500") || text("attempts_text").contains("retry"),
+        "{f}"
+    );
+    assert_eq!(
+        f["failing_listed"],
+        serde_json::json!([format!("#{failing}")]),
+        "{f}"
+    );
+    assert_eq!(
+        text("listed_first"),
+        format!("#{failing}"),
+        "failing first: {f}"
+    );
+    assert!(
+        text("bad_filter").contains("not a subscription state"),
+        "{f}"
+    );
+    assert!(text("confirm_text").contains("Deliver again to"), "{f}");
+    assert_eq!(
+        text("done"),
+        "0 message(s) already sent queued again; 3 pending sent now.",
+        "{f}"
+    );
+    assert_eq!(text("state_after"), "active", "{f}");
+    assert!(text("attempts_after").contains("delivered"), "{f}");
+    assert!(text("after_logout").ends_with("/console/login"), "{f}");
+    assert_eq!(
+        f["console_errors"],
+        serde_json::json!([]),
+        "the browser's console log has errors: {f}"
+    );
+    for (name, p) in f["pages"].as_object().unwrap() {
+        let bytes = p["bytes"].as_u64().unwrap();
+        assert!(bytes <= 200_000, "{name} weighs {bytes} bytes: {p}");
+        assert!(shots.join(format!("{name}.png")).exists(), "{name}");
+    }
+    // At the callback: each of the 3 messages answered 200 after the fix.
+    let fixed_at = fixed_at.expect("the script asked for the fix");
+    let got: std::collections::BTreeSet<String> = sub
+        .deliveries("/bad")
+        .into_iter()
+        .filter(|d| d.at >= fixed_at)
+        .map(|d| d.text())
+        .collect();
+    assert_eq!(
+        got,
+        (0..3).map(|n| format!("message {n}")).collect(),
+        "the mended subscriber got every message"
+    );
+    app.stop().await;
+}
+
+/// Without a session, nothing of the console is shown or done; with one, a form without its
+/// CSRF token and bad input get readable refusals, never a 500.
+#[tokio::test]
+async fn the_console_refuses_without_a_session_or_its_csrf_token() {
+    let (mut c, _dir) = hub_config();
+    c.admin.token = TOKEN.into();
+    let app = TestApp::start_with(c).await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    for path in ["/console/", "/console/subscriptions", "/console/sets"] {
+        let r = client.get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 303, "{path}");
+        assert_eq!(r.headers()["location"], "/console/login");
+        let csp = r.headers()["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("frame-ancestors 'none'") && csp.contains("script-src 'self'"));
+    }
+    let r = client
+        .post(app.url("/console/subscriptions/1/delete"))
+        .form(&[("confirm", "yes")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    // A token in the URL is not a way in.
+    let r = client
+        .get(app.url(&format!("/console/?token={TOKEN}")))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+
+    let r = client
+        .post(app.url("/console/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap().to_string();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let session = cookie.split(';').next().unwrap().to_string();
+    let get = |path: &str| {
+        client
+            .get(app.url(path))
+            .header("cookie", session.clone())
+            .send()
+    };
+    for (path, status, says) in [
+        (
+            "/console/subscriptions?state=nonsense",
+            400,
+            "not a subscription state",
+        ),
+        ("/console/subscriptions?after=-3", 400, "not a position"),
+        ("/console/subscriptions?topic=ftp://x", 400, "topic filter"),
+        ("/console/subscriptions/abc", 404, "not a subscription id"),
+        ("/console/subscriptions/99999", 404, "no subscription 99999"),
+        ("/console/static/nothing.js", 404, "no console file"),
+    ] {
+        let r = get(path).await.unwrap();
+        assert_eq!(r.status(), status, "{path}");
+        assert_eq!(
+            r.headers()["content-type"],
+            "text/html; charset=utf-8",
+            "{path}: a refusal is a page"
+        );
+        let body = r.text().await.unwrap();
+        assert!(body.contains(says), "{path}: {body}");
+    }
+    let r = client
+        .post(app.url("/console/subscriptions/1/retry"))
+        .header("cookie", session.clone())
+        .form(&[("confirm", "yes"), ("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("CSRF token"));
+    // A tampered cookie is no session.
+    let tampered = format!("{session}x");
+    let r = client
+        .get(app.url("/console/"))
+        .header("cookie", tampered)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    app.stop().await;
+}
