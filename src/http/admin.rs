@@ -460,8 +460,9 @@ pub struct Redelivered {
 
 /// Delivers a window of the subscription's messages again: those published in
 /// `[since, until)` that it was sent already, next, in order, each with its `Webhook-Id` (the
-/// subscriber can tell them from new ones). 409 when the window starts before what the hub
-/// keeps (`hub.retention_hours`), naming the oldest message kept.
+/// subscriber can tell them from new ones); messages still pending are sent at once (a wait
+/// before the next retry ends). 409 when the window starts before what the hub keeps
+/// (`hub.retention_hours`), naming the oldest message kept.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/redeliver", params(("id" = String, Path, description = "Subscription id")),
     request_body = RedeliverRequest, responses(
     (status = 202, body = Redelivered), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
