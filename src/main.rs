@@ -191,7 +191,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .await?;
                 tracing::info!(created = r.created, updated = r.updated, deleted = r.deleted, dir = %dir.display(), "demo set imported");
                 let base = config.base_url();
-                println!("Demo: open {base}/ (the sets and their documents) or {base}/.well-known/resourcesync");
+                println!("Demo: open {base}/console/ (the console: sign in with the token below), {base}/ (the sets and their documents) or {base}/.well-known/resourcesync");
                 println!(
                     "Admin API: {base}/admin/v1/openapi.json, with the token {}:
   resourcesync-hub admin stats --url {base} --token {}",

@@ -162,12 +162,15 @@ try:
         )
     except TimeoutException:
         fail("the page never showed a delivered attempt after the redelivery")
-    findings["attempts_after"] = d.find_element(By.ID, "attempts").text
     try:
-        WebDriverWait(d, 30).until(lambda d: d.find_element(By.ID, "state").text == "active")
+        WebDriverWait(d, 30).until(
+            lambda d: d.find_element(By.ID, "state").text == "active"
+            and d.find_element(By.ID, "queued").text == "0"
+        )
     except TimeoutException:
         pass
     findings["state_after"] = d.find_element(By.ID, "state").text
+    findings["attempts_after"] = d.find_element(By.ID, "attempts").text
     shot("redelivered")
 
     # Signing out ends the session.
