@@ -35,7 +35,8 @@
 //!   `serve` (or `collect --once`), state and leases in the store, changes through [`ingest`].
 //! - [`oaipmh`]: the OAI-PMH 2.0 repository at `/oai` over the sets of XML records (lists
 //!   walked over the change log, signed stateless resumption tokens).
-//! - [`http`]: axum handlers only; [`error`]: the one error-to-status table.
+//! - [`http`]: axum handlers only (the console's pages among them, over the admin API's views);
+//!   [`error`]: the one error-to-status table.
 //! - [`workers`]: background loops (Change List rollover).
 //! - [`app`]: `run(config, listener, shutdown)`, the one entry point of main, tests and examples.
 //! - [`demo`]: the demo set behind `serve --demo`.
