@@ -7,7 +7,8 @@
 //! `tests/it/layout.rs`):
 //! 1. [`digest`] (hex digests), [`cause`] (an error and its causes in words), [`metrics`],
 //!    [`admin_cli`] (talks to the admin API over HTTP), [`conn`] (accepted connections: no
-//!    delay, let go when nothing moves, at most `server.max_connections` open);
+//!    delay, let go when nothing moves, at most `server.max_connections` open), [`ui`] (what
+//!    the two consoles share: page frame, assets, security headers, session cookies);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
 //!    [`dump`], [`collect`], [`oaipmh`]; 8. [`http`]; 9. [`app`].
@@ -73,4 +74,5 @@ pub mod package;
 pub mod sitemap;
 pub mod source;
 pub mod store;
+pub mod ui;
 pub mod workers;

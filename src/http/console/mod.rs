@@ -12,57 +12,52 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Form, Path, Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::routing::{get, post};
 use axum::Router;
-use base64::Engine as _;
-use hmac::Mac as _;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use subtle::ConstantTimeEq as _;
 
 use super::admin::{collect_stats, subscription_view, SubscriptionView};
 use super::AppState;
 use crate::error::AppError;
 use crate::model::websub::{SubState, Topic};
 use crate::model::Timestamp;
+use crate::ui;
 
-/// How long a session lasts.
-pub const SESSION_HOURS: i64 = 8;
 const COOKIE: &str = "rshub_console";
 /// Subscriptions per page of the list.
 const PAGE: usize = 50;
 /// Seconds between live updates of an open page.
 const LIVE_SECS: u32 = 5;
 
-const TEMPLATES: &[(&str, &str)] = &[
-    ("base.html", include_str!("templates/base.html")),
-    ("login.html", include_str!("templates/login.html")),
-    ("message.html", include_str!("templates/message.html")),
-    ("overview.html", include_str!("templates/overview.html")),
-    (
-        "subscriptions.html",
-        include_str!("templates/subscriptions.html"),
-    ),
-    (
-        "subscription.html",
-        include_str!("templates/subscription.html"),
-    ),
-    ("confirm.html", include_str!("templates/confirm.html")),
-    ("sets.html", include_str!("templates/sets.html")),
-];
-
-fn templates() -> &'static minijinja::Environment<'static> {
-    static ENV: std::sync::OnceLock<minijinja::Environment<'static>> = std::sync::OnceLock::new();
-    ENV.get_or_init(|| {
-        let mut env = minijinja::Environment::new();
-        for (name, source) in TEMPLATES {
-            env.add_template(name, source)
-                .unwrap_or_else(|e| panic!("console template {name}: {e}"));
-        }
-        env
+fn pages() -> &'static ui::Pages {
+    static PAGES: std::sync::OnceLock<ui::Pages> = std::sync::OnceLock::new();
+    PAGES.get_or_init(|| {
+        ui::Pages::new(
+            &[
+                ("overview.html", include_str!("templates/overview.html")),
+                ("subscriptions.html", include_str!("templates/subscriptions.html")),
+                ("subscription.html", include_str!("templates/subscription.html")),
+                ("confirm.html", include_str!("templates/confirm.html")),
+                ("sets.html", include_str!("templates/sets.html")),
+            ],
+            json!({
+                "brand": "resourcesync-hub",
+                "logout": true,
+                "nav_items": [
+                    {"key": "overview", "href": "/console/", "label": "Overview"},
+                    {"key": "subscriptions", "href": "/console/subscriptions", "label": "Subscriptions"},
+                    {"key": "sets", "href": "/console/sets", "label": "Sets and topics"},
+                ],
+            }),
+        )
     })
+}
+
+fn render(name: &str, ctx: serde_json::Value) -> Response {
+    pages().render(name, ctx)
 }
 
 pub fn routes() -> Router<AppState> {
@@ -79,31 +74,7 @@ pub fn routes() -> Router<AppState> {
         .route("/console/subscriptions/{id}/{action}", post(act))
         .route("/console/sets", get(sets))
         .route("/console/static/{file}", get(asset))
-        .layer(axum::middleware::map_response(secure))
-}
-
-/// The headers every console response carries.
-async fn secure(mut r: Response) -> Response {
-    let h = r.headers_mut();
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static(
-            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
-        ),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
-    h.insert(
-        header::REFERRER_POLICY,
-        HeaderValue::from_static("no-referrer"),
-    );
-    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-    if !h.contains_key(header::CACHE_CONTROL) {
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
-    r
+        .layer(axum::middleware::map_response(ui::secure))
 }
 
 /// What a console request can come to besides its page.
@@ -144,18 +115,7 @@ impl IntoResponse for ConsoleError {
     fn into_response(self) -> Response {
         match self {
             ConsoleError::SignIn => Redirect::to("/console/login").into_response(),
-            ConsoleError::Page(status, message) => {
-                let page = render(
-                    "message.html",
-                    json!({
-                        "title": status.canonical_reason().unwrap_or("Error"),
-                        "message": message,
-                        "back": "/console/",
-                        "signed_in": false,
-                    }),
-                );
-                (status, page).into_response()
-            }
+            ConsoleError::Page(status, message) => pages().message(status, &message, "/console/"),
         }
     }
 }
@@ -164,103 +124,43 @@ fn bad(status: StatusCode, why: impl Into<String>) -> ConsoleError {
     ConsoleError::Page(status, why.into())
 }
 
-fn render(name: &str, ctx: serde_json::Value) -> Response {
-    let ctx = minijinja::Value::from(minijinja::value::Serde(ctx));
-    match templates().get_template(name).and_then(|t| t.render(ctx)) {
-        Ok(html) => ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response(),
-        Err(e) => {
-            tracing::error!(template = name, error = %e, "a console page could not be rendered");
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the console could not render this page; the server log says why",
-            )
-                .into_response()
-        }
-    }
-}
-
 // ---- sessions ----
 
-type HmacSha256 = hmac::Hmac<sha2::Sha256>;
-
-/// The session key, shared through the store, bound to the admin token (a new token ends
-/// every session).
-async fn key(st: &AppState) -> Result<[u8; 32], ConsoleError> {
+/// The console's sessions: the key is shared by every process on the store (a session holds
+/// across them and across restarts) and bound to the admin token (a new token ends every
+/// session).
+async fn sessions(st: &AppState) -> Result<ui::Sessions, ConsoleError> {
     let base = st
         .console_key
         .get_or_try_init(|| crate::store::shared_key(st.hub.store(), "console-session-key"))
         .await?;
-    let mut m = <HmacSha256 as hmac::KeyInit>::new_from_slice(base).expect("any key length");
-    m.update(st.config.admin.token.as_bytes());
-    Ok(m.finalize().into_bytes().into())
-}
-
-fn mac(key: &[u8; 32], what: &str) -> String {
-    let mut m = <HmacSha256 as hmac::KeyInit>::new_from_slice(key).expect("any key length");
-    m.update(what.as_bytes());
-    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
-}
-
-/// A signed-in session: its nonce and the CSRF token of its forms.
-struct Session {
-    csrf: String,
-}
-
-/// `expires.nonce.mac`
-fn new_cookie(key: &[u8; 32]) -> Result<(String, i64), ConsoleError> {
-    let mut nonce = [0u8; 16];
-    getrandom::fill(&mut nonce).map_err(|e| {
-        bad(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("no randomness: {e}"),
-        )
-    })?;
-    let nonce = crate::digest::hex_digest(nonce);
-    let expires = Timestamp::now().micros() / 1_000_000 + SESSION_HOURS * 3600;
-    let payload = format!("{expires}.{nonce}");
-    Ok((
-        format!("{payload}.{}", mac(key, &format!("session|{payload}"))),
-        expires,
+    Ok(ui::Sessions::new(
+        ui::derive_key(base, &st.config.admin.token),
+        COOKIE,
+        st.config.base_url().starts_with("https:"),
     ))
 }
 
-fn cookie_value(headers: &HeaderMap) -> Option<&str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|c| c.trim().strip_prefix(COOKIE)?.strip_prefix('='))
-        .next()
-}
+const OFF: &str =
+    "the console is off: it needs the admin token (set admin.token or RSHUB_ADMIN_TOKEN)";
 
-/// The session the request's cookie holds, if it is one this hub signed and not expired.
-async fn session(st: &AppState, headers: &HeaderMap) -> Result<Session, ConsoleError> {
+/// The session the request's cookie holds.
+async fn session(st: &AppState, headers: &HeaderMap) -> Result<ui::Session, ConsoleError> {
     if st.config.admin.token.is_empty() {
-        return Err(bad(
-            StatusCode::NOT_FOUND,
-            "the console is off: it needs the admin token (set admin.token or RSHUB_ADMIN_TOKEN)",
-        ));
+        return Err(bad(StatusCode::NOT_FOUND, OFF));
     }
-    let value = cookie_value(headers).ok_or(ConsoleError::SignIn)?;
-    let key = key(st).await?;
-    let (payload, tag) = value.rsplit_once('.').ok_or(ConsoleError::SignIn)?;
-    let (expires, nonce) = payload.split_once('.').ok_or(ConsoleError::SignIn)?;
-    let want = mac(&key, &format!("session|{payload}"));
-    if !bool::from(want.as_bytes().ct_eq(tag.as_bytes())) {
-        return Err(ConsoleError::SignIn);
-    }
-    let expires: i64 = expires.parse().map_err(|_| ConsoleError::SignIn)?;
-    if expires <= Timestamp::now().micros() / 1_000_000 {
-        return Err(ConsoleError::SignIn);
-    }
-    Ok(Session {
-        csrf: mac(&key, &format!("csrf|{nonce}")),
-    })
+    sessions(st)
+        .await?
+        .check(headers)
+        .ok_or(ConsoleError::SignIn)
 }
 
 /// The session of a state-changing request, whose form must carry the session's CSRF token.
-async fn posted(st: &AppState, headers: &HeaderMap, csrf: &str) -> Result<Session, ConsoleError> {
+async fn posted(
+    st: &AppState,
+    headers: &HeaderMap,
+    csrf: &str,
+) -> Result<ui::Session, ConsoleError> {
     let s = match session(st, headers).await {
         Ok(s) => s,
         Err(ConsoleError::SignIn) => {
@@ -271,7 +171,7 @@ async fn posted(st: &AppState, headers: &HeaderMap, csrf: &str) -> Result<Sessio
         }
         Err(e) => return Err(e),
     };
-    if csrf.is_empty() || !bool::from(s.csrf.as_bytes().ct_eq(csrf.as_bytes())) {
+    if !ui::Sessions::csrf_ok(&s, csrf) {
         return Err(bad(
             StatusCode::FORBIDDEN,
             "this form did not come from this console session (its CSRF token is missing or wrong): reload the page and repeat",
@@ -280,37 +180,13 @@ async fn posted(st: &AppState, headers: &HeaderMap, csrf: &str) -> Result<Sessio
     Ok(s)
 }
 
-fn secure_flag(st: &AppState) -> &'static str {
-    if st.config.base_url().starts_with("https:") {
-        "; Secure"
-    } else {
-        ""
-    }
-}
+const TOKEN_LABEL: &str = "Admin token (admin.token)";
 
 async fn login_form(State(st): State<AppState>) -> Response {
     if st.config.admin.token.is_empty() {
-        return ConsoleError::Page(
-            StatusCode::NOT_FOUND,
-            "the console is off: it needs the admin token (set admin.token or RSHUB_ADMIN_TOKEN)"
-                .into(),
-        )
-        .into_response();
+        return bad(StatusCode::NOT_FOUND, OFF).into_response();
     }
-    login_page(StatusCode::OK, None)
-}
-
-fn login_page(status: StatusCode, message: Option<&str>) -> Response {
-    let page = render(
-        "login.html",
-        json!({
-            "title": "Sign in",
-            "message": message,
-            "hours": SESSION_HOURS,
-            "signed_in": false,
-        }),
-    );
-    (status, page).into_response()
+    pages().login(StatusCode::OK, TOKEN_LABEL, None)
 }
 
 #[derive(Deserialize)]
@@ -324,38 +200,31 @@ async fn login(
     form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ConsoleError> {
     if st.config.admin.token.is_empty() {
-        return Err(bad(
-            StatusCode::NOT_FOUND,
-            "the console is off: it needs the admin token (set admin.token or RSHUB_ADMIN_TOKEN)",
-        ));
+        return Err(bad(StatusCode::NOT_FOUND, OFF));
     }
     let Ok(Form(form)) = form else {
-        return Ok(login_page(
+        return Ok(pages().login(
             StatusCode::BAD_REQUEST,
+            TOKEN_LABEL,
             Some("the form was not a login form"),
         ));
     };
-    if !bool::from(
-        form.token
-            .as_bytes()
-            .ct_eq(st.config.admin.token.as_bytes()),
-    ) {
+    if !ui::token_matches(&form.token, &st.config.admin.token) {
         tracing::warn!("console: a sign-in with a wrong token was refused");
-        return Ok(login_page(
+        return Ok(pages().login(
             StatusCode::FORBIDDEN,
+            TOKEN_LABEL,
             Some("That is not the admin token."),
         ));
     }
-    let (cookie, _) = new_cookie(&key(&st).await?)?;
-    let set = format!(
-        "{COOKIE}={cookie}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{}",
-        SESSION_HOURS * 3600,
-        secure_flag(&st)
-    );
+    let (cookie, _) = sessions(&st)
+        .await?
+        .issue()
+        .map_err(|e| bad(StatusCode::SERVICE_UNAVAILABLE, e))?;
     Ok((
         StatusCode::SEE_OTHER,
         [
-            (header::SET_COOKIE, set),
+            (header::SET_COOKIE, cookie),
             (header::LOCATION, "/console/".to_string()),
         ],
     )
@@ -377,13 +246,7 @@ async fn logout(
     Ok((
         StatusCode::SEE_OTHER,
         [
-            (
-                header::SET_COOKIE,
-                format!(
-                    "{COOKIE}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0{}",
-                    secure_flag(&st)
-                ),
-            ),
+            (header::SET_COOKIE, sessions(&st).await?.clear()),
             (header::LOCATION, "/console/login".to_string()),
         ],
     )
@@ -1023,29 +886,9 @@ async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response
     ))
 }
 
-/// The console's script and style sheet, compiled into the binary.
+/// The console's script, style sheet and icon.
 async fn asset(Path(file): Path<String>) -> Response {
-    let (body, ct) = match file.as_str() {
-        "console.js" => (
-            include_str!("static/console.js"),
-            "text/javascript; charset=utf-8",
-        ),
-        "console.css" => (
-            include_str!("static/console.css"),
-            "text/css; charset=utf-8",
-        ),
-        "favicon.svg" => (include_str!("static/favicon.svg"), "image/svg+xml"),
-        _ => {
-            return ConsoleError::Page(StatusCode::NOT_FOUND, format!("no console file {file:?}"))
-                .into_response()
-        }
-    };
-    (
-        [
-            (header::CONTENT_TYPE, ct),
-            (header::CACHE_CONTROL, "public, max-age=3600"),
-        ],
-        body,
-    )
-        .into_response()
+    ui::asset(&file).unwrap_or_else(|| {
+        bad(StatusCode::NOT_FOUND, format!("no console file {file:?}")).into_response()
+    })
 }

@@ -1,0 +1,299 @@
+//! What the two consoles share (the hub's at `serve`'s `/console/`, the harvester's on
+//! `harvest`): the page frame and its templates, the style sheet and the one script, the
+//! security headers, rendering, and signed session cookies with their CSRF tokens.
+//!
+//! Pages are minijinja templates compiled into the binary, rendered on the server and readable
+//! without JavaScript; the script only swaps in fresh `data-live-part`s of an open page.
+
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use hmac::Mac as _;
+use subtle::ConstantTimeEq as _;
+
+/// The frame every page extends, the login form and the message page.
+const SHARED: &[(&str, &str)] = &[
+    ("base.html", include_str!("templates/base.html")),
+    ("login.html", include_str!("templates/login.html")),
+    ("message.html", include_str!("templates/message.html")),
+];
+
+/// A console's templates, with what its frame shows on every page (`brand`, `nav_items` of
+/// `{key, href, label}`, `logout`).
+pub struct Pages {
+    env: minijinja::Environment<'static>,
+    site: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Pages {
+    /// The shared templates and `own`; panics on a template that does not parse (they are
+    /// compiled in: the tests render every one).
+    pub fn new(own: &[(&'static str, &'static str)], site: serde_json::Value) -> Pages {
+        let mut env = minijinja::Environment::new();
+        for (name, source) in SHARED.iter().chain(own) {
+            env.add_template(name, source)
+                .unwrap_or_else(|e| panic!("console template {name}: {e}"));
+        }
+        Pages {
+            env,
+            site: match site {
+                serde_json::Value::Object(m) => m,
+                _ => Default::default(),
+            },
+        }
+    }
+
+    /// A page as HTML; the context's keys win over the site's.
+    pub fn render(&self, name: &str, ctx: serde_json::Value) -> Response {
+        let mut all = self.site.clone();
+        if let serde_json::Value::Object(m) = ctx {
+            all.extend(m);
+        }
+        let ctx = minijinja::Value::from(minijinja::value::Serde(serde_json::Value::Object(all)));
+        match self.env.get_template(name).and_then(|t| t.render(ctx)) {
+            Ok(html) => {
+                ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], html).into_response()
+            }
+            Err(e) => {
+                tracing::error!(template = name, error = %e, "a console page could not be rendered");
+                (
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "the console could not render this page; the server log says why",
+                )
+                    .into_response()
+            }
+        }
+    }
+
+    /// A page saying what went wrong, with its status.
+    pub fn message(&self, status: StatusCode, message: &str, back: &str) -> Response {
+        let page = self.render(
+            "message.html",
+            serde_json::json!({
+                "title": status.canonical_reason().unwrap_or("Error"),
+                "message": message,
+                "back": back,
+                "signed_in": false,
+            }),
+        );
+        (status, page).into_response()
+    }
+
+    /// The login form, with a message after a refusal.
+    pub fn login(&self, status: StatusCode, token_label: &str, message: Option<&str>) -> Response {
+        let page = self.render(
+            "login.html",
+            serde_json::json!({
+                "title": "Sign in",
+                "message": message,
+                "token_label": token_label,
+                "hours": SESSION_HOURS,
+                "signed_in": false,
+            }),
+        );
+        (status, page).into_response()
+    }
+}
+
+/// The headers every console response carries: a Content-Security-Policy without inline
+/// script and without framing, no sniffing, no referrer, nothing cached (but the assets).
+pub async fn secure(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(
+            "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'",
+        ),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    if !h.contains_key(header::CACHE_CONTROL) {
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    }
+    r
+}
+
+/// `/console/static/{file}`: the style sheet, the script and the icon, compiled in; `None`
+/// for any other name.
+pub fn asset(file: &str) -> Option<Response> {
+    let (body, ct) = match file {
+        "console.js" => (
+            include_str!("static/console.js"),
+            "text/javascript; charset=utf-8",
+        ),
+        "console.css" => (
+            include_str!("static/console.css"),
+            "text/css; charset=utf-8",
+        ),
+        "favicon.svg" => (include_str!("static/favicon.svg"), "image/svg+xml"),
+        _ => return None,
+    };
+    Some(
+        (
+            [
+                (header::CONTENT_TYPE, ct),
+                (header::CACHE_CONTROL, "public, max-age=3600"),
+            ],
+            body,
+        )
+            .into_response(),
+    )
+}
+
+/// How long a session lasts.
+pub const SESSION_HOURS: i64 = 8;
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+fn mac(key: &[u8; 32], what: &str) -> String {
+    let mut m = <HmacSha256 as hmac::KeyInit>::new_from_slice(key).expect("any key length");
+    m.update(what.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(m.finalize().into_bytes())
+}
+
+/// A key derived from `key` and `secret` (a session signed under one admin token is no
+/// session under the next).
+pub fn derive_key(key: &[u8; 32], secret: &str) -> [u8; 32] {
+    let mut m = <HmacSha256 as hmac::KeyInit>::new_from_slice(key).expect("any key length");
+    m.update(secret.as_bytes());
+    m.finalize().into_bytes().into()
+}
+
+/// Whether a token given by a person is the one configured (in constant time).
+pub fn token_matches(given: &str, configured: &str) -> bool {
+    !configured.is_empty() && bool::from(given.as_bytes().ct_eq(configured.as_bytes()))
+}
+
+fn now_secs() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Session cookies signed with one key: `expires.nonce.mac`, `HttpOnly`, `SameSite=Strict`,
+/// on `/console`, `Secure` behind https.
+pub struct Sessions {
+    key: [u8; 32],
+    cookie: &'static str,
+    secure: bool,
+}
+
+/// A session a request carries: the CSRF token its forms hold.
+pub struct Session {
+    pub csrf: String,
+}
+
+impl Sessions {
+    pub fn new(key: [u8; 32], cookie: &'static str, secure: bool) -> Sessions {
+        Sessions {
+            key,
+            cookie,
+            secure,
+        }
+    }
+
+    /// A new session's `Set-Cookie` value and the session.
+    pub fn issue(&self) -> Result<(String, Session), String> {
+        let mut nonce = [0u8; 16];
+        getrandom::fill(&mut nonce).map_err(|e| format!("no randomness: {e}"))?;
+        let nonce = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(nonce);
+        let payload = format!("{}.{nonce}", now_secs() + SESSION_HOURS * 3600);
+        let value = format!(
+            "{payload}.{}",
+            mac(&self.key, &format!("session|{payload}"))
+        );
+        Ok((
+            format!(
+                "{}={value}; Path=/console; HttpOnly; SameSite=Strict; Max-Age={}{}",
+                self.cookie,
+                SESSION_HOURS * 3600,
+                if self.secure { "; Secure" } else { "" }
+            ),
+            Session {
+                csrf: mac(&self.key, &format!("csrf|{nonce}")),
+            },
+        ))
+    }
+
+    /// The `Set-Cookie` value that ends the session.
+    pub fn clear(&self) -> String {
+        format!(
+            "{}=; Path=/console; HttpOnly; SameSite=Strict; Max-Age=0{}",
+            self.cookie,
+            if self.secure { "; Secure" } else { "" }
+        )
+    }
+
+    /// The session the request's cookie holds, if this key signed it and it has not expired.
+    pub fn check(&self, headers: &HeaderMap) -> Option<Session> {
+        let value = headers
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(';'))
+            .filter_map(|c| c.trim().strip_prefix(self.cookie)?.strip_prefix('='))
+            .next()?;
+        let (payload, tag) = value.rsplit_once('.')?;
+        let (expires, nonce) = payload.split_once('.')?;
+        let want = mac(&self.key, &format!("session|{payload}"));
+        if !bool::from(want.as_bytes().ct_eq(tag.as_bytes())) {
+            return None;
+        }
+        if expires.parse::<i64>().ok()? <= now_secs() {
+            return None;
+        }
+        Some(Session {
+            csrf: mac(&self.key, &format!("csrf|{nonce}")),
+        })
+    }
+
+    /// Whether a form's CSRF token is its session's.
+    pub fn csrf_ok(session: &Session, given: &str) -> bool {
+        !given.is_empty() && bool::from(session.csrf.as_bytes().ct_eq(given.as_bytes()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_holds_only_under_its_key_and_untouched() {
+        let s = Sessions::new([1; 32], "c", false);
+        let (set, session) = s.issue().unwrap();
+        let cookie = set.split(';').next().unwrap().to_string();
+        let mut h = HeaderMap::new();
+        h.insert(header::COOKIE, cookie.parse().unwrap());
+        let back = s.check(&h).expect("its own cookie");
+        assert_eq!(back.csrf, session.csrf);
+        assert!(Sessions::csrf_ok(&back, &session.csrf));
+        assert!(!Sessions::csrf_ok(&back, ""));
+        assert!(Sessions::new([2; 32], "c", false).check(&h).is_none());
+        let mut t = HeaderMap::new();
+        t.insert(header::COOKIE, format!("{cookie}A").parse().unwrap());
+        assert!(s.check(&t).is_none());
+        let expired = format!("c=1.{}", "ab");
+        let mut e = HeaderMap::new();
+        e.insert(header::COOKIE, expired.parse().unwrap());
+        assert!(s.check(&e).is_none());
+    }
+
+    #[test]
+    fn every_shared_template_renders() {
+        let p = Pages::new(&[], serde_json::json!({"brand": "b", "nav_items": []}));
+        for name in ["login.html", "message.html"] {
+            let r = p.render(
+                name,
+                serde_json::json!({"title": "t", "message": "m", "back": "/"}),
+            );
+            assert_eq!(r.status(), StatusCode::OK, "{name}");
+        }
+    }
+}
