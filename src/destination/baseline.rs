@@ -77,6 +77,10 @@ impl Harvester {
         let (header, parts, mut docs) = self.list_parts(set, rl, "Resource List").await?;
         let at = header.md.get("at").and_then(|a| Timestamp::parse(a).ok());
         let bar = progress(&format!("baseline {}", set.info.name));
+        let _shown = self
+            .parts()
+            .baselines
+            .show(&self.name, &set.info.name, &bar);
         let mut total = Total::new(parts.len());
         let sem = self.parts().slots.clone();
         let mut tasks = tokio::task::JoinSet::new();
@@ -106,20 +110,23 @@ impl Harvester {
                 let mut batch = Vec::with_capacity(WALK_BATCH);
                 while batch.len() < WALK_BATCH {
                     let Some(e) = r.next_entry()? else { break };
-                    bar.inc(1);
+                    // The bar counts entries settled: refused, held as listed, or fetched
+                    // (or failed) — not merely read.
                     if !self.admit(set, &e.loc, &docs).await? {
                         walk.refused += 1;
+                        bar.inc(1);
                         continue;
                     }
                     batch.push(entry_change(&e, ChangeType::Created, at.unwrap_or(started)));
                 }
                 let next = (!batch.is_empty()).then(|| self.read_batch(set.row.id, batch));
-                let (todo, claims) = match std::mem::replace(&mut reading, next) {
+                let (todo, claims, listed) = match std::mem::replace(&mut reading, next) {
                     Some(h) => h.await??,
                     // The part's first batch: its read is under way; gather the next.
                     None if reading.is_some() => continue,
                     None => break,
                 };
+                bar.inc(listed);
                 for (c, claim) in todo.into_iter().zip(claims) {
                     let permit = sem.clone().acquire_owned().await?;
                     let (this, name) = (self.work.clone(), set.info.name.clone());
@@ -133,6 +140,7 @@ impl Harvester {
                     });
                     while let Some(done) = tasks.try_join_next() {
                         walk.collect(done?).await?;
+                        bar.inc(1);
                         walk.record(RECORD_BATCH).await?;
                     }
                 }
@@ -140,6 +148,7 @@ impl Harvester {
         }
         while let Some(done) = tasks.join_next().await {
             walk.collect(done?).await?;
+            bar.inc(1);
             walk.record(RECORD_BATCH).await?;
         }
         walk.record_all().await?;
@@ -179,6 +188,7 @@ impl Harvester {
     fn read_batch(&self, set_id: i64, entries: Vec<Change>) -> tokio::task::JoinHandle<BatchRead> {
         let w = self.work.clone();
         tokio::spawn(async move {
+            let n = entries.len() as u64;
             let todo = w
                 .parts
                 .state
@@ -194,7 +204,8 @@ impl Harvester {
                 .await?;
             let uris: Vec<&str> = todo.iter().map(|c| c.uri.as_str()).collect();
             let claims = w.claim_many(&uris).await;
-            anyhow::Ok((todo, claims))
+            let listed = n - todo.len() as u64;
+            anyhow::Ok((todo, claims, listed))
         })
     }
 
@@ -227,6 +238,10 @@ impl Harvester {
             "baseline {} from its Resource Dump",
             set.info.name
         ));
+        let _shown = self
+            .parts()
+            .baselines
+            .show(&self.name, &set.info.name, &bar);
         let (mut missed, mut placed) = (0u64, 0u64);
         // A package is unpacked (on every core) while the next one downloads.
         let mut unpacking: Option<tokio::task::JoinHandle<anyhow::Result<Unpacked>>> = None;
@@ -408,7 +423,8 @@ impl Walk<'_> {
 }
 
 /// A batch's entries not held as listed, with their files' claims.
-type BatchRead = anyhow::Result<(Vec<Change>, Vec<Result<Claim, NotApplied>>)>;
+/// A batch's entries to fetch, their files' claims, and how many were held as listed already.
+type BatchRead = anyhow::Result<(Vec<Change>, Vec<Result<Claim, NotApplied>>, u64)>;
 
 /// Resources fetched by a baseline, recorded as held a batch at a time (one transaction for
 /// many: a crash before a batch is recorded only means those are fetched again), their files'

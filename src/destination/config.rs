@@ -24,6 +24,66 @@ pub struct HarvestConfig {
     pub fetch: FetchSection,
     pub push: PushSection,
     pub follow: FollowSection,
+    pub console: ConsoleSection,
+}
+
+/// `[console]`: the harvester's console in a browser.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConsoleSection {
+    /// `""`: on the callback server when that listens on loopback; `"off"`; or an address.
+    pub listen: String,
+    /// The environment variable holding the sign-in token (for a non-loopback address).
+    pub token_env: String,
+}
+
+/// Where the harvester's console is served.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConsoleAt {
+    Off,
+    /// On the callback server (a loopback address).
+    Callback,
+    Own(std::net::SocketAddr),
+}
+
+impl HarvestConfig {
+    /// Where the console is served, and the token it needs (`None` on loopback). An address
+    /// other hosts can reach without a token is an error naming the key.
+    pub fn console_at(&self) -> Result<(ConsoleAt, Option<String>), HarvestConfigError> {
+        let bad = |m: String| Err(HarvestConfigError::Invalid(m));
+        let (at, ip) = match self.console.listen.trim() {
+            "off" => return Ok((ConsoleAt::Off, None)),
+            "" => match self.push.listen.parse::<std::net::SocketAddr>() {
+                Ok(a) if self.push.enabled && a.ip().is_loopback() => (ConsoleAt::Callback, a.ip()),
+                _ => return Ok((ConsoleAt::Off, None)),
+            },
+            other => match other.parse::<std::net::SocketAddr>() {
+                Ok(a) => (ConsoleAt::Own(a), a.ip()),
+                Err(_) => {
+                    return bad(format!(
+                    "console.listen {other:?} is not an address like 127.0.0.1:8901 (or \"off\")"
+                ))
+                }
+            },
+        };
+        if ip.is_loopback() {
+            return Ok((at, None));
+        }
+        let var = self.console.token_env.trim();
+        if var.is_empty() {
+            return bad(format!(
+                "console.listen {:?} is reachable from other hosts: name the environment variable holding its sign-in token in console.token_env",
+                self.console.listen
+            ));
+        }
+        match std::env::var(var) {
+            Ok(t) if t.len() >= 16 => Ok((at, Some(t))),
+            Ok(_) => bad(format!(
+                "console.token_env names {var}, whose token is shorter than 16 characters"
+            )),
+            Err(_) => bad(format!("console.token_env names {var}, which is not set")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

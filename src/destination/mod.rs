@@ -43,6 +43,7 @@ pub mod state;
 
 mod baseline;
 mod changes;
+mod console;
 mod documents;
 mod push;
 mod report;
@@ -96,6 +97,75 @@ struct Parts {
     walks: Arc<Semaphore>,
     /// What each server sees of this harvester (per-authority slots, pauses).
     hosts: fetch::Hosts,
+    /// The baselines running now, for the console.
+    baselines: Baselines,
+}
+
+/// The baselines running now: (source, set) -> their progress bar (position and length kept
+/// even when the bar is not drawn) and when they started.
+#[derive(Default)]
+pub(crate) struct Baselines(
+    std::sync::Mutex<BTreeMap<(String, String), (indicatif::ProgressBar, std::time::Instant)>>,
+);
+
+/// A running baseline's progress as the console shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct BaselineProgress {
+    pub set: String,
+    pub done: u64,
+    /// The resources listed (estimated from the parts read so far); `None` before the first.
+    pub total: Option<u64>,
+    pub elapsed_secs: u64,
+    /// Seconds left at the pace so far.
+    pub left_secs: Option<u64>,
+}
+
+/// Takes a baseline off [`Baselines`] when it ends, however it ends.
+pub(crate) struct Shown<'a> {
+    of: &'a Baselines,
+    key: (String, String),
+}
+
+impl Drop for Shown<'_> {
+    fn drop(&mut self) {
+        self.of.0.lock().expect("baselines").remove(&self.key);
+    }
+}
+
+impl Baselines {
+    pub(crate) fn show(&self, source: &str, set: &str, bar: &indicatif::ProgressBar) -> Shown<'_> {
+        let key = (source.to_string(), set.to_string());
+        self.0
+            .lock()
+            .expect("baselines")
+            .insert(key.clone(), (bar.clone(), std::time::Instant::now()));
+        Shown { of: self, key }
+    }
+
+    /// The baselines of `source` running now.
+    pub(crate) fn of(&self, source: &str) -> Vec<BaselineProgress> {
+        self.0
+            .lock()
+            .expect("baselines")
+            .iter()
+            .filter(|((s, _), _)| s == source)
+            .map(|((_, set), (bar, started))| {
+                let done = bar.position();
+                let total = bar.length();
+                let elapsed = started.elapsed().as_secs_f64();
+                let left = total
+                    .filter(|_| done > 0)
+                    .map(|t| (elapsed * t.saturating_sub(done) as f64 / done as f64) as u64);
+                BaselineProgress {
+                    set: set.clone(),
+                    done,
+                    total,
+                    elapsed_secs: elapsed as u64,
+                    left_secs: left,
+                }
+            })
+            .collect()
+    }
 }
 
 impl Parts {
@@ -113,6 +183,7 @@ impl Parts {
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             walks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             hosts: fetch::Hosts::default(),
+            baselines: Baselines::default(),
         }))
     }
 
@@ -408,8 +479,11 @@ pub async fn run_reloading(
         stop.cancel();
     });
     let parts = Parts::open(&cfg)?;
+    let (console_at, console_token) = cfg.console_at()?;
+    let console = || console::router(cfg.clone(), parts.clone(), console_token.clone());
     let mut callback_base = cfg.push.callback_url.clone();
     let mut server = None;
+    let mut console_server = None;
     if cfg.push.enabled {
         let listener = match listener {
             Some(l) => l,
@@ -429,9 +503,23 @@ pub async fn run_reloading(
             callback_base = format!("http://{}", listener.local_addr()?);
         }
         // One callback server for every source: each subscription has a path of its own.
-        let app = follow::router(parts.state.clone(), inbox.clone(), &cfg.push).await?;
+        let mut app = follow::router(parts.state.clone(), inbox.clone(), &cfg.push).await?;
         tracing::info!(addr = %listener.local_addr()?, callback_base = %callback_base, "callback server listening");
+        if console_at == config::ConsoleAt::Callback {
+            app = app.merge(console()?);
+            tracing::info!(url = %format!("http://{}/console/", listener.local_addr()?), "console");
+        }
         server = Some(follow::serve(listener, app, cancel.clone()));
+    }
+    if let config::ConsoleAt::Own(addr) = console_at {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on console.listen {addr}: {e}"))?;
+        tracing::info!(url = %format!("http://{}/console/", listener.local_addr()?), "console");
+        console_server = Some(follow::serve(listener, console()?, cancel.clone()));
+    }
+    if console_at == config::ConsoleAt::Off {
+        tracing::info!("no console (console.listen = \"off\", or push.listen is not a loopback address: give console.listen one)");
     }
     // A delivery wakes every source's loop (each applies its own).
     let (woken, wake) = tokio::sync::watch::channel(0u64);
@@ -543,7 +631,7 @@ pub async fn run_reloading(
     parts.interrupt();
     housekeeping.close();
     housekeeping.wait().await;
-    if let Some(mut s) = server {
+    for mut s in [server, console_server].into_iter().flatten() {
         // A delivery still being read (a hub trickling its body) does not hold the exit.
         if tokio::time::timeout(Duration::from_secs(1), &mut s)
             .await

@@ -218,17 +218,37 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
     Ok(out)
 }
 
-/// One line per source (an aggregator's `harvest status`): reachable or not, its oldest
-/// position and largest lag, resources held, changes queued, the subscriptions' states,
-/// failures, and the last error in words.
-fn summary(
+/// One source as an aggregator's status shows it (a line of `harvest status`, a row of the
+/// console).
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct SourceRow {
+    pub name: String,
+    pub url: String,
+    pub up: bool,
+    pub sets: usize,
+    pub baselined: usize,
+    /// The oldest position of its sets.
+    pub position: Option<String>,
+    /// The largest lag of its sets, in seconds.
+    pub lag_secs: Option<f64>,
+    pub held: u64,
+    pub queued: u64,
+    /// Its subscriptions' states (`active`, `requested/active`, `-`).
+    pub push: String,
+    /// Changes given up on or failing past their tries.
+    pub failed: usize,
+    /// Why it is down, or its sets' last error, in words.
+    pub error: Option<String>,
+}
+
+/// The rows of `sources`, from the state.
+pub(crate) fn source_rows(
     state: &State,
     sources: &[config::NamedSource],
     all_sets: &[state::SetRow],
-) -> anyhow::Result<String> {
+) -> anyhow::Result<Vec<SourceRow>> {
     let problems = state.problems()?;
-    let width = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
-    let mut out = String::new();
+    let mut out = Vec::new();
     for source in sources {
         let sets: Vec<&state::SetRow> = all_sets
             .iter()
@@ -253,7 +273,7 @@ fn summary(
                 push.push(sub);
             }
         }
-        let failures = problems
+        let failed = problems
             .iter()
             .filter(|(set_id, p)| {
                 p.standing != Standing::Trying && sets.iter().any(|s| s.id == *set_id)
@@ -263,16 +283,52 @@ fn summary(
             .as_ref()
             .map(|(e, since)| format!("DOWN since {since}: {e}"))
             .or_else(|| sets.iter().find_map(|s| s.last_error.clone()));
-        let done = sets.iter().filter(|s| s.baseline_done).count();
+        out.push(SourceRow {
+            name: source.name.clone(),
+            url: source.url.clone(),
+            up: failing.is_none(),
+            sets: sets.len(),
+            baselined: sets.iter().filter(|s| s.baseline_done).count(),
+            position: position.map(|p| p.to_string()),
+            lag_secs: lag.map(|l| l as f64 / 1e6),
+            held,
+            queued,
+            push: if push.is_empty() {
+                "-".to_string()
+            } else {
+                push.join("/")
+            },
+            failed,
+            error: error.map(|e| short(&e).into_owned()),
+        });
+    }
+    Ok(out)
+}
+
+/// One line per source (an aggregator's `harvest status`): reachable or not, its oldest
+/// position and largest lag, resources held, changes queued, the subscriptions' states,
+/// failures, and the last error in words.
+fn summary(
+    state: &State,
+    sources: &[config::NamedSource],
+    all_sets: &[state::SetRow],
+) -> anyhow::Result<String> {
+    let width = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
+    let mut out = String::new();
+    for r in source_rows(state, sources, all_sets)? {
         out.push_str(&format!(
-            "{:width$}  {}  sets {done}/{} baselined  position {}  lag {}  held {held}  queued {queued}  push {}  failed {failures}{}\n",
-            source.name,
-            if failing.is_some() { "down" } else { "up  " },
-            sets.len(),
-            position.map_or("-".into(), |p| p.to_string()),
-            lag.map_or("-".into(), |l| format!("{:.1} s", l as f64 / 1e6)),
-            if push.is_empty() { "-".to_string() } else { push.join("/") },
-            error.map(|e| format!("  {}", short(&e))).unwrap_or_default(),
+            "{:width$}  {}  sets {}/{} baselined  position {}  lag {}  held {}  queued {}  push {}  failed {}{}\n",
+            r.name,
+            if r.up { "up  " } else { "down" },
+            r.baselined,
+            r.sets,
+            r.position.as_deref().unwrap_or("-"),
+            r.lag_secs.map_or("-".into(), |l| format!("{l:.1} s")),
+            r.held,
+            r.queued,
+            r.push,
+            r.failed,
+            r.error.map(|e| format!("  {e}")).unwrap_or_default(),
         ));
     }
     out.push_str("(harvest status --source NAME: one source in detail)\n");

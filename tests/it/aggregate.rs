@@ -37,7 +37,7 @@ fn held(s: &destination::state::State, source: &str) -> u64 {
 }
 
 /// A static source of `n` text resources at `/r/<i>`; returns it and the bodies.
-async fn static_source(tag: &str, n: usize) -> (Hostile, Vec<String>) {
+pub async fn static_source(tag: &str, n: usize) -> (Hostile, Vec<String>) {
     let src = Hostile::start().await;
     let bodies: Vec<String> = (0..n).map(|i| format!("{tag} resource {i}\n")).collect();
     let rl: Vec<String> = bodies

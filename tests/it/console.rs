@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::hub::{fat_ping, hub_config, subscribed};
@@ -31,6 +32,68 @@ fn screenshots() -> PathBuf {
         .parent()
         .expect("target/tmp has a parent")
         .join("console-screenshots")
+}
+
+/// Runs `tests/tools/console_browser.py` with `args` (and the screenshots' folder), answering
+/// each word it prints with `act(word)` and a line on its stdin; returns its findings.
+async fn browse(args: &[&str], mut act: impl FnMut(&str)) -> serde_json::Value {
+    let shots = screenshots();
+    let mut child = std::process::Command::new(PyEnv::get().python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/tools/console_browser.py"
+        ))
+        .args(args)
+        .arg(&shots)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the test environment's Python");
+    let mut stdin = child.stdin.take().unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+    std::thread::spawn(move || {
+        for line in stdout.lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut findings = None;
+    while let Some(line) = tokio::time::timeout(Duration::from_secs(180), rx.recv())
+        .await
+        .expect("the browser script went silent for 3 minutes")
+    {
+        if line.starts_with('{') {
+            findings = Some(line);
+        } else {
+            act(&line);
+            writeln!(stdin, "done").unwrap();
+            stdin.flush().unwrap();
+        }
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the browser script failed (screenshots in {}):\n{}",
+        shots.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f: serde_json::Value =
+        serde_json::from_str(&findings.expect("the script's findings")).unwrap();
+    assert_eq!(
+        f["console_errors"],
+        serde_json::json!([]),
+        "the browser's console log has errors: {f}"
+    );
+    for (name, p) in f["pages"].as_object().unwrap() {
+        let bytes = p["bytes"].as_u64().unwrap();
+        assert!(bytes <= 200_000, "{name} weighs {bytes} bytes: {p}");
+        assert!(shots.join(format!("{name}.png")).exists(), "{name}");
+    }
+    f
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,55 +135,14 @@ async fn an_admin_reaches_a_failing_subscriber_and_redelivers_from_the_browser()
     assert_eq!(status, 200, "{page}");
     let failing = page["items"][0]["id"].as_str().unwrap().to_string();
 
-    let shots = screenshots();
-    let mut child = std::process::Command::new(PyEnv::get().python())
-        .arg(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/tools/console_browser.py"
-        ))
-        .args([&app.url(""), TOKEN, &failing])
-        .arg(&shots)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("the test environment's Python");
-    let mut stdin = child.stdin.take().unwrap();
-    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    std::thread::spawn(move || {
-        for line in stdout.lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    let mut findings = None;
     let mut fixed_at = None;
-    while let Some(line) = tokio::time::timeout(Duration::from_secs(180), rx.recv())
-        .await
-        .expect("the browser script went silent for 3 minutes")
-    {
-        if line == "FIX" {
-            // The admin has seen the 500s: the receiver is mended.
-            sub.answer("/bad", 200);
-            fixed_at = Some(tokio::time::Instant::now());
-            writeln!(stdin, "fixed").unwrap();
-            stdin.flush().unwrap();
-        } else if line.starts_with('{') {
-            findings = Some(line);
-        }
-    }
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "the browser script failed (screenshots in {}):\n{}",
-        shots.display(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let f: serde_json::Value =
-        serde_json::from_str(&findings.expect("the script's findings")).unwrap();
+    let f = browse(&["hub", &app.url(""), TOKEN, &failing], |word| {
+        assert_eq!(word, "FIX");
+        // The admin has seen the 500s: the receiver is mended.
+        sub.answer("/bad", 200);
+        fixed_at = Some(tokio::time::Instant::now());
+    })
+    .await;
     let text = |k: &str| f[k].as_str().unwrap_or_default().to_string();
 
     assert!(text("wrong_token").contains("not the admin token"), "{f}");
@@ -167,16 +189,6 @@ async fn an_admin_reaches_a_failing_subscriber_and_redelivers_from_the_browser()
     assert_eq!(text("state_after"), "active", "{f}");
     assert!(text("attempts_after").contains("delivered"), "{f}");
     assert!(text("after_logout").ends_with("/console/login"), "{f}");
-    assert_eq!(
-        f["console_errors"],
-        serde_json::json!([]),
-        "the browser's console log has errors: {f}"
-    );
-    for (name, p) in f["pages"].as_object().unwrap() {
-        let bytes = p["bytes"].as_u64().unwrap();
-        assert!(bytes <= 200_000, "{name} weighs {bytes} bytes: {p}");
-        assert!(shots.join(format!("{name}.png")).exists(), "{name}");
-    }
     // At the callback: each of the 3 messages answered 200 after the fix.
     let fixed_at = fixed_at.expect("the script asked for the fix");
     let got: std::collections::BTreeSet<String> = sub
@@ -284,4 +296,101 @@ async fn the_console_refuses_without_a_session_or_its_csrf_token() {
         .unwrap();
     assert_eq!(r.status(), 303);
     app.stop().await;
+}
+
+/// The harvester's console over 40 sources: one down says why, a running baseline's bar
+/// moves, and an audit run from a source's page reports it in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_harvesters_console_shows_forty_sources_and_audits_one() {
+    use crate::aggregate::{source, static_source};
+    use crate::hostile::{described, entry, rl_md, urlset, Hostile};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    browser_present();
+    let dir = tempfile::tempdir().unwrap();
+    let mut statics = Vec::new();
+    for i in 0..38 {
+        statics.push(static_source(&format!("s{i}"), 3).await.0);
+    }
+    // The slow source: 100 resources, each served once the test lets that many through.
+    let slow = Hostile::start().await;
+    let allowed = Arc::new(AtomicUsize::new(20));
+    let mut entries = Vec::new();
+    for i in 0..100 {
+        let body = format!("slow resource {i}\n");
+        let (gate, b) = (allowed.clone(), body.clone());
+        slow.on(&format!("/r/{i}"), move |_| {
+            use axum::response::IntoResponse;
+            let (gate, b) = (gate.clone(), b.clone());
+            let s = futures_util::stream::once(async move {
+                while gate.load(Ordering::SeqCst) <= i {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Ok::<_, std::io::Error>(axum::body::Bytes::from(b))
+            });
+            (
+                [("content-type", "text/plain")],
+                axum::body::Body::from_stream(s),
+            )
+                .into_response()
+        });
+        entries.push(entry(&slow.url(&format!("/r/{i}")), &described(&body)));
+    }
+    slow.xml("/rl.xml", urlset(&rl_md(), &entries));
+    slow.source(&[slow.set("s", &[("resourcelist", slow.url("/rl.xml"))], false)]);
+
+    let mut cfg = crate::harvest::harvest_config(dir.path(), "");
+    cfg.sources = statics
+        .iter()
+        .enumerate()
+        .map(|(i, s)| source(&format!("static{i}"), s.url("/.well-known/resourcesync")))
+        .collect();
+    cfg.sources
+        .push(source("slow", slow.url("/.well-known/resourcesync")));
+    let closed = format!(
+        "http://127.0.0.1:{}/.well-known/resourcesync",
+        crate::harvest::free_port()
+    );
+    cfg.sources.push(source("down", closed));
+    cfg.fetch.per_host_concurrency = 4;
+    let h = crate::harvest::TestHarvester::start(cfg).await;
+    crate::harvest::wait_state(&h, "the static sources baselined", 120, |s| {
+        let sets = s.sets().unwrap();
+        (0..38).all(|i| {
+            sets.iter()
+                .any(|r| r.source == format!("static{i}") && r.baseline_done)
+        })
+    })
+    .await;
+
+    let base = format!("http://{}", h.addr);
+    let f = browse(
+        &["harvest", &base, "slow", "down", "static7"],
+        |word| match word {
+            "MORE" => allowed.store(50, Ordering::SeqCst),
+            "REST" => allowed.store(1_000, Ordering::SeqCst),
+            other => panic!("unexpected word {other}"),
+        },
+    )
+    .await;
+    assert_eq!(f["rows"], 40, "{f}");
+    assert!(
+        f["down_row"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("connection refused"),
+        "{f}"
+    );
+    let (first, then) = (
+        f["progress_first"].as_u64().unwrap(),
+        f["progress_then"].as_u64().unwrap(),
+    );
+    assert!((1..=20).contains(&first) && then > first, "{f}");
+    assert_eq!(f["progress_max"], "100", "{f}");
+    assert!(f["audit"].as_str().unwrap().starts_with("IN SYNC"), "{f}");
+    assert!(
+        f["status_text"].as_str().unwrap().contains("static7"),
+        "{f}"
+    );
+    h.stop().await;
 }

@@ -17,6 +17,8 @@ use crate::support::*;
 /// A harvester running in-process on a callback listener of its own.
 pub struct TestHarvester {
     pub cfg: HarvestConfig,
+    /// Where its callback server (and its console) listens.
+    pub addr: std::net::SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     handle: Option<tokio::task::JoinHandle<anyhow::Result<()>>>,
     /// Set when the harvester stopped with an error (shown by `wait_state`).
@@ -26,6 +28,7 @@ pub struct TestHarvester {
 impl TestHarvester {
     pub async fn start(cfg: HarvestConfig) -> TestHarvester {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let ended = std::sync::Arc::new(std::sync::Mutex::new(None));
         let note = ended.clone();
@@ -41,6 +44,7 @@ impl TestHarvester {
         });
         TestHarvester {
             cfg,
+            addr,
             stop: Some(tx),
             handle: Some(handle),
             ended,
