@@ -47,8 +47,9 @@ pub enum ConsoleAt {
 }
 
 impl HarvestConfig {
-    /// Where the console is served, and the token it needs (`None` on loopback). An address
-    /// other hosts can reach without a token is an error naming the key.
+    /// Where the console is served, and the token it needs (`console.token_env`'s; `None` on
+    /// loopback without one). An address other hosts can reach without a token is an error
+    /// naming the key.
     pub fn console_at(&self) -> Result<(ConsoleAt, Option<String>), HarvestConfigError> {
         let bad = |m: String| Err(HarvestConfigError::Invalid(m));
         let (at, ip) = match self.console.listen.trim() {
@@ -66,10 +67,10 @@ impl HarvestConfig {
                 }
             },
         };
-        if ip.is_loopback() {
+        let var = self.console.token_env.trim();
+        if var.is_empty() && ip.is_loopback() {
             return Ok((at, None));
         }
-        let var = self.console.token_env.trim();
         if var.is_empty() {
             return bad(format!(
                 "console.listen {:?} is reachable from other hosts: name the environment variable holding its sign-in token in console.token_env",
@@ -591,6 +592,31 @@ fn is_provider_token(p: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_console_other_hosts_can_reach_needs_a_token() {
+        let mut c = HarvestConfig::defaults();
+        assert_eq!(c.console_at().unwrap(), (ConsoleAt::Callback, None));
+        c.console.listen = "off".into();
+        assert_eq!(c.console_at().unwrap().0, ConsoleAt::Off);
+        c.console.listen = "0.0.0.0:8901".into();
+        let e = c.console_at().unwrap_err().to_string();
+        assert!(e.contains("console.token_env"), "{e}");
+        c.console.token_env = "RSHUB_TEST_CONSOLE_TOKEN_UNSET".into();
+        let e = c.console_at().unwrap_err().to_string();
+        assert!(e.contains("which is not set"), "{e}");
+        c.console.listen = "nonsense".into();
+        let e = c.console_at().unwrap_err().to_string();
+        assert!(e.contains("not an address"), "{e}");
+        c.console.listen = String::new();
+        c.push.listen = "0.0.0.0:8900".into();
+        c.console.token_env = String::new();
+        assert_eq!(
+            c.console_at().unwrap().0,
+            ConsoleAt::Off,
+            "not on a public callback server"
+        );
+    }
     use super::*;
 
     #[test]

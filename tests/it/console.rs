@@ -394,3 +394,70 @@ async fn the_harvesters_console_shows_forty_sources_and_audits_one() {
     );
     h.stop().await;
 }
+
+/// With `console.token_env`, the harvester's console asks for the token; forms without their
+/// CSRF token and unknown sources get readable refusals.
+#[tokio::test]
+async fn the_harvesters_console_with_a_token_asks_for_it() {
+    const VAR: &str = "RSHUB_TEST_HARVEST_CONSOLE_TOKEN";
+    const SECRET: &str = "a-console-token-of-some-length";
+    // A variable no other test reads.
+    std::env::set_var(VAR, SECRET);
+    let dir = tempfile::tempdir().unwrap();
+    let (src, _) = crate::aggregate::static_source("t", 2).await;
+    let mut cfg = crate::harvest::harvest_config(dir.path(), &src.url("/.well-known/resourcesync"));
+    cfg.console.token_env = VAR.into();
+    let h = crate::harvest::TestHarvester::start(cfg).await;
+    let base = format!("http://{}", h.addr);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client.get(format!("{base}/console/")).send().await.unwrap();
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/console/login");
+    let r = client
+        .post(format!("{base}/console/login"))
+        .form(&[("token", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("not the console"));
+    let r = client
+        .post(format!("{base}/console/login"))
+        .form(&[("token", SECRET)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    assert!(cookie.contains("HttpOnly") && cookie.contains("SameSite=Strict"));
+    let session = cookie.split(';').next().unwrap().to_string();
+    let get = |path: &str| {
+        client
+            .get(format!("{base}{path}"))
+            .header("cookie", session.clone())
+            .send()
+    };
+    let r = get("/console/").await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .contains("frame-ancestors 'none'"));
+    let r = get("/console/sources/nope").await.unwrap();
+    assert_eq!(r.status(), 404);
+    assert!(r.text().await.unwrap().contains("no source named"));
+    let r = client
+        .post(format!("{base}/console/sources/-/audit"))
+        .header("cookie", session.clone())
+        .form(&[("csrf", "forged")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 403);
+    assert!(r.text().await.unwrap().contains("CSRF token"));
+    h.stop().await;
+}
