@@ -602,7 +602,7 @@ mod tests {
         c.console.listen = "0.0.0.0:8901".into();
         let e = c.console_at().unwrap_err().to_string();
         assert!(e.contains("console.token_env"), "{e}");
-        c.console.token_env = "RSHUB_TEST_CONSOLE_TOKEN_UNSET".into();
+        c.console.token_env = "HARVEST_CONSOLE_TEST_TOKEN_UNSET".into();
         let e = c.console_at().unwrap_err().to_string();
         assert!(e.contains("which is not set"), "{e}");
         c.console.listen = "nonsense".into();

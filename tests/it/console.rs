@@ -15,14 +15,19 @@ const TOKEN: &str = "console-admin-token";
 /// Chromium and its driver, as `.ci/run` installs them; their absence fails the test, saying
 /// how to install them (it never passes without a browser).
 fn browser_present() {
-    let missing: Vec<&str> = ["/usr/bin/chromium", "/usr/bin/chromedriver"]
-        .into_iter()
-        .filter(|p| !std::path::Path::new(p).exists())
-        .collect();
+    let missing: Vec<&str> = [
+        "/usr/bin/chromium",
+        "/usr/bin/chromedriver",
+        "/usr/bin/firefox-esr",
+    ]
+    .into_iter()
+    .filter(|p| !std::path::Path::new(p).exists())
+    .collect();
     assert!(
         missing.is_empty(),
-        "the console tests drive a real browser and {missing:?} is missing: install Debian's \
-         chromium and chromium-driver (apt-get install chromium chromium-driver; .ci/run does)"
+        "the console tests drive real browsers and {missing:?} is missing: install Debian's \
+         chromium, chromium-driver and firefox-esr (apt-get install chromium chromium-driver \
+         firefox-esr; .ci/run does)"
     );
 }
 
@@ -399,9 +404,10 @@ async fn the_harvesters_console_shows_forty_sources_and_audits_one() {
 /// CSRF token and unknown sources get readable refusals.
 #[tokio::test]
 async fn the_harvesters_console_with_a_token_asks_for_it() {
-    const VAR: &str = "RSHUB_TEST_HARVEST_CONSOLE_TOKEN";
+    const VAR: &str = "HARVEST_CONSOLE_TEST_TOKEN";
     const SECRET: &str = "a-console-token-of-some-length";
-    // A variable no other test reads.
+    // A variable no other test reads (and no RSHUB_ one: child servers inherit the
+    // environment, and their configuration refuses RSHUB_ variables it does not know).
     std::env::set_var(VAR, SECRET);
     let dir = tempfile::tempdir().unwrap();
     let (src, _) = crate::aggregate::static_source("t", 2).await;
@@ -460,4 +466,69 @@ async fn the_harvesters_console_with_a_token_asks_for_it() {
     assert_eq!(r.status(), 403);
     assert!(r.text().await.unwrap().contains("CSRF token"));
     h.stop().await;
+}
+
+/// The same console in Firefox (Debian's ESR, over WebDriver BiDi): every view renders without
+/// an error in its console, the redeliver form and its confirmation work, and the script keeps
+/// the page current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hub_console_works_in_firefox() {
+    browser_present();
+    let (mut c, _dir) = hub_config();
+    c.admin.token = TOKEN.into();
+    c.hub.retry_schedule_secs = vec![1, 3600];
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    let topic = format!("{}/firefox", app.config.topic_base());
+    subscribed(&app, &sub, &topic, "/ok", &[]).await;
+    sub.answer("/bad", 500);
+    subscribed(&app, &sub, &topic, "/bad", &[]).await;
+    for n in 0..2 {
+        let (status, text) = fat_ping(&app, &topic, &format!("message {n}")).await;
+        assert!(status < 300, "{text}");
+    }
+    sub.wait_until("the failing subscriber was tried twice", |s| {
+        s.deliveries("/bad").len() >= 2
+    })
+    .await;
+    let (_, page) = admin_call(
+        &app,
+        TOKEN,
+        reqwest::Method::GET,
+        "/admin/v1/subscriptions?state=failing",
+        None,
+    )
+    .await;
+    let failing = page["items"][0]["id"].as_str().unwrap().to_string();
+    sub.answer("/bad", 200);
+    let shots = screenshots();
+    let args: Vec<std::ffi::OsString> = vec![
+        app.url("").into(),
+        TOKEN.into(),
+        failing.clone().into(),
+        shots.clone().into(),
+    ];
+    let f = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        NodeEnv::get().tool_json("console_firefox.mjs", &refs)
+    })
+    .await
+    .unwrap();
+    assert_eq!(f["overview_title"], "Overview", "{f}");
+    assert!(
+        f["confirm"].as_str().unwrap().contains("Deliver again"),
+        "{f}"
+    );
+    assert!(
+        f["done"].as_str().unwrap().contains("pending sent now"),
+        "{f}"
+    );
+    assert!(f["live_update"].as_u64().unwrap() >= 1, "{f}");
+    assert_eq!(f["first_tab"], "Skip to content", "{f}");
+    assert_eq!(f["errors"], serde_json::json!([]), "Firefox's console: {f}");
+    for (name, p) in f["pages"].as_object().unwrap() {
+        assert!(p["bytes"].as_u64().unwrap() <= 200_000, "{name}: {p}");
+        assert!(shots.join(format!("{name}.png")).exists(), "{name}");
+    }
+    app.stop().await;
 }

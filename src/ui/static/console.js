@@ -8,6 +8,7 @@
     return;
   }
   var banner = null;
+  var refreshed = 0;
   function say(text) {
     if (!banner) {
       banner = document.createElement("p");
@@ -41,6 +42,8 @@
           banner.remove();
           banner = null;
         }
+        refreshed += 1;
+        document.body.setAttribute("data-refreshed", String(refreshed));
         window.setTimeout(refresh, every * 1000);
       })
       .catch(function (e) {
