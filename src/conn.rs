@@ -13,6 +13,9 @@
 //! A listener may also cap how many connections are open at once (`server.max_connections`):
 //! past the cap it stops accepting, so further clients wait in the kernel's accept queue, as
 //! nginx's `worker_connections` does, instead of the process running out of descriptors.
+//!
+//! [`raise_open_files`] lifts the soft limit of open descriptors to the hard one, as servers
+//! that hold many connections do at start (nginx's `worker_rlimit_nofile`).
 
 use std::future::Future;
 use std::io;
@@ -233,5 +236,54 @@ impl AsyncWrite for Conn {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+/// Raises the soft limit of open descriptors (`RLIMIT_NOFILE`) to the hard limit; returns the
+/// soft limit before and after. The common default soft limit (1,024) is far below what a
+/// harvester of hundreds of sources holds.
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)] // rlim_t is u64 here, not on every unix
+pub fn raise_open_files() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed, which lives here.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = r.rlim_cur as u64;
+    if r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: as above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((before, r.rlim_cur as u64))
+}
+
+/// Elsewhere the limit is left as it is.
+#[cfg(not(unix))]
+pub fn raise_open_files() -> io::Result<(u64, u64)> {
+    Ok((0, 0))
+}
+
+#[cfg(all(test, unix))]
+mod open_files {
+    /// After the raise, the soft limit is the hard one (a second raise changes nothing).
+    #[test]
+    #[allow(clippy::unnecessary_cast)] // rlim_t is u64 here, not on every unix
+    fn the_soft_limit_is_raised_to_the_hard_one() {
+        let (_, after) = super::raise_open_files().unwrap();
+        let mut r = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: reads into the struct above.
+        assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) }, 0);
+        assert_eq!((after, r.rlim_cur), (r.rlim_max as u64, r.rlim_max));
+        assert_eq!(super::raise_open_files().unwrap(), (after, after));
     }
 }

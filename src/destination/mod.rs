@@ -471,6 +471,18 @@ pub async fn run_reloading(
     listener: Option<TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Hundreds of sources hold more descriptors than the common soft limit of 1,024.
+    match crate::conn::raise_open_files() {
+        Ok((before, after)) if after > before => {
+            tracing::info!(
+                before,
+                after,
+                "open files: soft limit raised to the hard limit"
+            )
+        }
+        Ok((_, limit)) => tracing::info!(limit, "open files: soft limit"),
+        Err(e) => tracing::warn!(error = %e, "open files: the soft limit could not be raised"),
+    }
     let inbox = Arc::new(tokio::sync::Notify::new());
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();

@@ -89,7 +89,7 @@ impl Counted {
 async fn forty_sources_and_two_hubs_in_one_harvester() {
     use crate::harvest::{file_line, ChildHarvester};
     use crate::hostile::{change, changelist};
-    use crate::support::{add_file_set, ChildServer, TestApp};
+    use crate::support::{add_file_set, output_text, ChildServer, TestApp};
     const STATICS: usize = 40;
     const EACH: usize = 10;
     const POLLED: usize = 10;
@@ -447,6 +447,19 @@ async fn forty_sources_and_two_hubs_in_one_harvester() {
     };
     let (ok, status) = cli(&["status"]);
     assert!(ok.success(), "{status}");
+    // An operator looks from a shell that lacks the sources' tokens.
+    let out = std::process::Command::new(ChildServer::BIN)
+        .current_dir(dir.path())
+        .args(["harvest", "status", "--config"])
+        .arg(&f)
+        .env_remove("AGGREGATE_TEST_GUARDED_TOKEN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("guarded"),
+        "{}",
+        output_text(&out)
+    );
     eprintln!("{status}");
     let line = |name: &str| {
         status
