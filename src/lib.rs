@@ -46,7 +46,8 @@
 //! - [`destination`]: the second wing, `resourcesync-hub harvest`: discovery, streaming baseline,
 //!   push subscription with gap filling from the Change Lists, its own state database and outputs,
 //!   behind one trust boundary (every request checked against the source's scope, every body
-//!   bounded: [`destination::scope`], [`destination::fetch`]).
+//!   bounded: [`destination::scope`], [`destination::fetch`]), and its console on its callback
+//!   server (or an address of its own).
 //!   It shares [`model`], [`sitemap`], [`package`], [`digest`], [`conn`] and one helper of [`config`] (relative paths
 //!   taken beside the configuration file) and never uses the server's store, hub, source or
 //!   notifier (the layout test checks that too).

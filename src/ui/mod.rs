@@ -150,6 +150,35 @@ pub fn asset(file: &str) -> Option<Response> {
 /// How long a session lasts.
 pub const SESSION_HOURS: i64 = 8;
 
+/// Seconds as people read them (a lag, a time left).
+pub fn span(secs: f64) -> String {
+    match secs {
+        s if s < 1.0 => "0 s".into(),
+        s if s < 120.0 => format!("{s:.0} s"),
+        s if s < 7200.0 => format!("{:.0} min", s / 60.0),
+        s => format!("{:.1} h", s / 3600.0),
+    }
+}
+
+/// Whether a request's `Host` names this machine by a loopback name or any IP literal: what a
+/// console without a token accepts, so that a web page whose own host name an attacker points
+/// at 127.0.0.1 (DNS rebinding) is not served it.
+pub fn host_is_direct(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|a| a.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::Ipv4Addr>().is_ok()
+}
+
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
 
 fn mac(key: &[u8; 32], what: &str) -> String {
@@ -283,6 +312,22 @@ mod tests {
         let mut e = HeaderMap::new();
         e.insert(header::COOKIE, expired.parse().unwrap());
         assert!(s.check(&e).is_none());
+    }
+
+    #[test]
+    fn only_loopback_names_and_ip_literals_are_direct() {
+        let h = |v: &str| {
+            let mut m = HeaderMap::new();
+            m.insert(header::HOST, v.parse().unwrap());
+            host_is_direct(&m)
+        };
+        assert!(h("127.0.0.1:8900") && h("localhost:1") && h("[::1]:80") && h("10.0.0.2"));
+        assert!(!h("evil.example.org:8900") && !h("127.0.0.1.nip.io") && !h("[nonsense]"));
+        assert!(!host_is_direct(&HeaderMap::new()));
+        assert_eq!(
+            (span(0.2), span(75.0), span(600.0)),
+            ("0 s".into(), "75 s".into(), "10 min".into())
+        );
     }
 
     #[test]

@@ -532,3 +532,30 @@ async fn the_hub_console_works_in_firefox() {
     }
     app.stop().await;
 }
+
+/// Without a token the harvester's console answers only requests addressed to an IP or
+/// localhost: a page whose host name an attacker points at 127.0.0.1 gets nothing.
+#[tokio::test]
+async fn the_harvesters_console_without_a_token_refuses_other_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let (src, _) = crate::aggregate::static_source("r", 1).await;
+    let cfg = crate::harvest::harvest_config(dir.path(), &src.url("/.well-known/resourcesync"));
+    let h = crate::harvest::TestHarvester::start(cfg).await;
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("http://{}/console/", h.addr);
+    let r = client
+        .get(&url)
+        .header("host", format!("rebound.example.org:{}", h.addr.port()))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 421);
+    assert!(r.text().await.unwrap().contains("console.token_env"));
+    let r = client.get(&url).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .contains("SameSite=Strict"));
+    h.stop().await;
+}

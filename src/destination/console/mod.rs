@@ -127,6 +127,12 @@ fn session(c: &Console, headers: &HeaderMap) -> Result<(ui::Session, Option<Stri
     if c.token.is_some() {
         return Err(Refusal::SignIn);
     }
+    if !ui::host_is_direct(headers) {
+        return Err(Refusal::Page(
+            StatusCode::MISDIRECTED_REQUEST,
+            "without a token this console answers only requests to an IP address or localhost (set console.token_env to reach it by name)".into(),
+        ));
+    }
     let (cookie, s) = c
         .sessions
         .issue()
@@ -182,16 +188,6 @@ async fn login(
         )
             .into_response(),
         Err(e) => page_error(StatusCode::SERVICE_UNAVAILABLE, e),
-    }
-}
-
-/// Seconds as people read them.
-fn span(secs: f64) -> String {
-    match secs {
-        s if s < 1.0 => "0 s".into(),
-        s if s < 120.0 => format!("{s:.0} s"),
-        s if s < 7200.0 => format!("{:.0} min", s / 60.0),
-        s => format!("{:.1} h", s / 3600.0),
     }
 }
 
@@ -253,14 +249,14 @@ async fn sources(AxState(c): AxState<Ctx>, headers: HeaderMap) -> Response {
                 .map(|b| {
                     json!({
                         "set": b.set, "done": b.done, "total": b.total,
-                        "left": b.left_secs.map(|l| span(l as f64)),
+                        "left": b.left_secs.map(|l| ui::span(l as f64)),
                     })
                 })
                 .collect();
             running += baselines.len();
             json!({
                 "name": r.name, "up": r.up, "sets": r.sets, "baselined": r.baselined,
-                "position": r.position, "lag": r.lag_secs.map_or("—".to_string(), span),
+                "position": r.position, "lag": r.lag_secs.map_or("—".to_string(), ui::span),
                 "held": r.held, "queued": r.queued, "push": r.push, "error": r.error,
                 "baselines": baselines,
             })

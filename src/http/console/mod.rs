@@ -290,16 +290,6 @@ fn row(v: SubscriptionView) -> Row {
     }
 }
 
-/// Seconds as people read them.
-fn span(secs: f64) -> String {
-    match secs {
-        s if s < 1.0 => "none".into(),
-        s if s < 120.0 => format!("{s:.0} s"),
-        s if s < 7200.0 => format!("{:.0} min", s / 60.0),
-        s => format!("{:.1} h", s / 3600.0),
-    }
-}
-
 #[derive(Serialize)]
 struct Bar {
     x: f64,
@@ -395,7 +385,7 @@ async fn overview(
                 ("set", Some(p.set.clone())),
                 ("watermark", p.watermark.clone()),
                 ("oldest_pending", p.oldest_pending.clone()),
-                ("lag", Some(span(p.lag_seconds))),
+                ("lag", Some(ui::span(p.lag_seconds))),
             ])
         })
         .collect();
@@ -824,7 +814,9 @@ async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response
             .pollers
             .iter()
             .find(|p| p.set == name)
-            .map_or("the notifier is off".to_string(), |p| span(p.lag_seconds));
+            .map_or("the notifier is off".to_string(), |p| {
+                ui::span(p.lag_seconds)
+            });
         let set_topics: Vec<TopicRow> = [
             st.config.change_topic(&name),
             st.config.framework_topic(&name),
