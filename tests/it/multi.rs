@@ -24,11 +24,75 @@ fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
              [store]\nbackend = \"elasticsearch\"\n[store.elasticsearch]\nurl = \"{es}\"\n\
              [hub]\nallow_networks = [\"127.0.0.0/8\"]\n\
              [notify]\npoll_interval_ms = 200\nmax_entries = 25\n\
+             [admin]\ntoken = \"{CONSOLE_TOKEN}\"\n\
              [sets.papers]\n"
         ),
     )
     .unwrap();
     cfg
+}
+
+const CONSOLE_TOKEN: &str = "multi-console-token";
+
+/// The partitions of each live process as `server`'s console lists them (signed in), once it
+/// lists two.
+async fn console_processes(server: &ChildServer) -> Vec<u64> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(server.url("/console/login"))
+        .form(&[("token", CONSOLE_TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    let session = cookie.split(';').next().unwrap().to_string();
+    let shares = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    crate::support::wait_until("the console lists both processes", || {
+        let (client, session) = (client.clone(), session.clone());
+        let url = server.url("/console/");
+        let shares = shares.clone();
+        async move {
+            let page = client
+                .get(url)
+                .header("cookie", session)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let Some(table) = page.split("Delivering processes").nth(1) else {
+                return false;
+            };
+            let found: Vec<u64> = table
+                .split("</table>")
+                .next()
+                .unwrap_or_default()
+                .split("<tr><td><code>")
+                .skip(1)
+                .filter_map(|row| {
+                    row.split("<td>")
+                        .last()?
+                        .split("</td>")
+                        .next()?
+                        .trim()
+                        .parse()
+                        .ok()
+                })
+                .collect();
+            let two = found.len() == 2;
+            *shares.lock().unwrap() = found;
+            two
+        }
+    })
+    .await;
+    let found = shares.lock().unwrap().clone();
+    found
 }
 
 async fn ingest(client: &reqwest::Client, server: &ChildServer, from: usize) {
@@ -137,6 +201,12 @@ async fn two_processes(signal: &str) {
     let leader = delivering(&client, &servers[0], &servers[1])
         .await
         .expect("exactly one process delivers");
+    // Either process's console shows both, each with its share of the partitions.
+    for server in &servers {
+        let shares = console_processes(server).await;
+        assert_eq!(shares.len(), 2, "{shares:?}");
+        assert!(shares.iter().all(|n| *n > 0), "{shares:?}");
+    }
 
     // Half the changes through both processes, alternately.
     for (i, from) in (0..CHANGES / 2).step_by(BATCH).enumerate() {
