@@ -51,6 +51,8 @@ pub struct ServerConfig {
     pub shutdown_grace_secs: u64,
     pub idle_timeout_secs: u64,
     pub max_connections: u32,
+    /// The internal nginx location's prefix for `X-Accel-Redirect` (`""`: off).
+    pub accel_redirect: String,
 }
 
 /// Which store the server keeps its state in.
@@ -503,6 +505,19 @@ impl Config {
 
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
+        let accel = &self.server.accel_redirect;
+        let prefix_like = |a: &str| {
+            a.starts_with('/')
+                && a.ends_with('/')
+                && a.len() > 2
+                && a.bytes()
+                    .all(|b| b.is_ascii_graphic() && b != b'%' && b != b'?')
+        };
+        if !accel.is_empty() && !prefix_like(accel) {
+            return bad(format!(
+                "server.accel_redirect {accel:?} must be an nginx location prefix like \"/_rshub/\" (starting and ending with /)"
+            ));
+        }
         if !is_listen_address(&self.server.listen) {
             return bad(format!(
                 "server.listen {:?} is not an address like 127.0.0.1:8080 or localhost:8080",
@@ -1169,6 +1184,18 @@ fn describe_errors(e: figment::Error, env: &EnvMapping) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_accel_redirect_prefix_is_an_nginx_location() {
+        let mut c = Config::defaults();
+        c.server.accel_redirect = "/_rshub/".into();
+        c.validate().unwrap();
+        for bad in ["_rshub/", "/_rshub", "/", "/a b/", "/a%2f/"] {
+            c.server.accel_redirect = bad.into();
+            let e = c.validate().unwrap_err().to_string();
+            assert!(e.contains("server.accel_redirect"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn defaults_parse_and_validate() {

@@ -216,6 +216,7 @@ async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Resp
             content_type,
             gzip,
             vary: true,
+            file: Some(doc.path(gzip)),
         },
         body,
     ))
@@ -250,6 +251,7 @@ pub async fn dump_file(
             },
             gzip: false,
             vary: false,
+            file: Some(&path),
         },
         Body_::File(file),
     ))
@@ -279,6 +281,29 @@ pub(super) struct Representation<'a> {
     pub(super) gzip: bool,
     /// The representation depends on `Accept-Encoding`.
     pub(super) vary: bool,
+    /// The file on disk holding exactly these bytes, when there is one: with
+    /// `server.accel_redirect`, nginx is told to send it.
+    pub(super) file: Option<&'a std::path::Path>,
+}
+
+/// The request header nginx sets when it falls back to us because the file it was sent to had
+/// been replaced meanwhile (a page rebuilt): then the bytes come from here.
+pub const ACCEL_FALLBACK: &str = "x-rshub-no-accel";
+
+/// `X-Accel-Redirect` for `file` under the internal location `prefix`: its absolute path,
+/// percent-encoded but for `/`.
+fn accel_target(prefix: &str, file: &std::path::Path) -> Option<HeaderValue> {
+    use std::os::unix::ffi::OsStrExt as _;
+    const KEEP: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+        .remove(b'/')
+        .remove(b'-')
+        .remove(b'_')
+        .remove(b'.')
+        .remove(b'~');
+    let abs = std::path::absolute(file).ok()?;
+    let bytes = abs.as_os_str().as_bytes();
+    let encoded = percent_encoding::percent_encode(bytes.strip_prefix(b"/")?, KEEP).to_string();
+    HeaderValue::from_str(&format!("{prefix}{encoded}")).ok()
 }
 
 /// Where a response's bytes come from.
@@ -329,6 +354,17 @@ pub(super) fn respond(
             return (StatusCode::RANGE_NOT_SATISFIABLE, out).into_response();
         }
     };
+    // Behind nginx: a whole file is sent by nginx (a range, and nginx's fallback after a page
+    // was replaced, are still sent from here).
+    let accel = &st.config.server.accel_redirect;
+    if let (false, None, Some(file)) = (accel.is_empty(), &range, r.file) {
+        if !headers.contains_key(header::RANGE) && !headers.contains_key(ACCEL_FALLBACK) {
+            if let Some(target) = accel_target(accel, file) {
+                out.insert("x-accel-redirect", target);
+                return (StatusCode::OK, out).into_response();
+            }
+        }
+    }
     let (status, start, n) = match &range {
         Some(r) => {
             out.insert(

@@ -57,7 +57,8 @@ pub async fn serve(
         return Err(not_found());
     }
     let (etag, last_modified) = super::documents::file_validators(&meta);
-    let body = if meta.len() <= SMALL {
+    let accel = !st.config.server.accel_redirect.is_empty();
+    let body = if meta.len() <= SMALL && !accel {
         let mut buf = Vec::with_capacity(meta.len() as usize);
         // A file that grows while read is cut at the length its validators name.
         (&mut file)
@@ -86,6 +87,7 @@ pub async fn serve(
             content_type,
             gzip: false,
             vary: false,
+            file: Some(&path),
         },
         body,
     ))

@@ -137,11 +137,24 @@ pub fn router(state: AppState) -> Router {
         state.clone(),
         count_unavailable,
     ))
-    // ZIP packages are served as they are: compressing them again costs CPU for nothing, and
-    // a resumed download needs the same bytes.
-    .layer(CompressionLayer::new().compress_when(
-        DefaultPredicate::new().and(NotForContentType::const_new("application/zip")),
-    ))
+    // What answers byte ranges (documents, resource files, dump files: `Accept-Ranges`) is
+    // served as it is: its ranges and its strong ETag are of those bytes, a resumed download
+    // needs them again, and the documents carry their own gzip form. ZIP packages neither:
+    // compressing them again costs CPU for nothing.
+    .layer(
+        CompressionLayer::new().compress_when(
+            DefaultPredicate::new()
+                .and(NotForContentType::const_new("application/zip"))
+                .and(
+                    |_: StatusCode,
+                     _: axum::http::Version,
+                     h: &axum::http::HeaderMap,
+                     _: &axum::http::Extensions| {
+                        !h.contains_key(axum::http::header::ACCEPT_RANGES)
+                    },
+                ),
+        ),
+    )
     .layer(TraceLayer::new_for_http())
     .with_state(state)
 }

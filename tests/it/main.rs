@@ -1,5 +1,6 @@
 //! The integration tests: one binary, the real server in-process (see `support`).
 
+mod accel;
 mod activity;
 mod admin;
 mod aggregate;

@@ -1,0 +1,221 @@
+//! Behind nginx (Debian's, with `docker/nginx-rshub.conf`): with `server.accel_redirect`, the
+//! server decides every answer and nginx sends the files' bytes; what a client gets through
+//! nginx is what it gets from the server alone (status, validators, encoding, bytes).
+
+use std::path::Path;
+use std::process::{Child, Command};
+
+use reqwest::header;
+
+use crate::support::*;
+
+/// nginx on a free loopback port in front of `upstream`, with the site configuration the
+/// `docker/` folder ships (its upstream and port replaced); stopped when dropped.
+struct Nginx {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Nginx {
+    fn start(dir: &Path, upstream: &str) -> Nginx {
+        assert!(
+            Path::new("/usr/sbin/nginx").exists(),
+            "this test runs Debian's nginx: apt-get install nginx (.ci/run does)"
+        );
+        let port = crate::harvest::free_port();
+        let site = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docker/nginx-rshub.conf"
+        ))
+        .unwrap();
+        assert!(site.contains("server hub:8080;") && site.contains("listen 80;"));
+        let site = site
+            .replace("server hub:8080;", &format!("server {upstream};"))
+            .replace("listen 80;", &format!("listen 127.0.0.1:{port};"));
+        std::fs::create_dir_all(dir.join("tmp")).unwrap();
+        std::fs::write(dir.join("site.conf"), site).unwrap();
+        let d = dir.display();
+        // Started by root, nginx's workers would run as nobody, who cannot read the test's
+        // private temporary folders (in docker/, nginx reads the hub's volume as it is).
+        // SAFETY: geteuid has no preconditions.
+        let user = if unsafe { libc::geteuid() } == 0 {
+            "user root root;\n"
+        } else {
+            ""
+        };
+        std::fs::write(
+            dir.join("nginx.conf"),
+            format!(
+                "daemon off;\n{user}worker_processes 1;\npid {d}/nginx.pid;\nerror_log {d}/error.log;\n\
+                 events {{ worker_connections 256; }}\n\
+                 http {{\n  access_log off;\n  include /etc/nginx/mime.types;\n\
+                   client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
+                   uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n  include {d}/site.conf;\n}}\n"
+            ),
+        )
+        .unwrap();
+        let child = Command::new("/usr/sbin/nginx")
+            .args(["-p", &d.to_string(), "-c"])
+            .arg(dir.join("nginx.conf"))
+            .spawn()
+            .expect("nginx starts");
+        let n = Nginx { child, port };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return n;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        panic!(
+            "nginx did not listen: {}",
+            std::fs::read_to_string(dir.join("error.log")).unwrap_or_default()
+        );
+    }
+}
+
+/// What a client sees of an answer.
+#[derive(PartialEq, Eq)]
+struct Seen {
+    status: u16,
+    etag: Option<String>,
+    last_modified: Option<String>,
+    content_type: Option<String>,
+    content_encoding: Option<String>,
+    content_range: Option<String>,
+    body: Vec<u8>,
+}
+
+impl std::fmt::Debug for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} etag={:?} last-modified={:?} type={:?} encoding={:?} range={:?} body={} bytes md5 {}",
+            self.status,
+            self.etag,
+            self.last_modified,
+            self.content_type,
+            self.content_encoding,
+            self.content_range,
+            self.body.len(),
+            md5_hex(&self.body)
+        )
+    }
+}
+
+async fn see(client: &reqwest::Client, url: &str, extra: &[(&str, &str)]) -> Seen {
+    let mut rb = client.get(url);
+    for (k, v) in extra {
+        rb = rb.header(*k, *v);
+    }
+    let r = rb.send().await.unwrap();
+    let h = |name: header::HeaderName| {
+        r.headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_string())
+    };
+    let (etag, last_modified, content_type, content_encoding, content_range) = (
+        h(header::ETAG),
+        h(header::LAST_MODIFIED),
+        h(header::CONTENT_TYPE),
+        h(header::CONTENT_ENCODING),
+        h(header::CONTENT_RANGE),
+    );
+    Seen {
+        status: r.status().as_u16(),
+        etag,
+        last_modified,
+        content_type,
+        content_encoding,
+        content_range,
+        body: r.bytes().await.unwrap().to_vec(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_through_nginx_are_the_servers_own() {
+    let (mut c, dir) = test_config();
+    let root = dir.path().join("files");
+    std::fs::create_dir_all(&root).unwrap();
+    add_file_set(&mut c, "papers", &root, None);
+    c.server.accel_redirect = "/_rshub/".into();
+    let app = TestApp::start_with(c).await;
+    let mut lines = Vec::new();
+    for (i, size) in [(0, 100usize), (1, 200_000)] {
+        let body: String = (0..size).map(|n| (b'a' + (n % 26) as u8) as char).collect();
+        lines.push(crate::harvest::file_line(
+            &root,
+            "created",
+            &format!("p{i}.txt"),
+            &body,
+        ));
+    }
+    // Enough entries that the Resource List is large enough to be kept on disk.
+    for i in 2..3000 {
+        lines.push(change_line(
+            "created",
+            &format!("r/{i}.txt"),
+            &md5_hex(b"x"),
+            1,
+        ));
+    }
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    let nginx = Nginx::start(&dir.path().join("nginx"), &app.addr);
+
+    // Raw clients: no decompression, no redirects.
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let prefix = app.path_of(&app.config.set_config("papers").url_prefix);
+    let paths = [
+        "/sets/papers/resourcelist.xml".to_string(),
+        "/sets/papers/capabilitylist.xml".to_string(),
+        format!("{prefix}p0.txt"),
+        format!("{prefix}p1.txt"),
+    ];
+    for path in &paths {
+        // The server alone, sending the bytes itself (as for nginx's fallback).
+        let direct = format!("http://{}{path}", app.addr);
+        let proxied = format!("http://127.0.0.1:{}{path}", nginx.port);
+        let alone = see(&client, &direct, &[("x-rshub-no-accel", "1")]).await;
+        assert_eq!(alone.status, 200, "{path}");
+        // Without the fallback header the server names the file instead of sending it.
+        let r = client.get(&direct).send().await.unwrap();
+        assert!(r.headers().contains_key("x-accel-redirect"), "{path}");
+        assert!(r.bytes().await.unwrap().is_empty(), "{path}");
+        let etag = alone.etag.clone().unwrap();
+        let cases: Vec<Vec<(&str, &str)>> = vec![
+            vec![],
+            vec![("accept-encoding", "gzip")],
+            vec![("if-none-match", etag.as_str())],
+            vec![("range", "bytes=0-49")],
+        ];
+        for extra in cases {
+            let mut with_fallback = extra.clone();
+            with_fallback.push(("x-rshub-no-accel", "1"));
+            let want = see(&client, &direct, &with_fallback).await;
+            let got = see(&client, &proxied, &extra).await;
+            assert_eq!(
+                got, want,
+                "{path} with {extra:?}: through nginx, then the server alone"
+            );
+        }
+    }
+    // nginx sent the files itself: it never fell back to the server for want of one.
+    let log = std::fs::read_to_string(dir.path().join("nginx/error.log")).unwrap_or_default();
+    assert!(
+        !log.contains("open()"),
+        "nginx could not open a file: {log}"
+    );
+    drop(nginx);
+    app.stop().await;
+}
