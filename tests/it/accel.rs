@@ -1,6 +1,7 @@
 //! Behind nginx (Debian's, with `docker/nginx-rshub.conf`): with `server.accel_redirect`, the
 //! server decides every answer and nginx sends the files' bytes; what a client gets through
-//! nginx is what it gets from the server alone (status, validators, encoding, bytes).
+//! nginx is what it gets from the server alone (status, validators, encoding, bytes), for
+//! documents, resource files and dump files.
 
 use std::path::Path;
 use std::process::{Child, Command};
@@ -145,6 +146,8 @@ async fn answers_through_nginx_are_the_servers_own() {
     std::fs::create_dir_all(&root).unwrap();
     add_file_set(&mut c, "papers", &root, None);
     c.server.accel_redirect = "/_rshub/".into();
+    c.dumps.enabled = true;
+    c.dumps.check_interval_secs = 1;
     let app = TestApp::start_with(c).await;
     let mut lines = Vec::new();
     for (i, size) in [(0, 100usize), (1, 200_000)] {
@@ -158,14 +161,35 @@ async fn answers_through_nginx_are_the_servers_own() {
     }
     // Enough entries that the Resource List is large enough to be kept on disk.
     for i in 2..3000 {
-        lines.push(change_line(
+        lines.push(crate::harvest::file_line(
+            &root,
             "created",
             &format!("r/{i}.txt"),
-            &md5_hex(b"x"),
-            1,
+            "x",
         ));
     }
     app.ingest_ok("papers", &lines.join("\n")).await;
+    // The Resource Dump and one of its packages (dump files take the same way).
+    let raw = reqwest::Client::builder().no_proxy().build().unwrap();
+    let dump_doc = || async {
+        raw.get(app.url("/sets/papers/resourcedump.xml"))
+            .header("x-rshub-no-accel", "1")
+            .send()
+            .await
+            .unwrap()
+    };
+    wait_until("the Resource Dump", || async {
+        dump_doc().await.status() == 200
+    })
+    .await;
+    let doc = dump_doc().await.text().await.unwrap();
+    let package = doc
+        .split("<loc>")
+        .skip(1)
+        .filter_map(|l| l.split("</loc>").next())
+        .find(|l| l.ends_with(".zip"))
+        .unwrap_or_else(|| panic!("a package in {doc}"))
+        .to_string();
     let nginx = Nginx::start(&dir.path().join("nginx"), &app.addr);
 
     // Raw clients: no decompression, no redirects.
@@ -181,6 +205,8 @@ async fn answers_through_nginx_are_the_servers_own() {
         "/sets/papers/capabilitylist.xml".to_string(),
         format!("{prefix}p0.txt"),
         format!("{prefix}p1.txt"),
+        "/sets/papers/resourcedump.xml".to_string(),
+        app.path_of(&package),
     ];
     for path in &paths {
         // The server alone, sending the bytes itself (as for nginx's fallback).
