@@ -390,7 +390,9 @@ async fn the_harvesters_console_shows_forty_sources_and_audits_one() {
         f["progress_first"].as_u64().unwrap(),
         f["progress_then"].as_u64().unwrap(),
     );
-    assert!((1..=20).contains(&first) && then > first, "{f}");
+    // Entries settle as fetched or, when a gated one outwaits the fetch timeout on a loaded
+    // machine, as failed: either way the bar is short of the end at first, then moves.
+    assert!((1..100).contains(&first) && then > first, "{f}");
     assert_eq!(f["progress_max"], "100", "{f}");
     assert!(f["audit"].as_str().unwrap().starts_with("IN SYNC"), "{f}");
     assert!(
