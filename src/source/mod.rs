@@ -1203,7 +1203,6 @@ impl Source {
         list: &ChangeListInfo,
         indexed: bool,
     ) -> Result<Gen<SitemapWriter>, SourceError> {
-        let sc = Arc::new(self.set_config(set));
         let up = self.urls.capability_list(set);
         let index = self.urls.change_list(set);
         let mut links = vec![Ln {
@@ -1224,34 +1223,8 @@ impl Source {
             until: list.until,
             ..Md::default()
         };
-        let mut gen = self.gen(SitemapWriter::new(Root::Urlset, &md, &links))?;
-        let mut cursor = None;
-        loop {
-            let page = self
-                .store
-                .changes(
-                    set,
-                    list.from,
-                    list.until,
-                    cursor,
-                    self.config.source.store_page_size,
-                )
-                .await?;
-            let (items, next) = (page.items, page.next);
-            let sc = sc.clone();
-            gen = gen
-                .write_rows(move |w| {
-                    let mut loc = String::new();
-                    for c in &items {
-                        write_change(w, &sc, c, &mut loc);
-                    }
-                })
-                .await?;
-            match next {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
+        let gen = self.gen(SitemapWriter::new(Root::Urlset, &md, &links))?;
+        let gen = self.write_changes(gen, set, list, write_change).await?;
         if gen.bytes > SITEMAP_MAX_BYTES {
             tracing::warn!(set = %set, list = list.no, bytes = gen.bytes, "change list exceeds the sitemap size limit");
         }
@@ -1266,16 +1239,33 @@ impl Source {
         list: &ChangeListInfo,
         nav: Nav,
     ) -> Result<Gen<activity::ActivityWriter>, SourceError> {
-        let sc = Arc::new(self.set_config(set));
         let page = |n: Option<u32>| n.map(|n| self.urls.activity_page(set, n));
         let (prev, next) = (page(nav.prev), page(nav.next));
-        let mut gen = self.gen(activity::ActivityWriter::page(
+        let gen = self.gen(activity::ActivityWriter::page(
             &self.urls.activity_page(set, no),
             &self.urls.activity(set),
             nav.start,
             prev.as_deref(),
             next.as_deref(),
         ))?;
+        self.write_changes(gen, set, list, |w, sc, c, loc| {
+            loc.clear();
+            c.key.to_url(&sc.url_prefix, loc);
+            w.activity(c.change, loc, c.datetime);
+        })
+        .await
+    }
+
+    /// Writes the changes of Change List `list` into `gen` with `row`, a store page at a time
+    /// (the Change List's entries, the activity page's activities).
+    async fn write_changes<W: PageWriter>(
+        &self,
+        mut gen: Gen<W>,
+        set: &SetName,
+        list: &ChangeListInfo,
+        row: fn(&mut W, &SetConfig, &Change, &mut String),
+    ) -> Result<Gen<W>, SourceError> {
+        let sc = Arc::new(self.set_config(set));
         let mut cursor = None;
         loop {
             let page = self
@@ -1294,9 +1284,7 @@ impl Source {
                 .write_rows(move |w| {
                     let mut loc = String::new();
                     for c in &items {
-                        loc.clear();
-                        c.key.to_url(&sc.url_prefix, &mut loc);
-                        w.activity(c.change, &loc, c.datetime);
+                        row(w, &sc, c, &mut loc);
                     }
                 })
                 .await?;

@@ -214,6 +214,17 @@ pub struct Sessions {
     secure: bool,
 }
 
+/// Why a state-changing form is refused.
+pub const CSRF_REFUSED: &str =
+    "this form did not come from this console session (its CSRF token is missing or wrong): reload the page and repeat";
+
+/// The login form's one field.
+#[derive(serde::Deserialize)]
+pub struct LoginForm {
+    #[serde(default)]
+    pub token: String,
+}
+
 /// A session a request carries: the CSRF token its forms hold.
 pub struct Session {
     pub csrf: String,
@@ -249,6 +260,19 @@ impl Sessions {
                 csrf: mac(&self.key, &format!("csrf|{nonce}")),
             },
         ))
+    }
+
+    /// A new session, and the answer to a successful sign-in: to the console, with its cookie.
+    pub fn signed_in(&self) -> Result<Response, String> {
+        let (cookie, _) = self.issue()?;
+        Ok((
+            StatusCode::SEE_OTHER,
+            [
+                (header::SET_COOKIE, cookie),
+                (header::LOCATION, "/console/".to_string()),
+            ],
+        )
+            .into_response())
     }
 
     /// The `Set-Cookie` value that ends the session.

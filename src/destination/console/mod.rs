@@ -156,15 +156,9 @@ async fn login_form(AxState(c): AxState<Ctx>) -> Response {
     pages().login(StatusCode::OK, TOKEN_LABEL, None)
 }
 
-#[derive(Deserialize)]
-struct LoginForm {
-    #[serde(default)]
-    token: String,
-}
-
 async fn login(
     AxState(c): AxState<Ctx>,
-    form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
+    form: Result<Form<ui::LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
     let Some(token) = &c.token else {
         return Redirect::to("/console/").into_response();
@@ -178,17 +172,9 @@ async fn login(
             Some("That is not the console's token."),
         );
     }
-    match c.sessions.issue() {
-        Ok((cookie, _)) => (
-            StatusCode::SEE_OTHER,
-            [
-                (header::SET_COOKIE, cookie),
-                (header::LOCATION, "/console/".to_string()),
-            ],
-        )
-            .into_response(),
-        Err(e) => page_error(StatusCode::SERVICE_UNAVAILABLE, e),
-    }
+    c.sessions
+        .signed_in()
+        .unwrap_or_else(|e| page_error(StatusCode::SERVICE_UNAVAILABLE, e))
 }
 
 /// Reads the state on the blocking pool.
@@ -350,10 +336,7 @@ async fn audit(
         .check(&headers)
         .is_some_and(|s| ui::Sessions::csrf_ok(&s, &csrf));
     if !ok {
-        return page_error(
-            StatusCode::FORBIDDEN,
-            "this form did not come from this console session (its CSRF token is missing or wrong): reload the page and repeat",
-        );
+        return page_error(StatusCode::FORBIDDEN, ui::CSRF_REFUSED);
     }
     let src = match named(&c, &name) {
         Ok(s) => s,

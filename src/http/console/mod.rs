@@ -172,10 +172,7 @@ async fn posted(
         Err(e) => return Err(e),
     };
     if !ui::Sessions::csrf_ok(&s, csrf) {
-        return Err(bad(
-            StatusCode::FORBIDDEN,
-            "this form did not come from this console session (its CSRF token is missing or wrong): reload the page and repeat",
-        ));
+        return Err(bad(StatusCode::FORBIDDEN, ui::CSRF_REFUSED));
     }
     Ok(s)
 }
@@ -189,15 +186,9 @@ async fn login_form(State(st): State<AppState>) -> Response {
     pages().login(StatusCode::OK, TOKEN_LABEL, None)
 }
 
-#[derive(Deserialize)]
-struct LoginForm {
-    #[serde(default)]
-    token: String,
-}
-
 async fn login(
     State(st): State<AppState>,
-    form: Result<Form<LoginForm>, axum::extract::rejection::FormRejection>,
+    form: Result<Form<ui::LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ConsoleError> {
     if st.config.admin.token.is_empty() {
         return Err(bad(StatusCode::NOT_FOUND, OFF));
@@ -217,18 +208,10 @@ async fn login(
             Some("That is not the admin token."),
         ));
     }
-    let (cookie, _) = sessions(&st)
+    sessions(&st)
         .await?
-        .issue()
-        .map_err(|e| bad(StatusCode::SERVICE_UNAVAILABLE, e))?;
-    Ok((
-        StatusCode::SEE_OTHER,
-        [
-            (header::SET_COOKIE, cookie),
-            (header::LOCATION, "/console/".to_string()),
-        ],
-    )
-        .into_response())
+        .signed_in()
+        .map_err(|e| bad(StatusCode::SERVICE_UNAVAILABLE, e))
 }
 
 #[derive(Deserialize)]
