@@ -101,32 +101,37 @@ async fn browse(args: &[&str], mut act: impl FnMut(&str)) -> serde_json::Value {
     f
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_admin_reaches_a_failing_subscriber_and_redelivers_from_the_browser() {
-    browser_present();
-    let (mut c, _dir) = hub_config();
+/// A hub with its console on (the admin token [`TOKEN`]), `healthy` subscribers (`/ok<i>`) and
+/// one answering 500 (`/bad`) on one topic, `messages` published: every healthy one has them,
+/// the failing one was tried `tries` times (`retry`: its schedule). Returns the hub, the
+/// subscriber, the failing subscription's id and the data folder.
+async fn one_failing_among(
+    healthy: usize,
+    messages: usize,
+    retry: Vec<u64>,
+    tries: usize,
+) -> (TestApp, TestSubscriber, String, tempfile::TempDir) {
+    let (mut c, dir) = hub_config();
     c.admin.token = TOKEN.into();
-    // A failing subscriber is retried twice a second apart, so the page has attempts to
-    // show, then not for an hour: what reaches it after the fix is the console's redelivery.
-    c.hub.retry_schedule_secs = vec![1, 1, 3600];
+    c.hub.retry_schedule_secs = retry;
     let app = TestApp::start_with(c).await;
     let sub = TestSubscriber::start().await;
     let topic = format!("{}/console", app.config.topic_base());
-    for i in 0..20 {
+    for i in 0..healthy {
         subscribed(&app, &sub, &topic, &format!("/ok{i}"), &[]).await;
     }
     sub.answer("/bad", 500);
     subscribed(&app, &sub, &topic, "/bad", &[]).await;
-    for n in 0..3 {
+    for n in 0..messages {
         let (status, text) = fat_ping(&app, &topic, &format!("message {n}")).await;
         assert!(status < 300, "{text}");
     }
-    sub.wait_until("every healthy subscriber has the 3 messages", |s| {
-        (0..20).all(|i| s.deliveries(&format!("/ok{i}")).len() >= 3)
+    sub.wait_until("every healthy subscriber has the messages", |s| {
+        (0..healthy).all(|i| s.deliveries(&format!("/ok{i}")).len() >= messages)
     })
     .await;
     sub.wait_until("the failing subscriber was tried", |s| {
-        !s.deliveries("/bad").is_empty()
+        s.deliveries("/bad").len() >= tries
     })
     .await;
     let (status, page) = admin_call(
@@ -139,6 +144,15 @@ async fn an_admin_reaches_a_failing_subscriber_and_redelivers_from_the_browser()
     .await;
     assert_eq!(status, 200, "{page}");
     let failing = page["items"][0]["id"].as_str().unwrap().to_string();
+    (app, sub, failing, dir)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_reaches_a_failing_subscriber_and_redelivers_from_the_browser() {
+    browser_present();
+    // A failing subscriber is retried twice a second apart, so the page has attempts to
+    // show, then not for an hour: what reaches it after the fix is the console's redelivery.
+    let (app, sub, failing, _dir) = one_failing_among(20, 3, vec![1, 1, 3600], 1).await;
 
     let mut fixed_at = None;
     let f = browse(&["hub", &app.url(""), TOKEN, &failing], |word| {
@@ -476,32 +490,7 @@ async fn the_harvesters_console_with_a_token_asks_for_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hub_console_works_in_firefox() {
     browser_present();
-    let (mut c, _dir) = hub_config();
-    c.admin.token = TOKEN.into();
-    c.hub.retry_schedule_secs = vec![1, 3600];
-    let app = TestApp::start_with(c).await;
-    let sub = TestSubscriber::start().await;
-    let topic = format!("{}/firefox", app.config.topic_base());
-    subscribed(&app, &sub, &topic, "/ok", &[]).await;
-    sub.answer("/bad", 500);
-    subscribed(&app, &sub, &topic, "/bad", &[]).await;
-    for n in 0..2 {
-        let (status, text) = fat_ping(&app, &topic, &format!("message {n}")).await;
-        assert!(status < 300, "{text}");
-    }
-    sub.wait_until("the failing subscriber was tried twice", |s| {
-        s.deliveries("/bad").len() >= 2
-    })
-    .await;
-    let (_, page) = admin_call(
-        &app,
-        TOKEN,
-        reqwest::Method::GET,
-        "/admin/v1/subscriptions?state=failing",
-        None,
-    )
-    .await;
-    let failing = page["items"][0]["id"].as_str().unwrap().to_string();
+    let (app, sub, failing, _dir) = one_failing_among(1, 2, vec![1, 3600], 2).await;
     sub.answer("/bad", 200);
     let shots = screenshots();
     let args: Vec<std::ffi::OsString> = vec![
