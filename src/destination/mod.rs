@@ -483,7 +483,7 @@ pub async fn run_reloading(
         Ok((_, limit)) => tracing::info!(limit, "open files: soft limit"),
         Err(e) => tracing::warn!(error = %e, "open files: the soft limit could not be raised"),
     }
-    let inbox = Arc::new(tokio::sync::Notify::new());
+    let inbox = follow::Wakes::default();
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
     tokio::spawn(async move {
@@ -533,21 +533,6 @@ pub async fn run_reloading(
     if console_at == config::ConsoleAt::Off {
         tracing::info!("no console (console.listen = \"off\", or push.listen is not a loopback address: give console.listen one)");
     }
-    // A delivery wakes every source's loop (each applies its own).
-    let (woken, wake) = tokio::sync::watch::channel(0u64);
-    let relay = {
-        let inbox = inbox.clone();
-        tokio::spawn(async move {
-            let mut n = 0u64;
-            loop {
-                inbox.notified().await;
-                n += 1;
-                if woken.send(n).is_err() {
-                    return;
-                }
-            }
-        })
-    };
     let mut sources = tokio::task::JoinSet::new();
     let housekeeping = tokio_util::task::TaskTracker::new();
     // By source name: what it was started with and its task.
@@ -563,7 +548,7 @@ pub async fn run_reloading(
             tracker: housekeeping.clone(),
             busy: Default::default(),
         };
-        let task = sources.spawn(follow_source(h, wake.clone(), keeping, fatal));
+        let task = sources.spawn(follow_source(h, inbox.clone(), keeping, fatal));
         Ok(Running {
             source: source.clone(),
             task,
@@ -636,7 +621,6 @@ pub async fn run_reloading(
         _ = cancel.cancelled() => {}
     }
     sources.abort_all();
-    relay.abort();
     // Blocking work stops at its next step: a package being unpacked at its next entry, a
     // snapshot being written at its next record (redone at the next start).
     parts.stop.store(true, Ordering::Relaxed);
@@ -675,7 +659,7 @@ struct Housekeeping {
 /// exports and snapshots) go to `keeping`'s tracker, so that shutdown can wait for them.
 async fn follow_source(
     h: Arc<Harvester>,
-    mut wake: tokio::sync::watch::Receiver<u64>,
+    wakes: follow::Wakes,
     keeping: Housekeeping,
     fatal: bool,
 ) -> anyhow::Result<()> {
@@ -737,6 +721,7 @@ async fn follow_source(
     }
     drop(walk);
     h.housekeeping(&sets, &keeping);
+    let bell = wakes.listen(sets.iter().map(|s| s.row.id));
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -744,12 +729,7 @@ async fn follow_source(
         // Deliveries kept while the harvester was busy (or before a restart), in order.
         h.apply_inbox(&sets).await?;
         tokio::select! {
-            r = wake.changed() => {
-                if r.is_err() {
-                    // The process is stopping.
-                    std::future::pending::<()>().await;
-                }
-            }
+            _ = bell.notified() => {}
             _ = tick.tick() => {
                 for s in &sets {
                     if !h.baselined(s, false).await? {
