@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example bench_aggregator -- [--sources 500] [--resources 200]
 //!     [--peer-sources 500] [--dir /dev/shm/ba] [--idle-secs 10] [--hubs 4] [--changes 1000]
-//!     [--rate 100]
+//!     [--rate 100] [--big 0] [--big-resources 200000] [--nofile SOFT:HARD] [--nginx]
 //! ```
 //!
 //! Starts `--sources` static ResourceSync sources in this process, each on its own 127.0.0.1
@@ -16,6 +16,12 @@
 //! target/ when present, else on PATH) once per source in turn, over the first
 //! `--peer-sources` sources, and the ratio. With `--nginx`, the static sources are files
 //! served by nginx (Debian package `nginx`; one `server` per port) instead of this process.
+//!
+//! `--big N` adds N static sources of `--big-resources` each, listed first in the harvester's
+//! configuration (so they start first): the time each source's baseline is done is printed for
+//! the small and the big ones (fairness: `--sources 0` gives the big ones' time alone).
+//! `--nofile SOFT:HARD` starts the harvester under those limits of open files (it raises the
+//! soft one to the hard one itself; a hard limit too low for the sources makes it refuse).
 //!
 //! Beside the static sources, `--hubs` of our own servers (in this process, `--resources`
 //! files each, hubs on) are followed by the same harvester with push on. Once everything is
@@ -139,8 +145,15 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn bench() -> anyhow::Result<()> {
-    let n_sources = arg("--sources", 500) as usize;
+    // Thousands of sources on their own ports, in this process.
+    resourcesync_hub::conn::raise_open_files()?;
+    let n_small = arg("--sources", 500) as usize;
     let per = arg("--resources", 200) as usize;
+    let n_big = arg("--big", 0) as usize;
+    let big_per = arg("--big-resources", 200_000) as usize;
+    // Static sources: the big ones first, then the small ones.
+    let n_sources = n_big + n_small;
+    let per_of = |i: usize| if i < n_big { big_per } else { per };
     let peer_sources = (arg("--peer-sources", n_sources as u64) as usize).min(n_sources);
     let idle_secs = arg("--idle-secs", 10);
     let dir = match std::env::args().skip_while(|a| a != "--dir").nth(1) {
@@ -164,7 +177,7 @@ async fn bench() -> anyhow::Result<()> {
             held.push(l);
             let base = format!("http://127.0.0.1:{port}");
             let root = dir.join("www").join(i.to_string());
-            for (path, (_, body)) in site(&base, per).iter() {
+            for (path, (_, body)) in site(&base, per_of(i)).iter() {
                 let f = root.join(path.trim_start_matches('/'));
                 std::fs::create_dir_all(f.parent().unwrap())?;
                 std::fs::write(f, body)?;
@@ -192,12 +205,12 @@ async fn bench() -> anyhow::Result<()> {
             }
         }
     } else {
-        for _ in 0..n_sources {
+        for i in 0..n_sources {
             let l = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let base = format!("http://{}", l.local_addr()?);
             let app = axum::Router::new()
                 .fallback(serve)
-                .with_state(site(&base, per));
+                .with_state(site(&base, per_of(i)));
             tokio::spawn(async move { axum::serve(l, app).await });
             bases.push(base);
         }
@@ -248,8 +261,8 @@ async fn bench() -> anyhow::Result<()> {
         .await?;
         ours_servers.push((base, root));
     }
-    let total = (n_sources + hubs) * per;
-    println!("{n_sources} static sources + {hubs} of our servers with hubs, x {per} resources = {total} resources, one port each");
+    let total = (n_small + hubs) * per + n_big * big_per;
+    println!("{n_small} static sources + {n_big} big ones of {big_per} + {hubs} of our servers with hubs, x {per} resources = {total} resources, one port each");
 
     // Ours: one harvester, a [[sources]] table each.
     let listen = {
@@ -258,8 +271,12 @@ async fn bench() -> anyhow::Result<()> {
     };
     let mut toml = format!("[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nlisten = \"{listen}\"\n[follow]\ncheck_interval_secs = 60\n[fetch]\nconcurrency = 32\n");
     for (i, b) in bases.iter().enumerate() {
+        let name = match i < n_big {
+            true => format!("big{i}"),
+            false => format!("s{i}"),
+        };
         toml.push_str(&format!(
-            "[[sources]]\nname = \"s{i}\"\nurl = \"{b}/.well-known/resourcesync\"\n"
+            "[[sources]]\nname = \"{name}\"\nurl = \"{b}/.well-known/resourcesync\"\n"
         ));
     }
     for (k, (b, _)) in ours_servers.iter().enumerate() {
@@ -296,6 +313,26 @@ async fn bench() -> anyhow::Result<()> {
         }
         None => std::process::Command::new(std::env::current_exe()?),
     };
+    if let Some(lim) = std::env::args().skip_while(|a| a != "--nofile").nth(1) {
+        let (soft, hard) = lim
+            .split_once(':')
+            .and_then(|(s, h)| Some((s.parse::<u64>().ok()?, h.parse::<u64>().ok()?)))
+            .ok_or_else(|| anyhow::anyhow!("--nofile SOFT:HARD, such as 1024:8192"))?;
+        use std::os::unix::process::CommandExt;
+        // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let l = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd
         .args(["--harvest-child"])
         .arg(&cfg_path)
@@ -330,22 +367,74 @@ async fn bench() -> anyhow::Result<()> {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-    let mirror = ours_dir.join("mirror");
+    let cfg = resourcesync_hub::destination::config::HarvestConfig::load(Some(&cfg_path))?;
+    let db = ours_dir.join(cfg.database_path());
     let mut fds_peak = 0usize;
+    // When each source's baseline was seen done, by source name.
+    let mut done_at: HashMap<String, f64> = HashMap::new();
+    let mut state = None;
+    let n_all = n_sources + hubs;
     loop {
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| d.count())
             .unwrap_or(0);
         fds_peak = fds_peak.max(fds);
-        if files_under(&mirror) >= total {
-            break;
+        if let Some(code) = child.try_wait()? {
+            let log = std::fs::read_to_string(ours_dir.join("harvest.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(5).collect();
+            println!("the harvester stopped ({code}); its log ends with:");
+            for l in tail.iter().rev() {
+                println!("  {l}");
+            }
+            anyhow::bail!("the harvester stopped early");
         }
-        anyhow::ensure!(child.try_wait()?.is_none(), "the harvester stopped early");
+        if state.is_none() && db.exists() {
+            state = Some(resourcesync_hub::destination::state::State::open(&db)?);
+        }
+        if let Some(st) = &state {
+            let now = t.elapsed().as_secs_f64();
+            for r in st.sets()? {
+                if r.baseline_done {
+                    done_at.entry(r.source).or_insert(now);
+                }
+            }
+            if done_at.len() >= n_all {
+                break;
+            }
+        }
         anyhow::ensure!(
-            t.elapsed() < Duration::from_secs(1800),
-            "not done in 30 minutes"
+            t.elapsed() < Duration::from_secs(3600),
+            "not done in an hour"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut small: Vec<f64> = done_at
+        .iter()
+        .filter(|(k, _)| k.starts_with('s'))
+        .map(|(_, v)| *v)
+        .collect();
+    small.sort_by(f64::total_cmp);
+    let mut big: Vec<f64> = done_at
+        .iter()
+        .filter(|(k, _)| k.starts_with("big"))
+        .map(|(_, v)| *v)
+        .collect();
+    big.sort_by(f64::total_cmp);
+    if !small.is_empty() {
+        println!(
+            "small sources baselined: p50 at {:.1} s, the last at {:.1} s after start",
+            percentile(&small, 0.5),
+            small[small.len() - 1]
+        );
+    }
+    if !big.is_empty() {
+        println!(
+            "big sources baselined at: {} s after start",
+            big.iter()
+                .map(|v| format!("{v:.1}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
     }
     let ours = t.elapsed().as_secs_f64();
     let (harvester_cpu, served_cpu) = (cpu_secs(pid), sources_cpu() - src_cpu0);
@@ -374,9 +463,7 @@ async fn bench() -> anyhow::Result<()> {
     println!("ours, idle:              {idle:.2}% of one core over {idle_secs} s; {fds_idle} open descriptors");
 
     // Push: updates on our servers, commit -> file in the mirror.
-    let cfg = resourcesync_hub::destination::config::HarvestConfig::load(Some(&cfg_path))?;
-    let db = ours_dir.join(cfg.database_path());
-    let state = resourcesync_hub::destination::state::State::open(&db)?;
+    let state = state.expect("opened above");
     let active = || -> anyhow::Result<bool> {
         let sets = state.sets()?;
         let ours: Vec<_> = sets

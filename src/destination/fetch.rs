@@ -169,6 +169,25 @@ pub struct Downloaded {
     pub mime: Option<String>,
 }
 
+/// The TLS configuration of every client of the harvester (the Mozilla roots of
+/// `webpki-roots`, as reqwest's own): built once, its root store shared. A client building its
+/// own held 16 KB more; three clients a source made that 240 MB at 5,000 sources.
+fn tls() -> &'static rustls::ClientConfig {
+    static TLS: std::sync::OnceLock<rustls::ClientConfig> = std::sync::OnceLock::new();
+    TLS.get_or_init(|| {
+        let roots = rustls::RootCertStore {
+            roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+        };
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+    })
+}
+
 impl Fetcher {
     pub fn new(cfg: &FetchSection, scope: Scope, hosts: Hosts) -> Fetcher {
         let agent = if cfg.user_agent.is_empty() {
@@ -186,6 +205,7 @@ impl Fetcher {
         let base = |idle: usize| {
             let s = scope.clone();
             reqwest::Client::builder()
+                .use_preconfigured_tls(tls().clone())
                 .connect_timeout(Duration::from_secs(
                     cfg.timeout_secs.min(cfg.idle_timeout_secs).min(30),
                 ))

@@ -87,11 +87,7 @@ pub fn serve(
 /// The callback routes: `GET` (verification) and `POST` (deliveries) on
 /// `/cb/{set id}/{token}`; the token-less form of earlier versions answers 410 to deliveries
 /// (the hub drops that subscription) and 404 to verifications.
-pub async fn router(
-    state: Handle,
-    inbox: Wakes,
-    cfg: &PushSection,
-) -> anyhow::Result<Router> {
+pub async fn router(state: Handle, inbox: Wakes, cfg: &PushSection) -> anyhow::Result<Router> {
     let harvester = state.run(|s| s.harvester_id()).await?;
     Ok(Router::new()
         .route("/cb/{id}/{token}", get(verify).post(deliver))
