@@ -11,6 +11,7 @@ use super::documents::{entry_change, OnDisk};
 use super::output::Item;
 use super::scope::short;
 use super::state::{Change, ChangeType, Held, State};
+use super::turns::Turn;
 use super::worker::{Claim, Work};
 use super::{config, refuse, Followed, Harvester, NotApplied};
 use crate::model::Timestamp;
@@ -28,8 +29,9 @@ const RECORD_BATCH: usize = 256;
 impl Harvester {
     /// The set's baseline: from its Resource Dump when configured and usable, else (or for
     /// what the dump did not hold as the Resource List lists it) from its Resource List.
-    /// The caller holds a walk (a place among `fetch.concurrency` lists walked at once).
-    pub(super) async fn baseline(&self, set: &Followed) -> anyhow::Result<()> {
+    /// The caller holds a turn (a place among `fetch.concurrency` lists walked at once),
+    /// passed at each batch of the Resource List.
+    pub(super) async fn baseline(&self, set: &Followed, turn: &mut Turn) -> anyhow::Result<()> {
         let mut from_dump = None;
         if self.cfg.source.baseline == config::BaselineFrom::Dump {
             match &set.info.resourcedump {
@@ -54,7 +56,7 @@ impl Harvester {
                 }
             }
         }
-        self.baseline_from_list(set, from_dump).await
+        self.baseline_from_list(set, from_dump, turn).await
     }
 
     /// Walks the Resource List (through its index, one part at a time, streamed) and fetches
@@ -66,6 +68,7 @@ impl Harvester {
         &self,
         set: &Followed,
         from_dump: Option<Timestamp>,
+        turn: &mut Turn,
     ) -> anyhow::Result<()> {
         let Some(rl) = &set.info.resourcelist else {
             anyhow::bail!(
@@ -127,6 +130,7 @@ impl Harvester {
                     None => break,
                 };
                 bar.inc(listed);
+                let batch_len = listed + todo.len() as u64;
                 for (c, claim) in todo.into_iter().zip(claims) {
                     let permit = sem.clone().acquire_owned().await?;
                     let (this, name) = (self.work.clone(), set.info.name.clone());
@@ -144,6 +148,9 @@ impl Harvester {
                         walk.record(RECORD_BATCH).await?;
                     }
                 }
+                // A batch boundary: a source that has had less takes the turn, if one waits
+                // (its fetches under way go on meanwhile).
+                turn.pass(batch_len).await;
             }
         }
         while let Some(done) = tasks.join_next().await {
@@ -321,16 +328,24 @@ impl Harvester {
     /// Runs the set's baseline if it is not done yet: `true` when it is done, `false` when it
     /// was interrupted by an error (logged; resumed at the next check, what was fetched is
     /// kept).
-    /// `walking`: the caller holds a walk already (else one is waited for here).
-    pub(super) async fn baselined(&self, set: &Followed, walking: bool) -> anyhow::Result<bool> {
+    /// `turn`: the caller's turn at walking (else one is waited for here).
+    pub(super) async fn baselined(
+        &self,
+        set: &Followed,
+        turn: Option<&mut Turn>,
+    ) -> anyhow::Result<bool> {
         if self.row(set.row.id).await?.baseline_done {
             return Ok(true);
         }
-        let _walk = match walking {
-            true => None,
-            false => Some(self.parts().walks.acquire().await?),
+        let mut own;
+        let turn = match turn {
+            Some(t) => t,
+            None => {
+                own = self.parts().turns.take(&self.name, self.weight).await;
+                &mut own
+            }
         };
-        let (done, error) = match self.baseline(set).await {
+        let (done, error) = match self.baseline(set, turn).await {
             Ok(()) => (true, None),
             Err(e) => {
                 let e = format!("baseline: {e:#}");

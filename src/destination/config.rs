@@ -124,6 +124,15 @@ pub struct NamedSource {
     /// `output.provider` when set).
     #[serde(default)]
     pub provider: String,
+    /// Its share of the walks (baselines, discovery) when sources contend, relative to the
+    /// others' (1 to 1000, default 1): a source of weight 2 walks twice as much as one of
+    /// weight 1.
+    #[serde(default = "one")]
+    pub weight: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn resource_list() -> BaselineFrom {
@@ -356,6 +365,7 @@ impl HarvestConfig {
             allow_hosts: self.source.allow_hosts.clone(),
             token_env: String::new(),
             provider: String::new(),
+            weight: 1,
         }]
     }
 
@@ -427,6 +437,12 @@ impl HarvestConfig {
             }
             if !names.insert(s.name.as_str()) {
                 return bad(format!("[[sources]] name {:?} is given twice", s.name));
+            }
+            if !(1..=1000).contains(&s.weight) {
+                return bad(format!(
+                    "source {}: weight {} must be 1 to 1000 (its share of the walks when sources contend, relative to the others')",
+                    s.name, s.weight
+                ));
             }
             self.for_source(s).validate_source().map_err(|e| match e {
                 HarvestConfigError::Invalid(m) => {

@@ -21,8 +21,9 @@ use super::config::FetchSection;
 use super::scope::{short, Refusal, Scope};
 use crate::digest::hex_digest;
 
+/// The HTTP clients of a source, replaced by [`Fetcher::rest`].
 #[derive(Clone)]
-pub struct Fetcher {
+struct Clients {
     /// For resources: fetched as they are (no `Accept-Encoding: gzip`): a server compressing
     /// every small file on the fly costs more CPU than it saves, and the md5 is of the content.
     client: reqwest::Client,
@@ -30,6 +31,13 @@ pub struct Fetcher {
     documents: reqwest::Client,
     /// For dump packages (gigabytes): no limit on the whole transfer, only on silence.
     packages: reqwest::Client,
+}
+
+#[derive(Clone)]
+pub struct Fetcher {
+    /// Shared by every clone (the source's walks, push and checks), so that [`Fetcher::rest`]
+    /// closes the idle connections of all of them.
+    clients: Arc<std::sync::RwLock<Clients>>,
     cfg: FetchSection,
     scope: Arc<Scope>,
     /// A bearer token for the source's own authority (never sent elsewhere: reqwest drops
@@ -188,8 +196,8 @@ fn tls() -> &'static rustls::ClientConfig {
     })
 }
 
-impl Fetcher {
-    pub fn new(cfg: &FetchSection, scope: Scope, hosts: Hosts) -> Fetcher {
+impl Clients {
+    fn new(cfg: &FetchSection, scope: &Arc<Scope>) -> Clients {
         let agent = if cfg.user_agent.is_empty() {
             concat!("resourcesync-hub-harvest/", env!("CARGO_PKG_VERSION")).to_string()
         } else {
@@ -199,7 +207,6 @@ impl Fetcher {
                 cfg.user_agent
             )
         };
-        let scope = Arc::new(scope);
         // Idle connections kept per server: documents and packages are read one after the
         // other (one is enough), resources side by side.
         let base = |idle: usize| {
@@ -229,18 +236,39 @@ impl Fetcher {
                 }))
         };
         let builder = |idle| base(idle).timeout(Duration::from_secs(cfg.timeout_secs));
-        Fetcher {
+        Clients {
             client: builder(cfg.per_host_concurrency)
                 .no_gzip()
                 .build()
                 .expect("an HTTP client"),
             documents: builder(1).build().expect("an HTTP client"),
             packages: base(1).no_gzip().build().expect("an HTTP client"),
+        }
+    }
+}
+
+impl Fetcher {
+    pub fn new(cfg: &FetchSection, scope: Scope, hosts: Hosts) -> Fetcher {
+        let scope = Arc::new(scope);
+        Fetcher {
+            clients: Arc::new(std::sync::RwLock::new(Clients::new(cfg, &scope))),
             cfg: cfg.clone(),
             scope,
             bearer: None,
             hosts,
         }
+    }
+
+    fn clients(&self) -> Clients {
+        self.clients.read().expect("clients lock").clone()
+    }
+
+    /// Closes the source's idle connections (those of requests under way close when they
+    /// end): a source whose walk is over holds no descriptor while it waits for its next
+    /// notification or check. Building new clients costs microseconds (the TLS
+    /// configuration is shared).
+    pub fn rest(&self) {
+        *self.clients.write().expect("clients lock") = Clients::new(&self.cfg, &self.scope);
     }
 
     /// Sends `Authorization: Bearer <token>` with every request to the source's own
@@ -396,7 +424,7 @@ impl Fetcher {
     /// `fetch.max_document_bytes`.
     pub async fn document(&self, url: &str) -> Result<Vec<u8>, FetchError> {
         self.with_retries(|| async {
-            let (mut r, _slot) = self.send(url, |u| self.documents.get(u)).await?;
+            let (mut r, _slot) = self.send(url, |u| self.clients().documents.get(u)).await?;
             let mut out = Vec::new();
             self.read_body(
                 url,
@@ -423,7 +451,7 @@ impl Fetcher {
         dir: &Path,
     ) -> Result<tempfile::NamedTempFile, FetchError> {
         self.with_retries(|| async {
-            let (mut r, _slot) = self.send(url, |u| self.documents.get(u)).await?;
+            let (mut r, _slot) = self.send(url, |u| self.clients().documents.get(u)).await?;
             let tmp = tempfile::NamedTempFile::new_in(dir).map_err(|e| local(dir, e))?;
             let mut w = std::io::BufWriter::new(tmp.as_file());
             self.read_body(
@@ -457,7 +485,7 @@ impl Fetcher {
         };
         let r = self
             .with_retries(|| async {
-                let (mut r, _slot) = self.send(url, |u| self.client.get(u)).await?;
+                let (mut r, _slot) = self.send(url, |u| self.clients().client.get(u)).await?;
                 let mime = r
                     .headers()
                     .get(reqwest::header::CONTENT_TYPE)
@@ -495,7 +523,7 @@ impl Fetcher {
         form: &[(&str, &str)],
     ) -> Result<(StatusCode, String), FetchError> {
         let (mut r, _slot) = self
-            .send_unchecked(url, |u| self.documents.post(u).form(form))
+            .send_unchecked(url, |u| self.clients().documents.post(u).form(form))
             .await?;
         let idle = Duration::from_secs(self.cfg.idle_timeout_secs);
         let status = r.status();
@@ -545,7 +573,7 @@ impl Fetcher {
                 let etag = std::fs::read_to_string(&etag_path).ok();
                 let (mut r, _slot) = self
                     .send_unchecked(url, |u| {
-                        let mut req = self.packages.get(u);
+                        let mut req = self.clients().packages.get(u);
                         if let (true, Some(tag)) = (have > 0, &etag) {
                             req = req
                                 .header(reqwest::header::RANGE, format!("bytes={have}-"))

@@ -47,6 +47,7 @@ mod console;
 mod documents;
 mod push;
 mod report;
+mod turns;
 mod worker;
 
 use std::collections::{BTreeMap, HashSet};
@@ -76,6 +77,8 @@ pub struct Harvester {
     work: Arc<Work>,
     /// Its subscriptions.
     push: push::Push,
+    /// Its `weight`: its share of the walks when sources contend.
+    weight: f64,
 }
 
 /// What the harvesters of one process (one per source) share: the state, the outputs, the
@@ -93,8 +96,12 @@ struct Parts {
     /// `fetch.concurrency`, over every source of the process.
     slots: Arc<Semaphore>,
     /// At most `fetch.concurrency` sources walk their lists (a temporary file and a reader
-    /// each) at once: descriptors follow the work, not the number of sources.
-    walks: Arc<Semaphore>,
+    /// each) at once, taking turns fairly: descriptors follow the work, not the number of
+    /// sources, and huge sources do not starve small ones.
+    turns: turns::Turns,
+    /// At most `fetch.concurrency` sources read their Change Lists at once at a periodic
+    /// check (5,000 sources started together check together), never behind baselines.
+    checks: Arc<Semaphore>,
     /// What each server sees of this harvester (per-authority slots, pauses).
     hosts: fetch::Hosts,
     /// The baselines running now, for the console.
@@ -181,7 +188,8 @@ impl Parts {
             stop: AtomicBool::new(false),
             in_flight: Default::default(),
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
-            walks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
+            turns: turns::Turns::new(cfg.fetch.concurrency),
+            checks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             hosts: fetch::Hosts::default(),
             baselines: Baselines::default(),
         }))
@@ -320,6 +328,7 @@ impl Harvester {
             cfg,
             work,
             push,
+            weight: f64::from(source.weight),
         })
     }
 
@@ -667,18 +676,18 @@ async fn follow_source(
     // A source that cannot be read yet (down, restarting, overloaded) is tried again with
     // growing pauses: a long-lived harvester does not give up at start.
     let mut pause = Duration::from_secs(1);
-    let (sets, walk) = loop {
+    let (sets, mut turn) = loop {
         // Discovery too takes a walk's place: hundreds of sources starting at once open
         // their connections a few dozen at a time.
         // The walk is kept for the baselines that follow (when they are due): the
         // connection that read the Capability List reads the Resource List next, instead of
         // lying idle while the source waits for another walk (500 sources discovered at
         // once left ~1,000 descriptors open).
-        let walk = h.parts().walks.clone().acquire_owned().await?;
+        let turn = h.parts().turns.take(&h.name, h.weight).await;
         match h.discover().await {
             Ok(s) => {
                 h.source_error(None).await?;
-                break (s, walk);
+                break (s, turn);
             }
             Err(e) if e.downcast_ref::<discover::ConfigMismatch>().is_some() => {
                 let e = e.context(format!("source {}", h.label()));
@@ -691,7 +700,7 @@ async fn follow_source(
                 return Ok(());
             }
             Err(e) => {
-                drop(walk);
+                drop(turn);
                 let e = format!("{e:#}");
                 h.source_error(Some(e.clone())).await?;
                 tracing::warn!(source = %h.label(), error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
@@ -705,7 +714,7 @@ async fn follow_source(
         // Subscribe first, so that nothing published during the baseline is lost to push
         // (the Change Lists would bring it anyway).
         h.push.keep_subscribed(s, false).await;
-        if !h.baselined(s, true).await? {
+        if !h.baselined(s, Some(&mut turn)).await? {
             continue;
         }
         match h.catch_up(s).await {
@@ -719,7 +728,10 @@ async fn follow_source(
             }
         }
     }
-    drop(walk);
+    drop(turn);
+    // Its walks are over: its idle connections are closed now, not a second later (5,000
+    // sources finishing baselines left thousands open at once).
+    h.fetcher().rest();
     h.housekeeping(&sets, &keeping);
     let bell = wakes.listen(sets.iter().map(|s| s.row.id));
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
@@ -732,9 +744,10 @@ async fn follow_source(
             _ = bell.notified() => {}
             _ = tick.tick() => {
                 for s in &sets {
-                    if !h.baselined(s, false).await? {
+                    if !h.baselined(s, None).await? {
                         continue;
                     }
+                    let _check = h.parts().checks.acquire().await?;
                     match h.catch_up(s).await {
                         Ok(found) => {
                             let missed = h.push.missed(s, found).await;
@@ -743,6 +756,7 @@ async fn follow_source(
                         Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
                     }
                 }
+                h.fetcher().rest();
                 h.housekeeping(&sets, &keeping);
             }
         }
