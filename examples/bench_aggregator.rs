@@ -113,6 +113,33 @@ fn cpu_secs(pid: u32) -> f64 {
     (ticks(11) + ticks(12)) / 100.0
 }
 
+/// What the open descriptors of `pid` are: sockets, files under each top folder, others.
+fn fd_kinds(pid: u32) -> String {
+    let mut kinds: std::collections::BTreeMap<String, usize> = Default::default();
+    for e in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let target = std::fs::read_link(e.path()).unwrap_or_default();
+        let t = target.to_string_lossy();
+        let kind = match t.split_once(':') {
+            Some((k, _)) if !t.starts_with('/') => k.to_string(),
+            _ => t
+                .rsplit_once('/')
+                .map_or(t.to_string(), |(d, _)| format!("{d}/")),
+        };
+        *kinds.entry(kind).or_default() += 1;
+    }
+    let mut v: Vec<_> = kinds.into_iter().collect();
+    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.iter()
+        .take(6)
+        .map(|(k, n)| format!("{n} {k}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The resource files (`*.txt`) under `dir`.
 fn files_under(dir: &Path) -> usize {
     walkdir::WalkDir::new(dir)
@@ -370,6 +397,7 @@ async fn bench() -> anyhow::Result<()> {
     let cfg = resourcesync_hub::destination::config::HarvestConfig::load(Some(&cfg_path))?;
     let db = ours_dir.join(cfg.database_path());
     let mut fds_peak = 0usize;
+    let mut fds_kinds = String::new();
     // When each source's baseline was seen done, by source name.
     let mut done_at: HashMap<String, f64> = HashMap::new();
     let mut state = None;
@@ -378,6 +406,9 @@ async fn bench() -> anyhow::Result<()> {
         let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
             .map(|d| d.count())
             .unwrap_or(0);
+        if fds > fds_peak {
+            fds_kinds = fd_kinds(pid);
+        }
         fds_peak = fds_peak.max(fds);
         if let Some(code) = child.try_wait()? {
             let log = std::fs::read_to_string(ours_dir.join("harvest.log")).unwrap_or_default();
@@ -443,6 +474,7 @@ async fn bench() -> anyhow::Result<()> {
         "ours, one harvester:     {total} resources in {ours:.2} s = {:.0} resources/s; peak RSS {rss_peak} MB, peak open descriptors {fds_peak}",
         total as f64 / ours
     );
+    println!("  descriptors at the peak: {fds_kinds}");
     println!(
         "  CPU: harvester {harvester_cpu:.1} s ({:.0} µs a resource), {} {served_cpu:.1} s",
         harvester_cpu / total as f64 * 1e6,
