@@ -254,8 +254,9 @@ pub fn raise_open_files() -> io::Result<(u64, u64)> {
         return Err(io::Error::last_os_error());
     }
     let before = r.rlim_cur as u64;
-    if r.rlim_cur < r.rlim_max {
-        r.rlim_cur = r.rlim_max;
+    let most = most_open_files(r.rlim_max as u64);
+    if (r.rlim_cur as u64) < most {
+        r.rlim_cur = most as libc::rlim_t;
         // SAFETY: as above.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
             return Err(io::Error::last_os_error());
@@ -264,10 +265,47 @@ pub fn raise_open_files() -> io::Result<(u64, u64)> {
     Ok((before, r.rlim_cur as u64))
 }
 
+/// The most a soft limit can be raised to under the hard limit `hard`: the hard limit, or
+/// when it is unlimited, the kernel's ceiling (Linux refuses an unlimited soft limit of open
+/// files; `fs.nr_open`, 1,048,576 by default).
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)]
+fn most_open_files(hard: u64) -> u64 {
+    if hard != libc::RLIM_INFINITY as u64 {
+        return hard;
+    }
+    std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(1 << 20)
+}
+
+/// The limit of open descriptors this process can raise itself to (what
+/// [`raise_open_files`] gives), for a report.
+#[cfg(unix)]
+#[allow(clippy::unnecessary_cast)]
+pub fn open_files_ceiling() -> io::Result<u64> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit only writes the struct passed, which lives here.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(most_open_files(r.rlim_max as u64))
+}
+
 /// Elsewhere the limit is left as it is.
 #[cfg(not(unix))]
 pub fn raise_open_files() -> io::Result<(u64, u64)> {
     Ok((0, 0))
+}
+
+/// Elsewhere no limit is known.
+#[cfg(not(unix))]
+pub fn open_files_ceiling() -> io::Result<u64> {
+    Err(io::Error::other("no limit of open files known here"))
 }
 
 #[cfg(all(test, unix))]

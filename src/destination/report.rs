@@ -78,11 +78,13 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
         );
     }
     let state = State::open(&db)?;
-    let mut out = String::new();
+    let mut out = open_files(cfg);
     let all_sets = state.sets()?;
     let sources = chosen(cfg, only)?;
+    let shares = shares(cfg);
     if !cfg.sources.is_empty() && only.is_none() {
-        return summary(&state, &sources, &all_sets);
+        out.push_str(&summary(&state, &sources, &all_sets, &shares)?);
+        return Ok(out);
     }
     let mut sets = Vec::new();
     for source in &sources {
@@ -90,6 +92,13 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
             out.push_str(&format!("source {}\n", source.url));
         } else {
             out.push_str(&format!("source {} ({})\n", source.name, source.url));
+        }
+        if let Some(share) = shares.get(&source.name).filter(|_| cfg.sources.len() > 1) {
+            out.push_str(&format!(
+                "  share:            {} of the walks when every source wants one (weight {})\n",
+                percent(*share),
+                source.weight
+            ));
         }
         match state.source_failing(&source.name)? {
             Some((e, since)) => out.push_str(&format!(
@@ -308,18 +317,58 @@ pub(crate) fn source_rows(
 /// One line per source (an aggregator's `harvest status`): reachable or not, its oldest
 /// position and largest lag, resources held, changes queued, the subscriptions' states,
 /// failures, and the last error in words.
+/// Each source's share of the walks when every source wants one: its weight over the sum.
+fn shares(cfg: &HarvestConfig) -> std::collections::HashMap<String, f64> {
+    let sources = cfg.source_list();
+    let sum: f64 = sources.iter().map(|s| f64::from(s.weight)).sum();
+    sources
+        .into_iter()
+        .map(|s| (s.name, f64::from(s.weight) / sum.max(1.0)))
+        .collect()
+}
+
+/// A share as a percentage with the digits it needs (0.02% of 5,000 sources).
+fn percent(share: f64) -> String {
+    let p = share * 100.0;
+    if p >= 10.0 {
+        format!("{p:.0}%")
+    } else if p >= 0.1 {
+        format!("{p:.1}%")
+    } else {
+        format!("{p:.3}%")
+    }
+}
+
+/// The limit of open files a harvester started from this shell gets, and how many sources it
+/// allows at the configured concurrency.
+fn open_files(cfg: &HarvestConfig) -> String {
+    let n = cfg.source_list().len();
+    let c = cfg.fetch.concurrency;
+    match crate::conn::open_files_ceiling() {
+        Ok(limit) => format!(
+            "open files: limit {limit} (hard, from this shell) allows {} sources at fetch.concurrency {c}; this configuration has {n}{}\n",
+            super::sources_allowed(limit, c),
+            if super::descriptors_needed(n, c) > limit { ": TOO MANY, the harvester refuses to start" } else { "" }
+        ),
+        Err(_) => String::new(),
+    }
+}
+
 fn summary(
     state: &State,
     sources: &[config::NamedSource],
     all_sets: &[state::SetRow],
+    shares: &std::collections::HashMap<String, f64>,
 ) -> anyhow::Result<String> {
     let width = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
     let mut out = String::new();
     for r in source_rows(state, sources, all_sets)? {
+        let share = shares.get(&r.name).copied().unwrap_or(0.0);
         out.push_str(&format!(
-            "{:width$}  {}  sets {}/{} baselined  position {}  lag {}  held {}  queued {}  push {}  failed {}{}\n",
+            "{:width$}  {}  share {}  sets {}/{} baselined  position {}  lag {}  held {}  queued {}  push {}  failed {}{}\n",
             r.name,
             if r.up { "up  " } else { "down" },
+            percent(share),
             r.baselined,
             r.sets,
             r.position.as_deref().unwrap_or("-"),

@@ -23,6 +23,7 @@ pub fn source(name: &str, url: String) -> NamedSource {
         allow_hosts: vec![],
         token_env: String::new(),
         provider: String::new(),
+        weight: 1,
     }
 }
 
@@ -214,7 +215,7 @@ async fn forty_sources_and_two_hubs_in_one_harvester() {
         "guarded",
         guarded.url("/s/capabilitylist.xml"),
         &format!(
-            "token_env = \"AGGREGATE_TEST_GUARDED_TOKEN\"\nallow_hosts = [\"{}\"]\n",
+            "token_env = \"AGGREGATE_TEST_GUARDED_TOKEN\"\nallow_hosts = [\"{}\"]\nweight = 3\n",
             other.base.trim_start_matches("http://")
         ),
     );
@@ -478,6 +479,29 @@ async fn forty_sources_and_two_hubs_in_one_harvester() {
         assert!(l.contains(" up "), "{l}");
     }
     assert!(line("guarded").contains("held 6"), "{status}");
+    // Its weight of 3 among sources of 1 (and the limit of open files, from this shell).
+    let n = names.len() + 5; // the statics, two of ours, slow, closed, guarded
+    let share = |w: f64| 100.0 * w / (n as f64 + 2.0);
+    let shown = |l: &str| -> f64 {
+        let after = l
+            .split("share ")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no share: {l}"));
+        after.split('%').next().unwrap().parse().unwrap()
+    };
+    assert!(
+        (shown(&line("guarded")) - share(3.0)).abs() < 0.1,
+        "{status}"
+    );
+    assert!(
+        (shown(&line("closed")) - share(1.0)).abs() < 0.1,
+        "{status}"
+    );
+    assert!(
+        status.starts_with("open files: limit ")
+            && status.contains(&format!("this configuration has {n}\n")),
+        "{status}"
+    );
     line("slow");
     let (ok, detail) = cli(&["status", "--source", "closed"]);
     assert!(
@@ -872,5 +896,103 @@ async fn sources_that_are_down_hold_no_walk() {
     assert!(
         took < Duration::from_secs(4),
         "the sources that are down held the walk through their pauses: {took:?}"
+    );
+}
+
+/// A huge source does not starve small ones: with one walk in all (`fetch.concurrency = 1`),
+/// the source of 3,000 resources, listed first, passes its walk at a batch boundary to the
+/// small sources that wait, which are all baselined while it still walks; it then finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_huge_source_passes_its_walk_to_small_ones() {
+    let (big, _) = static_source("big", 3000).await;
+    let mut smalls = Vec::new();
+    for i in 0..8 {
+        smalls.push(static_source(&format!("small{i}"), 3).await.0);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = harvest_config(dir.path(), "http://unused.invalid/");
+    cfg.push.enabled = false;
+    cfg.follow.check_interval_secs = 3600;
+    cfg.fetch.concurrency = 1;
+    cfg.sources
+        .push(source("big", big.url("/.well-known/resourcesync")));
+    for (i, s) in smalls.iter().enumerate() {
+        cfg.sources.push(source(
+            &format!("small{i}"),
+            s.url("/.well-known/resourcesync"),
+        ));
+    }
+    cfg.validate().unwrap();
+    let h = TestHarvester::start(cfg).await;
+    let big_first = Arc::new(std::sync::Mutex::new(None));
+    let seen = big_first.clone();
+    wait_state(&h, "every small source baselined", 60, move |s| {
+        let done = (0..8).all(|i| held(s, &format!("small{i}")) == 3);
+        if done {
+            *seen.lock().unwrap() = Some(held(s, "big"));
+        }
+        done
+    })
+    .await;
+    let big_then = big_first.lock().unwrap().unwrap();
+    assert_eq!(
+        big_then, 0,
+        "the huge source finished its baseline before the small ones had theirs"
+    );
+    wait_state(&h, "the huge source baselined", 120, |s| {
+        held(s, "big") == 3000
+    })
+    .await;
+    h.stop().await;
+}
+
+/// A configuration that cannot fit the limit of open files is refused at start, in words
+/// that name the limit: 1,000 sources under a hard limit of 1,024.
+#[test]
+fn too_many_sources_for_the_open_files_limit_are_refused() {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let mut toml = format!(
+        "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[fetch]\nconcurrency = 8\n"
+    );
+    for i in 0..1000 {
+        // Never read: the harvester stops before it reaches any source.
+        toml.push_str(&format!(
+            "[[sources]]\nname = \"s{i}\"\nurl = \"http://127.0.0.1:{}/.well-known/resourcesync\"\n",
+            free_port()
+        ));
+    }
+    let f = dir.path().join("harvest.toml");
+    std::fs::write(&f, toml).unwrap();
+    use crate::support::{output_text, ChildServer};
+    let mut cmd = std::process::Command::new(ChildServer::BIN);
+    cmd.current_dir(dir.path())
+        .args(["harvest", "--config"])
+        .arg(&f);
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let l = libc::rlimit {
+                rlim_cur: 1024,
+                rlim_max: 1024,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let text = output_text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("1000 sources at fetch.concurrency 8 may need up to 1128 open files, and the limit of open files is 1024")
+            && text.contains("it allows 896 sources"),
+        "{text}"
+    );
+    assert!(
+        !dir.path().join("state").exists()
+            || std::fs::read_dir(dir.path().join("state")).unwrap().count() == 0,
+        "nothing is started"
     );
 }
