@@ -480,7 +480,7 @@ async fn forty_sources_and_two_hubs_in_one_harvester() {
     }
     assert!(line("guarded").contains("held 6"), "{status}");
     // Its weight of 3 among sources of 1 (and the limit of open files, from this shell).
-    let n = names.len() + 5; // the statics, two of ours, slow, closed, guarded
+    let n = names.len() + 3; // the statics and ours, slow, closed, guarded
     let share = |w: f64| 100.0 * w / (n as f64 + 2.0);
     let shown = |l: &str| -> f64 {
         let after = l
