@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
 //!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
-//!     [--dir /tmp/rshub-load] [--nginx-copy]
+//!     [--dir /tmp/rshub-load] [--nginx-copy] [--behind-nginx]
 //! ```
 //!
 //! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
@@ -19,6 +19,11 @@
 //!    on loopback with a configuration written here, serving the documents as static files:
 //!    our own responses from step 2's warm-up, with `gzip_static` for the gzip forms. Prints
 //!    nginx's figures and the ratios.
+//!
+//! With `--behind-nginx`, step 3's readers and ingest go through nginx in front of our server
+//! (`server.accel_redirect = "/_rshub/"` and `docker/nginx-rshub.conf`): the server decides
+//! each answer (which file, ETag, encoding, 304), nginx sends the files' bytes.
+//!
 //! 5. With `--nginx-copy`, once more against nginx with `sendfile off` (it then copies each
 //!    file through a buffer of its own into the socket, as we do): what serving without
 //!    `sendfile` can reach on this machine.
@@ -65,6 +70,9 @@ fn config(dir: &Path, part: u32) -> Config {
             ..Default::default()
         },
     );
+    if std::env::args().any(|a| a == "--behind-nginx") {
+        c.server.accel_redirect = "/_rshub/".into();
+    }
     c
 }
 
@@ -481,13 +489,41 @@ async fn main() -> anyhow::Result<()> {
     let rss_start = proc_mb(pid, "VmRSS");
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
 
+    // Behind nginx: readers and ingest go through it (the subscriptions were made directly;
+    // deliveries go from the server to the receiver either way).
+    let mut front = None;
+    let read_base = if std::env::args().any(|a| a == "--behind-nginx") {
+        let port = common::free_port();
+        let fdir = dir.join("nginx-front");
+        front = Some(common::nginx_front(&fdir, port, &addr)?);
+        let fb = format!("http://127.0.0.1:{port}");
+        let t = Instant::now();
+        while client.get(format!("{fb}{}", paths[1])).send().await.is_err() {
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(10),
+                "nginx in front did not start: see {}/nginx-error.log",
+                fdir.display()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let r = client.get(format!("{fb}{}", paths[1])).send().await?;
+        anyhow::ensure!(
+            r.status() == 200,
+            "through nginx: {} answers {}",
+            paths[1],
+            r.status()
+        );
+        fb
+    } else {
+        base.clone()
+    };
     // Ingest: `rate` updates a second, in batches every 100 ms.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ingested = Arc::new(AtomicU64::new(0));
     let ingest = {
         let (client, base, sink, stop, ingested) = (
             client.clone(),
-            base.clone(),
+            read_base.clone(),
             sink.clone(),
             stop.clone(),
             ingested.clone(),
@@ -530,7 +566,7 @@ async fn main() -> anyhow::Result<()> {
         })
     };
     let t = Instant::now();
-    let ours = read_load(&base, &paths, readers, secs).await;
+    let ours = read_load(&read_base, &paths, readers, secs).await;
     let elapsed = t.elapsed().as_secs_f64();
     stop.store(true, Relaxed);
     let _ = ingest.await;
@@ -539,7 +575,13 @@ async fn main() -> anyhow::Result<()> {
         "\n{readers} readers for {secs} s over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
         paths.len()
     );
-    let (our_docs, our_p99) = ours.print("resourcesync-hub", elapsed);
+    let (our_docs, our_p99) = ours.print(
+        match front {
+            Some(_) => "resourcesync-hub behind nginx (accel_redirect)",
+            None => "resourcesync-hub",
+        },
+        elapsed,
+    );
     // Let the last notifications arrive and the server settle.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_end = proc_mb(pid, "VmRSS");
@@ -557,6 +599,12 @@ async fn main() -> anyhow::Result<()> {
     );
     drop(server.stdin.take());
     let _ = server.wait();
+    if let Some(f) = front {
+        // SIGTERM: nginx stops its workers.
+        let _ = std::process::Command::new("kill")
+            .arg(f.id().to_string())
+            .status();
+    }
 
     let load = (readers, secs);
     let (their_docs, their_p99) = nginx_pass(

@@ -136,6 +136,50 @@ pub fn nginx_with(
         .spawn()?)
 }
 
+/// nginx on 127.0.0.1:`port` in front of our server at `upstream` (`host:port`), with the
+/// site configuration `docker/` ships (`server.accel_redirect = "/_rshub/"` on the server):
+/// the server decides each answer, nginx sends the files. Tuned as [`nginx_with`] (sendfile,
+/// keep-alive, as many workers as cores). Stop it with SIGTERM.
+pub fn nginx_front(dir: &Path, port: u16, upstream: &str) -> anyhow::Result<std::process::Child> {
+    let site = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/docker/nginx-rshub.conf"
+    ))?;
+    anyhow::ensure!(
+        site.contains("server hub:8080;") && site.contains("listen 80;"),
+        "docker/nginx-rshub.conf no longer names hub:8080 and port 80"
+    );
+    let site = site
+        .replace("server hub:8080;", &format!("server {upstream};"))
+        .replace("listen 80;", &format!("listen 127.0.0.1:{port};"));
+    std::fs::create_dir_all(dir.join("tmp"))?;
+    std::fs::write(dir.join("site.conf"), site)?;
+    let d = dir.display();
+    // Started by root, the workers would run as nobody, who may not read the data folder.
+    // SAFETY: geteuid has no preconditions.
+    let user = if unsafe { libc::geteuid() } == 0 {
+        "user root root;\n"
+    } else {
+        ""
+    };
+    std::fs::write(
+        dir.join("nginx.conf"),
+        format!(
+            "daemon off;\n{user}worker_processes auto;\nworker_rlimit_nofile 65536;\npid {d}/nginx.pid;\nerror_log {d}/nginx-error.log;\n\
+             events {{ worker_connections 16384; }}\n\
+             http {{\n  access_log off;\n  sendfile on;\n  tcp_nopush on;\n  tcp_nodelay on;\n\
+               keepalive_requests 1000000;\n  include /etc/nginx/mime.types;\n\
+               client_body_temp_path {d}/tmp; proxy_temp_path {d}/tmp; fastcgi_temp_path {d}/tmp;\n\
+               uwsgi_temp_path {d}/tmp; scgi_temp_path {d}/tmp;\n  include {d}/site.conf;\n}}\n"
+        ),
+    )?;
+    Ok(std::process::Command::new("/usr/sbin/nginx")
+        .args(["-p", &d.to_string(), "-c"])
+        .arg(dir.join("nginx.conf"))
+        .stderr(std::process::Stdio::null())
+        .spawn()?)
+}
+
 /// Milliseconds from each commit `(uri, when)` to the harvester's first record of applying
 /// that URI after it (its state at `db` records a change once the file is in place), sorted.
 pub fn push_latencies(
