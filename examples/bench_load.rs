@@ -411,7 +411,18 @@ async fn main() -> anyhow::Result<()> {
     };
     let base = format!("http://{addr}");
     let pid = server.id();
-    let client = reqwest::Client::builder().no_proxy().no_gzip().build()?;
+    // Direct requests to a server with accel_redirect ask for the bytes themselves (what
+    // nginx's fallback location asks), so the warm-up reads the documents.
+    let mut direct = reqwest::header::HeaderMap::new();
+    direct.insert(
+        "x-rshub-no-accel",
+        reqwest::header::HeaderValue::from_static("1"),
+    );
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .no_gzip()
+        .default_headers(direct)
+        .build()?;
 
     // Subscribers.
     let sink = Arc::new(Sink {
@@ -498,7 +509,12 @@ async fn main() -> anyhow::Result<()> {
         front = Some(common::nginx_front(&fdir, port, &addr)?);
         let fb = format!("http://127.0.0.1:{port}");
         let t = Instant::now();
-        while client.get(format!("{fb}{}", paths[1])).send().await.is_err() {
+        while client
+            .get(format!("{fb}{}", paths[1]))
+            .send()
+            .await
+            .is_err()
+        {
             anyhow::ensure!(
                 t.elapsed() < Duration::from_secs(10),
                 "nginx in front did not start: see {}/nginx-error.log",
