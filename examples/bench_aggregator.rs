@@ -132,7 +132,7 @@ fn fd_kinds(pid: u32) -> String {
         *kinds.entry(kind).or_default() += 1;
     }
     let mut v: Vec<_> = kinds.into_iter().collect();
-    v.sort_by(|a, b| b.1.cmp(&a.1));
+    v.sort_by_key(|b| std::cmp::Reverse(b.1));
     v.iter()
         .take(6)
         .map(|(k, n)| format!("{n} {k}"))

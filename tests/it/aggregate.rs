@@ -952,9 +952,9 @@ async fn a_huge_source_passes_its_walk_to_small_ones() {
 fn too_many_sources_for_the_open_files_limit_are_refused() {
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
-    let mut toml = format!(
+    let mut toml =
         "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[fetch]\nconcurrency = 8\n"
-    );
+            .to_string();
     for i in 0..1000 {
         // Never read: the harvester stops before it reaches any source.
         toml.push_str(&format!(
