@@ -412,10 +412,16 @@ async fn bench() -> anyhow::Result<()> {
         fds_peak = fds_peak.max(fds);
         if let Some(code) = child.try_wait()? {
             let log = std::fs::read_to_string(ours_dir.join("harvest.log")).unwrap_or_default();
-            let tail: Vec<&str> = log.lines().rev().take(5).collect();
-            println!("the harvester stopped ({code}); its log ends with:");
-            for l in tail.iter().rev() {
-                println!("  {l}");
+            // Its error (before any backtrace), else the end of its log.
+            match log.lines().find(|l| l.starts_with("Error: ")) {
+                Some(e) => println!("the harvester stopped ({code}): {e}"),
+                None => {
+                    let tail: Vec<&str> = log.lines().rev().take(5).collect();
+                    println!("the harvester stopped ({code}); its log ends with:");
+                    for l in tail.iter().rev() {
+                        println!("  {l}");
+                    }
+                }
             }
             anyhow::bail!("the harvester stopped early");
         }
