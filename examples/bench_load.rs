@@ -168,7 +168,16 @@ struct Figures {
     bytes: AtomicU64,
     busy: AtomicU64,
     errors: AtomicU64,
+    /// What the errors were (status or transport error), counted.
+    error_kinds: Mutex<std::collections::BTreeMap<String, u64>>,
     latencies_us: Mutex<Vec<u64>>,
+}
+
+impl Figures {
+    fn error(&self, kind: String) {
+        self.errors.fetch_add(1, Relaxed);
+        *self.error_kinds.lock().unwrap().entry(kind).or_default() += 1;
+    }
 }
 
 impl Figures {
@@ -187,6 +196,9 @@ impl Figures {
             self.busy.load(Relaxed),
             self.errors.load(Relaxed)
         );
+        for (kind, n) in self.error_kinds.lock().unwrap().iter() {
+            println!("  {n} × {kind}");
+        }
         (docs, p99)
     }
 }
@@ -216,8 +228,8 @@ async fn read_load(base: &str, paths: &[String], readers: usize, secs: u64) -> A
                     let r = client.get(url).header("accept-encoding", enc).send().await;
                     let mut resp = match r {
                         Ok(r) => r,
-                        Err(_) => {
-                            figures.errors.fetch_add(1, Relaxed);
+                        Err(e) => {
+                            figures.error(format!("no answer: {}", resourcesync_hub::cause::chain(&e)));
                             continue;
                         }
                     };
@@ -227,19 +239,19 @@ async fn read_load(base: &str, paths: &[String], readers: usize, secs: u64) -> A
                         continue;
                     }
                     let mut n = 0u64;
-                    let mut ok = resp.status() == 200;
+                    let mut bad = (resp.status() != 200).then(|| format!("status {}", resp.status()));
                     loop {
                         match resp.chunk().await {
                             Ok(Some(c)) => n += c.len() as u64,
                             Ok(None) => break,
-                            Err(_) => {
-                                ok = false;
+                            Err(e) => {
+                                bad = Some(format!("body cut: {}", resourcesync_hub::cause::chain(&e)));
                                 break;
                             }
                         }
                     }
-                    if !ok {
-                        figures.errors.fetch_add(1, Relaxed);
+                    if let Some(kind) = bad {
+                        figures.error(kind);
                         continue;
                     }
                     figures.docs.fetch_add(1, Relaxed);

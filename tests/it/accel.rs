@@ -18,14 +18,24 @@ struct Nginx {
 }
 
 impl Drop for Nginx {
+    /// SIGTERM, which stops the workers too (SIGKILL left them running, holding the test's
+    /// output open).
     fn drop(&mut self) {
-        let _ = self.child.kill();
+        // SAFETY: kill has no memory preconditions; the pid is our child's, not yet reaped.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
         let _ = self.child.wait();
     }
 }
 
 impl Nginx {
     fn start(dir: &Path, upstream: &str) -> Nginx {
+        Nginx::start_with(dir, upstream, false)
+    }
+
+    /// With `files_gone`, nginx's internal location looks for the files where there are none:
+    /// every file the server names is missing, as when a page is replaced between the
+    /// server's answer and nginx's open, and every answer takes the fallback.
+    fn start_with(dir: &Path, upstream: &str, files_gone: bool) -> Nginx {
         assert!(
             Path::new("/usr/sbin/nginx").exists(),
             "this test runs Debian's nginx: apt-get install nginx (.ci/run does)"
@@ -37,9 +47,13 @@ impl Nginx {
         ))
         .unwrap();
         assert!(site.contains("server hub:8080;") && site.contains("listen 80;"));
-        let site = site
+        let mut site = site
             .replace("server hub:8080;", &format!("server {upstream};"))
             .replace("listen 80;", &format!("listen 127.0.0.1:{port};"));
+        if files_gone {
+            assert!(site.contains("alias /;"));
+            site = site.replace("alias /;", "alias /nonexistent-rshub-test/;");
+        }
         std::fs::create_dir_all(dir.join("tmp")).unwrap();
         std::fs::write(dir.join("site.conf"), site).unwrap();
         let d = dir.display();
@@ -243,5 +257,30 @@ async fn answers_through_nginx_are_the_servers_own() {
         "nginx could not open a file: {log}"
     );
     drop(nginx);
+
+    // A file gone by the time nginx opens it (a page replaced under load): nginx asks the
+    // server again for the same path, and the answer is still the server's own. (The
+    // fallback once asked for nginx's internal path and got 404s.)
+    let gone = Nginx::start_with(&dir.path().join("nginx-gone"), &app.addr, true);
+    for path in &paths {
+        let direct = format!("http://{}{path}", app.addr);
+        let proxied = format!("http://127.0.0.1:{}{path}?", gone.port);
+        for extra in [vec![], vec![("accept-encoding", "gzip")]] {
+            let mut with_fallback = extra.clone();
+            with_fallback.push(("x-rshub-no-accel", "1"));
+            let want = see(&client, &direct, &with_fallback).await;
+            let got = see(&client, &proxied, &extra).await;
+            assert_eq!(
+                got, want,
+                "{path} with {extra:?}: through nginx's fallback, then the server alone"
+            );
+        }
+    }
+    let log = std::fs::read_to_string(dir.path().join("nginx-gone/error.log")).unwrap_or_default();
+    assert!(
+        log.contains("open()"),
+        "the fallback was not taken: nginx found the files: {log}"
+    );
+    drop(gone);
     app.stop().await;
 }
