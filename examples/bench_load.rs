@@ -229,7 +229,10 @@ async fn read_load(base: &str, paths: &[String], readers: usize, secs: u64) -> A
                     let mut resp = match r {
                         Ok(r) => r,
                         Err(e) => {
-                            figures.error(format!("no answer: {}", resourcesync_hub::cause::chain(&e)));
+                            figures.error(format!(
+                                "no answer: {}",
+                                resourcesync_hub::cause::chain(&e)
+                            ));
                             continue;
                         }
                     };
@@ -239,13 +242,17 @@ async fn read_load(base: &str, paths: &[String], readers: usize, secs: u64) -> A
                         continue;
                     }
                     let mut n = 0u64;
-                    let mut bad = (resp.status() != 200).then(|| format!("status {}", resp.status()));
+                    let mut bad =
+                        (resp.status() != 200).then(|| format!("status {}", resp.status()));
                     loop {
                         match resp.chunk().await {
                             Ok(Some(c)) => n += c.len() as u64,
                             Ok(None) => break,
                             Err(e) => {
-                                bad = Some(format!("body cut: {}", resourcesync_hub::cause::chain(&e)));
+                                bad = Some(format!(
+                                    "body cut: {}",
+                                    resourcesync_hub::cause::chain(&e)
+                                ));
                                 break;
                             }
                         }
