@@ -950,7 +950,6 @@ async fn a_huge_source_passes_its_walk_to_small_ones() {
 /// that name the limit: 1,000 sources under a hard limit of 1,024.
 #[test]
 fn too_many_sources_for_the_open_files_limit_are_refused() {
-    use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let mut toml =
         "[state]\ndir = \"state\"\n[output]\ndir = \"mirror\"\n[push]\nenabled = false\n[fetch]\nconcurrency = 8\n"
@@ -964,27 +963,15 @@ fn too_many_sources_for_the_open_files_limit_are_refused() {
     }
     let f = dir.path().join("harvest.toml");
     std::fs::write(&f, toml).unwrap();
-    use crate::support::{output_text, ChildServer};
-    let mut cmd = std::process::Command::new(ChildServer::BIN);
-    cmd.current_dir(dir.path())
-        .args(["harvest", "--config"])
-        .arg(&f);
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            let l = libc::rlimit {
-                rlim_cur: 1024,
-                rlim_max: 1024,
-            };
-            if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
+    let mut h = crate::harvest::ChildHarvester::start_limited(&f, dir.path(), Some(1024));
+    let code = h.child.wait().unwrap();
+    // Its standard error is read to the end by a thread of its own.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !h.log.lock().unwrap().contains("open files") && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
-    let out = cmd.output().unwrap();
-    let text = output_text(&out);
-    assert!(!out.status.success(), "{text}");
+    let text = h.log.lock().unwrap().clone();
+    assert!(!code.success(), "{text}");
     assert!(
         text.contains("1000 sources at fetch.concurrency 8 may need up to 1128 open files, and the limit of open files is 1024")
             && text.contains("it allows 896 sources"),
@@ -995,4 +982,54 @@ fn too_many_sources_for_the_open_files_limit_are_refused() {
             || std::fs::read_dir(dir.path().join("state")).unwrap().count() == 0,
         "nothing is started"
     );
+}
+
+/// SIGHUP with more sources than the limit of open files allows: the new configuration is not
+/// applied, the log says why in words naming the limit, and the running source goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_past_the_open_files_limit_keeps_the_running_configuration() {
+    use crate::harvest::ChildHarvester;
+    use crate::hostile::wait_child;
+    let (a, _) = static_source("a", 5).await;
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("harvest.toml");
+    let d = dir.path().display();
+    let head = format!("[state]\ndir = \"{d}/state\"\n[output]\ndir = \"{d}/mirror\"\n[push]\nenabled = false\n[follow]\ncheck_interval_secs = 3600\n[fetch]\nconcurrency = 8\n");
+    let one = format!(
+        "{head}[[sources]]\nname = \"a\"\nurl = \"{}\"\n",
+        a.url("/.well-known/resourcesync")
+    );
+    std::fs::write(&f, &one).unwrap();
+    // 300 allows 300 - 64 - 8 x 8 = 172 sources.
+    let h = ChildHarvester::start_limited(&f, dir.path(), Some(300));
+    wait_child(&f, "a baselined", 30, |s| held(s, "a") == 5).await;
+    let mut many = one.clone();
+    for i in 0..199 {
+        // Never read: the configuration is refused.
+        many.push_str(&format!(
+            "[[sources]]\nname = \"x{i}\"\nurl = \"http://127.0.0.1:{}/.well-known/resourcesync\"\n",
+            free_port()
+        ));
+    }
+    std::fs::write(&f, many).unwrap();
+    let ok = std::process::Command::new("kill")
+        .args(["-HUP", &h.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let said = "200 sources at fetch.concurrency 8 may need up to 328 open files, and the limit of open files is 300";
+    crate::support::wait_until("the refusal in the log", || async {
+        h.log.lock().unwrap().contains(said)
+    })
+    .await;
+    let log = h.log.lock().unwrap().clone();
+    assert!(
+        log.contains("it allows 172 sources") && !log.contains("SIGHUP: source started"),
+        "{log}"
+    );
+    assert!(
+        log.contains("SIGHUP: the configuration is not applied"),
+        "{log}"
+    );
+    drop(h);
 }

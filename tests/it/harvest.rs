@@ -493,16 +493,36 @@ impl ChildHarvester {
 
     /// Started from the folder `cwd`.
     pub fn start_in(config: &Path, cwd: &Path) -> ChildHarvester {
+        ChildHarvester::start_limited(config, cwd, None)
+    }
+
+    /// Started from the folder `cwd`, with `nofile` as its soft and hard limits of open files.
+    pub fn start_limited(config: &Path, cwd: &Path, nofile: Option<u64>) -> ChildHarvester {
         use std::io::{BufRead, BufReader};
-        let mut child = std::process::Command::new(ChildServer::BIN)
-            .current_dir(cwd)
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(ChildServer::BIN);
+        cmd.current_dir(cwd)
             .args(["harvest", "--config"])
             .arg(config)
             .env("RUST_LOG", "info")
             .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+            .stderr(std::process::Stdio::piped());
+        if let Some(n) = nofile {
+            // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let l = libc::rlimit {
+                        rlim_cur: n as libc::rlim_t,
+                        rlim_max: n as libc::rlim_t,
+                    };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().unwrap();
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let sink = log.clone();
         let stderr = child.stderr.take().unwrap();
