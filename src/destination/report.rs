@@ -81,9 +81,9 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
     let mut out = open_files(cfg);
     let all_sets = state.sets()?;
     let sources = chosen(cfg, only)?;
-    let shares = shares(cfg);
+    let shares = shares(&cfg.source_list());
     if !cfg.sources.is_empty() && only.is_none() {
-        out.push_str(&summary(&state, &sources, &all_sets, &shares)?);
+        out.push_str(&summary(&state, &sources, &all_sets)?);
         return Ok(out);
     }
     let mut sets = Vec::new();
@@ -248,15 +248,19 @@ pub(crate) struct SourceRow {
     pub failed: usize,
     /// Why it is down, or its sets' last error, in words.
     pub error: Option<String>,
+    /// Its share of the walks when every source wants one (its weight over the sum), as
+    /// text (`2.1%`).
+    pub share: String,
 }
 
-/// The rows of `sources`, from the state.
+/// The rows of `sources` (every source: the shares are of their sum), from the state.
 pub(crate) fn source_rows(
     state: &State,
     sources: &[config::NamedSource],
     all_sets: &[state::SetRow],
 ) -> anyhow::Result<Vec<SourceRow>> {
     let problems = state.problems()?;
+    let shares = shares(sources);
     let mut out = Vec::new();
     for source in sources {
         let sets: Vec<&state::SetRow> = all_sets
@@ -293,6 +297,7 @@ pub(crate) fn source_rows(
             .map(|(e, since)| format!("DOWN since {since}: {e}"))
             .or_else(|| sets.iter().find_map(|s| s.last_error.clone()));
         out.push(SourceRow {
+            share: percent(shares.get(&source.name).copied().unwrap_or(0.0)),
             name: source.name.clone(),
             url: source.url.clone(),
             up: failing.is_none(),
@@ -318,12 +323,11 @@ pub(crate) fn source_rows(
 /// position and largest lag, resources held, changes queued, the subscriptions' states,
 /// failures, and the last error in words.
 /// Each source's share of the walks when every source wants one: its weight over the sum.
-fn shares(cfg: &HarvestConfig) -> std::collections::HashMap<String, f64> {
-    let sources = cfg.source_list();
+fn shares(sources: &[config::NamedSource]) -> std::collections::HashMap<String, f64> {
     let sum: f64 = sources.iter().map(|s| f64::from(s.weight)).sum();
     sources
-        .into_iter()
-        .map(|s| (s.name, f64::from(s.weight) / sum.max(1.0)))
+        .iter()
+        .map(|s| (s.name.clone(), f64::from(s.weight) / sum.max(1.0)))
         .collect()
 }
 
@@ -340,13 +344,13 @@ fn percent(share: f64) -> String {
 }
 
 /// The limit of open files a harvester started from this shell gets, and how many sources it
-/// allows at the configured concurrency.
-fn open_files(cfg: &HarvestConfig) -> String {
+/// allows at the configured concurrency (one line; empty where no limit is known).
+pub(crate) fn open_files(cfg: &HarvestConfig) -> String {
     let n = cfg.source_list().len();
     let c = cfg.fetch.concurrency;
     match crate::conn::open_files_ceiling() {
         Ok(limit) => format!(
-            "open files: limit {limit} (hard, from this shell) allows {} sources at fetch.concurrency {c}; this configuration has {n}{}\n",
+            "open files: limit {limit} (the hard limit) allows {} sources at fetch.concurrency {c}; this configuration has {n}{}\n",
             super::sources_allowed(limit, c),
             if super::descriptors_needed(n, c) > limit { ": TOO MANY, the harvester refuses to start" } else { "" }
         ),
@@ -358,17 +362,15 @@ fn summary(
     state: &State,
     sources: &[config::NamedSource],
     all_sets: &[state::SetRow],
-    shares: &std::collections::HashMap<String, f64>,
 ) -> anyhow::Result<String> {
     let width = sources.iter().map(|s| s.name.len()).max().unwrap_or(0);
     let mut out = String::new();
     for r in source_rows(state, sources, all_sets)? {
-        let share = shares.get(&r.name).copied().unwrap_or(0.0);
         out.push_str(&format!(
             "{:width$}  {}  share {}  sets {}/{} baselined  position {}  lag {}  held {}  queued {}  push {}  failed {}{}\n",
             r.name,
             if r.up { "up  " } else { "down" },
-            percent(share),
+            r.share,
             r.baselined,
             r.sets,
             r.position.as_deref().unwrap_or("-"),

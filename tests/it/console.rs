@@ -392,6 +392,15 @@ async fn the_harvesters_console_shows_forty_sources_and_audits_one() {
     )
     .await;
     assert_eq!(f["rows"], 40, "{f}");
+    // Forty sources of weight 1: each has 2.5% of the walks; the limit of open files is shown.
+    assert!(f["down_row"].as_str().unwrap().contains("2.5%"), "{f}");
+    assert!(
+        f["open_files"]
+            .as_str()
+            .unwrap()
+            .starts_with("open files: limit "),
+        "{f}"
+    );
     assert!(
         f["down_row"]
             .as_str()

@@ -202,6 +202,7 @@ def harvest_flow(SLOW, DOWN, AUDITED):
         wait.until(ec.presence_of_element_located((By.ID, "sources")))
         findings["rows"] = len(d.find_elements(By.CSS_SELECTOR, "#sources tbody tr"))
         findings["down_row"] = steady(lambda: d.find_element(By.ID, "source-" + DOWN).text)
+        findings["open_files"] = steady(lambda: d.find_element(By.ID, "open-files").text)
 
         def progress():
             def read():

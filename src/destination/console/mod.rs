@@ -244,7 +244,7 @@ async fn sources(AxState(c): AxState<Ctx>, headers: HeaderMap) -> Response {
                 "name": r.name, "up": r.up, "sets": r.sets, "baselined": r.baselined,
                 "position": r.position, "lag": r.lag_secs.map_or("—".to_string(), ui::span),
                 "held": r.held, "queued": r.queued, "push": r.push, "error": r.error,
-                "baselines": baselines,
+                "baselines": baselines, "share": r.share,
             })
         })
         .collect();
@@ -254,6 +254,7 @@ async fn sources(AxState(c): AxState<Ctx>, headers: HeaderMap) -> Response {
             "title": "Sources", "nav": "sources", "signed_in": true, "csrf": s.csrf,
             "live": LIVE_SECS, "sources": rows, "up": up, "down": down, "running": running,
             "now": Timestamp::now().to_string(),
+            "open_files": super::report::open_files(&c.cfg).trim_end(),
         }),
     );
     with_cookie(page, cookie)
