@@ -445,18 +445,17 @@ async fn bench() -> anyhow::Result<()> {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let mut small: Vec<f64> = done_at
-        .iter()
-        .filter(|(k, _)| k.starts_with('s'))
-        .map(|(_, v)| *v)
-        .collect();
-    small.sort_by(f64::total_cmp);
-    let mut big: Vec<f64> = done_at
-        .iter()
-        .filter(|(k, _)| k.starts_with("big"))
-        .map(|(_, v)| *v)
-        .collect();
-    big.sort_by(f64::total_cmp);
+    // When the sources named `prefix…` were baselined, earliest first.
+    let times = |prefix: &str| {
+        let mut v: Vec<f64> = done_at
+            .iter()
+            .filter(|(k, _)| k.starts_with(prefix))
+            .map(|(_, v)| *v)
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let (small, big) = (times("s"), times("big"));
     if !small.is_empty() {
         println!(
             "small sources baselined: p50 at {:.1} s, the last at {:.1} s after start",

@@ -471,12 +471,17 @@ const FD_PER_SLOT: u64 = 8;
 /// last request: pushes to every source within one second). Measured: 190 at 5,000 sources
 /// at concurrency 32 (bench_aggregator), since sources at rest hold none.
 pub fn descriptors_needed(sources: usize, concurrency: usize) -> u64 {
-    FD_RESERVE + FD_PER_SLOT * concurrency as u64 + sources as u64
+    descriptors_besides_sources(concurrency) + sources as u64
 }
 
 /// How many sources a limit of `limit` open files allows at `fetch.concurrency`.
 pub fn sources_allowed(limit: u64, concurrency: usize) -> u64 {
-    limit.saturating_sub(FD_RESERVE + FD_PER_SLOT * concurrency as u64)
+    limit.saturating_sub(descriptors_besides_sources(concurrency))
+}
+
+/// The reserve and the work in flight at `fetch.concurrency`.
+fn descriptors_besides_sources(concurrency: usize) -> u64 {
+    FD_RESERVE + FD_PER_SLOT * concurrency as u64
 }
 
 /// Why `sources` sources do not fit a limit of `limit` open files, or `None` when they do.
@@ -633,12 +638,12 @@ pub async fn run_reloading(
                     };
                     match HarvestConfig::load(Some(path)) {
                         Err(e) => tracing::warn!(error = %e, "SIGHUP: the configuration does not load; the running one is kept"),
-                        Ok(new) if limit.and_then(|l| too_many_sources(new.source_list().len(), cfg.fetch.concurrency, l)).is_some() => {
-                            let why = too_many_sources(new.source_list().len(), cfg.fetch.concurrency, limit.unwrap_or(0)).unwrap_or_default();
-                            tracing::warn!(error = %why, "SIGHUP: the configuration is not applied; the running one is kept");
-                        }
                         Ok(new) => {
                             let wanted = new.source_list();
+                            if let Some(why) = limit.and_then(|l| too_many_sources(wanted.len(), cfg.fetch.concurrency, l)) {
+                                tracing::warn!(error = %why, "SIGHUP: the configuration is not applied; the running one is kept");
+                                continue;
+                            }
                             let mut stopped = 0;
                             running.retain(|name, r| {
                                 let keep = wanted.iter().any(|w| w == &r.source);

@@ -81,11 +81,11 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
     let mut out = open_files(cfg);
     let all_sets = state.sets()?;
     let sources = chosen(cfg, only)?;
-    let shares = shares(&cfg.source_list());
     if !cfg.sources.is_empty() && only.is_none() {
         out.push_str(&summary(&state, &sources, &all_sets)?);
         return Ok(out);
     }
+    let shares = shares(&cfg.source_list());
     let mut sets = Vec::new();
     for source in &sources {
         if source.name.is_empty() {
@@ -319,9 +319,6 @@ pub(crate) fn source_rows(
     Ok(out)
 }
 
-/// One line per source (an aggregator's `harvest status`): reachable or not, its oldest
-/// position and largest lag, resources held, changes queued, the subscriptions' states,
-/// failures, and the last error in words.
 /// Each source's share of the walks when every source wants one: its weight over the sum.
 fn shares(sources: &[config::NamedSource]) -> std::collections::HashMap<String, f64> {
     let sum: f64 = sources.iter().map(|s| f64::from(s.weight)).sum();
@@ -352,12 +349,15 @@ pub(crate) fn open_files(cfg: &HarvestConfig) -> String {
         Ok(limit) => format!(
             "open files: limit {limit} (the hard limit) allows {} sources at fetch.concurrency {c}; this configuration has {n}{}\n",
             super::sources_allowed(limit, c),
-            if super::descriptors_needed(n, c) > limit { ": TOO MANY, the harvester refuses to start" } else { "" }
+            if super::too_many_sources(n, c, limit).is_some() { ": TOO MANY, the harvester refuses to start" } else { "" }
         ),
         Err(_) => String::new(),
     }
 }
 
+/// One line per source (an aggregator's `harvest status`): reachable or not, its oldest
+/// position and largest lag, resources held, changes queued, the subscriptions' states,
+/// failures, and the last error in words.
 fn summary(
     state: &State,
     sources: &[config::NamedSource],
