@@ -174,7 +174,9 @@ fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String) -> bo
         out.push_str("</record>");
         return true;
     }
-    let metadata = if prefix == native.metadata_prefix {
+    let file;
+    let minimal;
+    let metadata: &str = if prefix == native.metadata_prefix {
         let Some(path) = &item.file else {
             tracing::warn!(identifier = %item.identifier, "OAI-PMH: a record without a file in the set's resource_root_dir is left out");
             return false;
@@ -182,35 +184,38 @@ fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String) -> bo
         let read = || {
             use std::io::Read as _;
             let mut f = std::fs::File::open(path)?;
-            if f.metadata()?.len() > MAX_RECORD_BYTES {
+            let len = f.metadata()?.len();
+            if len > MAX_RECORD_BYTES {
                 return Err(std::io::Error::other(format!(
                     "larger than {MAX_RECORD_BYTES} bytes"
                 )));
             }
-            let mut bytes = Vec::new();
+            let mut bytes = Vec::with_capacity(len as usize + 1);
             f.read_to_end(&mut bytes)?;
             Ok(bytes)
         };
-        match read() {
-            Ok(bytes) => match embeddable(&bytes) {
-                Ok(t) => t.to_string(),
-                Err(why) => {
-                    tracing::warn!(identifier = %item.identifier, file = %path.display(), %why, "OAI-PMH: a record whose file is not embeddable XML is left out");
-                    return false;
-                }
-            },
+        file = match read() {
+            Ok(bytes) => bytes,
             Err(e) => {
                 tracing::warn!(identifier = %item.identifier, file = %path.display(), error = %e, "OAI-PMH: a record whose file cannot be read is left out");
                 return false;
             }
+        };
+        match embeddable(&file) {
+            Ok(t) => t,
+            Err(why) => {
+                tracing::warn!(identifier = %item.identifier, file = %path.display(), %why, "OAI-PMH: a record whose file is not embeddable XML is left out");
+                return false;
+            }
         }
     } else {
-        minimal_dc(item)
+        minimal = minimal_dc(item);
+        &minimal
     };
     out.push_str("<record>");
     header(item, out);
     out.push_str("<metadata>");
-    out.push_str(&metadata);
+    out.push_str(metadata);
     out.push_str("</metadata></record>");
     true
 }
