@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use reqwest::header::{CONTENT_TYPE, LINK, RETRY_AFTER};
+use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, LINK, RETRY_AFTER};
 use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
@@ -842,50 +842,61 @@ async fn deliver(
         Ok(t) => t,
         Err(e) => return failed(e),
     };
-    let mut sent = request(hub, &client, &url, sub, m, token.as_deref())
-        .send()
-        .await;
+    let mut sent = match request(hub, &url, sub, m, token.as_deref()) {
+        Ok(r) => client.execute(r).await,
+        Err(e) => return failed(e),
+    };
     if link.uses_oauth2() && matches!(&sent, Ok(r) if r.status() == StatusCode::UNAUTHORIZED) {
         // The token was revoked or expired early: one fresh token, one more try.
         match link.bearer(hub, true).await {
-            Ok(t) => {
-                sent = request(hub, &client, &url, sub, m, t.as_deref())
-                    .send()
-                    .await
-            }
+            Ok(t) => match request(hub, &url, sub, m, t.as_deref()) {
+                Ok(r) => sent = client.execute(r).await,
+                Err(e) => return failed(e),
+            },
             Err(e) => return failed(e),
         }
     }
     settle_response(hub, sent).await
 }
 
-/// A delivery request, signed at this attempt, with the bearer token when there is one.
+/// The delivery headers that are not in `http`'s list, named once (a name given as a string is
+/// parsed and copied for every request).
+const X_HUB_SIGNATURE: HeaderName = HeaderName::from_static("x-hub-signature");
+const WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+
+/// A delivery request, signed at this attempt, with the bearer token when there is one. Made
+/// whole here, headers in a map sized for them and values taking their strings without a copy:
+/// this runs for every delivery, and reqwest's builder grew the map and copied each value.
 fn request(
     hub: &Hub,
-    client: &reqwest::Client,
     url: &url::Url,
     sub: &Subscription,
     m: &Message,
     token: Option<&str>,
-) -> reqwest::RequestBuilder {
-    let id = webhook_id(m);
-    let mut req = client
-        .post(url.clone())
-        .header(CONTENT_TYPE, &m.content_type)
-        .header(
-            LINK,
-            format!(
-                "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
-                hub.settings.hub_url, m.topic
-            ),
-        )
-        .body(m.body.clone());
+) -> Result<reqwest::Request, String> {
+    let value = |s: String| {
+        HeaderValue::try_from(s).map_err(|e| format!("a delivery header cannot be sent: {e}"))
+    };
+    let mut req = reqwest::Request::new(reqwest::Method::POST, url.clone());
+    let h = req.headers_mut();
+    h.reserve(8);
+    h.insert(CONTENT_TYPE, value(m.content_type.clone())?);
+    h.insert(
+        LINK,
+        value(format!(
+            "<{}>; rel=\"hub\", <{}>; rel=\"self\"",
+            hub.settings.hub_url, m.topic
+        ))?,
+    );
     if let Some(secret) = &sub.secret {
         // Signed twice: the WebSub way, and the Standard Webhooks way over this attempt's
         // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
         // refuses a late retry).
         let now = Timestamp::now();
         let at = now.0.div_euclid(1_000_000);
+        let id = webhook_id(m);
         let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
         // During a rotation's grace period the previous secret signs too (receivers accept
         // any one of the space-separated signatures).
@@ -893,18 +904,23 @@ fn request(
             Some((old, until)) if now < *until => format!("{} {}", sign(secret), sign(old)),
             _ => sign(secret),
         };
-        req = req
-            .header(
-                "X-Hub-Signature",
-                signature(sub.alg, secret.as_bytes(), &m.body),
-            )
-            .header("webhook-timestamp", at)
-            .header("webhook-signature", signatures);
+        h.insert(
+            X_HUB_SIGNATURE,
+            value(signature(sub.alg, secret.as_bytes(), &m.body))?,
+        );
+        h.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(at));
+        h.insert(WEBHOOK_SIGNATURE, value(signatures)?);
+        h.insert(WEBHOOK_ID, value(id)?);
+    } else {
+        h.insert(WEBHOOK_ID, value(webhook_id(m))?);
     }
     if let Some(t) = token {
-        req = req.bearer_auth(t);
+        let mut v = value(format!("Bearer {t}"))?;
+        v.set_sensitive(true);
+        h.insert(AUTHORIZATION, v);
     }
-    req.header("webhook-id", id)
+    *req.body_mut() = Some(m.body.clone().into());
+    Ok(req)
 }
 
 /// What a delivery's answer (or failure to get one) comes to.
