@@ -3,7 +3,7 @@
 //! ```text
 //! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
 //!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
-//!     [--dir /tmp/rshub-load] [--nginx-copy] [--behind-nginx]
+//!     [--dir /tmp/rshub-load] [--nginx-copy] [--behind-nginx] [--same-load]
 //! ```
 //!
 //! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
@@ -23,6 +23,13 @@
 //! With `--behind-nginx`, step 3's readers and ingest go through nginx in front of our server
 //! (`server.accel_redirect = "/_rshub/"` and `docker/nginx-rshub.conf`): the server decides
 //! each answer (which file, ETag, encoding, 304), nginx sends the files' bytes.
+//!
+//! With `--same-load`, step 4 runs while step 3's ingest and deliveries go on (the server
+//! keeps running): both passes then share the two cores with the same background work, and the
+//! ratio compares serving alone. Without it, nginx's pass has the machine to itself, and the
+//! ratio also counts what ingest, page rebuilds and 100 subscribers' deliveries cost the
+//! readers (on two cores the readers themselves are the bottleneck: whatever CPU the server
+//! spends is theirs less).
 //!
 //! 5. With `--nginx-copy`, once more against nginx with `sendfile off` (it then copies each
 //!    file through a buffer of its own into the socket, as we do): what serving without
@@ -600,11 +607,14 @@ async fn main() -> anyhow::Result<()> {
             }
         })
     };
+    let same_load = std::env::args().any(|a| a == "--same-load");
     let t = Instant::now();
     let ours = read_load(&read_base, &paths, readers, secs).await;
     let elapsed = t.elapsed().as_secs_f64();
-    stop.store(true, Relaxed);
-    let _ = ingest.await;
+    let ingested_ours = ingested.load(Relaxed);
+    if !same_load {
+        stop.store(true, Relaxed);
+    }
     let peak = proc_mb(pid, "VmHWM");
     println!(
         "\n{readers} readers for {secs} s over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
@@ -617,6 +627,24 @@ async fn main() -> anyhow::Result<()> {
         },
         elapsed,
     );
+    let load = (readers, secs);
+    let theirs_same_load = if same_load {
+        // nginx's pass while the server goes on ingesting and delivering.
+        let theirs = nginx_pass(
+            &dir.join("nginx"),
+            &www,
+            true,
+            "nginx (static files), same background load",
+            &paths,
+            load,
+        )
+        .await?;
+        stop.store(true, Relaxed);
+        Some(theirs)
+    } else {
+        None
+    };
+    let _ = ingest.await;
     // Let the last notifications arrive and the server settle.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss_end = proc_mb(pid, "VmRSS");
@@ -628,9 +656,10 @@ async fn main() -> anyhow::Result<()> {
         .unwrap_or(0) as f64
         / 1e3;
     println!(
-        "  ingest {:.0} changes/s; notification lag p99 {lag_p99:.0} ms over {} receipts; server RSS {rss_start:.0} MB before, peak {peak:.0} MB, {rss_end:.0} MB 10 s after",
-        ingested.load(Relaxed) as f64 / elapsed,
-        lags.len()
+        "  ingest {:.0} changes/s; notification lag p99 {lag_p99:.0} ms over {} receipts{}; server RSS {rss_start:.0} MB before, peak {peak:.0} MB, {rss_end:.0} MB 10 s after",
+        ingested_ours as f64 / elapsed,
+        lags.len(),
+        if same_load { " (both passes)" } else { "" }
     );
     drop(server.stdin.take());
     let _ = server.wait();
@@ -641,16 +670,20 @@ async fn main() -> anyhow::Result<()> {
             .status();
     }
 
-    let load = (readers, secs);
-    let (their_docs, their_p99) = nginx_pass(
-        &dir.join("nginx"),
-        &www,
-        true,
-        "nginx (static files)",
-        &paths,
-        load,
-    )
-    .await?;
+    let (their_docs, their_p99) = match theirs_same_load {
+        Some(t) => t,
+        None => {
+            nginx_pass(
+                &dir.join("nginx"),
+                &www,
+                true,
+                "nginx (static files)",
+                &paths,
+                load,
+            )
+            .await?
+        }
+    };
     println!(
         "\nratio: documents/s {:.0}% of nginx's; p99 {:.1}× nginx's",
         our_docs / their_docs * 100.0,

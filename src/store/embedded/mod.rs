@@ -267,12 +267,10 @@ impl EmbeddedStore {
                 Some(c) => c,
                 None => open_conn(&inner.path)?,
             };
-            let out = conn
-                .unchecked_transaction()
-                .map_err(StoreError::from)
-                .and_then(|tx| f(&tx));
+            let out = in_read_transaction(&conn, f);
             let mut pool = inner.readers.lock().expect("reader pool");
-            if pool.len() < 8 {
+            // A connection left inside a transaction (its COMMIT failed) is not reused.
+            if pool.len() < 8 && conn.is_autocommit() {
                 pool.push(conn);
             }
             out
@@ -319,10 +317,34 @@ impl EmbeddedStore {
     }
 }
 
+/// Runs `f` between `BEGIN` and `COMMIT` statements prepared once per connection (rusqlite's
+/// transaction parses both anew each time: 5% of a loaded server's samples).
+fn in_read_transaction<T>(
+    conn: &Connection,
+    f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+) -> Result<T, StoreError> {
+    conn.prepare_cached("BEGIN")?.execute([])?;
+    let out = f(conn);
+    let end = conn
+        .prepare_cached("COMMIT")
+        .and_then(|mut c| c.execute([]));
+    let out = out?;
+    end?;
+    Ok(out)
+}
+
 fn open_conn(path: &Path) -> Result<Connection, StoreError> {
     let conn = Connection::open(path)
         .map_err(|e| StoreError::sqlite(format!("cannot open {}", path.display()), e))?;
     conn.busy_timeout(std::time::Duration::from_secs(30))?;
+    // Plans never depend on bound values: otherwise SQLite prepares a statement again each
+    // time a different value is bound to its `LIMIT ?` (it plans with the value), and our
+    // cached page and lookup statements bind a different limit nearly every time (5% of a
+    // loaded server's samples were re-preparing).
+    conn.set_db_config(
+        rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG,
+        true,
+    )?;
     conn.execute_batch(
         "PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;",
     )?;
