@@ -43,7 +43,11 @@ fn screenshots() -> PathBuf {
 /// each word it prints with `act(word)` and a line on its stdin; returns its findings.
 async fn browse(args: &[&str], mut act: impl FnMut(&str)) -> serde_json::Value {
     let shots = screenshots();
+    // Chromium and its driver put their profile and singleton socket under TMPDIR, and leave
+    // the socket's folder behind: a folder of the test's own, removed when it ends.
+    let tmp = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new(PyEnv::get().python())
+        .env("TMPDIR", tmp.path())
         .arg(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/tools/console_browser.py"

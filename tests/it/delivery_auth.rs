@@ -70,17 +70,21 @@ async fn subscription_in_store(store: &Store, callback: &str) -> i64 {
 /// The Python receiver requiring a client certificate (`tests/tools/mtls_receiver.py`).
 struct MtlsReceiver {
     child: Child,
+    /// Where its certificates and keys are written: removed when the test ends.
+    _pems: tempfile::TempDir,
     setup: Value,
     lines: Arc<Mutex<Vec<Value>>>,
 }
 
 impl MtlsReceiver {
     fn start() -> MtlsReceiver {
+        let pems = tempfile::tempdir().unwrap();
         let mut child = Command::new(PyEnv::get().python())
             .arg(
                 std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                     .join("tests/tools/mtls_receiver.py"),
             )
+            .arg(pems.path())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -101,6 +105,7 @@ impl MtlsReceiver {
         });
         MtlsReceiver {
             child,
+            _pems: pems,
             setup,
             lines,
         }

@@ -6,7 +6,8 @@ that issued the server's and the client's certificates; `client_cert`/`client_ke
 pair it accepts; `stranger_cert`/`stranger_key`: a pair from another CA, which it refuses).
 Then one JSON line per request (method, path, the client certificate's common name, body)
 and one per refused handshake. Answers a verification GET with its hub.challenge and a
-POST with 200. Ends when its standard input closes.
+POST with 200. Ends when its standard input closes. The PEM files go in the folder given as
+its argument.
 """
 
 import json
@@ -33,7 +34,8 @@ ca = trustme.CA()
 server = ca.issue_cert("127.0.0.1")
 client = ca.issue_cert("hub.example.org")
 stranger = trustme.CA().issue_cert("hub.example.org")
-folder = tempfile.mkdtemp(prefix="mtls-")
+# The folder the test gives (and removes when it ends), else one of our own.
+folder = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="mtls-")
 files = {}
 for name, blob in [
     ("ca", ca.cert_pem),
