@@ -4,6 +4,7 @@
 //! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
 //!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
 //!     [--dir /tmp/rshub-load] [--nginx-copy] [--behind-nginx] [--same-load]
+//!     [--rebuild-ms 1000]
 //! ```
 //!
 //! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
@@ -80,6 +81,7 @@ fn config(dir: &Path, part: u32) -> Config {
     if std::env::args().any(|a| a == "--behind-nginx") {
         c.server.accel_redirect = "/_rshub/".into();
     }
+    c.source.rebuild_interval_ms = arg("--rebuild-ms", c.source.rebuild_interval_ms);
     c
 }
 

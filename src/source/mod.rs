@@ -250,6 +250,9 @@ pub struct Source {
     queued: std::sync::atomic::AtomicUsize,
     /// One lock per page being built: concurrent requests for it wait for that one build.
     inflight: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Per page, the version last found current (or built) and when: within
+    /// `source.rebuild_interval_ms` of that, the page is served without asking the store.
+    checked: std::sync::Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
     /// Reads of page files under way at once, server-wide (`source.max_concurrent_file_reads`).
     file_reads: Arc<tokio::sync::Semaphore>,
     /// Capabilities offered beside the lists, per set (`resourcedump`, `changedump` -> URL),
@@ -260,6 +263,9 @@ pub struct Source {
     /// store query (a point-in-time scan on Elasticsearch). See [`Source::sets`].
     sets: std::sync::Mutex<Option<(std::time::Instant, Arc<Vec<crate::store::SetInfo>>)>>,
 }
+
+/// Pages remembered as recently checked before the stale ones are dropped.
+const CHECKED_MAX: usize = 4096;
 
 /// How long a read of the store's sets is used for the Source Description. A set another
 /// process creates (on a shared Elasticsearch store) is listed at most this late; one created
@@ -341,6 +347,7 @@ impl Source {
             builds,
             queued: std::sync::atomic::AtomicUsize::new(0),
             inflight: std::sync::Mutex::new(std::collections::HashMap::new()),
+            checked: std::sync::Mutex::new(std::collections::HashMap::new()),
             file_reads,
             advertised: Default::default(),
             sets: std::sync::Mutex::new(None),
@@ -375,14 +382,19 @@ impl Source {
     pub fn advertise(&self, set: &SetName, capability: &'static str, url: Option<String>) -> bool {
         let mut all = self.advertised.lock().expect("advertised");
         let caps = all.entry(set.clone()).or_default();
-        match url {
+        let changed = match url {
             Some(u) if caps.get(capability).is_some_and(|(old, _)| *old == u) => false,
             Some(u) => {
                 caps.insert(capability, (u, Timestamp::now()));
                 true
             }
             None => caps.remove(capability).is_some(),
+        };
+        if changed {
+            // Known here at once: the Capability List is looked at again by its next reader.
+            self.checked.lock().expect("checked").clear();
         }
+        changed
     }
 
     /// The capabilities advertised beside a set's lists, with when each was last changed.
@@ -452,10 +464,18 @@ impl Source {
     }
 
     async fn document_now(&self, kind: &DocKind) -> Result<Doc, SourceError> {
-        let plan = self.plan(kind).await?;
         let key = format!("{kind:?}");
+        let interval = self.config.source.rebuild_interval_ms as i64 * 1000;
+        if let Some(doc) = self.checked_lately(&key).await? {
+            // Found current (or built) less than `rebuild_interval_ms` ago: what a plan would
+            // lead to anyway (the same page, or that last build while the interval runs), without
+            // the store's bookkeeping being read for every request.
+            return Ok(doc);
+        }
+        let plan = self.plan(kind).await?;
         let version = format!("{}|{}", self.fingerprint, plan.version);
         if let Some(doc) = self.cached(&key, &version).await? {
+            self.note_checked(&key, &doc, std::time::Instant::now());
             return Ok(doc);
         }
         // The page changed since it was built. Readers get the last build, at once, while it
@@ -465,10 +485,17 @@ impl Source {
         // reflects, so a destination continuing from there misses nothing. The request that
         // starts a build waits for it.
         let building = self.inflight.lock().expect("inflight").contains_key(&key);
-        let interval = self.config.source.rebuild_interval_ms as i64 * 1000;
         if building || interval > 0 {
             if let Some(doc) = self.latest(&key).await? {
-                if building || Timestamp::now().0 - doc.meta.built_at < interval {
+                let age = Timestamp::now().0 - doc.meta.built_at;
+                if building || age < interval {
+                    if !building {
+                        // Served until the interval since its build runs out, as above.
+                        let built = std::time::Instant::now()
+                            .checked_sub(std::time::Duration::from_micros(age.max(0) as u64))
+                            .unwrap_or_else(std::time::Instant::now);
+                        self.note_checked(&key, &doc, built);
+                    }
                     return Ok(doc);
                 }
             }
@@ -505,6 +532,7 @@ impl Source {
                 .inc();
             let doc = self.remember(meta).await?;
             self.update_cache_gauges();
+            self.note_checked(&key, &doc, std::time::Instant::now());
             Ok(doc)
         }
         .await;
@@ -513,6 +541,34 @@ impl Source {
             inflight.remove(&key);
         }
         result
+    }
+
+    /// The page last found current or built, when that was less than
+    /// `source.rebuild_interval_ms` ago and it is still held.
+    async fn checked_lately(&self, key: &str) -> Result<Option<Doc>, SourceError> {
+        let interval = std::time::Duration::from_millis(self.config.source.rebuild_interval_ms);
+        if interval.is_zero() {
+            return Ok(None);
+        }
+        let version = match self.checked.lock().expect("checked").get(key) {
+            Some((v, at)) if at.elapsed() < interval => v.clone(),
+            _ => return Ok(None),
+        };
+        self.cached(key, &version).await
+    }
+
+    /// `doc` is `key`'s page as of `at` (see [`Source::checked_lately`]).
+    fn note_checked(&self, key: &str, doc: &Doc, at: std::time::Instant) {
+        let interval = std::time::Duration::from_millis(self.config.source.rebuild_interval_ms);
+        if interval.is_zero() {
+            return;
+        }
+        let mut checked = self.checked.lock().expect("checked");
+        if checked.len() >= CHECKED_MAX {
+            // Bounded by the pages served within one interval, not by every page ever served.
+            checked.retain(|_, (_, t)| t.elapsed() < interval);
+        }
+        checked.insert(key.to_string(), (doc.meta.version.clone(), at));
     }
 
     /// The page from the memory tier, else the disk tier (small pages found on disk are
@@ -644,6 +700,7 @@ impl Source {
     /// A set was created here: the next Source Description lists it.
     pub fn set_created(&self) {
         *self.sets.lock().expect("sets") = None;
+        self.checked.lock().expect("checked").clear();
     }
 
     /// Works out, from the store's bookkeeping alone, what a document would be generated from.

@@ -941,6 +941,48 @@ async fn a_page_under_steady_changes_is_rebuilt_at_most_once_per_interval() {
     app.stop().await;
 }
 
+/// With `source.rebuild_interval_ms`, a page found current is not looked at again for the
+/// interval (readers are not each a read of the store's bookkeeping): a change just after that
+/// check reaches readers once the interval has run, never later.
+#[tokio::test]
+async fn a_page_found_current_is_checked_again_after_the_interval() {
+    let (mut c, _dir) = test_config();
+    c.source.rebuild_interval_ms = 1000;
+    let app = TestApp::start_with(c).await;
+    app.ingest_ok("s", &change_line("created", "a.txt", &md5_hex(b"a"), 1))
+        .await;
+    let list = || async { app.get_text("/sets/s/resourcelist.xml").await };
+    assert!(list().await.contains("/a.txt"));
+    // Once the build is older than the interval, a reader has the store checked: still current.
+    let built = std::time::Instant::now();
+    wait_until("the build to be older than the interval", || async {
+        built.elapsed() > std::time::Duration::from_millis(1100)
+    })
+    .await;
+    let before = list().await;
+    let checked = std::time::Instant::now();
+    app.ingest_ok("s", &change_line("created", "b.txt", &md5_hex(b"b"), 1))
+        .await;
+    let just_after = list().await;
+    if checked.elapsed() < std::time::Duration::from_millis(800) {
+        assert_eq!(just_after, before, "served as checked, within the interval");
+    }
+    wait_until("the change reaches the Resource List", || async {
+        list().await.contains("/b.txt")
+    })
+    .await;
+    let took = checked.elapsed();
+    assert!(
+        took >= std::time::Duration::from_millis(900),
+        "not before the interval: {took:?}"
+    );
+    assert!(
+        took < std::time::Duration::from_millis(3000),
+        "not long after it: {took:?}"
+    );
+    app.stop().await;
+}
+
 /// One raw request line, as a client that does not normalise paths sends it: the status and
 /// the body.
 async fn raw_get(addr: &str, target: &str) -> (u16, String) {
