@@ -256,6 +256,17 @@ pub struct Spool {
     tmp: PathBuf,
 }
 
+/// Where a page's ETag comes from.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Validator {
+    /// Its bytes (MD5): built again with the same bytes, on any process, it keeps its ETag.
+    Content,
+    /// A random value per build: for pages whose bytes carry the moment they were built (a
+    /// Resource List's `completed`), which no two builds share anyway; their MD5 was 8% of a
+    /// loaded server's samples.
+    Build,
+}
+
 /// A generated page, in temporary files of the cache directory.
 pub struct Finished {
     identity: tempfile::NamedTempFile,
@@ -272,9 +283,16 @@ impl Spool {
         self.file.write_all(bytes)
     }
 
-    /// Writes the page out once: `head`, the spooled entries, `tail`, computing its MD5 and
-    /// writing its gzip form in the same pass. Blocking: call it off the async threads.
-    pub fn finish(self, head: &[u8], tail: &[u8], entries: usize) -> io::Result<Finished> {
+    /// Writes the page out once: `head`, the spooled entries, `tail`, computing its MD5 (when
+    /// its ETag comes from its bytes) and writing its gzip form in the same pass. Blocking: call
+    /// it off the async threads.
+    pub fn finish(
+        self,
+        head: &[u8],
+        tail: &[u8],
+        entries: usize,
+        validator: Validator,
+    ) -> io::Result<Finished> {
         let mut spooled = self.file.into_inner().map_err(|e| e.into_error())?;
         spooled.rewind()?;
         let mut identity = tempfile::NamedTempFile::new_in(&self.tmp)?;
@@ -284,10 +302,12 @@ impl Spool {
             BufWriter::with_capacity(64 * 1024, gzip.as_file()),
             flate2::Compression::fast(),
         );
-        let mut md5 = Md5::new();
+        let mut md5 = (validator == Validator::Content).then(Md5::new);
         let mut len = 0u64;
         let mut put = |b: &[u8]| -> io::Result<()> {
-            md5.update(b);
+            if let Some(m) = &mut md5 {
+                m.update(b);
+            }
             out.write_all(b)?;
             gz.write_all(b)?;
             len += b.len() as u64;
@@ -307,7 +327,14 @@ impl Spool {
         drop(out);
         gz.finish()?.flush()?;
         let gzip_len = gzip.as_file().metadata()?.len();
-        let hex = hex_digest(md5.finalize());
+        let hex = match md5 {
+            Some(m) => hex_digest(m.finalize()),
+            None => {
+                let mut b = [0u8; 16];
+                getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
+                format!("b{}", hex_digest(b))
+            }
+        };
         Ok(Finished {
             identity,
             gzip,
@@ -325,9 +352,31 @@ mod tests {
     use super::*;
 
     fn page(c: &DiskCache, body: &str) -> Finished {
+        page_with(c, body, Validator::Content)
+    }
+
+    fn page_with(c: &DiskCache, body: &str, v: Validator) -> Finished {
         let mut s = c.spool().unwrap();
         s.write(body.as_bytes()).unwrap();
-        s.finish(b"<head>", b"</head>", 1).unwrap()
+        s.finish(b"<head>", b"</head>", 1, v).unwrap()
+    }
+
+    /// Same bytes, same ETag when it comes from the content; a build's own otherwise (and a
+    /// gzip form's ETag is never the identity form's).
+    #[test]
+    fn etags_from_the_content_repeat_and_etags_of_a_build_do_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
+        let (a, b) = (page(&c, "same"), page(&c, "same"));
+        assert_eq!(a.etag, b.etag);
+        let (x, y) = (
+            page_with(&c, "same", Validator::Build),
+            page_with(&c, "same", Validator::Build),
+        );
+        assert_ne!(x.etag, y.etag);
+        assert_ne!(x.etag, a.etag);
+        assert_ne!(x.etag, x.gzip_etag);
+        assert!(x.etag.starts_with('"') && x.etag.ends_with('"') && x.etag.len() == 35);
     }
 
     #[test]

@@ -517,12 +517,25 @@ impl Source {
             let disk = self.disk.clone();
             let last_modified = plan.last_modified.0;
             let (k, v) = (key.clone(), version.clone());
+            // A Resource List (part) says when it was completed: no two builds have the same
+            // bytes, so hashing them gives nothing a build's own ETag does not.
+            let validator = match (kind, &plan.part) {
+                (DocKind::ResourceList(_) | DocKind::ResourceListPart(..), Some(_)) => {
+                    disk::Validator::Build
+                }
+                _ => disk::Validator::Content,
+            };
             let meta = blocking(move || {
                 let Gen {
                     mut w, mut spool, ..
                 } = gen;
                 spool.write(w.take_entries().as_bytes())?;
-                let page = spool.finish(w.head().as_bytes(), w.tail().as_bytes(), w.entries())?;
+                let page = spool.finish(
+                    w.head().as_bytes(),
+                    w.tail().as_bytes(),
+                    w.entries(),
+                    validator,
+                )?;
                 Ok(disk.put(&k, &v, last_modified, page)?)
             })
             .await?;
