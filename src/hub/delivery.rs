@@ -890,13 +890,13 @@ fn request(
             hub.settings.hub_url, m.topic
         ))?,
     );
+    let id = webhook_id(m);
     if let Some(secret) = &sub.secret {
         // Signed twice: the WebSub way, and the Standard Webhooks way over this attempt's
         // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
         // refuses a late retry).
         let now = Timestamp::now();
         let at = now.0.div_euclid(1_000_000);
-        let id = webhook_id(m);
         let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
         // During a rotation's grace period the previous secret signs too (receivers accept
         // any one of the space-separated signatures).
@@ -910,10 +910,8 @@ fn request(
         );
         h.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(at));
         h.insert(WEBHOOK_SIGNATURE, value(signatures)?);
-        h.insert(WEBHOOK_ID, value(id)?);
-    } else {
-        h.insert(WEBHOOK_ID, value(webhook_id(m))?);
     }
+    h.insert(WEBHOOK_ID, value(id)?);
     if let Some(t) = token {
         let mut v = value(format!("Bearer {t}"))?;
         v.set_sensitive(true);
