@@ -49,9 +49,7 @@ pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
     );
     // The admin API to look at too: a token for this run unless one is configured.
     if config.admin.token.is_empty() {
-        let mut b = [0u8; 16];
-        getrandom::fill(&mut b).context("no randomness for a token")?;
-        config.admin.token = crate::digest::hex_digest(b);
+        config.admin.token = crate::digest::random_hex().context("no randomness for a token")?;
     }
     config.validate()?;
     Ok(dir)

@@ -12,6 +12,13 @@ pub fn hex_digest(d: impl AsRef<[u8]>) -> String {
     s
 }
 
+/// 32 hex digits of 16 bytes from the OS random source (tokens, challenges, per-build ETags).
+pub fn random_hex() -> Result<String, getrandom::Error> {
+    let mut b = [0u8; 16];
+    getrandom::fill(&mut b)?;
+    Ok(hex_digest(b))
+}
+
 /// The md5 of some bytes as ResourceSync writes it (lower-case hex, without `md5:`).
 pub fn md5_hex(data: &[u8]) -> String {
     use md5::{Digest, Md5};

@@ -113,9 +113,8 @@ pub fn callback_url(base: &str, set_id: i64, token: &str) -> String {
 /// A fresh callback token: the harvester's id (see [`super::state::State::harvester_id`]), a dot, and the
 /// hex of 16 random bytes.
 pub fn new_token(harvester: &str) -> anyhow::Result<String> {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).context("no randomness for a callback token")?;
-    Ok(format!("{harvester}.{}", crate::digest::hex_digest(b)))
+    let hex = crate::digest::random_hex().context("no randomness for a callback token")?;
+    Ok(format!("{harvester}.{hex}"))
 }
 
 /// A request at a callback that carries another harvester's id: two harvesters share one

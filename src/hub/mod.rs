@@ -206,9 +206,7 @@ pub fn random_unit() -> f64 {
 
 /// A random single-use challenge: 32 hex digits from the OS random source.
 pub fn challenge() -> String {
-    let mut b = [0u8; 16];
-    getrandom::fill(&mut b).expect("the OS random source works");
-    crate::digest::hex_digest(b)
+    crate::digest::random_hex().expect("the OS random source works")
 }
 
 /// Subscribe requests per callback per minute, in fixed one-minute windows.

@@ -329,11 +329,10 @@ impl Spool {
         let gzip_len = gzip.as_file().metadata()?.len();
         let hex = match md5 {
             Some(m) => hex_digest(m.finalize()),
-            None => {
-                let mut b = [0u8; 16];
-                getrandom::fill(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
-                format!("b{}", hex_digest(b))
-            }
+            None => format!(
+                "b{}",
+                crate::digest::random_hex().map_err(|e| io::Error::other(e.to_string()))?
+            ),
         };
         Ok(Finished {
             identity,

@@ -465,7 +465,7 @@ impl Source {
 
     async fn document_now(&self, kind: &DocKind) -> Result<Doc, SourceError> {
         let key = format!("{kind:?}");
-        let interval = self.config.source.rebuild_interval_ms as i64 * 1000;
+        let interval = self.rebuild_interval().as_micros() as i64;
         if let Some(doc) = self.checked_lately(&key).await? {
             // Found current (or built) less than `rebuild_interval_ms` ago: what a plan would
             // lead to anyway (the same page, or that last build while the interval runs), without
@@ -556,10 +556,15 @@ impl Source {
         result
     }
 
+    /// `source.rebuild_interval_ms`.
+    fn rebuild_interval(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(self.config.source.rebuild_interval_ms)
+    }
+
     /// The page last found current or built, when that was less than
     /// `source.rebuild_interval_ms` ago and it is still held.
     async fn checked_lately(&self, key: &str) -> Result<Option<Doc>, SourceError> {
-        let interval = std::time::Duration::from_millis(self.config.source.rebuild_interval_ms);
+        let interval = self.rebuild_interval();
         if interval.is_zero() {
             return Ok(None);
         }
@@ -572,7 +577,7 @@ impl Source {
 
     /// `doc` is `key`'s page as of `at` (see [`Source::checked_lately`]).
     fn note_checked(&self, key: &str, doc: &Doc, at: std::time::Instant) {
-        let interval = std::time::Duration::from_millis(self.config.source.rebuild_interval_ms);
+        let interval = self.rebuild_interval();
         if interval.is_zero() {
             return;
         }
