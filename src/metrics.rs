@@ -72,6 +72,9 @@ pub struct Metrics {
     pub adoption_lag_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// Documents generated, by kind (a page served from the cache is not counted).
     pub pages_built: Family<KindLabel, Counter>,
+    /// Resource List pages built from their last build and the changes since, rather than
+    /// whole from the store (also counted in `pages_built`).
+    pub pages_brought_up_to_date: Counter,
     /// Page builds waiting for a build slot.
     pub build_queue: Gauge,
     /// Bytes held by the page cache, per tier (both forms of every page).
@@ -124,6 +127,12 @@ impl Default for Metrics {
             "pages_built",
             "Documents generated (not served from a cache), by kind",
             pages_built.clone(),
+        );
+        let pages_brought_up_to_date = Counter::default();
+        registry.register(
+            "pages_brought_up_to_date",
+            "Resource List pages built from their last build and the changes since (also in pages_built)",
+            pages_brought_up_to_date.clone(),
         );
         let build_queue = Gauge::default();
         registry.register(
@@ -214,6 +223,7 @@ impl Default for Metrics {
             partitions_held,
             adoption_lag_seconds,
             pages_built,
+            pages_brought_up_to_date,
             build_queue,
             page_cache_bytes,
             page_cache_hits,

@@ -148,6 +148,19 @@ impl SitemapWriter {
         self.entries
     }
 
+    /// Adds an entry exactly as [`Self::entry`] wrote it before (kept by the caller): a page
+    /// brought up to date copies the entries nothing changed.
+    pub fn raw_entry(&mut self, entry: &str) {
+        self.body.push_str(entry);
+        self.entries += 1;
+    }
+
+    /// Bytes of the entries written since [`Self::take_entries`] was last called: the
+    /// difference around one [`Self::entry`] is that entry's length.
+    pub fn pending(&self) -> usize {
+        self.body.len()
+    }
+
     /// Bytes written so far.
     pub fn len(&self) -> usize {
         self.head.len() + self.body.len()

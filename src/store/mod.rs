@@ -211,6 +211,18 @@ pub struct PartInfo {
     pub last_change: Timestamp,
 }
 
+/// What changed in one Resource List part after a change (see [`SetStore::part_delta`]), read
+/// at one moment: enough to bring a page built from the part then up to now.
+#[derive(Debug, Clone, Default)]
+pub struct PartDelta {
+    /// Every resource of the part now, as its position in the part's order, ascending.
+    pub positions: Vec<i64>,
+    /// The part's resources that changes after it touched, with their positions, in order.
+    pub changed: Vec<(i64, Resource)>,
+    /// The last change the delta reflects: the part's `last_seq` now.
+    pub last_seq: i64,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ChangeListInfo {
     pub no: u32,
@@ -315,6 +327,33 @@ pub trait SetStore: Send + Sync {
         after: Option<Cursor>,
         limit: usize,
     ) -> Result<Page<Resource>, StoreError>;
+
+    /// A page of one part's resources, each with its position in the part's order (what
+    /// [`SetStore::part_delta`] speaks of), from just after position `after`; `None` from a
+    /// backend that has no such positions (its pages are then always built whole).
+    async fn part_resources(
+        &self,
+        _set: &SetName,
+        _part: u32,
+        _after: i64,
+        _limit: usize,
+    ) -> Result<Option<Vec<(i64, Resource)>>, StoreError> {
+        Ok(None)
+    }
+
+    /// What changed in part `part` after change `since` (a part's `last_seq` when a page was
+    /// made from it): the part's positions now and the resources touched since. `None` when
+    /// more than `limit` changes came after it (building the page whole is then cheaper), or
+    /// from a backend that cannot tell.
+    async fn part_delta(
+        &self,
+        _set: &SetName,
+        _part: u32,
+        _since: i64,
+        _limit: usize,
+    ) -> Result<Option<PartDelta>, StoreError> {
+        Ok(None)
+    }
 
     /// One resource by key; `None` when the set has none (or it was deleted).
     async fn resource(

@@ -551,6 +551,152 @@ async fn big_set(
     (app, dir)
 }
 
+/// The entries of the three parts of set `big`, the same in both forms.
+async fn part_entries(app: &TestApp) -> Vec<String> {
+    let entries = |page: &str| page[page.find("<url>").expect("entries")..].to_string();
+    let mut out = Vec::new();
+    for no in 1..=3 {
+        let p = format!("/sets/big/resourcelist/{no}.xml");
+        let plain = app.get_text(&p).await;
+        let r = reqwest::Client::builder()
+            .no_proxy()
+            .no_gzip()
+            .build()
+            .unwrap()
+            .get(app.url(&p))
+            .header("accept-encoding", "gzip")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.headers()["content-encoding"], "gzip", "{p}");
+        let mut unzipped = String::new();
+        std::io::Read::read_to_string(
+            &mut flate2::read::GzDecoder::new(&r.bytes().await.unwrap()[..]),
+            &mut unzipped,
+        )
+        .unwrap();
+        assert_eq!(entries(&unzipped), entries(&plain), "{p}: both forms");
+        out.push(entries(&plain));
+    }
+    out
+}
+
+/// `rshub_pages_brought_up_to_date_total` from /metrics.
+async fn brought_up_to_date(app: &TestApp) -> u64 {
+    let m = app.get_text("/metrics").await;
+    m.lines()
+        .find_map(|l| l.strip_prefix("rshub_pages_brought_up_to_date_total "))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// A part rebuilt from its last build and the changes since (updates, deletions, links,
+/// a resource deleted and made again) has the entries a build from scratch has, in both
+/// forms; when the last build's file is gone, the part is built whole, as correct.
+#[tokio::test]
+async fn a_part_brought_up_to_date_has_the_entries_of_one_built_whole() {
+    let (app, dir) = big_set(2500, 1000, |c| {
+        // A fixed base URL: the documents stay the same whichever port the server gets.
+        c.server.base_url = "http://rs.example.org".into();
+    })
+    .await;
+    let url = |i: u32| format!("http://example.org/r/{i}");
+    let line = |change: &str, i: u32, extra: &str| {
+        format!(
+            r#"{{"change":"{change}","location":{{"type":"url","value":"{}"}}{extra}}}"#,
+            url(i)
+        )
+    };
+    let first = part_entries(&app).await;
+    assert_eq!(brought_up_to_date(&app).await, 0, "first builds are whole");
+    let changes = [
+        line(
+            "updated",
+            0,
+            r#","md5":"00000000000000000000000000000000","length":7"#,
+        ),
+        line(
+            "updated",
+            500,
+            r#","md5":"11111111111111111111111111111111","length":8,"mime":"text/plain","lastmod":"2024-05-01T10:00:00.5+0000""#,
+        ),
+        line(
+            "updated",
+            999,
+            r#","md5":"22222222222222222222222222222222","length":9,"ln":[{"rel":"alternate","href":{"type":"url","value":"http://example.org/alt/999"},"mime":"text/html"}]"#,
+        ),
+        line("deleted", 1, ""),
+        line("deleted", 1500, ""),
+        line("deleted", 1999, ""),
+        line("deleted", 2000, ""),
+        line(
+            "created",
+            2000,
+            r#","md5":"33333333333333333333333333333333","length":1"#,
+        ),
+        line(
+            "created",
+            9000,
+            r#","md5":"44444444444444444444444444444444","length":1"#,
+        ),
+    ];
+    app.ingest_ok("big", &changes.join("\n")).await;
+    let second = part_entries(&app).await;
+    assert_ne!(second, first);
+    assert!(
+        second[0].contains("11111111111111111111111111111111")
+            && !second[0].contains(&format!("<loc>{}</loc>", url(1)))
+    );
+    assert!(second[2].contains(&url(9000)) && second[2].contains(&url(2000)));
+    assert_eq!(
+        brought_up_to_date(&app).await,
+        3,
+        "each part brought up to date from its last build"
+    );
+
+    // The same store, built from scratch by a server that never built these pages.
+    let config = app.config.clone();
+    app.stop().await;
+    std::fs::remove_dir_all(config.page_cache_dir()).unwrap();
+    let app = TestApp::start_with(config.clone()).await;
+    assert_eq!(
+        part_entries(&app).await,
+        second,
+        "the entries a whole build has"
+    );
+    assert_eq!(brought_up_to_date(&app).await, 0);
+
+    // The last builds' files gone: built whole, and as current.
+    fn remove_files(dir: &std::path::Path) -> usize {
+        let mut n = 0;
+        for e in std::fs::read_dir(dir).unwrap() {
+            let path = e.unwrap().path();
+            if path.is_dir() {
+                n += remove_files(&path);
+            } else {
+                std::fs::remove_file(path).unwrap();
+                n += 1;
+            }
+        }
+        n
+    }
+    assert!(remove_files(&config.page_cache_dir()) >= 6, "both forms of the three parts");
+    app.ingest_ok(
+        "big",
+        &line(
+            "updated",
+            2,
+            r#","md5":"55555555555555555555555555555555","length":1"#,
+        ),
+    )
+    .await;
+    let third = part_entries(&app).await;
+    assert!(third[0].contains("55555555555555555555555555555555"));
+    assert_eq!(third[1..], second[1..]);
+    assert_eq!(brought_up_to_date(&app).await, 0, "nothing to start from");
+    app.stop().await;
+    drop(dir);
+}
+
 /// 50 concurrent requests for one page nobody has asked for yet: one build, one body.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_requests_for_one_page_cause_one_build() {

@@ -15,7 +15,7 @@ use notify::state_from_row;
 
 use super::{
     ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, NotifyState, OpenTotals,
-    Page, PartInfo, SetInfo, SetStore, StoreError,
+    Page, PartDelta, PartInfo, SetInfo, SetStore, StoreError,
 };
 use crate::model::{
     Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey,
@@ -807,6 +807,83 @@ impl SetStore for EmbeddedStore {
             }
             let next = (items.len() == limit).then(|| Cursor(last.to_string()));
             Ok(Page { items, next })
+        })
+        .await
+    }
+
+    async fn part_resources(
+        &self,
+        set: &SetName,
+        part: u32,
+        after: i64,
+        limit: usize,
+    ) -> Result<Option<Vec<(i64, Resource)>>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let mut st = c.prepare_cached(
+                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                 FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
+            )?;
+            let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
+            let mut items = Vec::with_capacity(limit.min(10_000));
+            while let Some(r) = rows.next()? {
+                items.push((r.get(0)?, resource_from_row(r)?));
+            }
+            Ok(Some(items))
+        })
+        .await
+    }
+
+    async fn part_delta(
+        &self,
+        set: &SetName,
+        part: u32,
+        since: i64,
+        limit: usize,
+    ) -> Result<Option<PartDelta>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            let last_seq: Option<i64> = c
+                .prepare_cached("SELECT last_seq FROM rl_parts WHERE set_name = ?1 AND part = ?2")?
+                .query_row(params![set.as_str(), part], |r| r.get(0))
+                .optional()?;
+            let Some(last_seq) = last_seq else {
+                return Ok(None);
+            };
+            // Changes are numbered in commit order across sets: those after `since` are the
+            // tail of the log, read by number (`+set_name` keeps the planner off the index
+            // that would scan the set's whole log).
+            let after: i64 = c
+                .prepare_cached(
+                    "SELECT count(*) FROM (SELECT 1 FROM changes WHERE seq > ?1 AND +set_name = ?2 LIMIT ?3)",
+                )?
+                .query_row(params![since, set.as_str(), limit as i64 + 1], |r| r.get(0))?;
+            if after as usize > limit {
+                return Ok(None);
+            }
+            let mut changed = Vec::new();
+            {
+                let mut st = c.prepare_cached(
+                    "SELECT DISTINCT r.rid, r.key, r.loc_type, r.loc_value, r.length, r.md5, r.mime, r.lastmod, r.ln, r.timestamp \
+                     FROM changes c CROSS JOIN resources r ON r.set_name = c.set_name AND r.key = c.key \
+                     WHERE c.seq > ?1 AND +c.set_name = ?2 AND r.part = ?3 ORDER BY r.rid",
+                )?;
+                let mut rows = st.query(params![since, set.as_str(), part])?;
+                while let Some(r) = rows.next()? {
+                    changed.push((r.get(0)?, resource_from_row(r)?));
+                }
+            }
+            let positions = c
+                .prepare_cached(
+                    "SELECT rid FROM resources WHERE set_name = ?1 AND part = ?2 ORDER BY rid",
+                )?
+                .query_map(params![set.as_str(), part], |r| r.get(0))?
+                .collect::<Result<Vec<i64>, _>>()?;
+            Ok(Some(PartDelta {
+                positions,
+                changed,
+                last_seq,
+            }))
         })
         .await
     }
