@@ -201,10 +201,15 @@ fn number_xml(s: &str) -> Result<u32, AppError> {
 async fn serve(st: &AppState, kind: DocKind, headers: &HeaderMap) -> Result<Response, AppError> {
     let gzip = accepts_gzip(headers);
     let content_type = kind.media_type();
-    let opened = st.source.open_document(&kind, gzip).await?;
-    let (doc, body) = match opened {
-        Opened::Memory(d, b) => (d, Body_::Memory(b)),
-        Opened::File(d, f) => (d, Body_::File(f)),
+    let (doc, body) = if accel_wanted(st, headers) {
+        // nginx sends the file: it is not opened here.
+        let doc = st.source.document(&kind).await?;
+        (doc, Body_::Unopened)
+    } else {
+        match st.source.open_document(&kind, gzip).await? {
+            Opened::Memory(d, b) => (d, Body_::Memory(b)),
+            Opened::File(d, f) => (d, Body_::File(f)),
+        }
     };
     Ok(respond(
         st,
@@ -310,6 +315,16 @@ fn accel_target(prefix: &str, file: &std::path::Path) -> Option<HeaderValue> {
 pub(super) enum Body_ {
     Memory(bytes::Bytes),
     File(std::fs::File),
+    /// The representation's file, not opened: nginx is to send it ([`accel_wanted`]).
+    Unopened,
+}
+
+/// Whether a whole file would be sent by nginx (`server.accel_redirect`): no `Range`, and
+/// not nginx's own fallback request.
+fn accel_wanted(st: &AppState, headers: &HeaderMap) -> bool {
+    !st.config.server.accel_redirect.is_empty()
+        && !headers.contains_key(header::RANGE)
+        && !headers.contains_key(ACCEL_FALLBACK)
 }
 
 /// The one response logic of documents and dump files: validators, 304, `Range` /
@@ -356,13 +371,10 @@ pub(super) fn respond(
     };
     // Behind nginx: a whole file is sent by nginx (a range, and nginx's fallback after a page
     // was replaced, are still sent from here).
-    let accel = &st.config.server.accel_redirect;
-    if let (false, None, Some(file)) = (accel.is_empty(), &range, r.file) {
-        if !headers.contains_key(header::RANGE) && !headers.contains_key(ACCEL_FALLBACK) {
-            if let Some(target) = accel_target(accel, file) {
-                out.insert("x-accel-redirect", target);
-                return (StatusCode::OK, out).into_response();
-            }
+    if let (true, None, Some(file)) = (accel_wanted(st, headers), &range, r.file) {
+        if let Some(target) = accel_target(&st.config.server.accel_redirect, file) {
+            out.insert("x-accel-redirect", target);
+            return (StatusCode::OK, out).into_response();
         }
     }
     let (status, start, n) = match &range {
@@ -386,6 +398,16 @@ pub(super) fn respond(
         Body_::File(file) => {
             Body::from_stream(file_chunks(file, start, n, st.source.file_reads().clone()))
         }
+        Body_::Unopened => match r.file.map(std::fs::File::open) {
+            Some(Ok(file)) => {
+                Body::from_stream(file_chunks(file, start, n, st.source.file_reads().clone()))
+            }
+            // Replaced since it was looked up (nginx's fallback asks again).
+            _ => {
+                return AppError::Unavailable("the page was replaced meanwhile; try again".into())
+                    .into_response()
+            }
+        },
     };
     (status, out, body).into_response()
 }

@@ -106,10 +106,11 @@ impl Timestamp {
     }
 
     pub fn to_http_date(self) -> String {
-        DateTime::<Utc>::from_timestamp_micros(self.0)
-            .unwrap_or_default()
-            .format("%a, %d %b %Y %H:%M:%S GMT")
-            .to_string()
+        // httpdate (hyper's) formats IMF-fixdate without chrono's general formatter: this is
+        // on every response with a validator.
+        httpdate::fmt_http_date(
+            std::time::UNIX_EPOCH + std::time::Duration::from_micros(self.0.max(0) as u64),
+        )
     }
 
     pub fn parse_http_date(s: &str) -> Option<Timestamp> {

@@ -679,7 +679,10 @@ async fn a_part_brought_up_to_date_has_the_entries_of_one_built_whole() {
         }
         n
     }
-    assert!(remove_files(&config.page_cache_dir()) >= 6, "both forms of the three parts");
+    assert!(
+        remove_files(&config.page_cache_dir()) >= 6,
+        "both forms of the three parts"
+    );
     app.ingest_ok(
         "big",
         &line(
