@@ -4,7 +4,7 @@
 //! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
 //!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
 //!     [--dir /tmp/rshub-load] [--nginx-copy] [--behind-nginx] [--same-load]
-//!     [--rebuild-ms 1000]
+//!     [--rebuild-ms 1000] [--slice-secs 10]
 //! ```
 //!
 //! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
@@ -27,7 +27,9 @@
 //!
 //! With `--same-load`, step 4 runs while step 3's ingest and deliveries go on (the server
 //! keeps running): both passes then share the two cores with the same background work, and the
-//! ratio compares serving alone. Without it, nginx's pass has the machine to itself, and the
+//! ratio compares serving alone. The two passes then alternate in slices of `--slice-secs`
+//! (10; ours, nginx, nginx, ours, ...), `--secs` each in all, so that a machine whose speed
+//! drifts from minute to minute weighs on both alike. Without it, nginx's pass has the machine to itself, and the
 //! ratio also counts what ingest, page rebuilds and 100 subscribers' deliveries cost the
 //! readers (on two cores the readers themselves are the bottleneck: whatever CPU the server
 //! spends is theirs less).
@@ -212,15 +214,21 @@ impl Figures {
     }
 }
 
-/// `readers` tasks fetching `paths` in turn (identity, then gzip) until `secs` pass.
-async fn read_load(base: &str, paths: &[String], readers: usize, secs: u64) -> Arc<Figures> {
+/// `readers` tasks fetching `paths` in turn (identity, then gzip) until `secs` pass, counted
+/// into `figures`.
+async fn read_load(
+    base: &str,
+    paths: &[String],
+    readers: usize,
+    secs: u64,
+    figures: Arc<Figures>,
+) -> Arc<Figures> {
     let client = reqwest::Client::builder()
         .no_proxy()
         .no_gzip()
         .pool_max_idle_per_host(readers)
         .build()
         .expect("a client");
-    let figures = Arc::new(Figures::default());
     let next = Arc::new(AtomicUsize::new(0));
     let urls: Arc<Vec<String>> = Arc::new(paths.iter().map(|p| format!("{base}{p}")).collect());
     let end = Instant::now() + Duration::from_secs(secs);
@@ -350,8 +358,37 @@ async fn receive(State(s): State<Arc<Sink>>, body: axum::body::Bytes) -> &'stati
     ""
 }
 
-/// nginx serving `www` on a port of its own (configuration and logs in `dir`), readers run
-/// against it for `secs`, and their figures printed as `label`'s: (documents/s, p99).
+/// nginx serving `www` on a port of its own (configuration and logs in `dir`), answering:
+/// the process and its base URL.
+async fn static_nginx(
+    dir: &Path,
+    www: &Path,
+    sendfile: bool,
+    probe: &str,
+) -> anyhow::Result<(std::process::Child, String)> {
+    let port = common::free_port();
+    let nginx = common::nginx_with(dir, &[(port, www.to_path_buf())], sendfile)?;
+    let base = format!("http://127.0.0.1:{port}");
+    let client = reqwest::Client::new();
+    for _ in 0..100 {
+        if client.get(format!("{base}{probe}")).send().await.is_ok() {
+            return Ok((nginx, base));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("nginx did not start: see {}/nginx-error.log", dir.display())
+}
+
+/// SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.
+fn stop_nginx(mut nginx: std::process::Child) {
+    let _ = std::process::Command::new("kill")
+        .arg(nginx.id().to_string())
+        .status();
+    let _ = nginx.wait();
+}
+
+/// nginx serving `www`, readers run against it for `secs`, and their figures printed as
+/// `label`'s: (documents/s, p99).
 async fn nginx_pass(
     dir: &Path,
     www: &Path,
@@ -360,36 +397,11 @@ async fn nginx_pass(
     paths: &[String],
     (readers, secs): (usize, u64),
 ) -> anyhow::Result<(f64, f64)> {
-    let port = common::free_port();
-    let mut nginx = common::nginx_with(dir, &[(port, www.to_path_buf())], sendfile)?;
-    let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..100 {
-        if client
-            .get(format!("{base}{}", paths[1]))
-            .send()
-            .await
-            .is_ok()
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::ensure!(
-        up,
-        "nginx did not start: see {}/nginx-error.log",
-        dir.display()
-    );
+    let (nginx, base) = static_nginx(dir, www, sendfile, &paths[1]).await?;
     let t = Instant::now();
-    let theirs = read_load(&base, paths, readers, secs).await;
+    let theirs = read_load(&base, paths, readers, secs, Default::default()).await;
     let figures = theirs.print(label, t.elapsed().as_secs_f64());
-    // SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.
-    let _ = std::process::Command::new("kill")
-        .arg(nginx.id().to_string())
-        .status();
-    let _ = nginx.wait();
+    stop_nginx(nginx);
     Ok(figures)
 }
 
@@ -610,42 +622,55 @@ async fn main() -> anyhow::Result<()> {
         })
     };
     let same_load = std::env::args().any(|a| a == "--same-load");
-    let t = Instant::now();
-    let ours = read_load(&read_base, &paths, readers, secs).await;
-    let elapsed = t.elapsed().as_secs_f64();
-    let ingested_ours = ingested.load(Relaxed);
-    if !same_load {
-        stop.store(true, Relaxed);
-    }
-    let peak = proc_mb(pid, "VmHWM");
-    println!(
-        "\n{readers} readers for {secs} s over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
-        paths.len()
-    );
-    let (our_docs, our_p99) = ours.print(
-        match front {
-            Some(_) => "resourcesync-hub behind nginx (accel_redirect)",
-            None => "resourcesync-hub",
-        },
-        elapsed,
-    );
-    let load = (readers, secs);
-    let theirs_same_load = if same_load {
-        // nginx's pass while the server goes on ingesting and delivering.
-        let theirs = nginx_pass(
-            &dir.join("nginx"),
-            &www,
-            true,
-            "nginx (static files), same background load",
-            &paths,
-            load,
-        )
-        .await?;
-        stop.store(true, Relaxed);
-        Some(theirs)
-    } else {
-        None
+    let label = match front {
+        Some(_) => "resourcesync-hub behind nginx (accel_redirect)",
+        None => "resourcesync-hub",
     };
+    let load = (readers, secs);
+    let (ours, elapsed, theirs_same_load) = if same_load {
+        // Both under the same background load, in alternating slices (ours, nginx, nginx,
+        // ours, ...): a machine whose speed drifts over minutes weighs on both alike.
+        let slice = arg("--slice-secs", 10u64).clamp(1, secs.max(1));
+        let (nginx, nginx_base) =
+            static_nginx(&dir.join("nginx"), &www, true, &paths[1]).await?;
+        let (ours, theirs) = (Arc::new(Figures::default()), Arc::new(Figures::default()));
+        let (mut ours_secs, mut theirs_secs) = (0.0, 0.0);
+        for i in 0..(secs / slice).max(1) {
+            for first in [i % 2 == 0, i % 2 == 1] {
+                let t = Instant::now();
+                if first {
+                    read_load(&read_base, &paths, readers, slice, ours.clone()).await;
+                    ours_secs += t.elapsed().as_secs_f64();
+                } else {
+                    read_load(&nginx_base, &paths, readers, slice, theirs.clone()).await;
+                    theirs_secs += t.elapsed().as_secs_f64();
+                }
+            }
+        }
+        stop_nginx(nginx);
+        stop.store(true, Relaxed);
+        println!(
+            "\n{readers} readers for {secs} s each, in alternating slices of {slice} s, over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
+            paths.len()
+        );
+        (ours, ours_secs, Some((theirs, theirs_secs)))
+    } else {
+        let t = Instant::now();
+        let ours = read_load(&read_base, &paths, readers, secs, Default::default()).await;
+        let elapsed = t.elapsed().as_secs_f64();
+        stop.store(true, Relaxed);
+        println!(
+            "\n{readers} readers for {secs} s over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
+            paths.len()
+        );
+        (ours, elapsed, None)
+    };
+    let ingested_ours = ingested.load(Relaxed);
+    let peak = proc_mb(pid, "VmHWM");
+    let (our_docs, our_p99) = ours.print(label, elapsed);
+    let ingest_secs = elapsed + theirs_same_load.as_ref().map_or(0.0, |t| t.1);
+    let theirs_same_load = theirs_same_load
+        .map(|(f, secs)| f.print("nginx (static files), same background load", secs));
     let _ = ingest.await;
     // Let the last notifications arrive and the server settle.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -659,7 +684,7 @@ async fn main() -> anyhow::Result<()> {
         / 1e3;
     println!(
         "  ingest {:.0} changes/s; notification lag p99 {lag_p99:.0} ms over {} receipts{}; server RSS {rss_start:.0} MB before, peak {peak:.0} MB, {rss_end:.0} MB 10 s after",
-        ingested_ours as f64 / elapsed,
+        ingested_ours as f64 / ingest_secs,
         lags.len(),
         if same_load { " (both passes)" } else { "" }
     );
