@@ -631,8 +631,7 @@ async fn main() -> anyhow::Result<()> {
         // Both under the same background load, in alternating slices (ours, nginx, nginx,
         // ours, ...): a machine whose speed drifts over minutes weighs on both alike.
         let slice = arg("--slice-secs", 10u64).clamp(1, secs.max(1));
-        let (nginx, nginx_base) =
-            static_nginx(&dir.join("nginx"), &www, true, &paths[1]).await?;
+        let (nginx, nginx_base) = static_nginx(&dir.join("nginx"), &www, true, &paths[1]).await?;
         let (ours, theirs) = (Arc::new(Figures::default()), Arc::new(Figures::default()));
         let (mut ours_secs, mut theirs_secs) = (0.0, 0.0);
         for i in 0..(secs / slice).max(1) {

@@ -269,9 +269,9 @@ pub struct Source {
 /// Pages remembered as recently checked before the stale ones are dropped.
 const CHECKED_MAX: usize = 4096;
 
-/// Resource List pages whose last build is kept as the start of the next (16 bytes an entry:
-/// 800 KB for a part of 50,000).
-const BASES_MAX: usize = 64;
+/// Entries of the Resource List pages whose last build is kept as the start of the next, all
+/// pages together (16 bytes an entry: 16 MB; 800 KB for a part of 50,000).
+const BASES_MAX_ENTRIES: usize = 1 << 20;
 
 /// Entry bytes gathered before they are moved to the spool.
 const SPOOL_AT: usize = 1 << 20;
@@ -1466,13 +1466,20 @@ impl Source {
         }
     }
 
-    /// Keeps what the next build of `key` can start from (at most [`BASES_MAX`] pages).
+    /// Keeps what the next build of `key` can start from, other pages' dropped past
+    /// [`BASES_MAX_ENTRIES`] entries in all.
     fn keep_base(&self, key: &str, base: PartBase) {
         let mut bases = self.bases.lock().expect("bases");
-        if bases.len() >= BASES_MAX && !bases.contains_key(key) {
-            if let Some(k) = bases.keys().next().cloned() {
-                bases.remove(&k);
-            }
+        bases.remove(key);
+        if base.entries.len() > BASES_MAX_ENTRIES {
+            return;
+        }
+        let mut held: usize = bases.values().map(|b| b.entries.len()).sum();
+        while held + base.entries.len() > BASES_MAX_ENTRIES {
+            let Some(k) = bases.keys().next().cloned() else {
+                break;
+            };
+            held -= bases.remove(&k).map_or(0, |b| b.entries.len());
         }
         bases.insert(key.to_string(), Arc::new(base));
     }
