@@ -116,6 +116,13 @@ async fn serve(
     )?);
     if config.ingest.token.is_empty() {
         tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
+        if !config.server.accel_redirect.is_empty() {
+            tracing::warn!(
+                "behind nginx every connection comes from loopback: without ingest.token, ingest \
+                 trusts nginx's X-Forwarded-For to name the client (a proxy that sets none lets \
+                 every client ingest); set ingest.token"
+            );
+        }
     }
     tasks.spawn(workers::rollover::run(source.clone(), cancel.clone()));
     tasks.spawn(workers::memory::run(Duration::from_secs(5), cancel.clone()));

@@ -262,6 +262,35 @@ async fn answers_through_nginx_are_the_servers_own() {
         ];
         same_as_alone(&client, &direct, &proxied, &cases, "through nginx").await;
     }
+    // Ingest without a token answers loopback clients only. Through nginx every connection
+    // is from loopback: the clients nginx names decide. One forwarded from elsewhere (a proxy
+    // or CDN in front of nginx) is refused with the reason, even when it also claims to be
+    // loopback; a local one still gets through.
+    let ingest = format!(
+        "http://127.0.0.1:{}/api/v1/resource-sets/papers/changes",
+        nginx.port
+    );
+    for forwarded in ["203.0.113.5", "127.0.0.1, 203.0.113.5", ""] {
+        let mut r = client
+            .post(&ingest)
+            .header("content-type", "application/x-ndjson")
+            .body(lines[0].clone());
+        if !forwarded.is_empty() {
+            r = r.header("x-forwarded-for", forwarded);
+        }
+        let r = r.send().await.unwrap();
+        if forwarded.is_empty() {
+            assert_eq!(r.status(), 200, "a local client through nginx");
+        } else {
+            assert_eq!(r.status(), 403, "{forwarded}");
+            let reason = r.text().await.unwrap();
+            assert!(
+                reason.contains("through a proxy for 203.0.113.5"),
+                "{forwarded}: {reason}"
+            );
+        }
+    }
+
     // nginx sent the files itself: it never fell back to the server for want of one.
     let log = std::fs::read_to_string(dir.path().join("nginx/error.log")).unwrap_or_default();
     assert!(
