@@ -175,10 +175,18 @@ impl DiskCache {
         self.inner.lock().expect("disk cache lock").bytes
     }
 
-    /// A spool for a page about to be generated.
+    /// A spool for a page about to be generated. A cache folder removed while the server runs
+    /// (an operator clearing the cache) is made again, rather than every build failing.
     pub fn spool(&self) -> io::Result<Spool> {
+        let file = match tempfile::tempfile_in(&self.tmp) {
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                fs::create_dir_all(&self.tmp)?;
+                tempfile::tempfile_in(&self.tmp)?
+            }
+            r => r?,
+        };
         Ok(Spool {
-            file: BufWriter::with_capacity(256 * 1024, tempfile::tempfile_in(&self.tmp)?),
+            file: BufWriter::with_capacity(256 * 1024, file),
             tmp: self.tmp.clone(),
         })
     }
