@@ -38,7 +38,7 @@ pub async fn post_changes(
 /// connection comes from loopback, whoever the client is.
 pub fn authorize(token: &str, headers: &HeaderMap, peer: Peer) -> Result<(), AppError> {
     if token.is_empty() {
-        if !peer.0.ip().is_loopback() {
+        if !peer.0.ip().to_canonical().is_loopback() {
             return Err(AppError::Forbidden(
                 "ingest has no token configured and so answers only loopback clients; set ingest.token (RSHUB_INGEST_TOKEN)".into(),
             ));
@@ -74,7 +74,7 @@ fn forwarded_for_someone_else(headers: &HeaderMap) -> Option<String> {
             None => v,
         };
         host.parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback())
+            .is_ok_and(|ip| ip.to_canonical().is_loopback())
     };
     let named = |name: &str| {
         headers
@@ -152,6 +152,10 @@ mod tests {
         assert!(!refused("x-forwarded-for", "127.0.0.1, ::1"));
         assert!(!refused("forwarded", r#"for="[::1]:4711";proto=http"#));
         assert!(!refused("forwarded", "for=127.0.0.1:8080"));
+        assert!(
+            !refused("x-forwarded-for", "::ffff:127.0.0.1"),
+            "IPv4 loopback as IPv6"
+        );
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "203.0.113.5".parse().unwrap());
         let e = authorize("", &h, peer("127.0.0.1")).unwrap_err();
