@@ -646,6 +646,30 @@ fn links_from(ln: Option<String>) -> rusqlite::Result<Vec<Link>> {
 }
 
 /// Columns: rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp.
+/// Up to `limit` resources of a set (one part, or all with `None`) after `rid` `after`, in rid
+/// order, each with its rid (its position in its part).
+fn resource_rows(
+    c: &Connection,
+    set: &SetName,
+    part: Option<u32>,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<(i64, Resource)>, StoreError> {
+    let sql = match part {
+        Some(_) => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                    FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
+        None => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
+                 FROM resources WHERE set_name = ?1 AND ?2 IS NULL AND rid > ?3 ORDER BY rid LIMIT ?4",
+    };
+    let mut st = c.prepare_cached(sql)?;
+    let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
+    let mut items = Vec::with_capacity(limit.min(10_000));
+    while let Some(r) = rows.next()? {
+        items.push((r.get(0)?, resource_from_row(r)?));
+    }
+    Ok(items)
+}
+
 fn resource_from_row(r: &Row) -> rusqlite::Result<Resource> {
     Ok(Resource {
         key: ResourceKey(r.get(1)?),
@@ -789,24 +813,13 @@ impl SetStore for EmbeddedStore {
         let set = set.clone();
         let after = parse_int_cursor(after)?;
         self.read(move |c| {
-            let mut items = Vec::with_capacity(limit.min(10_000));
-            let mut last = after;
-            {
-                let sql = match part {
-                    Some(_) => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                                FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
-                    None => "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                             FROM resources WHERE set_name = ?1 AND ?2 IS NULL AND rid > ?3 ORDER BY rid LIMIT ?4",
-                };
-                let mut st = c.prepare_cached(sql)?;
-                let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
-                while let Some(r) = rows.next()? {
-                    last = r.get(0)?;
-                    items.push(resource_from_row(r)?);
-                }
-            }
-            let next = (items.len() == limit).then(|| Cursor(last.to_string()));
-            Ok(Page { items, next })
+            let rows = resource_rows(c, &set, part, after, limit)?;
+            let last = rows.last().map_or(after, |(rid, _)| *rid);
+            let next = (rows.len() == limit).then(|| Cursor(last.to_string()));
+            Ok(Page {
+                items: rows.into_iter().map(|(_, r)| r).collect(),
+                next,
+            })
         })
         .await
     }
@@ -819,19 +832,8 @@ impl SetStore for EmbeddedStore {
         limit: usize,
     ) -> Result<Option<Vec<(i64, Resource)>>, StoreError> {
         let set = set.clone();
-        self.read(move |c| {
-            let mut st = c.prepare_cached(
-                "SELECT rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp \
-                 FROM resources WHERE set_name = ?1 AND part = ?2 AND rid > ?3 ORDER BY rid LIMIT ?4",
-            )?;
-            let mut rows = st.query(params![set.as_str(), part, after, limit as i64])?;
-            let mut items = Vec::with_capacity(limit.min(10_000));
-            while let Some(r) = rows.next()? {
-                items.push((r.get(0)?, resource_from_row(r)?));
-            }
-            Ok(Some(items))
-        })
-        .await
+        self.read(move |c| Ok(Some(resource_rows(c, &set, Some(part), after, limit)?)))
+            .await
     }
 
     async fn part_delta(
