@@ -284,13 +284,12 @@ struct Base {
 }
 
 /// A Resource List part as last built here: its identity file, where its first entry starts,
-/// and each entry's position and length. The next build copies the entries no change touched
-/// since `last_seq` instead of reading them from the store and writing them again.
+/// and where each entry lies ([`Base`]). The next build copies the entries no change touched
+/// since then instead of reading them from the store and writing them again.
 struct PartBase {
-    last_seq: i64,
     file: PathBuf,
     head: u64,
-    entries: Vec<(i64, u32)>,
+    built: Base,
 }
 
 /// `g`, a part's page being built, made from `base` (the part's page as built before) and
@@ -325,7 +324,7 @@ fn merge_into(
     use std::io::{Read, Seek};
     let mut old = std::io::BufReader::with_capacity(256 * 1024, std::fs::File::open(&base.file)?);
     old.seek(std::io::SeekFrom::Start(base.head))?;
-    let mut entries = base.entries.iter().copied().peekable();
+    let mut entries = base.built.entries.iter().copied().peekable();
     let mut changed = delta.changed.into_iter().peekable();
     let mut kept = Vec::with_capacity(delta.positions.len());
     let (mut buf, mut loc) = (Vec::new(), String::new());
@@ -618,7 +617,7 @@ impl Source {
                 return Ok(doc);
             }
             let _slot = self.build_slot().await?;
-            let gen = self.generate(kind, &plan).await?;
+            let gen = self.generate(kind, &key, &plan).await?;
             let disk = self.disk.clone();
             let last_modified = plan.last_modified.0;
             let (k, v) = (key.clone(), version.clone());
@@ -631,13 +630,9 @@ impl Source {
                 _ => disk::Validator::Content,
             };
             let (meta, base) = blocking(move || {
-                let Gen {
-                    mut w,
-                    mut spool,
-                    base,
-                    ..
-                } = gen;
-                spool.write(w.take_entries().as_bytes())?;
+                let mut gen = gen;
+                gen.spool_entries()?;
+                let Gen { w, spool, base, .. } = gen;
                 let head = w.head().len() as u64;
                 let page = spool.finish(
                     w.head().as_bytes(),
@@ -651,14 +646,13 @@ impl Source {
                 ))
             })
             .await?;
-            if let Some((b, head)) = base {
+            if let Some((built, head)) = base {
                 self.keep_base(
                     &key,
                     PartBase {
-                        last_seq: b.last_seq,
                         file: self.disk.path(&meta, false),
                         head,
-                        entries: b.entries,
+                        built,
                     },
                 );
             }
@@ -1057,7 +1051,13 @@ impl Source {
         }
     }
 
-    async fn generate(&self, kind: &DocKind, plan: &Plan) -> Result<Gen<Pages>, SourceError> {
+    /// The page of `kind` (cache key `key`) as `plan` says.
+    async fn generate(
+        &self,
+        kind: &DocKind,
+        key: &str,
+        plan: &Plan,
+    ) -> Result<Gen<Pages>, SourceError> {
         // A Resource List's `at` is just after the newest change it reflects (L + 1µs) when
         // that is earlier than now. A change stamped before now but committed after this read
         // is dated after L (the store dates changes strictly increasingly), so it cannot fall
@@ -1256,7 +1256,7 @@ impl Source {
                         self.gen(w)?.boxed()
                     }
                     Some(part) => self
-                        .resource_list_part(set, part, plan.indexed, at, &format!("{kind:?}"))
+                        .resource_list_part(set, part, plan.indexed, at, key)
                         .await?
                         .boxed(),
                 }
@@ -1370,11 +1370,11 @@ impl Source {
             // The last build here, brought up to date: its entries copied where no change
             // touched them since, the others written anew.
             let base = self.bases.lock().expect("bases").get(key).cloned();
-            if let Some(base) = base.filter(|b| b.last_seq <= part.last_seq) {
+            if let Some(base) = base.filter(|b| b.built.last_seq <= part.last_seq) {
                 let limit = (part.count as usize / 4).max(self.config.source.store_page_size);
                 if let Some(delta) = self
                     .store
-                    .part_delta(set, part.no, base.last_seq, limit)
+                    .part_delta(set, part.no, base.built.last_seq, limit)
                     .await?
                 {
                     let (g, sc) = (new()?, sc.clone());
@@ -1471,15 +1471,15 @@ impl Source {
     fn keep_base(&self, key: &str, base: PartBase) {
         let mut bases = self.bases.lock().expect("bases");
         bases.remove(key);
-        if base.entries.len() > BASES_MAX_ENTRIES {
+        if base.built.entries.len() > BASES_MAX_ENTRIES {
             return;
         }
-        let mut held: usize = bases.values().map(|b| b.entries.len()).sum();
-        while held + base.entries.len() > BASES_MAX_ENTRIES {
+        let mut held: usize = bases.values().map(|b| b.built.entries.len()).sum();
+        while held + base.built.entries.len() > BASES_MAX_ENTRIES {
             let Some(k) = bases.keys().next().cloned() else {
                 break;
             };
-            held -= bases.remove(&k).map_or(0, |b| b.entries.len());
+            held -= bases.remove(&k).map_or(0, |b| b.built.entries.len());
         }
         bases.insert(key.to_string(), Arc::new(base));
     }
