@@ -4,7 +4,7 @@
 //! cargo run --release --example bench_load -- [--resources 200000] [--part 50000]
 //!     [--lists 10] [--secs 60] [--readers 200] [--rate 500] [--subscribers 100]
 //!     [--dir /tmp/rshub-load] [--nginx-copy] [--behind-nginx] [--same-load]
-//!     [--rebuild-ms 1000] [--slice-secs 10]
+//!     [--rebuild-ms 1000] [--slice-secs 10] [--bare-upstream]
 //! ```
 //!
 //! 1. Fills an embedded store (once; kept in `--dir`/seed, copied for each run) with `--resources` URL resources in
@@ -29,7 +29,10 @@
 //! keeps running): both passes then share the two cores with the same background work, and the
 //! ratio compares serving alone. The two passes then alternate in slices of `--slice-secs`
 //! (10; ours, nginx, nginx, ours, ...), `--secs` each in all, so that a machine whose speed
-//! drifts from minute to minute weighs on both alike. Without it, nginx's pass has the machine to itself, and the
+//! drifts from minute to minute weighs on both alike. With `--bare-upstream` (and
+//! `--same-load`), a third contender in the same slices: nginx with the same front
+//! configuration in front of an upstream that does no work (nginx itself answering with the
+//! headers and the file's name): the ceiling of the arrangement on this machine. Without it, nginx's pass has the machine to itself, and the
 //! ratio also counts what ingest, page rebuilds and 100 subscribers' deliveries cost the
 //! readers (on two cores the readers themselves are the bottleneck: whatever CPU the server
 //! spends is theirs less).
@@ -379,6 +382,46 @@ async fn static_nginx(
     anyhow::bail!("nginx did not start: see {}/nginx-error.log", dir.display())
 }
 
+/// nginx in front of an upstream that does no work at all: a second server in the same nginx
+/// answers every GET at once with the headers ours sends (`X-Accel-Redirect` to the warm-up's
+/// file of the asked form, ETag, Last-Modified, Content-Type, Content-Encoding, Vary, Accept-Ranges)
+/// and no body, and the front is `docker/nginx-rshub.conf` as for ours. What the arrangement
+/// itself (nginx asking an upstream, then sending the file) costs the readers: the most any
+/// application behind nginx can reach on this machine. Its base URL.
+async fn bare_front(
+    dir: &Path,
+    www: &Path,
+    probe: &str,
+) -> anyhow::Result<(std::process::Child, String)> {
+    let (front, upstream) = (common::free_port(), common::free_port());
+    let extra = format!(
+        "map $http_accept_encoding $bare_gz {{ ~gzip .gz; default \"\"; }}\n\
+         map $http_accept_encoding $bare_ce {{ ~gzip gzip; default \"\"; }}\n\
+         server {{\n  listen 127.0.0.1:{upstream};\n  default_type application/xml;\n  location / {{\n\
+             add_header X-Accel-Redirect /_rshub{www}$uri$bare_gz;\n\
+             add_header ETag '\"$uri$bare_gz-0000000000000000\"';\n\
+             add_header Last-Modified 'Thu, 26 Nov 2026 00:00:00 GMT';\n\
+             add_header Content-Encoding $bare_ce;\n    add_header Vary accept-encoding;\n\
+             add_header Accept-Ranges bytes;\n    return 200 '';\n  }}\n}}\n",
+        www = www.display()
+    );
+    let nginx = common::nginx_front(dir, front, &format!("127.0.0.1:{upstream}"), &extra)?;
+    let base = format!("http://127.0.0.1:{front}");
+    let client = reqwest::Client::builder().no_proxy().no_gzip().build()?;
+    for _ in 0..100 {
+        if let Ok(r) = client.get(format!("{base}{probe}")).send().await {
+            anyhow::ensure!(
+                r.status() == 200 && !r.bytes().await?.is_empty(),
+                "nginx in front of the bare upstream does not send {probe}: see {}/nginx-error.log",
+                dir.display()
+            );
+            return Ok((nginx, base));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    anyhow::bail!("nginx did not start: see {}/nginx-error.log", dir.display())
+}
+
 /// SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.
 fn stop_nginx(mut nginx: std::process::Child) {
     let _ = std::process::Command::new("kill")
@@ -546,7 +589,7 @@ async fn main() -> anyhow::Result<()> {
     let read_base = if std::env::args().any(|a| a == "--behind-nginx") {
         let port = common::free_port();
         let fdir = dir.join("nginx-front");
-        front = Some(common::nginx_front(&fdir, port, &addr)?);
+        front = Some(common::nginx_front(&fdir, port, &addr, "")?);
         let fb = format!("http://127.0.0.1:{port}");
         let t = Instant::now();
         while client
@@ -627,26 +670,48 @@ async fn main() -> anyhow::Result<()> {
         None => "resourcesync-hub",
     };
     let load = (readers, secs);
+    let mut bare_pass = None;
     let (ours, elapsed, theirs_same_load) = if same_load {
         // Both under the same background load, in alternating slices (ours, nginx, nginx,
         // ours, ...): a machine whose speed drifts over minutes weighs on both alike.
         let slice = arg("--slice-secs", 10u64).clamp(1, secs.max(1));
         let (nginx, nginx_base) = static_nginx(&dir.join("nginx"), &www, true, &paths[1]).await?;
-        let (ours, theirs) = (Arc::new(Figures::default()), Arc::new(Figures::default()));
-        let (mut ours_secs, mut theirs_secs) = (0.0, 0.0);
+        let bare = match std::env::args().any(|a| a == "--bare-upstream") {
+            true => Some(bare_front(&dir.join("nginx-bare"), &www, &paths[1]).await?),
+            false => None,
+        };
+        let (ours, theirs, bare_figures) = (
+            Arc::new(Figures::default()),
+            Arc::new(Figures::default()),
+            Arc::new(Figures::default()),
+        );
+        let mut took = [0.0f64; 3];
         for i in 0..(secs / slice).max(1) {
-            for first in [i % 2 == 0, i % 2 == 1] {
+            // ours, nginx[, bare], then the other way round.
+            let mut order = vec![0, 1];
+            if bare.is_some() {
+                order.push(2);
+            }
+            if i % 2 == 1 {
+                order.reverse();
+            }
+            for who in order {
                 let t = Instant::now();
-                if first {
-                    read_load(&read_base, &paths, readers, slice, ours.clone()).await;
-                    ours_secs += t.elapsed().as_secs_f64();
-                } else {
-                    read_load(&nginx_base, &paths, readers, slice, theirs.clone()).await;
-                    theirs_secs += t.elapsed().as_secs_f64();
-                }
+                let (base, figures) = match who {
+                    0 => (&read_base, &ours),
+                    1 => (&nginx_base, &theirs),
+                    _ => (&bare.as_ref().expect("started").1, &bare_figures),
+                };
+                read_load(base, &paths, readers, slice, figures.clone()).await;
+                took[who] += t.elapsed().as_secs_f64();
             }
         }
+        let (ours_secs, theirs_secs) = (took[0], took[1]);
         stop_nginx(nginx);
+        if let Some((b, _)) = bare {
+            stop_nginx(b);
+            bare_pass = Some((bare_figures, took[2]));
+        }
         stop.store(true, Relaxed);
         println!(
             "\n{readers} readers for {secs} s each, in alternating slices of {slice} s, over {} documents (identity and gzip), {rate} changes/s ingested, {subscribers} subscribers:",
@@ -667,9 +732,17 @@ async fn main() -> anyhow::Result<()> {
     let ingested_ours = ingested.load(Relaxed);
     let peak = proc_mb(pid, "VmHWM");
     let (our_docs, our_p99) = ours.print(label, elapsed);
-    let ingest_secs = elapsed + theirs_same_load.as_ref().map_or(0.0, |t| t.1);
+    let ingest_secs = elapsed
+        + theirs_same_load.as_ref().map_or(0.0, |t| t.1)
+        + bare_pass.as_ref().map_or(0.0, |b| b.1);
     let theirs_same_load = theirs_same_load
         .map(|(f, secs)| f.print("nginx (static files), same background load", secs));
+    let bare = bare_pass.map(|(f, secs)| {
+        f.print(
+            "nginx in front of an upstream that does no work, same background load",
+            secs,
+        )
+    });
     let _ = ingest.await;
     // Let the last notifications arrive and the server settle.
     tokio::time::sleep(Duration::from_secs(10)).await;
@@ -715,6 +788,14 @@ async fn main() -> anyhow::Result<()> {
         our_docs / their_docs * 100.0,
         our_p99 / their_p99
     );
+    if let Some((docs, p99)) = bare {
+        println!(
+            "no application behind nginx: documents/s {:.0}% of nginx's; p99 {:.1}× nginx's; ours {:.0}% of it",
+            docs / their_docs * 100.0,
+            p99 / their_p99,
+            our_docs / docs * 100.0
+        );
+    }
     if std::env::args().any(|a| a == "--nginx-copy") {
         println!();
         let (copy_docs, copy_p99) = nginx_pass(

@@ -139,8 +139,14 @@ pub fn nginx_with(
 /// nginx on 127.0.0.1:`port` in front of our server at `upstream` (`host:port`), with the
 /// site configuration `docker/` ships (`server.accel_redirect = "/_rshub/"` on the server):
 /// the server decides each answer, nginx sends the files. Tuned as [`nginx_with`] (sendfile,
-/// keep-alive, as many workers as cores). Stop it with SIGTERM.
-pub fn nginx_front(dir: &Path, port: u16, upstream: &str) -> anyhow::Result<std::process::Child> {
+/// keep-alive, as many workers as cores). `extra` is more http-level configuration (more
+/// servers) in the same nginx. Stop it with SIGTERM.
+pub fn nginx_front(
+    dir: &Path,
+    port: u16,
+    upstream: &str,
+    extra: &str,
+) -> anyhow::Result<std::process::Child> {
     let site = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/docker/nginx-rshub.conf"
@@ -153,7 +159,7 @@ pub fn nginx_front(dir: &Path, port: u16, upstream: &str) -> anyhow::Result<std:
         .replace("server hub:8080;", &format!("server {upstream};"))
         .replace("listen 80;", &format!("listen 127.0.0.1:{port};"));
     std::fs::create_dir_all(dir.join("tmp"))?;
-    std::fs::write(dir.join("site.conf"), site)?;
+    std::fs::write(dir.join("site.conf"), format!("{site}\n{extra}"))?;
     let d = dir.display();
     // Started by root, the workers would run as nobody, who may not read the data folder.
     // SAFETY: geteuid has no preconditions.
