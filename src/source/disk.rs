@@ -5,15 +5,19 @@
 //!   their MD5 and gzip form ([`Spool::finish`]): memory stays bounded whatever the page size.
 //! - Files are written under temporary names and renamed into place, the record last: a crash
 //!   never leaves a torn page behind a record. [`DiskCache::open`] removes leftovers.
-//! - A new version of a page gets new file names; the old files are unlinked, so a response
-//!   already reading them finishes from the open file.
+//! - A new version of a page gets new file names; the old files are unlinked
+//!   [`RETIRED_KEPT`] later, so a response already reading them finishes from the open file and
+//!   one that named them a moment before (nginx told by `X-Accel-Redirect` to send them) still
+//!   finds them.
 //! - Least recently used pages go first past the byte budget. Records survive a restart, so
 //!   pages do too.
 
+use std::collections::VecDeque;
 use std::fs::{self, File};
 use std::io::{self, BufWriter, Read, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use lru::LruCache;
 use md5::{Digest, Md5};
@@ -62,7 +66,15 @@ pub struct DiskCache {
 struct Inner {
     map: LruCache<String, Arc<PageMeta>>,
     bytes: u64,
+    /// Pages replaced or evicted, oldest first, with when: their files go [`RETIRED_KEPT`]
+    /// later. Behind nginx, the server answers with a file's name and nginx opens it after:
+    /// a page rebuilt in between would otherwise send nginx to its fallback, and the server
+    /// would send the whole page through it (several a second under steady ingest).
+    retired: VecDeque<(Instant, Arc<PageMeta>)>,
 }
+
+/// How long the files of a replaced or evicted page stay (see [`Inner::retired`]).
+pub const RETIRED_KEPT: Duration = Duration::from_secs(2);
 
 fn sha_hex(s: &str, n: usize) -> String {
     let mut h = hex_digest(Sha256::digest(s.as_bytes()));
@@ -114,6 +126,7 @@ impl DiskCache {
         let mut inner = Inner {
             map: LruCache::unbounded(),
             bytes: 0,
+            retired: VecDeque::new(),
         };
         let live: std::collections::HashSet<String> =
             records.iter().map(|(_, m)| m.stem.clone()).collect();
@@ -138,7 +151,15 @@ impl DiskCache {
             max_bytes,
             inner: Mutex::new(inner),
         };
-        cache.evict(&mut cache.inner.lock().expect("disk cache lock"));
+        // Nothing has been served yet: what the budget evicts now goes at once.
+        let evicted = {
+            let mut g = cache.inner.lock().expect("disk cache lock");
+            cache.evict(&mut g, Instant::now());
+            std::mem::take(&mut g.retired)
+        };
+        for (_, m) in evicted {
+            cache.remove_files(&m);
+        }
         Ok(cache)
     }
 
@@ -224,28 +245,57 @@ impl DiskCache {
         rec.persist(self.dir.join(format!("{}.json", sha_hex(key, 32))))
             .map_err(|e| e.error)?;
         let meta = Arc::new(meta);
+        let now = Instant::now();
         let mut g = self.inner.lock().expect("disk cache lock");
         if let Some(old) = g.map.put(meta.key.clone(), meta.clone()) {
             g.bytes -= old.bytes();
             if old.stem != meta.stem {
-                self.remove_files(&old);
+                g.retired.push_back((now, old));
             }
         }
         g.bytes += meta.bytes();
-        self.evict(&mut g);
+        self.evict(&mut g, now);
+        self.purge_retired(g, now);
         Ok(meta)
     }
 
     /// Evicts least recently used pages until the budget holds (keeping at least the newest).
-    fn evict(&self, g: &mut Inner) {
+    /// Their records go at once, their files [`RETIRED_KEPT`] later.
+    fn evict(&self, g: &mut Inner, now: Instant) {
         while g.bytes > self.max_bytes && g.map.len() > 1 {
             let Some((key, old)) = g.map.pop_lru() else {
                 break;
             };
             g.bytes -= old.bytes();
             let _ = fs::remove_file(self.dir.join(format!("{}.json", sha_hex(&key, 32))));
-            self.remove_files(&old);
+            g.retired.push_back((now, old));
         }
+    }
+
+    /// Removes the files of pages retired [`RETIRED_KEPT`] before `now` (outside the lock:
+    /// unlinking a large file takes a while), unless a page of the same version is current
+    /// again.
+    fn purge_retired(&self, mut g: std::sync::MutexGuard<'_, Inner>, now: Instant) {
+        let mut gone = Vec::new();
+        while let Some((at, m)) = g.retired.front() {
+            if now.duration_since(*at) < RETIRED_KEPT {
+                break;
+            }
+            if g.map.peek(&m.key).is_none_or(|live| live.stem != m.stem) {
+                gone.push(m.clone());
+            }
+            g.retired.pop_front();
+        }
+        drop(g);
+        for m in gone {
+            self.remove_files(&m);
+        }
+    }
+
+    /// [`Self::purge_retired`] as if at `now` (tests: time made to pass, not waited for).
+    #[cfg(test)]
+    fn purge_retired_at(&self, now: Instant) {
+        self.purge_retired(self.inner.lock().expect("disk cache lock"), now);
     }
 
     fn remove_files(&self, m: &PageMeta) {
@@ -402,9 +452,15 @@ mod tests {
         );
         let m2 = c.put("k", "v2", 8, page(&c, "two")).unwrap();
         assert!(
-            !c.path(&m, false).exists(),
-            "the old version's file is removed"
+            c.path(&m, false).exists() && c.path(&m, true).exists(),
+            "the old version's files stay a moment (nginx may have been told to send them)"
         );
+        c.purge_retired_at(Instant::now() + RETIRED_KEPT);
+        assert!(
+            !c.path(&m, false).exists() && !c.path(&m, true).exists(),
+            "the old version's files are removed after that"
+        );
+        assert!(c.path(&m2, false).exists() && c.path(&m2, true).exists());
         drop(c);
         let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(c.get("k", "v2").as_deref(), Some(&*m2));
@@ -418,6 +474,8 @@ mod tests {
         let a = c.put("a", "v", 1, page(&c, &"x".repeat(60))).unwrap();
         let b = c.put("b", "v", 1, page(&c, &"y".repeat(60))).unwrap();
         assert!(c.get("a", "v").is_none(), "a was evicted: {}", c.bytes());
+        assert!(c.path(&a, false).exists(), "its files stay a moment");
+        c.purge_retired_at(Instant::now() + RETIRED_KEPT);
         assert!(!c.path(&a, false).exists());
         assert!(c.get("b", "v").is_some());
         fs::write(c.path(&b, false), b"short").unwrap();
