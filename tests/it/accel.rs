@@ -291,6 +291,34 @@ async fn answers_through_nginx_are_the_servers_own() {
         }
     }
 
+    // A page rebuilt just after the server named its file to nginx (nginx opens it after the
+    // answer): the named file is still there, so nginx sends it rather than falling back to
+    // the server for the whole page.
+    let named = || async {
+        let r = client
+            .get(format!("http://{}/sets/papers/resourcelist.xml", app.addr))
+            .send()
+            .await
+            .unwrap();
+        let target = r.headers()["x-accel-redirect"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        Path::new(target.strip_prefix("/_rshub").unwrap()).to_path_buf()
+    };
+    let before = named().await;
+    assert!(before.exists(), "{}", before.display());
+    let changed = crate::harvest::file_line(&root, "updated", "p0.txt", "changed");
+    app.ingest_ok("papers", &changed).await;
+    wait_until("the Resource List rebuilt", || async {
+        named().await != before
+    })
+    .await;
+    assert!(
+        before.exists(),
+        "the file named a moment before the rebuild is gone: nginx would have fallen back"
+    );
+
     // nginx sent the files itself: it never fell back to the server for want of one.
     let log = std::fs::read_to_string(dir.path().join("nginx/error.log")).unwrap_or_default();
     assert!(
