@@ -77,6 +77,10 @@ pub struct Metrics {
     pub pages_brought_up_to_date: Counter,
     /// Page builds waiting for a build slot.
     pub build_queue: Gauge,
+    /// Requests nginx sent back (`X-Rshub-No-Accel`) because it could not open the file an
+    /// `X-Accel-Redirect` named, answered with the bytes from here. A few over a day are
+    /// files removed by hand; a steady stream means nginx does not see the server's paths.
+    pub accel_fallbacks: Counter,
     /// Bytes held by the page cache, per tier (both forms of every page).
     pub page_cache_bytes: Family<TierLabel, Gauge>,
     /// Requests answered from the page cache, per tier.
@@ -133,6 +137,12 @@ impl Default for Metrics {
             "pages_brought_up_to_date",
             "Resource List pages built from their last build and the changes since (also in pages_built)",
             pages_brought_up_to_date.clone(),
+        );
+        let accel_fallbacks = Counter::default();
+        registry.register(
+            "accel_fallbacks",
+            "Requests nginx sent back because it could not open the file X-Accel-Redirect named (answered with the bytes from here)",
+            accel_fallbacks.clone(),
         );
         let build_queue = Gauge::default();
         registry.register(
@@ -225,6 +235,7 @@ impl Default for Metrics {
             pages_built,
             pages_brought_up_to_date,
             build_queue,
+            accel_fallbacks,
             page_cache_bytes,
             page_cache_hits,
             poller_lag_seconds,

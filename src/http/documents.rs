@@ -335,6 +335,9 @@ pub(super) fn respond(
     r: Representation,
     body: Body_,
 ) -> Response {
+    if !st.config.server.accel_redirect.is_empty() && headers.contains_key(ACCEL_FALLBACK) {
+        st.hub.metrics().accel_fallbacks.inc();
+    }
     let mut out = HeaderMap::new();
     out.insert(
         header::ETAG,

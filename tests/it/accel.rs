@@ -330,7 +330,36 @@ async fn answers_through_nginx_are_the_servers_own() {
     // A file gone by the time nginx opens it (a page replaced under load): nginx asks the
     // server again for the same path, and the answer is still the server's own. (The
     // fallback once asked for nginx's internal path and got 404s.)
+    let fallbacks = || async {
+        let text = client
+            .get(app.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("rshub_accel_fallbacks_total "))
+            .unwrap_or_else(|| panic!("no rshub_accel_fallbacks_total in {text}"))
+            .parse::<u64>()
+            .unwrap()
+    };
     let gone = Nginx::start_with(&dir.path().join("nginx-gone"), &app.addr, true);
+    for path in &paths {
+        let through = format!("http://127.0.0.1:{}{path}", gone.port);
+        let n = fallbacks().await;
+        assert_eq!(
+            client.get(&through).send().await.unwrap().status(),
+            200,
+            "{path}"
+        );
+        assert_eq!(
+            fallbacks().await,
+            n + 1,
+            "{path}: the fallback is counted once"
+        );
+    }
     for path in &paths {
         let direct = format!("http://{}{path}", app.addr);
         let proxied = format!("http://127.0.0.1:{}{path}?", gone.port);
