@@ -183,7 +183,9 @@ async fn json_errors(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use axum::http::header;
-    let path = req.uri().path().to_string();
+    // Kept for an error's reason; a Uri shares the request's bytes (no copy per request).
+    let uri = req.uri().clone();
+    let path = uri.path();
     let method = req.method().clone();
     let resp = next.run(req).await;
     let status = resp.status();
