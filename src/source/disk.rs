@@ -234,6 +234,13 @@ impl DiskCache {
             gzip_len: page.gzip_len,
             stem,
         };
+        // The same version put again (its files at the same paths): no longer retired, so
+        // no purge unlinks the files about to be written there.
+        self.inner
+            .lock()
+            .expect("disk cache lock")
+            .retired
+            .retain(|(_, m)| m.stem != meta.stem);
         page.identity
             .persist(self.path(&meta, false))
             .map_err(|e| e.error)?;
@@ -255,7 +262,7 @@ impl DiskCache {
         }
         g.bytes += meta.bytes();
         self.evict(&mut g, now);
-        self.purge_retired(g, now);
+        self.purge_retired(&mut g, now);
         Ok(meta)
     }
 
@@ -272,30 +279,25 @@ impl DiskCache {
         }
     }
 
-    /// Removes the files of pages retired [`RETIRED_KEPT`] before `now` (outside the lock:
-    /// unlinking a large file takes a while), unless a page of the same version is current
-    /// again.
-    fn purge_retired(&self, mut g: std::sync::MutexGuard<'_, Inner>, now: Instant) {
-        let mut gone = Vec::new();
+    /// Removes the files of pages retired [`RETIRED_KEPT`] before `now`, unless a page of the
+    /// same version is current again. Under the lock, as the records change: a page put again
+    /// with the same version meanwhile (its files at the same paths) is never unlinked.
+    fn purge_retired(&self, g: &mut Inner, now: Instant) {
         while let Some((at, m)) = g.retired.front() {
             if now.duration_since(*at) < RETIRED_KEPT {
                 break;
             }
             if g.map.peek(&m.key).is_none_or(|live| live.stem != m.stem) {
-                gone.push(m.clone());
+                self.remove_files(m);
             }
             g.retired.pop_front();
-        }
-        drop(g);
-        for m in gone {
-            self.remove_files(&m);
         }
     }
 
     /// [`Self::purge_retired`] as if at `now` (tests: time made to pass, not waited for).
     #[cfg(test)]
     fn purge_retired_at(&self, now: Instant) {
-        self.purge_retired(self.inner.lock().expect("disk cache lock"), now);
+        self.purge_retired(&mut self.inner.lock().expect("disk cache lock"), now);
     }
 
     fn remove_files(&self, m: &PageMeta) {
@@ -461,6 +463,17 @@ mod tests {
             "the old version's files are removed after that"
         );
         assert!(c.path(&m2, false).exists() && c.path(&m2, true).exists());
+        // A version put again after it was replaced keeps its files through the purge.
+        let m3 = c.put("k", "v3", 9, page(&c, "three")).unwrap();
+        let again = c.put("k", "v2", 10, page(&c, "two again")).unwrap();
+        assert_eq!(again.stem, m2.stem);
+        c.purge_retired_at(Instant::now() + RETIRED_KEPT);
+        assert_eq!(
+            fs::read(c.path(&again, false)).unwrap(),
+            b"<head>two again</head>"
+        );
+        assert!(!c.path(&m3, false).exists());
+        let m2 = again;
         drop(c);
         let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         assert_eq!(c.get("k", "v2").as_deref(), Some(&*m2));
