@@ -68,20 +68,50 @@ pub struct IngestReport {
     pub closed_change_lists: Vec<u32>,
 }
 
-/// One change event from a JSON value, which must be an object: serde would also take an
-/// array of the fields in order, a form nobody documents and a new field would change.
+/// One change event from a JSON value, which must be an object, as must its `location` and
+/// each link and link `href`: serde would also take an array of the fields in order, a form
+/// nobody documents and a new field would change.
 fn event_of(v: serde_json::Value) -> Result<ChangeEvent, String> {
-    if !v.is_object() {
+    use serde_json::Value;
+    let kind = |v: &Value| match v {
+        Value::Object(_) => "an object",
+        Value::Array(_) => "an array",
+        Value::String(_) => "a string",
+        Value::Number(_) => "a number",
+        Value::Bool(_) => "a boolean",
+        Value::Null => "null",
+    };
+    let Some(fields) = v.as_object() else {
         return Err(format!(
             "a change is a JSON object like {{\"change\": \"created\", \"location\": {{…}}}}, not {}",
-            match v {
-                serde_json::Value::Array(_) => "an array",
-                serde_json::Value::String(_) => "a string",
-                serde_json::Value::Number(_) => "a number",
-                serde_json::Value::Bool(_) => "a boolean",
-                _ => "null",
-            }
+            kind(&v)
         ));
+    };
+    const LOCATION: &str = "{\"type\": \"url\", \"value\": \"…\"}";
+    if let Some(l) = fields.get("location").filter(|l| !l.is_object()) {
+        return Err(format!(
+            "location is a JSON object like {LOCATION}, not {}",
+            kind(l)
+        ));
+    }
+    if let Some(Value::Array(links)) = fields.get("ln") {
+        for (i, link) in links.iter().enumerate() {
+            match link.get("href") {
+                _ if !link.is_object() => {
+                    return Err(format!(
+                        "ln[{i}] is a JSON object like {{\"rel\": \"…\", \"href\": {LOCATION}}}, not {}",
+                        kind(link)
+                    ))
+                }
+                Some(h) if !h.is_object() => {
+                    return Err(format!(
+                        "ln[{i}].href is a JSON object like {LOCATION}, not {}",
+                        kind(h)
+                    ))
+                }
+                _ => {}
+            }
+        }
     }
     serde_json::from_value(v).map_err(|e| e.to_string())
 }
@@ -233,6 +263,38 @@ mod tests {
             };
             assert!(errs[0].reason.contains("not an array"), "{errs:?}");
         }
+    }
+
+    #[test]
+    fn a_location_or_link_given_as_an_array_of_its_fields_is_refused() {
+        let cases = [
+            (
+                r#"{"change":"created","location":["url","http://x/a"]}"#,
+                "location is a JSON object",
+            ),
+            (
+                r#"{"change":"created","location":{"type":"url","value":"http://x/a"},"ln":[["describedby",{"type":"url","value":"http://x/m"}]]}"#,
+                "ln[0] is a JSON object",
+            ),
+            (
+                r#"{"change":"created","location":{"type":"url","value":"http://x/a"},"ln":[{"rel":"describedby","href":["url","http://x/m"]}]}"#,
+                "ln[0].href is a JSON object",
+            ),
+        ];
+        for (line, reason) in cases {
+            let IngestError::Invalid(errs) =
+                parse_body(line.as_bytes(), Framing::Ndjson).unwrap_err()
+            else {
+                panic!("{line} was taken")
+            };
+            assert!(
+                errs[0].reason.contains(reason) && errs[0].reason.contains("not an array"),
+                "{errs:?}"
+            );
+        }
+        // The same change written as objects is taken.
+        let ok = r#"{"change":"created","location":{"type":"url","value":"http://x/a"},"ln":[{"rel":"describedby","href":{"type":"url","value":"http://x/m"}}]}"#;
+        assert_eq!(parse_body(ok.as_bytes(), Framing::Ndjson).unwrap().len(), 1);
     }
 
     #[test]
