@@ -372,10 +372,16 @@ async fn static_nginx(
     let port = common::free_port();
     let nginx = common::nginx_with(dir, &[(port, www.to_path_buf())], sendfile)?;
     let base = format!("http://127.0.0.1:{port}");
-    let client = reqwest::Client::new();
+    nginx_answer(dir, &base, probe).await?;
+    Ok((nginx, base))
+}
+
+/// The first answer of an nginx just started in `dir` to a GET of `probe` (up to 5 s).
+async fn nginx_answer(dir: &Path, base: &str, probe: &str) -> anyhow::Result<reqwest::Response> {
+    let client = reqwest::Client::builder().no_proxy().no_gzip().build()?;
     for _ in 0..100 {
-        if client.get(format!("{base}{probe}")).send().await.is_ok() {
-            return Ok((nginx, base));
+        if let Ok(r) = client.get(format!("{base}{probe}")).send().await {
+            return Ok(r);
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -407,19 +413,13 @@ async fn bare_front(
     );
     let nginx = common::nginx_front(dir, front, &format!("127.0.0.1:{upstream}"), &extra)?;
     let base = format!("http://127.0.0.1:{front}");
-    let client = reqwest::Client::builder().no_proxy().no_gzip().build()?;
-    for _ in 0..100 {
-        if let Ok(r) = client.get(format!("{base}{probe}")).send().await {
-            anyhow::ensure!(
-                r.status() == 200 && !r.bytes().await?.is_empty(),
-                "nginx in front of the bare upstream does not send {probe}: see {}/nginx-error.log",
-                dir.display()
-            );
-            return Ok((nginx, base));
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    anyhow::bail!("nginx did not start: see {}/nginx-error.log", dir.display())
+    let r = nginx_answer(dir, &base, probe).await?;
+    anyhow::ensure!(
+        r.status() == 200 && !r.bytes().await?.is_empty(),
+        "nginx in front of the bare upstream does not send {probe}: see {}/nginx-error.log",
+        dir.display()
+    );
+    Ok((nginx, base))
 }
 
 /// SIGTERM (not kill(), whose SIGKILL would orphan the workers): nginx stops its workers.

@@ -331,14 +331,7 @@ async fn answers_through_nginx_are_the_servers_own() {
     // server again for the same path, and the answer is still the server's own. (The
     // fallback once asked for nginx's internal path and got 404s.)
     let fallbacks = || async {
-        let text = client
-            .get(app.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = app.get_text("/metrics").await;
         text.lines()
             .find_map(|l| l.strip_prefix("rshub_accel_fallbacks_total "))
             .unwrap_or_else(|| panic!("no rshub_accel_fallbacks_total in {text}"))

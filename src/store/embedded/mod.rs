@@ -645,7 +645,6 @@ fn links_from(ln: Option<String>) -> rusqlite::Result<Vec<Link>> {
     }
 }
 
-/// Columns: rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp.
 /// Up to `limit` resources of a set (one part, or all with `None`) after `rid` `after`, in rid
 /// order, each with its rid (its position in its part).
 fn resource_rows(
@@ -670,6 +669,7 @@ fn resource_rows(
     Ok(items)
 }
 
+/// Columns: rid, key, loc_type, loc_value, length, md5, mime, lastmod, ln, timestamp.
 fn resource_from_row(r: &Row) -> rusqlite::Result<Resource> {
     Ok(Resource {
         key: ResourceKey(r.get(1)?),
