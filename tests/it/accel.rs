@@ -325,11 +325,9 @@ async fn answers_through_nginx_are_the_servers_own() {
         !log.contains("open()"),
         "nginx could not open a file: {log}"
     );
-    drop(nginx);
-
-    // A file gone by the time nginx opens it (a page replaced under load): nginx asks the
-    // server again for the same path, and the answer is still the server's own. (The
-    // fallback once asked for nginx's internal path and got 404s.)
+    // A client cannot pass for nginx's fallback: nginx drops the header on the way in, so
+    // the server still names the file (the client cannot make the server send the bytes
+    // itself, nor count as a fallback).
     let fallbacks = || async {
         let text = app.get_text("/metrics").await;
         text.lines()
@@ -338,6 +336,27 @@ async fn answers_through_nginx_are_the_servers_own() {
             .parse::<u64>()
             .unwrap()
     };
+    let n = fallbacks().await;
+    let r = client
+        .get(format!(
+            "http://127.0.0.1:{}/sets/papers/resourcelist.xml",
+            nginx.port
+        ))
+        .header("x-rshub-no-accel", "1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        fallbacks().await,
+        n,
+        "a client's X-Rshub-No-Accel reached the server"
+    );
+    drop(nginx);
+
+    // A file gone by the time nginx opens it (a page replaced under load): nginx asks the
+    // server again for the same path, and the answer is still the server's own. (The
+    // fallback once asked for nginx's internal path and got 404s.)
     let gone = Nginx::start_with(&dir.path().join("nginx-gone"), &app.addr, true);
     for path in &paths {
         let through = format!("http://127.0.0.1:{}{path}", gone.port);
