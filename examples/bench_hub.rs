@@ -3,7 +3,14 @@
 //! ```text
 //! cargo run --release --example bench_hub -- [--subscribers 100,500,1000] [--notifications 20]
 //!     [--hung N] [--failing N] [--limited PER_SEC] [--request-timeout-secs 10]
+//! cargo run --release --example bench_hub -- --compare-signatures PAIRS
+//!     [--subscribers 100] [--notifications 300]
 //! ```
+//!
+//! With `--compare-signatures PAIRS`, what the signatures cost in one run: two hubs in this
+//! process (both signatures; `hub.standard_webhooks = false`) and unsigned subscribers, rounds
+//! of each in turn, paired ratios of deliveries/s and of the process's CPU a delivery with a
+//! bootstrap interval of their medians (see `compare_signatures`).
 //!
 //! With `--hung N` / `--failing N`, each round runs twice: as above, then with N more callbacks
 //! on the same topic that never answer (or answer 500), printing the healthy subscribers'
@@ -90,18 +97,19 @@ async fn subscribe_all(
     topic: &str,
     callbacks: &[String],
     offset: usize,
+    signed: bool,
 ) -> anyhow::Result<()> {
     for (i, cb) in callbacks.iter().enumerate() {
-        let r = client
-            .post(hub_url)
-            .form(&[
-                ("hub.mode", "subscribe"),
-                ("hub.topic", topic),
-                ("hub.callback", cb.as_str()),
-                ("hub.secret", &format!("secret-{}", offset + i)),
-            ])
-            .send()
-            .await?;
+        let secret = format!("secret-{}", offset + i);
+        let mut form = vec![
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic),
+            ("hub.callback", cb.as_str()),
+        ];
+        if signed {
+            form.push(("hub.secret", &secret));
+        }
+        let r = client.post(hub_url).form(&form).send().await?;
         anyhow::ensure!(r.status() == 202, "subscribe answered {}", r.status());
     }
     Ok(())
@@ -148,6 +156,163 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
 
+/// The hub under test: the real server on the embedded store in a temporary directory.
+struct HubUnderTest {
+    addr: std::net::SocketAddr,
+    store: Store,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    tmp: std::path::PathBuf,
+}
+
+impl HubUnderTest {
+    async fn start(tag: &str, standard_webhooks: bool) -> anyhow::Result<HubUnderTest> {
+        let tmp = std::env::temp_dir().join(format!("rshub-bench-hub-{}{tag}", std::process::id()));
+        let mut config = Config::defaults();
+        config.server.listen = "127.0.0.1:0".into();
+        config.server.data_dir = tmp.clone();
+        config.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
+        config.hub.publisher_token = "bench".into();
+        config.hub.requests_per_callback_per_minute = 1000;
+        config.hub.requests_per_host_per_minute = 1_000_000;
+        config.hub.max_subscriptions_per_host = 1_000_000;
+        config.hub.standard_webhooks = standard_webhooks;
+        config.hub.request_timeout_secs = arg("--request-timeout-secs")
+            .map_or(10, |s| s.parse().expect("--request-timeout-secs N"));
+        config.admin.token = "bench".into();
+        let db = config.database_path();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (stop, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(resourcesync_hub::app::run(config, listener, async move {
+            let _ = stop_rx.await;
+        }));
+        let client = reqwest::Client::builder().no_proxy().build()?;
+        for _ in 0..100 {
+            if client
+                .get(format!("http://{addr}/healthz"))
+                .send()
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let store = Store::open_embedded(&db)?;
+        Ok(HubUnderTest {
+            addr,
+            store,
+            stop,
+            task,
+            tmp,
+        })
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/hub", self.addr)
+    }
+
+    /// Subscribes `callbacks` to a new topic `name` and waits until all are verified; the
+    /// first delivery to them is made before this returns (connections established).
+    async fn topic(
+        &self,
+        client: &reqwest::Client,
+        receipts: &Receipts,
+        name: &str,
+        callbacks: &[String],
+        signed: bool,
+    ) -> anyhow::Result<String> {
+        let topic = format!("http://{}/topics/{name}", self.addr);
+        subscribe_all(client, &self.url(), &topic, callbacks, 0, signed).await?;
+        let t =
+            resourcesync_hub::model::websub::Topic::parse(&topic).map_err(anyhow::Error::msg)?;
+        wait_subscribers(&self.store, &t, callbacks.len()).await?;
+        receipts.lock().unwrap().clear();
+        publish(client, &self.url(), &topic, usize::MAX - 1).await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while receipts.lock().unwrap().len() < callbacks.len() && Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(topic)
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+        let _ = std::fs::remove_dir_all(&self.tmp);
+    }
+}
+
+/// What one round of publishes gave.
+struct Round {
+    deliveries: usize,
+    secs: f64,
+    /// Publish-to-receipt latencies, sorted.
+    lat: Vec<Duration>,
+    published: Duration,
+    /// CPU of this whole process (hub, receivers, publisher) during the round.
+    cpu_secs: f64,
+}
+
+/// CPU time (user + system) of this process so far, in seconds.
+fn cpu_secs() -> f64 {
+    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: getrusage fills the struct it is given.
+    let u = unsafe {
+        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
+        u.assume_init()
+    };
+    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+    t(u.ru_utime) + t(u.ru_stime)
+}
+
+/// Publishes `notifications` fat pings to `topic` back to back and waits until each of its
+/// `subscribers` has received every one.
+async fn round(
+    client: &reqwest::Client,
+    hub_url: &str,
+    topic: &str,
+    subscribers: usize,
+    notifications: usize,
+    receipts: &Receipts,
+) -> anyhow::Result<Round> {
+    receipts.lock().unwrap().clear();
+    let cpu0 = cpu_secs();
+    let mut sent = Vec::with_capacity(notifications);
+    let start = Instant::now();
+    for k in 0..notifications {
+        sent.push(Instant::now());
+        publish(client, hub_url, topic, k).await?;
+    }
+    let published = start.elapsed();
+    let want = subscribers * notifications;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while receipts.lock().unwrap().len() < want {
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "only {} of {want} deliveries arrived",
+            receipts.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let cpu_secs = cpu_secs() - cpu0;
+    let got = receipts.lock().unwrap().clone();
+    let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
+    let mut lat: Vec<Duration> = got
+        .iter()
+        .map(|(k, at)| at.duration_since(sent[*k]))
+        .collect();
+    lat.sort();
+    Ok(Round {
+        deliveries: want,
+        secs: last.duration_since(start).as_secs_f64(),
+        lat,
+        published,
+        cpu_secs,
+    })
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     if let Some(es) = arg("--child") {
@@ -156,37 +321,26 @@ async fn main() -> anyhow::Result<()> {
     if let Some(es) = arg("--elasticsearch") {
         return sharded(&es).await;
     }
+    let compare = arg("--compare-signatures");
     let rounds: Vec<usize> = arg("--subscribers")
-        .unwrap_or_else(|| "100,500,1000".into())
+        .unwrap_or_else(|| {
+            if compare.is_some() {
+                "100"
+            } else {
+                "100,500,1000"
+            }
+            .into()
+        })
         .split(',')
         .map(|s| s.trim().parse().expect("--subscribers N[,N...]"))
         .collect();
     let notifications: usize =
         arg("--notifications").map_or(20, |s| s.parse().expect("--notifications N"));
-
-    let tmp = std::env::temp_dir().join(format!("rshub-bench-hub-{}", std::process::id()));
-    let mut config = Config::defaults();
-    config.server.listen = "127.0.0.1:0".into();
-    config.server.data_dir = tmp.clone();
-    config.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
-    config.hub.publisher_token = "bench".into();
-    config.hub.requests_per_callback_per_minute = 1000;
-    config.hub.requests_per_host_per_minute = 1_000_000;
-    config.hub.request_timeout_secs =
-        arg("--request-timeout-secs").map_or(10, |s| s.parse().expect("--request-timeout-secs N"));
     let hung: usize = arg("--hung").map_or(0, |s| s.parse().expect("--hung N"));
     let failing: usize = arg("--failing").map_or(0, |s| s.parse().expect("--failing N"));
     // One more subscriber limited to this many deliveries a second (admin API): do its
     // neighbours slow down?
     let limited: Option<f64> = arg("--limited").map(|s| s.parse().expect("--limited N"));
-    config.admin.token = "bench".into();
-    let db = config.database_path();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let hub_addr = listener.local_addr()?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(resourcesync_hub::app::run(config, listener, async move {
-        let _ = stop_rx.await;
-    }));
 
     let receipts: Receipts = Arc::new(Mutex::new(Vec::new()));
     let recv_app = Router::new()
@@ -198,21 +352,22 @@ async fn main() -> anyhow::Result<()> {
     let recv_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let recv_addr = recv_listener.local_addr()?;
     tokio::spawn(async move { axum::serve(recv_listener, recv_app).await });
-
     let client = reqwest::Client::builder().no_proxy().build()?;
-    let hub_url = format!("http://{hub_addr}/hub");
-    for _ in 0..100 {
-        if client
-            .get(format!("http://{hub_addr}/healthz"))
-            .send()
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+    if let Some(pairs) = compare {
+        let pairs = pairs.parse().expect("--compare-signatures PAIRS");
+        return compare_signatures(
+            &client,
+            &receipts,
+            recv_addr,
+            rounds[0],
+            arg("--notifications").map_or(300, |s| s.parse().expect("--notifications N")),
+            pairs,
+        )
+        .await;
     }
-    let store = Store::open_embedded(&db)?;
+
+    let hub = HubUnderTest::start("", true).await?;
+    let hub_url = hub.url();
     println!(
         "signed fan-out on loopback, {notifications} notifications per round, sha256 signatures"
     );
@@ -228,8 +383,7 @@ async fn main() -> anyhow::Result<()> {
         vec![(0, 0, None)]
     };
     for n in rounds {
-        for (round, &(extra_hung, extra_failing, extra_limited)) in variants.iter().enumerate() {
-            let topic = format!("http://{hub_addr}/topics/bench-{n}-{round}");
+        for (round_no, &(extra_hung, extra_failing, extra_limited)) in variants.iter().enumerate() {
             let mut callbacks: Vec<String> = (0..n)
                 .map(|i| format!("http://{recv_addr}/cb/{}", base + i))
                 .collect();
@@ -244,18 +398,19 @@ async fn main() -> anyhow::Result<()> {
             // The healthy subscribers first, established by one delivery (as they would be
             // when someone starts registering bad callbacks), then the bad ones.
             let (healthy, bad) = callbacks.split_at(n);
-            subscribe_all(&client, &hub_url, &topic, healthy, 0).await?;
+            let topic = hub
+                .topic(
+                    &client,
+                    &receipts,
+                    &format!("bench-{n}-{round_no}"),
+                    healthy,
+                    true,
+                )
+                .await?;
+            subscribe_all(&client, &hub_url, &topic, bad, n, true).await?;
             let t = resourcesync_hub::model::websub::Topic::parse(&topic)
                 .map_err(anyhow::Error::msg)?;
-            wait_subscribers(&store, &t, n).await?;
-            receipts.lock().unwrap().clear();
-            publish(&client, &hub_url, &topic, usize::MAX - 1).await?;
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while receipts.lock().unwrap().len() < n && Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            subscribe_all(&client, &hub_url, &topic, bad, n).await?;
-            wait_subscribers(&store, &t, callbacks.len()).await?;
+            wait_subscribers(&hub.store, &t, callbacks.len()).await?;
             base += callbacks.len();
             if extra_hung + extra_failing > 0 {
                 println!(
@@ -265,60 +420,23 @@ async fn main() -> anyhow::Result<()> {
             if let Some(per_sec) = extra_limited {
                 limit(
                     &client,
-                    &hub_addr,
+                    &hub.addr,
                     bad.last().expect("the limited one"),
                     per_sec,
                 )
                 .await?;
                 println!("  with one more subscriber limited to {per_sec} a second beside them:");
             }
-            receipts.lock().unwrap().clear();
-            let mut sent = Vec::with_capacity(notifications);
-            let start = Instant::now();
-            for k in 0..notifications {
-                sent.push(Instant::now());
-                let payload = format!(
-                    "<n i=\"{k}\" xmlns=\"http://www.sitemaps.org/schemas/sitemap/0.9\">{}</n>",
-                    "<url><loc>http://example.org/res</loc></url>".repeat(30)
-                );
-                let r = client
-                    .post(&hub_url)
-                    .header("content-type", "application/xml")
-                    .header("authorization", "Bearer bench")
-                    .header("link", format!("<{topic}>; rel=\"self\""))
-                    .body(payload)
-                    .send()
-                    .await?;
-                anyhow::ensure!(r.status() == 200, "publish answered {}", r.status());
-            }
-            let published = start.elapsed();
-            let want = n * notifications;
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while receipts.lock().unwrap().len() < want {
-                anyhow::ensure!(
-                    Instant::now() < deadline,
-                    "only {} of {want} deliveries arrived",
-                    receipts.lock().unwrap().len()
-                );
-                tokio::time::sleep(Duration::from_millis(2)).await;
-            }
-            let got = receipts.lock().unwrap().clone();
-            let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
-            let mut lat: Vec<Duration> = got
-                .iter()
-                .map(|(k, at)| at.duration_since(sent[*k]))
-                .collect();
-            lat.sort();
-            let secs = last.duration_since(start).as_secs_f64();
+            let r = round(&client, &hub_url, &topic, n, notifications, &receipts).await?;
             println!(
                 "{:>11} {:>11} {:>13.0} {:>9.1} {:>9.1} {:>9.1} {:>14.1}",
                 n,
-                want,
-                want as f64 / secs,
-                percentile(&lat, 0.50).as_secs_f64() * 1e3,
-                percentile(&lat, 0.99).as_secs_f64() * 1e3,
-                lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
-                published.as_secs_f64() * 1e3
+                r.deliveries,
+                r.deliveries as f64 / r.secs,
+                percentile(&r.lat, 0.50).as_secs_f64() * 1e3,
+                percentile(&r.lat, 0.99).as_secs_f64() * 1e3,
+                r.lat.last().copied().unwrap_or_default().as_secs_f64() * 1e3,
+                r.published.as_secs_f64() * 1e3
             );
         }
     }
@@ -326,10 +444,133 @@ async fn main() -> anyhow::Result<()> {
         "peak RSS of the process (hub and receivers): {:.0} MB",
         peak_rss_mb()
     );
-    let _ = stop_tx.send(());
-    let _ = server.await;
-    let _ = std::fs::remove_dir_all(&tmp);
+    hub.stop().await;
     Ok(())
+}
+
+/// `--compare-signatures PAIRS`: what the signatures cost, measured in one run. Two hubs in
+/// this process, one signing both ways (the default) and one with `hub.standard_webhooks =
+/// false` (`X-Hub-Signature` only), plus a topic on the second whose subscribers gave no
+/// secret (nothing signed). Each of the three gets `n` subscribers of its own; rounds of
+/// `notifications` publishes run in turn (order reversed every other time, so a drift of the
+/// machine falls on all three alike) and each round's deliveries/s and process CPU a delivery
+/// are paired with the others of its turn.
+async fn compare_signatures(
+    client: &reqwest::Client,
+    receipts: &Receipts,
+    recv_addr: std::net::SocketAddr,
+    n: usize,
+    notifications: usize,
+    pairs: usize,
+) -> anyhow::Result<()> {
+    let both = HubUnderTest::start("-both", true).await?;
+    let websub = HubUnderTest::start("-websub", false).await?;
+    let callbacks = |from: usize| -> Vec<String> {
+        (from..from + n)
+            .map(|i| format!("http://{recv_addr}/cb/{i}"))
+            .collect()
+    };
+    let variants = [
+        ("both signatures", &both, true),
+        ("X-Hub-Signature only", &websub, true),
+        ("unsigned", &websub, false),
+    ];
+    let mut topics = Vec::new();
+    for (i, (_, hub, signed)) in variants.iter().enumerate() {
+        topics.push(
+            hub.topic(
+                client,
+                receipts,
+                &format!("cmp-{i}"),
+                &callbacks(i * n),
+                *signed,
+            )
+            .await?,
+        );
+    }
+    println!(
+        "signature cost in one run: {n} subscribers each, {notifications} publishes a round, \
+         {pairs} turns of the three (after one unmeasured turn)"
+    );
+    // [variant][turn]: (deliveries/s, CPU µs a delivery)
+    let mut got: [Vec<(f64, f64)>; 3] = Default::default();
+    for turn in 0..=pairs {
+        let order: [usize; 3] = if turn % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        for v in order {
+            let (_, hub, _) = variants[v];
+            let r = round(client, &hub.url(), &topics[v], n, notifications, receipts).await?;
+            if turn > 0 {
+                got[v].push((
+                    r.deliveries as f64 / r.secs,
+                    r.cpu_secs * 1e6 / r.deliveries as f64,
+                ));
+            }
+        }
+    }
+    println!(
+        "{:<22} {:>28} {:>26}",
+        "", "deliveries/s (median, range)", "CPU µs a delivery (median)"
+    );
+    for (v, (name, _, _)) in variants.iter().enumerate() {
+        let mut rate: Vec<f64> = got[v].iter().map(|g| g.0).collect();
+        let mut cpu: Vec<f64> = got[v].iter().map(|g| g.1).collect();
+        println!(
+            "{name:<22} {:>12.0} ({:>6.0}–{:<6.0}) {:>26.1}",
+            median(&mut rate),
+            rate.first().unwrap_or(&0.0),
+            rate.last().unwrap_or(&0.0),
+            median(&mut cpu)
+        );
+    }
+    for (against, label) in [(1, "X-Hub-Signature only"), (2, "unsigned")] {
+        let rate: Vec<f64> = (0..pairs)
+            .map(|t| got[0][t].0 / got[against][t].0)
+            .collect();
+        let cpu: Vec<f64> = (0..pairs)
+            .map(|t| got[0][t].1 / got[against][t].1)
+            .collect();
+        let (r, rlo, rhi) = median_interval(&rate);
+        let (c, clo, chi) = median_interval(&cpu);
+        println!(
+            "both signatures against {label}: deliveries/s ×{r:.3} (95% interval of the median \
+             {rlo:.3}–{rhi:.3}), so {:.1}% lost; CPU a delivery ×{c:.3} ({clo:.3}–{chi:.3})",
+            (1.0 - r) * 100.0
+        );
+    }
+    both.stop().await;
+    websub.stop().await;
+    Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
+    }
+}
+
+/// The median of `v` and a bootstrap 95% interval of it (2,000 resamples, fixed seed).
+fn median_interval(v: &[f64]) -> (f64, f64, f64) {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut medians: Vec<f64> = (0..2000)
+        .map(|_| {
+            let mut s: Vec<f64> = (0..v.len())
+                .map(|_| v[(next() % v.len() as u64) as usize])
+                .collect();
+            median(&mut s)
+        })
+        .collect();
+    medians.sort_by(f64::total_cmp);
+    let mut all = v.to_vec();
+    (median(&mut all), medians[50], medians[1949])
 }
 
 /// Sets the rate limit of the subscription of `callback` through the admin API.

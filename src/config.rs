@@ -141,6 +141,7 @@ pub struct HubConfig {
     pub topic_path: String,
     pub publisher_token: String,
     pub signature_algorithm: SignatureAlg,
+    pub standard_webhooks: bool,
     pub lease_default_secs: u64,
     pub lease_min_secs: u64,
     pub lease_max_secs: u64,

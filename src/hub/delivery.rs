@@ -892,24 +892,28 @@ fn request(
     );
     let id = webhook_id(m);
     if let Some(secret) = &sub.secret {
-        // Signed twice: the WebSub way, and the Standard Webhooks way over this attempt's
-        // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
-        // refuses a late retry).
-        let now = Timestamp::now();
-        let at = now.0.div_euclid(1_000_000);
-        let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
-        // During a rotation's grace period the previous secret signs too (receivers accept
-        // any one of the space-separated signatures).
-        let signatures = match &sub.previous_secret {
-            Some((old, until)) if now < *until => format!("{} {}", sign(secret), sign(old)),
-            _ => sign(secret),
-        };
         h.insert(
             X_HUB_SIGNATURE,
             value(signature(sub.alg, secret.as_bytes(), &m.body))?,
         );
-        h.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(at));
-        h.insert(WEBHOOK_SIGNATURE, value(signatures)?);
+    }
+    match &sub.secret {
+        // Signed the Standard Webhooks way too, over this attempt's time (a retry is signed
+        // anew, so a receiver's tolerance of a few minutes never refuses a late retry).
+        Some(secret) if hub.settings.standard_webhooks => {
+            let now = Timestamp::now();
+            let at = now.0.div_euclid(1_000_000);
+            let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
+            // During a rotation's grace period the previous secret signs too (receivers
+            // accept any one of the space-separated signatures).
+            let signatures = match &sub.previous_secret {
+                Some((old, until)) if now < *until => format!("{} {}", sign(secret), sign(old)),
+                _ => sign(secret),
+            };
+            h.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(at));
+            h.insert(WEBHOOK_SIGNATURE, value(signatures)?);
+        }
+        _ => {}
     }
     h.insert(WEBHOOK_ID, value(id)?);
     if let Some(t) = token {

@@ -78,6 +78,8 @@ pub struct HubSettings {
     pub topic_base: String,
     pub base_url: String,
     pub alg: SignatureAlg,
+    /// Signed deliveries also carry the Standard Webhooks signature.
+    pub standard_webhooks: bool,
     pub lease_default: u64,
     pub lease_min: u64,
     pub lease_max: u64,
@@ -118,6 +120,7 @@ impl HubSettings {
             topic_base: c.topic_base(),
             base_url: c.base_url(),
             alg: h.signature_algorithm,
+            standard_webhooks: h.standard_webhooks,
             lease_default: h.lease_default_secs,
             lease_min: h.lease_min_secs,
             lease_max: h.lease_max_secs,

@@ -1246,6 +1246,33 @@ async fn signed_deliveries_pass_the_standard_webhooks_library() {
     app.stop().await;
 }
 
+/// `hub.standard_webhooks = false`: a signed delivery carries WebSub's signature and the
+/// message id only, and the signature is still the right one.
+#[tokio::test]
+async fn standard_webhooks_off_signs_the_websub_way_only() {
+    let (mut c, _d) = hub_config();
+    c.hub.standard_webhooks = false;
+    let app = start(c).await;
+    let sub = TestSubscriber::start().await;
+    let t = topic(&app, "papers/changes");
+    subscribed(&app, &sub, &t, "/ws", &[("hub.secret", "s3cret")]).await;
+    let (status, text) = fat_ping(&app, &t, "<urlset/>").await;
+    assert_eq!(status, 200, "{text}");
+    let d = &sub.wait_deliveries("/ws", 1).await[0];
+    let want = format!(
+        "sha256={}",
+        hmac_hex::<Hmac<sha2::Sha256>>(b"s3cret", &d.body)
+    );
+    assert_eq!(d.header("x-hub-signature"), Some(want.as_str()));
+    assert!(d
+        .header("webhook-id")
+        .is_some_and(|i| i.starts_with("msg_")));
+    for h in ["webhook-signature", "webhook-timestamp"] {
+        assert_eq!(d.header(h), None, "{h} is sent although switched off");
+    }
+    app.stop().await;
+}
+
 /// What the official Standard Webhooks libraries (Python's, then JavaScript's) say of delivery
 /// `d`, with its body replaced by `body` when given, for each of `secrets` (given as WebSub
 /// `hub.secret`s): `null` where it verifies, else the library's error.
