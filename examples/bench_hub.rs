@@ -4,13 +4,14 @@
 //! cargo run --release --example bench_hub -- [--subscribers 100,500,1000] [--notifications 20]
 //!     [--hung N] [--failing N] [--limited PER_SEC] [--request-timeout-secs 10]
 //! cargo run --release --example bench_hub -- --compare-signatures PAIRS
-//!     [--subscribers 100] [--notifications 300]
+//!     [--subscribers 100] [--notifications 300] [--control]
 //! ```
 //!
 //! With `--compare-signatures PAIRS`, what the signatures cost in one run: two hubs in this
 //! process (both signatures; `hub.standard_webhooks = false`) and unsigned subscribers, rounds
 //! of each in turn, paired ratios of deliveries/s and of the process's CPU a delivery with a
-//! bootstrap interval of their medians (see `compare_signatures`).
+//! bootstrap interval of their medians (see `compare_signatures`); `--control` makes the second
+//! hub sign both ways as well, to see what the comparison finds where there is nothing.
 //!
 //! With `--hung N` / `--failing N`, each round runs twice: as above, then with N more callbacks
 //! on the same topic that never answer (or answer 500), printing the healthy subscribers'
@@ -463,8 +464,19 @@ async fn compare_signatures(
     notifications: usize,
     pairs: usize,
 ) -> anyhow::Result<()> {
+    // `--control`: the second hub signs both ways too, so its figures show what the
+    // comparison itself is worth (it should find nothing).
+    let control = std::env::args().any(|a| a == "--control");
+    if control {
+        println!("control run: the second hub signs both ways too");
+    }
     let both = HubUnderTest::start("-both", true).await?;
-    let websub = HubUnderTest::start("-websub", false).await?;
+    let websub = HubUnderTest::start("-websub", control).await?;
+    let second = if control {
+        "both, second hub"
+    } else {
+        "X-Hub-Signature only"
+    };
     let callbacks = |from: usize| -> Vec<String> {
         (from..from + n)
             .map(|i| format!("http://{recv_addr}/cb/{i}"))
@@ -472,7 +484,7 @@ async fn compare_signatures(
     };
     let variants = [
         ("both signatures", &both, true),
-        ("X-Hub-Signature only", &websub, true),
+        (second, &websub, true),
         ("unsigned", &websub, false),
     ];
     let mut topics = Vec::new();
@@ -522,7 +534,7 @@ async fn compare_signatures(
             median(&mut cpu)
         );
     }
-    for (against, label) in [(1, "X-Hub-Signature only"), (2, "unsigned")] {
+    for (against, label) in [(1, second), (2, "unsigned")] {
         let rate: Vec<f64> = (0..pairs)
             .map(|t| got[0][t].0 / got[against][t].0)
             .collect();
