@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
-use crate::http::{self, AppState};
+use crate::http::{self, AppState, Shared};
 use crate::hub::Hub;
 use crate::model::{SetName, Timestamp};
 use crate::notify::Notifier;
@@ -187,7 +187,7 @@ async fn serve(
         .oai
         .enabled
         .then(|| Arc::new(crate::oaipmh::Repository::new(source.clone())));
-    let app = http::router(AppState {
+    let app = http::router(AppState::new(Shared {
         config: config.clone(),
         source,
         hub,
@@ -196,7 +196,7 @@ async fn serve(
         collectors,
         oai,
         console_key: Default::default(),
-    });
+    }));
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 
     let grace = Duration::from_secs(config.server.shutdown_grace_secs);

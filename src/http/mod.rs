@@ -25,9 +25,27 @@ use crate::hub::Hub;
 use crate::notify::Notifier;
 use crate::source::Source;
 
-/// What every handler can reach.
+/// What every handler can reach: one `Arc`, because every request clones it several times
+/// (each middleware and each `State` extractor), and a clone of the parts themselves cost a
+/// dozen atomic increments and an allocation (the collectors' owner name) each time.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl AppState {
+    pub fn new(shared: Shared) -> AppState {
+        AppState(Arc::new(shared))
+    }
+}
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// The parts of [`AppState`].
+pub struct Shared {
     pub config: Arc<Config>,
     pub source: Arc<Source>,
     pub hub: Arc<Hub>,
@@ -114,7 +132,8 @@ pub fn router(state: AppState) -> Router {
         let sc = state.config.set_config(name);
         if let (Some(path), Some(root)) = (sc.served_path(&base), sc.root_dir()) {
             tracing::info!(set = %name, path = %path, root = %root.display(), "serving resource files");
-            let root = Arc::new(root.to_path_buf());
+            // Absolute once, so that a file's path is (behind nginx it is sent by name).
+            let root = Arc::new(std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf()));
             app = app.nest(
                 &path,
                 Router::new().route(
@@ -132,10 +151,6 @@ pub fn router(state: AppState) -> Router {
     .layer(axum::middleware::from_fn_with_state(
         state.clone(),
         json_errors,
-    ))
-    .layer(axum::middleware::from_fn_with_state(
-        state.clone(),
-        count_unavailable,
     ))
     // What answers byte ranges (documents, resource files, dump files: `Accept-Ranges`) is
     // served as it is: its ranges and its strong ETag are of those bytes, a resumed download
@@ -159,24 +174,11 @@ pub fn router(state: AppState) -> Router {
     .with_state(state)
 }
 
-/// Every 503 is the store being unavailable: count it for `/metrics`.
-async fn count_unavailable(
-    State(st): State<AppState>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let resp = next.run(req).await;
-    if resp.status() == StatusCode::SERVICE_UNAVAILABLE
-        && resp.extensions().get::<crate::error::Shed>().is_none()
-    {
-        st.hub.metrics().store_errors.inc();
-    }
-    resp
-}
-
 /// One error shape for the whole public API: every 4xx/5xx body that is not already JSON
 /// (the framework's own 405, 413 and extractor rejections, empty bodies, file-server 404s)
 /// becomes `{"error": "<reason>"}`. The hub's endpoint keeps WebSub's plain-text reasons.
+/// Every 503 but a shed request is the store being unavailable: counted for `/metrics`.
+/// (One middleware for both: each layer costs every request a boxed future and a clone.)
 async fn json_errors(
     State(st): State<AppState>,
     req: axum::extract::Request,
@@ -189,6 +191,11 @@ async fn json_errors(
     let method = req.method().clone();
     let resp = next.run(req).await;
     let status = resp.status();
+    if status == StatusCode::SERVICE_UNAVAILABLE
+        && resp.extensions().get::<crate::error::Shed>().is_none()
+    {
+        st.hub.metrics().store_errors.inc();
+    }
     // JSON errors already, and the console's pages (which say what went wrong as a page).
     let is_json = resp
         .headers()
