@@ -305,7 +305,12 @@ fn accel_target(prefix: &str, file: &std::path::Path) -> Option<HeaderValue> {
         .remove(b'_')
         .remove(b'.')
         .remove(b'~');
-    let abs = std::path::absolute(file).ok()?;
+    // The page cache's paths are absolute already (made so once); a set's files may not be.
+    let abs = if file.is_absolute() {
+        std::borrow::Cow::Borrowed(file)
+    } else {
+        std::borrow::Cow::Owned(std::path::absolute(file).ok()?)
+    };
     let bytes = abs.as_os_str().as_bytes();
     let encoded = percent_encoding::percent_encode(bytes.strip_prefix(b"/")?, KEEP).to_string();
     HeaderValue::from_str(&format!("{prefix}{encoded}")).ok()

@@ -48,6 +48,9 @@ pub struct PageMeta {
     pub gzip_len: u64,
     /// File stem in the cache directory: `<stem>.xml` and `<stem>.xml.gz`.
     pub stem: String,
+    /// Those two files' absolute paths, made once (they are asked for with every request).
+    #[serde(skip)]
+    pub files: Arc<[PathBuf; 2]>,
 }
 
 impl PageMeta {
@@ -76,6 +79,14 @@ struct Inner {
 /// How long the files of a replaced or evicted page stay (see [`Inner::retired`]).
 pub const RETIRED_KEPT: Duration = Duration::from_secs(2);
 
+/// A page's two files: `<stem>.xml` and `<stem>.xml.gz` in `dir`.
+fn files_of(dir: &Path, stem: &str) -> Arc<[PathBuf; 2]> {
+    Arc::new([
+        dir.join(format!("{stem}.xml")),
+        dir.join(format!("{stem}.xml.gz")),
+    ])
+}
+
 fn sha_hex(s: &str, n: usize) -> String {
     let mut h = hex_digest(Sha256::digest(s.as_bytes()));
     h.truncate(n);
@@ -86,6 +97,8 @@ impl DiskCache {
     /// Opens (creating) the cache directory and reads back the pages it holds, removing
     /// temporary files, records whose files are missing or short, and files no record names.
     pub fn open(dir: &Path, max_bytes: u64) -> io::Result<DiskCache> {
+        // Absolute, so that the pages' paths are (nginx is sent to them by name).
+        let dir = &std::path::absolute(dir)?;
         let tmp = dir.join("tmp");
         fs::create_dir_all(&tmp)?;
         for e in fs::read_dir(&tmp)? {
@@ -109,8 +122,9 @@ impl DiskCache {
                             && path.file_stem().is_some_and(|s| *s == *sha_hex(&m.key, 32))
                     });
                 match meta {
-                    Some(m) => {
+                    Some(mut m) => {
                         let modified = e.metadata()?.modified()?;
+                        m.files = files_of(dir, &m.stem);
                         records.push((modified, m));
                     }
                     None => {
@@ -184,11 +198,7 @@ impl DiskCache {
     }
 
     pub fn path(&self, meta: &PageMeta, gzip: bool) -> PathBuf {
-        self.dir.join(if gzip {
-            format!("{}.xml.gz", meta.stem)
-        } else {
-            format!("{}.xml", meta.stem)
-        })
+        meta.files[gzip as usize].clone()
     }
 
     /// Bytes held (both forms of every page).
@@ -232,6 +242,7 @@ impl DiskCache {
             entries: page.entries,
             len: page.len,
             gzip_len: page.gzip_len,
+            files: files_of(&self.dir, &stem),
             stem,
         };
         // The same version put again (its files at the same paths): no longer retired, so

@@ -747,7 +747,7 @@ impl Source {
     }
 
     fn paths(&self, meta: &PageMeta) -> Arc<[PathBuf; 2]> {
-        Arc::new([self.disk.path(meta, false), self.disk.path(meta, true)])
+        meta.files.clone()
     }
 
     /// A document for a page on disk, kept in memory too when it is small.
