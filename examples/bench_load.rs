@@ -100,6 +100,21 @@ fn proc_mb(pid: u32, field: &str) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// CPU seconds (user + system) process `pid` has used so far.
+fn proc_cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    f.iter().sum::<f64>() / hz
+}
+
 fn record_url(i: u64) -> String {
     format!("http://records.example.org/r/{i:08}")
 }
@@ -671,6 +686,7 @@ async fn main() -> anyhow::Result<()> {
     };
     let load = (readers, secs);
     let mut bare_pass = None;
+    let mut server_cpu = None;
     let (ours, elapsed, theirs_same_load) = if same_load {
         // Both under the same background load, in alternating slices (ours, nginx, nginx,
         // ours, ...): a machine whose speed drifts over minutes weighs on both alike.
@@ -686,6 +702,8 @@ async fn main() -> anyhow::Result<()> {
             Arc::new(Figures::default()),
         );
         let mut took = [0.0f64; 3];
+        // The server's CPU during each contender's slices.
+        let mut cpu = [0.0f64; 3];
         for i in 0..(secs / slice).max(1) {
             // ours, nginx[, bare], then the other way round.
             let mut order = vec![0, 1];
@@ -697,6 +715,7 @@ async fn main() -> anyhow::Result<()> {
             }
             for who in order {
                 let t = Instant::now();
+                let cpu0 = proc_cpu_secs(pid);
                 let (base, figures) = match who {
                     0 => (&read_base, &ours),
                     1 => (&nginx_base, &theirs),
@@ -704,8 +723,10 @@ async fn main() -> anyhow::Result<()> {
                 };
                 read_load(base, &paths, readers, slice, figures.clone()).await;
                 took[who] += t.elapsed().as_secs_f64();
+                cpu[who] += proc_cpu_secs(pid) - cpu0;
             }
         }
+        server_cpu = Some((cpu, took));
         let (ours_secs, theirs_secs) = (took[0], took[1]);
         stop_nginx(nginx);
         if let Some((b, _)) = bare {
@@ -760,6 +781,17 @@ async fn main() -> anyhow::Result<()> {
         lags.len(),
         if same_load { " (both passes)" } else { "" }
     );
+    if let Some((cpu, took)) = server_cpu {
+        // What serving costs the server itself: its CPU in its own slices beyond what the
+        // background load (ingest, deliveries) costs it in nginx's.
+        let core = |i: usize| cpu[i] / took[i].max(1e-9);
+        println!(
+            "  server CPU: {:.2} core in its own slices, {:.2} in nginx's: {:.0} µs a document served",
+            core(0),
+            core(1),
+            (core(0) - core(1)) * 1e6 / our_docs.max(1e-9)
+        );
+    }
     drop(server.stdin.take());
     let _ = server.wait();
     if let Some(f) = front {
