@@ -896,11 +896,10 @@ fn request(
             X_HUB_SIGNATURE,
             value(signature(sub.alg, secret.as_bytes(), &m.body))?,
         );
-    }
-    match &sub.secret {
-        // Signed the Standard Webhooks way too, over this attempt's time (a retry is signed
-        // anew, so a receiver's tolerance of a few minutes never refuses a late retry).
-        Some(secret) if hub.settings.standard_webhooks => {
+        // Signed the Standard Webhooks way too (unless switched off), over this attempt's
+        // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
+        // refuses a late retry).
+        if hub.settings.standard_webhooks {
             let now = Timestamp::now();
             let at = now.0.div_euclid(1_000_000);
             let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
@@ -913,7 +912,6 @@ fn request(
             h.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(at));
             h.insert(WEBHOOK_SIGNATURE, value(signatures)?);
         }
-        _ => {}
     }
     h.insert(WEBHOOK_ID, value(id)?);
     if let Some(t) = token {
