@@ -116,15 +116,18 @@ impl DiskCache {
                 let meta = fs::read(&path)
                     .ok()
                     .and_then(|b| serde_json::from_slice::<PageMeta>(&b).ok())
+                    .map(|m| PageMeta {
+                        files: files_of(dir, &m.stem),
+                        ..m
+                    })
                     .filter(|m| {
-                        size_of(&dir.join(format!("{}.xml", m.stem))) == Some(m.len)
-                            && size_of(&dir.join(format!("{}.xml.gz", m.stem))) == Some(m.gzip_len)
+                        size_of(&m.files[0]) == Some(m.len)
+                            && size_of(&m.files[1]) == Some(m.gzip_len)
                             && path.file_stem().is_some_and(|s| *s == *sha_hex(&m.key, 32))
                     });
                 match meta {
-                    Some(mut m) => {
+                    Some(m) => {
                         let modified = e.metadata()?.modified()?;
-                        m.files = files_of(dir, &m.stem);
                         records.push((modified, m));
                     }
                     None => {
@@ -252,12 +255,8 @@ impl DiskCache {
             .expect("disk cache lock")
             .retired
             .retain(|(_, m)| m.stem != meta.stem);
-        page.identity
-            .persist(self.path(&meta, false))
-            .map_err(|e| e.error)?;
-        page.gzip
-            .persist(self.path(&meta, true))
-            .map_err(|e| e.error)?;
+        page.identity.persist(&meta.files[0]).map_err(|e| e.error)?;
+        page.gzip.persist(&meta.files[1]).map_err(|e| e.error)?;
         let mut rec = tempfile::NamedTempFile::new_in(&self.tmp)?;
         serde_json::to_writer(&mut rec, &meta)?;
         rec.persist(self.dir.join(format!("{}.json", sha_hex(key, 32))))
@@ -312,8 +311,9 @@ impl DiskCache {
     }
 
     fn remove_files(&self, m: &PageMeta) {
-        let _ = fs::remove_file(self.path(m, false));
-        let _ = fs::remove_file(self.path(m, true));
+        for f in m.files.iter() {
+            let _ = fs::remove_file(f);
+        }
     }
 }
 

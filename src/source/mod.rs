@@ -71,7 +71,6 @@ impl DocKind {
 pub struct Doc {
     pub meta: Arc<PageMeta>,
     mem: Option<Arc<MemPage>>,
-    paths: Arc<[PathBuf; 2]>,
 }
 
 impl Doc {
@@ -120,7 +119,7 @@ impl Doc {
     /// The file holding one form. It may be replaced by a newer version at any moment: open
     /// it and read from the open file ([`Source::open_document`] retries when it is already gone).
     pub fn path(&self, gzip: bool) -> &Path {
-        &self.paths[gzip as usize]
+        &self.meta.files[gzip as usize]
     }
 
     /// One form, whole (for tools and benchmarks; the server streams from the file).
@@ -717,7 +716,6 @@ impl Source {
                 .inc();
             return Ok(Some(Doc {
                 meta: page.meta.clone(),
-                paths: self.paths(&page.meta),
                 mem: Some(page),
             }));
         }
@@ -736,7 +734,6 @@ impl Source {
         if let Some(page) = self.memory.latest(key) {
             return Ok(Some(Doc {
                 meta: page.meta.clone(),
-                paths: self.paths(&page.meta),
                 mem: Some(page),
             }));
         }
@@ -746,17 +743,12 @@ impl Source {
         }
     }
 
-    fn paths(&self, meta: &PageMeta) -> Arc<[PathBuf; 2]> {
-        meta.files.clone()
-    }
-
     /// A document for a page on disk, kept in memory too when it is small.
     async fn remember(&self, meta: Arc<PageMeta>) -> Result<Doc, SourceError> {
-        let paths = self.paths(&meta);
+        let paths = meta.files.clone();
         let mut doc = Doc {
             meta: meta.clone(),
             mem: None,
-            paths: paths.clone(),
         };
         if meta.bytes() <= self.config.source.memory_page_max_bytes as u64 {
             let read = blocking(move || {
