@@ -153,6 +153,22 @@ async fn publish(
     Ok(())
 }
 
+/// From receipts (notification number, when) of notifications sent at `sent[number]`: the
+/// last receipt (`start` when none) and the publish-to-receipt latencies, sorted.
+fn latencies(
+    got: &[(usize, Instant)],
+    sent: &[Instant],
+    start: Instant,
+) -> (Instant, Vec<Duration>) {
+    let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
+    let mut lat: Vec<Duration> = got
+        .iter()
+        .map(|(k, at)| at.duration_since(sent[*k]))
+        .collect();
+    lat.sort();
+    (last, lat)
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -189,17 +205,7 @@ impl HubUnderTest {
             let _ = stop_rx.await;
         }));
         let client = reqwest::Client::builder().no_proxy().build()?;
-        for _ in 0..100 {
-            if client
-                .get(format!("http://{addr}/healthz"))
-                .send()
-                .await
-                .is_ok()
-            {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        common::wait_healthz(&client, addr).await;
         let store = Store::open_embedded(&db)?;
         Ok(HubUnderTest {
             addr,
@@ -256,18 +262,6 @@ struct Round {
     cpu_secs: f64,
 }
 
-/// CPU time (user + system) of this process so far, in seconds.
-fn cpu_secs() -> f64 {
-    let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: getrusage fills the struct it is given.
-    let u = unsafe {
-        libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
-        u.assume_init()
-    };
-    let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-    t(u.ru_utime) + t(u.ru_stime)
-}
-
 /// Publishes `notifications` fat pings to `topic` back to back and waits until each of its
 /// `subscribers` has received every one.
 async fn round(
@@ -279,7 +273,7 @@ async fn round(
     receipts: &Receipts,
 ) -> anyhow::Result<Round> {
     receipts.lock().unwrap().clear();
-    let cpu0 = cpu_secs();
+    let cpu0 = common::proc_cpu_secs("self");
     let mut sent = Vec::with_capacity(notifications);
     let start = Instant::now();
     for k in 0..notifications {
@@ -297,14 +291,9 @@ async fn round(
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let cpu_secs = cpu_secs() - cpu0;
+    let cpu_secs = common::proc_cpu_secs("self") - cpu0;
     let got = receipts.lock().unwrap().clone();
-    let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
-    let mut lat: Vec<Duration> = got
-        .iter()
-        .map(|(k, at)| at.duration_since(sent[*k]))
-        .collect();
-    lat.sort();
+    let (last, lat) = latencies(&got, &sent, start);
     Ok(Round {
         deliveries: want,
         secs: last.duration_since(start).as_secs_f64(),
@@ -835,12 +824,7 @@ async fn sharded(es: &str) -> anyhow::Result<()> {
             .flatten()
             .copied()
             .collect();
-        let last = got.iter().map(|(_, at)| *at).max().unwrap_or(start);
-        let mut lat: Vec<Duration> = got
-            .iter()
-            .map(|(k, at)| at.duration_since(sent[*k]))
-            .collect();
-        lat.sort();
+        let (last, lat) = latencies(&got, &sent, start);
         let mut shares = Vec::new();
         for (c, b) in procs.iter().zip(&before) {
             shares.push(

@@ -90,31 +90,6 @@ fn config(dir: &Path, part: u32) -> Config {
     c
 }
 
-fn proc_mb(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
-        .and_then(|kb| kb.parse::<f64>().ok())
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
-/// CPU seconds (user + system) process `pid` has used so far.
-fn proc_cpu_secs(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis; utime and stime are the 14th and 15th.
-    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<f64> = rest
-        .split_whitespace()
-        .skip(11)
-        .take(2)
-        .filter_map(|v| v.parse().ok())
-        .collect();
-    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-    f.iter().sum::<f64>() / hz
-}
-
 fn record_url(i: u64) -> String {
     format!("http://records.example.org/r/{i:08}")
 }
@@ -595,7 +570,7 @@ async fn main() -> anyhow::Result<()> {
         t.elapsed().as_secs_f64()
     );
     // nginx serves the Source Description at this path as a file.
-    let rss_start = proc_mb(pid, "VmRSS");
+    let rss_start = common::proc_status_mb(&pid.to_string(), "VmRSS:");
     std::fs::write(format!("/proc/{pid}/clear_refs"), "5")?;
 
     // Behind nginx: readers and ingest go through it (the subscriptions were made directly;
@@ -715,7 +690,7 @@ async fn main() -> anyhow::Result<()> {
             }
             for who in order {
                 let t = Instant::now();
-                let cpu0 = proc_cpu_secs(pid);
+                let cpu0 = common::proc_cpu_secs(&pid.to_string());
                 let (base, figures) = match who {
                     0 => (&read_base, &ours),
                     1 => (&nginx_base, &theirs),
@@ -723,7 +698,7 @@ async fn main() -> anyhow::Result<()> {
                 };
                 read_load(base, &paths, readers, slice, figures.clone()).await;
                 took[who] += t.elapsed().as_secs_f64();
-                cpu[who] += proc_cpu_secs(pid) - cpu0;
+                cpu[who] += common::proc_cpu_secs(&pid.to_string()) - cpu0;
             }
         }
         server_cpu = Some((cpu, took));
@@ -751,7 +726,7 @@ async fn main() -> anyhow::Result<()> {
         (ours, elapsed, None)
     };
     let ingested_ours = ingested.load(Relaxed);
-    let peak = proc_mb(pid, "VmHWM");
+    let peak = common::proc_status_mb(&pid.to_string(), "VmHWM:");
     let (our_docs, our_p99) = ours.print(label, elapsed);
     let ingest_secs = elapsed
         + theirs_same_load.as_ref().map_or(0.0, |t| t.1)
@@ -767,7 +742,7 @@ async fn main() -> anyhow::Result<()> {
     let _ = ingest.await;
     // Let the last notifications arrive and the server settle.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let rss_end = proc_mb(pid, "VmRSS");
+    let rss_end = common::proc_status_mb(&pid.to_string(), "VmRSS:");
     let mut lags = sink.lags_us.lock().unwrap().clone();
     lags.sort_unstable();
     let lag_p99 = lags

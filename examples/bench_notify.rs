@@ -16,6 +16,8 @@
 //! a change's latency runs from the writer's bulk request being answered to receipt, and
 //! includes adoption and the poll interval (`--poll-ms`, default the configured 1000).
 
+mod common;
+
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -122,17 +124,7 @@ async fn main() -> anyhow::Result<()> {
     tokio::spawn(async move { axum::serve(recv, app).await });
 
     let client = reqwest::Client::builder().no_proxy().build()?;
-    for _ in 0..100 {
-        if client
-            .get(format!("http://{addr}/healthz"))
-            .send()
-            .await
-            .is_ok()
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    common::wait_healthz(&client, addr).await;
     let r = client
         .post(format!("http://{addr}/hub"))
         .form(&[

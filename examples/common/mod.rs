@@ -35,13 +35,39 @@ pub fn py_tool(name: &str) -> PathBuf {
     name.into()
 }
 
-/// User + system CPU seconds of a process (`"self"` or a pid), from `/proc`.
+/// User + system CPU seconds of a process (`"self"` or a pid): for this process from
+/// `getrusage` (microseconds), for another from `/proc` (clock ticks).
 pub fn proc_cpu_secs(pid: &str) -> f64 {
+    if pid == "self" {
+        let mut u = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+        // SAFETY: getrusage fills the struct it is given (and it starts zeroed).
+        let u = unsafe {
+            libc::getrusage(libc::RUSAGE_SELF, u.as_mut_ptr());
+            u.assume_init()
+        };
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        return t(u.ru_utime) + t(u.ru_stime);
+    }
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
     let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
     let f: Vec<&str> = after.split_whitespace().collect();
     let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
     (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Waits (up to 2 s) until the server at `addr` answers `/healthz`.
+pub async fn wait_healthz(client: &reqwest::Client, addr: impl std::fmt::Display) {
+    for _ in 0..100 {
+        if client
+            .get(format!("http://{addr}/healthz"))
+            .send()
+            .await
+            .is_ok()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// A `/proc/<pid>/status` size field (`"VmRSS:"`, `"VmHWM:"`) of a process, in MB.
