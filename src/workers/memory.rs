@@ -35,10 +35,13 @@ mod glibc {
     }
 }
 
-/// Caps the allocator's arenas (call once, early).
+/// Caps the allocator's arenas (call once, early), unless the environment sets glibc's own
+/// `MALLOC_ARENA_MAX`, which an operator who set it expects to hold.
 pub fn configure() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    glibc::limit_arenas(2);
+    if std::env::var_os("MALLOC_ARENA_MAX").is_none() {
+        glibc::limit_arenas(2);
+    }
 }
 
 /// Hands freed memory back to the system every `every`, until cancelled.
