@@ -22,7 +22,7 @@ use crate::config::{Config, SITEMAP_MAX_BYTES};
 use crate::digest::hex_digest;
 use crate::model::{Change, ChangeType, Link, Resource, SetConfig, SetName, Timestamp};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
-use crate::store::{ChangeListInfo, ListPolicy, PartDelta, PartInfo, Store, StoreError};
+use crate::store::{Built, ChangeListInfo, ListPolicy, PartDelta, PartInfo, Store, StoreError};
 
 /// A document the source serves.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -325,9 +325,13 @@ fn merge_into(
     old.seek(std::io::SeekFrom::Start(base.head))?;
     let mut entries = base.built.entries.iter().copied().peekable();
     let mut changed = delta.changed.into_iter().peekable();
-    let mut kept = Vec::with_capacity(delta.positions.len());
+    // No resource came or went since: the positions are the last build's.
+    let positions = delta
+        .positions
+        .unwrap_or_else(|| base.built.entries.iter().map(|&(p, _)| p).collect());
+    let mut kept = Vec::with_capacity(positions.len());
     let (mut buf, mut loc) = (Vec::new(), String::new());
-    for pos in delta.positions {
+    for pos in positions {
         // Entries of resources gone since.
         while let Some((_, len)) = entries.next_if(|&(p, _)| p < pos) {
             old.seek_relative(len.into())?;
@@ -1364,9 +1368,13 @@ impl Source {
             let base = self.bases.lock().expect("bases").get(key).cloned();
             if let Some(base) = base.filter(|b| b.built.last_seq <= part.last_seq) {
                 let limit = (part.count as usize / 4).max(self.config.source.store_page_size);
+                let built = Built {
+                    count: base.built.entries.len(),
+                    last_position: base.built.entries.last().map_or(0, |&(p, _)| p),
+                };
                 if let Some(delta) = self
                     .store
-                    .part_delta(set, part.no, base.built.last_seq, limit)
+                    .part_delta(set, part.no, base.built.last_seq, built, limit)
                     .await?
                 {
                     let (g, sc) = (new()?, sc.clone());

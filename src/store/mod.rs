@@ -215,12 +215,21 @@ pub struct PartInfo {
 /// at one moment: enough to bring a page built from the part then up to now.
 #[derive(Debug, Clone, Default)]
 pub struct PartDelta {
-    /// Every resource of the part now, as its position in the part's order, ascending.
-    pub positions: Vec<i64>,
+    /// Every resource of the part now, as its position in the part's order, ascending;
+    /// `None` when they are those of the build the delta was asked against ([`Built`]).
+    pub positions: Option<Vec<i64>>,
     /// The part's resources that changes after it touched, with their positions, in order.
     pub changed: Vec<(i64, Resource)>,
     /// The last change the delta reflects: the part's `last_seq` now.
     pub last_seq: i64,
+}
+
+/// What a page built from a part held, for [`SetStore::part_delta`]: how many resources, and
+/// the last one's position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Built {
+    pub count: usize,
+    pub last_position: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -342,14 +351,16 @@ pub trait SetStore: Send + Sync {
     }
 
     /// What changed in part `part` after change `since` (a part's `last_seq` when a page was
-    /// made from it): the part's positions now and the resources touched since. `None` when
-    /// more than `limit` changes came after it (building the page whole is then cheaper), or
-    /// from a backend that cannot tell.
+    /// made from it, holding what `built` says): the part's positions now, unless they are
+    /// still the build's, and the resources touched since. `None` when more than `limit`
+    /// changes came after it (building the page whole is then cheaper), or from a backend that
+    /// cannot tell.
     async fn part_delta(
         &self,
         _set: &SetName,
         _part: u32,
         _since: i64,
+        _built: Built,
         _limit: usize,
     ) -> Result<Option<PartDelta>, StoreError> {
         Ok(None)

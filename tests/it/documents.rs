@@ -652,6 +652,35 @@ async fn a_part_brought_up_to_date_has_the_entries_of_one_built_whole() {
         3,
         "each part brought up to date from its last build"
     );
+    // Then only updates in the first two parts (their resources stay, their positions are
+    // not read again), and in the last one a deletion and a creation (as many resources as
+    // before, not the same ones).
+    let changes = [
+        line(
+            "updated",
+            3,
+            r#","md5":"66666666666666666666666666666666","length":6"#,
+        ),
+        line(
+            "updated",
+            1200,
+            r#","md5":"77777777777777777777777777777777","length":7"#,
+        ),
+        line("deleted", 2001, ""),
+        line(
+            "created",
+            9001,
+            r#","md5":"88888888888888888888888888888888","length":8"#,
+        ),
+    ];
+    app.ingest_ok("big", &changes.join("\n")).await;
+    let third = part_entries(&app).await;
+    assert!(third[0].contains("66666666666666666666666666666666"));
+    assert!(third[1].contains("77777777777777777777777777777777"));
+    assert!(
+        third[2].contains(&url(9001)) && !third[2].contains(&format!("<loc>{}</loc>", url(2001)))
+    );
+    assert_eq!(brought_up_to_date(&app).await, 6);
 
     // The same store, built from scratch by a server that never built these pages.
     let config = app.config.clone();
@@ -660,7 +689,7 @@ async fn a_part_brought_up_to_date_has_the_entries_of_one_built_whole() {
     let app = TestApp::start_with(config.clone()).await;
     assert_eq!(
         part_entries(&app).await,
-        second,
+        third,
         "the entries a whole build has"
     );
     assert_eq!(brought_up_to_date(&app).await, 0);
@@ -677,9 +706,9 @@ async fn a_part_brought_up_to_date_has_the_entries_of_one_built_whole() {
         ),
     )
     .await;
-    let third = part_entries(&app).await;
-    assert!(third[0].contains("55555555555555555555555555555555"));
-    assert_eq!(third[1..], second[1..]);
+    let fourth = part_entries(&app).await;
+    assert!(fourth[0].contains("55555555555555555555555555555555"));
+    assert_eq!(fourth[1..], third[1..]);
     assert_eq!(brought_up_to_date(&app).await, 0, "nothing to start from");
     app.stop().await;
     drop(dir);

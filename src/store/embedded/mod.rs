@@ -15,7 +15,7 @@ use notify::state_from_row;
 
 use super::{
     ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, NotifyState, OpenTotals,
-    Page, PartDelta, PartInfo, SetInfo, SetStore, StoreError,
+    Built, Page, PartDelta, PartInfo, SetInfo, SetStore, StoreError,
 };
 use crate::model::{
     Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey,
@@ -841,15 +841,18 @@ impl SetStore for EmbeddedStore {
         set: &SetName,
         part: u32,
         since: i64,
+        built: Built,
         limit: usize,
     ) -> Result<Option<PartDelta>, StoreError> {
         let set = set.clone();
         self.read(move |c| {
-            let last_seq: Option<i64> = c
-                .prepare_cached("SELECT last_seq FROM rl_parts WHERE set_name = ?1 AND part = ?2")?
-                .query_row(params![set.as_str(), part], |r| r.get(0))
+            let part_now: Option<(i64, i64)> = c
+                .prepare_cached(
+                    "SELECT last_seq, count FROM rl_parts WHERE set_name = ?1 AND part = ?2",
+                )?
+                .query_row(params![set.as_str(), part], |r| Ok((r.get(0)?, r.get(1)?)))
                 .optional()?;
-            let Some(last_seq) = last_seq else {
+            let Some((last_seq, count)) = part_now else {
                 return Ok(None);
             };
             // Changes are numbered in commit order across sets: those after `since` are the
@@ -875,12 +878,24 @@ impl SetStore for EmbeddedStore {
                     changed.push((r.get(0)?, resource_from_row(r)?));
                 }
             }
-            let positions = c
-                .prepare_cached(
-                    "SELECT rid FROM resources WHERE set_name = ?1 AND part = ?2 ORDER BY rid",
-                )?
-                .query_map(params![set.as_str(), part], |r| r.get(0))?
-                .collect::<Result<Vec<i64>, _>>()?;
+            // Rids only grow, so a resource made since has a rid past the build's last: when
+            // none of those was touched and the count is the build's, no resource came or went,
+            // and the part's 50,000 positions need not be read again (most rebuilds: updates).
+            let same = count == built.count as i64
+                && changed
+                    .last()
+                    .is_none_or(|(rid, _)| *rid <= built.last_position);
+            let positions = if same {
+                None
+            } else {
+                Some(
+                    c.prepare_cached(
+                        "SELECT rid FROM resources WHERE set_name = ?1 AND part = ?2 ORDER BY rid",
+                    )?
+                    .query_map(params![set.as_str(), part], |r| r.get(0))?
+                    .collect::<Result<Vec<i64>, _>>()?,
+                )
+            };
             Ok(Some(PartDelta {
                 positions,
                 changed,
