@@ -14,8 +14,8 @@ use super::plan;
 use notify::state_from_row;
 
 use super::{
-    ApplyError, ApplyOutcome, ChangeListInfo, Counts, Cursor, ListPolicy, NotifyState, OpenTotals,
-    Built, Page, PartDelta, PartInfo, SetInfo, SetStore, StoreError,
+    ApplyError, ApplyOutcome, Built, ChangeListInfo, Counts, Cursor, ListPolicy, NotifyState,
+    OpenTotals, Page, PartDelta, PartInfo, SetInfo, SetStore, StoreError,
 };
 use crate::model::{
     Change, ChangeType, Link, Location, LocationType, NewChange, Resource, ResourceKey,
