@@ -57,6 +57,11 @@ impl PageMeta {
     pub fn bytes(&self) -> u64 {
         self.len + self.gzip_len
     }
+
+    /// The file holding one form.
+    pub fn path(&self, gzip: bool) -> &Path {
+        &self.files[gzip as usize]
+    }
 }
 
 pub struct DiskCache {
@@ -121,8 +126,8 @@ impl DiskCache {
                         ..m
                     })
                     .filter(|m| {
-                        size_of(&m.files[0]) == Some(m.len)
-                            && size_of(&m.files[1]) == Some(m.gzip_len)
+                        size_of(m.path(false)) == Some(m.len)
+                            && size_of(m.path(true)) == Some(m.gzip_len)
                             && path.file_stem().is_some_and(|s| *s == *sha_hex(&m.key, 32))
                     });
                 match meta {
@@ -200,10 +205,6 @@ impl DiskCache {
             .cloned()
     }
 
-    pub fn path(&self, meta: &PageMeta, gzip: bool) -> PathBuf {
-        meta.files[gzip as usize].clone()
-    }
-
     /// Bytes held (both forms of every page).
     pub fn bytes(&self) -> u64 {
         self.inner.lock().expect("disk cache lock").bytes
@@ -255,8 +256,10 @@ impl DiskCache {
             .expect("disk cache lock")
             .retired
             .retain(|(_, m)| m.stem != meta.stem);
-        page.identity.persist(&meta.files[0]).map_err(|e| e.error)?;
-        page.gzip.persist(&meta.files[1]).map_err(|e| e.error)?;
+        page.identity
+            .persist(meta.path(false))
+            .map_err(|e| e.error)?;
+        page.gzip.persist(meta.path(true)).map_err(|e| e.error)?;
         let mut rec = tempfile::NamedTempFile::new_in(&self.tmp)?;
         serde_json::to_writer(&mut rec, &meta)?;
         rec.persist(self.dir.join(format!("{}.json", sha_hex(key, 32))))
@@ -454,8 +457,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
         let m = c.put("k", "v1", 7, page(&c, "one")).unwrap();
-        assert_eq!(fs::read(c.path(&m, false)).unwrap(), b"<head>one</head>");
-        let mut gz = flate2::read::GzDecoder::new(File::open(c.path(&m, true)).unwrap());
+        assert_eq!(fs::read(m.path(false)).unwrap(), b"<head>one</head>");
+        let mut gz = flate2::read::GzDecoder::new(File::open(m.path(true)).unwrap());
         let mut s = String::new();
         gz.read_to_string(&mut s).unwrap();
         assert_eq!(s, "<head>one</head>");
@@ -465,25 +468,25 @@ mod tests {
         );
         let m2 = c.put("k", "v2", 8, page(&c, "two")).unwrap();
         assert!(
-            c.path(&m, false).exists() && c.path(&m, true).exists(),
+            m.path(false).exists() && m.path(true).exists(),
             "the old version's files stay a moment (nginx may have been told to send them)"
         );
         c.purge_retired_at(Instant::now() + RETIRED_KEPT);
         assert!(
-            !c.path(&m, false).exists() && !c.path(&m, true).exists(),
+            !m.path(false).exists() && !m.path(true).exists(),
             "the old version's files are removed after that"
         );
-        assert!(c.path(&m2, false).exists() && c.path(&m2, true).exists());
+        assert!(m2.path(false).exists() && m2.path(true).exists());
         // A version put again after it was replaced keeps its files through the purge.
         let m3 = c.put("k", "v3", 9, page(&c, "three")).unwrap();
         let again = c.put("k", "v2", 10, page(&c, "two again")).unwrap();
         assert_eq!(again.stem, m2.stem);
         c.purge_retired_at(Instant::now() + RETIRED_KEPT);
         assert_eq!(
-            fs::read(c.path(&again, false)).unwrap(),
+            fs::read(again.path(false)).unwrap(),
             b"<head>two again</head>"
         );
-        assert!(!c.path(&m3, false).exists());
+        assert!(!m3.path(false).exists());
         let m2 = again;
         drop(c);
         let c = DiskCache::open(dir.path(), 1 << 20).unwrap();
@@ -498,11 +501,11 @@ mod tests {
         let a = c.put("a", "v", 1, page(&c, &"x".repeat(60))).unwrap();
         let b = c.put("b", "v", 1, page(&c, &"y".repeat(60))).unwrap();
         assert!(c.get("a", "v").is_none(), "a was evicted: {}", c.bytes());
-        assert!(c.path(&a, false).exists(), "its files stay a moment");
+        assert!(a.path(false).exists(), "its files stay a moment");
         c.purge_retired_at(Instant::now() + RETIRED_KEPT);
-        assert!(!c.path(&a, false).exists());
+        assert!(!a.path(false).exists());
         assert!(c.get("b", "v").is_some());
-        fs::write(c.path(&b, false), b"short").unwrap();
+        fs::write(b.path(false), b"short").unwrap();
         drop(c);
         let c = DiskCache::open(dir.path(), 200).unwrap();
         assert!(

@@ -119,7 +119,7 @@ impl Doc {
     /// The file holding one form. It may be replaced by a newer version at any moment: open
     /// it and read from the open file ([`Source::open_document`] retries when it is already gone).
     pub fn path(&self, gzip: bool) -> &Path {
-        &self.meta.files[gzip as usize]
+        self.meta.path(gzip)
     }
 
     /// One form, whole (for tools and benchmarks; the server streams from the file).
@@ -653,7 +653,7 @@ impl Source {
                 self.keep_base(
                     &key,
                     PartBase {
-                        file: self.disk.path(&meta, false),
+                        file: meta.path(false).to_path_buf(),
                         head,
                         built,
                     },
