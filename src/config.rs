@@ -221,6 +221,8 @@ pub struct SetDefaults {
 pub struct OaiConfig {
     pub enabled: bool,
     pub page_size: usize,
+    /// Bytes of ListRecords pages kept on disk to be sent again (0: none kept).
+    pub list_cache_max_bytes: u64,
     pub repository_name: String,
     pub admin_email: String,
 }

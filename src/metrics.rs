@@ -75,6 +75,8 @@ pub struct Metrics {
     /// Resource List pages built from their last build and the changes since, rather than
     /// whole from the store (also counted in `pages_built`).
     pub pages_brought_up_to_date: Counter,
+    /// ListRecords pages sent as they were kept on disk, rather than made for their request.
+    pub oai_list_pages_kept: Counter,
     /// Page builds waiting for a build slot.
     pub build_queue: Gauge,
     /// Requests nginx sent back (`X-Rshub-No-Accel`) because it could not open the file an
@@ -137,6 +139,12 @@ impl Default for Metrics {
             "pages_brought_up_to_date",
             "Resource List pages built from their last build and the changes since (also in pages_built)",
             pages_brought_up_to_date.clone(),
+        );
+        let oai_list_pages_kept = Counter::default();
+        registry.register(
+            "oai_list_pages_kept",
+            "OAI-PMH ListRecords pages sent as kept on disk (not made for their request)",
+            oai_list_pages_kept.clone(),
         );
         let accel_fallbacks = Counter::default();
         registry.register(
@@ -234,6 +242,7 @@ impl Default for Metrics {
             adoption_lag_seconds,
             pages_built,
             pages_brought_up_to_date,
+            oai_list_pages_kept,
             build_queue,
             accel_fallbacks,
             page_cache_bytes,

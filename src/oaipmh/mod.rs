@@ -13,6 +13,7 @@
 //! restarts and on every process of a shared store; a tampered one, or one of another list,
 //! is `badResumptionToken`.
 
+mod cache;
 mod token;
 mod write;
 
@@ -241,11 +242,18 @@ pub struct ListPage {
     pub cursor: u64,
     /// The metadata prefix of the list.
     pub prefix: String,
+    /// The page's records as kept (then `items` is empty).
+    pub kept: Option<(Arc<cache::Entry>, std::fs::File)>,
+    /// Where to keep the page once it is written.
+    pub fill: Option<(Arc<cache::ListCache>, cache::Fill)>,
 }
 
 pub struct Repository {
     source: Arc<Source>,
     key: tokio::sync::OnceCell<[u8; 32]>,
+    /// Pages of ListRecords kept on disk (`None`: `oai.list_cache_max_bytes` is 0, or the
+    /// folder could not be made).
+    lists: Option<Arc<cache::ListCache>>,
 }
 
 /// An answer: small ones whole, lists streamed.
@@ -257,11 +265,50 @@ pub enum Answer {
 /// Changes read per store call while walking a list.
 const WALK_CHUNK: usize = 1000;
 
+/// Changes since a kept page was made that are compared with its resources; past that many
+/// it is made again.
+const STALE_CHECK: usize = 1000;
+
+/// A kept page's key: where in which list of which set it starts.
+fn list_key(pos: &Position, page_size: usize, set: &SetName) -> String {
+    // `from` only matters before the first change passed.
+    let from = pos.after.is_none().then_some(pos.from).flatten();
+    format!(
+        "{}\n{}\n{page_size}\n{set}\n{:?}\n{from:?}",
+        pos.verb, pos.prefix, pos.after
+    )
+}
+
+/// The token a page ends with: `None` for a list answered whole, `""` for the last page of a
+/// list that had tokens.
+fn token(more: bool, had_token: bool, pos: &Position, key: &[u8; 32]) -> Option<String> {
+    if more {
+        Some(pos.seal(key))
+    } else if had_token {
+        Some(String::new())
+    } else {
+        None
+    }
+}
+
 impl Repository {
     pub fn new(source: Arc<Source>) -> Repository {
+        let config = source.config();
+        let lists = (config.oai.list_cache_max_bytes > 0)
+            .then(|| {
+                let dir = config.page_cache_dir().join("oai-lists");
+                cache::ListCache::open(&dir, config.oai.list_cache_max_bytes)
+                    .map_err(|e| {
+                        tracing::warn!(dir = %dir.display(), error = %e, "OAI-PMH: cannot keep list pages there; every page is made for its request");
+                    })
+                    .ok()
+                    .map(Arc::new)
+            })
+            .flatten();
         Repository {
             source,
             key: tokio::sync::OnceCell::new(),
+            lists,
         }
     }
 
@@ -438,6 +485,19 @@ impl Repository {
                     .is_none_or(|a| o.name.as_str() >= a.as_str())
             })
             .collect();
+        let had_token = req.args.contains_key("resumptionToken");
+        // Pages of ListRecords are kept (see [`cache`]): the page's key where it starts, the
+        // keys of its items, how it ended, and whether it took items from more than one set
+        // (then it is not kept).
+        let lists = self
+            .lists
+            .as_ref()
+            .filter(|_| req.verb == Verb::ListRecords);
+        let mut start_key: Option<String> = None;
+        let mut item_keys: Vec<String> = Vec::new();
+        let mut end: Option<(bool, Option<(i64, i64)>)> = None;
+        let mut crossed = false;
+        let mut stop_at: Option<(i64, i64)>;
         let mut scanned = 0usize;
         let mut more = false;
         let last = scope.len().saturating_sub(1);
@@ -445,6 +505,40 @@ impl Repository {
             if pos.at_set.as_deref() != Some(s.name.as_str()) {
                 pos.at_set = Some(s.name.to_string());
                 pos.after = None;
+            }
+            stop_at = None;
+            if !items.is_empty() {
+                crossed = true;
+            } else if let Some(lists) = lists {
+                let page_key = list_key(&pos, page_size, &s.name);
+                if let Some(e) = lists.get(&page_key) {
+                    if let Some(file) = self.still(lists, &page_key, &s.name, &e, pos.bound).await?
+                    {
+                        self.source.metrics().oai_list_pages_kept.inc();
+                        more = !e.exhausted || n != last;
+                        pos.after = if e.exhausted {
+                            Some((i64::MAX, i64::MAX))
+                        } else {
+                            e.next_after
+                        };
+                        let cursor = pos.cursor;
+                        pos.cursor += e.items as u64;
+                        return Ok(Ok(ListPage {
+                            items: Vec::new(),
+                            token: token(more, had_token, &pos, &key),
+                            cursor,
+                            prefix: pos.prefix,
+                            kept: Some((e, file)),
+                            fill: None,
+                        }));
+                    }
+                    if !e.exhausted {
+                        // Made again over the same stretch of the log: the pages after it
+                        // keep their keys.
+                        stop_at = e.next_after;
+                    }
+                }
+                start_key = Some(page_key);
             }
             loop {
                 let after = pos
@@ -464,7 +558,12 @@ impl Repository {
                     .latest_changes(&s.name, &keys, Timestamp(pos.bound))
                     .await?;
                 let mut taken = Vec::new();
+                let mut reached = false;
                 for c in &page.items {
+                    if stop_at.is_some_and(|at| (c.datetime.0, c.id) > at) {
+                        reached = true;
+                        break;
+                    }
                     scanned += 1;
                     pos.after = Some((c.datetime.0, c.id));
                     if latest.get(&c.key) == Some(&(c.datetime, c.id)) {
@@ -488,10 +587,25 @@ impl Repository {
                 for c in taken {
                     let r = now.remove(&c.key);
                     items.push(self.item(&s.name, &c.key, c.datetime.floor_secs(), r));
+                    if lists.is_some() {
+                        item_keys.push(c.key.0);
+                    }
+                }
+                if reached {
+                    if items.is_empty() {
+                        // Nothing left in that stretch: a page of its own from here on.
+                        stop_at = None;
+                        continue;
+                    }
+                    pos.after = stop_at;
+                    end = Some((false, stop_at));
+                    more = true;
+                    break 'sets;
                 }
                 let exhausted = page.next.is_none()
                     && pos.after == page.items.last().map(|c| (c.datetime.0, c.id));
                 if items.len() >= page_size || scanned >= 20 * page_size {
+                    end = Some((exhausted, pos.after));
                     more = !(exhausted && n == last);
                     if exhausted {
                         // Next time, the next set.
@@ -500,32 +614,95 @@ impl Repository {
                     break 'sets;
                 }
                 if page.next.is_none() {
+                    end = Some((true, pos.after));
                     continue 'sets;
                 }
             }
         }
         let cursor = pos.cursor;
         pos.cursor += items.len() as u64;
-        let had_token = req.args.contains_key("resumptionToken");
         if items.is_empty() && !more && !had_token {
             return Ok(Err(err(
                 "noRecordsMatch",
                 "no item matches these arguments",
             )));
         }
-        let token = if more {
-            Some(pos.seal(&key))
-        } else if had_token {
-            Some(String::new())
-        } else {
-            None
+        let fill = match (lists, start_key, end) {
+            (Some(lists), Some(page_key), Some((exhausted, next_after)))
+                if !crossed && !items.is_empty() =>
+            {
+                Some((
+                    lists.clone(),
+                    cache::Fill {
+                        key: page_key,
+                        bound: pos.bound,
+                        next_after,
+                        exhausted,
+                        items: items.len(),
+                        keys: item_keys,
+                    },
+                ))
+            }
+            _ => None,
         };
+        let token = token(more, had_token, &pos, &key);
         Ok(Ok(ListPage {
             items,
             token,
             cursor,
             prefix: pos.prefix,
+            kept: None,
+            fill,
         }))
+    }
+
+    /// The kept page's file, open, when the page is still what the list bounded by `bound`
+    /// would make there; `None` when it is not (or cannot be read: then it is forgotten).
+    async fn still(
+        &self,
+        lists: &Arc<cache::ListCache>,
+        key: &str,
+        set: &SetName,
+        e: &Arc<cache::Entry>,
+        bound: i64,
+    ) -> Result<Option<std::fs::File>, StoreError> {
+        if e.bound != bound {
+            let (lo, hi) = (e.bound.min(bound), e.bound.max(bound));
+            let since = self
+                .source
+                .store()
+                .changes(set, Timestamp(lo), Some(Timestamp(hi)), None, STALE_CHECK)
+                .await?;
+            if !since.items.is_empty() {
+                // Changes between the two bounds: only ones of resources the page does not
+                // hold leave it as it is, and only for a later bound and a page closed at its
+                // end (new changes land in a set's last page).
+                if bound < e.bound || e.exhausted || since.next.is_some() {
+                    return Ok(None);
+                }
+                let e = e.clone();
+                let keys = tokio::task::spawn_blocking(move || e.keys())
+                    .await
+                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+                let Ok(keys) = keys else {
+                    lists.forget(key);
+                    return Ok(None);
+                };
+                let keys: std::collections::HashSet<&str> =
+                    keys.iter().map(String::as_str).collect();
+                if since.items.iter().any(|c| keys.contains(c.key.0.as_str())) {
+                    return Ok(None);
+                }
+            }
+        }
+        let e = e.clone();
+        match tokio::task::spawn_blocking(move || e.open()).await {
+            Ok(Ok(f)) => Ok(Some(f)),
+            _ => {
+                lists.forget(key);
+                Ok(None)
+            }
+        }
     }
 
     /// A weak validator of the answer to `pairs` and when what it depends on last changed:

@@ -251,12 +251,47 @@ pub fn list(
         let _ = write!(s, "<{}>", verb.as_str());
         let _ = tx.send(Bytes::from(s)).await;
         let mut buf = String::new();
+        if let Some((entry, file)) = page.kept {
+            // The kept records, a chunk at a time.
+            let tx2 = tx.clone();
+            let sent = tokio::task::spawn_blocking(move || {
+                use std::io::Read as _;
+                let mut left = entry.records_len;
+                let mut file = file;
+                while left > 0 {
+                    let mut chunk = vec![0u8; left.min(KEPT_CHUNK) as usize];
+                    if let Err(e) = file.read_exact(&mut chunk) {
+                        // The page was checked when opened: a short read is a disk gone bad.
+                        tracing::error!(file = %entry.path.display(), error = %e, "OAI-PMH: a kept list page cannot be read; the answer is cut short");
+                        return false;
+                    }
+                    left -= chunk.len() as u64;
+                    if tx2.blocking_send(Bytes::from(chunk)).is_err() {
+                        return false;
+                    }
+                }
+                true
+            })
+            .await
+            .unwrap_or(false);
+            if !sent {
+                return;
+            }
+        }
         let formats = std::sync::Arc::new(formats);
         let prefix = std::sync::Arc::new(prefix);
+        let mut fill = page.fill.and_then(|(lists, fill)| match lists.writer() {
+            Ok(w) => Some((lists, fill, w)),
+            Err(e) => {
+                tracing::warn!(error = %e, "OAI-PMH: cannot keep a list page");
+                None
+            }
+        });
         let mut items = page.items.into_iter().peekable();
         while items.peek().is_some() {
             let chunk: Vec<Item> = items.by_ref().take(RECORDS_PER_TASK).collect();
             let (formats, prefix) = (formats.clone(), prefix.clone());
+            let mut writer = fill.take();
             let part = tokio::task::spawn_blocking(move || {
                 let mut out = String::new();
                 for item in &chunk {
@@ -271,10 +306,19 @@ pub fn list(
                         record(item, &prefix, &native, &mut out);
                     }
                 }
-                out
+                if let Some((_, _, w)) = &mut writer {
+                    if let Err(e) = w.write(out.as_bytes()) {
+                        tracing::warn!(error = %e, "OAI-PMH: cannot keep a list page");
+                        writer = None;
+                    }
+                }
+                (out, writer)
             })
-            .await
-            .unwrap_or_default();
+            .await;
+            let Ok((part, writer)) = part else {
+                return;
+            };
+            fill = writer;
             buf.push_str(&part);
             if buf.len() > 64 * 1024
                 && tx
@@ -301,9 +345,18 @@ pub fn list(
         }
         let _ = write!(buf, "</{}>\n{END}", verb.as_str());
         let _ = tx.send(Bytes::from(buf)).await;
+        if let Some((lists, fill, w)) = fill {
+            let kept = tokio::task::spawn_blocking(move || lists.put(w, fill)).await;
+            if let Ok(Err(e)) = kept {
+                tracing::warn!(error = %e, "OAI-PMH: cannot keep a list page");
+            }
+        }
     });
     stream(rx)
 }
+
+/// Bytes of a kept page sent at a time.
+const KEPT_CHUNK: u64 = 128 * 1024;
 
 /// A `GetRecord` answer.
 pub async fn get_record(

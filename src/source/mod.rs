@@ -467,6 +467,11 @@ impl Source {
         &self.urls
     }
 
+    /// The counters it adds to (the server's, for `/metrics`).
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
     pub fn store(&self) -> &Store {
         &self.store
     }
