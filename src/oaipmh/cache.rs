@@ -3,13 +3,16 @@
 //!
 //! An entry is the `<record>`s of one page that starts at a position of one set's change log
 //! (its key) and ends at another (`next_after`), as they were for one bound (the moment the
-//! list was first asked for). It is still the page for another list's bound when no change
-//! between the two bounds touched one of its resources (their keys are kept in the file) and,
-//! for the last page of a set (open at its end), when there was no change at all. A page found
-//! stale is made again over the same stretch of the log, so the pages after it keep their keys.
+//! list was first asked for). Only a stretch of the log that had settled when it was made is
+//! kept (its last change dated more than the store's visibility lag before the bound): no
+//! change dated on arrival lands in it afterwards, so the page only changes when one of its
+//! resources does, which moves that resource's newest change out of the stretch. It is still
+//! the page for a later bound while each of its resources' newest change is the one it holds
+//! (kept in the file with its key); a page found stale is made again over the same stretch,
+//! so the pages after it keep their keys.
 //!
-//! File: the records, then the keys as a JSON array, then that array's length (8 bytes, little
-//! endian). Written under a temporary name and renamed into place; files are unlinked when their
+//! File: the records, then the items' `[key, datetime, id]` as a JSON array, then that array's
+//! length (8 bytes, little endian). Written under a temporary name and renamed into place; files are unlinked when their
 //! entry is replaced or evicted (a response already reading one finishes from the open file).
 //! The directory is emptied when the server starts: the entries are only remembered in memory.
 
@@ -27,8 +30,9 @@ pub struct Entry {
     /// Bytes of `<record>`s at the start of the file.
     pub records_len: u64,
     file_len: u64,
-    /// The bound the page was made for (µs): it holds the changes before it.
-    pub bound: i64,
+    /// The bound the page was made for, or a later one it was found to be the page of
+    /// (µs): it holds the changes before it.
+    pub bound: std::sync::atomic::AtomicI64,
     /// The last position of the log the page covers (the next page's key).
     pub next_after: Option<(i64, i64)>,
     /// The page ended with its set's log (new changes land in it).
@@ -45,8 +49,8 @@ pub struct Fill {
     pub next_after: Option<(i64, i64)>,
     pub exhausted: bool,
     pub items: usize,
-    /// The resource keys of its items.
-    pub keys: Vec<String>,
+    /// Its items' resource keys and positions (datetime µs, id).
+    pub keys: Vec<(String, i64, i64)>,
 }
 
 pub struct ListCache {
@@ -142,7 +146,7 @@ impl ListCache {
             path,
             records_len,
             file_len,
-            bound: fill.bound,
+            bound: fill.bound.into(),
             next_after: fill.next_after,
             exhausted: fill.exhausted,
             items: fill.items,
@@ -177,8 +181,18 @@ impl ListCache {
 }
 
 impl Entry {
-    /// The resource keys of the page's items. Blocking.
-    pub fn keys(&self) -> io::Result<Vec<String>> {
+    pub fn bound(&self) -> i64 {
+        self.bound.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Found to be the page of a later bound too: checked from there next time.
+    pub fn seen_at(&self, bound: i64) {
+        self.bound
+            .fetch_max(bound, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The page's items' resource keys and positions. Blocking.
+    pub fn keys(&self) -> io::Result<Vec<(String, i64, i64)>> {
         let mut f = File::open(&self.path)?;
         f.seek(SeekFrom::End(-8))?;
         let mut n = [0u8; 8];
@@ -214,7 +228,7 @@ mod tests {
             next_after: Some((5, 6)),
             exhausted: false,
             items: n,
-            keys: (0..n).map(|i| format!("path:r{i}\n.xml")).collect(),
+            keys: (0..n).map(|i| (format!("path:r{i}\n.xml"), 5, i as i64)).collect(),
         }
     }
 

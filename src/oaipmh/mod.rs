@@ -265,10 +265,6 @@ pub enum Answer {
 /// Changes read per store call while walking a list.
 const WALK_CHUNK: usize = 1000;
 
-/// Changes since a kept page was made that are compared with its resources; past that many
-/// it is made again.
-const STALE_CHECK: usize = 1000;
-
 /// A kept page's key: where in which list of which set it starts.
 fn list_key(pos: &Position, page_size: usize, set: &SetName) -> String {
     // `from` only matters before the first change passed.
@@ -471,6 +467,8 @@ impl Repository {
         let mut pos = pos;
         let mut items = Vec::new();
         let store = self.source.store();
+        // Every change dated before the bound that this process is writing, in the log first.
+        store.settle(Timestamp(pos.bound)).await;
         let scope: Vec<&OaiSet> = sets
             .iter()
             .filter(|o| pos.set.as_ref().is_none_or(|s| o.name.as_str() == s))
@@ -494,7 +492,7 @@ impl Repository {
             .as_ref()
             .filter(|_| req.verb == Verb::ListRecords);
         let mut start_key: Option<String> = None;
-        let mut item_keys: Vec<String> = Vec::new();
+        let mut item_keys: Vec<(String, i64, i64)> = Vec::new();
         let mut end: Option<(bool, Option<(i64, i64)>)> = None;
         let mut crossed = false;
         let mut stop_at: Option<(i64, i64)>;
@@ -515,8 +513,22 @@ impl Repository {
                     if let Some(file) = self.still(lists, &page_key, &s.name, &e, pos.bound).await?
                     {
                         self.source.metrics().oai_list_pages_kept.inc();
-                        more = !e.exhausted || n != last;
-                        pos.after = if e.exhausted {
+                        // The set's last page then: is it still?
+                        let exhausted = e.exhausted
+                            && store
+                                .changes(
+                                    &s.name,
+                                    Timestamp(0),
+                                    Some(Timestamp(pos.bound)),
+                                    e.next_after
+                                        .map(|(dt, id)| store.change_cursor(Timestamp(dt), id)),
+                                    1,
+                                )
+                                .await?
+                                .items
+                                .is_empty();
+                        more = !exhausted || n != last;
+                        pos.after = if exhausted {
                             Some((i64::MAX, i64::MAX))
                         } else {
                             e.next_after
@@ -588,7 +600,7 @@ impl Repository {
                     let r = now.remove(&c.key);
                     items.push(self.item(&s.name, &c.key, c.datetime.floor_secs(), r));
                     if lists.is_some() {
-                        item_keys.push(c.key.0);
+                        item_keys.push((c.key.0, c.datetime.0, c.id));
                     }
                 }
                 if reached {
@@ -627,16 +639,18 @@ impl Repository {
                 "no item matches these arguments",
             )));
         }
+        // Kept when the stretch it covers had settled (see [`cache`]).
+        let settled = pos.bound - store.visibility_lag_micros();
         let fill = match (lists, start_key, end) {
-            (Some(lists), Some(page_key), Some((exhausted, next_after)))
-                if !crossed && !items.is_empty() =>
+            (Some(lists), Some(page_key), Some((exhausted, Some(next_after))))
+                if !crossed && !items.is_empty() && next_after.0 < settled =>
             {
                 Some((
                     lists.clone(),
                     cache::Fill {
                         key: page_key,
                         bound: pos.bound,
-                        next_after,
+                        next_after: Some(next_after),
                         exhausted,
                         items: items.len(),
                         keys: item_keys,
@@ -666,34 +680,39 @@ impl Repository {
         e: &Arc<cache::Entry>,
         bound: i64,
     ) -> Result<Option<std::fs::File>, StoreError> {
-        if e.bound != bound {
-            let (lo, hi) = (e.bound.min(bound), e.bound.max(bound));
-            let since = self
-                .source
-                .store()
-                .changes(set, Timestamp(lo), Some(Timestamp(hi)), None, STALE_CHECK)
-                .await?;
-            if !since.items.is_empty() {
-                // Changes between the two bounds: only ones of resources the page does not
-                // hold leave it as it is, and only for a later bound and a page closed at its
-                // end (new changes land in a set's last page).
-                if bound < e.bound || e.exhausted || since.next.is_some() {
-                    return Ok(None);
-                }
-                let e = e.clone();
-                let keys = tokio::task::spawn_blocking(move || e.keys())
-                    .await
-                    .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-                let Ok(keys) = keys else {
-                    lists.forget(key);
-                    return Ok(None);
-                };
-                let keys: std::collections::HashSet<&str> =
-                    keys.iter().map(String::as_str).collect();
-                if since.items.iter().any(|c| keys.contains(c.key.0.as_str())) {
-                    return Ok(None);
-                }
+        let store = self.source.store();
+        // A change seen now that the page's maker may not have seen: dated from the
+        // visibility lag before the earlier bound, before the later one.
+        let made = e.bound();
+        let lo = made.min(bound) - store.visibility_lag_micros();
+        let since = store
+            .changes(set, Timestamp(lo), Some(Timestamp(made.max(bound))), None, 1)
+            .await?;
+        if !since.items.is_empty() {
+            if bound < made {
+                // A list older than the page: it may hold what the page's resources were.
+                return Ok(None);
             }
+            let page = e.clone();
+            let keys = tokio::task::spawn_blocking(move || page.keys())
+                .await
+                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+            let Ok(keys) = keys else {
+                lists.forget(key);
+                return Ok(None);
+            };
+            let resource_keys: Vec<ResourceKey> =
+                keys.iter().map(|(k, _, _)| ResourceKey(k.clone())).collect();
+            let latest = store
+                .latest_changes(set, &resource_keys, Timestamp(bound))
+                .await?;
+            let moved = keys.iter().zip(&resource_keys).any(|((_, dt, id), k)| {
+                latest.get(k) != Some(&(Timestamp(*dt), *id))
+            });
+            if moved {
+                return Ok(None);
+            }
+            e.seen_at(bound);
         }
         let e = e.clone();
         match tokio::task::spawn_blocking(move || e.open()).await {

@@ -398,6 +398,21 @@ pub trait SetStore: Send + Sync {
     /// [`SetStore::changes`]: a list resumed from a position kept elsewhere (a token).
     fn change_cursor(&self, datetime: Timestamp, id: i64) -> Cursor;
 
+    /// How long after its datetime a change dated on arrival may still become visible to
+    /// readers (µs): a reader that saw the log up to a moment (after [`SetStore::settle`]) has
+    /// seen every such change dated this much before it. Elasticsearch: its refresh and the
+    /// writers' clocks.
+    fn visibility_lag_micros(&self) -> i64 {
+        5_000_000
+    }
+
+    /// Waits until this process's batches dated before `until` are committed (or failed), so
+    /// that a reader sees every change it will ever see dated before then. Elasticsearch:
+    /// returns at once (writers are other processes too; see `visibility_lag_micros`).
+    async fn settle(&self, until: Timestamp) {
+        let _ = until;
+    }
+
     /// For each key, the newest change of it dated before `until`, as (datetime, id); keys
     /// with none are left out.
     async fn latest_changes(

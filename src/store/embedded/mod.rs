@@ -120,6 +120,27 @@ struct Inner {
     path: PathBuf,
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
+    /// Batches being applied, by the time they are dated from (see [`SetStore::settle`]).
+    applying: Mutex<std::collections::BTreeMap<(i64, u64), ()>>,
+    applied: tokio::sync::Notify,
+    batches: std::sync::atomic::AtomicU64,
+}
+
+/// A batch being applied: registered while it is dated but not yet committed.
+struct Applying<'a> {
+    inner: &'a Inner,
+    at: (i64, u64),
+}
+
+impl Drop for Applying<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .applying
+            .lock()
+            .expect("applying lock")
+            .remove(&self.at);
+        self.inner.applied.notify_waiters();
+    }
 }
 
 impl Inner {
@@ -248,6 +269,9 @@ impl EmbeddedStore {
                 path: path.to_path_buf(),
                 writer: Mutex::new(conn),
                 readers: Mutex::new(Vec::new()),
+                applying: Default::default(),
+                applied: tokio::sync::Notify::new(),
+                batches: Default::default(),
             }),
         })
     }
@@ -750,6 +774,27 @@ impl SetStore for EmbeddedStore {
         now: Timestamp,
     ) -> Result<ApplyOutcome, ApplyError> {
         let set = set.clone();
+        // Registered from before it waits for the write lock until it has committed (or
+        // failed): readers settling up to a later moment wait for it.
+        let dated = changes
+            .iter()
+            .filter_map(|c| c.datetime)
+            .fold(now, |a, b| a.min(b));
+        let at = (
+            dated.0,
+            self.inner
+                .batches
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        );
+        self.inner
+            .applying
+            .lock()
+            .expect("applying lock")
+            .insert(at, ());
+        let _applying = Applying {
+            inner: &self.inner,
+            at,
+        };
         self.write(move |c| {
             let tx = c
                 .transaction_with_behavior(TransactionBehavior::Immediate)
@@ -759,6 +804,24 @@ impl SetStore for EmbeddedStore {
             Ok(out)
         })
         .await
+    }
+
+    async fn settle(&self, until: Timestamp) {
+        loop {
+            let applied = self.inner.applied.notified();
+            let oldest = self
+                .inner
+                .applying
+                .lock()
+                .expect("applying lock")
+                .keys()
+                .next()
+                .map(|(t, _)| *t);
+            if oldest.is_none_or(|t| t >= until.0) {
+                return;
+            }
+            applied.await;
+        }
     }
 
     async fn rollover_if_due(
@@ -1004,6 +1067,12 @@ impl SetStore for EmbeddedStore {
             Ok(Page { items, next })
         })
         .await
+    }
+
+    /// A batch is registered as being applied the moment after it is dated, and readers
+    /// [`SetStore::settle`]: only that moment.
+    fn visibility_lag_micros(&self) -> i64 {
+        10_000
     }
 
     fn change_cursor(&self, datetime: Timestamp, id: i64) -> Cursor {
