@@ -77,18 +77,22 @@ fn scan(body: &[u8]) -> anyhow::Result<(Vec<&[u8]>, Option<String>)> {
     let mut ids = Vec::new();
     for at in memchr::memmem::find_iter(body, b"<identifier>") {
         let from = at + b"<identifier>".len();
-        let len = memchr::memchr(b'<', &body[from..]).ok_or_else(|| anyhow::anyhow!("cut short"))?;
+        let len =
+            memchr::memchr(b'<', &body[from..]).ok_or_else(|| anyhow::anyhow!("cut short"))?;
         ids.push(&body[from..from + len]);
     }
     let token = match memchr::memmem::rfind(body, b"<resumptionToken") {
         None => None,
         Some(at) => {
-            let end = memchr::memchr(b'>', &body[at..]).ok_or_else(|| anyhow::anyhow!("cut short"))? + at;
+            let end =
+                memchr::memchr(b'>', &body[at..]).ok_or_else(|| anyhow::anyhow!("cut short"))? + at;
             if body[end - 1] == b'/' {
                 None
             } else {
-                let len = memchr::memchr(b'<', &body[end..]).ok_or_else(|| anyhow::anyhow!("cut short"))?;
-                Some(String::from_utf8(body[end + 1..end + len].to_vec())?).filter(|t| !t.is_empty())
+                let len = memchr::memchr(b'<', &body[end..])
+                    .ok_or_else(|| anyhow::anyhow!("cut short"))?;
+                Some(String::from_utf8(body[end + 1..end + len].to_vec())?)
+                    .filter(|t| !t.is_empty())
             }
         }
     };
@@ -307,7 +311,9 @@ async fn main() -> anyhow::Result<()> {
     let mut walkers = Vec::new();
     for _ in 0..harvesters {
         let (client, base) = (client.clone(), base.clone());
-        walkers.push(tokio::spawn(async move { walk(&client, &base, false).await }));
+        walkers.push(tokio::spawn(
+            async move { walk(&client, &base, false).await },
+        ));
     }
     let mut peak = rss0;
     let mut all_times = Vec::new();

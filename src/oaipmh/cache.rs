@@ -105,7 +105,12 @@ impl ListCache {
     }
 
     pub fn get(&self, key: &str) -> Option<Arc<Entry>> {
-        self.inner.lock().expect("list cache lock").map.get(key).cloned()
+        self.inner
+            .lock()
+            .expect("list cache lock")
+            .map
+            .get(key)
+            .cloned()
     }
 
     /// Bytes held.
@@ -199,7 +204,9 @@ impl Entry {
         f.read_exact(&mut n)?;
         let n = u64::from_le_bytes(n);
         if n + 8 > self.file_len - self.records_len || f.metadata()?.len() != self.file_len {
-            return Err(io::Error::other("a list page's file is not the one recorded"));
+            return Err(io::Error::other(
+                "a list page's file is not the one recorded",
+            ));
         }
         f.seek(SeekFrom::Start(self.records_len))?;
         let mut keys = Vec::with_capacity(n as usize);
@@ -211,7 +218,9 @@ impl Entry {
     pub fn open(&self) -> io::Result<File> {
         let f = File::open(&self.path)?;
         if f.metadata()?.len() != self.file_len {
-            return Err(io::Error::other("a list page's file is not the one recorded"));
+            return Err(io::Error::other(
+                "a list page's file is not the one recorded",
+            ));
         }
         Ok(f)
     }
@@ -228,7 +237,9 @@ mod tests {
             next_after: Some((5, 6)),
             exhausted: false,
             items: n,
-            keys: (0..n).map(|i| (format!("path:r{i}\n.xml"), 5, i as i64)).collect(),
+            keys: (0..n)
+                .map(|i| (format!("path:r{i}\n.xml"), 5, i as i64))
+                .collect(),
         }
     }
 
@@ -244,7 +255,11 @@ mod tests {
         assert_eq!(e.records_len, 36);
         assert_eq!(e.keys().unwrap(), fill("one", 2).keys);
         let mut text = String::new();
-        e.open().unwrap().take(e.records_len).read_to_string(&mut text).unwrap();
+        e.open()
+            .unwrap()
+            .take(e.records_len)
+            .read_to_string(&mut text)
+            .unwrap();
         assert_eq!(text, "<record>a</record><record>b</record>");
         // Replaced: the old entry's file is gone.
         let mut w = cache.writer().unwrap();

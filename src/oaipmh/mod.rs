@@ -686,7 +686,13 @@ impl Repository {
         let made = e.bound();
         let lo = made.min(bound) - store.visibility_lag_micros();
         let since = store
-            .changes(set, Timestamp(lo), Some(Timestamp(made.max(bound))), None, 1)
+            .changes(
+                set,
+                Timestamp(lo),
+                Some(Timestamp(made.max(bound))),
+                None,
+                1,
+            )
             .await?;
         if !since.items.is_empty() {
             if bound < made {
@@ -701,14 +707,17 @@ impl Repository {
                 lists.forget(key);
                 return Ok(None);
             };
-            let resource_keys: Vec<ResourceKey> =
-                keys.iter().map(|(k, _, _)| ResourceKey(k.clone())).collect();
+            let resource_keys: Vec<ResourceKey> = keys
+                .iter()
+                .map(|(k, _, _)| ResourceKey(k.clone()))
+                .collect();
             let latest = store
                 .latest_changes(set, &resource_keys, Timestamp(bound))
                 .await?;
-            let moved = keys.iter().zip(&resource_keys).any(|((_, dt, id), k)| {
-                latest.get(k) != Some(&(Timestamp(*dt), *id))
-            });
+            let moved = keys
+                .iter()
+                .zip(&resource_keys)
+                .any(|((_, dt, id), k)| latest.get(k) != Some(&(Timestamp(*dt), *id)));
             if moved {
                 return Ok(None);
             }

@@ -430,3 +430,136 @@ async fn a_repeated_request_is_not_modified_until_the_set_changes() {
     );
     app.stop().await;
 }
+
+/// `rshub_oai_list_pages_kept_total` from /metrics.
+async fn kept(app: &TestApp) -> u64 {
+    let m = app.get_text("/metrics").await;
+    m.lines()
+        .find_map(|l| l.strip_prefix("rshub_oai_list_pages_kept_total "))
+        .map_or(0, |v| v.trim().parse().unwrap())
+}
+
+/// A `ListRecords` walk continued from `query` to its end: each record's identifier, whether
+/// it is deleted, and its metadata.
+async fn walk_from(app: &TestApp, query: &str) -> Vec<(String, bool, Option<String>)> {
+    let mut out = Vec::new();
+    let mut query = query.to_string();
+    loop {
+        let body = app
+            .client
+            .get(app.url(&format!("/oai?{query}")))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        let p = resourcesync_hub::collect::oai::parse_list(&body)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body)));
+        assert!(p.quarantined.is_empty(), "{:?}", p.quarantined);
+        out.extend(
+            p.records
+                .into_iter()
+                .map(|r| (r.header.identifier, r.header.deleted, r.metadata)),
+        );
+        match p.token.map(|t| t.value).filter(|v| !v.is_empty()) {
+            Some(t) => query = next_query(&t),
+            None => return out,
+        }
+    }
+}
+
+/// Pages of `ListRecords` are kept and sent again while none of their records changed: a walk
+/// again is sent them all; after updates, deletions and a creation, only the untouched pages
+/// are, and the walk has every record once, as it is now; a walk begun before those changes
+/// and continued after them has every record of its start once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kept_list_pages_are_sent_again_only_while_their_records_are_unchanged() {
+    let (mut c, dir) = crate::support::test_config();
+    let root = dir.path().join("root");
+    oai_set_config(&mut c, &root);
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..1_000)
+        .map(|k| record_line(&root, "created", k, 1))
+        .collect();
+    for chunk in lines.chunks(500) {
+        app.ingest_ok("papers", &chunk.join("\n")).await;
+    }
+    let start = "verb=ListRecords&metadataPrefix=oai_dc";
+    let first = walk_from(&app, start).await;
+    assert_eq!(first.len(), 1_000);
+    // The second walk keeps what the first could not (its stretch had not settled yet), the
+    // third is sent all ten pages as kept.
+    assert_eq!(walk_from(&app, start).await, first);
+    let before = kept(&app).await;
+    assert_eq!(walk_from(&app, start).await, first);
+    assert_eq!(
+        kept(&app).await - before,
+        10,
+        "every page of the third walk was kept"
+    );
+
+    // A walk begun now, continued after the changes.
+    let body = app.get_text(&format!("/oai?{start}")).await;
+    let old = resourcesync_hub::collect::oai::parse_list(body.as_bytes()).unwrap();
+    let old_token = old.token.unwrap().value;
+
+    // Pages 1, 3, 4 and 8 change (records 5, 250 and 777 updated, 300 and 301 deleted), and
+    // a record is created.
+    let changes = [
+        record_line(&root, "updated", 5, 2),
+        record_line(&root, "updated", 250, 2),
+        record_line(&root, "updated", 777, 2),
+        record_line(&root, "deleted", 300, 0),
+        record_line(&root, "deleted", 301, 0),
+        record_line(&root, "created", 2_000, 1),
+    ];
+    app.ingest_ok("papers", &changes.join("\n")).await;
+    let before = kept(&app).await;
+    let now = walk_from(&app, start).await;
+    assert_eq!(
+        kept(&app).await - before,
+        6,
+        "the six untouched pages were kept"
+    );
+    let prefix = app.config.set_config("papers").url_prefix;
+    let id = |k: usize| format!("{prefix}r/{k}.xml");
+    let by_id: BTreeMap<&str, (bool, Option<&str>)> = now
+        .iter()
+        .map(|(i, d, m)| (i.as_str(), (*d, m.as_deref())))
+        .collect();
+    assert_eq!(by_id.len(), now.len(), "no record twice");
+    assert_eq!(now.len(), 1_001);
+    for k in (0..1_000).chain([2_000]) {
+        let (deleted, metadata) = by_id[id(k).as_str()];
+        assert_eq!(deleted, k == 300 || k == 301, "record {k}");
+        if !deleted {
+            let v = if [5, 250, 777].contains(&k) { 2 } else { 1 };
+            assert!(
+                metadata.unwrap().contains(&format!("Paper {k} v{v}<")),
+                "record {k}: {metadata:?}"
+            );
+        }
+    }
+    // Walked again: the same, the pages made anew kept too.
+    let before = kept(&app).await;
+    assert_eq!(walk_from(&app, start).await, now);
+    assert!(kept(&app).await - before >= 10);
+
+    // The walk begun before the changes: its first page's records and the rest, each once.
+    let mut all: Vec<String> = old
+        .records
+        .into_iter()
+        .map(|r| r.header.identifier)
+        .collect();
+    all.extend(
+        walk_from(&app, &next_query(&old_token))
+            .await
+            .into_iter()
+            .map(|(i, _, _)| i),
+    );
+    let unique: std::collections::BTreeSet<&String> = all.iter().collect();
+    assert_eq!((all.len(), unique.len()), (1_000, 1_000));
+    assert!(!unique.contains(&id(2_000)), "created after the walk began");
+    app.stop().await;
+}
