@@ -11,7 +11,11 @@
 //! walked appears in it once (its newer change is past the bound and is seen by the next
 //! `from` harvest). Resumption tokens are that position, signed: stateless, valid across
 //! restarts and on every process of a shared store; a tampered one, or one of another list,
-//! is `badResumptionToken`.
+//! is `badResumptionToken`. A list's first request waits for the store's batches dated before
+//! its bound ([`crate::store::SetStore::settle`]), so none lands behind a walk.
+//!
+//! `ListRecords` pages are kept on disk as they are made and sent again to a list reaching the
+//! same position while their records are unchanged ([`cache`]).
 
 mod cache;
 mod token;
