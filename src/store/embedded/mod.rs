@@ -232,6 +232,9 @@ impl EmbeddedStore {
             ("hub_subscriptions", "max_per_sec", "REAL"),
             // How the hub authenticates to the receiver (JSON), set by an admin.
             ("hub_subscriptions", "delivery_auth", "TEXT"),
+            // The Resource List part of the change's resource (NULL in rows of earlier
+            // builds): a part brought up to date looks up only its own changes' resources.
+            ("changes", "part", "INTEGER"),
         ] {
             let has: bool = conn
                 .prepare(&format!(
@@ -553,8 +556,8 @@ fn apply_tx(
             Some(serde_json::to_string(&c.meta.ln).expect("links serialise"))
         };
         tx.prepare_cached(
-            "INSERT INTO changes (set_name, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12)",
+            "INSERT INTO changes (set_name, key, loc_type, loc_value, change, datetime, length, md5, mime, lastmod, ln, timestamp, part) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)",
         )
         .map_err(sql_err)?
         .execute(params![
@@ -569,7 +572,12 @@ fn apply_tx(
             c.meta.mime,
             c.meta.lastmod.map(|t| t.0),
             ln,
-            now.0
+            now.0,
+            match planned.effect {
+                plan::Effect::Delete { part, .. }
+                | plan::Effect::Update { part, .. }
+                | plan::Effect::Create { part, .. } => part,
+            }
         ])
         .map_err(sql_err)?;
         let seq = tx.last_insert_rowid();
@@ -934,7 +942,7 @@ impl SetStore for EmbeddedStore {
                 let mut st = c.prepare_cached(
                     "SELECT DISTINCT r.rid, r.key, r.loc_type, r.loc_value, r.length, r.md5, r.mime, r.lastmod, r.ln, r.timestamp \
                      FROM changes c CROSS JOIN resources r ON r.set_name = c.set_name AND r.key = c.key \
-                     WHERE c.seq > ?1 AND +c.set_name = ?2 AND r.part = ?3 ORDER BY r.rid",
+                     WHERE c.seq > ?1 AND +c.set_name = ?2 AND (c.part = ?3 OR c.part IS NULL) AND r.part = ?3 ORDER BY r.rid",
                 )?;
                 let mut rows = st.query(params![since, set.as_str(), part])?;
                 while let Some(r) = rows.next()? {
@@ -1207,5 +1215,91 @@ mod tests {
             "log grew from {before} to {after}"
         );
         store.inner.sync_log().unwrap();
+    }
+
+    /// A part brought up to date is given its resources that changed, read through the
+    /// changes' parts, and through rows of earlier builds, which have none.
+    #[tokio::test]
+    async fn a_part_delta_finds_its_changes_with_or_without_their_part() {
+        use crate::model::{ChangeType, Location, LocationType, ResourceMeta};
+        let dir = tempfile::tempdir().unwrap();
+        let store = EmbeddedStore::open(&dir.path().join("rshub.sqlite")).unwrap();
+        let set = SetName::parse("s").unwrap();
+        let policy = ListPolicy {
+            max_items: 10,
+            max_bytes: 1_000_000,
+            rollover_secs: 0,
+            max_future_skew_secs: 60,
+        };
+        let change = |k: usize, kind: ChangeType| NewChange {
+            key: ResourceKey(format!("path:{k}.txt")),
+            location: Location {
+                kind: LocationType::RelPath,
+                value: format!("{k}.txt"),
+            },
+            change: kind,
+            datetime: None,
+            meta: ResourceMeta {
+                length: Some(k as u64),
+                ..ResourceMeta::default()
+            },
+        };
+        let apply = |changes: Vec<NewChange>| {
+            let (store, set) = (&store, &set);
+            async move {
+                store
+                    .apply(set, changes, policy, Timestamp::now())
+                    .await
+                    .unwrap()
+                    .applied
+                    .last()
+                    .unwrap()
+                    .1
+            }
+        };
+        // 30 resources: parts 1, 2 and 3 of 10 each.
+        let made = apply((0..30).map(|k| change(k, ChangeType::Created)).collect()).await;
+        let built = |part: i64| Built {
+            count: 10,
+            last_position: part * 10,
+        };
+        let changed_in = |part: u32, since: i64| {
+            let store = &store;
+            let set = &set;
+            async move {
+                let d = store
+                    .part_delta(set, part, since, built(part as i64), 1_000)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                assert!(d.positions.is_none(), "updates only: the same positions");
+                d.changed
+                    .into_iter()
+                    .map(|(_, r)| r.key.0)
+                    .collect::<Vec<_>>()
+            }
+        };
+        let updates = [3, 12, 15, 27];
+        let updated = apply(
+            updates
+                .iter()
+                .map(|k| change(*k, ChangeType::Updated))
+                .collect(),
+        )
+        .await;
+        assert!(updated > made);
+        let part2 = vec!["path:12.txt".to_string(), "path:15.txt".to_string()];
+        assert_eq!(changed_in(2, made).await, part2);
+        assert_eq!(changed_in(1, made).await, vec!["path:3.txt".to_string()]);
+        // The same rows as an earlier build left them: no part.
+        store
+            .inner
+            .writer
+            .lock()
+            .unwrap()
+            .execute("UPDATE changes SET part = NULL WHERE seq > ?1", [made])
+            .unwrap();
+        assert_eq!(changed_in(2, made).await, part2);
+        assert_eq!(changed_in(3, made).await, vec!["path:27.txt".to_string()]);
     }
 }
