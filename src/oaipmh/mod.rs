@@ -844,6 +844,9 @@ impl Repository {
             }
             Verb::ListIdentifiers | Verb::ListRecords => {
                 let page_size = config.oai.page_size;
+                // Batches being applied are waited for before a build slot is taken (the
+                // list waits again, briefly, for those dated up to its bound).
+                self.source.store().settle(Timestamp::now()).await;
                 // A page is made on the documents' bounded build slots, held until it is
                 // written out.
                 let slot = self.source.build_slot().await?;
