@@ -844,9 +844,12 @@ impl Repository {
             }
             Verb::ListIdentifiers | Verb::ListRecords => {
                 let page_size = config.oai.page_size;
-                // Batches being applied are waited for before a build slot is taken (the
-                // list waits again, briefly, for those dated up to its bound).
-                self.source.store().settle(Timestamp::now()).await;
+                // A new list's bound is now: the batches being applied are waited for before
+                // a build slot is taken (the list waits again, briefly, for those dated up to
+                // its bound). A token's bound is older.
+                if !req.args.contains_key("resumptionToken") {
+                    self.source.store().settle(Timestamp::now()).await;
+                }
                 // A page is made on the documents' bounded build slots, held until it is
                 // written out.
                 let slot = self.source.build_slot().await?;
