@@ -53,9 +53,14 @@ pub struct Fill {
     pub keys: Vec<(String, i64, i64)>,
 }
 
+/// Entries remembered at most, whatever their bytes (each is a few hundred bytes of memory;
+/// a budget of small pages must not grow it without end).
+const MAX_ENTRIES: usize = 100_000;
+
 pub struct ListCache {
     dir: PathBuf,
     max_bytes: u64,
+    max_entries: usize,
     inner: Mutex<Inner>,
     /// Each file's name is new: a request holding an entry never opens its replacement.
     seq: std::sync::atomic::AtomicU64,
@@ -96,6 +101,7 @@ impl ListCache {
         Ok(ListCache {
             dir: dir.to_path_buf(),
             max_bytes,
+            max_entries: MAX_ENTRIES,
             inner: Mutex::new(Inner {
                 map: LruCache::unbounded(),
                 bytes: 0,
@@ -165,7 +171,7 @@ impl ListCache {
             let _ = fs::remove_file(&old.path);
         }
         g.bytes += file_len;
-        while g.bytes > self.max_bytes {
+        while g.bytes > self.max_bytes || g.map.len() > self.max_entries {
             let Some((_, old)) = g.map.pop_lru() else {
                 break;
             };
@@ -275,6 +281,17 @@ mod tests {
         assert!(cache.get("two").is_some());
         assert!(cache.bytes() <= 200, "{}", cache.bytes());
         assert_eq!(fs::read_dir(dir.path().join("lists")).unwrap().count(), 1);
+        // Past the count of entries, the least recently used go too.
+        let mut cache = cache;
+        cache.max_entries = 2;
+        for key in ["a", "b", "c"] {
+            let mut w = cache.writer().unwrap();
+            w.write(b"<record/>").unwrap();
+            cache.put(w, fill(key, 0)).unwrap();
+        }
+        assert!(cache.get("two").is_none() && cache.get("a").is_none());
+        assert!(cache.get("b").is_some() && cache.get("c").is_some());
+        assert_eq!(fs::read_dir(dir.path().join("lists")).unwrap().count(), 2);
         // Opened again, the folder is emptied.
         drop(cache);
         let cache = ListCache::open(&dir.path().join("lists"), 200).unwrap();
