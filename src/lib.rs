@@ -35,7 +35,8 @@
 //! - [`collect`]: OAI-PMH repositories feeding resource sets (`[collect.NAME]`): runs inside
 //!   `serve` (or `collect --once`), state and leases in the store, changes through [`ingest`].
 //! - [`oaipmh`]: the OAI-PMH 2.0 repository at `/oai` over the sets of XML records (lists
-//!   walked over the change log, signed stateless resumption tokens).
+//!   walked over the change log, signed stateless resumption tokens, `ListRecords` pages kept
+//!   on disk in its own folder of the page cache's directory).
 //! - [`http`]: axum handlers only (the console's pages among them, over the admin API's views);
 //!   [`error`]: the one error-to-status table.
 //! - [`workers`]: background loops (Change List rollover).
