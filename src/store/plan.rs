@@ -49,6 +49,17 @@ pub(crate) enum Effect {
     Create { part: u32, new_part: bool },
 }
 
+impl Effect {
+    /// The part of the change's resource (the one it leaves, for a deletion).
+    pub(crate) fn part(self) -> u32 {
+        match self {
+            Effect::Delete { part, .. }
+            | Effect::Update { part, .. }
+            | Effect::Create { part, .. } => part,
+        }
+    }
+}
+
 /// Plans change number `index` of a batch. `existing`: its resource's part and bytes as the
 /// batch so far left them (`None`: no such resource); `open`: the open Change List's totals;
 /// `last`: the set's last Resource List part; `notified`: up to when change notifications

@@ -121,7 +121,7 @@ struct Inner {
     writer: Mutex<Connection>,
     readers: Mutex<Vec<Connection>>,
     /// Batches being applied, by the time they are dated from (see [`SetStore::settle`]).
-    applying: Mutex<std::collections::BTreeMap<(i64, u64), ()>>,
+    applying: Mutex<std::collections::BTreeSet<(i64, u64)>>,
     applied: tokio::sync::Notify,
     batches: std::sync::atomic::AtomicU64,
 }
@@ -573,11 +573,7 @@ fn apply_tx(
             c.meta.lastmod.map(|t| t.0),
             ln,
             now.0,
-            match planned.effect {
-                plan::Effect::Delete { part, .. }
-                | plan::Effect::Update { part, .. }
-                | plan::Effect::Create { part, .. } => part,
-            }
+            planned.effect.part()
         ])
         .map_err(sql_err)?;
         let seq = tx.last_insert_rowid();
@@ -798,7 +794,7 @@ impl SetStore for EmbeddedStore {
             .applying
             .lock()
             .expect("applying lock")
-            .insert(at, ());
+            .insert(at);
         let _applying = Applying {
             inner: &self.inner,
             at,
@@ -822,8 +818,7 @@ impl SetStore for EmbeddedStore {
                 .applying
                 .lock()
                 .expect("applying lock")
-                .keys()
-                .next()
+                .first()
                 .map(|(t, _)| *t);
             if oldest.is_none_or(|t| t >= until.0) {
                 return;
