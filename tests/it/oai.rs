@@ -194,8 +194,11 @@ fn record_line(root: &Path, change: &str, k: usize, version: u32) -> String {
     crate::harvest::file_line(root, change, &rel, &dc(k, version))
 }
 
-/// One page of a list: (identifiers, deleted flags, next token).
-async fn page(app: &TestApp, query: &str) -> (Vec<(String, bool)>, Option<String>) {
+/// One page of a list, parsed, with nothing quarantined; and its next token.
+async fn list_page(
+    app: &TestApp,
+    query: &str,
+) -> (resourcesync_hub::collect::oai::Page, Option<String>) {
     let body = app
         .client
         .get(app.url(&format!("/oai?{query}")))
@@ -208,12 +211,19 @@ async fn page(app: &TestApp, query: &str) -> (Vec<(String, bool)>, Option<String
     let p = resourcesync_hub::collect::oai::parse_list(&body)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body)));
     assert!(p.quarantined.is_empty(), "{:?}", p.quarantined);
+    let token = p.token.clone().map(|t| t.value).filter(|v| !v.is_empty());
+    (p, token)
+}
+
+/// One page of a list: (identifiers, deleted flags, next token).
+async fn page(app: &TestApp, query: &str) -> (Vec<(String, bool)>, Option<String>) {
+    let (p, token) = list_page(app, query).await;
     let items = p
         .records
         .into_iter()
         .map(|r| (r.header.identifier, r.header.deleted))
         .collect();
-    (items, p.token.map(|t| t.value).filter(|v| !v.is_empty()))
+    (items, token)
 }
 
 fn next_query(token: &str) -> String {
@@ -445,24 +455,13 @@ async fn walk_from(app: &TestApp, query: &str) -> Vec<(String, bool, Option<Stri
     let mut out = Vec::new();
     let mut query = query.to_string();
     loop {
-        let body = app
-            .client
-            .get(app.url(&format!("/oai?{query}")))
-            .send()
-            .await
-            .unwrap()
-            .bytes()
-            .await
-            .unwrap();
-        let p = resourcesync_hub::collect::oai::parse_list(&body)
-            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&body)));
-        assert!(p.quarantined.is_empty(), "{:?}", p.quarantined);
+        let (p, token) = list_page(app, &query).await;
         out.extend(
             p.records
                 .into_iter()
                 .map(|r| (r.header.identifier, r.header.deleted, r.metadata)),
         );
-        match p.token.map(|t| t.value).filter(|v| !v.is_empty()) {
+        match token {
             Some(t) => query = next_query(&t),
             None => return out,
         }
@@ -500,9 +499,8 @@ async fn kept_list_pages_are_sent_again_only_while_their_records_are_unchanged()
     );
 
     // A walk begun now, continued after the changes.
-    let body = app.get_text(&format!("/oai?{start}")).await;
-    let old = resourcesync_hub::collect::oai::parse_list(body.as_bytes()).unwrap();
-    let old_token = old.token.unwrap().value;
+    let (old, old_token) = list_page(&app, start).await;
+    let old_token = old_token.expect("a token");
 
     // Pages 1, 3, 4 and 8 change (records 5, 250 and 777 updated, 300 and 301 deleted), and
     // a record is created.
