@@ -34,7 +34,7 @@ pub struct Entry {
     /// (µs): it holds the changes before it.
     pub bound: std::sync::atomic::AtomicI64,
     /// The last position of the log the page covers (the next page's key).
-    pub next_after: Option<(i64, i64)>,
+    pub next_after: (i64, i64),
     /// The page ended with its set's log (new changes land in it).
     pub exhausted: bool,
     /// Items it counts for the cursor (headers and records, left-out records included).
@@ -46,7 +46,7 @@ pub struct Entry {
 pub struct Fill {
     pub key: String,
     pub bound: i64,
-    pub next_after: Option<(i64, i64)>,
+    pub next_after: (i64, i64),
     pub exhausted: bool,
     pub items: usize,
     /// Its items' resource keys and positions (datetime µs, id).
@@ -202,25 +202,7 @@ impl Entry {
             .fetch_max(bound, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// The page's items' resource keys and positions. Blocking.
-    pub fn keys(&self) -> io::Result<Vec<(String, i64, i64)>> {
-        let mut f = File::open(&self.path)?;
-        f.seek(SeekFrom::End(-8))?;
-        let mut n = [0u8; 8];
-        f.read_exact(&mut n)?;
-        let n = u64::from_le_bytes(n);
-        if n + 8 > self.file_len - self.records_len || f.metadata()?.len() != self.file_len {
-            return Err(io::Error::other(
-                "a list page's file is not the one recorded",
-            ));
-        }
-        f.seek(SeekFrom::Start(self.records_len))?;
-        let mut keys = Vec::with_capacity(n as usize);
-        f.take(n).read_to_end(&mut keys)?;
-        serde_json::from_slice(&keys).map_err(io::Error::other)
-    }
-
-    /// The page's file, open, when it is still the one recorded. Blocking.
+    /// The page's file, open at its start, when it is still the one recorded. Blocking.
     pub fn open(&self) -> io::Result<File> {
         let f = File::open(&self.path)?;
         if f.metadata()?.len() != self.file_len {
@@ -229,6 +211,25 @@ impl Entry {
             ));
         }
         Ok(f)
+    }
+
+    /// The page's items' resource keys and positions, read from its file as [`Entry::open`]
+    /// gave it, which is left at its start again. Blocking.
+    pub fn keys(&self, f: &mut File) -> io::Result<Vec<(String, i64, i64)>> {
+        f.seek(SeekFrom::End(-8))?;
+        let mut n = [0u8; 8];
+        f.read_exact(&mut n)?;
+        let n = u64::from_le_bytes(n);
+        if n + 8 > self.file_len - self.records_len {
+            return Err(io::Error::other(
+                "a list page's file is not the one recorded",
+            ));
+        }
+        f.seek(SeekFrom::Start(self.records_len))?;
+        let mut keys = Vec::with_capacity(n as usize);
+        f.take(n).read_to_end(&mut keys)?;
+        f.rewind()?;
+        serde_json::from_slice(&keys).map_err(io::Error::other)
     }
 }
 
@@ -240,7 +241,7 @@ mod tests {
         Fill {
             key: key.into(),
             bound: 7,
-            next_after: Some((5, 6)),
+            next_after: (5, 6),
             exhausted: false,
             items: n,
             keys: (0..n)
@@ -259,19 +260,17 @@ mod tests {
         cache.put(w, fill("one", 2)).unwrap();
         let e = cache.get("one").unwrap();
         assert_eq!(e.records_len, 36);
-        assert_eq!(e.keys().unwrap(), fill("one", 2).keys);
+        let mut f = e.open().unwrap();
+        assert_eq!(e.keys(&mut f).unwrap(), fill("one", 2).keys);
         let mut text = String::new();
-        e.open()
-            .unwrap()
-            .take(e.records_len)
-            .read_to_string(&mut text)
-            .unwrap();
+        f.take(e.records_len).read_to_string(&mut text).unwrap();
         assert_eq!(text, "<record>a</record><record>b</record>");
         // Replaced: the old entry's file is gone.
         let mut w = cache.writer().unwrap();
         w.write(b"<record>c</record>").unwrap();
         cache.put(w, fill("one", 1)).unwrap();
-        assert_eq!(cache.get("one").unwrap().keys().unwrap().len(), 1);
+        let e1 = cache.get("one").unwrap();
+        assert_eq!(e1.keys(&mut e1.open().unwrap()).unwrap().len(), 1);
         assert!(e.open().is_err(), "the replaced entry's file is gone");
         // A second key over the budget evicts the first.
         let mut w = cache.writer().unwrap();

@@ -518,24 +518,27 @@ impl Repository {
                     {
                         self.source.metrics().oai_list_pages_kept.inc();
                         // The set's last page then: is it still?
-                        let exhausted = e.exhausted
-                            && store
-                                .changes(
-                                    &s.name,
-                                    Timestamp(0),
-                                    Some(Timestamp(pos.bound)),
-                                    e.next_after
-                                        .map(|(dt, id)| store.change_cursor(Timestamp(dt), id)),
-                                    1,
-                                )
-                                .await?
-                                .items
-                                .is_empty();
+                        let exhausted =
+                            e.exhausted
+                                && store
+                                    .changes(
+                                        &s.name,
+                                        Timestamp(0),
+                                        Some(Timestamp(pos.bound)),
+                                        Some(store.change_cursor(
+                                            Timestamp(e.next_after.0),
+                                            e.next_after.1,
+                                        )),
+                                        1,
+                                    )
+                                    .await?
+                                    .items
+                                    .is_empty();
                         more = !exhausted || n != last;
                         pos.after = if exhausted {
                             Some((i64::MAX, i64::MAX))
                         } else {
-                            e.next_after
+                            Some(e.next_after)
                         };
                         let cursor = pos.cursor;
                         pos.cursor += e.items as u64;
@@ -551,7 +554,7 @@ impl Repository {
                     if !e.exhausted {
                         // Made again over the same stretch of the log: the pages after it
                         // keep their keys.
-                        stop_at = e.next_after;
+                        stop_at = Some(e.next_after);
                     }
                 }
                 start_key = Some(page_key);
@@ -644,7 +647,7 @@ impl Repository {
             )));
         }
         // Kept when the stretch it covers had settled (see [`cache`]).
-        let settled = pos.bound - store.visibility_lag_micros();
+        let settled = pos.bound - self.visibility_lag();
         let fill = match (lists, start_key, end) {
             (Some(lists), Some(page_key), Some((exhausted, Some(next_after))))
                 if !crossed && !items.is_empty() && next_after.0 < settled =>
@@ -654,7 +657,7 @@ impl Repository {
                     cache::Fill {
                         key: page_key,
                         bound: pos.bound,
-                        next_after: Some(next_after),
+                        next_after,
                         exhausted,
                         items: items.len(),
                         keys: item_keys,
@@ -688,7 +691,7 @@ impl Repository {
         // A change seen now that the page's maker may not have seen: dated from the
         // visibility lag before the earlier bound, before the later one.
         let made = e.bound();
-        let lo = made.min(bound) - store.visibility_lag_micros();
+        let lo = made.min(bound) - self.visibility_lag();
         let since = store
             .changes(
                 set,
@@ -698,19 +701,30 @@ impl Repository {
                 1,
             )
             .await?;
-        if !since.items.is_empty() {
-            if bound < made {
-                // A list older than the page: it may hold what the page's resources were.
-                return Ok(None);
-            }
-            let page = e.clone();
-            let keys = tokio::task::spawn_blocking(move || page.keys())
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e)));
-            let Ok(keys) = keys else {
-                lists.forget(key);
-                return Ok(None);
+        if !since.items.is_empty() && bound < made {
+            // A list older than the page: it may hold what the page's resources were.
+            return Ok(None);
+        }
+        // Changes since: each of the page's resources must still have the newest change it
+        // holds (its keys are read from the file opened to send it).
+        let check = !since.items.is_empty();
+        let page = e.clone();
+        let opened = tokio::task::spawn_blocking(move || {
+            let mut f = page.open()?;
+            let keys = if check {
+                Some(page.keys(&mut f)?)
+            } else {
+                None
             };
+            Ok::<_, std::io::Error>((f, keys))
+        })
+        .await
+        .unwrap_or_else(|e| Err(std::io::Error::other(e)));
+        let Ok((file, keys)) = opened else {
+            lists.forget(key);
+            return Ok(None);
+        };
+        if let Some(keys) = keys {
             let resource_keys: Vec<ResourceKey> = keys
                 .iter()
                 .map(|(k, _, _)| ResourceKey(k.clone()))
@@ -727,14 +741,14 @@ impl Repository {
             }
             e.seen_at(bound);
         }
-        let e = e.clone();
-        match tokio::task::spawn_blocking(move || e.open()).await {
-            Ok(Ok(f)) => Ok(Some(f)),
-            _ => {
-                lists.forget(key);
-                Ok(None)
-            }
-        }
+        Ok(Some(file))
+    }
+
+    /// How long after its datetime a change may still become visible (µs): the store's own
+    /// lag, or `notify.hold_back_secs` when the operator says writers may be later.
+    fn visibility_lag(&self) -> i64 {
+        let hold_back = self.source.config().notify.hold_back_secs as i64 * 1_000_000;
+        self.source.store().visibility_lag_micros().max(hold_back)
     }
 
     /// A weak validator of the answer to `pairs` and when what it depends on last changed:
