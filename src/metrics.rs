@@ -75,10 +75,6 @@ pub struct Metrics {
     /// Resource List pages built from their last build and the changes since, rather than
     /// whole from the store (also counted in `pages_built`).
     pub pages_brought_up_to_date: Counter,
-    /// Segments of Resource List parts' gzip forms copied from their last build (no change
-    /// touched their bytes), and compressed anew.
-    pub gzip_segments_copied: Counter,
-    pub gzip_segments_compressed: Counter,
     /// ListRecords pages sent as they were kept on disk, rather than made for their request.
     pub oai_list_pages_kept: Counter,
     /// Page builds waiting for a build slot.
@@ -143,18 +139,6 @@ impl Default for Metrics {
             "pages_brought_up_to_date",
             "Resource List pages built from their last build and the changes since (also in pages_built)",
             pages_brought_up_to_date.clone(),
-        );
-        let gzip_segments_copied = Counter::default();
-        registry.register(
-            "page_gzip_segments_copied",
-            "Segments of Resource List parts' gzip forms copied from their last build",
-            gzip_segments_copied.clone(),
-        );
-        let gzip_segments_compressed = Counter::default();
-        registry.register(
-            "page_gzip_segments_compressed",
-            "Segments of Resource List parts' gzip forms compressed anew",
-            gzip_segments_compressed.clone(),
         );
         let oai_list_pages_kept = Counter::default();
         registry.register(
@@ -258,8 +242,6 @@ impl Default for Metrics {
             adoption_lag_seconds,
             pages_built,
             pages_brought_up_to_date,
-            gzip_segments_copied,
-            gzip_segments_compressed,
             oai_list_pages_kept,
             build_queue,
             accel_fallbacks,

@@ -24,7 +24,6 @@ use md5::{Digest, Md5};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
 
-use super::segz::{Previous, Reused, Segment, SegmentedGz};
 use crate::digest::hex_digest;
 
 /// What is known of a stored page without reading it.
@@ -342,15 +341,6 @@ pub enum Validator {
     Build,
 }
 
-/// How a page's gzip form is made.
-pub enum GzipForm<'a> {
-    /// Compressed as one stream.
-    Whole,
-    /// In segments a later build of the page can copy ([`super::segz`]), copying those of
-    /// its previous build that recur.
-    Segments(Option<Previous<'a>>),
-}
-
 /// A generated page, in temporary files of the cache directory.
 pub struct Finished {
     identity: tempfile::NamedTempFile,
@@ -360,30 +350,6 @@ pub struct Finished {
     pub len: u64,
     pub gzip_len: u64,
     pub entries: usize,
-    /// The gzip form's segments, when made in segments.
-    pub segments: Vec<Segment>,
-    pub reused: Reused,
-}
-
-/// The page's gzip form being written.
-enum Gz<'a> {
-    Whole(flate2::write::GzEncoder<BufWriter<&'a File>>),
-    Segments(SegmentedGz<'a>),
-}
-
-impl Gz<'_> {
-    /// Ends the gzip form: its length, and its segments when made in segments.
-    fn finish(self) -> io::Result<(u64, Vec<Segment>, Reused)> {
-        match self {
-            Gz::Whole(g) => {
-                let mut out = g.finish()?;
-                out.flush()?;
-                let len = out.get_ref().metadata()?.len();
-                Ok((len, Vec::new(), Reused::default()))
-            }
-            Gz::Segments(g) => g.finish(),
-        }
-    }
 }
 
 impl Spool {
@@ -400,22 +366,16 @@ impl Spool {
         tail: &[u8],
         entries: usize,
         validator: Validator,
-        form: GzipForm<'_>,
     ) -> io::Result<Finished> {
         let mut spooled = self.file.into_inner().map_err(|e| e.into_error())?;
         spooled.rewind()?;
         let mut identity = tempfile::NamedTempFile::new_in(&self.tmp)?;
         let gzip = tempfile::NamedTempFile::new_in(&self.tmp)?;
         let mut out = BufWriter::with_capacity(256 * 1024, identity.as_file_mut());
-        let mut gz = match form {
-            GzipForm::Whole => Gz::Whole(flate2::write::GzEncoder::new(
-                BufWriter::with_capacity(64 * 1024, gzip.as_file()),
-                flate2::Compression::fast(),
-            )),
-            GzipForm::Segments(previous) => {
-                Gz::Segments(SegmentedGz::new(gzip.as_file(), previous)?)
-            }
-        };
+        let mut gz = flate2::write::GzEncoder::new(
+            BufWriter::with_capacity(64 * 1024, gzip.as_file()),
+            flate2::Compression::fast(),
+        );
         let mut md5 = (validator == Validator::Content).then(Md5::new);
         let mut len = 0u64;
         let mut put = |b: &[u8]| -> io::Result<()> {
@@ -423,10 +383,7 @@ impl Spool {
                 m.update(b);
             }
             out.write_all(b)?;
-            match &mut gz {
-                Gz::Whole(g) => g.write_all(b)?,
-                Gz::Segments(g) => g.write(b)?,
-            }
+            gz.write_all(b)?;
             len += b.len() as u64;
             Ok(())
         };
@@ -442,7 +399,8 @@ impl Spool {
         put(tail)?;
         out.flush()?;
         drop(out);
-        let (gzip_len, segments, reused) = gz.finish()?;
+        gz.finish()?.flush()?;
+        let gzip_len = gzip.as_file().metadata()?.len();
         let hex = match md5 {
             Some(m) => hex_digest(m.finalize()),
             None => format!(
@@ -458,8 +416,6 @@ impl Spool {
             len,
             gzip_len,
             entries,
-            segments,
-            reused,
         })
     }
 }
@@ -475,8 +431,7 @@ mod tests {
     fn page_with(c: &DiskCache, body: &str, v: Validator) -> Finished {
         let mut s = c.spool().unwrap();
         s.write(body.as_bytes()).unwrap();
-        s.finish(b"<head>", b"</head>", 1, v, GzipForm::Whole)
-            .unwrap()
+        s.finish(b"<head>", b"</head>", 1, v).unwrap()
     }
 
     /// Same bytes, same ETag when it comes from the content; a build's own otherwise (and a

@@ -8,7 +8,6 @@
 pub mod activity;
 mod cache;
 pub mod disk;
-mod segz;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -290,9 +289,6 @@ struct PartBase {
     file: PathBuf,
     head: u64,
     built: Base,
-    /// Its gzip form, in segments the next build copies where their bytes recur.
-    gzip: PathBuf,
-    segments: Vec<segz::Segment>,
 }
 
 /// `g`, a part's page being built, made from `base` (the part's page as built before) and
@@ -641,56 +637,30 @@ impl Source {
                 }
                 _ => disk::Validator::Content,
             };
-            // A Resource List part's gzip form copies the segments of its last build that
-            // no change touched.
-            let previous = gen
-                .base
-                .is_some()
-                .then(|| self.bases.lock().expect("bases").get(&key).cloned());
-            let (meta, base, reused) = blocking(move || {
+            let (meta, base) = blocking(move || {
                 let mut gen = gen;
                 gen.spool_entries()?;
                 let Gen { w, spool, base, .. } = gen;
                 let head = w.head().len() as u64;
-                let form = match &previous {
-                    None => disk::GzipForm::Whole,
-                    Some(p) => disk::GzipForm::Segments(p.as_ref().map(|p| segz::Previous {
-                        identity: &p.file,
-                        gzip: &p.gzip,
-                        segments: &p.segments,
-                    })),
-                };
-                let mut page = spool.finish(
+                let page = spool.finish(
                     w.head().as_bytes(),
                     w.tail().as_bytes(),
                     w.entries(),
                     validator,
-                    form,
                 )?;
-                let segments = std::mem::take(&mut page.segments);
-                let reused = page.reused;
                 Ok((
                     disk.put(&k, &v, last_modified, page)?,
-                    base.map(|b| (b, head, segments)),
-                    reused,
+                    base.map(|b| (b, head)),
                 ))
             })
             .await?;
-            self.metrics
-                .gzip_segments_copied
-                .inc_by(reused.copied as u64);
-            self.metrics
-                .gzip_segments_compressed
-                .inc_by(reused.compressed as u64);
-            if let Some((built, head, segments)) = base {
+            if let Some((built, head)) = base {
                 self.keep_base(
                     &key,
                     PartBase {
                         file: meta.path(false).to_path_buf(),
                         head,
                         built,
-                        gzip: meta.path(true).to_path_buf(),
-                        segments,
                     },
                 );
             }
