@@ -641,13 +641,13 @@ impl Source {
                 let mut gen = gen;
                 gen.spool_entries()?;
                 let Gen { w, spool, base, .. } = gen;
-                let head = w.head().len() as u64;
                 let page = spool.finish(
                     w.head().as_bytes(),
                     w.tail().as_bytes(),
                     w.entries(),
                     validator,
                 )?;
+                let head = page.entries_at;
                 Ok((
                     disk.put(&k, &v, last_modified, page)?,
                     base.map(|b| (b, head)),
@@ -1327,10 +1327,17 @@ impl Source {
     }
 
     /// A page whose entries are all in the writer.
+    /// A page's generation, with room for the head its writer has.
     fn gen<W: PageWriter>(&self, w: W) -> Result<Gen<W>, SourceError> {
+        let room = w.head().len();
+        self.gen_with_room(w, room)
+    }
+
+    /// A page's generation whose head is made again at the end, at most `room` bytes.
+    fn gen_with_room<W: PageWriter>(&self, w: W, room: usize) -> Result<Gen<W>, SourceError> {
         Ok(Gen {
             w,
-            spool: self.disk.spool()?,
+            spool: self.disk.spool(room)?,
             bytes: 0,
             base: None,
         })
@@ -1365,7 +1372,12 @@ impl Source {
             completed,
             ..Md::default()
         };
-        let new = || self.gen(SitemapWriter::new(Root::Urlset, &md(None), &links));
+        // Its head is made again with `completed` at the end: room for the longest (a time
+        // with microseconds).
+        let room = SitemapWriter::new(Root::Urlset, &md(Some(Timestamp(at.0 | 1))), &links)
+            .head()
+            .len();
+        let new = || self.gen_with_room(SitemapWriter::new(Root::Urlset, &md(None), &links), room);
         let mut gen = None;
         if part.count > 0 {
             // The last build here, brought up to date: its entries copied where no change
