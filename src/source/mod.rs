@@ -1326,18 +1326,12 @@ impl Source {
         Ok(out)
     }
 
-    /// A page whose entries are all in the writer.
-    /// A page's generation, with room for the head its writer has.
+    /// A page's generation, with room in front of its entries for the head its writer has
+    /// now (a head made again at the end must not be longer).
     fn gen<W: PageWriter>(&self, w: W) -> Result<Gen<W>, SourceError> {
-        let room = w.head().len();
-        self.gen_with_room(w, room)
-    }
-
-    /// A page's generation whose head is made again at the end, at most `room` bytes.
-    fn gen_with_room<W: PageWriter>(&self, w: W, room: usize) -> Result<Gen<W>, SourceError> {
         Ok(Gen {
+            spool: self.disk.spool(w.head().len())?,
             w,
-            spool: self.disk.spool(room)?,
             bytes: 0,
             base: None,
         })
@@ -1372,12 +1366,15 @@ impl Source {
             completed,
             ..Md::default()
         };
-        // Its head is made again with `completed` at the end: room for the longest (a time
-        // with microseconds).
-        let room = SitemapWriter::new(Root::Urlset, &md(Some(Timestamp(at.0 | 1))), &links)
-            .head()
-            .len();
-        let new = || self.gen_with_room(SitemapWriter::new(Root::Urlset, &md(None), &links), room);
+        // Its head is made again with `completed` at the end: begun with the longest one (a
+        // time with microseconds), so the page leaves room for it.
+        let new = || {
+            self.gen(SitemapWriter::new(
+                Root::Urlset,
+                &md(Some(Timestamp(at.0 | 1))),
+                &links,
+            ))
+        };
         let mut gen = None;
         if part.count > 0 {
             // The last build here, brought up to date: its entries copied where no change
