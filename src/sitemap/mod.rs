@@ -148,11 +148,12 @@ impl SitemapWriter {
         self.entries
     }
 
-    /// Adds an entry exactly as [`Self::entry`] wrote it before (kept by the caller): a page
-    /// brought up to date copies the entries nothing changed.
-    pub fn raw_entry(&mut self, entry: &str) {
-        self.body.push_str(entry);
-        self.entries += 1;
+    /// Adds `count` entries, one after the other in `entries`, exactly as [`Self::entry`]
+    /// wrote them before (kept by the caller): a page brought up to date copies the entries
+    /// nothing changed.
+    pub fn raw_entries(&mut self, entries: &str, count: usize) {
+        self.body.push_str(entries);
+        self.entries += count;
     }
 
     /// Bytes of the entries written since [`Self::take_entries`] was last called: the
