@@ -181,7 +181,7 @@ async fn bench() -> anyhow::Result<()> {
     // Static sources: the big ones first, then the small ones.
     let n_sources = n_big + n_small;
     let per_of = |i: usize| if i < n_big { big_per } else { per };
-    let peer_sources = (arg("--peer-sources", n_sources as u64) as usize).min(n_sources);
+    let peer_sources = (arg("--peer-sources", 500) as usize).min(n_sources);
     let idle_secs = arg("--idle-secs", 10);
     let dir = match std::env::args().skip_while(|a| a != "--dir").nth(1) {
         Some(d) => PathBuf::from(d),
