@@ -2,14 +2,24 @@
 
 /// Lower-case hex of a digest.
 pub fn hex_digest(d: impl AsRef<[u8]>) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let d = d.as_ref();
     let mut s = String::with_capacity(d.len() * 2);
-    for b in d {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 15) as usize] as char);
-    }
+    write_hex(&mut s, d).expect("a String takes any text");
     s
+}
+
+/// Lower-case hex of `d` written into `out`, 64 bytes at a time (a digest in one piece).
+pub fn write_hex(out: &mut impl std::fmt::Write, d: &[u8]) -> std::fmt::Result {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 128];
+    for chunk in d.chunks(64) {
+        for (i, b) in chunk.iter().enumerate() {
+            buf[2 * i] = HEX[(b >> 4) as usize];
+            buf[2 * i + 1] = HEX[(b & 15) as usize];
+        }
+        out.write_str(std::str::from_utf8(&buf[..2 * chunk.len()]).expect("hex is ASCII"))?;
+    }
+    Ok(())
 }
 
 /// 32 hex digits of 16 bytes from the OS random source (tokens, challenges, per-build ETags).

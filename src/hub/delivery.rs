@@ -5,7 +5,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, LINK, RETRY_AFTER};
 use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -16,10 +16,10 @@ use tracing::Instrument;
 use super::admin::AttemptRecord;
 use super::auth::Link;
 use super::partition::Grant;
-use super::{random_unit, signature, Hub};
+use super::{random_unit, Hub};
 use crate::model::websub::{
-    standard_signature, DeliveryAuth, Hold, Message, MessageId, Outcome, Subscription,
-    SubscriptionId, Topic,
+    write_signature, write_standard_signature, DeliveryAuth, Hold, Message, MessageId, Outcome,
+    Subscription, SubscriptionId, Topic,
 };
 use crate::model::Timestamp;
 use crate::store::Store;
@@ -802,7 +802,13 @@ impl Hub {
 /// publication time goes with the store's sequence number, so that a store made anew (its
 /// numbers starting again) never gives a new message an id a receiver has seen.
 pub fn webhook_id(m: &Message) -> String {
-    format!("msg_{}_{}", m.published_at.0, m.id)
+    let mut s = String::new();
+    write_webhook_id(&mut s, m).expect("a String takes any text");
+    s
+}
+
+fn write_webhook_id(out: &mut impl std::fmt::Write, m: &Message) -> std::fmt::Result {
+    write!(out, "msg_{}_{}", m.published_at.0, m.id)
 }
 
 /// The callback URL, parsed and checked against the address policy once per subscription.
@@ -867,8 +873,10 @@ const WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp
 const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
 
 /// A delivery request, signed at this attempt, with the bearer token when there is one. Made
-/// whole here, headers in a map sized for them and values taking their strings without a copy:
-/// this runs for every delivery, and reqwest's builder grew the map and copied each value.
+/// whole here, headers in a map sized for them: this runs for every delivery, and reqwest's
+/// builder grew the map and copied each value. The values made for this delivery (id,
+/// signatures, timestamp) are written into one buffer and share it, so reqwest's copy of the
+/// map (it keeps one for redirects) only counts references instead of allocating for each.
 fn request(
     hub: &Hub,
     url: &url::Url,
@@ -876,8 +884,14 @@ fn request(
     m: &Message,
     token: Option<&str>,
 ) -> Result<reqwest::Request, String> {
+    use std::fmt::Write as _;
     let value = |s: String| {
         HeaderValue::try_from(s).map_err(|e| format!("a delivery header cannot be sent: {e}"))
+    };
+    // The next value written into `buf`, split off it.
+    let take = |buf: &mut BytesMut| {
+        HeaderValue::from_maybe_shared(buf.split().freeze())
+            .map_err(|e| format!("a delivery header cannot be sent: {e}"))
     };
     let mut req = reqwest::Request::new(reqwest::Method::POST, url.clone());
     let h = req.headers_mut();
@@ -890,30 +904,39 @@ fn request(
             hub.settings.hub_url, m.topic
         ))?,
     );
-    let id = webhook_id(m);
+    // id (≤ 45) + `X-Hub-Signature` (≤ 135) + timestamp (≤ 20) + two `v1,` signatures (95).
+    let mut buf = BytesMut::with_capacity(320);
+    let written = "a delivery header value is written into memory";
+    write_webhook_id(&mut buf, m).expect(written);
+    let id = take(&mut buf)?;
     if let Some(secret) = &sub.secret {
-        h.insert(
-            X_HUB_SIGNATURE,
-            value(signature(sub.alg, secret.as_bytes(), &m.body))?,
-        );
+        write_signature(&mut buf, sub.alg, secret.as_bytes(), &m.body).expect(written);
+        h.insert(X_HUB_SIGNATURE, take(&mut buf)?);
         // Signed the Standard Webhooks way too (unless switched off), over this attempt's
         // time (a retry is signed anew, so a receiver's tolerance of a few minutes never
         // refuses a late retry).
         if hub.settings.standard_webhooks {
             let now = Timestamp::now();
             let at = now.0.div_euclid(1_000_000);
-            let sign = |s: &str| standard_signature(s.as_bytes(), &id, at, &m.body);
+            write!(buf, "{at}").expect(written);
+            h.insert(WEBHOOK_TIMESTAMP, take(&mut buf)?);
+            let id = id.to_str().expect("the id is ASCII");
+            let sign = |buf: &mut BytesMut, s: &str| {
+                write_standard_signature(buf, s.as_bytes(), id, at, &m.body).expect(written)
+            };
+            sign(&mut buf, secret);
             // During a rotation's grace period the previous secret signs too (receivers
             // accept any one of the space-separated signatures).
-            let signatures = match &sub.previous_secret {
-                Some((old, until)) if now < *until => format!("{} {}", sign(secret), sign(old)),
-                _ => sign(secret),
-            };
-            h.insert(WEBHOOK_TIMESTAMP, HeaderValue::from(at));
-            h.insert(WEBHOOK_SIGNATURE, value(signatures)?);
+            if let Some((old, until)) = &sub.previous_secret {
+                if now < *until {
+                    buf.extend_from_slice(b" ");
+                    sign(&mut buf, old);
+                }
+            }
+            h.insert(WEBHOOK_SIGNATURE, take(&mut buf)?);
         }
     }
-    h.insert(WEBHOOK_ID, value(id)?);
+    h.insert(WEBHOOK_ID, id);
     if let Some(t) = token {
         let mut v = value(format!("Bearer {t}"))?;
         v.set_sensitive(true);

@@ -3,7 +3,7 @@
 
 use hmac::{Hmac, KeyInit, Mac};
 
-use crate::digest::hex_digest;
+use crate::digest::write_hex;
 
 /// The recognised algorithm names of WebSub §7.1.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,23 +59,37 @@ impl std::fmt::Display for SignatureAlg {
 }
 
 macro_rules! hmac_hex {
-    ($digest:ty, $secret:expr, $body:expr) => {{
+    ($digest:ty, $secret:expr, $body:expr, $out:expr) => {{
         let mut mac = <Hmac<$digest> as KeyInit>::new_from_slice($secret)
             .expect("HMAC takes keys of any length");
         mac.update($body);
-        hex_digest(mac.finalize().into_bytes())
+        write_hex($out, &mac.finalize().into_bytes())
     }};
 }
 
 /// The `X-Hub-Signature` header value: `<alg>=<hex HMAC of body keyed with secret>`.
 pub fn signature(alg: SignatureAlg, secret: &[u8], body: &[u8]) -> String {
-    let hex = match alg {
-        SignatureAlg::Sha1 => hmac_hex!(sha1::Sha1, secret, body),
-        SignatureAlg::Sha256 => hmac_hex!(sha2::Sha256, secret, body),
-        SignatureAlg::Sha384 => hmac_hex!(sha2::Sha384, secret, body),
-        SignatureAlg::Sha512 => hmac_hex!(sha2::Sha512, secret, body),
-    };
-    format!("{alg}={hex}")
+    let mut s = String::with_capacity(7 + 128);
+    write_signature(&mut s, alg, secret, body).expect("a String takes any text");
+    s
+}
+
+/// [`signature`], written into `out` (a delivery writes all its header values into one
+/// buffer).
+pub fn write_signature(
+    out: &mut impl std::fmt::Write,
+    alg: SignatureAlg,
+    secret: &[u8],
+    body: &[u8],
+) -> std::fmt::Result {
+    out.write_str(alg.as_str())?;
+    out.write_char('=')?;
+    match alg {
+        SignatureAlg::Sha1 => hmac_hex!(sha1::Sha1, secret, body, out),
+        SignatureAlg::Sha256 => hmac_hex!(sha2::Sha256, secret, body, out),
+        SignatureAlg::Sha384 => hmac_hex!(sha2::Sha384, secret, body, out),
+        SignatureAlg::Sha512 => hmac_hex!(sha2::Sha512, secret, body, out),
+    }
 }
 
 /// The Standard Webhooks `webhook-signature` value: `v1,<base64 of HMAC-SHA256 of
@@ -83,6 +97,19 @@ pub fn signature(alg: SignatureAlg, secret: &[u8], body: &[u8]) -> String {
 /// `standardwebhooks` libraries passes the secret as `whsec_` + base64 of those bytes
 /// ([`whsec`]).
 pub fn standard_signature(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) -> String {
+    let mut s = String::with_capacity(3 + 44);
+    write_standard_signature(&mut s, secret, id, timestamp, body).expect("a String takes any text");
+    s
+}
+
+/// [`standard_signature`], written into `out`.
+pub fn write_standard_signature(
+    out: &mut impl std::fmt::Write,
+    secret: &[u8],
+    id: &str,
+    timestamp: i64,
+    body: &[u8],
+) -> std::fmt::Result {
     use base64::Engine as _;
     use std::io::Write as _;
     let mut mac = <Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret)
@@ -96,10 +123,12 @@ pub fn standard_signature(secret: &[u8], id: &str, timestamp: i64, body: &[u8]) 
     mac.update(&digits.get_ref()[..n]);
     mac.update(b".");
     mac.update(body);
-    let mut out = String::with_capacity(3 + 44);
-    out.push_str("v1,");
-    base64::engine::general_purpose::STANDARD.encode_string(mac.finalize().into_bytes(), &mut out);
-    out
+    let mut b64 = [0u8; 44];
+    let n = base64::engine::general_purpose::STANDARD
+        .encode_slice(mac.finalize().into_bytes(), &mut b64)
+        .expect("44 characters hold the base64 of 32 bytes");
+    out.write_str("v1,")?;
+    out.write_str(std::str::from_utf8(&b64[..n]).expect("base64 is ASCII"))
 }
 
 /// The `whsec_` form of a WebSub `hub.secret`, as the Standard Webhooks libraries take it.

@@ -6,7 +6,9 @@ use std::fmt;
 use bytes::Bytes;
 use serde::Serialize;
 
-pub use super::signature::{signature, standard_signature, whsec, SignatureAlg};
+pub use super::signature::{
+    signature, standard_signature, whsec, write_signature, write_standard_signature, SignatureAlg,
+};
 use super::Timestamp;
 
 /// The form URLs are matched in (WebSub §5.1 leaves equivalence to RFC 3986 §6): the URL
