@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, CONTENT_TYPE, LINK, RETRY_AFTER};
+use reqwest::header::{
+    HeaderName, HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, LINK, RETRY_AFTER,
+};
 use reqwest::StatusCode;
 use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
@@ -894,8 +896,16 @@ fn request(
             .map_err(|e| format!("a delivery header cannot be sent: {e}"))
     };
     let mut req = reqwest::Request::new(reqwest::Method::POST, url.clone());
+    // Sized for what goes in: Content-Type, `Link`, Host, Content-Length, the id, reqwest's
+    // `accept` and `user-agent`, the signatures and the token, and one spare (hyper's client
+    // asks for an entry, and a full map grows). A map that grows is copied, and reqwest copies
+    // this one before hyper adds what is missing (Host, Content-Length) to the copy.
+    let signed = sub.secret.is_some();
+    let count = 7
+        + usize::from(signed) * (1 + 2 * usize::from(hub.settings.standard_webhooks))
+        + usize::from(token.is_some());
+    *req.headers_mut() = reqwest::header::HeaderMap::with_capacity(count + 1);
     let h = req.headers_mut();
-    h.reserve(8);
     h.insert(CONTENT_TYPE, value(m.content_type.clone())?);
     h.insert(
         LINK,
@@ -904,9 +914,16 @@ fn request(
             hub.settings.hub_url, m.topic
         ))?,
     );
-    // id (≤ 45) + `X-Hub-Signature` (≤ 135) + timestamp (≤ 20) + two `v1,` signatures (95).
-    let mut buf = BytesMut::with_capacity(320);
+    // Host (≤ 260) + Content-Length (≤ 20) + id (≤ 45) + `X-Hub-Signature` (≤ 135) +
+    // timestamp (≤ 20) + two `v1,` signatures (95).
+    let mut buf = BytesMut::with_capacity(600);
     let written = "a delivery header value is written into memory";
+    // Host as hyper's client would write it (the host, and the port unless the scheme's own)
+    // and Content-Length, which it keeps when they are there.
+    buf.extend_from_slice(url[url::Position::BeforeHost..url::Position::AfterPort].as_bytes());
+    h.insert(HOST, take(&mut buf)?);
+    write!(buf, "{}", m.body.len()).expect(written);
+    h.insert(CONTENT_LENGTH, take(&mut buf)?);
     write_webhook_id(&mut buf, m).expect(written);
     let id = take(&mut buf)?;
     if let Some(secret) = &sub.secret {

@@ -368,6 +368,9 @@ fn client_builder(policy: &Arc<AddressPolicy>, settings: &HubSettings) -> reqwes
         ),
     )
     .no_gzip()
+    // The hub retries on its own schedule; reqwest's retries are for HTTP/2's refusals (not
+    // spoken here), and its policy copies every request's headers in case it retries.
+    .retry(reqwest::retry::never().max_retries_per_request(0))
     .timeout(settings.request_timeout)
     .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
     .pool_idle_timeout(Duration::from_secs(60))
