@@ -4,14 +4,15 @@
 //! cargo run --release --example bench_hub -- [--subscribers 100,500,1000] [--notifications 20]
 //!     [--hung N] [--failing N] [--limited PER_SEC] [--request-timeout-secs 10]
 //! cargo run --release --example bench_hub -- --compare-signatures PAIRS
-//!     [--subscribers 100] [--notifications 300] [--control]
+//!     [--subscribers 100] [--notifications 300] [--control] [--count-allocations]
 //! ```
 //!
 //! With `--compare-signatures PAIRS`, what the signatures cost in one run: two hubs in this
 //! process (both signatures; `hub.standard_webhooks = false`) and unsigned subscribers, rounds
 //! of each in turn, paired ratios of deliveries/s and of the process's CPU a delivery with a
 //! bootstrap interval of their medians (see `compare_signatures`); `--control` makes the second
-//! hub sign both ways as well, to see what the comparison finds where there is nothing.
+//! hub sign both ways as well, to see what the comparison finds where there is nothing;
+//! `--count-allocations` adds each one's allocations a delivery (see [`Counting`]).
 //!
 //! With `--hung N` / `--failing N`, each round runs twice: as above, then with N more callbacks
 //! on the same topic that never answer (or answer 500), printing the healthy subscribers'
@@ -50,6 +51,55 @@ fn arg(name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
+}
+
+/// With `--count-allocations`, counts the process's allocations: how many, their bytes, and
+/// how many are over 1,032 bytes (past glibc's per-thread cache, so they take an arena's lock).
+/// Figures per delivery that the machine's noise does not move; the counting itself (shared
+/// counters on every allocation) slows the run, so its times are not for comparing with others.
+struct Counting;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+static COUNT: AtomicBool = AtomicBool::new(false);
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+static LARGE: AtomicU64 = AtomicU64::new(0);
+
+fn count(size: usize) {
+    if COUNT.load(Relaxed) {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        ALLOCATED.fetch_add(size as u64, Relaxed);
+        if size > 1032 {
+            LARGE.fetch_add(1, Relaxed);
+        }
+    }
+}
+
+// SAFETY: every call is passed on to the system allocator unchanged.
+unsafe impl std::alloc::GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        count(layout.size());
+        std::alloc::System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        std::alloc::System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        count(size);
+        std::alloc::System.realloc(ptr, layout, size)
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+/// (allocations, bytes, over 1,032 bytes) so far.
+fn allocations() -> [u64; 3] {
+    [
+        ALLOCATIONS.load(Relaxed),
+        ALLOCATED.load(Relaxed),
+        LARGE.load(Relaxed),
+    ]
 }
 
 /// Receipts: (notification number, when).
@@ -260,6 +310,8 @@ struct Round {
     published: Duration,
     /// CPU of this whole process (hub, receivers, publisher) during the round.
     cpu_secs: f64,
+    /// Allocations of this whole process during the round (`--count-allocations`).
+    allocs: [u64; 3],
 }
 
 /// Publishes `notifications` fat pings to `topic` back to back and waits until each of its
@@ -274,6 +326,7 @@ async fn round(
 ) -> anyhow::Result<Round> {
     receipts.lock().unwrap().clear();
     let cpu0 = common::proc_cpu_secs("self");
+    let allocs0 = allocations();
     let mut sent = Vec::with_capacity(notifications);
     let start = Instant::now();
     for k in 0..notifications {
@@ -292,6 +345,7 @@ async fn round(
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let cpu_secs = common::proc_cpu_secs("self") - cpu0;
+    let allocs1 = allocations();
     let got = receipts.lock().unwrap().clone();
     let (last, lat) = latencies(&got, &sent, start);
     Ok(Round {
@@ -300,6 +354,7 @@ async fn round(
         lat,
         published,
         cpu_secs,
+        allocs: [0, 1, 2].map(|i| allocs1[i] - allocs0[i]),
     })
 }
 
@@ -459,6 +514,10 @@ async fn compare_signatures(
     if control {
         println!("control run: the second hub signs both ways too");
     }
+    if std::env::args().any(|a| a == "--count-allocations") {
+        COUNT.store(true, Relaxed);
+        println!("allocations counted (on shared counters, so these times are slower)");
+    }
     let both = HubUnderTest::start("-both", true).await?;
     let websub = HubUnderTest::start("-websub", control).await?;
     let second = if control {
@@ -495,6 +554,8 @@ async fn compare_signatures(
     );
     // [variant][turn]: (deliveries/s, CPU µs a delivery)
     let mut got: [Vec<(f64, f64)>; 3] = Default::default();
+    // [variant]: deliveries, and allocations, bytes and large ones over all measured rounds
+    let mut allocs = [(0u64, [0u64; 3]); 3];
     for turn in 0..=pairs {
         let order: [usize; 3] = if turn % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
         for v in order {
@@ -505,22 +566,46 @@ async fn compare_signatures(
                     r.deliveries as f64 / r.secs,
                     r.cpu_secs * 1e6 / r.deliveries as f64,
                 ));
+                allocs[v].0 += r.deliveries as u64;
+                for i in 0..3 {
+                    allocs[v].1[i] += r.allocs[i];
+                }
             }
         }
     }
+    let counted = COUNT.load(Relaxed);
     println!(
-        "{:<22} {:>28} {:>26}",
-        "", "deliveries/s (median, range)", "CPU µs a delivery (median)"
+        "{:<22} {:>28} {:>26}{}",
+        "",
+        "deliveries/s (median, range)",
+        "CPU µs a delivery (median)",
+        if counted {
+            "   allocations a delivery (bytes; over 1,032 bytes)"
+        } else {
+            ""
+        }
     );
     for (v, (name, _, _)) in variants.iter().enumerate() {
         let mut rate: Vec<f64> = got[v].iter().map(|g| g.0).collect();
         let mut cpu: Vec<f64> = got[v].iter().map(|g| g.1).collect();
+        let (deliveries, [count, bytes, large]) = allocs[v];
+        let per = |x: u64| x as f64 / deliveries.max(1) as f64;
+        let allocated = if counted {
+            format!(
+                "   {:>6.1} ({:>6.0}; {:.1})",
+                per(count),
+                per(bytes),
+                per(large)
+            )
+        } else {
+            String::new()
+        };
         println!(
-            "{name:<22} {:>12.0} ({:>6.0}–{:<6.0}) {:>26.1}",
+            "{name:<22} {:>12.0} ({:>6.0}–{:<6.0}) {:>26.1}{allocated}",
             median(&mut rate),
             rate.first().unwrap_or(&0.0),
             rate.last().unwrap_or(&0.0),
-            median(&mut cpu)
+            median(&mut cpu),
         );
     }
     for (against, label) in [(1, second), (2, "unsigned")] {
