@@ -1224,6 +1224,15 @@ async fn signed_deliveries_pass_the_standard_webhooks_library() {
         d.header("x-hub-signature").is_some(),
         "WebSub's signature is kept"
     );
+    // Host and Content-Length are the hub's own (hyper adds them only when missing): each
+    // once, naming the callback's host and port and the body's length.
+    let once = |name: &str| {
+        let all: Vec<_> = d.headers.get_all(name).iter().collect();
+        assert_eq!(all.len(), 1, "one {name}: {all:?}");
+        all[0].to_str().unwrap().to_string()
+    };
+    assert_eq!(once("host"), sub.addr, "the callback's host and port");
+    assert_eq!(once("content-length"), payload.len().to_string());
 
     let changed = payload.replace("urlset", "urlsex");
     for verdicts in standard_verdicts(d, None, &[secret, "another secret"]) {
