@@ -876,9 +876,9 @@ const WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature
 
 /// A delivery request, signed at this attempt, with the bearer token when there is one. Made
 /// whole here, headers in a map sized for them: this runs for every delivery, and reqwest's
-/// builder grew the map and copied each value. The values made for this delivery (id,
-/// signatures, timestamp) are written into one buffer and share it, so reqwest's copy of the
-/// map (it keeps one for redirects) only counts references instead of allocating for each.
+/// builder grew the map and copied each value. The values made for this delivery (Host,
+/// Content-Length, id, signatures, timestamp) are written into one buffer and share it, so
+/// reqwest's copies of the map only count references instead of allocating for each.
 fn request(
     hub: &Hub,
     url: &url::Url,
