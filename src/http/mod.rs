@@ -174,11 +174,29 @@ pub fn router(state: AppState) -> Router {
     .with_state(state)
 }
 
+/// What every answer but the console's pages carries: it may hold bytes this server did not
+/// write (collected records, resource files, dump packages, topic payloads fetched by the hub,
+/// a reason quoting a peer), so no browser may run them as this origin (where the console and
+/// its session cookie live): a sandbox without scripts, nothing loaded, no type sniffing. The
+/// console's own Content-Security-Policy (set by its layer, inside this one) is kept.
+pub const INERT_CSP: &str = "sandbox; default-src 'none'; frame-ancestors 'none'";
+
+fn make_inert(h: &mut axum::http::HeaderMap) {
+    use axum::http::{header, HeaderValue};
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(INERT_CSP));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+}
+
 /// One error shape for the whole public API: every 4xx/5xx body that is not already JSON
 /// (the framework's own 405, 413 and extractor rejections, empty bodies, file-server 404s)
 /// becomes `{"error": "<reason>"}`. The hub's endpoint keeps WebSub's plain-text reasons.
 /// Every 503 but a shed request is the store being unavailable: counted for `/metrics`.
-/// (One middleware for both: each layer costs every request a boxed future and a clone.)
+/// Every answer is made inert in a browser ([`INERT_CSP`]).
+/// (One middleware for all three: each layer costs every request a boxed future and a clone.)
 async fn json_errors(
     State(st): State<AppState>,
     req: axum::extract::Request,
@@ -189,7 +207,8 @@ async fn json_errors(
     let uri = req.uri().clone();
     let path = uri.path();
     let method = req.method().clone();
-    let resp = next.run(req).await;
+    let mut resp = next.run(req).await;
+    make_inert(resp.headers_mut());
     let status = resp.status();
     if status == StatusCode::SERVICE_UNAVAILABLE
         && resp.extensions().get::<crate::error::Shed>().is_none()

@@ -104,6 +104,8 @@ struct Seen {
     content_type: Option<String>,
     content_encoding: Option<String>,
     content_range: Option<String>,
+    /// The sandbox and no-sniffing that keep a file's bytes inert in a browser.
+    inert: (Option<String>, Option<String>),
     body: Vec<u8>,
 }
 
@@ -111,13 +113,14 @@ impl std::fmt::Debug for Seen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} etag={:?} last-modified={:?} type={:?} encoding={:?} range={:?} body={} bytes md5 {}",
+            "{} etag={:?} last-modified={:?} type={:?} encoding={:?} range={:?} inert={:?} body={} bytes md5 {}",
             self.status,
             self.etag,
             self.last_modified,
             self.content_type,
             self.content_encoding,
             self.content_range,
+            self.inert,
             self.body.len(),
             md5_hex(&self.body)
         )
@@ -149,6 +152,10 @@ async fn see(client: &reqwest::Client, url: &str, extra: &[(&str, &str)]) -> See
         content_type,
         content_encoding,
         content_range,
+        inert: (
+            h(header::CONTENT_SECURITY_POLICY),
+            h(header::X_CONTENT_TYPE_OPTIONS),
+        ),
         body: r.bytes().await.unwrap().to_vec(),
     }
 }
@@ -249,6 +256,15 @@ async fn answers_through_nginx_are_the_servers_own() {
         let proxied = format!("http://127.0.0.1:{}{path}", nginx.port);
         let alone = see(&client, &direct, &[("x-rshub-no-accel", "1")]).await;
         assert_eq!(alone.status, 200, "{path}");
+        assert!(
+            alone
+                .inert
+                .0
+                .as_deref()
+                .is_some_and(|c| c.starts_with("sandbox"))
+                && alone.inert.1.as_deref() == Some("nosniff"),
+            "{path} is not sandboxed: {alone:?}"
+        );
         // Without the fallback header the server names the file instead of sending it.
         let r = client.get(&direct).send().await.unwrap();
         assert!(r.headers().contains_key("x-accel-redirect"), "{path}");

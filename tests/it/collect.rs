@@ -1022,7 +1022,7 @@ async fn collect_once_runs_and_exits() {
         .contains("no collector \"nope\"; the configuration has papers"));
 }
 
-fn identify_xml() -> String {
+pub fn identify_xml() -> String {
     r#"<?xml version="1.0" encoding="UTF-8"?>
 <OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><responseDate>2026-11-26T10:00:00Z</responseDate><request verb="Identify">http://x/oai</request>
 <Identify><repositoryName>Hostile</repositoryName><baseURL>http://x/oai</baseURL><protocolVersion>2.0</protocolVersion><adminEmail>a@example.org</adminEmail><earliestDatestamp>2001-01-01T00:00:00Z</earliestDatestamp><deletedRecord>persistent</deletedRecord><granularity>YYYY-MM-DDThh:mm:ssZ</granularity></Identify></OAI-PMH>"#.into()

@@ -14,7 +14,7 @@ const TOKEN: &str = "console-admin-token";
 
 /// Chromium and its driver, as `.ci/run` installs them; their absence fails the test, saying
 /// how to install them (it never passes without a browser).
-fn browser_present() {
+pub fn browser_present() {
     let missing: Vec<&str> = [
         "/usr/bin/chromium",
         "/usr/bin/chromedriver",

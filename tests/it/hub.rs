@@ -15,7 +15,7 @@ use resourcesync_hub::store::Store;
 use crate::subscriber::{TestSubscriber, Verify};
 use crate::support::{add_file_set, change_line, md5_hex, test_config, wait_until, TestApp};
 
-const TOKEN: &str = "pub-token";
+pub const TOKEN: &str = "pub-token";
 
 pub fn hub_config() -> (Config, tempfile::TempDir) {
     let (mut c, dir) = test_config();

@@ -30,6 +30,7 @@ mod oai;
 mod restart;
 mod resync;
 mod scale;
+mod security;
 mod shards;
 mod steer;
 mod store_contract;
