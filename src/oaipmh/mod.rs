@@ -125,8 +125,37 @@ pub fn parse_request(pairs: &[(String, String)]) -> Result<Request, OaiError> {
     let mut args: HashMap<String, String> = HashMap::new();
     for (k, v) in pairs {
         if args.insert(k.clone(), v.clone()).is_some() {
-            return Err(err("badArgument", format!("the argument {k} is repeated")));
+            // A repeated verb is an illegal verb (OAI-PMH 2.0 §3.6), any other a bad argument.
+            let code = if k == "verb" {
+                "badVerb"
+            } else {
+                "badArgument"
+            };
+            return Err(err(code, format!("the argument {k} is repeated")));
         }
+    }
+    // Nothing XML cannot carry is ever echoed (badArgument answers echo no arguments).
+    if let Some((k, c)) = pairs.iter().find_map(|(k, v)| {
+        Some((
+            k,
+            k.chars().chain(v.chars()).find(|c| !write::xml_char(*c))?,
+        ))
+    }) {
+        let code = if k == "verb" {
+            "badVerb"
+        } else {
+            "badArgument"
+        };
+        return Err(err(
+            code,
+            format!(
+                "the argument {} holds U+{:04X}, a character XML 1.0 cannot carry",
+                k.chars()
+                    .filter(|c| write::xml_char(*c))
+                    .collect::<String>(),
+                c as u32
+            ),
+        ));
     }
     let Some(verb) = args.remove("verb") else {
         return Err(err("badVerb", "the request has no verb"));

@@ -5,11 +5,29 @@
 use std::fmt::Write as _;
 
 use bytes::Bytes;
-use quick_xml::escape::escape;
 
 use super::{Item, ListPage, OaiError, OaiSet, Request, Verb};
 use crate::config::{OaiConfig, OaiFormat};
 use crate::model::Timestamp;
+
+/// Whether XML 1.0 can carry `c` at all (its `Char` production): not the C0 controls but tab,
+/// newline and return, not the surrogates, not U+FFFE or U+FFFF.
+pub fn xml_char(c: char) -> bool {
+    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
+}
+
+/// Text escaped for an element or attribute, any character XML 1.0 cannot carry replaced by
+/// U+FFFD: whatever a harvester sent or a store holds, an answer stays XML.
+fn escape(s: &str) -> std::borrow::Cow<'_, str> {
+    if s.chars().all(xml_char) {
+        return quick_xml::escape::escape(s);
+    }
+    let clean: String = s
+        .chars()
+        .map(|c| if xml_char(c) { c } else { '\u{FFFD}' })
+        .collect();
+    std::borrow::Cow::Owned(quick_xml::escape::escape(&clean).into_owned())
+}
 
 /// A streamed answer.
 pub type Body = futures_util::stream::BoxStream<'static, Result<Bytes, std::io::Error>>;
@@ -387,7 +405,60 @@ pub async fn get_record(
 
 #[cfg(test)]
 mod tests {
-    use super::embeddable;
+    use super::{embeddable, error, escape};
+    use crate::oaipmh::parse_request;
+
+    #[test]
+    fn nothing_xml_cannot_carry_is_written() {
+        assert_eq!(
+            escape("a\u{1}<\u{FFFE}\u{1B}"),
+            "a\u{FFFD}&lt;\u{FFFD}\u{FFFD}"
+        );
+        assert_eq!(escape("plain & simple"), "plain &amp; simple");
+        let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+            v.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        for (query, code) in [
+            (
+                &[
+                    ("verb", "GetRecord"),
+                    ("identifier", "\u{1}"),
+                    ("metadataPrefix", "oai_dc"),
+                ][..],
+                "badArgument",
+            ),
+            (
+                &[("verb", "ListRecords"), ("resumptionToken", "\u{1}")][..],
+                "badArgument",
+            ),
+            (
+                &[
+                    ("verb", "ListRecords"),
+                    ("metadataPrefix", "oai_dc"),
+                    ("set", "\u{1B}"),
+                ][..],
+                "badArgument",
+            ),
+            (
+                &[
+                    ("verb", "GetRecord"),
+                    ("identifier", "\u{FFFE}"),
+                    ("metadataPrefix", "oai_dc"),
+                ][..],
+                "badArgument",
+            ),
+            (&[("verb", "Identify"), ("verb", "Identify")][..], "badVerb"),
+            (&[("verb", "Identify\u{1}")][..], "badVerb"),
+            (&[("verb", "\u{1}")][..], "badVerb"),
+        ] {
+            let e = parse_request(&pairs(query)).unwrap_err();
+            assert_eq!(e.code, code, "{query:?}");
+            let doc = error("http://h/oai", None, &e);
+            assert!(doc.chars().all(super::xml_char), "{doc:?}");
+        }
+    }
 
     #[test]
     fn only_one_well_formed_element_is_embedded() {

@@ -146,6 +146,12 @@ async fn independent_harvesters_get_exactly_the_sets_records_in_full_and_increme
         ("noRecordsMatchSet", "noRecordsMatch"),
         ("listSetsToken", "badResumptionToken"),
         ("identifyArgument", "badArgument"),
+        ("controlIdentifier", "badArgument"),
+        ("controlToken", "badArgument"),
+        ("controlPrefix", "badArgument"),
+        ("escapeSet", "badArgument"),
+        ("nonCharacter", "badArgument"),
+        ("repeatedVerb", "badVerb"),
     ] {
         assert_eq!(codes[case], code, "{case}: {v}");
     }

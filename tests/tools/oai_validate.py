@@ -25,8 +25,13 @@ def get(query, post=False):
         req = urllib.request.Request(base, data=data.encode(), headers={"content-type": "application/x-www-form-urlencoded"})
     else:
         req = urllib.request.Request(base + "?" + data)
-    with urllib.request.urlopen(req) as r:
-        doc = etree.fromstring(r.read())
+    try:
+        with urllib.request.urlopen(req) as r:
+            doc = etree.fromstring(r.read())
+    except etree.XMLSyntaxError as e:
+        out["answers"] += 1
+        out["invalid"].append([data, "not XML: %s" % e])
+        return etree.fromstring("<none/>")
     out["answers"] += 1
     if not schema.validate(doc):
         out["invalid"].append([data, str(schema.error_log.last_error)])
@@ -78,6 +83,13 @@ cases = {
     "noRecordsMatchSet": {"verb": "ListIdentifiers", "metadataPrefix": "oai_dc", "set": "nosuchset"},
     "listSetsToken": {"verb": "ListSets", "resumptionToken": "x"},
     "identifyArgument": {"verb": "Identify", "metadataPrefix": "oai_dc"},
+    # What a fuzzer sends: characters XML 1.0 cannot carry are never echoed.
+    "controlIdentifier": {"verb": "GetRecord", "identifier": "\x01", "metadataPrefix": "oai_dc"},
+    "controlToken": {"verb": "ListRecords", "resumptionToken": "\x01"},
+    "controlPrefix": {"verb": "ListRecords", "metadataPrefix": "\x01"},
+    "escapeSet": {"verb": "ListRecords", "metadataPrefix": "oai_dc", "set": "\x1b"},
+    "nonCharacter": {"verb": "GetRecord", "identifier": "\ufffe", "metadataPrefix": "oai_dc"},
+    "repeatedVerb": [("verb", "Identify"), ("verb", "Identify")],
 }
 for case, q in cases.items():
     out["errors"][case] = error_code(get(q))
