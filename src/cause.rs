@@ -19,9 +19,39 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// An outsider's text (an identifier, a token, a URL, a reason a peer gave) as state, logs and
+/// answers keep it: at most `max` bytes (cut at a character), then how long it was in all.
+pub fn cut(s: &str, max: usize) -> String {
+    if s.len() <= max {
+        return s.to_string();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &s[..end], s.len())
+}
+
+/// [`cut`] to [`OUTSIDER_TEXT`] bytes.
+pub fn outsider(s: &str) -> String {
+    cut(s, OUTSIDER_TEXT)
+}
+
+/// How much of an outsider's text is kept: enough to recognise it, never enough to grow a
+/// log, a state row or an answer by what a peer chooses to send.
+pub const OUTSIDER_TEXT: usize = 300;
+
 #[cfg(test)]
 mod tests {
-    use super::chain;
+    use super::{chain, cut};
+
+    #[test]
+    fn outsiders_text_is_cut_with_its_length() {
+        assert_eq!(cut("short", 10), "short");
+        assert_eq!(cut("abcdefgh", 4), "abcd… (8 bytes in all)");
+        // Never inside a character.
+        assert_eq!(cut("ééé", 3), "é… (6 bytes in all)");
+    }
 
     #[derive(Debug, thiserror::Error)]
     #[error("writing the batch")]

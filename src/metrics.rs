@@ -83,6 +83,8 @@ pub struct Metrics {
     /// `X-Accel-Redirect` named, answered with the bytes from here. A few over a day are
     /// files removed by hand; a steady stream means nginx does not see the server's paths.
     pub accel_fallbacks: Counter,
+    /// Delivery lanes that ended unexpectedly (a panic) and were started again.
+    pub lanes_restarted: Counter,
     /// Bytes held by the page cache, per tier (both forms of every page).
     pub page_cache_bytes: Family<TierLabel, Gauge>,
     /// Requests answered from the page cache, per tier.
@@ -151,6 +153,12 @@ impl Default for Metrics {
             "accel_fallbacks",
             "Requests nginx sent back because it could not open the file X-Accel-Redirect named (answered with the bytes from here)",
             accel_fallbacks.clone(),
+        );
+        let lanes_restarted = Counter::default();
+        registry.register(
+            "lanes_restarted",
+            "Delivery lanes that ended unexpectedly and were started again (the admin API's subscription says why)",
+            lanes_restarted.clone(),
         );
         let build_queue = Gauge::default();
         registry.register(
@@ -245,6 +253,7 @@ impl Default for Metrics {
             oai_list_pages_kept,
             build_queue,
             accel_fallbacks,
+            lanes_restarted,
             page_cache_bytes,
             page_cache_hits,
             poller_lag_seconds,

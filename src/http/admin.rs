@@ -26,7 +26,7 @@ use crate::model::Timestamp;
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub; the OAI-PMH collectors."),
     paths(super::collect::list_collectors, super::collect::show_collector, super::collect::act, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(super::collect::CollectorView, super::collect::CollectorDetail, super::collect::CollectorList, super::collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest)),
+    components(schemas(super::collect::CollectorView, super::collect::CollectorDetail, super::collect::CollectorList, super::collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -175,6 +175,9 @@ pub struct SubscriptionView {
     pub auth: Option<AuthView>,
     /// After a rotation, until when the previous secret still signs deliveries.
     pub previous_secret_until: Option<String>,
+    /// Its delivery lane in this process ended unexpectedly and was started again (a defect:
+    /// the server's log has the details); null when that never happened.
+    pub lane_failure: Option<crate::hub::LaneFailure>,
 }
 
 fn ts(t: Timestamp) -> String {
@@ -213,6 +216,7 @@ pub(super) fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         max_per_sec: s.max_per_sec,
         auth: s.auth.as_ref().map(auth_view),
         previous_secret_until: s.previous_secret.as_ref().map(|(_, until)| ts(*until)),
+        lane_failure: None,
     }
 }
 
@@ -241,6 +245,7 @@ fn pending_view(i: Intent) -> SubscriptionView {
         max_per_sec: None,
         auth: None,
         previous_secret_until: None,
+        lane_failure: None,
     }
 }
 
@@ -713,7 +718,9 @@ pub(super) async fn subscription_view(
         .hub_detail(id, Timestamp::now())
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
-    Ok(view(s, x))
+    let mut v = view(s, x);
+    v.lane_failure = st.hub.lane_failure(id);
+    Ok(v)
 }
 
 /// Pauses a subscription's deliveries: nothing is sent (an attempt under way finishes), its

@@ -17,6 +17,8 @@ const TOKEN_BODY_MAX: usize = 64 << 10;
 const TOKEN_MARGIN: Duration = Duration::from_secs(30);
 /// A token whose answer names no lifetime is kept this long.
 const TOKEN_DEFAULT_LIFE: Duration = Duration::from_secs(300);
+/// The longest a token is kept, whatever its endpoint says.
+const TOKEN_MAX_LIFE: Duration = Duration::from_secs(86_400);
 
 /// A lane's way to its receiver: the client (the hub's, or one with the subscription's client
 /// certificate) and the OAuth2 token it holds.
@@ -77,6 +79,7 @@ impl Link {
         let what = "the OAuth2 token URL";
         let url = url::Url::parse(token_url).map_err(|e| format!("{what} {token_url}: {e}"))?;
         hub.policy.check_before_sending(&url, what).await?;
+        check_secret_transport(&hub.policy, &url)?;
         let mut form = vec![("grant_type", "client_credentials")];
         if let Some(s) = scope {
             form.push(("scope", s.as_str()));
@@ -119,12 +122,43 @@ impl Link {
                 a.token_type.unwrap_or_default()
             ));
         }
-        let life = a.expires_in.map_or(TOKEN_DEFAULT_LIFE, Duration::from_secs);
-        let margin = TOKEN_MARGIN.min(life / 10);
+        let life = token_life(a.expires_in);
         tracing::info!(token_url = %token_url, lifetime_secs = life.as_secs(), "OAuth2 token fetched");
-        self.token = Some((a.access_token.clone(), Instant::now() + life - margin));
+        // `life` is at most a day: no overflow, whatever the endpoint said.
+        self.token = Some((a.access_token.clone(), Instant::now() + life));
         Ok(Some(a.access_token))
     }
+}
+
+/// The client secret goes out only over TLS: an `http` token URL only on a network the operator
+/// allow-listed by address (`hub.allow_networks`, as for internal callbacks), never by a name.
+fn check_secret_transport(
+    policy: &super::policy::AddressPolicy,
+    url: &url::Url,
+) -> Result<(), String> {
+    if url.scheme() == "https" {
+        return Ok(());
+    }
+    let ip = match url.host() {
+        Some(url::Host::Ipv4(a)) => Some(std::net::IpAddr::V4(a)),
+        Some(url::Host::Ipv6(a)) => Some(std::net::IpAddr::V6(a)),
+        _ => None,
+    };
+    if ip.is_some_and(|ip| policy.listed(ip)) {
+        return Ok(());
+    }
+    Err(format!(
+        "token_url {url} is plain http: the client secret is sent only over https (or to an address in hub.allow_networks)"
+    ))
+}
+
+/// How long a token is used, from the endpoint's `expires_in` (a number the peer chooses):
+/// its lifetime less a margin, at most [`TOKEN_MAX_LIFE`] (a token is simply asked for again).
+fn token_life(expires_in: Option<u64>) -> Duration {
+    let life = expires_in.map_or(TOKEN_DEFAULT_LIFE, |s| {
+        Duration::from_secs(s.min(TOKEN_MAX_LIFE.as_secs()))
+    });
+    life - TOKEN_MARGIN.min(life / 10)
 }
 
 impl Hub {
@@ -182,11 +216,33 @@ impl Hub {
                 let url = url::Url::parse(token_url)
                     .map_err(|e| format!("token_url {token_url:?}: {e}"))?;
                 self.policy.check_url(&url, "token_url")?;
+                check_secret_transport(&self.policy, &url)?;
                 if client_id.is_empty() {
                     return Err("client_id is empty".into());
                 }
                 Ok(())
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_expires_in_gives_a_usable_life() {
+        for (given, want) in [
+            (None, 270),
+            (Some(0), 0),
+            (Some(10), 9),
+            (Some(3600), 3570),
+            (Some(u64::MAX), 86_370),
+            (Some(u64::MAX / 1000), 86_370),
+        ] {
+            let life = token_life(given);
+            assert_eq!(life.as_secs(), want, "{given:?}");
+            let _ = Instant::now() + life; // never overflows
         }
     }
 }

@@ -91,7 +91,7 @@ impl Lane {
             grant: grant.clone(),
         };
         hub.tasks
-            .spawn(run_lane(hub.clone(), sub, rx, signals, suspect, grant).instrument(span));
+            .spawn(supervised(hub.clone(), sub, rx, signals, suspect, grant).instrument(span));
         lane
     }
 
@@ -566,11 +566,92 @@ impl LaneState {
 
 /// Drives a lane: does what [`LaneState::next`] says until the handle is dropped, the hub
 /// stops or the partition is lost.
+/// The text of a panic's payload.
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// `fut`'s output, or the text of the panic that ended it.
+async fn caught<T>(fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+    use futures_util::FutureExt as _;
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .await
+        .map_err(|p| panic_text(&*p))
+}
+
+/// How long a lane that ended unexpectedly waits before it starts again (its `n`th restart).
+fn restart_wait(n: u32) -> Duration {
+    Duration::from_secs(1u64 << n.min(6))
+}
+
+/// A lane that never dies silently: one that ends unexpectedly (a defect) is logged, counted
+/// (`rshub_lanes_restarted_total`), shown on its subscription in the admin API, and started
+/// again from the log after a growing pause, with the subscription as the store has it now.
+/// Its channel survives, so nothing sent to it is lost (and the log holds every message).
+async fn supervised(
+    hub: Arc<Hub>,
+    mut sub: Subscription,
+    mut rx: mpsc::UnboundedReceiver<LaneMsg>,
+    signals: Signals,
+    mut suspect: bool,
+    grant: Arc<Grant>,
+) {
+    let id = sub.id;
+    let mut restarts = 0;
+    loop {
+        let Err(reason) = caught(run_lane(
+            hub.clone(),
+            sub,
+            &mut rx,
+            &signals,
+            suspect,
+            grant.clone(),
+        ))
+        .await
+        else {
+            return;
+        };
+        restarts += 1;
+        hub.metrics.lanes_restarted.inc();
+        tracing::error!(subscription = id, reason = %reason, restarts, "a delivery lane ended unexpectedly: starting it again");
+        hub.lane_failures.lock().expect("the lane failures").insert(
+            id,
+            super::LaneFailure {
+                restarts,
+                last_at: Timestamp::now().to_string(),
+                last_reason: crate::cause::cut(&reason, 400),
+            },
+        );
+        tokio::select! {
+            _ = hub.cancel.cancelled() => return,
+            _ = tokio::time::sleep(restart_wait(restarts)) => {}
+        }
+        sub = loop {
+            match hub.store.hub_detail(id, Timestamp::now()).await {
+                Ok(Some((s, _))) => break s,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::warn!(subscription = id, error = %e, "reading the subscription to restart its lane failed; trying again");
+                    tokio::select! {
+                        _ = hub.cancel.cancelled() => return,
+                        _ = tokio::time::sleep(Duration::from_secs(5)) => {}
+                    }
+                }
+            }
+        };
+        suspect = true;
+    }
+}
+
 async fn run_lane(
     hub: Arc<Hub>,
     sub: Subscription,
-    mut rx: mpsc::UnboundedReceiver<LaneMsg>,
-    signals: Signals,
+    rx: &mut mpsc::UnboundedReceiver<LaneMsg>,
+    signals: &Signals,
     suspect: bool,
     grant: Arc<Grant>,
 ) {
@@ -581,7 +662,7 @@ async fn run_lane(
     loop {
         loop {
             match rx.try_recv() {
-                Ok(m) => st.absorb(m, &signals),
+                Ok(m) => st.absorb(m, signals),
                 Err(mpsc::error::TryRecvError::Empty) => break,
                 Err(mpsc::error::TryRecvError::Disconnected) => return,
             }
@@ -590,7 +671,7 @@ async fn run_lane(
             // Its delivery auth may have changed (a new client, no token).
             link.update(&hub, &st.sub);
         }
-        st.note_missed(&signals);
+        st.note_missed(signals);
         let wake = match st.next(Instant::now(), Timestamp::now()) {
             Step::Read {
                 after,
@@ -706,7 +787,7 @@ async fn run_lane(
             biased;
             _ = hub.cancel.cancelled() => return,
             m = rx.recv() => match m {
-                Some(m) => st.absorb(m, &signals),
+                Some(m) => st.absorb(m, signals),
                 None => return,
             },
             _ = sleep_until_or_forever(wake) => {}
@@ -1122,6 +1203,22 @@ pub(super) async fn run_writer(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_panic_is_caught_with_its_words_and_restarts_slow_down() {
+        assert_eq!(caught(async { 7 }).await, Ok(7));
+        let n = 18446744073709551615u64;
+        let e = caught(async move {
+            if n > 0 {
+                panic!("overflow when adding durations ({n})");
+            }
+        })
+        .await
+        .unwrap_err();
+        assert!(e.contains("overflow when adding durations"), "{e}");
+        let waits: Vec<u64> = (1..=9).map(|n| restart_wait(n).as_secs()).collect();
+        assert_eq!(waits, [2, 4, 8, 16, 32, 64, 64, 64, 64]);
+    }
 
     fn sub(expires_in_secs: i64) -> Subscription {
         let now = Timestamp::now();

@@ -342,6 +342,16 @@ pub struct Hub {
     sharing: partition::Sharing,
     /// Where disable events go (`hub.operator_webhook`).
     operator: Option<steer::Operator>,
+    /// Lanes of this process that ended unexpectedly and were started again.
+    lane_failures: Mutex<HashMap<model::SubscriptionId, LaneFailure>>,
+}
+
+/// A delivery lane that ended unexpectedly (and was started again): how often, when last, why.
+#[derive(Debug, Clone, serde::Serialize, utoipa::ToSchema)]
+pub struct LaneFailure {
+    pub restarts: u32,
+    pub last_at: String,
+    pub last_reason: String,
 }
 
 /// Outcomes buffered for the writer before lanes wait for it.
@@ -423,6 +433,7 @@ impl Hub {
             writer: Mutex::new(Some(writer)),
             metrics,
             attempts: Mutex::new(std::collections::VecDeque::new()),
+            lane_failures: Mutex::new(HashMap::new()),
             minutes: Mutex::new(std::collections::VecDeque::new()),
             sharing: partition::Sharing::new(),
             operator: steer::Operator::from_config(config)?,
@@ -448,6 +459,15 @@ impl Hub {
     /// This process's name in leases on a shared store.
     pub fn owner(&self) -> &str {
         &self.sharing.owner
+    }
+
+    /// Whether (and why) the subscription's lane in this process ended unexpectedly.
+    pub fn lane_failure(&self, id: model::SubscriptionId) -> Option<LaneFailure> {
+        self.lane_failures
+            .lock()
+            .expect("the lane failures")
+            .get(&id)
+            .cloned()
     }
 
     pub fn is_delivering(&self) -> bool {

@@ -66,6 +66,11 @@ impl AddressPolicy {
         Ok(())
     }
 
+    /// Whether `ip` lies in a network the operator listed (`hub.allow_networks`).
+    pub fn listed(&self, ip: IpAddr) -> bool {
+        self.allow.iter().any(|n| n.contains(&ip))
+    }
+
     /// Whether the hub may open a connection to `ip`.
     pub fn permits(&self, ip: IpAddr) -> bool {
         !is_internal(ip) || self.allow.iter().any(|n| n.contains(&ip))

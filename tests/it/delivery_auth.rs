@@ -372,6 +372,19 @@ async fn oauth2_tokens_are_fetched_once_per_lifetime_and_again_after_a_401() {
         v["error"].as_str().unwrap().contains("hub.allow_networks"),
         "{v}"
     );
+    // The client secret never goes out in clear but to a network the operator listed.
+    let (s, v) = admin(
+        &app,
+        reqwest::Method::PUT,
+        &path,
+        Some(oauth("http://tokens.example.org/token")),
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("only over https"),
+        "{v}"
+    );
     let (s, v) = admin(&app, reqwest::Method::PUT, &path, Some(oauth(&token_url))).await;
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["auth"]["kind"], "oauth2");
@@ -664,5 +677,66 @@ async fn a_hostile_token_endpoint_fails_the_attempt_with_its_reason() {
         );
         assert!(sub.deliveries(path).is_empty(), "{path}: nothing delivered");
     }
+    app.stop().await;
+}
+
+/// A token endpoint naming the largest lifetime there is (`expires_in` =
+/// 18446744073709551615) gets its token used, not a lane that dies: the deliveries arrive,
+/// and the hub asks for a token again within a day.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_for_ever_is_used_and_the_lane_lives() {
+    let router = Router::new().route(
+        "/forever",
+        post(|| async {
+            (
+                [("content-type", "application/json")],
+                r#"{"access_token": "forever", "token_type": "Bearer", "expires_in": 18446744073709551615}"#,
+            )
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, router).await });
+    let (mut c, _d) = hub_config();
+    c.admin.token = ADMIN.into();
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    subscribed(&app, &sub, TOPIC, "/f", &[]).await;
+    let id = admin(
+        &app,
+        reqwest::Method::GET,
+        "/admin/v1/subscriptions?callback=/f",
+        None,
+    )
+    .await
+    .1["items"][0]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let auth = serde_json::json!({"oauth2": {"token_url": format!("{base}/forever"),
+        "client_id": "c", "client_secret": "s"}});
+    let (s, v) = admin(
+        &app,
+        reqwest::Method::PUT,
+        &format!("/admin/v1/subscriptions/{id}/auth"),
+        Some(auth),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    for i in 0..3 {
+        assert_eq!(
+            fat_ping(&app, TOPIC, &format!("<m i=\"{i}\"/>")).await.0,
+            200
+        );
+    }
+    let got = sub.wait_deliveries("/f", 3).await;
+    assert!(
+        got.iter()
+            .all(|d| d.header("authorization") == Some("Bearer forever")),
+        "{:?}",
+        got.iter()
+            .map(|d| d.header("authorization"))
+            .collect::<Vec<_>>()
+    );
     app.stop().await;
 }
