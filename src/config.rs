@@ -115,7 +115,7 @@ impl ElasticConfig {
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct IngestConfig {
-    pub token: String,
+    pub token: crate::model::Secret,
     pub max_body_bytes: usize,
     pub max_future_skew_secs: u64,
 }
@@ -139,7 +139,7 @@ pub struct SourceConfig {
 pub struct HubConfig {
     pub path: String,
     pub topic_path: String,
-    pub publisher_token: String,
+    pub publisher_token: crate::model::Secret,
     pub signature_algorithm: SignatureAlg,
     pub standard_webhooks: bool,
     pub lease_default_secs: u64,
@@ -168,13 +168,13 @@ pub struct HubConfig {
     pub disable_after_secs: u64,
     pub max_per_sec_per_subscriber: f64,
     pub operator_webhook: String,
-    pub operator_webhook_secret: String,
+    pub operator_webhook_secret: crate::model::Secret,
     pub egress_proxy: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct AdminConfig {
-    pub token: String,
+    pub token: crate::model::Secret,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

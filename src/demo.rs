@@ -49,7 +49,9 @@ pub fn prepare(config: &mut Config) -> anyhow::Result<PathBuf> {
     );
     // The admin API to look at too: a token for this run unless one is configured.
     if config.admin.token.is_empty() {
-        config.admin.token = crate::digest::random_hex().context("no randomness for a token")?;
+        config.admin.token = crate::digest::random_hex()
+            .context("no randomness for a token")?
+            .into();
     }
     config.validate()?;
     Ok(dir)

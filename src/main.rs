@@ -195,7 +195,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 println!(
                     "Admin API: {base}/admin/v1/openapi.json, with the token {}:
   resourcesync-hub admin stats --url {base} --token {}",
-                    config.admin.token, config.admin.token
+                    // Shown once, on the terminal that started the demo, to sign in with.
+                    config.admin.token.expose(),
+                    config.admin.token.expose()
                 );
                 println!(
                     "Harvest it: resourcesync-hub harvest config > harvest.toml, set source.url = \"{base}/.well-known/resourcesync\", then resourcesync-hub harvest --config harvest.toml"

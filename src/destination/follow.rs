@@ -274,7 +274,7 @@ async fn deliver(
             return (StatusCode::REQUEST_TIMEOUT, "the body took more than 30 s").into_response()
         }
     };
-    if !signature_ok(&sig, &sub.secret, &body) {
+    if !signature_ok(&sig, sub.secret.expose(), &body) {
         tracing::warn!(topic = %sub.topic, bytes = body.len(), "delivery ignored: not signed with our secret");
         count(&ctx, "bad_signature").await;
         return StatusCode::ACCEPTED.into_response();
@@ -327,7 +327,7 @@ pub async fn subscribe(
         .run(move |s| {
             let secret = match s.subscription(set_id)? {
                 Some(old) if old.topic == t && old.hub == h => old.secret,
-                _ => crate::digest::hex_digest(fresh),
+                _ => crate::digest::hex_digest(fresh).into(),
             };
             s.requested(&Subscription {
                 set_id,
@@ -352,7 +352,7 @@ pub async fn subscribe(
                 ("hub.mode", "subscribe"),
                 ("hub.topic", topic),
                 ("hub.callback", callback),
-                ("hub.secret", secret.as_str()),
+                ("hub.secret", secret.expose()),
                 ("hub.lease_seconds", lease.as_str()),
             ],
         )

@@ -124,7 +124,7 @@ pub struct Subscription {
     pub hub: String,
     pub topic: String,
     pub callback: String,
-    pub secret: String,
+    pub secret: crate::model::Secret,
     pub state: SubState,
     pub requested_at: Timestamp,
     pub verified_at: Option<Timestamp>,
@@ -811,7 +811,7 @@ impl State {
              VALUES (?1, ?2, ?3, ?4, ?5, 'requested', ?6, NULL, NULL, NULL)
              ON CONFLICT (set_id) DO UPDATE SET hub = ?2, topic = ?3, callback = ?4, secret = ?5,
                state = 'requested', requested_at = ?6, verified_at = NULL, lease_secs = NULL",
-            params![s.set_id, s.hub, s.topic, s.callback, s.secret, s.requested_at.0],
+            params![s.set_id, s.hub, s.topic, s.callback, s.secret.expose(), s.requested_at.0],
         )?;
         Ok(())
     }
@@ -1216,7 +1216,7 @@ fn sub_row(r: &rusqlite::Row) -> rusqlite::Result<Subscription> {
         hub: r.get(1)?,
         topic: r.get(2)?,
         callback: r.get(3)?,
-        secret: r.get(4)?,
+        secret: r.get::<_, String>(4)?.into(),
         state: SubState::parse(&r.get::<_, String>(5)?),
         requested_at: Timestamp(r.get(6)?),
         verified_at: r.get::<_, Option<i64>>(7)?.map(Timestamp),

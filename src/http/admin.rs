@@ -90,7 +90,11 @@ pub(super) fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppErr
     let given = super::bearer_token(headers).ok_or_else(|| {
         AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into())
     })?;
-    if bool::from(given.as_bytes().ct_eq(st.config.admin.token.as_bytes())) {
+    if bool::from(
+        given
+            .as_bytes()
+            .ct_eq(st.config.admin.token.expose().as_bytes()),
+    ) {
         Ok(())
     } else {
         Err(AppError::Forbidden("the admin token is wrong".into()))
@@ -627,7 +631,7 @@ async fn rotate_secret(
     }
     let until = Timestamp::now().plus_secs(st.hub.settings().secret_grace.as_secs());
     let change = crate::model::websub::SubscriptionChange {
-        secret: Some((req.secret, until)),
+        secret: Some((req.secret.into(), until)),
         ..Default::default()
     };
     apply_change(&st, id, change).await

@@ -95,7 +95,7 @@ async fn fat_ping(
             "publishing a payload needs Authorization: Bearer <publisher token>".into(),
         )
     })?;
-    if !bool::from(given.as_bytes().ct_eq(token.as_bytes())) {
+    if !bool::from(given.as_bytes().ct_eq(token.expose().as_bytes())) {
         return Err(PlainText(AppError::Forbidden(
             "the publisher token is wrong".into(),
         )));

@@ -18,7 +18,7 @@ pub async fn post_changes(
     headers: HeaderMap,
     body: Bytes,
 ) -> Result<Json<IngestReport>, AppError> {
-    authorize(&st.config.ingest.token, &headers, peer)?;
+    authorize(st.config.ingest.token.expose(), &headers, peer)?;
     let set = SetName::parse(&set).map_err(AppError::BadRequest)?;
     let ct = headers
         .get(header::CONTENT_TYPE)

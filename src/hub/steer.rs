@@ -46,7 +46,7 @@ impl Operator {
         Ok(Some(Operator {
             url: url::Url::parse(&h.operator_webhook)?,
             secret: (!h.operator_webhook_secret.is_empty())
-                .then(|| h.operator_webhook_secret.clone()),
+                .then(|| h.operator_webhook_secret.expose().to_string()),
             client,
         }))
     }

@@ -2,6 +2,7 @@
 //! and the change events a harvester sends, validated before they reach the store.
 
 mod location;
+mod secret;
 mod set;
 mod signature;
 mod time;
@@ -13,6 +14,7 @@ pub use location::{
     bare_media_type, check_loc, check_media_type, check_url, check_xml_text, is_xml_char, Link,
     Location, LocationType, ResourceKey, MAX_URL_LEN,
 };
+pub use secret::Secret;
 pub use set::{DescribedBy, SetConfig, SetName};
 pub use time::Timestamp;
 

@@ -253,7 +253,7 @@ pub struct SubscriptionChange {
     pub max_per_sec: Option<Option<f64>>,
     pub auth: Option<Option<DeliveryAuth>>,
     /// A new secret, and until when the one it replaces still signs (a rotation).
-    pub secret: Option<(String, Timestamp)>,
+    pub secret: Option<(super::Secret, Timestamp)>,
 }
 
 /// How the hub authenticates itself to a receiver behind a firewall.

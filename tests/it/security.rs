@@ -180,3 +180,213 @@ async fn outsiders_bytes_never_run_as_the_consoles_origin() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["items"].as_array().map(Vec::len), Some(1), "{v}");
 }
+
+/// Every secret the server is given (the admin, ingest and publisher tokens, the operator
+/// webhook's secret, a subscriber's `hub.secret` and its rotation, an OAuth2 client secret, a
+/// client key, a wrong guess at the admin token) is used and never written: not in the log
+/// (the server's own modules at TRACE), not in an error, not in the admin API or the console.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_reaches_a_log_an_error_or_an_answer() {
+    const SECRETS: &[(&str, &str)] = &[
+        ("admin", "adm-7f3a-secret-token"),
+        ("ingest", "ing-91c2-secret-token"),
+        ("publisher", "pub-4d8e-secret-token"),
+        ("operator", "ops-55b1-secret-value"),
+        ("hub.secret", "sub-0a7c-secret-value"),
+        ("rotated", "rot-3e9f-secret-value"),
+        ("oauth2", "oau-8b2d-client-secret"),
+        ("key", "MIIEkeyb64secretmaterial"),
+        ("guess", "adm-7f3a-secret-tokeX"),
+    ];
+    let secret = |name: &str| SECRETS.iter().find(|(n, _)| *n == name).unwrap().1;
+    let tokens = axum::Router::new().route(
+        "/token",
+        axum::routing::post(|| async { (axum::http::StatusCode::INTERNAL_SERVER_ERROR, "no") }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let token_url = format!("http://{}/token", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, tokens).await });
+    let sub = TestSubscriber::start().await;
+
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("server.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ndata_dir = {:?}\n[admin]\ntoken = {:?}\n[ingest]\ntoken = {:?}\n[hub]\npublisher_token = {:?}\noperator_webhook = {:?}\noperator_webhook_secret = {:?}\nallow_networks = [\"127.0.0.0/8\"]\nretry_schedule_secs = [1]\n",
+            dir.path().join("data"),
+            secret("admin"),
+            secret("ingest"),
+            secret("publisher"),
+            sub.url("/ops"),
+            secret("operator"),
+        ),
+    )
+    .unwrap();
+    let server = ChildServer::serve(
+        &["--config", cfg.to_str().unwrap()],
+        &[("RUST_LOG", "resourcesync_hub=trace,info")],
+    );
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = |p: &str| server.url(p);
+    let topic = url("/topics/secrets");
+    let mut answers = String::new();
+    // A subscription with a secret.
+    let r = client
+        .post(url("/hub"))
+        .form(&[
+            ("hub.mode", "subscribe"),
+            ("hub.topic", topic.as_str()),
+            ("hub.callback", sub.url("/cb").as_str()),
+            ("hub.secret", secret("hub.secret")),
+        ])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 202, "{}", r.text().await.unwrap());
+    let admin =
+        |method: reqwest::Method, path: &str, token: &str, body: Option<serde_json::Value>| {
+            let mut rb = client
+                .request(method, url(path))
+                .bearer_auth(token.to_string());
+            if let Some(b) = body {
+                rb = rb.json(&b);
+            }
+            async move {
+                let r = rb.send().await.unwrap();
+                (r.status().as_u16(), r.text().await.unwrap())
+            }
+        };
+    let listed = || async {
+        let (_, t) = admin(
+            reqwest::Method::GET,
+            "/admin/v1/subscriptions",
+            secret("admin"),
+            None,
+        )
+        .await;
+        serde_json::from_str::<serde_json::Value>(&t).unwrap()["items"][0].clone()
+    };
+    wait_until("the subscription verified", || async {
+        listed().await["state"] == "active"
+    })
+    .await;
+    let id = listed().await["id"].as_str().unwrap().to_string();
+    // A rotation, an OAuth2 client whose token endpoint fails, a client key refused.
+    for (method, path, body) in [
+        (
+            reqwest::Method::POST,
+            format!("/admin/v1/subscriptions/{id}/secret"),
+            serde_json::json!({"secret": secret("rotated")}),
+        ),
+        (
+            reqwest::Method::PUT,
+            format!("/admin/v1/subscriptions/{id}/auth"),
+            serde_json::json!({"mtls": {"certificate": "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----", "key": format!("-----BEGIN PRIVATE KEY-----\n{}\n-----END PRIVATE KEY-----", secret("key"))}}),
+        ),
+        (
+            reqwest::Method::PUT,
+            format!("/admin/v1/subscriptions/{id}/auth"),
+            serde_json::json!({"oauth2": {"token_url": token_url, "client_id": "c", "client_secret": secret("oauth2")}}),
+        ),
+    ] {
+        let (s, t) = admin(method, &path, secret("admin"), Some(body)).await;
+        assert!(s == 200 || s == 400, "{path}: {s} {t}");
+        answers.push_str(&t);
+    }
+    // A delivery: it fails at the token endpoint, with its reason recorded.
+    let r = client
+        .post(url("/hub"))
+        .header("content-type", "application/xml")
+        .bearer_auth(secret("publisher"))
+        .header(
+            "link",
+            format!("<{topic}>; rel=\"self\", <{}>; rel=\"hub\"", url("/hub")),
+        )
+        .body("<m/>")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    wait_until("the attempt failed at the token endpoint", || async {
+        let (_, t) = admin(
+            reqwest::Method::GET,
+            &format!("/admin/v1/subscriptions/{id}"),
+            secret("admin"),
+            None,
+        )
+        .await;
+        t.contains("OAuth2 token URL")
+    })
+    .await;
+    // Wrong guesses (the API and the console's sign-in), a right sign-in, a console page.
+    let (s, t) = admin(
+        reqwest::Method::GET,
+        "/admin/v1/stats",
+        secret("guess"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 403, "{t}");
+    answers.push_str(&t);
+    let browser = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let mut cookie = String::new();
+    for token in [secret("guess"), secret("admin")] {
+        let r = browser
+            .post(url("/console/login"))
+            .form(&[("token", token)])
+            .send()
+            .await
+            .unwrap();
+        if let Some(c) = r.headers().get("set-cookie") {
+            cookie = c.to_str().unwrap().split(';').next().unwrap().to_string();
+        }
+        answers.push_str(&r.text().await.unwrap());
+    }
+    assert!(!cookie.is_empty(), "signed in");
+    let page = browser
+        .get(url(&format!("/console/subscriptions/{id}")))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(page.status(), 200);
+    answers.push_str(&page.text().await.unwrap());
+    // An ingest with its token (and one with a wrong one).
+    for token in [secret("ingest"), secret("guess")] {
+        let r = client
+            .post(url("/api/v1/resource-sets/s/changes"))
+            .bearer_auth(token)
+            .body(r#"{"change": "created", "uri": "http://x/a", "md5": "0cc175b9c0f1b6a831c399e269772661", "length": 1}"#)
+            .send()
+            .await
+            .unwrap();
+        answers.push_str(&r.text().await.unwrap());
+    }
+    let (_, t) = admin(
+        reqwest::Method::GET,
+        &format!("/admin/v1/subscriptions/{id}"),
+        secret("admin"),
+        None,
+    )
+    .await;
+    answers.push_str(&t);
+    let log = server.log.clone();
+    server.signal("TERM");
+    let log = log.lock().unwrap().clone();
+    assert!(
+        log.contains("subscription settings changed"),
+        "the log is collected:\n{log}"
+    );
+    for (name, s) in SECRETS {
+        assert!(!log.contains(s), "the {name} secret is in the log:\n{log}");
+        assert!(
+            !answers.contains(s),
+            "the {name} secret is in an answer:\n{answers}"
+        );
+    }
+}

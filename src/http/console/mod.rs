@@ -135,7 +135,7 @@ async fn sessions(st: &AppState) -> Result<ui::Sessions, ConsoleError> {
         .get_or_try_init(|| crate::store::shared_key(st.hub.store(), "console-session-key"))
         .await?;
     Ok(ui::Sessions::new(
-        ui::derive_key(base, &st.config.admin.token),
+        ui::derive_key(base, st.config.admin.token.expose()),
         COOKIE,
         st.config.base_url().starts_with("https:"),
     ))
@@ -200,7 +200,7 @@ async fn login(
             Some("the form was not a login form"),
         ));
     };
-    if !ui::token_matches(&form.token, &st.config.admin.token) {
+    if !ui::token_matches(&form.token, st.config.admin.token.expose()) {
         tracing::warn!("console: a sign-in with a wrong token was refused");
         return Ok(pages().login(
             StatusCode::FORBIDDEN,

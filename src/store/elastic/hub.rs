@@ -1530,7 +1530,7 @@ impl HubStore for ElasticStore {
                 s.delivery_auth = a.clone();
             }
             if let Some((new, until)) = &change.secret {
-                s.take_secret(Some(new.clone()), *until);
+                s.take_secret(Some(new.expose().to_string()), *until);
             }
             true
         })

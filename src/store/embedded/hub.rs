@@ -726,7 +726,7 @@ impl HubStore for EmbeddedStore {
                     change.max_per_sec.flatten(),
                     change.auth.is_some(),
                     auth,
-                    change.secret.as_ref().map(|(s, _)| s.as_str()),
+                    change.secret.as_ref().map(|(s, _)| s.expose()),
                     change.secret.as_ref().map(|(_, until)| until.0)
                 ],
                 sub_from_row,
