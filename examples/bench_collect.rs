@@ -164,7 +164,7 @@ fn collect_config(data: &Path, base: &str) -> Config {
     c.server.data_dir = data.to_path_buf();
     c.server.base_url = "http://127.0.0.1:1".into();
     c.hub.allow_networks = vec!["127.0.0.0/8".parse().expect("a network")];
-    c.admin.token = "bench".into();
+    c.admin.token = "bench-admin-token".into();
     c.collect.insert("bench".into(), CollectConfig::new(base));
     c
 }

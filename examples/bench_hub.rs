@@ -246,7 +246,7 @@ impl HubUnderTest {
         config.hub.standard_webhooks = standard_webhooks;
         config.hub.request_timeout_secs = arg("--request-timeout-secs")
             .map_or(10, |s| s.parse().expect("--request-timeout-secs N"));
-        config.admin.token = "bench".into();
+        config.admin.token = "bench-admin-token".into();
         let db = config.database_path();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
@@ -723,7 +723,7 @@ async fn child(es: &str) -> anyhow::Result<()> {
     config.hub.max_subscriptions_per_host = 1_000_000;
     config.hub.partition_lease_secs =
         arg("--lease-secs").map_or(10, |s| s.parse().expect("--lease-secs N"));
-    config.admin.token = "bench".into();
+    config.admin.token = "bench-admin-token".into();
     let data = config.server.data_dir.clone();
     common::run_child_server(config).await?;
     let _ = std::fs::remove_dir_all(data);

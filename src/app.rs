@@ -196,6 +196,7 @@ async fn serve(
         collectors,
         oai,
         console_key: Default::default(),
+        guesses: Default::default(),
     }));
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 

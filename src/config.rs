@@ -172,6 +172,9 @@ pub struct HubConfig {
     pub egress_proxy: String,
 }
 
+/// The shortest `admin.token` accepted (the harvester's console insists on the same).
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct AdminConfig {
     pub token: crate::model::Secret,
@@ -506,6 +509,7 @@ impl Config {
         cfg
     }
 
+    /// Refuses what cannot work or is unsafe, each in words naming the setting.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
         let accel = &self.server.accel_redirect;
@@ -519,6 +523,11 @@ impl Config {
         if !accel.is_empty() && !prefix_like(accel) {
             return bad(format!(
                 "server.accel_redirect {accel:?} must be an nginx location prefix like \"/_rshub/\" (starting and ending with /)"
+            ));
+        }
+        if !self.admin.token.is_empty() && self.admin.token.len() < MIN_ADMIN_TOKEN {
+            return bad(format!(
+                "admin.token is shorter than {MIN_ADMIN_TOKEN} characters: it opens the admin API and the console, so make it one nobody guesses (resourcesync-hub prints one: openssl rand -hex 16 does too)"
             ));
         }
         if !is_listen_address(&self.server.listen) {

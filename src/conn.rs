@@ -116,6 +116,12 @@ impl Remote {
     }
 }
 
+/// The client's address of a request, when its server was started with it (`ConnectInfo`).
+pub fn client_ip(ext: &axum::http::Extensions) -> Option<std::net::IpAddr> {
+    ext.get::<axum::extract::ConnectInfo<Remote>>()
+        .map(|c| c.0.ip())
+}
+
 impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, Listener>> for Remote {
     fn connect_info(stream: axum::serve::IncomingStream<'_, Listener>) -> Remote {
         Remote(*stream.remote_addr())

@@ -78,9 +78,12 @@ pub fn serve(
 ) -> tokio::task::JoinHandle<std::io::Result<()>> {
     let listener = crate::conn::Listener::new(listener, std::time::Duration::from_secs(120));
     tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { cancel.cancelled().await })
-            .await
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<crate::conn::Remote>(),
+        )
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await
     })
 }
 

@@ -84,6 +84,37 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/deliveries", get(list_deliveries))
         .route("/admin/v1/stats", get(stats))
         .merge(super::collect::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            throttle_guesses,
+        ))
+}
+
+/// Every admin request's bearer token is counted when wrong (per client address, see
+/// [`crate::ui::Guesses`]); an address past its budget is answered 429 before anything else.
+async fn throttle_guesses(
+    State(st): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let ip = super::client_ip(req.extensions());
+    if let Err(wait) = st.guesses.check(ip) {
+        return crate::ui::too_many_guesses(wait);
+    }
+    let wrong = super::bearer_token(req.headers()).is_some_and(|given| {
+        !bool::from(
+            given
+                .as_bytes()
+                .ct_eq(st.config.admin.token.expose().as_bytes()),
+        )
+    });
+    if wrong {
+        if let Err(wait) = st.guesses.failed(ip) {
+            tracing::warn!(client = ?ip, "admin API: too many wrong tokens from one address; refusing it for {wait} s");
+            return crate::ui::too_many_guesses(wait);
+        }
+    }
+    next.run(req).await
 }
 
 pub(super) fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {

@@ -59,6 +59,8 @@ pub struct Shared {
     pub oai: Option<Arc<crate::oaipmh::Repository>>,
     /// The console's session key, read from the store on first use.
     pub console_key: Arc<tokio::sync::OnceCell<[u8; 32]>>,
+    /// Wrong admin tokens per client address (the console's sign-in, the admin API).
+    pub guesses: Arc<crate::ui::Guesses>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -372,6 +374,8 @@ pub fn getting_started(config: &Config) -> String {
 }
 
 /// The token of an `Authorization: Bearer <token>` header.
+pub use crate::conn::client_ip;
+
 pub fn bearer_token(headers: &axum::http::HeaderMap) -> Option<&str> {
     headers
         .get(axum::http::header::AUTHORIZATION)

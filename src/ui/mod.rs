@@ -79,6 +79,19 @@ impl Pages {
         (status, page).into_response()
     }
 
+    /// The login form refusing an address that gave too many wrong tokens (429, `Retry-After`).
+    pub fn too_many_guesses(&self, token_label: &str, wait: u64) -> Response {
+        let mut r = self.login(
+            StatusCode::TOO_MANY_REQUESTS,
+            token_label,
+            Some(&format!(
+                "Too many wrong tokens from your address: try again in {wait} s."
+            )),
+        );
+        r.headers_mut().insert(header::RETRY_AFTER, wait.into());
+        r
+    }
+
     /// The login form, with a message after a refusal.
     pub fn login(&self, status: StatusCode, token_label: &str, message: Option<&str>) -> Response {
         let page = self.render(
@@ -200,6 +213,101 @@ pub fn token_matches(given: &str, configured: &str) -> bool {
     !configured.is_empty() && bool::from(given.as_bytes().ct_eq(configured.as_bytes()))
 }
 
+/// Wrong tokens an address may give in a minute (at once, then one every
+/// 60 / [`GUESSES_PER_MINUTE`] seconds) before every sign-in and bearer check from it is
+/// answered 429 until its budget refills.
+pub const GUESSES_PER_MINUTE: u32 = 10;
+
+/// Addresses tracked at most: past this, those not heard from lately are forgotten first, and
+/// at the cap a new address shares one bucket with every other newcomer (a flood of spoofed
+/// sources costs a fixed amount of memory and throttles itself).
+const GUESSERS_MAX: usize = 100_000;
+
+/// Failed token checks (both consoles' sign-in, the admin API's bearer check) counted per
+/// client address by `governor`: an address past its budget is refused before its token is
+/// even looked at, so guessing runs at [`GUESSES_PER_MINUTE`], not thousands a second.
+/// IPv6 addresses count by their /64 (one host's whole range).
+pub struct Guesses {
+    failures: governor::DefaultKeyedRateLimiter<std::net::IpAddr>,
+    /// Until when an address is refused (set when its budget ran out).
+    blocked: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, std::time::Instant>>,
+}
+
+impl Default for Guesses {
+    fn default() -> Guesses {
+        let quota = governor::Quota::per_minute(
+            std::num::NonZeroU32::new(GUESSES_PER_MINUTE).expect("a positive budget"),
+        );
+        Guesses {
+            failures: governor::RateLimiter::keyed(quota),
+            blocked: Default::default(),
+        }
+    }
+}
+
+impl Guesses {
+    fn key(&self, ip: Option<std::net::IpAddr>) -> std::net::IpAddr {
+        use std::net::IpAddr;
+        let ip = match ip.map(|i| i.to_canonical()) {
+            Some(IpAddr::V6(v6)) => {
+                let s = v6.segments();
+                IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+            }
+            Some(v4) => v4,
+            None => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+        };
+        if self.failures.len() >= GUESSERS_MAX {
+            self.failures.retain_recent();
+            if self.failures.len() >= GUESSERS_MAX {
+                return IpAddr::V4(std::net::Ipv4Addr::BROADCAST);
+            }
+        }
+        ip
+    }
+
+    /// `Err(seconds to wait)` while the address is refused.
+    pub fn check(&self, ip: Option<std::net::IpAddr>) -> Result<(), u64> {
+        let key = self.key(ip);
+        let mut blocked = self.blocked.lock().expect("the blocked addresses");
+        let now = std::time::Instant::now();
+        match blocked.get(&key) {
+            Some(until) if *until > now => Err((*until - now).as_secs().max(1)),
+            Some(_) => {
+                blocked.remove(&key);
+                Ok(())
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Counts a wrong token from the address; `Err(seconds)` when that used up its budget.
+    pub fn failed(&self, ip: Option<std::net::IpAddr>) -> Result<(), u64> {
+        let key = self.key(ip);
+        let Err(not_until) = self.failures.check_key(&key) else {
+            return Ok(());
+        };
+        use governor::clock::{Clock as _, DefaultClock};
+        let wait = not_until.wait_time_from(DefaultClock::default().now());
+        let mut blocked = self.blocked.lock().expect("the blocked addresses");
+        let now = std::time::Instant::now();
+        blocked.retain(|_, until| *until > now);
+        if blocked.len() < GUESSERS_MAX {
+            blocked.insert(key, now + wait);
+        }
+        Err(wait.as_secs().max(1))
+    }
+}
+
+/// The answer to an address that guessed too often: 429 with `Retry-After`.
+pub fn too_many_guesses(secs: u64) -> Response {
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [(header::RETRY_AFTER, secs.to_string())],
+        format!("too many wrong tokens from this address: try again in {secs} s"),
+    )
+        .into_response()
+}
+
 fn now_secs() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -225,9 +333,12 @@ pub struct LoginForm {
     pub token: String,
 }
 
-/// A session a request carries: the CSRF token its forms hold.
+/// A session a request carries: the CSRF token its forms hold, and what names it (its nonce)
+/// and ends it (its expiry, Unix seconds) for a server that revokes sessions on sign-out.
 pub struct Session {
     pub csrf: String,
+    pub nonce: String,
+    pub expires: i64,
 }
 
 impl Sessions {
@@ -244,7 +355,8 @@ impl Sessions {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|e| format!("no randomness: {e}"))?;
         let nonce = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(nonce);
-        let payload = format!("{}.{nonce}", now_secs() + SESSION_HOURS * 3600);
+        let expires = now_secs() + SESSION_HOURS * 3600;
+        let payload = format!("{expires}.{nonce}");
         let value = format!(
             "{payload}.{}",
             mac(&self.key, &format!("session|{payload}"))
@@ -258,6 +370,8 @@ impl Sessions {
             ),
             Session {
                 csrf: mac(&self.key, &format!("csrf|{nonce}")),
+                nonce,
+                expires,
             },
         ))
     }
@@ -299,11 +413,14 @@ impl Sessions {
         if !bool::from(want.as_bytes().ct_eq(tag.as_bytes())) {
             return None;
         }
-        if expires.parse::<i64>().ok()? <= now_secs() {
+        let expires = expires.parse::<i64>().ok()?;
+        if expires <= now_secs() {
             return None;
         }
         Some(Session {
             csrf: mac(&self.key, &format!("csrf|{nonce}")),
+            nonce: nonce.to_string(),
+            expires,
         })
     }
 
@@ -336,6 +453,20 @@ mod tests {
         let mut e = HeaderMap::new();
         e.insert(header::COOKIE, expired.parse().unwrap());
         assert!(s.check(&e).is_none());
+    }
+
+    #[test]
+    fn guesses_are_counted_per_address_and_per_ipv6_64() {
+        let g = Guesses::default();
+        let ip = |s: &str| Some(s.parse::<std::net::IpAddr>().unwrap());
+        for _ in 0..GUESSES_PER_MINUTE {
+            assert_eq!(g.failed(ip("2001:db8::1")), Ok(()));
+        }
+        assert!(g.failed(ip("2001:db8::2")).is_err(), "the same /64");
+        assert!(g.check(ip("2001:db8::99")).is_err());
+        assert_eq!(g.check(ip("2001:db8:0:1::1")), Ok(()), "another /64");
+        assert_eq!(g.check(ip("192.0.2.1")), Ok(()));
+        assert_eq!(g.failed(ip("192.0.2.1")), Ok(()));
     }
 
     #[test]

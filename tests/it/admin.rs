@@ -9,7 +9,7 @@ use crate::hub::{fat_ping, hub_config, subscribed};
 use crate::subscriber::TestSubscriber;
 use crate::support::*;
 
-const ADMIN: &str = "admin-token";
+const ADMIN: &str = "admin-token-for-tests";
 
 async fn admin_app(
     tweak: impl FnOnce(&mut resourcesync_hub::config::Config),

@@ -149,6 +149,15 @@ fn bad_configuration_is_a_clear_error() {
     );
     let e = run(&["serve", "--listen", "nonsense"], &[]);
     assert!(e.contains("server.listen"), "{e}");
+    // An admin token anyone could guess is refused at start.
+    let e = run(
+        &["serve", "--listen", "127.0.0.1:0"],
+        &[("RSHUB_ADMIN_TOKEN", "letmein")],
+    );
+    assert!(
+        e.contains("admin.token is shorter than 16 characters"),
+        "{e}"
+    );
     // Unknown keys and variables are refused by name, with the nearest known one.
     std::fs::write(
         &cfg,

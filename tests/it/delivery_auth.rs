@@ -24,7 +24,7 @@ use crate::hub::{fat_ping, hub_config, subscribed};
 use crate::subscriber::TestSubscriber;
 use crate::support::*;
 
-const ADMIN: &str = "admin-token";
+const ADMIN: &str = "admin-token-for-tests";
 const TOPIC: &str = "http://example.org/topics/auth";
 
 async fn admin(

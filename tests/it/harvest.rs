@@ -413,7 +413,7 @@ async fn a_wrong_md5_holds_the_position_until_the_resource_is_served_right() {
 /// from the Change Lists and the harvester subscribes again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_subscription_is_caught_up_and_renewed() {
-    const ADMIN: &str = "admin-token";
+    const ADMIN: &str = "admin-token-for-tests";
     let (app, dir, root) = small_source(3, |c| c.admin.token = ADMIN.into()).await;
     let mut hc = harvest_config(dir.path(), &app.url("/.well-known/resourcesync"));
     hc.follow.check_interval_secs = 1;

@@ -390,3 +390,122 @@ async fn no_secret_reaches_a_log_an_error_or_an_answer() {
         );
     }
 }
+
+/// Admin access resists guessing and ends when asked: signing out ends the session for good
+/// (its cookie replayed opens nothing); wrong tokens are refused with 429 and `Retry-After`
+/// past 10 a minute from one address, on the console's sign-in and the admin API alike, and
+/// then even the right token waits (a guess that happens to be right gains nothing).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_out_ends_the_session_and_guessing_is_throttled() {
+    let (mut c, _dir) = test_config();
+    c.admin.token = ADMIN.into();
+    let app = TestApp::start_with(c).await;
+    let browser = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let sign_in = |token: &'static str| {
+        let r = browser
+            .post(app.url("/console/login"))
+            .form(&[("token", token)])
+            .send();
+        async move { r.await.unwrap() }
+    };
+    let r = sign_in(ADMIN).await;
+    assert_eq!(r.status(), 303);
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let open = |cookie: String| {
+        let r = browser
+            .get(app.url("/console/"))
+            .header("cookie", cookie)
+            .send();
+        async move { r.await.unwrap() }
+    };
+    let page = open(cookie.clone()).await;
+    assert_eq!(page.status(), 200);
+    let page = page.text().await.unwrap();
+    let csrf = page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .unwrap_or_else(|| panic!("a CSRF token on the overview: {page}"))
+        .to_string();
+    let r = browser
+        .post(app.url("/console/logout"))
+        .header("cookie", cookie.clone())
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303);
+    // The copy of the cookie an attacker kept opens nothing (the store keeps the list).
+    let replayed = open(cookie.clone()).await;
+    assert_eq!(
+        replayed.status(),
+        303,
+        "a signed-out session still opens the console"
+    );
+    assert!(replayed.headers()["location"]
+        .to_str()
+        .unwrap()
+        .contains("/console/login"));
+
+    // Guessing: ten wrong tokens are told so; then the address waits, whatever it sends.
+    for i in 0..10 {
+        let r = sign_in("wrong-guess-00000").await;
+        assert_eq!(r.status(), 403, "guess {i}");
+    }
+    let r = sign_in("wrong-guess-00000").await;
+    assert_eq!(r.status(), 429);
+    let wait: u64 = r.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    assert!(r.text().await.unwrap().contains("Too many wrong tokens"));
+    assert_eq!(
+        sign_in(ADMIN).await.status(),
+        429,
+        "the right token waits too"
+    );
+    // The admin API shares the count (one address, one budget).
+    let (s, v) = admin_call(&app, ADMIN, reqwest::Method::GET, "/admin/v1/stats", None).await;
+    assert_eq!(s, 429, "{v}");
+    app.stop().await;
+
+    // A fresh server: the admin API counts wrong bearer tokens the same way.
+    let (mut c, _dir) = test_config();
+    c.admin.token = ADMIN.into();
+    let app = TestApp::start_with(c).await;
+    for i in 0..10 {
+        let (s, v) = admin_call(
+            &app,
+            "wrong-guess-00000",
+            reqwest::Method::GET,
+            "/admin/v1/stats",
+            None,
+        )
+        .await;
+        assert_eq!(s, 403, "guess {i}: {v}");
+    }
+    let (s, v) = admin_call(
+        &app,
+        "wrong-guess-00000",
+        reqwest::Method::GET,
+        "/admin/v1/stats",
+        None,
+    )
+    .await;
+    assert_eq!(s, 429, "{v}");
+    let (s, _) = admin_call(&app, ADMIN, reqwest::Method::GET, "/admin/v1/stats", None).await;
+    assert_eq!(s, 429);
+    app.stop().await;
+}

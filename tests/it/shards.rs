@@ -27,7 +27,7 @@ fn config(dir: &std::path::Path, es: &str) -> std::path::PathBuf {
             "[server]\nbase_url = \"http://hub.test\"\n\
              [store]\nbackend = \"elasticsearch\"\n[store.elasticsearch]\nurl = \"{es}\"\n\
              [hub]\nallow_networks = [\"127.0.0.0/8\"]\npublisher_token = \"t\"\n\
-             partitions = {PARTITIONS}\npartition_lease_secs = 3\n[admin]\ntoken = \"a\"\n"
+             partitions = {PARTITIONS}\npartition_lease_secs = 3\n[admin]\ntoken = \"shards-admin-token\"\n"
         ),
     )
     .unwrap();
@@ -270,7 +270,7 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
     // A redelivery asked of either process reaches the one delivering the subscription.
     let list: serde_json::Value = client
         .get(procs[0].url("/admin/v1/subscriptions?callback=/cb/7"))
-        .bearer_auth("a")
+        .bearer_auth("shards-admin-token")
         .send()
         .await
         .unwrap()
@@ -282,7 +282,7 @@ async fn three_processes_share_delivery_survive_a_kill_and_fence_a_paused_one() 
     for p in &procs {
         let r = client
             .post(p.url(&format!("/admin/v1/subscriptions/{id}/redeliver")))
-            .bearer_auth("a")
+            .bearer_auth("shards-admin-token")
             .json(&serde_json::json!({"since": since.to_string()}))
             .send()
             .await

@@ -9,7 +9,7 @@ use crate::hub::{fat_ping, hub_config, standard_verdicts, subscribed};
 use crate::subscriber::{number, TestSubscriber};
 use crate::support::*;
 
-const ADMIN: &str = "admin-token";
+const ADMIN: &str = "admin-token-for-tests";
 
 async fn admin(app: &TestApp, method: reqwest::Method, path: &str) -> (u16, Value) {
     admin_call(app, ADMIN, method, path, None).await

@@ -58,6 +58,8 @@ pub(super) struct Console {
     sessions: ui::Sessions,
     /// The sign-in token, when the console is reachable from other hosts.
     token: Option<String>,
+    /// Wrong sign-in tokens per client address.
+    guesses: ui::Guesses,
     /// Per source: its audits.
     audits: Mutex<HashMap<String, Audits>>,
 }
@@ -98,6 +100,7 @@ pub(super) fn router(
         parts,
         sessions: ui::Sessions::new(key, COOKIE, false),
         token,
+        guesses: Default::default(),
         audits: Default::default(),
     });
     Ok(Router::new()
@@ -158,14 +161,23 @@ async fn login_form(AxState(c): AxState<Ctx>) -> Response {
 
 async fn login(
     AxState(c): AxState<Ctx>,
+    ext: axum::http::Extensions,
     form: Result<Form<ui::LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Response {
     let Some(token) = &c.token else {
         return Redirect::to("/console/").into_response();
     };
+    let ip = crate::conn::client_ip(&ext);
+    let too_many = |wait| pages().too_many_guesses(TOKEN_LABEL, wait);
+    if let Err(wait) = c.guesses.check(ip) {
+        return too_many(wait);
+    }
     let given = form.map(|Form(f)| f.token).unwrap_or_default();
     if !ui::token_matches(&given, token) {
         tracing::warn!("harvest console: a sign-in with a wrong token was refused");
+        if let Err(wait) = c.guesses.failed(ip) {
+            return too_many(wait);
+        }
         return pages().login(
             StatusCode::FORBIDDEN,
             TOKEN_LABEL,

@@ -144,15 +144,56 @@ async fn sessions(st: &AppState) -> Result<ui::Sessions, ConsoleError> {
 const OFF: &str =
     "the console is off: it needs the admin token (set admin.token or RSHUB_ADMIN_TOKEN)";
 
-/// The session the request's cookie holds.
+/// The session the request's cookie holds, unless it was signed out.
 async fn session(st: &AppState, headers: &HeaderMap) -> Result<ui::Session, ConsoleError> {
     if st.config.admin.token.is_empty() {
         return Err(bad(StatusCode::NOT_FOUND, OFF));
     }
-    sessions(st)
+    let s = sessions(st)
         .await?
         .check(headers)
-        .ok_or(ConsoleError::SignIn)
+        .ok_or(ConsoleError::SignIn)?;
+    if signed_out(st).await?.0.contains_key(&s.nonce) {
+        return Err(ConsoleError::SignIn);
+    }
+    Ok(s)
+}
+
+/// Where sessions ended by sign-out before their expiry are kept: in the store's state, so
+/// that every process on the store refuses them, across restarts.
+const SIGNED_OUT: &str = "console-signed-out-sessions";
+
+/// The sessions signed out and not yet expired (nonce -> expiry, Unix seconds), and the
+/// version of that record.
+async fn signed_out(st: &AppState) -> Result<(BTreeMap<String, i64>, Option<i64>), ConsoleError> {
+    Ok(match st.hub.store().state(SIGNED_OUT).await? {
+        Some((json, version)) => (
+            serde_json::from_str(&json).unwrap_or_default(),
+            Some(version),
+        ),
+        None => (BTreeMap::new(), None),
+    })
+}
+
+/// Ends `s` for good: a copy of its cookie replayed later opens nothing. (Only a signed-in
+/// admin can add to the list, and expired entries leave it at each sign-out.)
+async fn sign_out(st: &AppState, s: &ui::Session) -> Result<(), ConsoleError> {
+    loop {
+        let (mut out, version) = signed_out(st).await?;
+        let now = Timestamp::now().micros() / 1_000_000;
+        out.retain(|_, expires| *expires > now);
+        out.insert(s.nonce.clone(), s.expires);
+        let json = serde_json::to_string(&out).expect("a map of strings to numbers");
+        if st
+            .hub
+            .store()
+            .save_state(SIGNED_OUT, &json, version)
+            .await?
+            .is_some()
+        {
+            return Ok(());
+        }
+    }
 }
 
 /// The session of a state-changing request, whose form must carry the session's CSRF token.
@@ -179,6 +220,10 @@ async fn posted(
 
 const TOKEN_LABEL: &str = "Admin token (admin.token)";
 
+fn too_many(wait: u64) -> Response {
+    pages().too_many_guesses(TOKEN_LABEL, wait)
+}
+
 async fn login_form(State(st): State<AppState>) -> Response {
     if st.config.admin.token.is_empty() {
         return bad(StatusCode::NOT_FOUND, OFF).into_response();
@@ -188,10 +233,15 @@ async fn login_form(State(st): State<AppState>) -> Response {
 
 async fn login(
     State(st): State<AppState>,
+    ext: axum::http::Extensions,
     form: Result<Form<ui::LoginForm>, axum::extract::rejection::FormRejection>,
 ) -> Result<Response, ConsoleError> {
     if st.config.admin.token.is_empty() {
         return Err(bad(StatusCode::NOT_FOUND, OFF));
+    }
+    let ip = super::client_ip(&ext);
+    if let Err(wait) = st.guesses.check(ip) {
+        return Ok(too_many(wait));
     }
     let Ok(Form(form)) = form else {
         return Ok(pages().login(
@@ -202,6 +252,9 @@ async fn login(
     };
     if !ui::token_matches(&form.token, st.config.admin.token.expose()) {
         tracing::warn!("console: a sign-in with a wrong token was refused");
+        if let Err(wait) = st.guesses.failed(ip) {
+            return Ok(too_many(wait));
+        }
         return Ok(pages().login(
             StatusCode::FORBIDDEN,
             TOKEN_LABEL,
@@ -225,7 +278,8 @@ async fn logout(
     headers: HeaderMap,
     Form(f): Form<CsrfForm>,
 ) -> Result<Response, ConsoleError> {
-    posted(&st, &headers, &f.csrf).await?;
+    let s = posted(&st, &headers, &f.csrf).await?;
+    sign_out(&st, &s).await?;
     Ok((
         StatusCode::SEE_OTHER,
         [
