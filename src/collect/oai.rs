@@ -11,7 +11,7 @@
 use quick_xml::events::{BytesStart, Event};
 use quick_xml::reader::Reader;
 
-use crate::sitemap::element::{bad_character, check_element};
+use crate::sitemap::element::{bad_character, check_element_in};
 
 /// Why a response could not be read at all.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -200,9 +200,46 @@ pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
     })
 }
 
+/// `xml` as text with every byte of an invalid UTF-8 sequence replaced by U+0001 (so offsets
+/// stay those of the bytes), and where those bytes were.
+fn marked_utf8(xml: &[u8]) -> (std::borrow::Cow<'_, str>, Vec<usize>) {
+    let mut bad = Vec::new();
+    let mut rest = match std::str::from_utf8(xml) {
+        Ok(t) => return (std::borrow::Cow::Borrowed(t), bad),
+        Err(_) => xml,
+    };
+    let mut out = String::with_capacity(xml.len());
+    let mut at = 0;
+    while !rest.is_empty() {
+        match std::str::from_utf8(rest) {
+            Ok(t) => {
+                out.push_str(t);
+                break;
+            }
+            Err(e) => {
+                let good = e.valid_up_to();
+                out.push_str(std::str::from_utf8(&rest[..good]).expect("checked"));
+                let n = e.error_len().unwrap_or(rest.len() - good);
+                for i in 0..n {
+                    bad.push(at + good + i);
+                    out.push('\u{1}');
+                }
+                at += good + n;
+                rest = &rest[good + n..];
+            }
+        }
+    }
+    (std::borrow::Cow::Owned(out), bad)
+}
+
 /// Reads a page of `ListRecords` or `ListIdentifiers` (whose headers come outside records).
+/// Bytes that are not UTF-8 cost the record holding them (quarantined), never the page; in
+/// the envelope they make it no OAI-PMH response.
 pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
-    let text = std::str::from_utf8(xml).map_err(|e| not_oai(format!("not UTF-8: {e}")))?;
+    let (text, bad_bytes) = marked_utf8(xml);
+    let text = text.as_ref();
+    // Where records were cut out: bad bytes there cost their record only.
+    let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
     let mut r = Reader::from_str(text);
     // Records are cut out by name; a malformed one is found out on its own.
     r.config_mut().check_end_names = false;
@@ -238,6 +275,25 @@ pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
                             .map_err(|e| not_oai(format!("a <record> is not closed: {e}")))?;
                         let after = r.buffer_position() as usize;
                         let slice = &text[before..after];
+                        let bad = bad_bytes
+                            .iter()
+                            .filter(|&&i| (before..after).contains(&i))
+                            .count();
+                        if !bad_bytes.is_empty() {
+                            spans.push(before..after);
+                        }
+                        if bad > 0 {
+                            let first = bad_bytes.iter().find(|&&i| i >= before).expect("one");
+                            page.quarantined.push(Quarantined {
+                                identifier: lenient_identifier(slice),
+                                reason: format!(
+                                    "not UTF-8: the byte 0x{:02X} at offset {} of its page",
+                                    xml[*first],
+                                    first - before
+                                ),
+                            });
+                            continue;
+                        }
                         match record(slice, &inherited, name == b"header") {
                             Ok(rec) => page.records.push(rec),
                             Err(q) => page.quarantined.push(q),
@@ -284,6 +340,15 @@ pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
             _ => {}
         }
     }
+    if let Some(&i) = bad_bytes
+        .iter()
+        .find(|i| !spans.iter().any(|s| s.contains(i)))
+    {
+        return Err(not_oai(format!(
+            "not UTF-8 outside its records (the byte 0x{:02X} at offset {i})",
+            xml[i]
+        )));
+    }
     if page.response_date.is_empty() && error.is_none() && page.records.is_empty() {
         return Err(not_oai("no <OAI-PMH> response (no responseDate)"));
     }
@@ -308,6 +373,15 @@ fn token_of(e: &BytesStart) -> Token {
     }
 }
 
+/// A record's identifier read leniently, so that a bad record can still be named (cut to a
+/// few hundred bytes: a hostile one can be as long as its page).
+fn lenient_identifier(slice: &str) -> Option<String> {
+    slice
+        .split_once("identifier>")
+        .and_then(|(_, rest)| rest.split_once('<'))
+        .map(|(id, _)| crate::cause::outsider(id.trim()))
+}
+
 /// One `<record>` (or, in `ListIdentifiers`, one `<header>`) cut out of a page.
 fn record(
     slice: &str,
@@ -316,15 +390,12 @@ fn record(
 ) -> Result<Record, Quarantined> {
     let quarantine =
         |identifier: Option<String>, reason: String| Quarantined { identifier, reason };
-    // The identifier first, read leniently, so a bad record can still be named.
-    let identifier = slice
-        .split_once("identifier>")
-        .and_then(|(_, rest)| rest.split_once('<'))
-        .map(|(id, _)| id.trim().to_string());
+    let identifier = lenient_identifier(slice);
     if let Some(why) = bad_character(slice) {
         return Err(quarantine(identifier, why));
     }
-    check_element(slice)
+    let bound: Vec<&[u8]> = inherited.iter().map(|(k, _)| k.as_slice()).collect();
+    check_element_in(slice, &bound)
         .map_err(|why| quarantine(identifier.clone(), format!("not well-formed XML: {why}")))?;
     let mut r = Reader::from_str(slice);
     let mut path: Vec<Vec<u8>> = Vec::new();
@@ -477,7 +548,7 @@ mod tests {
             m.contains("xmlns=\"http://www.openarchives.org/OAI/2.0/\""),
             "inherited: {m}"
         );
-        check_element(m.split_once('\n').unwrap().1).unwrap();
+        crate::sitemap::element::check_element(m.split_once('\n').unwrap().1).unwrap();
         assert!(p.records[1].header.deleted && p.records[1].metadata.is_none());
         assert_eq!(
             p.token,
@@ -526,6 +597,61 @@ mod tests {
         assert!(q[1].1.contains("&#x1;"), "{q:?}");
         assert!(q[2].1.contains("not well-formed"), "{q:?}");
         assert_eq!(p.token.unwrap().value, "", "an empty token ends the list");
+    }
+
+    #[test]
+    fn one_bad_byte_or_malformed_record_costs_that_record_only() {
+        let bad = [
+            r#"<a k="&undefined;"/>"#,
+            r#"<a k="a & b"/>"#,
+            r#"<a k="a<b"/>"#,
+            r#"<a k="1" k="2"/>"#,
+            r#"<p:a/>"#,
+            r#"<1t/>"#,
+            r#"<a><!-- a -- b --></a>"#,
+            r#"<a><?xml version="1.0"?></a>"#,
+            r#"<a xmlns:p=""/>"#,
+        ];
+        let mut xml = HEAD.as_bytes().to_vec();
+        xml.extend(rec("oai:x:good", DC).as_bytes());
+        for (i, m) in bad.iter().enumerate() {
+            xml.extend(rec(&format!("oai:x:bad{i}"), m).as_bytes());
+        }
+        xml.extend(
+            rec("oai:x:latin1", "<dc>caf\u{0}</dc>")
+                .replace('\u{0}', "\u{FF}")
+                .as_bytes(),
+        );
+        let cut = xml
+            .iter()
+            .rposition(|&b| b == 0xC3)
+            .expect("the ÿ's lead byte");
+        xml.remove(cut); // a lone continuation byte: not UTF-8
+        xml.extend(rec("oai:x:after", DC).as_bytes());
+        xml.extend(format!("<resumptionToken>t1</resumptionToken>{TAIL}").as_bytes());
+        let p = parse_list(&xml).unwrap();
+        let kept: Vec<&str> = p
+            .records
+            .iter()
+            .map(|r| r.header.identifier.as_str())
+            .collect();
+        assert_eq!(kept, ["oai:x:good", "oai:x:after"]);
+        assert_eq!(p.quarantined.len(), bad.len() + 1, "{:?}", p.quarantined);
+        let last = p.quarantined.last().unwrap();
+        assert_eq!(last.identifier.as_deref(), Some("oai:x:latin1"));
+        assert!(last.reason.contains("not UTF-8: the byte 0xBF"), "{last:?}");
+        assert_eq!(p.token.unwrap().value, "t1", "the page goes on");
+        // In the envelope, a bad byte makes it no response.
+        let mut env = format!(
+            "{HEAD}{}<resumptionToken>t\u{0}</resumptionToken>{TAIL}",
+            rec("oai:x:1", DC)
+        )
+        .into_bytes();
+        let z = env.iter().position(|&b| b == 0).unwrap();
+        env[z] = 0xFF;
+        assert!(
+            matches!(parse_list(&env), Err(OaiError::NotOai(m)) if m.contains("not UTF-8 outside its records"))
+        );
     }
 
     #[test]

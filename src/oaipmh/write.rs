@@ -10,11 +10,7 @@ use super::{Item, ListPage, OaiError, OaiSet, Request, Verb};
 use crate::config::{OaiConfig, OaiFormat};
 use crate::model::Timestamp;
 
-/// Whether XML 1.0 can carry `c` at all (its `Char` production): not the C0 controls but tab,
-/// newline and return, not the surrogates, not U+FFFE or U+FFFF.
-pub fn xml_char(c: char) -> bool {
-    matches!(c, '\t' | '\n' | '\r' | '\u{20}'..='\u{D7FF}' | '\u{E000}'..='\u{FFFD}' | '\u{10000}'..)
-}
+pub use crate::model::is_xml_char as xml_char;
 
 /// Text escaped for an element or attribute, any character XML 1.0 cannot carry replaced by
 /// U+FFFD: whatever a harvester sent or a store holds, an answer stays XML.

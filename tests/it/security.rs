@@ -509,3 +509,111 @@ async fn sign_out_ends_the_session_and_guessing_is_throttled() {
     assert_eq!(s, 429);
     app.stop().await;
 }
+
+/// A repository whose page holds nine records that are not namespace-well-formed XML (each
+/// of a kind a scan for tags misses) and one that is not UTF-8, among good ones: only those
+/// ten are quarantined, each with its reason; the good ones are collected in the same run;
+/// and every `/oai` answer over the set is XML that validates against OAI-PMH.xsd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_record_costs_that_record_and_never_an_oai_page() {
+    let bad = [
+        r#"<a k="&undefined;"/>"#,
+        r#"<a k="a & b"/>"#,
+        r#"<a k="a<b"/>"#,
+        r#"<a k="1" k="2"/>"#,
+        r#"<p:a/>"#,
+        r#"<1t/>"#,
+        r#"<a><!-- a -- b --></a>"#,
+        r#"<a><?xml version="1.0"?></a>"#,
+        r#"<a xmlns:p=""/>"#,
+    ];
+    let rec = |id: &str, meta: &str| {
+        format!("<record><header><identifier>{id}</identifier><datestamp>2026-11-01T00:00:00Z</datestamp></header><metadata>{meta}</metadata></record>")
+    };
+    let dc = |t: &str| {
+        format!(
+            r#"<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>{t}</dc:title></oai_dc:dc>"#
+        )
+    };
+    let mut page = br#"<?xml version="1.0" encoding="UTF-8"?>
+<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><responseDate>2026-11-26T10:00:00Z</responseDate><request verb="ListRecords">http://x/oai</request><ListRecords>"#.to_vec();
+    for i in 0..3 {
+        page.extend(rec(&format!("oai:r:good{i}"), &dc(&format!("good {i}"))).as_bytes());
+    }
+    for (i, m) in bad.iter().enumerate() {
+        page.extend(rec(&format!("oai:r:bad{i}"), m).as_bytes());
+    }
+    let latin1 = rec("oai:r:latin1", &dc("caf\u{0}"));
+    page.extend(
+        latin1
+            .replace('\u{0}', "\u{FF}")
+            .as_bytes()
+            .iter()
+            .filter(|&&b| b != 0xC3),
+    );
+    page.extend(rec("oai:r:good3", &dc("good 3")).as_bytes());
+    page.extend(b"</ListRecords></OAI-PMH>");
+    let repo = Hostile::start().await;
+    repo.xml("/oai?verb=Identify", identify_xml());
+    repo.on("/oai?verb=ListRecords&metadataPrefix=oai_dc", move |_| {
+        use axum::response::IntoResponse;
+        ([("content-type", "text/xml")], page.clone()).into_response()
+    });
+    let (mut c, _dir) = test_config();
+    c.admin.token = ADMIN.into();
+    let mut cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
+    cc.retry_base_ms = 20;
+    cc.attempts = 1;
+    c.collect.insert("papers".into(), cc);
+    let app = TestApp::start_with(c).await;
+    let status = || async {
+        admin_call(
+            &app,
+            ADMIN,
+            reqwest::Method::GET,
+            "/admin/v1/collect/papers",
+            None,
+        )
+        .await
+        .1
+    };
+    wait_until("the run ended", || async {
+        status().await["last_ended"].is_string()
+    })
+    .await;
+    let v = status().await;
+    assert_eq!(v["totals"]["created"], 4, "{v:#}");
+    assert_eq!(v["totals"]["quarantined"], 10, "{v:#}");
+    let reasons = v["quarantine"].to_string();
+    assert!(
+        reasons.contains("not UTF-8") && reasons.contains("not well-formed"),
+        "{reasons}"
+    );
+    // Every answer over the set is XML and valid (the validator walks every list and error).
+    let (base, xsd) = (
+        app.url("/oai"),
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/schemas/OAI-PMH.xsd"),
+    );
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(PyEnv::get().python())
+            .arg(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/tests/tools/oai_validate.py"
+            ))
+            .arg(base)
+            .arg(xsd)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let f: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(f["invalid"], serde_json::json!([]), "{f}");
+    assert_eq!(f["records"], 4, "{f}");
+    app.stop().await;
+}
