@@ -196,7 +196,9 @@ async fn serve(
         collectors,
         oai,
         console_key: Default::default(),
-        guesses: Default::default(),
+        guesses: Arc::new(crate::ui::Guesses::per_minute(
+            config.admin.wrong_tokens_per_minute,
+        )),
     }));
     tracing::info!(%addr, base_url = %config.base_url(), data_dir = %config.server.data_dir.display(), "resourcesync-hub listening");
 

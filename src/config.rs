@@ -178,6 +178,8 @@ pub const MIN_ADMIN_TOKEN: usize = 16;
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct AdminConfig {
     pub token: crate::model::Secret,
+    /// Wrong tokens a client address may give a minute before it is refused (429).
+    pub wrong_tokens_per_minute: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

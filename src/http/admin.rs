@@ -97,17 +97,19 @@ async fn throttle_guesses(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
+    let Some(given) = super::bearer_token(req.headers()) else {
+        // No token: nothing is guessed (the handler answers 401).
+        return next.run(req).await;
+    };
     let ip = super::client_ip(req.extensions());
     if let Err(wait) = st.guesses.check(ip) {
         return crate::ui::too_many_guesses(wait);
     }
-    let wrong = super::bearer_token(req.headers()).is_some_and(|given| {
-        !bool::from(
-            given
-                .as_bytes()
-                .ct_eq(st.config.admin.token.expose().as_bytes()),
-        )
-    });
+    let wrong = !bool::from(
+        given
+            .as_bytes()
+            .ct_eq(st.config.admin.token.expose().as_bytes()),
+    );
     if wrong {
         if let Err(wait) = st.guesses.failed(ip) {
             tracing::warn!(client = ?ip, "admin API: too many wrong tokens from one address; refusing it for {wait} s");
@@ -319,7 +321,7 @@ fn limit(l: Option<u32>, default: u32) -> Result<usize, AppError> {
 /// Lists subscriptions, filtered, in id order. Pending verifications appear only with
 /// `state=pending_verification`.
 #[utoipa::path(get, path = "/admin/v1/subscriptions", params(ListParams), responses(
-    (status = 200, body = SubscriptionPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+    (status = 200, body = SubscriptionPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)")))]
 async fn list_subscriptions(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -384,7 +386,7 @@ async fn list_subscriptions(
 /// One subscription: lease, verification, whether a secret is set, counters, queue, last
 /// success and failure.
 #[utoipa::path(get, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")), responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn show_subscription(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -405,7 +407,7 @@ pub struct DeleteParams {
 
 /// Deletes a subscription, optionally sending the subscriber a denial.
 #[utoipa::path(delete, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id"), DeleteParams), responses(
-    (status = 204, description = "Deleted"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 204, description = "Deleted"), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn delete_subscription(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -433,7 +435,7 @@ pub struct Accepted {
 
 /// Verifies the subscriber's intent again (a renewal with its current lease and secret).
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/verify", params(("id" = String, Path, description = "Subscription id")), responses(
-    (status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 202, body = Accepted), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn reverify(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -462,7 +464,7 @@ pub struct Requeued {
 /// Retries now: queues the subscription's failed deliveries again and ends the wait before
 /// the next retry of its current one.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/retry", params(("id" = String, Path, description = "Subscription id")), responses(
-    (status = 200, body = Requeued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = Requeued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn retry(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -505,7 +507,7 @@ pub struct Redelivered {
 /// (`hub.retention_hours`), naming the oldest message kept.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/redeliver", params(("id" = String, Path, description = "Subscription id")),
     request_body = RedeliverRequest, responses(
-    (status = 202, body = Redelivered), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+    (status = 202, body = Redelivered), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"),
     (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 503, body = ErrorBody)))]
 async fn redeliver(
     State(st): State<AppState>,
@@ -604,7 +606,7 @@ fn auth_view(a: &DeliveryAuth) -> AuthView {
 /// Changes a subscription's settings (its delivery rate limit); answers the subscription.
 #[utoipa::path(patch, path = "/admin/v1/subscriptions/{id}", params(("id" = String, Path, description = "Subscription id")),
     request_body = SubscriptionPatch, responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn patch_subscription(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -644,7 +646,7 @@ pub struct SecretRequest {
 /// `hub.secret` does): answers the subscription, with until when the previous secret signs.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/secret", params(("id" = String, Path, description = "Subscription id")),
     request_body = SecretRequest, responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn rotate_secret(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -676,7 +678,7 @@ async fn rotate_secret(
 /// parse or the token URL is refused.
 #[utoipa::path(put, path = "/admin/v1/subscriptions/{id}/auth", params(("id" = String, Path, description = "Subscription id")),
     request_body = DeliveryAuth, responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn put_auth(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -703,7 +705,7 @@ async fn put_auth(
 
 /// Removes the subscription's delivery auth (deliveries go as to any receiver).
 #[utoipa::path(delete, path = "/admin/v1/subscriptions/{id}/auth", params(("id" = String, Path, description = "Subscription id")), responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn delete_auth(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -761,7 +763,7 @@ pub(super) async fn subscription_view(
 /// Pauses a subscription's deliveries: nothing is sent (an attempt under way finishes), its
 /// messages keep accumulating, and resume delivers them in order. Answers the subscription.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/pause", params(("id" = String, Path, description = "Subscription id")), responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn pause(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -779,7 +781,7 @@ async fn pause(
 /// Resumes a paused or disabled subscription: what it missed is delivered in order from where
 /// it stopped (and a disabled one gets a whole `hub.disable_after_secs` again).
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/resume", params(("id" = String, Path, description = "Subscription id")), responses(
-    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = SubscriptionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn resume(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -811,7 +813,7 @@ pub struct TopicView {
 
 /// Every topic the hub knows, with subscriber counts and the last publish time.
 #[utoipa::path(get, path = "/admin/v1/topics", responses(
-    (status = 200, body = Vec<TopicView>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+    (status = 200, body = Vec<TopicView>), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)")))]
 async fn list_topics(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -852,7 +854,7 @@ pub struct TopicPayload {
 
 /// A topic's latest payload.
 #[utoipa::path(get, path = "/admin/v1/topics/latest", params(TopicParams), responses(
-    (status = 200, body = TopicPayload), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = TopicPayload), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 async fn latest_payload(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -921,7 +923,7 @@ pub struct DeliveryParams {
 
 /// Recent delivery attempts (the last 10,000 since the server started), newest first.
 #[utoipa::path(get, path = "/admin/v1/deliveries", params(DeliveryParams), responses(
-    (status = 200, body = Vec<AttemptView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+    (status = 200, body = Vec<AttemptView>), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)")))]
 async fn list_deliveries(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -987,7 +989,7 @@ pub struct StatsView {
 
 /// Totals by outcome, queue depth, subscriptions by state, and each set's poller position and lag.
 #[utoipa::path(get, path = "/admin/v1/stats", responses(
-    (status = 200, body = StatsView), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+    (status = 200, body = StatsView), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)")))]
 async fn stats(
     State(st): State<AppState>,
     headers: HeaderMap,

@@ -137,7 +137,7 @@ fn entry(
 }
 
 #[utoipa::path(get, path = "/admin/v1/collect", responses(
-    (status = 200, body = CollectorList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)))]
+    (status = 200, body = CollectorList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)")))]
 pub async fn list_collectors(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -152,7 +152,7 @@ pub async fn list_collectors(
 }
 
 #[utoipa::path(get, path = "/admin/v1/collect/{name}", params(("name" = String, Path, description = "The collector (and resource set) name")), responses(
-    (status = 200, body = CollectorDetail), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    (status = 200, body = CollectorDetail), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 pub async fn show_collector(
     State(st): State<AppState>,
     headers: HeaderMap,
@@ -170,7 +170,7 @@ pub async fn show_collector(
 #[utoipa::path(post, path = "/admin/v1/collect/{name}/{action}", params(
     ("name" = String, Path, description = "The collector (and resource set) name"),
     ("action" = String, Path, description = "`run` (an incremental run now), `reconcile` (a reconcile pass now), `pause` or `resume`")),
-    responses((status = 202, body = CollectAccepted), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)))]
+    responses((status = 202, body = CollectAccepted), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
 pub async fn act(
     State(st): State<AppState>,
     headers: HeaderMap,

@@ -213,9 +213,9 @@ pub fn token_matches(given: &str, configured: &str) -> bool {
     !configured.is_empty() && bool::from(given.as_bytes().ct_eq(configured.as_bytes()))
 }
 
-/// Wrong tokens an address may give in a minute (at once, then one every
-/// 60 / [`GUESSES_PER_MINUTE`] seconds) before every sign-in and bearer check from it is
-/// answered 429 until its budget refills.
+/// Wrong tokens an address may give in a minute (at once, then one every 60 / this seconds)
+/// before every sign-in and bearer check from it is answered 429 until its budget refills
+/// (the harvester's console; the server's is `admin.wrong_tokens_per_minute`).
 pub const GUESSES_PER_MINUTE: u32 = 10;
 
 /// Addresses tracked at most: past this, those not heard from lately are forgotten first, and
@@ -225,8 +225,8 @@ const GUESSERS_MAX: usize = 100_000;
 
 /// Failed token checks (both consoles' sign-in, the admin API's bearer check) counted per
 /// client address by `governor`: an address past its budget is refused before its token is
-/// even looked at, so guessing runs at [`GUESSES_PER_MINUTE`], not thousands a second.
-/// IPv6 addresses count by their /64 (one host's whole range).
+/// even looked at, so guessing runs at a few a minute, not thousands a second. IPv6
+/// addresses count by their /64 (one host's whole range).
 pub struct Guesses {
     failures: governor::DefaultKeyedRateLimiter<std::net::IpAddr>,
     /// Until when an address is refused (set when its budget ran out).
@@ -235,17 +235,22 @@ pub struct Guesses {
 
 impl Default for Guesses {
     fn default() -> Guesses {
+        Guesses::per_minute(GUESSES_PER_MINUTE)
+    }
+}
+
+impl Guesses {
+    /// `n` wrong tokens a minute per address (at least one).
+    pub fn per_minute(n: u32) -> Guesses {
         let quota = governor::Quota::per_minute(
-            std::num::NonZeroU32::new(GUESSES_PER_MINUTE).expect("a positive budget"),
+            std::num::NonZeroU32::MIN.saturating_add(n.saturating_sub(1)),
         );
         Guesses {
             failures: governor::RateLimiter::keyed(quota),
             blocked: Default::default(),
         }
     }
-}
 
-impl Guesses {
     fn key(&self, ip: Option<std::net::IpAddr>) -> std::net::IpAddr {
         use std::net::IpAddr;
         let ip = match ip.map(|i| i.to_canonical()) {
