@@ -323,6 +323,7 @@ async fn work(
         }
         Err(RunError::Fetch(client::Failure::Cancelled)) => {}
         Err(RunError::Fetch(client::Failure::Refused(why))) => {
+            let why = &crate::cause::outsider(why);
             tracing::warn!(collector = %c.name, reason = %why, "the repository refused access: the collector is stopped until an admin resumes it");
             match state::load::<Control>(c.store(), &state::control_key(c.name.as_str())).await {
                 Ok((control, _)) => saved.stopped = Some((why.clone(), control.resumes)),
@@ -336,7 +337,9 @@ async fn work(
             saved.last_error = Some(words);
         }
         Err(err) => {
-            let words = crate::cause::chain(err);
+            // Errors quote the repository: kept and logged at a bounded length.
+            let words =
+                crate::cause::cut(&crate::cause::chain(err), 4 * crate::cause::OUTSIDER_TEXT);
             tracing::warn!(collector = %c.name, error = %words, "collector run failed");
             if what == Work::Run {
                 saved.last_ended = Some(now);

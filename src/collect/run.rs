@@ -7,14 +7,19 @@
 //! completed, taken at that run's start (its `Identify`), saved only when it completes, minus
 //! one granularity step; no `until`. A restart continues the list from the checkpointed
 //! token; a refused token (`badResumptionToken`) starts the window again from the saved
-//! `from`; `noRecordsMatch` is an empty run. A token that repeats, or more than
-//! [`MAX_EMPTY_PAGES`] pages in a row without a record, end the run with the reason.
+//! `from`; `noRecordsMatch` is an empty run. A token that repeats, a page that repeats an
+//! earlier page's records under a new token, more than [`MAX_EMPTY_PAGES`] pages in a row
+//! without a record, a token longer than [`MAX_TOKEN_BYTES`] or more than [`MAX_RUN_PAGES`]
+//! pages end the run with the reason. Tokens and pages are remembered by a 64-bit digest (a
+//! run over a million pages keeps a few megabytes), and a peer's text (tokens, messages,
+//! identifiers) is cut to a few hundred bytes wherever it is kept or logged.
 //!
 //! A page's records are applied before its token is saved: a process killed in between reads
 //! the page again and records nothing twice, because a record whose bytes the set already
 //! holds records nothing.
 
 use std::collections::{HashMap, HashSet};
+use std::hash::BuildHasher as _;
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
@@ -33,6 +38,11 @@ use crate::store::StoreError;
 pub const MAX_EMPTY_PAGES: u32 = 10;
 /// Restarts of the list after refused tokens before a run ends.
 const MAX_RESTARTS: u32 = 3;
+/// The longest resumption token taken: real ones are a few hundred bytes; one past this ends
+/// the run (it would be sent back in every request's URL, and kept in the checkpoint).
+pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
+/// Pages a run reads at most (a repository that pages for ever ends here, with the reason).
+pub const MAX_RUN_PAGES: u64 = 1_000_000;
 /// Stored resources read per store call by the reconcile pass.
 const RECONCILE_PAGE: usize = 1000;
 
@@ -230,7 +240,10 @@ impl Collector {
         saved.run = Some(run.clone());
         self.save(saved).await?;
         let mut report = Report::default();
-        let mut tokens = HashSet::new();
+        // Digests (with this run's own random keys: a peer cannot aim at a collision).
+        let digest = std::collections::hash_map::RandomState::new();
+        let mut tokens: HashSet<u64> = HashSet::new();
+        let mut pages: HashSet<u64> = HashSet::new();
         let mut empty = 0u32;
         loop {
             if cancel.is_cancelled() {
@@ -254,19 +267,24 @@ impl Collector {
                         saved.run = None;
                         self.save(saved).await?;
                         return Err(RunError::Protocol(format!(
-                            "the repository refused its own resumption tokens {MAX_RESTARTS} times ({message}); the next run starts the window again"
+                            "the repository refused its own resumption tokens {MAX_RESTARTS} times ({}); the next run starts the window again",
+                            crate::cause::outsider(&message)
                         )));
                     }
+                    let message = crate::cause::outsider(&message);
                     tracing::warn!(collector = %self.name, %message, "the repository refused the resumption token: starting the window again from the saved from");
                     run.token = None;
                     tokens.clear();
+                    pages.clear();
                     saved.run = Some(run.clone());
                     self.save(saved).await?;
                     continue;
                 }
                 Ok(Err((code, message))) => {
                     return Err(RunError::Protocol(format!(
-                        "ListRecords was answered {code}: {message}"
+                        "ListRecords was answered {}: {}",
+                        crate::cause::outsider(&code),
+                        crate::cause::outsider(&message)
                     )))
                 }
                 Err(e) => {
@@ -275,11 +293,27 @@ impl Collector {
                 }
             };
             let at = now_text();
+            // What this page holds, by digest: the same records again under a new token is
+            // a repository going round in circles.
+            let page_digest =
+                (!page.records.is_empty() || !page.quarantined.is_empty()).then(|| {
+                    digest.hash_one(
+                        page.records
+                            .iter()
+                            .map(|r| (&r.header.identifier, &r.header.datestamp, r.header.deleted))
+                            .collect::<Vec<_>>(),
+                    ) ^ digest.hash_one(
+                        page.quarantined
+                            .iter()
+                            .map(|q| &q.identifier)
+                            .collect::<Vec<_>>(),
+                    )
+                });
             for q in page.quarantined {
                 run.counts.quarantined += 1;
                 run.counts.seen += 1;
-                tracing::warn!(collector = %self.name, identifier = ?q.identifier, reason = %q.reason, "record quarantined");
-                saved.quarantine(q.identifier, q.reason, &at);
+                let entry = saved.quarantine(q.identifier, q.reason, &at);
+                tracing::warn!(collector = %self.name, identifier = ?entry.identifier, reason = %entry.reason, "record quarantined");
             }
             if page.records.is_empty() {
                 empty += 1;
@@ -289,13 +323,28 @@ impl Collector {
             let next = page.token.map(|t| t.value).filter(|v| !v.is_empty());
             let mut ended = None;
             if let Some(t) = &next {
-                if !tokens.insert(t.clone()) {
+                if t.len() > MAX_TOKEN_BYTES {
                     ended = Some(format!(
-                        "the repository sent the resumption token {t:?} twice; the run ends here"
+                        "the repository sent a resumption token of {} bytes (more than {MAX_TOKEN_BYTES}): {}; the run ends here",
+                        t.len(),
+                        crate::cause::cut(t, 80)
                     ));
+                } else if !tokens.insert(digest.hash_one(t)) {
+                    ended = Some(format!(
+                        "the repository sent the resumption token {:?} twice; the run ends here",
+                        crate::cause::outsider(t)
+                    ));
+                } else if page_digest.is_some_and(|d| !pages.insert(d)) {
+                    ended = Some(
+                        "the repository sent the same records again under a new resumption token; the run ends here".into(),
+                    );
                 } else if empty > MAX_EMPTY_PAGES {
                     ended = Some(format!(
                         "{empty} pages in a row came without a record; the run ends here"
+                    ));
+                } else if run.pages + 1 >= MAX_RUN_PAGES {
+                    ended = Some(format!(
+                        "{MAX_RUN_PAGES} pages in one run; the run ends here"
                     ));
                 }
             }
@@ -538,9 +587,11 @@ impl Collector {
         let mut trace = Trace::default();
         let mut listed: HashSet<u128> = HashSet::new();
         let mut token: Option<String> = None;
-        let mut tokens = HashSet::new();
+        let digest = std::collections::hash_map::RandomState::new();
+        let mut tokens: HashSet<u64> = HashSet::new();
         let mut restarts = 0;
         let mut empty = 0;
+        let mut pages = 0u64;
         loop {
             let args: Vec<(&str, &str)> = match &token {
                 Some(t) => vec![("verb", "ListIdentifiers"), ("resumptionToken", t)],
@@ -563,6 +614,7 @@ impl Collector {
                 Ok(p) => p,
                 Err((code, _)) if code == "noRecordsMatch" => break,
                 Err((code, message)) if code == "badResumptionToken" && restarts < MAX_RESTARTS => {
+                    let message = crate::cause::outsider(&message);
                     tracing::warn!(collector = %self.name, %message, "reconcile: the token was refused; listing again from the start");
                     restarts += 1;
                     token = None;
@@ -572,7 +624,9 @@ impl Collector {
                 }
                 Err((code, message)) => {
                     return Err(RunError::Protocol(format!(
-                        "ListIdentifiers was answered {code}: {message}; nothing was marked deleted"
+                        "ListIdentifiers was answered {}: {}; nothing was marked deleted",
+                        crate::cause::outsider(&code),
+                        crate::cause::outsider(&message)
                     )))
                 }
             };
@@ -581,6 +635,7 @@ impl Collector {
             } else {
                 empty = 0;
             }
+            pages += 1;
             for r in page.records.iter().filter(|r| !r.header.deleted) {
                 listed.insert(path_hash(&super::path::record_path(&r.header.identifier)));
             }
@@ -593,9 +648,16 @@ impl Collector {
             }
             match page.token.map(|t| t.value).filter(|v| !v.is_empty()) {
                 None => break,
-                Some(t) if !tokens.insert(t.clone()) => {
+                Some(t) if t.len() > MAX_TOKEN_BYTES || pages >= MAX_RUN_PAGES => {
                     return Err(RunError::Protocol(format!(
-                        "the repository sent the resumption token {t:?} twice; the listing is not complete and nothing was marked deleted"
+                        "the listing went past {MAX_RUN_PAGES} pages or sent a token of {} bytes (at most {MAX_TOKEN_BYTES}); nothing was marked deleted",
+                        t.len()
+                    )))
+                }
+                Some(t) if !tokens.insert(digest.hash_one(&t)) => {
+                    return Err(RunError::Protocol(format!(
+                        "the repository sent the resumption token {:?} twice; the listing is not complete and nothing was marked deleted",
+                        crate::cause::outsider(&t)
                     )))
                 }
                 Some(_) if empty > MAX_EMPTY_PAGES => {

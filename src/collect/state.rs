@@ -111,15 +111,23 @@ pub struct Saved {
 }
 
 impl Saved {
-    pub fn quarantine(&mut self, identifier: Option<String>, reason: String, at: &str) {
+    /// Keeps a quarantined record (its identifier and reason cut to a few hundred bytes: a
+    /// peer's text); returns the entry as kept.
+    pub fn quarantine(
+        &mut self,
+        identifier: Option<String>,
+        reason: String,
+        at: &str,
+    ) -> &QuarantineEntry {
         if self.quarantine.len() >= QUARANTINE_KEPT {
             self.quarantine.pop_front();
         }
         self.quarantine.push_back(QuarantineEntry {
-            identifier,
-            reason,
+            identifier: identifier.map(|i| crate::cause::outsider(&i)),
+            reason: crate::cause::cut(&reason, 2 * crate::cause::OUTSIDER_TEXT),
             at: at.to_string(),
         });
+        self.quarantine.back().expect("just pushed")
     }
 }
 

@@ -57,7 +57,20 @@ impl Hostile {
                         s.lock().unwrap().push(form);
                         return StatusCode::ACCEPTED.into_response();
                     }
-                    let handler = r.lock().unwrap().get(&key).cloned();
+                    // An exact route, else one registered as a prefix (ending in `*`).
+                    let handler = {
+                        let routes = r.lock().unwrap();
+                        routes.get(&key).cloned().or_else(|| {
+                            routes
+                                .iter()
+                                .filter_map(|(k, f)| {
+                                    let p = k.strip_suffix('*')?;
+                                    key.starts_with(p).then_some((p.len(), f))
+                                })
+                                .max_by_key(|(n, _)| *n)
+                                .map(|(_, f)| f.clone())
+                        })
+                    };
                     match handler {
                         Some(f) => f(&headers),
                         None => StatusCode::NOT_FOUND.into_response(),

@@ -617,3 +617,150 @@ async fn a_malformed_record_costs_that_record_and_never_an_oai_page() {
     assert_eq!(f["records"], 4, "{f}");
     app.stop().await;
 }
+
+/// Nothing a repository sends grows the server without bound (the real binary, three
+/// hostile repositories): a fresh 60 KB resumption token on every page with the same records,
+/// a page of 1,000 records with 50 KB identifiers that are all quarantined, and a 3 MB token.
+/// Each run ends with its reason in words; peak memory stays under 100 MB, the log under 1 MB,
+/// the admin API's answer under 1 MB, and every outsider's text in them is cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_repositories_grow_nothing_without_bound() {
+    use axum::response::IntoResponse;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let head = r#"<?xml version="1.0" encoding="UTF-8"?>
+<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><responseDate>2026-11-26T10:00:00Z</responseDate><request verb="ListRecords">http://x/oai</request><ListRecords>"#;
+    let rec = |id: &str, meta: &str| {
+        format!("<record><header><identifier>{id}</identifier><datestamp>2026-11-01T00:00:00Z</datestamp></header><metadata>{meta}</metadata></record>")
+    };
+    let dc = r#"<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" xmlns:dc="http://purl.org/dc/elements/1.1/"><dc:title>t</dc:title></oai_dc:dc>"#;
+    let src = Hostile::start().await;
+    for name in ["fresh", "longids", "bigtoken"] {
+        src.xml(&format!("/{name}/oai?verb=Identify"), identify_xml());
+    }
+    // The same two records on every page, under a fresh 60 KB token each time.
+    let n = std::sync::Arc::new(AtomicUsize::new(0));
+    let fresh = move |_: &axum::http::HeaderMap| {
+        let k = n.fetch_add(1, Ordering::SeqCst);
+        let token = format!("{k:08}{}", "t".repeat(60_000));
+        let body = format!(
+            "{head}{}{}<resumptionToken>{token}</resumptionToken></ListRecords></OAI-PMH>",
+            rec("oai:f:1", dc),
+            rec("oai:f:2", dc)
+        );
+        ([("content-type", "text/xml")], body).into_response()
+    };
+    src.on("/fresh/oai?verb=ListRecords*", fresh);
+    // 1,000 records whose 50 KB identifiers hold a character XML cannot carry.
+    let long: String = (0..1000)
+        .map(|k| rec(&format!("oai:{k:04}:{}\u{1}", "i".repeat(50_000)), dc))
+        .collect();
+    src.xml(
+        "/longids/oai?verb=ListRecords&metadataPrefix=oai_dc",
+        format!("{head}{long}</ListRecords></OAI-PMH>"),
+    );
+    src.xml(
+        "/bigtoken/oai?verb=ListRecords&metadataPrefix=oai_dc",
+        format!(
+            "{head}{}<resumptionToken>{}</resumptionToken></ListRecords></OAI-PMH>",
+            rec("oai:b:1", dc),
+            "x".repeat(3 << 20)
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let mut toml = format!(
+        "[server]\ndata_dir = {:?}\n[admin]\ntoken = \"{ADMIN}\"\n",
+        dir.path().join("data")
+    );
+    for name in ["fresh", "longids", "bigtoken"] {
+        toml.push_str(&format!(
+            "[collect.{name}]\nurl = \"{}\"\nretry_base_ms = 20\nattempts = 1\nmax_response_bytes = 67108864\n",
+            src.url(&format!("/{name}/oai"))
+        ));
+    }
+    let cfg = dir.path().join("rshub.toml");
+    std::fs::write(&cfg, toml).unwrap();
+    let server = ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let list = || async {
+        client
+            .get(server.url("/admin/v1/collect"))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    wait_until("every run to end", || async {
+        serde_json::from_str::<serde_json::Value>(&list().await).unwrap()["collectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["last_ended"].is_string())
+    })
+    .await;
+    let mut answers = list().await;
+    for name in ["fresh", "longids", "bigtoken"] {
+        answers.push_str(
+            &client
+                .get(server.url(&format!("/admin/v1/collect/{name}")))
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap(),
+        );
+    }
+    assert!(
+        answers.len() < 1 << 20,
+        "the admin API answered {} bytes",
+        answers.len()
+    );
+    let v: serde_json::Value = serde_json::from_str(&list().await).unwrap();
+    let outcome = |n: &str| {
+        v["collectors"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["name"] == n)
+            .map(|c| c["last_outcome"].to_string() + &c["last_error"].to_string())
+            .unwrap()
+    };
+    assert!(
+        outcome("fresh").contains("the run ends here"),
+        "{}",
+        outcome("fresh")
+    );
+    assert!(
+        outcome("longids").contains("1000 quarantined"),
+        "{}",
+        outcome("longids")
+    );
+    assert!(
+        outcome("bigtoken").contains("resumption token of 3145728 bytes"),
+        "{}",
+        outcome("bigtoken")
+    );
+    assert!(
+        src.hits("/fresh/oai?verb=ListRecords&metadataPrefix=oai_dc") == 1,
+        "the fresh tokens were not followed for ever"
+    );
+    let peak = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("VmHWM:")
+                .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
+        })
+        .unwrap();
+    let log = server.log();
+    assert!(log.len() < 1 << 20, "{} bytes of log", log.len());
+    assert!(
+        !log.contains(&"i".repeat(1000)),
+        "an identifier is logged whole"
+    );
+    assert!(peak < 100 * 1024, "peak memory {peak} kB");
+}
