@@ -161,6 +161,15 @@ impl Api {
 }
 
 /// A value as a table cell.
+/// A collector's state as a person reads it: "waiting until T" while a `Retry-After` is
+/// waited out.
+fn collector_state(c: &serde_json::Value) -> String {
+    match c["waiting_until"].as_str() {
+        Some(t) => format!("waiting until {t}"),
+        None => cell(&c["state"]),
+    }
+}
+
 fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
@@ -403,7 +412,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 .map(|c| {
                     vec![
                         cell(&c["name"]),
-                        cell(&c["state"]),
+                        collector_state(c),
                         cell(&c["last_ended"]),
                         cell(&c["live"]["next_run"]),
                         cell(&c["totals"]["seen"]),
@@ -438,7 +447,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 ("repository", &c["url"]),
                 ("metadata prefix", &c["metadata_prefix"]),
                 ("OAI set", &c["oai_set"]),
-                ("state", &c["state"]),
+                ("state", &serde_json::Value::String(collector_state(&c))),
                 ("window from", &c["window_from"]),
                 ("last run started", &c["last_started"]),
                 ("last run ended", &c["last_ended"]),

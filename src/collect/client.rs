@@ -46,6 +46,8 @@ pub struct Client {
     http: reqwest::Client,
     base: url::Url,
     cfg: CollectConfig,
+    /// Until when a 503's `Retry-After` is being waited out, while it is.
+    waiting: std::sync::Mutex<Option<crate::model::Timestamp>>,
 }
 
 impl Client {
@@ -73,7 +75,13 @@ impl Client {
             http,
             base,
             cfg: cfg.clone(),
+            waiting: Default::default(),
         })
+    }
+
+    /// Until when the repository's `Retry-After` is being waited out, while it is.
+    pub fn waiting_until(&self) -> Option<crate::model::Timestamp> {
+        *self.waiting.lock().expect("the wait")
     }
 
     /// The URL of a request with these arguments.
@@ -112,10 +120,17 @@ impl Client {
                     let d = d.min(Duration::from_secs(self.cfg.max_retry_after_secs));
                     tracing::info!(%url, secs = d.as_secs_f64(), "the repository is busy (503): waiting as its Retry-After asks");
                     trace.waited_secs += d.as_secs();
-                    tokio::select! {
-                        _ = tokio::time::sleep(d) => continue,
-                        _ = cancel.cancelled() => return Err(Failure::Cancelled),
+                    *self.waiting.lock().expect("the wait") =
+                        Some(crate::model::Timestamp::now().plus_secs(d.as_secs()));
+                    let waited = tokio::select! {
+                        _ = tokio::time::sleep(d) => true,
+                        _ = cancel.cancelled() => false,
+                    };
+                    *self.waiting.lock().expect("the wait") = None;
+                    if waited {
+                        continue;
                     }
+                    return Err(Failure::Cancelled);
                 }
                 Answer::Wait(_) => format!("{url}: busy (503) {MAX_WAITS} times in a row"),
                 Answer::Refused(why) => return Err(Failure::Refused(why)),

@@ -135,6 +135,11 @@ impl Collector {
         })
     }
 
+    /// Until when the repository's `Retry-After` is being waited out, while it is.
+    pub fn waiting_until(&self) -> Option<Timestamp> {
+        self.client.waiting_until()
+    }
+
     pub fn config(&self) -> &CollectConfig {
         &self.cfg
     }

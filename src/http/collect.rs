@@ -32,9 +32,11 @@ pub struct CollectorView {
     /// The OAI set harvested, if not the whole repository.
     pub oai_set: Option<String>,
     pub interval_secs: u64,
-    /// `running`, `idle`, `paused`, `stopped` (a 401/403 until resumed) or `elsewhere`
-    /// (another process holds it).
+    /// `running`, `waiting` (a 503's Retry-After is waited out until `waiting_until`), `idle`,
+    /// `paused`, `stopped` (a 401/403 until resumed) or `elsewhere` (another process holds it).
     pub state: String,
+    /// While `waiting`: until when (RFC 3339).
+    pub waiting_until: Option<String>,
     pub live: Live,
     /// The next run's window start: the `responseDate` at the start of the last complete run.
     pub window_from: Option<String>,
@@ -77,14 +79,25 @@ pub struct CollectAccepted {
     pub message: String,
 }
 
-fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
-    let c = e.collector.config();
+/// A collector's state in one word, and until when it waits out a `Retry-After` (the admin
+/// API, the CLI and the console say the same).
+pub(super) fn state_of(
+    e: &Entry,
+    saved: &Saved,
+    control: &Control,
+) -> (&'static str, Option<String>) {
     let live = e.live();
     let resumed = saved
         .stopped
         .as_ref()
         .is_none_or(|(_, r)| control.resumes > *r);
-    let state = if live.doing.is_some() {
+    let waiting = live
+        .doing
+        .as_ref()
+        .and_then(|_| e.collector.waiting_until());
+    let state = if let Some(until) = waiting {
+        return ("waiting", Some(until.to_string()));
+    } else if live.doing.is_some() {
         "running"
     } else if control.paused {
         "paused"
@@ -95,6 +108,13 @@ fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
     } else {
         "idle"
     };
+    (state, None)
+}
+
+fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
+    let c = e.collector.config();
+    let live = e.live();
+    let (state, waiting_until) = state_of(e, saved, &control);
     CollectorView {
         name: e.collector.name.to_string(),
         url: c.url.clone(),
@@ -102,6 +122,7 @@ fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
         oai_set: c.set.clone(),
         interval_secs: c.interval_secs,
         state: state.into(),
+        waiting_until,
         live,
         window_from: saved.from.clone(),
         run: saved.run.clone(),
@@ -113,7 +134,7 @@ fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
         stopped: saved
             .stopped
             .as_ref()
-            .filter(|_| !resumed)
+            .filter(|(_, r)| control.resumes <= *r)
             .map(|(w, _)| w.clone()),
         last: saved.last,
         totals: saved.totals,

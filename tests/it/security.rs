@@ -764,3 +764,93 @@ async fn hostile_repositories_grow_nothing_without_bound() {
     );
     assert!(peak < 100 * 1024, "peak memory {peak} kB");
 }
+
+/// A repository answering 503 with a long `Retry-After` is waited out, and the collector says
+/// so, with until when, in the admin API, the CLI and the console (it said `running`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_retry_after_shows_as_waiting_until_when() {
+    use axum::response::IntoResponse;
+    let repo = Hostile::start().await;
+    repo.on("/oai?verb=Identify", |_| {
+        (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            [("retry-after", "3600")],
+            "busy",
+        )
+            .into_response()
+    });
+    let (mut c, _dir) = test_config();
+    c.admin.token = ADMIN.into();
+    let cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
+    c.collect.insert("papers".into(), cc);
+    let app = TestApp::start_with(c).await;
+    let status = || async {
+        admin_call(
+            &app,
+            ADMIN,
+            reqwest::Method::GET,
+            "/admin/v1/collect/papers",
+            None,
+        )
+        .await
+        .1
+    };
+    wait_until("the collector waits", || async {
+        status().await["state"] == "waiting"
+    })
+    .await;
+    let v = status().await;
+    let until = v["waiting_until"].as_str().unwrap().to_string();
+    let t = resourcesync_hub::model::Timestamp::parse(&until).expect("an RFC 3339 time");
+    let ahead = t.micros() - resourcesync_hub::model::Timestamp::now().micros();
+    assert!((3_500_000_000..=3_600_000_000).contains(&ahead), "{v:#}");
+    // The CLI says the same.
+    let base = app.url("");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new(ChildServer::BIN)
+            .args([
+                "admin",
+                "--url",
+                base.trim_end_matches('/'),
+                "--token",
+                ADMIN,
+                "collect",
+            ])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("waiting until {until}")), "{text}");
+    // And the console.
+    let browser = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = browser
+        .post(app.url("/console/login"))
+        .form(&[("token", ADMIN)])
+        .send()
+        .await
+        .unwrap();
+    let cookie = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = browser
+        .get(app.url("/console/sets"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains(&format!("waiting until {until}")), "{page}");
+    app.stop().await;
+}

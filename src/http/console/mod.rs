@@ -889,7 +889,12 @@ async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response
         let c = e.collector.config();
         let (state, last) = match e.collector.status().await {
             Ok((saved, control)) => (
-                if control.paused { "paused" } else { "running" }.to_string(),
+                match super::collect::state_of(e, &saved, &control) {
+                    (_, Some(until)) => {
+                        format!("waiting until {until} (the repository's Retry-After)")
+                    }
+                    (state, None) => state.to_string(),
+                },
                 saved
                     .last_outcome
                     .map(|o| format!("{}: {o}", saved.last_ended.unwrap_or_default()))
