@@ -124,28 +124,54 @@ async fn serve(
             );
         }
     }
-    tasks.spawn(workers::rollover::run(source.clone(), cancel.clone()));
+    // Each loop of the server under a supervisor: one that ends unexpectedly is logged,
+    // counted and started again, never lost while the process lives on.
+    let restarted = hub.metrics().workers_restarted.clone();
+    let supervise = |name, make| workers::supervise(name, restarted.clone(), cancel.clone(), make);
+    tasks.spawn(supervise("rollover", {
+        let (s, c) = (source.clone(), cancel.clone());
+        move || workers::rollover::run(s.clone(), c.clone())
+    }));
     tasks.spawn(workers::memory::run(Duration::from_secs(5), cancel.clone()));
     let notifier = config
         .notify
         .enabled
         .then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
     if let Some(n) = &notifier {
-        tasks.spawn(n.clone().run(cancel.clone()));
+        let (n, c) = (n.clone(), cancel.clone());
+        tasks.spawn(workers::supervise(
+            "notifier",
+            restarted.clone(),
+            cancel.clone(),
+            move || n.clone().run(c.clone()),
+        ));
     }
     // External writers' documents are adopted by a worker of their own (only a shared store
     // has external writers), which hands what it adopted to the notifier.
     if store_is_shared {
-        let poke = notifier.clone();
-        tasks.spawn(workers::adopt::run(
+        let (poke, s, h, c) = (
+            notifier.clone(),
             source.clone(),
             hub.clone(),
-            move |n| {
-                if let Some(p) = &poke {
-                    p.poke(n)
-                }
-            },
             cancel.clone(),
+        );
+        tasks.spawn(workers::supervise(
+            "adoption",
+            restarted.clone(),
+            cancel.clone(),
+            move || {
+                let poke = poke.clone();
+                workers::adopt::run(
+                    s.clone(),
+                    h.clone(),
+                    move |n| {
+                        if let Some(p) = &poke {
+                            p.poke(n)
+                        }
+                    },
+                    c.clone(),
+                )
+            },
         ));
     }
 
@@ -160,7 +186,7 @@ async fn serve(
         }),
         hub.owner().to_string(),
     )?;
-    collectors.spawn(tasks, cancel.clone());
+    collectors.spawn(tasks, cancel.clone(), restarted.clone());
 
     if config.admin.token.is_empty() {
         tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");
@@ -180,7 +206,13 @@ async fn serve(
     if let Some(d) = &dumps {
         // What earlier runs built is offered before the first request.
         d.restore().await;
-        tasks.spawn(d.clone().run(cancel.clone()));
+        let (d, c) = (d.clone(), cancel.clone());
+        tasks.spawn(workers::supervise(
+            "dumps",
+            restarted.clone(),
+            cancel.clone(),
+            move || d.clone().run(c.clone()),
+        ));
     }
     let open_connections = hub.metrics().open_connections.clone();
     let oai = config

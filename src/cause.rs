@@ -19,6 +19,24 @@ pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
     out
 }
 
+/// The words of a panic's payload.
+pub fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".into())
+}
+
+/// `fut`'s output, or the words of the panic that ended it (for the supervisors that restart
+/// a delivery lane or a worker instead of losing it silently).
+pub async fn caught<T>(fut: impl std::future::Future<Output = T>) -> Result<T, String> {
+    use futures_util::FutureExt as _;
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .await
+        .map_err(|p| panic_text(&*p))
+}
+
 /// An outsider's text (an identifier, a token, a URL, a reason a peer gave) as state, logs and
 /// answers keep it: at most `max` bytes (cut at a character), then how long it was in all.
 pub fn cut(s: &str, max: usize) -> String {

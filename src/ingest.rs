@@ -240,6 +240,23 @@ pub async fn ingest(
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// Any ingest body is read or refused line by line in words, in both framings.
+        #[test]
+        fn any_body_is_read_or_refused_in_words(body in crate::fuzz::peer_input(&[
+            "{\"change\":\"created\",\"location\":{\"type\":\"rel_path\",\"value\":\"a/b.xml\"},\"md5\":\"0cc175b9c0f1b6a831c399e269772661\",\"length\":1,\"datetime\":\"2026-01-01T00:00:00Z\"}\n{\"change\":\"deleted\",\"location\":{\"type\":\"url\",\"value\":\"http://h/x\"}}\n",
+            "[{\"change\":\"updated\",\"location\":{\"type\":\"rel_path\",\"value\":\"c\"},\"mime\":\"text/xml\",\"ln\":[{\"rel\":\"describedby\",\"href\":\"http://h/m\"}]}]",
+        ])) {
+            for framing in [Framing::Json, Framing::Ndjson] {
+                match parse_body(&body, framing) {
+                    Ok(events) => proptest::prop_assert!(events.len() <= body.len()),
+                    Err(e) => proptest::prop_assert!(!e.to_string().is_empty()),
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_bad_line_is_numbered() {
         let body = b"{\"change\":\"created\",\"location\":{\"type\":\"rel_path\",\"value\":\"a\"}}\n\n{oops\n{\"change\":\"gone\",\"location\":{\"type\":\"rel_path\",\"value\":\"a\"}}\n";

@@ -8,7 +8,8 @@
 //! 1. [`digest`] (hex digests), [`cause`] (an error and its causes in words), [`metrics`],
 //!    [`admin_cli`] (talks to the admin API over HTTP), [`conn`] (accepted connections: no
 //!    delay, let go when nothing moves, at most `server.max_connections` open), [`ui`] (what
-//!    the two consoles share: page frame, assets, security headers, session cookies);
+//!    the two consoles share: page frame, assets, security headers, session cookies, the
+//!    guessing throttle), `fuzz` (test builds only: inputs for the parsers' property tests);
 //! 2. [`model`]; 3. [`config`]; 4. [`store`], [`sitemap`]; 5. [`source`], [`hub`], [`package`];
 //! 6. [`notify`], [`ingest`], [`import`], [`workers`], [`destination`]; 7. [`error`], [`demo`],
 //!    [`dump`], [`collect`], [`oaipmh`]; 8. [`http`]; 9. [`app`].
@@ -64,6 +65,8 @@ pub mod destination;
 pub mod digest;
 pub mod dump;
 pub mod error;
+#[cfg(test)]
+pub mod fuzz;
 pub mod http;
 pub mod hub;
 pub mod import;

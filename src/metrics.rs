@@ -85,6 +85,9 @@ pub struct Metrics {
     pub accel_fallbacks: Counter,
     /// Delivery lanes that ended unexpectedly (a panic) and were started again.
     pub lanes_restarted: Counter,
+    /// Workers (rollover, notifier, adoption, dumps, collectors) that ended unexpectedly and
+    /// were started again.
+    pub workers_restarted: Counter,
     /// Bytes held by the page cache, per tier (both forms of every page).
     pub page_cache_bytes: Family<TierLabel, Gauge>,
     /// Requests answered from the page cache, per tier.
@@ -159,6 +162,12 @@ impl Default for Metrics {
             "lanes_restarted",
             "Delivery lanes that ended unexpectedly and were started again (the admin API's subscription says why)",
             lanes_restarted.clone(),
+        );
+        let workers_restarted = Counter::default();
+        registry.register(
+            "workers_restarted",
+            "Workers that ended unexpectedly and were started again (the log says which and why)",
+            workers_restarted.clone(),
         );
         let build_queue = Gauge::default();
         registry.register(
@@ -254,6 +263,7 @@ impl Default for Metrics {
             build_queue,
             accel_fallbacks,
             lanes_restarted,
+            workers_restarted,
             page_cache_bytes,
             page_cache_hits,
             poller_lag_seconds,

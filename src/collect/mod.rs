@@ -179,10 +179,22 @@ impl Collectors {
         Ok(c)
     }
 
-    /// Starts one loop per collector on `tasks`.
-    pub fn spawn(&self, tasks: &TaskTracker, cancel: CancellationToken) {
+    /// Starts one loop per collector on `tasks`, each under a supervisor (`restarted` counts
+    /// the loops that ended unexpectedly and were started again).
+    pub fn spawn(
+        &self,
+        tasks: &TaskTracker,
+        cancel: CancellationToken,
+        restarted: prometheus_client::metrics::counter::Counter,
+    ) {
         for e in self.entries.iter() {
-            tasks.spawn(drive(e.clone(), self.clone(), cancel.clone()));
+            let (e, all, c) = (e.clone(), self.clone(), cancel.clone());
+            tasks.spawn(crate::workers::supervise(
+                "collector",
+                restarted.clone(),
+                cancel.clone(),
+                move || drive(e.clone(), all.clone(), c.clone()),
+            ));
         }
     }
 

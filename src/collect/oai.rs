@@ -240,6 +240,8 @@ pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
     let text = text.as_ref();
     // Where records were cut out: bad bytes there cost their record only.
     let mut spans: Vec<std::ops::Range<usize>> = Vec::new();
+    // Bytes of the records' standalone metadata: at most about twice the page.
+    let mut produced = 0usize;
     let mut r = Reader::from_str(text);
     // Records are cut out by name; a malformed one is found out on its own.
     r.config_mut().check_end_names = false;
@@ -295,7 +297,16 @@ pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
                             continue;
                         }
                         match record(slice, &inherited, name == b"header") {
-                            Ok(rec) => page.records.push(rec),
+                            Ok(rec) => {
+                                produced += rec.metadata.as_ref().map_or(0, String::len);
+                                if produced > 2 * xml.len() + 65_536 {
+                                    return Err(not_oai(format!(
+                                        "its records would take over {produced} bytes once standalone, more than twice its own {} (namespace declarations copied into every record)",
+                                        xml.len()
+                                    )));
+                                }
+                                page.records.push(rec)
+                            }
                             Err(q) => page.quarantined.push(q),
                         }
                         continue;
@@ -467,7 +478,7 @@ fn record(
     }
     if !header.deleted && !header_only && metadata.is_none() {
         return Err(quarantine(
-            Some(header.identifier),
+            Some(crate::cause::outsider(&header.identifier)),
             "it has no metadata".into(),
         ));
     }
@@ -478,14 +489,28 @@ fn record(
 }
 
 /// The metadata element `raw` (whose start tag is `start`) as a standalone document: the
-/// declarations in `scope` it does not make itself are added to its start tag.
+/// declarations in `scope` it does not make itself are added to its start tag, the default
+/// namespace and each prefix its text names (`p:`, in a name or in a QName-valued attribute
+/// such as `xsi:type`); a prefix it never names is left out, so that a page whose envelope
+/// declares many namespaces does not copy them into every record.
 fn standalone(raw: &str, start: &BytesStart, scope: &[(Vec<u8>, Vec<u8>)]) -> String {
     let own: Vec<Vec<u8>> = declarations(start).into_iter().map(|(k, _)| k).collect();
     let mut added = String::new();
     let mut seen: Vec<&[u8]> = Vec::new();
+    let names = |k: &[u8]| match k.strip_prefix(b"xmlns:") {
+        None => true,
+        Some(p) => {
+            let p = String::from_utf8_lossy(p);
+            raw.match_indices(&*p).any(|(i, _)| {
+                raw[i + p.len()..].starts_with(':')
+                    && !raw[..i]
+                        .ends_with(|c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            })
+        }
+    };
     // Innermost declarations win: walk the scope from the end.
     for (k, v) in scope.iter().rev() {
-        if own.contains(k) || seen.contains(&k.as_slice()) {
+        if own.contains(k) || seen.contains(&k.as_slice()) || !names(k) {
             continue;
         }
         seen.push(k);
@@ -507,6 +532,60 @@ fn standalone(raw: &str, start: &BytesStart, scope: &[(Vec<u8>, Vec<u8>)]) -> St
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// Any answer a repository sends is read or refused in words: no panic; what is read
+        /// is well-formed and at most about twice the page; what is quarantined is named
+        /// briefly.
+        #[test]
+        fn any_answer_is_read_or_refused_in_words(xml in crate::fuzz::peer_input(&[
+            &format!("{HEAD}{}{}<resumptionToken cursor=\"0\">t1</resumptionToken>{TAIL}", rec("oai:x:1", DC), rec("oai:x:2", "<m:r xmlns:m=\"urn:m\"><m:c/></m:r>")),
+            "<?xml version=\"1.0\"?><OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\"><responseDate>2026-01-01T00:00:00Z</responseDate><request>h</request><Identify><repositoryName>r</repositoryName><baseURL>http://h/oai</baseURL><protocolVersion>2.0</protocolVersion><adminEmail>a@h</adminEmail><earliestDatestamp>2001-01-01</earliestDatestamp><deletedRecord>no</deletedRecord><granularity>YYYY-MM-DD</granularity></Identify></OAI-PMH>",
+            "<OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\"><responseDate>2026-01-01T00:00:00Z</responseDate><error code=\"badArgument\">no</error></OAI-PMH>",
+        ])) {
+            match parse_list(&xml) {
+                Ok(p) => {
+                    let out: usize = p.records.iter().map(|r| r.metadata.as_ref().map_or(0, String::len)).sum();
+                    proptest::prop_assert!(out <= 2 * xml.len() + 65_536);
+                    for m in p.records.iter().filter_map(|r| r.metadata.as_deref()) {
+                        let body = m.split_once('\n').map_or(m, |(_, b)| b);
+                        proptest::prop_assert!(crate::sitemap::element::check_element(body).is_ok(), "{}", m);
+                    }
+                    for q in &p.quarantined {
+                        proptest::prop_assert!(!q.reason.is_empty());
+                        proptest::prop_assert!(q.identifier.as_ref().map_or(0, String::len) < 400);
+                    }
+                }
+                Err(e) => proptest::prop_assert!(!e.to_string().is_empty()),
+            }
+            let _ = parse_identify(&xml);
+        }
+    }
+
+    /// An envelope declaring many namespaces costs its records nothing they do not name (it
+    /// copied every declaration into every record: a page could grow a hundredfold).
+    #[test]
+    fn only_the_namespaces_a_record_names_are_copied_into_it() {
+        let decls: String = (0..200)
+            .map(|i| format!(" xmlns:n{i}=\"urn:{}\"", "u".repeat(50)))
+            .collect();
+        let head = HEAD.replacen("<OAI-PMH ", &format!("<OAI-PMH{decls} "), 1);
+        let recs: String = (0..100)
+            .map(|i| rec(&format!("oai:x:{i}"), "<n7:r><n7:c/></n7:r>"))
+            .collect();
+        let xml = format!("{head}{recs}{TAIL}");
+        let p = parse_list(xml.as_bytes()).unwrap();
+        assert_eq!(p.records.len(), 100);
+        let m = p.records[0].metadata.as_deref().unwrap();
+        assert!(m.contains("xmlns:n7=") && !m.contains("xmlns:n8="), "{m}");
+        let out: usize = p
+            .records
+            .iter()
+            .map(|r| r.metadata.as_ref().map_or(0, String::len))
+            .sum();
+        assert!(out < xml.len(), "{out} bytes from a page of {}", xml.len());
+    }
 
     const HEAD: &str = r#"<?xml version="1.0" encoding="UTF-8"?>
 <OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/" xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance">

@@ -566,23 +566,6 @@ impl LaneState {
 
 /// Drives a lane: does what [`LaneState::next`] says until the handle is dropped, the hub
 /// stops or the partition is lost.
-/// The text of a panic's payload.
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    p.downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| p.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "a panic without a message".into())
-}
-
-/// `fut`'s output, or the text of the panic that ended it.
-async fn caught<T>(fut: impl std::future::Future<Output = T>) -> Result<T, String> {
-    use futures_util::FutureExt as _;
-    std::panic::AssertUnwindSafe(fut)
-        .catch_unwind()
-        .await
-        .map_err(|p| panic_text(&*p))
-}
-
 /// How long a lane that ended unexpectedly waits before it starts again (its `n`th restart).
 fn restart_wait(n: u32) -> Duration {
     Duration::from_secs(1u64 << n.min(6))
@@ -603,7 +586,7 @@ async fn supervised(
     let id = sub.id;
     let mut restarts = 0;
     loop {
-        let Err(reason) = caught(run_lane(
+        let Err(reason) = crate::cause::caught(run_lane(
             hub.clone(),
             sub,
             &mut rx,
@@ -1206,6 +1189,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panic_is_caught_with_its_words_and_restarts_slow_down() {
+        use crate::cause::caught;
         assert_eq!(caught(async { 7 }).await, Ok(7));
         let n = 18446744073709551615u64;
         let e = caught(async move {

@@ -185,6 +185,21 @@ pub fn link_targets<'a>(values: impl IntoIterator<Item = &'a str>, rel: &str) ->
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// Any form a client posts to the hub is a request or a refusal in words.
+        #[test]
+        fn any_form_is_a_request_or_refused_in_words(body in crate::fuzz::peer_input(&[
+            "hub.mode=subscribe&hub.topic=http%3A%2F%2Fh%2Ft&hub.callback=http%3A%2F%2Fc%2Fcb&hub.lease_seconds=3600&hub.secret=s3cret",
+            "hub.mode=publish&hub.url=http%3A%2F%2Fh%2Ft",
+            "hub.mode=unsubscribe&hub.topic=http://h/t&hub.callback=http://c/cb&hub.verify=sync",
+        ])) {
+            if let Err(e) = parse_form(&body) {
+                proptest::prop_assert!(!e.to_string().is_empty());
+            }
+        }
+    }
+
     fn form(s: &str) -> Result<HubRequest, HubError> {
         parse_form(s.as_bytes())
     }

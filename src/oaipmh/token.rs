@@ -71,6 +71,16 @@ impl Position {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// A forged or mangled token opens nothing (and never panics).
+        #[test]
+        fn a_mangled_token_opens_nothing(t in crate::fuzz::peer_input(&["eyJ2IjoiTGlzdFJlY29yZHMifQ.c2lnbmF0dXJl"])) {
+            let t = String::from_utf8_lossy(&t);
+            proptest::prop_assert!(Position::open(&[7; 32], &t).is_none());
+        }
+    }
+
     #[test]
     fn a_token_opens_only_untouched_and_with_its_key() {
         let p = Position {

@@ -404,6 +404,28 @@ mod tests {
     use super::{embeddable, error, escape};
     use crate::oaipmh::parse_request;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// Any query a harvester sends gets a request or an error whose answer is XML.
+        #[test]
+        fn any_query_is_a_request_or_an_xml_error(q in crate::fuzz::peer_input(&[
+            "verb=ListRecords&metadataPrefix=oai_dc&from=2026-01-01&until=2026-02-01T00:00:00Z&set=papers",
+            "verb=GetRecord&identifier=oai%3Ax%3A1&metadataPrefix=oai_dc",
+            "verb=ListIdentifiers&resumptionToken=abc.def",
+        ])) {
+            let pairs: Vec<(String, String)> = url::form_urlencoded::parse(&q).into_owned().collect();
+            if let Err(e) = parse_request(&pairs) {
+                let doc = error("http://h/oai", None, &e);
+                proptest::prop_assert!(doc.chars().all(super::xml_char));
+                proptest::prop_assert!(crate::sitemap::element::check_element(doc.split_once('\n').unwrap().1).is_ok(), "{}", doc);
+            }
+            // Anything stored as a record is embedded only when it is one element.
+            if let Ok(t) = embeddable(&q) {
+                proptest::prop_assert!(crate::sitemap::element::check_element(t).is_ok());
+            }
+        }
+    }
+
     #[test]
     fn nothing_xml_cannot_carry_is_written() {
         assert_eq!(

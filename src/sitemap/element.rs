@@ -245,6 +245,21 @@ fn is_qname(s: &str) -> bool {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// Any text is judged (never a panic), and what passes has one root element.
+        #[test]
+        fn any_text_is_judged(x in crate::fuzz::peer_input(&[
+            r#"<a xmlns="urn:x" xmlns:p="urn:p" p:k="v"><p:b>t &amp; u</p:b><!-- c --><?pi x?><![CDATA[<]]></a>"#,
+        ])) {
+            let x = String::from_utf8_lossy(&x);
+            let _ = bad_character(&x);
+            if check_element(&x).is_ok() {
+                proptest::prop_assert!(x.trim_start().starts_with('<'));
+            }
+        }
+    }
+
     #[test]
     fn well_formed_as_a_namespace_aware_parser_reads_it() {
         let ok = [

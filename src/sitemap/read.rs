@@ -325,6 +325,28 @@ fn attrs(e: &BytesStart) -> Result<BTreeMap<String, String>, ReadError> {
 mod tests {
     use super::*;
 
+    proptest::proptest! {
+        #![proptest_config(crate::fuzz::config())]
+        /// Any document a peer sends (a Resource or Change List, an index, a notification's
+        /// payload) is read or refused in words: no panic, entries no larger than it.
+        #[test]
+        fn any_document_is_read_or_refused_in_words(xml in crate::fuzz::peer_input(&[
+            r#"<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:ln rel="up" href="http://h/cap.xml"/><rs:md capability="changelist" from="2024-01-01T00:00:00Z"/><url><loc>http://h/a</loc><lastmod>2024-01-01T00:00:00Z</lastmod><rs:md change="updated" datetime="2024-01-01T00:00:00Z" hash="md5:1B2M2Y8AsgTpgAmY7PhCfg==" length="0" type="text/plain"/><rs:ln rel="describedby" href="http://h/m"/></url></urlset>"#,
+            r#"<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/"><rs:md capability="resourcelist" at="2024-01-01T00:00:00Z"/><sitemap><loc>http://h/rl/1.xml</loc></sitemap></sitemapindex>"#,
+        ])) {
+            match parse(&xml) {
+                Ok(doc) => {
+                    let out: usize = doc.entries.iter().map(|e| e.loc.len()).sum();
+                    proptest::prop_assert!(out <= xml.len());
+                }
+                Err(e) => proptest::prop_assert!(!e.to_string().is_empty()),
+            }
+            if let Ok(mut r) = EntryReader::new(&xml[..]) {
+                while let Some(Ok(_)) = r.next_entry().transpose() {}
+            }
+        }
+    }
+
     #[test]
     fn reads_by_namespace_whatever_the_prefix() {
         let xml = br#"<?xml version="1.0"?>

@@ -6,7 +6,15 @@ use std::path::Path;
 
 /// Floors, lowest first. A module may use the modules of the floors below its own.
 const FLOORS: &[&[&str]] = &[
-    &["digest", "cause", "metrics", "admin_cli", "conn", "ui"],
+    &[
+        "digest",
+        "cause",
+        "metrics",
+        "admin_cli",
+        "conn",
+        "ui",
+        "fuzz",
+    ],
     &["model"],
     &["config"],
     &["store", "sitemap"],
