@@ -3,13 +3,15 @@
 //!
 //! An entry is the `<record>`s of one page that starts at a position of one set's change log
 //! (its key) and ends at another (`next_after`), as they were for one bound (the moment the
-//! list was first asked for). Only a stretch of the log that had settled when it was made is
-//! kept (its last change dated more than the store's visibility lag before the bound): no
-//! change dated on arrival lands in it afterwards, so the page only changes when one of its
-//! resources does, which moves that resource's newest change out of the stretch. It is still
-//! the page for a later bound while each of its resources' newest change is the one it holds
-//! (kept in the file with its key); a page found stale is made again over the same stretch,
-//! so the pages after it keep their keys.
+//! list was first asked for), with what the store had recorded when it was read (its mark,
+//! [`crate::store::SetStore::recorded_through`]). It is still the page for a later bound while
+//! no change recorded since is dated at or before its stretch's end (the rules let a writer
+//! date a change into a stretch already kept: the store's record says so, the clock cannot)
+//! and each of its resources' newest change is the one it holds (kept in the file with its
+//! key); a page found stale is made again over the same stretch, so the pages after it keep
+//! their keys. Only stretches that had settled are kept (their last change dated more than the
+//! store's visibility lag before the bound), so that pages are not made twice while writers
+//! catch up.
 //!
 //! File: the records, then the items' `[key, datetime, id]` as a JSON array, then that array's
 //! length (8 bytes, little endian). Written under a temporary name and renamed into place; files are unlinked when their
@@ -35,6 +37,10 @@ pub struct Entry {
     pub bound: std::sync::atomic::AtomicI64,
     /// The last position of the log the page covers (the next page's key).
     pub next_after: (i64, i64),
+    /// What the store had recorded before the page was read
+    /// ([`crate::store::SetStore::recorded_through`]): a change recorded later that is dated
+    /// at or before `next_after` lands in the page's stretch, whatever the clock said.
+    pub mark: i64,
     /// The page ended with its set's log (new changes land in it).
     pub exhausted: bool,
     /// Items it counts for the cursor (headers and records, left-out records included).
@@ -47,6 +53,8 @@ pub struct Fill {
     pub key: String,
     pub bound: i64,
     pub next_after: (i64, i64),
+    /// See [`Entry::mark`].
+    pub mark: i64,
     pub exhausted: bool,
     pub items: usize,
     /// Its items' resource keys and positions (datetime µs, id).
@@ -159,6 +167,7 @@ impl ListCache {
             file_len,
             bound: fill.bound.into(),
             next_after: fill.next_after,
+            mark: fill.mark,
             exhausted: fill.exhausted,
             items: fill.items,
         });
@@ -242,6 +251,7 @@ mod tests {
             key: key.into(),
             bound: 7,
             next_after: (5, 6),
+            mark: 3,
             exhausted: false,
             items: n,
             keys: (0..n)

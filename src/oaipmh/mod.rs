@@ -525,6 +525,8 @@ impl Repository {
             .as_ref()
             .filter(|_| req.verb == Verb::ListRecords);
         let mut start_key: Option<String> = None;
+        // What the store had recorded before the page's set was read (kept with the page).
+        let mut mark: Option<i64> = None;
         let mut item_keys: Vec<(String, i64, i64)> = Vec::new();
         let mut end: Option<(bool, Option<(i64, i64)>)> = None;
         let mut crossed = false;
@@ -586,6 +588,7 @@ impl Repository {
                         stop_at = Some(e.next_after);
                     }
                 }
+                mark = store.recorded_through(&s.name).await?;
                 start_key = Some(page_key);
             }
             loop {
@@ -677,8 +680,8 @@ impl Repository {
         }
         // Kept when the stretch it covers had settled (see [`cache`]).
         let settled = pos.bound - self.visibility_lag();
-        let fill = match (lists, start_key, end) {
-            (Some(lists), Some(page_key), Some((exhausted, Some(next_after))))
+        let fill = match (lists, start_key, end, mark) {
+            (Some(lists), Some(page_key), Some((exhausted, Some(next_after))), Some(mark))
                 if !crossed && !items.is_empty() && next_after.0 < settled =>
             {
                 Some((
@@ -687,6 +690,7 @@ impl Repository {
                         key: page_key,
                         bound: pos.bound,
                         next_after,
+                        mark,
                         exhausted,
                         items: items.len(),
                         keys: item_keys,
@@ -717,26 +721,28 @@ impl Repository {
         bound: i64,
     ) -> Result<Option<std::fs::File>, StoreError> {
         let store = self.source.store();
-        // A change seen now that the page's maker may not have seen: dated from the
-        // visibility lag before the earlier bound, before the later one.
         let made = e.bound();
-        let lo = made.min(bound) - self.visibility_lag();
-        let since = store
-            .changes(
-                set,
-                Timestamp(lo),
-                Some(Timestamp(made.max(bound))),
-                None,
-                1,
-            )
+        if bound < made {
+            // A list older than the page: it must not hold a change dated in between.
+            let between = store
+                .changes(set, Timestamp(bound), Some(Timestamp(made)), None, 1)
+                .await?;
+            if !between.items.is_empty() {
+                return Ok(None);
+            }
+        }
+        // What the store recorded since the page was read, dated before either bound (never
+        // the clock: the rules let a writer date a change back into the page's stretch).
+        let recorded = store
+            .earliest_recorded_after(set, e.mark, Timestamp(made.max(bound)))
             .await?;
-        if !since.items.is_empty() && bound < made {
-            // A list older than the page: it may hold what the page's resources were.
+        if recorded.is_some_and(|dt| dt.0 <= e.next_after.0) {
+            // Dated into (or before) the stretch the page covers: it is made again.
             return Ok(None);
         }
-        // Changes since: each of the page's resources must still have the newest change it
-        // holds (its keys are read from the file opened to send it).
-        let check = !since.items.is_empty();
+        // Changes since, after the stretch: each of the page's resources must still have the
+        // newest change it holds (its keys are read from the file opened to send it).
+        let check = recorded.is_some();
         let page = e.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let mut f = page.open()?;

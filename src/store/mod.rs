@@ -428,6 +428,24 @@ pub trait SetStore: Send + Sync {
     /// A set's newest recorded change.
     async fn latest_change(&self, set: &SetName) -> Result<Option<Change>, StoreError>;
 
+    /// A mark of what the store has recorded for a set, every change up to it visible to reads
+    /// now: every change recorded later (whatever its `datetime` says) is found by
+    /// [`SetStore::earliest_recorded_after`] from it. What a structure made from the log notes
+    /// before it reads, to know later, without trusting a clock, whether a write landed in what
+    /// it covers. `None` when the store cannot vouch for that now (a search not yet refreshed):
+    /// then nothing made now may be kept.
+    async fn recorded_through(&self, set: &SetName) -> Result<Option<i64>, StoreError>;
+
+    /// The earliest `datetime` among the set's changes recorded after `mark` and dated before
+    /// `until`: `None` when none was; when the store cannot yet tell them all (a search not
+    /// yet refreshed), `Some(Timestamp(i64::MIN))` (assume the worst).
+    async fn earliest_recorded_after(
+        &self,
+        set: &SetName,
+        mark: i64,
+        until: Timestamp,
+    ) -> Result<Option<Timestamp>, StoreError>;
+
     /// Cheap liveness probe for `/readyz`.
     async fn ping(&self) -> Result<(), StoreError>;
 

@@ -567,3 +567,65 @@ async fn kept_list_pages_are_sent_again_only_while_their_records_are_unchanged()
     assert!(!unique.contains(&id(2_000)), "created after the walk began");
     app.stop().await;
 }
+
+/// A kept `ListRecords` page goes stale when a writer dates a change into the stretch it
+/// covers (the rules accept it: after the set's last notification, inside the open Change
+/// List), however late it is recorded: 1,200 records walked twice (pages kept), then `r/5`
+/// updated and `r/5000` created dated just after the first batch's newest change. The next
+/// walk has 1,201 records, `r/5` once and as it is now (it listed 1,202, `r/5` twice, one
+/// of them with its old title).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_dated_into_a_kept_page_is_listed_once_and_as_it_is() {
+    let (mut c, dir) = crate::support::test_config();
+    let root = dir.path().join("root");
+    oai_set_config(&mut c, &root);
+    c.notify.enabled = false;
+    let app = TestApp::start_with(c).await;
+    let lines: Vec<String> = (0..1_200)
+        .map(|k| record_line(&root, "created", k, 1))
+        .collect();
+    app.ingest_ok("papers", &lines.join("\n")).await;
+    let store = resourcesync_hub::app::open_store(&app.config)
+        .await
+        .unwrap();
+    let set = resourcesync_hub::model::SetName::parse("papers").unwrap();
+    let newest = store.latest_change(&set).await.unwrap().unwrap().datetime;
+    let start = "verb=ListRecords&metadataPrefix=oai_dc";
+    let first = walk_from(&app, start).await;
+    assert_eq!(first.len(), 1_200);
+    assert_eq!(walk_from(&app, start).await, first);
+    let before = kept(&app).await;
+    assert_eq!(walk_from(&app, start).await, first);
+    assert!(kept(&app).await - before >= 10, "the pages are kept");
+
+    let dated = |line: String, micros: i64| {
+        format!(
+            "{},\"datetime\":\"{}\"}}",
+            line.trim_end_matches('}'),
+            resourcesync_hub::model::Timestamp(newest.0 + micros)
+        )
+    };
+    let changes = [
+        dated(record_line(&root, "updated", 5, 2), 1),
+        dated(record_line(&root, "created", 5_000, 1), 2),
+    ];
+    app.ingest_ok("papers", &changes.join("\n")).await;
+    let now = walk_from(&app, start).await;
+    let prefix = app.config.set_config("papers").url_prefix;
+    let r5 = format!("{prefix}r/5.xml");
+    let fives: Vec<&Option<String>> = now
+        .iter()
+        .filter(|(i, _, _)| *i == r5)
+        .map(|(_, _, m)| m)
+        .collect();
+    assert_eq!(fives.len(), 1, "r/5 listed {} times", fives.len());
+    assert!(
+        fives[0].as_deref().unwrap().contains("Paper 5 v2<"),
+        "{:?}",
+        fives[0]
+    );
+    let unique: std::collections::BTreeSet<&String> = now.iter().map(|(i, _, _)| i).collect();
+    assert_eq!((now.len(), unique.len()), (1_201, 1_201));
+    assert!(unique.contains(&format!("{prefix}r/5000.xml")));
+    app.stop().await;
+}

@@ -259,6 +259,71 @@ pub async fn contract_suite(store: Store) {
     ));
 }
 
+/// What the store has recorded, told apart from what the changes' datetimes say: a change
+/// dated back into a stretch already read is found by its record, however it is dated.
+async fn recorded_contract(store: &Store) {
+    let set = SetName::parse("recorded").unwrap();
+    let t = Timestamp::now();
+    let batch = (0..3)
+        .map(|i| {
+            change(
+                ChangeType::Created,
+                &format!("http://x/r{i}"),
+                i,
+                Some(Timestamp(t.0 + i as i64)),
+            )
+        })
+        .collect();
+    store.apply(&set, batch, policy(50), t).await.unwrap();
+    let mark = loop {
+        // Elasticsearch vouches for a mark once search sees every change up to it.
+        if let Some(m) = store.recorded_through(&set).await.unwrap() {
+            break m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let far = Timestamp(t.0 + 60_000_000);
+    assert_eq!(
+        store
+            .earliest_recorded_after(&set, mark, far)
+            .await
+            .unwrap(),
+        None
+    );
+    // Dated between the first two, recorded after the mark.
+    let back = vec![change(
+        ChangeType::Updated,
+        "http://x/r0",
+        9,
+        Some(Timestamp(t.0 + 1)),
+    )];
+    store
+        .apply(&set, back, policy(50), Timestamp::now())
+        .await
+        .unwrap();
+    let found = loop {
+        match store
+            .earliest_recorded_after(&set, mark, far)
+            .await
+            .unwrap()
+        {
+            Some(d) if d.0 == i64::MIN => {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await
+            }
+            other => break other,
+        }
+    };
+    assert_eq!(found, Some(Timestamp(t.0 + 1)));
+    // Not before `until`.
+    assert_eq!(
+        store
+            .earliest_recorded_after(&set, mark, Timestamp(t.0 + 1))
+            .await
+            .unwrap(),
+        None
+    );
+}
+
 /// A subscription's secrets across a rotation: a re-subscription with another secret keeps
 /// the previous one (until the given time), one with the same secret or none changes nothing.
 async fn secret_rotation_contract(store: &Store) {
@@ -481,7 +546,8 @@ async fn embedded_store_fulfils_the_contract() {
     let store = Store::open_embedded(&dir.path().join("db.sqlite")).unwrap();
     secret_rotation_contract(&store).await;
     hold_contract(&store).await;
-    contract_suite(store).await;
+    contract_suite(store.clone()).await;
+    recorded_contract(&store).await;
 }
 
 #[tokio::test]
@@ -493,5 +559,6 @@ async fn elasticsearch_store_fulfils_the_contract() {
     let (store, _version) = Store::open_elasticsearch(&cfg).await.unwrap();
     secret_rotation_contract(&store).await;
     hold_contract(&store).await;
-    contract_suite(store).await;
+    contract_suite(store.clone()).await;
+    recorded_contract(&store).await;
 }

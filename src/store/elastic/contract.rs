@@ -536,6 +536,25 @@ impl ElasticStore {
     }
 
     /// The filter that hides change documents of a batch not (yet) committed.
+    /// How many of the set's changes with `after < seq <= through` search sees.
+    async fn changes_between(
+        &self,
+        set: &SetName,
+        after: i64,
+        through: i64,
+    ) -> Result<i64, StoreError> {
+        let q = json!({"query": {"bool": {"filter": [
+            {"term": {"resource_set": set.as_str()}},
+            {"range": {"seq": {"gt": after, "lte": through}}},
+        ]}}});
+        Ok(self
+            .es
+            .ok(Method::Post, &format!("/{}/_count", self.changes), Some(q))
+            .await?["count"]
+            .as_i64()
+            .unwrap_or(0))
+    }
+
     async fn committed(&self, set: &SetName) -> Result<Value, StoreError> {
         let next = self.load(set).await?.map_or(1, |(s, _)| s.next_seq);
         Ok(json!({"range": {"seq": {"lt": next}}}))
@@ -888,6 +907,49 @@ impl SetStore for ElasticStore {
             )
             .await?;
         docs.first().map(change_from).transpose()
+    }
+
+    /// The set's last committed `seq` (its bookkeeping document, read in real time), when
+    /// search sees every change up to it: committed seqs start at 1 and have no gaps, so it
+    /// does when it counts that many.
+    async fn recorded_through(&self, set: &SetName) -> Result<Option<i64>, StoreError> {
+        let through = self.load(set).await?.map_or(0, |(s, _)| s.next_seq - 1);
+        let seen = self.changes_between(set, 0, through).await?;
+        Ok((seen >= through).then_some(through))
+    }
+
+    /// The changes past `mark` are all visible to search when it counts `through - mark` of
+    /// them; until then the worst is assumed.
+    async fn earliest_recorded_after(
+        &self,
+        set: &SetName,
+        mark: i64,
+        until: Timestamp,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let through = self.load(set).await?.map_or(0, |(s, _)| s.next_seq - 1);
+        if through <= mark {
+            return Ok(None);
+        }
+        if self.changes_between(set, mark, through).await? < through - mark {
+            return Ok(Some(Timestamp(i64::MIN)));
+        }
+        let q = json!({"bool": {"filter": [
+            {"term": {"resource_set": set.as_str()}},
+            {"range": {"seq": {"gt": mark, "lte": through}}},
+            {"range": {"datetime_us": {"lt": until.0}}},
+        ]}});
+        let (docs, _) = self
+            .page(
+                &self.changes,
+                q,
+                json!([{"datetime_us": "asc"}, {"seq": "asc"}]),
+                None,
+                1,
+            )
+            .await?;
+        docs.first()
+            .map(|d| change_from(d).map(|c| c.datetime))
+            .transpose()
     }
 
     /// Readiness: the cluster answers and every index exists with its mappings. Indices found

@@ -1143,6 +1143,38 @@ impl SetStore for EmbeddedStore {
         .await
     }
 
+    /// The newest `seq` of the whole log: SQLite commits one writer at a time, so a change
+    /// recorded later (in any set) has a larger one.
+    async fn recorded_through(&self, _set: &SetName) -> Result<Option<i64>, StoreError> {
+        self.read(|c| {
+            Ok(Some(c.query_row(
+                "SELECT COALESCE(MAX(seq), 0) FROM changes",
+                [],
+                |r| r.get::<_, i64>(0),
+            )?))
+        })
+        .await
+    }
+
+    async fn earliest_recorded_after(
+        &self,
+        set: &SetName,
+        mark: i64,
+        until: Timestamp,
+    ) -> Result<Option<Timestamp>, StoreError> {
+        let set = set.clone();
+        self.read(move |c| {
+            // The rows past the mark, by the primary key: only what was recorded since.
+            let min: Option<i64> = c.query_row(
+                "SELECT MIN(datetime) FROM changes WHERE seq > ?1 AND set_name = ?2 AND datetime < ?3",
+                params![mark, set.as_str(), until.0],
+                |r| r.get(0),
+            )?;
+            Ok(min.map(Timestamp))
+        })
+        .await
+    }
+
     async fn ping(&self) -> Result<(), StoreError> {
         self.read(|c| {
             Ok(c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0))
