@@ -318,6 +318,16 @@ pub fn parse_list(xml: &[u8]) -> Result<Page, OaiError> {
                     _ => {}
                 }
                 if path.len() < 2 {
+                    // The envelope's declarations are copied into records: they must be sound.
+                    for a in e.attributes().with_checks(true) {
+                        let a = a.map_err(|e| not_oai(format!("its envelope: {e}")))?;
+                        if a.value.contains(&b'<') || a.unescape_value().is_err() {
+                            return Err(not_oai(format!(
+                                "its envelope's attribute {} is not well-formed",
+                                String::from_utf8_lossy(a.key.as_ref())
+                            )));
+                        }
+                    }
                     inherited.extend(declarations(&e));
                 }
                 path.push(name);
@@ -485,6 +495,16 @@ fn record(
     if header.deleted {
         metadata = None;
     }
+    // What is stored is the standalone document: checked as it will be stored.
+    if let Some(m) = &metadata {
+        let body = m.split_once('\n').map_or(m.as_str(), |(_, b)| b);
+        if let Err(why) = check_element_in(body, &[]) {
+            return Err(quarantine(
+                Some(crate::cause::outsider(&header.identifier)),
+                format!("not well-formed XML once standalone: {why}"),
+            ));
+        }
+    }
     Ok(Record { header, metadata })
 }
 
@@ -561,6 +581,20 @@ mod tests {
             }
             let _ = parse_identify(&xml);
         }
+    }
+
+    /// Found by the property above: an envelope attribute that is not well-formed was copied
+    /// into every record's standalone document.
+    #[test]
+    fn an_envelope_that_is_not_well_formed_is_no_response() {
+        let xml = format!(
+            "{}{}{TAIL}",
+            HEAD.replacen("xmlns=\"", "xmlns=\"&undefined;", 1),
+            rec("oai:x:1", DC)
+        );
+        assert!(
+            matches!(parse_list(xml.as_bytes()), Err(OaiError::NotOai(m)) if m.contains("envelope"))
+        );
     }
 
     /// An envelope declaring many namespaces costs its records nothing they do not name (it
