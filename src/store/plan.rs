@@ -61,7 +61,11 @@ impl Effect {
 }
 
 /// Plans change number `index` of a batch. `existing`: its resource's part and bytes as the
-/// batch so far left them (`None`: no such resource); `open`: the open Change List's totals;
+/// batch so far left them (`None`: no such resource); `newest`: the datetime of its resource's
+/// newest recorded change, deletions included (earlier changes of the batch too): a change is
+/// never dated before it (it is recorded at that datetime, after it by id), so that a
+/// resource's changes in (datetime, id) order, as every list and notification gives them,
+/// end in the state the store holds; `open`: the open Change List's totals;
 /// `last`: the set's last Resource List part; `notified`: up to when change notifications
 /// have been sent. A change that cannot be applied is [`ApplyError::Rejected`]. A creation or
 /// update without `lastmod` gets its datetime as `lastmod` (a destination needs one to audit):
@@ -71,6 +75,7 @@ pub(crate) fn plan(
     index: usize,
     c: &mut NewChange,
     existing: Option<(u32, u64)>,
+    newest: Option<i64>,
     open: &OpenTotals,
     last: Option<LastPart>,
     notified: Option<i64>,
@@ -85,6 +90,11 @@ pub(crate) fn plan(
     let mut datetime = policy
         .change_datetime(c.datetime, open, notified, now)
         .map_err(|reason| ApplyError::Rejected { index, reason })?;
+    if let Some(n) = newest.filter(|n| *n > datetime.0) {
+        // Dated before its resource's newest change: recorded at it (after it by id), or the
+        // lists would replay this change before that one and end in the other state.
+        datetime = Timestamp(n);
+    }
     if c.change != ChangeType::Deleted && c.meta.lastmod.is_none() {
         c.meta.lastmod = Some(datetime);
     }
@@ -128,6 +138,7 @@ pub(crate) fn plan_into(
     index: usize,
     c: &mut NewChange,
     existing: Option<(u32, u64)>,
+    newest: Option<i64>,
     open: &OpenTotals,
     last: Option<LastPart>,
     notified: Option<i64>,
@@ -135,7 +146,9 @@ pub(crate) fn plan_into(
     now: Timestamp,
 ) -> Result<Option<Planned>, ApplyError> {
     Ok(
-        match plan(index, c, existing, open, last, notified, policy, now)? {
+        match plan(
+            index, c, existing, newest, open, last, notified, policy, now,
+        )? {
             Step::Ignore(why) => {
                 out.ignored.push((index, why.into()));
                 None
@@ -232,6 +245,28 @@ mod tests {
     const SEC: i64 = 1_000_000;
 
     /// Every rule, one row each: what the change is, what the set holds, what is planned.
+    #[test]
+    fn a_change_is_never_dated_before_its_resources_newest() {
+        let c = |dt| {
+            let mut c = change(ChangeType::Deleted, Some(dt));
+            plan(
+                0,
+                &mut c,
+                Some((1, 10)),
+                Some(NOW.0 - 5),
+                &open(0, 0, None),
+                last(1, 1),
+                None,
+                &policy(),
+                NOW,
+            )
+        };
+        // Dated before the resource's newest change: recorded at it.
+        assert!(matches!(c(NOW.0 - 9), Ok(Step::Record(p)) if p.datetime.0 == NOW.0 - 5));
+        // After it: as given.
+        assert!(matches!(c(NOW.0 - 2), Ok(Step::Record(p)) if p.datetime.0 == NOW.0 - 2));
+    }
+
     #[test]
     fn each_rule_in_a_row() {
         use ChangeType::*;
@@ -428,7 +463,17 @@ mod tests {
         ];
         for (what, kind, dt, existing, open, last, notified, expected) in rows {
             let mut c = change(kind, dt);
-            let got = plan(7, &mut c, existing, &open, last, notified, &policy(), NOW);
+            let got = plan(
+                7,
+                &mut c,
+                existing,
+                None,
+                &open,
+                last,
+                notified,
+                &policy(),
+                NOW,
+            );
             match (got, expected) {
                 (Ok(Step::Ignore(_)), Ok((_, _, None))) => {}
                 (Ok(Step::Record(p)), Ok((roll, datetime, Some(effect)))) => {

@@ -27,6 +27,7 @@ mod layout;
 mod multi;
 mod notify;
 mod oai;
+mod oracle;
 mod restart;
 mod resync;
 mod scale;

@@ -322,10 +322,20 @@ impl ElasticStore {
                 (id, Some(entry))
             })
             .collect();
+        // Each resource's newest recorded change (committed batches are refreshed), then as this
+        // batch records more.
+        let keys: Vec<crate::model::ResourceKey> = changes.iter().map(|c| c.key.clone()).collect();
+        let mut newest: HashMap<crate::model::ResourceKey, i64> = self
+            .latest_changes(set, &keys, Timestamp(i64::MAX))
+            .await?
+            .into_iter()
+            .map(|(k, (dt, _))| (k, dt.0))
+            .collect();
         let (mut change_ops, mut ops) = (String::new(), String::new());
         for (index, mut c) in changes.into_iter().enumerate() {
             let id = resource_id(set, &c.key);
             let existing = known.get(&id).cloned().flatten();
+            let newest_of = newest.get(&c.key).copied();
             let last = st.parts.last().map(|p| plan::LastPart {
                 no: p.no,
                 count: p.count,
@@ -336,6 +346,7 @@ impl ElasticStore {
                 index,
                 &mut c,
                 existing,
+                newest_of,
                 &st.open().totals(),
                 last,
                 notified,
@@ -350,6 +361,7 @@ impl ElasticStore {
                 out.closed_lists.push(closed);
             }
             let (datetime, eb) = (planned.datetime, planned.entry_bytes);
+            newest.insert(c.key.clone(), datetime.0);
             let seq = st.next_seq;
             st.next_seq += 1;
             st.open().record(seq, eb, datetime);

@@ -531,11 +531,18 @@ fn apply_tx(
             })
             .optional()
             .map_err(sql_err)?;
+        // The resource's newest change (this batch's earlier ones included: same transaction).
+        let newest: Option<i64> = tx
+            .prepare_cached("SELECT MAX(datetime) FROM changes WHERE set_name = ?1 AND key = ?2")
+            .map_err(sql_err)?
+            .query_row(params![set.as_str(), c.key.0], |r| r.get(0))
+            .map_err(sql_err)?;
         let Some(planned) = plan::plan_into(
             &mut out,
             index,
             &mut c,
             existing.map(|(_, part, bytes)| (part, bytes as u64)),
+            newest,
             &open.totals(),
             last_part,
             notified,

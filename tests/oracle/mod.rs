@@ -1,0 +1,1159 @@
+//! The oracle: a plain in-memory model of one resource set's rules beside the real server, and
+//! random sequences of operations run against both, every read surface compared with the model.
+//! Shared by the test suite (`tests/it/oracle.rs`, a bounded budget) and `examples/oracle.rs`
+//! (long runs: `--cases`, `--seed`, `--minutes`).
+//!
+//! The model holds what the rules say a set holds: its resources and their versions, and its
+//! change log in (datetime, id) order. The server decides the datetime of a change dated on
+//! arrival, and moves one forward when a Change List closes: the model learns each recorded
+//! change's datetime and id from the store once (checking it against the rules: the given
+//! datetime kept unless a list closed, never before the open list), and from then on every
+//! read must agree with it: the Resource List (index and parts), the Change Lists (index, closed
+//! and open), `/oai` (`ListRecords` and `ListIdentifiers` walked whole with kept pages, windows
+//! with `from`/`until`, `GetRecord`, a walk begun before writes and finished after them), and
+//! the change notifications a subscriber received (every change exactly once, in order).
+//! Restarts (a clean stop) keep it all.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use proptest::prelude::*;
+use resourcesync_hub::config::Config;
+use resourcesync_hub::model::{ChangeType, SetName, Timestamp};
+use resourcesync_hub::store::Store;
+
+/// Resources a case plays with.
+pub const KEYS: u8 = 24;
+const SET: &str = "papers";
+
+/// When a change is dated.
+#[derive(Debug, Clone, Copy)]
+pub enum When {
+    /// No datetime: the server dates it on arrival.
+    Arrival,
+    /// The client's clock now.
+    Now,
+    /// Equal to the newest change recorded so far.
+    Equal,
+    /// This many µs before the newest change recorded so far (the rules accept it while it is
+    /// after the last notification and inside the open Change List).
+    Back(u32),
+    /// This many ms ahead of the client's clock (within the allowed skew).
+    Ahead(u16),
+    /// This many µs after the newest change recorded so far (which may lie well in the past:
+    /// "just after the last batch", into a stretch of the log already read).
+    After(u32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Create,
+    Update,
+    /// The same bytes again.
+    Repeat,
+    Delete,
+}
+
+#[derive(Debug, Clone)]
+pub struct Ev {
+    pub key: u8,
+    pub kind: Kind,
+    pub when: When,
+}
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Ingest(Vec<Ev>),
+    /// A clean stop and start on the same data. (A crash needs the server in a process of its
+    /// own: in-process, an aborted server's tasks would live on beside the new one.)
+    Restart,
+    ResourceList,
+    ChangeLists,
+    Walk {
+        identifiers: bool,
+    },
+    Window {
+        from: u8,
+        until: u8,
+    },
+    GetRecord(u8),
+    /// Take a walk's first page now; [`Op::EndWalk`] (or the case's end) finishes it.
+    BeginWalk,
+    EndWalk,
+    Notifications,
+    /// Lets the log settle (the notifications' hold-back and the store's visibility lag pass):
+    /// what the server keeps only for settled stretches (`ListRecords` pages) is kept after it.
+    Settle,
+}
+
+fn when() -> impl Strategy<Value = When> {
+    prop_oneof![
+        4 => Just(When::Arrival),
+        2 => Just(When::Now),
+        1 => Just(When::Equal),
+        2 => (1u32..900_000).prop_map(When::Back),
+        1 => (1u16..300).prop_map(When::Ahead),
+        2 => (1u32..1000).prop_map(When::After),
+    ]
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    (
+        0..KEYS,
+        prop_oneof![3 => Just(Kind::Create), 3 => Just(Kind::Update), 1 => Just(Kind::Repeat), 2 => Just(Kind::Delete)],
+        when(),
+    )
+        .prop_map(|(key, kind, when)| Ev { key, kind, when })
+}
+
+pub fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => prop::collection::vec(ev(), 1..12).prop_map(Op::Ingest),
+        1 => Just(Op::Restart),
+        1 => Just(Op::ResourceList),
+        1 => Just(Op::ChangeLists),
+        3 => Just(Op::Walk { identifiers: false }),
+        1 => Just(Op::Walk { identifiers: true }),
+        1 => (any::<u8>(), any::<u8>()).prop_map(|(from, until)| Op::Window { from, until }),
+        1 => (0..KEYS).prop_map(Op::GetRecord),
+        1 => Just(Op::BeginWalk),
+        1 => Just(Op::EndWalk),
+        1 => Just(Op::Notifications),
+        2 => Just(Op::Settle),
+    ]
+}
+
+pub fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
+    prop::collection::vec(op(), 1..max)
+}
+
+/// A change as the model keeps it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Logged {
+    datetime: i64,
+    id: i64,
+    key: u8,
+    kind: ChangeType,
+}
+
+#[derive(Default)]
+struct Model {
+    /// Live resources and their versions.
+    live: BTreeMap<u8, u32>,
+    /// Every version ever given (a key's next one is new).
+    versions: BTreeMap<u8, u32>,
+    /// The change log, in (datetime, id) order.
+    log: Vec<Logged>,
+}
+
+impl Model {
+    fn newest(&self) -> Option<i64> {
+        self.log.iter().map(|l| l.datetime).max()
+    }
+
+    /// Each key's newest change before `bound` (µs), in (datetime, id) order.
+    fn newest_before(&self, bound: i64) -> Vec<&Logged> {
+        let mut by_key: BTreeMap<u8, &Logged> = BTreeMap::new();
+        for l in self.log.iter().filter(|l| l.datetime < bound) {
+            by_key.insert(l.key, l); // the log is ordered: the last one wins
+        }
+        let mut v: Vec<&Logged> = by_key.into_values().collect();
+        v.sort_by_key(|l| (l.datetime, l.id));
+        v
+    }
+}
+
+/// The server under test, restartable on the same data.
+struct Server {
+    addr: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    handle: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+/// A subscriber's received change notifications.
+#[derive(Clone, Default)]
+struct Inbox(Arc<Mutex<Vec<String>>>);
+
+pub struct Case {
+    config: Config,
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    server: Option<Server>,
+    store: Option<Store>,
+    client: reqwest::Client,
+    model: Model,
+    inbox: Inbox,
+    inbox_url: String,
+    walk: Option<Walk>,
+    /// What was done, for the failure message.
+    trail: Vec<String>,
+}
+
+/// A walk begun before writes: its first page, its token, the keys then recorded.
+struct Walk {
+    listed: Vec<String>,
+    token: Option<String>,
+    recorded_before: BTreeSet<u8>,
+    began: i64,
+}
+
+/// The configuration a case runs on: a set of `oai_dc` files, small Change Lists, parts and
+/// OAI pages (so that every structure has several), kept pages; notifications at once
+/// (`hold_back` 0: changes dated just after the newest are within the rules) or held back a
+/// second (changes dated a little back are).
+pub fn config(dir: &std::path::Path, elastic: Option<&str>, hold_back: u64) -> Config {
+    let mut c = Config::defaults();
+    c.server.listen = "127.0.0.1:0".into();
+    c.server.base_url = "http://oracle.invalid".into();
+    c.server.data_dir = dir.join("data");
+    c.server.shutdown_grace_secs = 2;
+    c.source.rebuild_interval_ms = 0;
+    c.hub.allow_networks = vec!["127.0.0.0/8".parse().unwrap()];
+    c.notify.hold_back_secs = hold_back;
+    c.notify.poll_interval_ms = 100;
+    c.oai.page_size = 5;
+    c.sets.insert(
+        SET.into(),
+        resourcesync_hub::config::SetOverrides {
+            resource_root_dir: Some(dir.join("root")),
+            max_items_in_list: Some(7),
+            ..Default::default()
+        },
+    );
+    c.sets.get_mut(SET).unwrap().oai = Some(resourcesync_hub::config::OaiFormat::oai_dc());
+    if let Some(url) = elastic {
+        // A case's own indices: every case starts from an empty store.
+        static CASES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        c.store.backend = resourcesync_hub::config::Backend::Elasticsearch;
+        c.store.elasticsearch.url = url.into();
+        c.store.elasticsearch.index = format!(
+            "oracle-{}-{}",
+            std::process::id(),
+            CASES.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+        );
+    }
+    c
+}
+
+fn record(key: u8, version: u32) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<oai_dc:dc xmlns:oai_dc=\"http://www.openarchives.org/OAI/2.0/oai_dc/\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\"><dc:title>r{key} v{version}</dc:title></oai_dc:dc>\n"
+    )
+}
+
+fn md5_hex(b: &[u8]) -> String {
+    use md5::Digest as _;
+    resourcesync_hub::digest::hex_digest(md5::Md5::digest(b))
+}
+
+type Check = Result<(), String>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)*) => {
+        if !$cond {
+            return Err(format!($($fmt)*));
+        }
+    };
+}
+
+impl Case {
+    pub async fn start(elastic: Option<&str>, hold_back: u64) -> Case {
+        let dir = tempfile::tempdir().unwrap();
+        let config = config(dir.path(), elastic, hold_back);
+        std::fs::create_dir_all(dir.path().join("root/r")).unwrap();
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        let inbox = Inbox::default();
+        let inbox_url = receiver(inbox.clone()).await;
+        let mut case = Case {
+            root: dir.path().join("root"),
+            config,
+            _dir: dir,
+            server: None,
+            store: None,
+            client,
+            model: Model::default(),
+            inbox,
+            inbox_url,
+            walk: None,
+            trail: Vec::new(),
+        };
+        case.up().await;
+        case
+    }
+
+    async fn up(&mut self) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        let handle = tokio::spawn(resourcesync_hub::app::run(
+            self.config.clone(),
+            listener,
+            async move {
+                let _ = rx.await;
+            },
+        ));
+        for _ in 0..200 {
+            if self
+                .client
+                .get(format!("http://{addr}/healthz"))
+                .send()
+                .await
+                .is_ok()
+            {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        self.server = Some(Server {
+            addr,
+            stop: Some(tx),
+            handle,
+        });
+        if self.store.is_none() {
+            self.store = Some(
+                resourcesync_hub::app::open_store(&self.config)
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+
+    async fn down(&mut self) {
+        let Some(mut s) = self.server.take() else {
+            return;
+        };
+        let _ = s.stop.take().unwrap().send(());
+        s.handle.await.unwrap().unwrap();
+    }
+
+    pub async fn stop(mut self) {
+        self.down().await;
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.server.as_ref().unwrap().addr)
+    }
+
+    fn path_of(advertised: &str) -> &str {
+        advertised
+            .strip_prefix("http://oracle.invalid")
+            .unwrap_or(advertised)
+    }
+
+    fn loc(&self, key: u8) -> String {
+        format!("{}r/{key}.xml", self.config.set_config(SET).url_prefix)
+    }
+
+    fn key_of(&self, loc: &str) -> Result<u8, String> {
+        let prefix = format!("{}r/", self.config.set_config(SET).url_prefix);
+        loc.strip_prefix(&prefix)
+            .and_then(|r| r.strip_suffix(".xml"))
+            .and_then(|k| k.parse().ok())
+            .ok_or_else(|| format!("{loc} is no resource of the case"))
+    }
+
+    async fn get(&self, path: &str) -> Result<(u16, String), String> {
+        let r = self
+            .client
+            .get(self.url(path))
+            .send()
+            .await
+            .map_err(|e| format!("GET {path}: {e}"))?;
+        Ok((r.status().as_u16(), r.text().await.unwrap_or_default()))
+    }
+
+    /// Runs one operation and checks what it reads.
+    pub async fn run(&mut self, op: &Op) -> Check {
+        self.trail.push(format!("{op:?}"));
+        if self.server.is_none() {
+            self.up().await;
+        }
+        match op {
+            Op::Ingest(evs) => self.ingest(evs).await,
+            Op::Restart => {
+                self.down().await;
+                self.up().await;
+                Ok(())
+            }
+            Op::ResourceList => self.check_resource_list().await,
+            Op::ChangeLists => self.check_change_lists().await,
+            Op::Walk { identifiers } => self.check_walk(*identifiers).await,
+            Op::Window { from, until } => self.check_window(*from, *until).await,
+            Op::GetRecord(k) => self.check_get_record(*k).await,
+            Op::BeginWalk => self.begin_walk().await,
+            Op::EndWalk => self.end_walk().await,
+            Op::Notifications => self.check_notifications().await,
+            Op::Settle => {
+                let lag = self.config.notify.hold_back_secs * 1000 + 100;
+                tokio::time::sleep(std::time::Duration::from_millis(lag)).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// Every surface at the end of a case.
+    pub async fn check_all(&mut self) -> Check {
+        self.end_walk().await?;
+        self.check_resource_list().await?;
+        self.check_change_lists().await?;
+        self.check_walk(false).await?;
+        self.check_walk(true).await?;
+        self.check_notifications().await
+    }
+
+    pub fn trail(&self) -> String {
+        self.trail.join("\n")
+    }
+
+    async fn ingest(&mut self, evs: &[Ev]) -> Check {
+        let now = Timestamp::now().0;
+        let newest = self.model.newest();
+        let mut lines = Vec::new();
+        let mut wrote: BTreeMap<u8, Option<u32>> = BTreeMap::new();
+        let mut given = Vec::new();
+        for e in evs {
+            let rel = format!("r/{}.xml", e.key);
+            let path = self.root.join(&rel);
+            let kind = match e.kind {
+                Kind::Delete => "deleted",
+                Kind::Create => "created",
+                _ => "updated",
+            };
+            let current = wrote
+                .get(&e.key)
+                .copied()
+                .unwrap_or_else(|| self.model.live.get(&e.key).copied());
+            let mut line = if e.kind == Kind::Delete {
+                let _ = std::fs::remove_file(&path);
+                wrote.insert(e.key, None);
+                format!(r#"{{"change":"deleted","location":{{"type":"rel_path","value":"{rel}"}}"#)
+            } else {
+                let version = match (e.kind, current) {
+                    (Kind::Repeat, Some(v)) => v,
+                    _ => {
+                        let v = self.model.versions.get(&e.key).copied().unwrap_or(0) + 1;
+                        self.model.versions.insert(e.key, v);
+                        v
+                    }
+                };
+                let body = record(e.key, version);
+                std::fs::write(&path, &body).unwrap();
+                wrote.insert(e.key, Some(version));
+                format!(
+                    r#"{{"change":"{kind}","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/xml""#,
+                    body.len(),
+                    md5_hex(body.as_bytes())
+                )
+            };
+            let dt = match e.when {
+                When::Arrival => None,
+                When::Now => Some(now),
+                When::Equal => Some(newest.unwrap_or(now)),
+                When::Back(us) => Some(newest.unwrap_or(now) - us as i64),
+                When::Ahead(ms) => Some(now + ms as i64 * 1000),
+                When::After(us) => Some(newest.unwrap_or(now) + us as i64),
+            };
+            if let Some(d) = dt {
+                line.push_str(&format!(r#","datetime":"{}""#, Timestamp(d)));
+            }
+            line.push('}');
+            given.push(dt);
+            lines.push(line);
+        }
+        let r = self
+            .client
+            .post(self.url(&format!("/api/v1/resource-sets/{SET}/changes")))
+            .body(lines.join("\n"))
+            .send()
+            .await
+            .map_err(|e| format!("ingest: {e}"))?;
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        if status != 200 {
+            // Refused whole: only for a reason the rules give, and nothing is recorded.
+            let why = body.to_string();
+            ensure!(
+                (status == 400 || status == 422)
+                    && (why.contains("precedes the open Change List")
+                        || why.contains("up to which change notifications")),
+                "ingest answered {status}: {why}"
+            );
+            ensure!(
+                given.iter().any(|d| d.is_some()),
+                "a batch without datetimes was refused: {why}"
+            );
+            // The files as the set holds them.
+            for k in wrote.keys() {
+                let path = self.root.join(format!("r/{k}.xml"));
+                match self.model.live.get(k) {
+                    Some(v) => std::fs::write(&path, record(*k, *v)).unwrap(),
+                    None => {
+                        let _ = std::fs::remove_file(&path);
+                    }
+                }
+            }
+            return Ok(());
+        }
+        // What was recorded, as the store has it: learned once, checked against the rules.
+        let store = self.store.as_ref().unwrap();
+        let set = SetName::parse(SET).unwrap();
+        let (first, last) = (body["first_id"].as_i64(), body["last_id"].as_i64());
+        let mut recorded = Vec::new();
+        if let (Some(first), Some(last)) = (first, last) {
+            let mut after = None;
+            loop {
+                let page = store
+                    .changes(&set, Timestamp(0), None, after, 1000)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                recorded.extend(
+                    page.items
+                        .into_iter()
+                        .filter(|c| (first..=last).contains(&c.id)),
+                );
+                match page.next {
+                    Some(n) => after = Some(n),
+                    None => break,
+                }
+            }
+        }
+        recorded.sort_by_key(|c| c.id);
+        let mut present: BTreeSet<u8> = self.model.live.keys().copied().collect();
+        let mut expected = Vec::new();
+        for (e, d) in evs.iter().zip(&given) {
+            if e.kind == Kind::Delete && !present.remove(&e.key) {
+                continue; // nothing to delete: ignored
+            }
+            if e.kind != Kind::Delete {
+                present.insert(e.key);
+            }
+            expected.push((e, *d));
+        }
+        ensure!(
+            recorded.len() == expected.len(),
+            "{} changes recorded, the rules say {}: {body}",
+            recorded.len(),
+            expected.len()
+        );
+        let closed = !body["closed_change_lists"]
+            .as_array()
+            .is_none_or(|a| a.is_empty());
+        // Each key's newest datetime as the batch goes (a change is never dated before it).
+        let mut newest_of: BTreeMap<u8, i64> = BTreeMap::new();
+        for l in &self.model.log {
+            let n = newest_of.entry(l.key).or_insert(l.datetime);
+            *n = (*n).max(l.datetime);
+        }
+        for (c, (e, d)) in recorded.iter().zip(&expected) {
+            let key = self.key_of(&c.key.url(&self.config.set_config(SET).url_prefix))?;
+            ensure!(
+                key == e.key,
+                "change {} is of r{key}, the batch's of r{}",
+                c.id,
+                e.key
+            );
+            let kind = match e.kind {
+                Kind::Delete => ChangeType::Deleted,
+                Kind::Create => ChangeType::Created,
+                _ => ChangeType::Updated,
+            };
+            ensure!(
+                c.change == kind,
+                "change {} is {:?}, given {kind:?}",
+                c.id,
+                c.change
+            );
+            let floor = newest_of.get(&key).copied();
+            if let Some(d) = d {
+                let want = floor.map_or(*d, |f| f.max(*d));
+                ensure!(
+                    c.datetime.0 == want || (closed && c.datetime.0 > want),
+                    "change {} is dated {}, the rules say {} (given {}; no list closed: {})",
+                    c.id,
+                    c.datetime,
+                    Timestamp(want),
+                    Timestamp(*d),
+                    !closed
+                );
+            }
+            ensure!(
+                floor.is_none_or(|f| c.datetime.0 >= f),
+                "change {} of r{key} is dated {}, before that resource's newest {}",
+                c.id,
+                c.datetime,
+                Timestamp(floor.unwrap_or_default())
+            );
+            newest_of.insert(key, c.datetime.0);
+            self.model.log.push(Logged {
+                datetime: c.datetime.0,
+                id: c.id,
+                key,
+                kind: c.change,
+            });
+        }
+        self.model.log.sort_by_key(|l| (l.datetime, l.id));
+        for (k, v) in wrote {
+            match v {
+                Some(v) => {
+                    self.model.live.insert(k, v);
+                }
+                None => {
+                    self.model.live.remove(&k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A document, or for an index every document it lists: its entries.
+    async fn entries(
+        &self,
+        path: &str,
+    ) -> Result<Vec<resourcesync_hub::sitemap::ParsedEntry>, String> {
+        let (status, text) = self.get(path).await?;
+        if status == 404 && self.model.log.is_empty() {
+            return Ok(Vec::new());
+        }
+        ensure!(status == 200, "GET {path}: {status} {text}");
+        let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
+            .map_err(|e| format!("{path}: {e}"))?;
+        if !doc.is_index {
+            return Ok(doc.entries);
+        }
+        let mut out = Vec::new();
+        for e in &doc.entries {
+            let p = Self::path_of(&e.loc).to_string();
+            let (status, text) = self.get(&p).await?;
+            ensure!(status == 200, "GET {p}: {status}");
+            out.extend(
+                resourcesync_hub::sitemap::parse(text.as_bytes())
+                    .map_err(|e| format!("{p}: {e}"))?
+                    .entries,
+            );
+        }
+        Ok(out)
+    }
+
+    async fn check_resource_list(&mut self) -> Check {
+        let entries = self
+            .entries(&format!("/sets/{SET}/resourcelist.xml"))
+            .await?;
+        let mut got = BTreeMap::new();
+        for e in entries {
+            let k = self.key_of(&e.loc)?;
+            ensure!(
+                got.insert(k, e.md.get("hash").cloned()).is_none(),
+                "r{k} twice in the Resource List"
+            );
+        }
+        let want: BTreeMap<u8, Option<String>> = self
+            .model
+            .live
+            .iter()
+            .map(|(k, v)| {
+                (
+                    *k,
+                    Some(format!("md5:{}", md5_hex(record(*k, *v).as_bytes()))),
+                )
+            })
+            .collect();
+        ensure!(got == want, "Resource List:\n got {got:?}\nwant {want:?}");
+        Ok(())
+    }
+
+    async fn check_change_lists(&mut self) -> Check {
+        let entries = self.entries(&format!("/sets/{SET}/changelist.xml")).await?;
+        let got: Vec<(u8, String, i64)> = entries
+            .iter()
+            .map(|e| {
+                let dt =
+                    e.md.get("datetime")
+                        .and_then(|d| Timestamp::parse(d).ok())
+                        .map_or(0, |t| t.0);
+                Ok((
+                    self.key_of(&e.loc)?,
+                    e.md.get("change").cloned().unwrap_or_default(),
+                    dt,
+                ))
+            })
+            .collect::<Result<_, String>>()?;
+        let want: Vec<(u8, String, i64)> = self
+            .model
+            .log
+            .iter()
+            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
+            .collect();
+        ensure!(got == want, "Change Lists:\n got {got:?}\nwant {want:?}");
+        Ok(())
+    }
+
+    /// A whole `ListRecords`/`ListIdentifiers` walk from `query`.
+    async fn walk_from(
+        &self,
+        query: &str,
+        identifiers: bool,
+    ) -> Result<Vec<(u8, bool, Option<String>, String)>, String> {
+        let mut out = Vec::new();
+        let mut q = query.to_string();
+        loop {
+            let (status, text) = self.get(&format!("/oai?{q}")).await?;
+            ensure!(status == 200, "/oai?{q}: {status}");
+            let page = match resourcesync_hub::collect::oai::parse_list(text.as_bytes()) {
+                Ok(p) => p,
+                Err(resourcesync_hub::collect::oai::OaiError::Protocol { code, .. })
+                    if code == "noRecordsMatch" =>
+                {
+                    return Ok(out)
+                }
+                Err(e) => return Err(format!("/oai?{q}: {e}\n{text}")),
+            };
+            ensure!(
+                page.quarantined.is_empty(),
+                "/oai?{q}: {:?}",
+                page.quarantined
+            );
+            for r in page.records {
+                out.push((
+                    self.key_of(&r.header.identifier)?,
+                    r.header.deleted,
+                    r.metadata,
+                    r.header.datestamp,
+                ));
+            }
+            match page.token.map(|t| t.value).filter(|v| !v.is_empty()) {
+                Some(t) => {
+                    q = format!(
+                        "verb={}&resumptionToken={}",
+                        if identifiers {
+                            "ListIdentifiers"
+                        } else {
+                            "ListRecords"
+                        },
+                        url::form_urlencoded::byte_serialize(t.as_bytes()).collect::<String>()
+                    )
+                }
+                None => return Ok(out),
+            }
+        }
+    }
+
+    fn expect_items(&self, from: Option<i64>, until: Option<i64>) -> Vec<(u8, bool, i64)> {
+        self.model
+            .newest_before(i64::MAX)
+            .into_iter()
+            .filter(|l| {
+                from.is_none_or(|f| l.datetime >= f) && until.is_none_or(|u| l.datetime < u)
+            })
+            .map(|l| (l.key, l.kind == ChangeType::Deleted, l.datetime))
+            .collect()
+    }
+
+    fn compare(
+        &self,
+        what: &str,
+        got: &[(u8, bool, Option<String>, String)],
+        want: &[(u8, bool, i64)],
+        identifiers: bool,
+    ) -> Check {
+        let g: Vec<(u8, bool, String)> = got
+            .iter()
+            .map(|(k, d, _, ds)| (*k, *d, ds.clone()))
+            .collect();
+        let w: Vec<(u8, bool, String)> = want
+            .iter()
+            .map(|(k, d, dt)| (*k, *d, datestamp(*dt)))
+            .collect();
+        ensure!(g == w, "{what}:\n got {g:?}\nwant {w:?}");
+        if !identifiers {
+            for (k, deleted, meta, _) in got {
+                if !deleted {
+                    let v = self.model.live.get(k).copied().unwrap_or(0);
+                    ensure!(
+                        meta.as_deref()
+                            .is_some_and(|m| m.contains(&format!(">r{k} v{v}<"))),
+                        "{what}: r{k} is not at v{v}: {meta:?}"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every change is dated in the past: a list is bounded by the time of its
+    /// first request, and one dated ahead is listed only once that time has come.
+    async fn past_newest(&self) {
+        if let Some(n) = self.model.newest() {
+            let wait = n + 2_000 - Timestamp::now().0;
+            if wait > 0 {
+                tokio::time::sleep(std::time::Duration::from_micros(wait as u64)).await;
+            }
+        }
+    }
+
+    async fn check_walk(&mut self, identifiers: bool) -> Check {
+        self.past_newest().await;
+        let verb = if identifiers {
+            "ListIdentifiers"
+        } else {
+            "ListRecords"
+        };
+        let got = self
+            .walk_from(&format!("verb={verb}&metadataPrefix=oai_dc"), identifiers)
+            .await?;
+        let want = self.expect_items(None, None);
+        self.compare(verb, &got, &want, identifiers)
+    }
+
+    /// A window between two of the log's datetimes (seconds, as OAI-PMH asks).
+    async fn check_window(&mut self, from: u8, until: u8) -> Check {
+        if self.model.log.is_empty() {
+            return Ok(());
+        }
+        self.past_newest().await;
+        let n = self.model.log.len();
+        let (a, b) = (from as usize % n, until as usize % n);
+        let (a, b) = (a.min(b), a.max(b));
+        let secs = |t: i64| t - t.rem_euclid(1_000_000);
+        let (f, u) = (
+            secs(self.model.log[a].datetime),
+            secs(self.model.log[b].datetime),
+        );
+        let day = datestamp;
+        let got = self
+            .walk_from(
+                &format!(
+                    "verb=ListRecords&metadataPrefix=oai_dc&from={}&until={}",
+                    day(f),
+                    day(u)
+                ),
+                false,
+            )
+            .await?;
+        let want = self.expect_items(Some(f), Some(u + 1_000_000));
+        self.compare(
+            &format!("ListRecords from {} until {}", day(f), day(u)),
+            &got,
+            &want,
+            false,
+        )
+    }
+
+    async fn check_get_record(&mut self, k: u8) -> Check {
+        self.past_newest().await;
+        let (status, text) = self
+            .get(&format!(
+                "/oai?verb=GetRecord&metadataPrefix=oai_dc&identifier={}",
+                url::form_urlencoded::byte_serialize(self.loc(k).as_bytes()).collect::<String>()
+            ))
+            .await?;
+        ensure!(status == 200, "GetRecord r{k}: {status}");
+        let newest = self
+            .model
+            .newest_before(i64::MAX)
+            .into_iter()
+            .find(|l| l.key == k)
+            .cloned();
+        match resourcesync_hub::collect::oai::parse_list(text.as_bytes()) {
+            Err(resourcesync_hub::collect::oai::OaiError::Protocol { code, .. }) => {
+                ensure!(
+                    newest.is_none() && code == "idDoesNotExist",
+                    "GetRecord r{k}: {code}, the model has {newest:?}"
+                );
+                Ok(())
+            }
+            Err(e) => Err(format!("GetRecord r{k}: {e}")),
+            Ok(_) => {
+                // GetRecord's record is not inside a list: read it as one.
+                let wrapped = text
+                    .replace("<GetRecord>", "<ListRecords>")
+                    .replace("</GetRecord>", "</ListRecords>");
+                let page = resourcesync_hub::collect::oai::parse_list(wrapped.as_bytes())
+                    .map_err(|e| format!("GetRecord r{k}: {e}"))?;
+                let got: Vec<_> = page
+                    .records
+                    .into_iter()
+                    .map(|r| {
+                        Ok((
+                            self.key_of(&r.header.identifier)?,
+                            r.header.deleted,
+                            r.metadata,
+                            r.header.datestamp,
+                        ))
+                    })
+                    .collect::<Result<_, String>>()?;
+                let want: Vec<(u8, bool, i64)> = newest
+                    .into_iter()
+                    .map(|l| (l.key, l.kind == ChangeType::Deleted, l.datetime))
+                    .collect();
+                self.compare(&format!("GetRecord r{k}"), &got, &want, false)
+            }
+        }
+    }
+
+    async fn begin_walk(&mut self) -> Check {
+        if self.walk.is_some() {
+            return Ok(());
+        }
+        self.past_newest().await;
+        let began = Timestamp::now().0;
+        let (status, text) = self
+            .get("/oai?verb=ListRecords&metadataPrefix=oai_dc")
+            .await?;
+        ensure!(status == 200, "a walk's first page: {status}");
+        let (listed, token) = match resourcesync_hub::collect::oai::parse_list(text.as_bytes()) {
+            Ok(p) => (
+                p.records
+                    .iter()
+                    .map(|r| r.header.identifier.clone())
+                    .collect(),
+                p.token.map(|t| t.value).filter(|v| !v.is_empty()),
+            ),
+            Err(_) => (Vec::new(), None),
+        };
+        self.walk = Some(Walk {
+            listed,
+            token,
+            recorded_before: self.model.log.iter().map(|l| l.key).collect(),
+            began,
+        });
+        Ok(())
+    }
+
+    /// A walk begun before writes and finished after them: every record it began with once
+    /// (each at most once in all), nothing first recorded after it began and dated after.
+    async fn end_walk(&mut self) -> Check {
+        let Some(w) = self.walk.take() else {
+            return Ok(());
+        };
+        let mut all: Vec<u8> = w
+            .listed
+            .iter()
+            .map(|i| self.key_of(i))
+            .collect::<Result<_, _>>()?;
+        if let Some(t) = &w.token {
+            let rest = self
+                .walk_from(
+                    &format!(
+                        "verb=ListRecords&resumptionToken={}",
+                        url::form_urlencoded::byte_serialize(t.as_bytes()).collect::<String>()
+                    ),
+                    false,
+                )
+                .await?;
+            all.extend(rest.iter().map(|r| r.0));
+        }
+        let unique: BTreeSet<u8> = all.iter().copied().collect();
+        ensure!(
+            unique.len() == all.len(),
+            "a walk across writes listed a record twice: {all:?}"
+        );
+        for k in &w.recorded_before {
+            ensure!(
+                unique.contains(k),
+                "a walk across writes missed r{k}, recorded before it began: {all:?}"
+            );
+        }
+        for k in &unique {
+            let first = self
+                .model
+                .log
+                .iter()
+                .filter(|l| l.key == *k)
+                .map(|l| l.datetime)
+                .min();
+            ensure!(
+                w.recorded_before.contains(k) || first.is_some_and(|d| d < w.began + 3_000_000),
+                "a walk across writes listed r{k}, first recorded after it began"
+            );
+        }
+        Ok(())
+    }
+
+    /// The subscriber has every change exactly once, in order (waiting for the notifier, which
+    /// holds changes back a second).
+    async fn check_notifications(&mut self) -> Check {
+        if self.model.log.is_empty() {
+            return Ok(());
+        }
+        let want: Vec<(u8, String, i64)> = self
+            .model
+            .log
+            .iter()
+            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let got = self.notified()?;
+            if got.len() >= want.len() || std::time::Instant::now() > deadline {
+                ensure!(got == want, "notifications:\n got {got:?}\nwant {want:?}");
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    fn notified(&self) -> Result<Vec<(u8, String, i64)>, String> {
+        let mut out = Vec::new();
+        for body in self.inbox.0.lock().unwrap().iter() {
+            let doc = resourcesync_hub::sitemap::parse(body.as_bytes())
+                .map_err(|e| format!("a notification: {e}"))?;
+            for e in doc.entries {
+                let dt =
+                    e.md.get("datetime")
+                        .and_then(|d| Timestamp::parse(d).ok())
+                        .map_or(0, |t| t.0);
+                out.push((
+                    self.key_of(&e.loc)?,
+                    e.md.get("change").cloned().unwrap_or_default(),
+                    dt,
+                ));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Subscribes the case's inbox to the set's change topic (before any ingest).
+    pub async fn subscribe_first(&mut self) -> Check {
+        let topic = self.config.change_topic(SET);
+        let r = self
+            .client
+            .post(self.url("/hub"))
+            .form(&[
+                ("hub.mode", "subscribe"),
+                ("hub.topic", topic.as_str()),
+                ("hub.callback", self.inbox_url.as_str()),
+            ])
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        ensure!(r.status() == 202, "subscribing: {}", r.status());
+        let store = self.store.as_ref().unwrap();
+        let t = resourcesync_hub::model::websub::Topic::parse(&topic).unwrap();
+        let cb = resourcesync_hub::model::websub::Callback::parse(&self.inbox_url).unwrap();
+        for _ in 0..500 {
+            if store
+                .hub_subscription(&t, &cb)
+                .await
+                .map_err(|e| e.to_string())?
+                .is_some()
+            {
+                self.trail.push("subscribed".into());
+                return Ok(());
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        Err("the subscription was not verified".into())
+    }
+}
+
+/// A datetime as an OAI-PMH datestamp (seconds).
+fn datestamp(t: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(t)
+        .unwrap()
+        .format("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
+}
+
+/// A callback server answering verifications and keeping every delivery's body.
+async fn receiver(inbox: Inbox) -> String {
+    use axum::extract::{Query, State};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/cb", listener.local_addr().unwrap());
+    let app = axum::Router::new()
+        .route(
+            "/cb",
+            axum::routing::get(|Query(q): Query<BTreeMap<String, String>>| async move {
+                q.get("hub.challenge").cloned().unwrap_or_default()
+            })
+            .post(|State(i): State<Inbox>, body: String| async move {
+                i.0.lock().unwrap().push(body);
+                ""
+            }),
+        )
+        .with_state(inbox);
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    url
+}
+
+/// Runs one case on a fresh server: subscribe, every operation, then every surface.
+/// Notifications are held back a second in every other case.
+pub async fn run_case(ops: &[Op], elastic: Option<&str>) -> Result<(), String> {
+    static CASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let hold_back = CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % 2;
+    run_case_with(ops, elastic, hold_back).await
+}
+
+/// [`run_case`] with notifications held back `hold_back` seconds.
+pub async fn run_case_with(
+    ops: &[Op],
+    elastic: Option<&str>,
+    hold_back: u64,
+) -> Result<(), String> {
+    let mut case = Case::start(elastic, hold_back).await;
+    case.subscribe_first().await?;
+    let mut result = Ok(());
+    for op in ops {
+        if let Err(e) = case.run(op).await {
+            result = Err(e);
+            break;
+        }
+    }
+    if result.is_ok() {
+        result = case.check_all().await;
+    }
+    let trail = format!("(notify.hold_back_secs = {hold_back})\n{}", case.trail());
+    case.stop().await;
+    result.map_err(|e| format!("{e}\nafter:\n{trail}"))
+}
+
+/// Runs `cases` random cases from `seed` (a random one when `None`) on a store, until
+/// `deadline` if one is given, shrinking a failure to a minimal sequence: `Err` with it, the
+/// reason and the seed that replays it.
+pub fn explore(
+    cases: u32,
+    max_ops: usize,
+    elastic: Option<String>,
+    seed: Option<u64>,
+    deadline: Option<std::time::Instant>,
+) -> Result<u32, String> {
+    use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+    let seed = seed.unwrap_or_else(|| {
+        let mut b = [0u8; 8];
+        getrandom::fill(&mut b).unwrap();
+        u64::from_le_bytes(b)
+    });
+    println!("oracle seed {seed} ({cases} cases, up to {max_ops} operations each)");
+    let mut bytes = [0u8; 32];
+    bytes[..8].copy_from_slice(&seed.to_le_bytes());
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases,
+            failure_persistence: None,
+            ..Config::default()
+        },
+        TestRng::from_seed(RngAlgorithm::ChaCha, &bytes),
+    );
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let ran = std::sync::atomic::AtomicU32::new(0);
+    let result = runner.run(&ops(max_ops), |ops| {
+        if deadline.is_some_and(|d| std::time::Instant::now() > d) {
+            return Ok(()); // out of time: the remaining cases pass untried
+        }
+        ran.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        rt.block_on(run_case(&ops, elastic.as_deref()))
+            .map_err(TestCaseError::fail)
+    });
+    match result {
+        Ok(()) => Ok(ran.into_inner()),
+        Err(e) => Err(format!(
+            "the oracle found a difference (replay: ORACLE_SEED={seed}):\n{e}"
+        )),
+    }
+}
