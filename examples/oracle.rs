@@ -32,7 +32,14 @@ fn main() {
     let seed = arg("--seed").map(|s| s.parse().expect("--seed takes a number"));
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(minutes * 60);
     let started = std::time::Instant::now();
-    match model::explore(cases, ops, arg("--elastic"), seed, Some(deadline)) {
+    match model::explore(
+        cases,
+        ops,
+        model::Scope::ALL,
+        arg("--elastic"),
+        seed,
+        Some(deadline),
+    ) {
         Ok(n) => println!(
             "{n} cases agreed with the model in {:.0} s",
             started.elapsed().as_secs_f64()
