@@ -1182,14 +1182,7 @@ async fn hostile_repositories_cost_a_run_never_the_server() {
         .map(|e| e.path().display().to_string())
         .collect();
     assert!(files.len() == 1 && files[0].contains("/loop/"), "{files:?}");
-    let peak = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmHWM:")
-                .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
-        })
-        .unwrap();
+    let peak = (crate::support::proc_mb(server.child.id(), "VmHWM") * 1024.0) as u64;
     assert!(peak < 100 * 1024, "peak memory {peak} kB");
 }
 

@@ -736,17 +736,6 @@ async fn concurrent_requests_for_one_page_cause_one_build() {
     app.stop().await;
 }
 
-/// `VmRSS` or `VmHWM` of a process, in MB.
-fn proc_mb(pid: u32, field: &str) -> f64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
-        .map(|kb| kb.parse::<f64>().unwrap() / 1024.0)
-        .unwrap()
-}
-
 /// With one build slot and a queue of two, a burst for 20 distinct pages is answered 503 with
 /// Retry-After beyond the queue, never by piling up builds: the server (the real binary, so
 /// its memory can be read) peaks no higher during the burst than a few pages' worth (measured:

@@ -20,6 +20,31 @@ fetch("/console/subscriptions").then(function (r) { return r.text(); }).then(fun
 });
 //]]></script></body></html>"#;
 
+/// A server (admin token [`ADMIN`]) collecting `repo`'s `/oai` into the set `papers`, one
+/// attempt a request.
+async fn collecting(repo: &Hostile) -> (TestApp, tempfile::TempDir) {
+    let (mut c, dir) = test_config();
+    c.admin.token = ADMIN.into();
+    let mut cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
+    cc.retry_base_ms = 20;
+    cc.attempts = 1;
+    c.collect.insert("papers".into(), cc);
+    (TestApp::start_with(c).await, dir)
+}
+
+/// The collector `papers` as the admin API shows it.
+async fn collector(app: &TestApp) -> serde_json::Value {
+    admin_call(
+        app,
+        ADMIN,
+        reqwest::Method::GET,
+        "/admin/v1/collect/papers",
+        None,
+    )
+    .await
+    .1
+}
+
 /// The first `<loc>` of a document that ends with `suffix`.
 fn loc_ending(doc: &str, suffix: &str) -> String {
     doc.split("<loc>")
@@ -412,15 +437,7 @@ async fn sign_out_ends_the_session_and_guessing_is_throttled() {
             .send();
         async move { r.await.unwrap() }
     };
-    let r = sign_in(ADMIN).await;
-    assert_eq!(r.status(), 303);
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let cookie = console_cookie(&app, ADMIN).await;
     let open = |cookie: String| {
         let r = browser
             .get(app.url("/console/"))
@@ -559,24 +576,8 @@ async fn a_malformed_record_costs_that_record_and_never_an_oai_page() {
         use axum::response::IntoResponse;
         ([("content-type", "text/xml")], page.clone()).into_response()
     });
-    let (mut c, _dir) = test_config();
-    c.admin.token = ADMIN.into();
-    let mut cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
-    cc.retry_base_ms = 20;
-    cc.attempts = 1;
-    c.collect.insert("papers".into(), cc);
-    let app = TestApp::start_with(c).await;
-    let status = || async {
-        admin_call(
-            &app,
-            ADMIN,
-            reqwest::Method::GET,
-            "/admin/v1/collect/papers",
-            None,
-        )
-        .await
-        .1
-    };
+    let (app, _dir) = collecting(&repo).await;
+    let status = || collector(&app);
     wait_until("the run ended", || async {
         status().await["last_ended"].is_string()
     })
@@ -748,14 +749,7 @@ async fn hostile_repositories_grow_nothing_without_bound() {
         src.hits("/fresh/oai?verb=ListRecords&metadataPrefix=oai_dc") == 1,
         "the fresh tokens were not followed for ever"
     );
-    let peak = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()))
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("VmHWM:")
-                .map(|v| v.trim().trim_end_matches(" kB").parse::<u64>().unwrap())
-        })
-        .unwrap();
+    let peak = (crate::support::proc_mb(server.child.id(), "VmHWM") * 1024.0) as u64;
     let log = server.log();
     assert!(log.len() < 1 << 20, "{} bytes of log", log.len());
     assert!(
@@ -779,22 +773,8 @@ async fn a_long_retry_after_shows_as_waiting_until_when() {
         )
             .into_response()
     });
-    let (mut c, _dir) = test_config();
-    c.admin.token = ADMIN.into();
-    let cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
-    c.collect.insert("papers".into(), cc);
-    let app = TestApp::start_with(c).await;
-    let status = || async {
-        admin_call(
-            &app,
-            ADMIN,
-            reqwest::Method::GET,
-            "/admin/v1/collect/papers",
-            None,
-        )
-        .await
-        .1
-    };
+    let (app, _dir) = collecting(&repo).await;
+    let status = || collector(&app);
     wait_until("the collector waits", || async {
         status().await["state"] == "waiting"
     })
@@ -824,25 +804,9 @@ async fn a_long_retry_after_shows_as_waiting_until_when() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&format!("waiting until {until}")), "{text}");
     // And the console.
-    let browser = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let r = browser
-        .post(app.url("/console/login"))
-        .form(&[("token", ADMIN)])
-        .send()
-        .await
-        .unwrap();
-    let cookie = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
-    let page = browser
+    let cookie = console_cookie(&app, ADMIN).await;
+    let page = app
+        .client
         .get(app.url("/console/sets"))
         .header("cookie", cookie)
         .send()

@@ -657,3 +657,36 @@ pub async fn admin_call(
         serde_json::from_str(&text).unwrap_or(serde_json::Value::String(text)),
     )
 }
+
+/// `VmRSS` or `VmHWM` (the peak) of a process, in MB.
+pub fn proc_mb(pid: u32, field: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim_start_matches(':').split_whitespace().next())
+        .map(|kb| kb.parse::<f64>().unwrap() / 1024.0)
+        .unwrap()
+}
+
+/// Signs in to the hub's console with `token`: the session cookie (`name=value`).
+pub async fn console_cookie(app: &TestApp, token: &str) -> String {
+    let r = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+        .post(app.url("/console/login"))
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "signed in");
+    r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string()
+}

@@ -1112,7 +1112,7 @@ async fn receiver(inbox: Inbox) -> String {
 pub async fn run_case(ops: &[Op], elastic: Option<&str>, scope: Scope) -> Result<(), String> {
     static CASES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let n = CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let max_items = if n / 2 % 2 == 0 { 7 } else { 1000 };
+    let max_items = if (n / 2).is_multiple_of(2) { 7 } else { 1000 };
     run_case_in(ops, elastic, n % 2, max_items, scope).await
 }
 
