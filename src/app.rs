@@ -127,11 +127,13 @@ async fn serve(
     // Each loop of the server under a supervisor: one that ends unexpectedly is logged,
     // counted and started again, never lost while the process lives on.
     let restarted = hub.metrics().workers_restarted.clone();
-    let supervise = |name, make| workers::supervise(name, restarted.clone(), cancel.clone(), make);
-    tasks.spawn(supervise("rollover", {
-        let (s, c) = (source.clone(), cancel.clone());
-        move || workers::rollover::run(s.clone(), c.clone())
-    }));
+    let (s, c) = (source.clone(), cancel.clone());
+    tasks.spawn(workers::supervise(
+        "rollover",
+        restarted.clone(),
+        cancel.clone(),
+        move || workers::rollover::run(s.clone(), c.clone()),
+    ));
     tasks.spawn(workers::memory::run(Duration::from_secs(5), cancel.clone()));
     let notifier = config
         .notify

@@ -10,7 +10,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use utoipa::{IntoParams, OpenApi, ToSchema};
 
 use super::AppState;
@@ -105,12 +104,7 @@ async fn throttle_guesses(
     if let Err(wait) = st.guesses.check(ip) {
         return crate::ui::too_many_guesses(wait);
     }
-    let wrong = !bool::from(
-        given
-            .as_bytes()
-            .ct_eq(st.config.admin.token.expose().as_bytes()),
-    );
-    if wrong {
+    if !crate::ui::token_matches(given, st.config.admin.token.expose()) {
         if let Err(wait) = st.guesses.failed(ip) {
             tracing::warn!(client = ?ip, "admin API: too many wrong tokens from one address; refusing it for {wait} s");
             return crate::ui::too_many_guesses(wait);
@@ -123,11 +117,7 @@ pub(super) fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppErr
     let given = super::bearer_token(headers).ok_or_else(|| {
         AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into())
     })?;
-    if bool::from(
-        given
-            .as_bytes()
-            .ct_eq(st.config.admin.token.expose().as_bytes()),
-    ) {
+    if crate::ui::token_matches(given, st.config.admin.token.expose()) {
         Ok(())
     } else {
         Err(AppError::Forbidden("the admin token is wrong".into()))

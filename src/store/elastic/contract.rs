@@ -323,14 +323,22 @@ impl ElasticStore {
             })
             .collect();
         // Each resource's newest recorded change (committed batches are refreshed), then as this
-        // batch records more.
-        let keys: Vec<crate::model::ResourceKey> = changes.iter().map(|c| c.key.clone()).collect();
-        let mut newest: HashMap<crate::model::ResourceKey, i64> = self
-            .latest_changes(set, &keys, Timestamp(i64::MAX))
-            .await?
-            .into_iter()
-            .map(|(k, (dt, _))| (k, dt.0))
+        // batch records more; needed only for changes that come with their datetime (one dated
+        // on arrival is after everything the set holds).
+        let dated: Vec<crate::model::ResourceKey> = changes
+            .iter()
+            .filter(|c| c.datetime.is_some())
+            .map(|c| c.key.clone())
             .collect();
+        let mut newest: HashMap<crate::model::ResourceKey, i64> = if dated.is_empty() {
+            HashMap::new()
+        } else {
+            self.latest_changes(set, &dated, Timestamp(i64::MAX))
+                .await?
+                .into_iter()
+                .map(|(k, (dt, _))| (k, dt.0))
+                .collect()
+        };
         let (mut change_ops, mut ops) = (String::new(), String::new());
         for (index, mut c) in changes.into_iter().enumerate() {
             let id = resource_id(set, &c.key);

@@ -532,11 +532,18 @@ fn apply_tx(
             .optional()
             .map_err(sql_err)?;
         // The resource's newest change (this batch's earlier ones included: same transaction).
-        let newest: Option<i64> = tx
-            .prepare_cached("SELECT MAX(datetime) FROM changes WHERE set_name = ?1 AND key = ?2")
-            .map_err(sql_err)?
-            .query_row(params![set.as_str(), c.key.0], |r| r.get(0))
-            .map_err(sql_err)?;
+        // Only a change that comes with its datetime can be dated before it: one dated on
+        // arrival is after everything the set holds.
+        let newest: Option<i64> = match c.datetime {
+            None => None,
+            Some(_) => tx
+                .prepare_cached(
+                    "SELECT MAX(datetime) FROM changes WHERE set_name = ?1 AND key = ?2",
+                )
+                .map_err(sql_err)?
+                .query_row(params![set.as_str(), c.key.0], |r| r.get(0))
+                .map_err(sql_err)?,
+        };
         let Some(planned) = plan::plan_into(
             &mut out,
             index,
