@@ -15,6 +15,16 @@
 //! `--no-kept-lists` runs the server with `oai.list_cache_max_bytes = 0` (every page made).
 //!
 //!     cargo run --release --example bench_oai [-- --records N --harvesters N --no-kept-lists]
+//!
+//! `--depth` measures instead what a page costs by how deep in its list it lies: a set of
+//! `--identifiers` (10,000,000) resources walked with `ListIdentifiers`, one of `--records`
+//! (1,000,000) `oai_dc` files walked with `ListRecords`, every Resource List part and closed
+//! Change List of the large set fetched once (each made then), in order. Each list's first
+//! and last pages (median of 10 each, 5 for parts and Change Lists) and their ratio. The sets
+//! are made once in `--data-dir` (default `/tmp/rshub-depth`) through the store's own apply,
+//! and kept for later runs.
+//!
+//!     cargo run --release --example bench_oai -- --depth [--identifiers N --records N]
 
 mod common;
 
@@ -198,6 +208,9 @@ async fn main() -> anyhow::Result<()> {
         let keep_lists = !args.iter().any(|a| a == "--no-kept-lists");
         return common::run_child_server(config(&PathBuf::from(&args[i + 1]), keep_lists)).await;
     }
+    if args.iter().any(|a| a == "--depth") {
+        return depth::run(&args).await;
+    }
     let records = arg("--records", 100_000) as usize;
     let harvesters = arg("--harvesters", 50) as usize;
     let tmp = tempfile::tempdir()?;
@@ -343,4 +356,295 @@ async fn main() -> anyhow::Result<()> {
     drop(server.stdin.take());
     let _ = server.wait();
     Ok(())
+}
+
+/// `--depth`: the cost of a page by its depth in its list.
+mod depth {
+    use std::path::{Path, PathBuf};
+    use std::time::Instant;
+
+    use resourcesync_hub::model::{
+        ChangeType, Location, NewChange, ResourceMeta, SetName, Timestamp,
+    };
+
+    use super::common;
+
+    const LARGE: &str = "bench";
+    const FILES: &str = "records";
+
+    fn config(dir: &Path) -> resourcesync_hub::config::Config {
+        let mut c = common::bench_server_config(&dir.join("data"), &dir.join("large"));
+        c.sets.insert(
+            FILES.into(),
+            resourcesync_hub::config::SetOverrides {
+                resource_root_dir: Some(dir.join("files")),
+                ..Default::default()
+            },
+        );
+        for s in [LARGE, FILES] {
+            c.sets.get_mut(s).expect("a set").oai =
+                Some(resourcesync_hub::config::OaiFormat::oai_dc());
+        }
+        c.notify.enabled = false;
+        c.dumps.enabled = false;
+        // Each page made when asked (none kept from an earlier walk or run).
+        c.oai.list_cache_max_bytes = 0;
+        c.source.cache_dir = dir.join("page-cache").to_string_lossy().into_owned();
+        c
+    }
+
+    fn record(k: u64) -> String {
+        format!(
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<oai_dc:dc xmlns:oai_dc=\"http://www.openarchives.org/OAI/2.0/oai_dc/\" xmlns:dc=\"http://purl.org/dc/elements/1.1/\">\
+             <dc:title>Record {k}</dc:title><dc:creator>Author, A.</dc:creator><dc:date>2026-11-01</dc:date>\
+             <dc:description>Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore et dolore magna aliqua.</dc:description></oai_dc:dc>\n"
+        )
+    }
+
+    /// Makes the two sets through the store's apply (20,000 changes a batch, as a large
+    /// ingest would), unless the data directory has them already.
+    async fn populate(dir: &Path, identifiers: u64, records: u64) -> anyhow::Result<()> {
+        let config = std::sync::Arc::new(config(dir));
+        let store = resourcesync_hub::store::Store::open_embedded(&config.database_path())?;
+        for (name, n, files) in [(LARGE, identifiers, false), (FILES, records, true)] {
+            let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
+            let have = store.counts(&set).await?.resources;
+            if have == n {
+                continue;
+            }
+            anyhow::ensure!(
+                have == 0,
+                "{} holds {have} resources in set {name}, not {n}: remove it first",
+                dir.display()
+            );
+            let sc = config.set_config(name);
+            let policy = resourcesync_hub::source::list_policy(&config, &set);
+            let t = Instant::now();
+            for start in (0..n).step_by(20_000) {
+                let mut batch = Vec::with_capacity(20_000);
+                for i in start..(start + 20_000).min(n) {
+                    let rel = format!("r{:03}/{i:08}.xml", i % 1000);
+                    let (length, md5) = if files {
+                        let body = record(i);
+                        let p = dir.join("files").join(&rel);
+                        std::fs::create_dir_all(p.parent().expect("a folder"))?;
+                        std::fs::write(&p, &body)?;
+                        use md5::Digest as _;
+                        (
+                            body.len() as u64,
+                            resourcesync_hub::digest::hex_digest(md5::Md5::digest(body.as_bytes())),
+                        )
+                    } else {
+                        (
+                            1000 + i % 1000,
+                            "0cc175b9c0f1b6a831c399e269772661".to_string(),
+                        )
+                    };
+                    let location = Location::rel_path(rel);
+                    batch.push(NewChange {
+                        key: location.key(&sc).map_err(anyhow::Error::msg)?,
+                        location,
+                        change: ChangeType::Created,
+                        datetime: None,
+                        meta: ResourceMeta {
+                            length: Some(length),
+                            md5: Some(md5),
+                            mime: Some("application/xml".into()),
+                            lastmod: Some(Timestamp::from_secs(1_600_000_000 + i as i64)),
+                            ln: vec![],
+                        },
+                    });
+                }
+                store.apply(&set, batch, policy, Timestamp::now()).await?;
+                if (start / 20_000) % 50 == 49 {
+                    eprintln!("  {name}: {} of {n}", start + 20_000);
+                }
+            }
+            println!(
+                "set {name}: {n} resources made in {:.0} s",
+                t.elapsed().as_secs_f64()
+            );
+        }
+        Ok(())
+    }
+
+    /// The median of the first and of the last `n` of `times`, and the last's ratio to the first.
+    fn ends(times: &[f64], n: usize) -> (f64, f64, f64) {
+        let median = |s: &[f64]| {
+            let mut v = s.to_vec();
+            v.sort_by(|a, b| a.total_cmp(b));
+            v[v.len() / 2]
+        };
+        let n = n.min(times.len() / 2).max(1);
+        let (first, last) = (median(&times[..n]), median(&times[times.len() - n..]));
+        (first, last, last / first)
+    }
+
+    fn report(what: &str, unit: &str, times: &[f64], n: usize) {
+        let (first, last, ratio) = ends(times, n);
+        // The curve in between: the median of each tenth of the list.
+        let tenths: Vec<String> = (0..10)
+            .map(|d| {
+                let (a, b) = (
+                    times.len() * d / 10,
+                    (times.len() * (d + 1) / 10).max(times.len() * d / 10 + 1),
+                );
+                let mut v = times[a..b.min(times.len())].to_vec();
+                v.sort_by(|x, y| x.total_cmp(y));
+                format!("{:.1}", v[v.len() / 2])
+            })
+            .collect();
+        println!(
+            "{what}: {} {unit}; first {n}: median {first:.1} ms, last {n}: {last:.1} ms, last/first {ratio:.2}; median of each tenth: {} ms",
+            times.len(),
+            tenths.join(" ")
+        );
+    }
+
+    /// Walks a list through its tokens, each page timed from request to its last byte.
+    async fn walk(
+        client: &reqwest::Client,
+        base: &str,
+        query: &str,
+    ) -> anyhow::Result<(usize, Vec<f64>)> {
+        let mut url = format!("{base}/oai?{query}");
+        let (mut items, mut times) = (0, Vec::new());
+        loop {
+            let t = Instant::now();
+            let r = client.get(&url).send().await?;
+            anyhow::ensure!(r.status() == 200, "{url}: {}", r.status());
+            let body = r.bytes().await?;
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+            let (ids, token) = super::scan(&body)?;
+            items += ids.len();
+            match token {
+                Some(t) => {
+                    url = format!(
+                        "{base}/oai?verb={}&resumptionToken={}",
+                        if query.contains("ListRecords") {
+                            "ListRecords"
+                        } else {
+                            "ListIdentifiers"
+                        },
+                        url::form_urlencoded::byte_serialize(t.as_bytes()).collect::<String>()
+                    )
+                }
+                None => return Ok((items, times)),
+            }
+        }
+    }
+
+    /// Fetches each of `urls` once, in order, timed.
+    async fn fetch_each(
+        client: &reqwest::Client,
+        base: &str,
+        urls: &[String],
+    ) -> anyhow::Result<Vec<f64>> {
+        let mut times = Vec::new();
+        for u in urls {
+            let path = url::Url::parse(u)?.path().to_string();
+            let t = Instant::now();
+            let r = client.get(format!("{base}{path}")).send().await?;
+            anyhow::ensure!(r.status() == 200, "{path}: {}", r.status());
+            r.bytes().await?;
+            times.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        Ok(times)
+    }
+
+    /// The `<loc>`s of an index document.
+    async fn locs(client: &reqwest::Client, url: &str) -> anyhow::Result<Vec<String>> {
+        let body = client.get(url).send().await?.bytes().await?;
+        let doc = resourcesync_hub::sitemap::parse(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(doc.entries.into_iter().map(|e| e.loc).collect())
+    }
+
+    pub async fn run(args: &[String]) -> anyhow::Result<()> {
+        let num = |name: &str, default: u64| super::arg(name, default);
+        let identifiers = num("--identifiers", 10_000_000);
+        let records = num("--records", 1_000_000);
+        let dir = PathBuf::from(
+            args.iter()
+                .position(|a| a == "--data-dir")
+                .and_then(|i| args.get(i + 1).cloned())
+                .unwrap_or_else(|| "/tmp/rshub-depth".into()),
+        );
+        if let Some(i) = args.iter().position(|a| a == "--depth-child") {
+            let _ = i;
+            return common::run_child_server(config(&dir)).await;
+        }
+        populate(&dir, identifiers, records).await?;
+        let _ = std::fs::remove_dir_all(dir.join("page-cache"));
+        let mut server = std::process::Command::new(std::env::current_exe()?)
+            .args(["--depth", "--depth-child", "--data-dir"])
+            .arg(&dir)
+            .env("RUST_LOG", "warn")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()?;
+        let addr = {
+            use std::io::BufRead;
+            let mut out = std::io::BufReader::new(server.stdout.take().expect("stdout"));
+            let mut line = String::new();
+            out.read_line(&mut line)?;
+            line.strip_prefix("LISTENING ")
+                .map(|a| a.trim().to_string())
+                .ok_or_else(|| anyhow::anyhow!("our server said {line:?}"))?
+        };
+        let base = format!("http://{addr}");
+        let client = reqwest::Client::builder().no_proxy().build()?;
+
+        let t = Instant::now();
+        let (n, times) = walk(
+            &client,
+            &base,
+            &format!("verb=ListIdentifiers&metadataPrefix=oai_dc&set={LARGE}"),
+        )
+        .await?;
+        anyhow::ensure!(
+            n as u64 == identifiers,
+            "ListIdentifiers listed {n} of {identifiers}"
+        );
+        println!(
+            "ListIdentifiers, {n} headers walked in {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+        report("  pages", "pages", &times, 10);
+
+        let t = Instant::now();
+        let (n, times) = walk(
+            &client,
+            &base,
+            &format!("verb=ListRecords&metadataPrefix=oai_dc&set={FILES}"),
+        )
+        .await?;
+        anyhow::ensure!(n as u64 == records, "ListRecords listed {n} of {records}");
+        println!(
+            "ListRecords, {n} records walked in {:.0} s",
+            t.elapsed().as_secs_f64()
+        );
+        report("  pages", "pages", &times, 10);
+
+        let parts = locs(&client, &format!("{base}/sets/{LARGE}/resourcelist.xml")).await?;
+        let times = fetch_each(&client, &base, &parts).await?;
+        report(
+            &format!("Resource List parts of {LARGE} (each made when fetched)"),
+            "parts",
+            &times,
+            5,
+        );
+
+        let lists = locs(&client, &format!("{base}/sets/{LARGE}/changelist.xml")).await?;
+        let times = fetch_each(&client, &base, &lists).await?;
+        report(
+            &format!("Change Lists of {LARGE} (each made when fetched)"),
+            "lists",
+            &times,
+            5,
+        );
+
+        drop(server.stdin.take());
+        let _ = server.wait();
+        Ok(())
+    }
 }

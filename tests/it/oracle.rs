@@ -30,8 +30,9 @@ const SUITE: model::Scope = model::Scope {
 #[test]
 fn the_embedded_store_agrees_with_the_model() {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
-    if let Err(e) = model::explore(24, 24, SUITE, None, seed(1), Some(deadline)) {
-        panic!("{e}");
+    match model::explore(24, 24, SUITE, None, seed(1), Some(deadline)) {
+        Ok(n) => println!("{n} cases agreed"),
+        Err(e) => panic!("{e}"),
     }
 }
 
@@ -42,8 +43,9 @@ fn elasticsearch_agrees_with_the_model() {
         .unwrap()
         .block_on(crate::support::Osmem::clone_url());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
-    if let Err(e) = model::explore(8, 16, SUITE, Some(url), seed(1), Some(deadline)) {
-        panic!("{e}");
+    match model::explore(8, 16, SUITE, Some(url), seed(1), Some(deadline)) {
+        Ok(n) => println!("{n} cases agreed"),
+        Err(e) => panic!("{e}"),
     }
 }
 

@@ -10,9 +10,11 @@
 //! datetime kept unless a list closed, never before the open list), and from then on every
 //! read must agree with it: the Resource List (index and parts), the Change Lists (index, closed
 //! and open), `/oai` (`ListRecords` and `ListIdentifiers` walked whole with kept pages, windows
-//! with `from`/`until`, `GetRecord`, a walk begun before writes and finished after them), and
-//! the change notifications a subscriber received (every change exactly once, in order).
-//! Restarts (a clean stop) keep it all.
+//! with `from`/`until`, `GetRecord`, a walk begun before writes and finished after them), the
+//! activity stream, the dumps (a Resource Dump begun after the last write, a Change Dump of
+//! each closed list, every packed bitstream against its manifest) and the change notifications
+//! a subscriber received (every change exactly once, in order). Restarts (a clean stop) keep
+//! it all.
 
 #![allow(dead_code)]
 
@@ -84,6 +86,11 @@ pub enum Op {
     BeginWalk,
     EndWalk,
     Notifications,
+    /// The activity stream (IIIF Change Discovery), every page from `first` through `next`.
+    Activity,
+    /// Waits for the dumps of what was written (a Resource Dump begun after the last write,
+    /// a Change Dump of every closed Change List) and checks their manifests and bitstreams.
+    Dumps,
     /// Lets the log settle (the notifications' hold-back and the store's visibility lag pass):
     /// what the server keeps only for settled stretches (`ListRecords` pages) is kept after it.
     Settle,
@@ -113,8 +120,8 @@ pub fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         7 => prop::collection::vec(ev(), 1..12).prop_map(Op::Ingest),
         1 => Just(Op::Restart),
-        1 => Just(Op::ResourceList),
-        1 => Just(Op::ChangeLists),
+        3 => Just(Op::ResourceList),
+        2 => Just(Op::ChangeLists),
         4 => Just(Op::Walk { identifiers: false }),
         1 => Just(Op::Walk { identifiers: true }),
         1 => (any::<u8>(), any::<u8>()).prop_map(|(from, until)| Op::Window { from, until }),
@@ -122,7 +129,9 @@ pub fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::BeginWalk),
         1 => Just(Op::EndWalk),
         1 => Just(Op::Notifications),
-        3 => Just(Op::Settle),
+        2 => Just(Op::Dumps),
+        1 => Just(Op::Activity),
+        6 => Just(Op::Settle),
     ]
 }
 
@@ -238,6 +247,13 @@ pub fn config(
     c.notify.hold_back_secs = hold_back;
     c.notify.poll_interval_ms = 100;
     c.oai.page_size = 5;
+    // Dumps of every change: a Resource Dump whenever the set changed, a Change Dump of each
+    // closed list, small packages (so that a dump has several).
+    c.dumps.enabled = true;
+    c.dumps.check_interval_secs = 1;
+    c.dumps.interval_secs = 0;
+    c.dumps.change_fraction = 1e-9;
+    c.dumps.package_max_entries = 4;
     c.sets.insert(
         SET.into(),
         resourcesync_hub::config::SetOverrides {
@@ -412,6 +428,8 @@ impl Case {
             Op::BeginWalk => self.begin_walk().await,
             Op::EndWalk => self.end_walk().await,
             Op::Notifications => self.check_notifications().await,
+            Op::Dumps => self.check_dumps().await,
+            Op::Activity => self.check_activity().await,
             Op::Settle => {
                 let lag = self.config.notify.hold_back_secs * 1000 + 100;
                 tokio::time::sleep(std::time::Duration::from_millis(lag)).await;
@@ -425,6 +443,7 @@ impl Case {
         self.end_walk().await?;
         self.check_resource_list().await?;
         self.check_change_lists().await?;
+        self.check_activity().await?;
         self.check_walk(false).await?;
         self.check_walk(true).await?;
         if self.scope.notifications {
@@ -717,6 +736,266 @@ impl Case {
             .collect();
         ensure!(got == want, "Change Lists:\n got {got:?}\nwant {want:?}");
         Ok(())
+    }
+
+    /// The activity stream: `totalItems`, and its pages from `first` through `next` hold
+    /// every change as an activity, oldest first, `endTime` its datetime.
+    async fn check_activity(&mut self) -> Check {
+        let (status, text) = self.get(&format!("/sets/{SET}/activity.json")).await?;
+        if status == 404 && self.model.log.is_empty() {
+            return Ok(());
+        }
+        ensure!(status == 200, "the activity stream: {status} {text}");
+        let collection: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("the activity stream: {e}"))?;
+        let mut got = Vec::new();
+        let mut next = collection["first"]["id"].as_str().map(str::to_string);
+        while let Some(page) = next.take() {
+            let p = Self::path_of(&page).to_string();
+            let (status, text) = self.get(&p).await?;
+            ensure!(status == 200, "GET {p}: {status}");
+            let page: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| format!("{p}: {e}"))?;
+            for a in page["orderedItems"].as_array().into_iter().flatten() {
+                let kind = match a["type"].as_str() {
+                    Some("Create") => "created",
+                    Some("Update") => "updated",
+                    Some("Delete") => "deleted",
+                    other => return Err(format!("{p}: an activity of type {other:?}")),
+                };
+                let dt = a["endTime"]
+                    .as_str()
+                    .and_then(|d| Timestamp::parse(d).ok())
+                    .map_or(0, |t| t.0);
+                got.push((
+                    self.key_of(a["object"]["id"].as_str().unwrap_or_default())?,
+                    kind.to_string(),
+                    dt,
+                ));
+            }
+            next = page["next"]["id"].as_str().map(str::to_string);
+            ensure!(
+                got.len() <= self.model.log.len(),
+                "the activity stream runs on: {got:?}"
+            );
+        }
+        let want: Vec<(u8, String, i64)> = self
+            .model
+            .log
+            .iter()
+            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
+            .collect();
+        ensure!(got == want, "activity stream:\n got {got:?}\nwant {want:?}");
+        ensure!(
+            collection["totalItems"].as_u64() == Some(want.len() as u64),
+            "the activity stream's totalItems is {}, the log holds {}",
+            collection["totalItems"],
+            want.len()
+        );
+        Ok(())
+    }
+
+    /// The Resource Dump and the Change Dumps, once the dump builder has caught up with what
+    /// was written: the Resource Dump begun after the last write holds every live resource as
+    /// the model has it, and each closed Change List has a Change Dump whose manifests list its
+    /// changes in order; every bitstream packed is the one its manifest's hash describes, and
+    /// one of its resource's versions.
+    async fn check_dumps(&mut self) -> Check {
+        // The Change Lists first (what each Change Dump must list): as the model has them.
+        self.check_change_lists().await?;
+        let closed: Vec<(u32, Vec<(u8, String, i64)>)> = {
+            let (status, text) = self.get(&format!("/sets/{SET}/changelist.xml")).await?;
+            let mut closed = Vec::new();
+            if status == 200 {
+                let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
+                    .map_err(|e| format!("the Change List: {e}"))?;
+                if doc.is_index {
+                    for e in doc.entries.iter().filter(|e| e.md.contains_key("until")) {
+                        let p = Self::path_of(&e.loc).to_string();
+                        let no: u32 = p
+                            .rsplit('/')
+                            .next()
+                            .and_then(|f| f.strip_suffix(".xml"))
+                            .and_then(|n| n.parse().ok())
+                            .ok_or_else(|| format!("{p} is no numbered Change List"))?;
+                        let (_, list) = self.get(&p).await?;
+                        let entries = resourcesync_hub::sitemap::parse(list.as_bytes())
+                            .map_err(|e| format!("{p}: {e}"))?
+                            .entries;
+                        closed.push((no, self.listed_changes(&entries)?));
+                    }
+                }
+            }
+            closed
+        };
+        // Caught up: a Resource Dump after the newest change that holds the set as the model
+        // has it (one begun before a batch committed is followed by another), when the set
+        // holds any resource; a Change Dump of each closed list.
+        let want_rd: BTreeMap<u8, Option<String>> = self
+            .model
+            .live
+            .iter()
+            .map(|(k, v)| (*k, Some(md5_hex(record(*k, *v).as_bytes()))))
+            .collect();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        let mut last_rd = None;
+        let change_dumps = loop {
+            let mut rd_ok = self.model.live.is_empty();
+            if let (200, text) = self.get(&format!("/sets/{SET}/resourcedump.xml")).await? {
+                let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
+                    .map_err(|e| format!("the Resource Dump: {e}"))?;
+                let at = doc.md.get("at").and_then(|a| Timestamp::parse(a).ok());
+                // Its `at` is just after the newest change it holds.
+                let newest = self.model.newest().unwrap_or(0);
+                if at.is_some_and(|a| a.0 > newest) && !rd_ok {
+                    let mut got = BTreeMap::new();
+                    for e in &doc.entries {
+                        for (k, hash, change) in self.package(&e.loc).await? {
+                            ensure!(change.is_none(), "r{k} has a change in the Resource Dump");
+                            ensure!(
+                                got.insert(k, Some(hash)).is_none(),
+                                "r{k} twice in the Resource Dump"
+                            );
+                        }
+                    }
+                    rd_ok = got == want_rd;
+                    last_rd = Some(got);
+                }
+            }
+            let mut cds = BTreeMap::new();
+            if let (200, text) = self.get(&format!("/sets/{SET}/changedump.xml")).await? {
+                let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
+                    .map_err(|e| format!("the Change Dump index: {e}"))?;
+                for e in &doc.entries {
+                    let p = Self::path_of(&e.loc).to_string();
+                    let no: u32 = p
+                        .rsplit('/')
+                        .next()
+                        .and_then(|f| f.strip_suffix(".xml"))
+                        .and_then(|n| n.parse().ok())
+                        .ok_or_else(|| format!("{p} is no numbered Change Dump"))?;
+                    cds.insert(no, p);
+                }
+            }
+            if rd_ok && closed.iter().all(|(no, _)| cds.contains_key(no)) {
+                break cds;
+            }
+            ensure!(
+                std::time::Instant::now() < deadline,
+                "dumps not caught up in 15 s: the Resource Dump after the newest change:\n got {last_rd:?}\nwant {want_rd:?}\nChange Dumps of closed lists {:?}: {:?}",
+                closed.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+                cds.keys().collect::<Vec<_>>()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        };
+        for (no, want) in closed {
+            let p = &change_dumps[&no];
+            let (status, text) = self.get(p).await?;
+            ensure!(status == 200, "GET {p}: {status}");
+            let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
+                .map_err(|e| format!("{p}: {e}"))?;
+            let mut got = Vec::new();
+            for e in &doc.entries {
+                for (k, _, change) in self.package(&e.loc).await? {
+                    let _ = k;
+                    got.push(
+                        change
+                            .ok_or_else(|| format!("r{k} without a change in Change Dump {no}"))?,
+                    );
+                }
+            }
+            ensure!(
+                got == want,
+                "Change Dump {no}:\n got {got:?}\nwant (Change List {no}) {want:?}"
+            );
+        }
+        Ok(())
+    }
+
+    /// (key, change, datetime) of a Change List's entries.
+    fn listed_changes(
+        &self,
+        entries: &[resourcesync_hub::sitemap::ParsedEntry],
+    ) -> Result<Vec<(u8, String, i64)>, String> {
+        entries
+            .iter()
+            .map(|e| {
+                let dt =
+                    e.md.get("datetime")
+                        .and_then(|d| Timestamp::parse(d).ok())
+                        .map_or(0, |t| t.0);
+                Ok((
+                    self.key_of(&e.loc)?,
+                    e.md.get("change").cloned().unwrap_or_default(),
+                    dt,
+                ))
+            })
+            .collect()
+    }
+
+    /// A dump package's manifest entries: (key, md5 hash, (key, change, datetime) for a Change
+    /// Dump's), each bitstream checked against its hash and against the resource's versions.
+    async fn package(
+        &self,
+        loc: &str,
+    ) -> Result<Vec<(u8, String, Option<(u8, String, i64)>)>, String> {
+        let p = Self::path_of(loc).to_string();
+        let r = self
+            .client
+            .get(self.url(&p))
+            .send()
+            .await
+            .map_err(|e| format!("GET {p}: {e}"))?;
+        ensure!(r.status() == 200, "GET {p}: {}", r.status());
+        let bytes = r.bytes().await.map_err(|e| format!("GET {p}: {e}"))?;
+        let mut zip = zip::ZipArchive::new(std::io::Cursor::new(bytes.to_vec()))
+            .map_err(|e| format!("{p}: {e}"))?;
+        let manifest = resourcesync_hub::package::read_manifest(&mut zip, 50_000_000)
+            .map_err(|e| format!("{p}: {e}"))?;
+        let doc = resourcesync_hub::sitemap::parse(&manifest).map_err(|e| format!("{p}: {e}"))?;
+        let mut out = Vec::new();
+        for e in &doc.entries {
+            let k = self.key_of(&e.loc)?;
+            let change = e.md.get("change").map(|c| {
+                let dt =
+                    e.md.get("datetime")
+                        .and_then(|d| Timestamp::parse(d).ok())
+                        .map_or(0, |t| t.0);
+                (k, c.clone(), dt)
+            });
+            let hash =
+                e.md.get("hash")
+                    .map(|h| h.trim_start_matches("md5:").to_string())
+                    .unwrap_or_default();
+            if let Some(path) = e.md.get("path") {
+                let name = resourcesync_hub::package::member_name(path)
+                    .ok_or_else(|| format!("{p}: {path} names no member"))?;
+                let mut member = Vec::new();
+                std::io::Read::read_to_end(
+                    &mut zip.by_name(name).map_err(|e| format!("{p}: {name}: {e}"))?,
+                    &mut member,
+                )
+                .map_err(|e| format!("{p}: {name}: {e}"))?;
+                ensure!(
+                    md5_hex(&member) == hash,
+                    "{p}: {name} is not the bytes its manifest's hash describes"
+                );
+                let newest = self.model.versions.get(&k).copied().unwrap_or(0);
+                ensure!(
+                    (1..=newest).any(|v| record(k, v).as_bytes() == member.as_slice()),
+                    "{p}: {name} is no version of r{k}: {}",
+                    String::from_utf8_lossy(&member)
+                );
+            } else {
+                // A Change Dump's deletion, or a change of a resource gone when it was packed.
+                ensure!(
+                    change.is_some(),
+                    "{p}: r{k} without a bitstream in a Resource Dump"
+                );
+            }
+            out.push((k, hash, change));
+        }
+        Ok(out)
     }
 
     /// A whole `ListRecords`/`ListIdentifiers` walk from `query`.
