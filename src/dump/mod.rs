@@ -815,6 +815,22 @@ impl Dumps {
                 .await?;
             let rt = tokio::runtime::Handle::current();
             let items = page.items;
+            // Each resource is packed as it is now, so the md5 the store may vouch for is its
+            // current one (a change's own md5 is of bytes a later change may have replaced,
+            // with the same length, even in the same batch).
+            let keys: Vec<ResourceKey> = items
+                .iter()
+                .filter(|c| c.change != ChangeType::Deleted)
+                .map(|c| c.key.clone())
+                .collect();
+            let now: HashMap<ResourceKey, crate::model::Resource> = self
+                .store()
+                .resources_by_key(set, &keys)
+                .await?
+                .into_iter()
+                .flatten()
+                .map(|r| (r.key.clone(), r))
+                .collect();
             let (sc2, this) = (sc.clone(), self.clone());
             let (p, n, w, dt) = tokio::task::spawn_blocking(move || {
                 let (mut n, mut w) = (0u64, 0u64);
@@ -828,9 +844,11 @@ impl Dumps {
                     last_dt = Some(c.datetime);
                     n += 1;
                     let loc = c.key.url(&sc2.url_prefix);
-                    let body = match c.change {
-                        ChangeType::Deleted => None,
-                        _ => this.open_bitstream(&sc2, &c.key, &c.meta, c.timestamp, &rt)?,
+                    let body = match (c.change, now.get(&c.key)) {
+                        (ChangeType::Deleted, _) | (_, None) => None,
+                        (_, Some(r)) => {
+                            this.open_bitstream(&sc2, &r.key, &r.meta, r.timestamp, &rt)?
+                        }
                     };
                     match body {
                         Some((body, name)) => packer.add(

@@ -75,3 +75,23 @@ fn a_change_dated_into_kept_pages_agrees_with_the_model() {
         panic!("{e}");
     }
 }
+
+/// A batch that changes one resource twice (the file written twice, the same length) and
+/// closes its Change List: the Change Dump packs the file as it is, and its manifest's hash
+/// must be of those bytes (not the first change's md5).
+#[test]
+fn a_change_dump_of_a_resource_changed_twice_in_one_batch_agrees_with_the_model() {
+    use model::{Ev, Kind, Op, When};
+    let ev = |key, kind| Ev {
+        key,
+        kind,
+        when: When::Arrival,
+    };
+    let mut batch = vec![ev(0, Kind::Create), ev(0, Kind::Update)];
+    batch.extend((1..7).map(|k| ev(k, Kind::Create)));
+    let ops = vec![Op::Ingest(batch), Op::Dumps];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 7)) {
+        panic!("{e}");
+    }
+}
