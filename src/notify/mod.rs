@@ -155,6 +155,7 @@ impl Notifier {
                     lists_seen: lists.iter().map(|l| l.no).max().unwrap_or(0),
                     announced: true,
                     version: 0,
+                    covers: None,
                 })
                 .await?;
             return Ok(Step {
@@ -184,6 +185,7 @@ impl Notifier {
             );
             payloads.push((change_topic.clone(), XML.into(), Bytes::from(xml)));
             next.watermark = until;
+            next.covers = Some(changes.len() as u64);
             step.changes = changes.len();
         }
 

@@ -485,6 +485,12 @@ pub struct NotifyState {
     pub lists_seen: u32,
     pub announced: bool,
     pub version: i64,
+    /// Not kept: when this state moves the watermark, how many changes the notification
+    /// published with it holds (every change dated between the old watermark and the new).
+    /// The embedded store refuses the move when it holds another number: a change recorded
+    /// after the notifier read them and dated before the new watermark would never be
+    /// notified, and later changes dated before it are refused.
+    pub covers: Option<u64>,
 }
 
 /// A 32-byte secret shared by every process on the store, made by whichever asks first and

@@ -540,6 +540,62 @@ async fn hold_contract(store: &Store) {
     store.hub_remove_subscription(id).await.unwrap();
 }
 
+/// The notifier reads the changes due, then publishes them with its new watermark: a change
+/// recorded in between, dated before that watermark (the rules accepted it: it was after the
+/// old one), would never be notified. The embedded store refuses the move (the notifier steps
+/// again and reads it).
+#[tokio::test]
+async fn a_change_recorded_while_the_notifier_publishes_is_never_passed_over() {
+    use resourcesync_hub::store::NotifyState;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open_embedded(&dir.path().join("db.sqlite")).unwrap();
+    let set = SetName::parse("raced").unwrap();
+    let t = Timestamp::now();
+    let first = vec![change(ChangeType::Created, "http://x/a", 1, Some(t))];
+    store.apply(&set, first, policy(50), t).await.unwrap();
+    let state = store.notify_state(&set).await.unwrap().unwrap();
+    // The notifier's read: one change, so its new watermark is just after it.
+    let due = store
+        .changes(&set, state.watermark, None, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(due.items.len(), 1);
+    // Meanwhile a writer dates a change equal to it: after the watermark, accepted.
+    let equal = vec![change(ChangeType::Created, "http://x/b", 2, Some(t))];
+    store
+        .apply(&set, equal, policy(50), Timestamp::now())
+        .await
+        .unwrap();
+    let next = NotifyState {
+        watermark: Timestamp(t.0 + 1),
+        version: state.version + 1,
+        covers: Some(due.items.len() as u64),
+        ..state.clone()
+    };
+    let moved = store
+        .hub_publish(Vec::new(), Some((state.version, next)), Timestamp::now())
+        .await;
+    assert!(
+        matches!(moved, Err(resourcesync_hub::store::StoreError::Conflict(_))),
+        "the watermark moved past a change it never notified: {moved:?}"
+    );
+    // Read again, both go out.
+    let due = store
+        .changes(&set, state.watermark, None, None, 10)
+        .await
+        .unwrap();
+    let next = NotifyState {
+        watermark: Timestamp(t.0 + 1),
+        version: state.version + 1,
+        covers: Some(due.items.len() as u64),
+        ..state.clone()
+    };
+    store
+        .hub_publish(Vec::new(), Some((state.version, next)), Timestamp::now())
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn embedded_store_fulfils_the_contract() {
     let dir = tempfile::tempdir().unwrap();

@@ -1060,6 +1060,7 @@ impl SetStore for ElasticStore {
             lists_seen: d.lists_seen,
             announced: d.announced,
             version: d.version,
+            covers: None,
         }))
     }
 

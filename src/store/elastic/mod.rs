@@ -642,6 +642,7 @@ impl ElasticStore {
             lists_seen: 1,
             announced: false,
             version: 0,
+            covers: None,
         })
         .await?;
         self.es
