@@ -741,8 +741,17 @@ impl Repository {
             return Ok(None);
         }
         // Changes since, after the stretch: each of the page's resources must still have the
-        // newest change it holds (its keys are read from the file opened to send it).
-        let check = recorded.is_some();
+        // newest change it holds (its keys are read from the file opened to send it). So must
+        // they for a list bounded later than the page's, when a change is dated in between:
+        // one recorded before the page was read but dated after its bound (on arrival, while a
+        // walk begun earlier went on) is no change "since", yet supersedes a record it holds.
+        let check = recorded.is_some()
+            || (bound > made
+                && !store
+                    .changes(set, Timestamp(made), Some(Timestamp(bound)), None, 1)
+                    .await?
+                    .items
+                    .is_empty());
         let page = e.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let mut f = page.open()?;
