@@ -494,10 +494,19 @@ mod depth {
                 format!("{:.1}", v[v.len() / 2])
             })
             .collect();
+        let each = |s: &[f64]| {
+            s.iter()
+                .map(|t| format!("{t:.1}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let n_ = n.min(times.len() / 2).max(1);
         println!(
-            "{what}: {} {unit}; first {n}: median {first:.1} ms, last {n}: {last:.1} ms, last/first {ratio:.2}; median of each tenth: {} ms",
+            "{what}: {} {unit}; first {n}: median {first:.1} ms, last {n}: {last:.1} ms, last/first {ratio:.2}; median of each tenth: {} ms\n    first: {} ms; last: {} ms",
             times.len(),
-            tenths.join(" ")
+            tenths.join(" "),
+            each(&times[..n_]),
+            each(&times[times.len() - n_..])
         );
     }
 

@@ -7,7 +7,8 @@
 //!
 //! Options: `--cases N` (default: as many as fit), `--seed S`, `--minutes M` (default 10),
 //! `--ops N` (operations per case at most, default 32), `--elastic URL` (an Elasticsearch or
-//! OpenSearch to run on instead of the embedded store; each case gets its own indices).
+//! OpenSearch to run on instead of the embedded store; each case gets its own indices),
+//! `--without windows,notifications,baselines` (surfaces left out; by default all compared).
 
 #[path = "../tests/oracle/mod.rs"]
 mod model;
@@ -30,16 +31,15 @@ fn main() {
     let cases = num("--cases", u32::MAX as u64) as u32;
     let ops = num("--ops", 32) as usize;
     let seed = arg("--seed").map(|s| s.parse().expect("--seed takes a number"));
+    let without = arg("--without").unwrap_or_default();
+    let scope = model::Scope {
+        windows: !without.contains("windows"),
+        notifications: !without.contains("notifications"),
+        baselines: !without.contains("baselines"),
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(minutes * 60);
     let started = std::time::Instant::now();
-    match model::explore(
-        cases,
-        ops,
-        model::Scope::ALL,
-        arg("--elastic"),
-        seed,
-        Some(deadline),
-    ) {
+    match model::explore(cases, ops, scope, arg("--elastic"), seed, Some(deadline)) {
         Ok(n) => println!(
             "{n} cases agreed with the model in {:.0} s",
             started.elapsed().as_secs_f64()

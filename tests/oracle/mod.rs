@@ -140,19 +140,23 @@ pub fn ops(max: usize) -> impl Strategy<Value = Vec<Op>> {
 }
 
 /// What a run compares besides the lists whole, `GetRecord` and walks across writes: `from`/
-/// `until` windows of `/oai` and the subscriber's notifications. The suite leaves out what
-/// the oracle still finds wrong (notifications: see the README's exactness section), the
-/// example compares all.
+/// `until` windows of `/oai`, the subscriber's notifications, and every Resource List and
+/// Resource Dump read brought up to date from its `at` with the changes dated from then on.
+/// The suite leaves out what the oracle still finds wrong (notifications, baselines: see the
+/// README's exactness section), the example compares all.
 #[derive(Debug, Clone, Copy)]
 pub struct Scope {
     pub windows: bool,
     pub notifications: bool,
+    /// Baselines brought up to date from their `at` (see [`Case::check_baselines`]).
+    pub baselines: bool,
 }
 
 impl Scope {
     pub const ALL: Scope = Scope {
         windows: true,
         notifications: true,
+        baselines: true,
     };
 }
 
@@ -163,6 +167,8 @@ struct Logged {
     id: i64,
     key: u8,
     kind: ChangeType,
+    /// The version it wrote (none for a deletion).
+    version: Option<u32>,
 }
 
 #[derive(Default)]
@@ -173,6 +179,9 @@ struct Model {
     versions: BTreeMap<u8, u32>,
     /// The change log, in (datetime, id) order.
     log: Vec<Logged>,
+    /// Baselines read (a Resource List, a Resource Dump): what, its `at`, each resource's md5.
+    /// A destination that applies every change dated from `at` on to one reaches the set.
+    baselines: Vec<(&'static str, i64, BTreeMap<u8, String>)>,
 }
 
 impl Model {
@@ -446,6 +455,9 @@ impl Case {
         self.check_activity().await?;
         self.check_walk(false).await?;
         self.check_walk(true).await?;
+        if self.scope.baselines {
+            self.check_baselines()?;
+        }
         if self.scope.notifications {
             self.check_notifications().await?;
         }
@@ -462,6 +474,7 @@ impl Case {
         let mut lines = Vec::new();
         let mut wrote: BTreeMap<u8, Option<u32>> = BTreeMap::new();
         let mut given = Vec::new();
+        let mut written = Vec::new();
         for e in evs {
             let rel = format!("r/{}.xml", e.key);
             let path = self.root.join(&rel);
@@ -477,6 +490,7 @@ impl Case {
             let mut line = if e.kind == Kind::Delete {
                 let _ = std::fs::remove_file(&path);
                 wrote.insert(e.key, None);
+                written.push(None);
                 format!(r#"{{"change":"deleted","location":{{"type":"rel_path","value":"{rel}"}}"#)
             } else {
                 let version = match (e.kind, current) {
@@ -489,6 +503,7 @@ impl Case {
                 };
                 let body = record(e.key, version);
                 std::fs::write(&path, &body).unwrap();
+                written.push(Some(version));
                 wrote.insert(e.key, Some(version));
                 format!(
                     r#"{{"change":"{kind}","location":{{"type":"rel_path","value":"{rel}"}},"length":{},"md5":"{}","mime":"text/xml""#,
@@ -571,14 +586,14 @@ impl Case {
         recorded.sort_by_key(|c| c.id);
         let mut present: BTreeSet<u8> = self.model.live.keys().copied().collect();
         let mut expected = Vec::new();
-        for (e, d) in evs.iter().zip(&given) {
+        for ((e, d), v) in evs.iter().zip(&given).zip(&written) {
             if e.kind == Kind::Delete && !present.remove(&e.key) {
                 continue; // nothing to delete: ignored
             }
             if e.kind != Kind::Delete {
                 present.insert(e.key);
             }
-            expected.push((e, *d));
+            expected.push((e, *d, *v));
         }
         ensure!(
             recorded.len() == expected.len(),
@@ -595,7 +610,7 @@ impl Case {
             let n = newest_of.entry(l.key).or_insert(l.datetime);
             *n = (*n).max(l.datetime);
         }
-        for (c, (e, d)) in recorded.iter().zip(&expected) {
+        for (c, (e, d, version)) in recorded.iter().zip(&expected) {
             let key = self.key_of(&c.key.url(&self.config.set_config(SET).url_prefix))?;
             ensure!(
                 key == e.key,
@@ -640,6 +655,7 @@ impl Case {
                 id: c.id,
                 key,
                 kind: c.change,
+                version: *version,
             });
         }
         self.model.log.sort_by_key(|l| (l.datetime, l.id));
@@ -661,15 +677,29 @@ impl Case {
         &self,
         path: &str,
     ) -> Result<Vec<resourcesync_hub::sitemap::ParsedEntry>, String> {
+        Ok(self.entries_with_md(path).await?.1)
+    }
+
+    /// [`Case::entries`] and the (index) document's own `rs:md`.
+    async fn entries_with_md(
+        &self,
+        path: &str,
+    ) -> Result<
+        (
+            BTreeMap<String, String>,
+            Vec<resourcesync_hub::sitemap::ParsedEntry>,
+        ),
+        String,
+    > {
         let (status, text) = self.get(path).await?;
         if status == 404 && self.model.log.is_empty() {
-            return Ok(Vec::new());
+            return Ok(Default::default());
         }
         ensure!(status == 200, "GET {path}: {status} {text}");
         let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
             .map_err(|e| format!("{path}: {e}"))?;
         if !doc.is_index {
-            return Ok(doc.entries);
+            return Ok((doc.md, doc.entries));
         }
         let mut out = Vec::new();
         for e in &doc.entries {
@@ -682,12 +712,12 @@ impl Case {
                     .entries,
             );
         }
-        Ok(out)
+        Ok((doc.md, out))
     }
 
     async fn check_resource_list(&mut self) -> Check {
-        let entries = self
-            .entries(&format!("/sets/{SET}/resourcelist.xml"))
+        let (md, entries) = self
+            .entries_with_md(&format!("/sets/{SET}/resourcelist.xml"))
             .await?;
         let mut got = BTreeMap::new();
         for e in entries {
@@ -709,6 +739,49 @@ impl Case {
             })
             .collect();
         ensure!(got == want, "Resource List:\n got {got:?}\nwant {want:?}");
+        if let Some(at) = md.get("at").and_then(|a| Timestamp::parse(a).ok()) {
+            let held = got
+                .into_iter()
+                .map(|(k, h)| {
+                    (
+                        k,
+                        h.unwrap_or_default().trim_start_matches("md5:").to_string(),
+                    )
+                })
+                .collect();
+            self.model.baselines.push(("Resource List", at.0, held));
+        }
+        Ok(())
+    }
+
+    /// Every baseline read (a Resource List, a Resource Dump), brought up to date as a
+    /// destination does (each change dated from its `at` on applied in order), is the set as
+    /// the model has it now: no change recorded after it was read is dated before its `at`.
+    fn check_baselines(&self) -> Check {
+        let now: BTreeMap<u8, String> = self
+            .model
+            .live
+            .iter()
+            .map(|(k, v)| (*k, md5_hex(record(*k, *v).as_bytes())))
+            .collect();
+        for (what, at, held) in &self.model.baselines {
+            let mut state = held.clone();
+            for l in self.model.log.iter().filter(|l| l.datetime >= *at) {
+                match l.version {
+                    None => {
+                        state.remove(&l.key);
+                    }
+                    Some(v) => {
+                        state.insert(l.key, md5_hex(record(l.key, v).as_bytes()));
+                    }
+                }
+            }
+            ensure!(
+                state == now,
+                "a {what} at {} brought up to date with the changes from then on:\n got {state:?}\nwant {now:?}",
+                Timestamp(*at)
+            );
+        }
         Ok(())
     }
 
@@ -828,9 +901,9 @@ impl Case {
             }
             closed
         };
-        // Caught up: a Resource Dump after the newest change that holds the set as the model
-        // has it (one begun before a batch committed is followed by another), when the set
-        // holds any resource; a Change Dump of each closed list.
+        // Caught up: a Resource Dump that holds the set as the model has it (one begun before
+        // a batch committed is followed by another), when the set holds any resource; a
+        // Change Dump of each closed list.
         let want_rd: BTreeMap<u8, Option<String>> = self
             .model
             .live
@@ -845,9 +918,9 @@ impl Case {
                 let doc = resourcesync_hub::sitemap::parse(text.as_bytes())
                     .map_err(|e| format!("the Resource Dump: {e}"))?;
                 let at = doc.md.get("at").and_then(|a| Timestamp::parse(a).ok());
-                // Its `at` is just after the newest change it holds.
-                let newest = self.model.newest().unwrap_or(0);
-                if at.is_some_and(|a| a.0 > newest) && !rd_ok {
+                // Built after the last write (the one before may lag behind): its `at` is
+                // checked as a baseline (see `check_baselines`).
+                if !rd_ok {
                     let mut got = BTreeMap::new();
                     for e in &doc.entries {
                         for (k, hash, change) in self.package(&e.loc).await? {
@@ -859,6 +932,15 @@ impl Case {
                         }
                     }
                     rd_ok = got == want_rd;
+                    if rd_ok {
+                        let held = got
+                            .iter()
+                            .map(|(k, h)| (*k, h.clone().unwrap_or_default()))
+                            .collect();
+                        self.model
+                            .baselines
+                            .push(("Resource Dump", at.map_or(0, |a| a.0), held));
+                    }
                     last_rd = Some(got);
                 }
             }
@@ -882,7 +964,7 @@ impl Case {
             }
             ensure!(
                 std::time::Instant::now() < deadline,
-                "dumps not caught up in 15 s: the Resource Dump after the newest change:\n got {last_rd:?}\nwant {want_rd:?}\nChange Dumps of closed lists {:?}: {:?}",
+                "dumps not caught up in 15 s: the Resource Dump:\n got {last_rd:?}\nwant {want_rd:?}\nChange Dumps of closed lists {:?}: {:?}",
                 closed.iter().map(|(n, _)| n).collect::<Vec<_>>(),
                 cds.keys().collect::<Vec<_>>()
             );
