@@ -52,6 +52,10 @@ use crate::sitemap::{Ln, Md, Root, SitemapWriter};
 use crate::source::{Source, Urls};
 use crate::store::{ChangeListInfo, Counts, Store};
 
+/// How much earlier than the store recorded a file must the file's modification time be for
+/// the store's md5 to be taken for it (µs): a second, well past the kernel's clock tick.
+const MTIME_SLACK_MICROS: i64 = 1_000_000;
+
 /// The served Resource Dump of a set (`rd/current.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ResourceDumpInfo {
@@ -456,9 +460,13 @@ impl Dumps {
             return match std::fs::File::open(root.join(rel)) {
                 Ok(f) => {
                     let m = f.metadata()?;
+                    // A file's modification time comes from the kernel's coarse clock, which
+                    // lags the clock the store dates by up to a tick or more: only a file last
+                    // modified well before the store recorded it is taken as recorded.
                     let unchanged = meta.length == Some(m.len())
                         && m.modified().is_ok_and(|t| {
-                            Timestamp::from_system_time(t).is_some_and(|t| t <= recorded)
+                            Timestamp::from_system_time(t)
+                                .is_some_and(|t| t.0 + MTIME_SLACK_MICROS <= recorded.0)
                         });
                     Ok(Some((
                         Body {

@@ -26,11 +26,14 @@ const SUITE: model::Scope = model::Scope {
     windows: true,
     notifications: false,
     baselines: false,
+    walks: true,
 };
 
-/// About 30 s on the embedded store.
+/// About 30 s on the embedded store, the server the real binary in a process of its own (so
+/// that a case can kill it).
 #[test]
 fn the_embedded_store_agrees_with_the_model() {
+    model::use_binary(env!("CARGO_BIN_EXE_resourcesync-hub").into());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(40);
     match model::explore(24, 24, SUITE, None, seed(1), Some(deadline)) {
         Ok(n) => println!("{n} cases agreed"),
@@ -119,6 +122,36 @@ fn a_walk_after_one_across_a_write_agrees_with_the_model() {
     ];
     let rt = tokio::runtime::Runtime::new().unwrap();
     if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 1000)) {
+        panic!("{e}");
+    }
+}
+
+/// The server killed (SIGKILL) right after answering writes, while it writes pages, dumps and
+/// notifications in the background, and started again: every surface still agrees.
+#[test]
+fn a_killed_server_agrees_with_the_model() {
+    use model::{Ev, Kind, Op, When};
+    model::use_binary(env!("CARGO_BIN_EXE_resourcesync-hub").into());
+    let ev = |key, kind| Ev {
+        key,
+        kind,
+        when: When::Arrival,
+    };
+    let ops = vec![
+        Op::Ingest((0..12).map(|k| ev(k, Kind::Create)).collect()),
+        Op::Settle,
+        Op::Walk { identifiers: false },
+        Op::ResourceList,
+        Op::Ingest((3..9).map(|k| ev(k, Kind::Update)).collect()),
+        Op::Crash,
+        Op::Walk { identifiers: false },
+        Op::Dumps,
+        Op::Ingest(vec![ev(1, Kind::Delete), ev(20, Kind::Create)]),
+        Op::Crash,
+        Op::Notifications,
+    ];
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 7)) {
         panic!("{e}");
     }
 }
