@@ -142,20 +142,9 @@ async fn serve_pages(dir: PathBuf) -> anyhow::Result<()> {
 
 /// Starts the repository as a child process serving `dir`; its base URL.
 fn start_repository(dir: &Path) -> anyhow::Result<(std::process::Child, String)> {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .arg("--serve-pages")
-        .arg(dir)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line)?;
-    let addr = line
-        .trim()
-        .strip_prefix("LISTENING ")
-        .ok_or_else(|| anyhow::anyhow!("the repository did not start: {line:?}"))?
-        .to_string();
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("--serve-pages").arg(dir);
+    let (child, addr) = common::spawn_child(cmd)?;
     Ok((child, format!("http://{addr}/oai")))
 }
 

@@ -736,23 +736,13 @@ struct Child {
 }
 
 fn spawn_child(es: &str, index: &str, lease: &str) -> anyhow::Result<Child> {
-    use std::io::BufRead;
-    let mut proc = std::process::Command::new(std::env::current_exe()?)
-        .args(["--child", es, "--index", index, "--lease-secs", lease])
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["--child", es, "--index", index, "--lease-secs", lease])
         .env(
             "RUST_LOG",
             std::env::var("BENCH_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut out = std::io::BufReader::new(proc.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    out.read_line(&mut line)?;
-    let addr = line
-        .strip_prefix("LISTENING ")
-        .map(|a| a.trim().to_string())
-        .ok_or_else(|| anyhow::anyhow!("child said {line:?}"))?;
+        );
+    let (proc, addr) = common::spawn_child(cmd)?;
     Ok(Child { proc, addr })
 }
 

@@ -215,27 +215,12 @@ async fn main() -> anyhow::Result<()> {
     let harvesters = arg("--harvesters", 50) as usize;
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().join("root");
-    let mut server = std::process::Command::new(std::env::current_exe()?)
-        .arg("--child")
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.arg("--child")
         .arg(tmp.path())
-        .args(
-            args.iter()
-                .filter(|a| *a == "--no-kept-lists")
-                .collect::<Vec<_>>(),
-        )
-        .env("RUST_LOG", "warn")
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let addr = {
-        use std::io::BufRead;
-        let mut out = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        line.strip_prefix("LISTENING ")
-            .map(|a| a.trim().to_string())
-            .ok_or_else(|| anyhow::anyhow!("our server said {line:?}"))?
-    };
+        .args(args.iter().filter(|a| *a == "--no-kept-lists"))
+        .env("RUST_LOG", "warn");
+    let (mut server, addr) = common::spawn_child(cmd)?;
     let pid = server.id().to_string();
     let base = format!("http://{addr}");
     let client = reqwest::Client::builder().no_proxy().build()?;
@@ -468,20 +453,19 @@ mod depth {
         Ok(())
     }
 
-    /// The median of the first and of the last `n` of `times`, and the last's ratio to the first.
-    fn ends(times: &[f64], n: usize) -> (f64, f64, f64) {
-        let median = |s: &[f64]| {
-            let mut v = s.to_vec();
-            v.sort_by(|a, b| a.total_cmp(b));
-            v[v.len() / 2]
-        };
-        let n = n.min(times.len() / 2).max(1);
-        let (first, last) = (median(&times[..n]), median(&times[times.len() - n..]));
-        (first, last, last / first)
+    fn median(s: &[f64]) -> f64 {
+        let mut v = s.to_vec();
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
     }
 
+    /// The first and last `n` pages (fewer for a short list), the median of each and the
+    /// last's ratio to the first, and the median of each tenth of the list.
     fn report(what: &str, unit: &str, times: &[f64], n: usize) {
-        let (first, last, ratio) = ends(times, n);
+        let n = n.min(times.len() / 2).max(1);
+        let (head, tail) = (&times[..n], &times[times.len() - n..]);
+        let (first, last) = (median(head), median(tail));
+        let ratio = last / first;
         // The curve in between: the median of each tenth of the list.
         let tenths: Vec<String> = (0..10)
             .map(|d| {
@@ -489,9 +473,7 @@ mod depth {
                     times.len() * d / 10,
                     (times.len() * (d + 1) / 10).max(times.len() * d / 10 + 1),
                 );
-                let mut v = times[a..b.min(times.len())].to_vec();
-                v.sort_by(|x, y| x.total_cmp(y));
-                format!("{:.1}", v[v.len() / 2])
+                format!("{:.1}", median(&times[a..b.min(times.len())]))
             })
             .collect();
         let each = |s: &[f64]| {
@@ -500,13 +482,12 @@ mod depth {
                 .collect::<Vec<_>>()
                 .join(" ")
         };
-        let n_ = n.min(times.len() / 2).max(1);
         println!(
             "{what}: {} {unit}; first {n}: median {first:.1} ms, last {n}: {last:.1} ms, last/first {ratio:.2}; median of each tenth: {} ms\n    first: {} ms; last: {} ms",
             times.len(),
             tenths.join(" "),
-            each(&times[..n_]),
-            each(&times[times.len() - n_..])
+            each(head),
+            each(tail)
         );
     }
 
@@ -562,9 +543,14 @@ mod depth {
     }
 
     /// The `<loc>`s of an index document.
+    /// The documents of a list: an index's `<loc>`s, or the list itself when it is small
+    /// enough to need none.
     async fn locs(client: &reqwest::Client, url: &str) -> anyhow::Result<Vec<String>> {
         let body = client.get(url).send().await?.bytes().await?;
         let doc = resourcesync_hub::sitemap::parse(&body).map_err(|e| anyhow::anyhow!("{e}"))?;
+        if !doc.is_index {
+            return Ok(vec![url.to_string()]);
+        }
         Ok(doc.entries.into_iter().map(|e| e.loc).collect())
     }
 
@@ -578,28 +564,16 @@ mod depth {
                 .and_then(|i| args.get(i + 1).cloned())
                 .unwrap_or_else(|| "/tmp/rshub-depth".into()),
         );
-        if let Some(i) = args.iter().position(|a| a == "--depth-child") {
-            let _ = i;
+        if args.iter().any(|a| a == "--depth-child") {
             return common::run_child_server(config(&dir)).await;
         }
         populate(&dir, identifiers, records).await?;
         let _ = std::fs::remove_dir_all(dir.join("page-cache"));
-        let mut server = std::process::Command::new(std::env::current_exe()?)
-            .args(["--depth", "--depth-child", "--data-dir"])
+        let mut cmd = std::process::Command::new(std::env::current_exe()?);
+        cmd.args(["--depth", "--depth-child", "--data-dir"])
             .arg(&dir)
-            .env("RUST_LOG", "warn")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()?;
-        let addr = {
-            use std::io::BufRead;
-            let mut out = std::io::BufReader::new(server.stdout.take().expect("stdout"));
-            let mut line = String::new();
-            out.read_line(&mut line)?;
-            line.strip_prefix("LISTENING ")
-                .map(|a| a.trim().to_string())
-                .ok_or_else(|| anyhow::anyhow!("our server said {line:?}"))?
-        };
+            .env("RUST_LOG", "warn");
+        let (mut server, addr) = common::spawn_child(cmd)?;
         let base = format!("http://{addr}");
         let client = reqwest::Client::builder().no_proxy().build()?;
 

@@ -17,7 +17,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 /// User + system CPU seconds of `pid` and its children's threads (nginx: the master and its
@@ -107,22 +107,9 @@ fn main() -> anyhow::Result<()> {
     std::fs::write(root.join("d0/r0.txt"), &body)?;
 
     // Ours.
-    let mut ours = Command::new(std::env::current_exe()?)
-        .arg("--child")
-        .arg(tmp.path())
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    let addr = {
-        use std::io::BufRead;
-        let mut out = std::io::BufReader::new(ours.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        out.read_line(&mut line)?;
-        line.strip_prefix("LISTENING ")
-            .map(|a| a.trim().to_string())
-            .ok_or_else(|| anyhow::anyhow!("our server said {line:?}"))?
-    };
+    let mut cmd = Command::new(std::env::current_exe()?);
+    cmd.arg("--child").arg(tmp.path()).env("RUST_LOG", "warn");
+    let (mut ours, addr) = common::spawn_child(cmd)?;
     let ours_pids = vec![ours.id()];
 
     // nginx: the same file, and our Source Description as a static file.

@@ -266,6 +266,27 @@ pub fn bench_server_config(data: &Path, root: &Path) -> resourcesync_hub::config
     c
 }
 
+/// Starts `cmd` (a benchmark's child: [`run_child_server`] or a peer that prints the same) with
+/// its stdin and stdout piped, and reads its first line, `LISTENING <addr>`: the child and
+/// its address. The child stops when its stdin is closed.
+pub fn spawn_child(
+    mut cmd: std::process::Command,
+) -> anyhow::Result<(std::process::Child, String)> {
+    use std::io::BufRead;
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line)?;
+    let addr = line
+        .trim()
+        .strip_prefix("LISTENING ")
+        .map(str::to_string)
+        .ok_or_else(|| anyhow::anyhow!("the child said {line:?}"))?;
+    Ok((child, addr))
+}
+
 /// Runs our server as a benchmark's child process: prints `LISTENING <addr>` for the parent,
 /// and stops when the parent closes the child's stdin (however the parent ended).
 pub async fn run_child_server(config: resourcesync_hub::config::Config) -> anyhow::Result<()> {

@@ -722,14 +722,17 @@ impl Repository {
     ) -> Result<Option<std::fs::File>, StoreError> {
         let store = self.source.store();
         let made = e.bound();
-        if bound < made {
-            // A list older than the page: it must not hold a change dated in between.
-            let between = store
-                .changes(set, Timestamp(bound), Some(Timestamp(made)), None, 1)
+        // Whether a change is dated between the page's bound and the list's, either way round.
+        let dated_between = || async {
+            let (lo, hi) = (bound.min(made), bound.max(made));
+            let page = store
+                .changes(set, Timestamp(lo), Some(Timestamp(hi)), None, 1)
                 .await?;
-            if !between.items.is_empty() {
-                return Ok(None);
-            }
+            Ok::<_, StoreError>(!page.items.is_empty())
+        };
+        if bound < made && dated_between().await? {
+            // A list older than the page holds a change dated in between.
+            return Ok(None);
         }
         // What the store recorded since the page was read, dated before either bound (never
         // the clock: the rules let a writer date a change back into the page's stretch).
@@ -745,13 +748,7 @@ impl Repository {
         // they for a list bounded later than the page's, when a change is dated in between:
         // one recorded before the page was read but dated after its bound (on arrival, while a
         // walk begun earlier went on) is no change "since", yet supersedes a record it holds.
-        let check = recorded.is_some()
-            || (bound > made
-                && !store
-                    .changes(set, Timestamp(made), Some(Timestamp(bound)), None, 1)
-                    .await?
-                    .items
-                    .is_empty());
+        let check = recorded.is_some() || (bound > made && dated_between().await?);
         let page = e.clone();
         let opened = tokio::task::spawn_blocking(move || {
             let mut f = page.open()?;

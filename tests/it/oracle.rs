@@ -29,6 +29,15 @@ const SUITE: model::Scope = model::Scope {
     walks: true,
 };
 
+/// Runs a fixed sequence on the embedded store (notifications held back `hold_back` s,
+/// Change Lists of `max_items`); a difference fails the test with the sequence.
+fn replay(ops: &[model::Op], hold_back: u64, max_items: u32) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    if let Err(e) = rt.block_on(model::run_case_with(ops, None, hold_back, max_items)) {
+        panic!("{e}");
+    }
+}
+
 /// About 30 s on the embedded store, the server the real binary in a process of its own (so
 /// that a case can kill it).
 #[test]
@@ -75,10 +84,7 @@ fn a_change_dated_into_kept_pages_agrees_with_the_model() {
         Op::Ingest(vec![ev(5, Kind::Update, When::After(1))]),
         Op::Walk { identifiers: false },
     ];
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 7)) {
-        panic!("{e}");
-    }
+    replay(&ops, 0, 7);
 }
 
 /// A batch that changes one resource twice (the file written twice, the same length) and
@@ -95,10 +101,7 @@ fn a_change_dump_of_a_resource_changed_twice_in_one_batch_agrees_with_the_model(
     let mut batch = vec![ev(0, Kind::Create), ev(0, Kind::Update)];
     batch.extend((1..7).map(|k| ev(k, Kind::Create)));
     let ops = vec![Op::Ingest(batch), Op::Dumps];
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 7)) {
-        panic!("{e}");
-    }
+    replay(&ops, 0, 7);
 }
 
 /// Pages kept by a walk that went on across a write (made for its bound, before the write's
@@ -120,10 +123,7 @@ fn a_walk_after_one_across_a_write_agrees_with_the_model() {
         Op::EndWalk,
         Op::Walk { identifiers: false },
     ];
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 1000)) {
-        panic!("{e}");
-    }
+    replay(&ops, 0, 1000);
 }
 
 /// The server killed (SIGKILL) right after answering writes, while it writes pages, dumps and
@@ -150,8 +150,5 @@ fn a_killed_server_agrees_with_the_model() {
         Op::Crash,
         Op::Notifications,
     ];
-    let rt = tokio::runtime::Runtime::new().unwrap();
-    if let Err(e) = rt.block_on(model::run_case_with(&ops, None, 0, 7)) {
-        panic!("{e}");
-    }
+    replay(&ops, 0, 7);
 }

@@ -554,24 +554,29 @@ async fn a_change_recorded_while_the_notifier_publishes_is_never_passed_over() {
     let first = vec![change(ChangeType::Created, "http://x/a", 1, Some(t))];
     store.apply(&set, first, policy(50), t).await.unwrap();
     let state = store.notify_state(&set).await.unwrap().unwrap();
+    // A notifier step: read what is due, publish it moving the watermark just after `t`.
+    let step = || async {
+        let due = store
+            .changes(&set, state.watermark, None, None, 10)
+            .await
+            .unwrap();
+        let next = NotifyState {
+            watermark: Timestamp(t.0 + 1),
+            version: state.version + 1,
+            covers: Some(due.items.len() as u64),
+            ..state.clone()
+        };
+        (due.items.len(), next)
+    };
     // The notifier's read: one change, so its new watermark is just after it.
-    let due = store
-        .changes(&set, state.watermark, None, None, 10)
-        .await
-        .unwrap();
-    assert_eq!(due.items.len(), 1);
+    let (due, next) = step().await;
+    assert_eq!(due, 1);
     // Meanwhile a writer dates a change equal to it: after the watermark, accepted.
     let equal = vec![change(ChangeType::Created, "http://x/b", 2, Some(t))];
     store
         .apply(&set, equal, policy(50), Timestamp::now())
         .await
         .unwrap();
-    let next = NotifyState {
-        watermark: Timestamp(t.0 + 1),
-        version: state.version + 1,
-        covers: Some(due.items.len() as u64),
-        ..state.clone()
-    };
     let moved = store
         .hub_publish(Vec::new(), Some((state.version, next)), Timestamp::now())
         .await;
@@ -580,16 +585,8 @@ async fn a_change_recorded_while_the_notifier_publishes_is_never_passed_over() {
         "the watermark moved past a change it never notified: {moved:?}"
     );
     // Read again, both go out.
-    let due = store
-        .changes(&set, state.watermark, None, None, 10)
-        .await
-        .unwrap();
-    let next = NotifyState {
-        watermark: Timestamp(t.0 + 1),
-        version: state.version + 1,
-        covers: Some(due.items.len() as u64),
-        ..state.clone()
-    };
+    let (due, next) = step().await;
+    assert_eq!(due, 2);
     store
         .hub_publish(Vec::new(), Some((state.version, next)), Timestamp::now())
         .await

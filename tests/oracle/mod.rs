@@ -201,6 +201,14 @@ struct Model {
 }
 
 impl Model {
+    /// The log as documents list it.
+    fn listed(&self) -> Vec<Listed> {
+        self.log
+            .iter()
+            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
+            .collect()
+    }
+
     fn newest(&self) -> Option<i64> {
         self.log.iter().map(|l| l.datetime).max()
     }
@@ -336,6 +344,13 @@ fn md5_hex(b: &[u8]) -> String {
 }
 
 type Check = Result<(), String>;
+
+/// The lists compared whole ([`Case::settled`]).
+#[derive(Clone, Copy)]
+enum List {
+    Resources,
+    Changes,
+}
 
 /// How a document's difference from the model begins (it may be a build behind: asked again).
 const MISMATCH: &str = "differs from the model: ";
@@ -876,18 +891,16 @@ impl Case {
     }
 
     /// A page being rebuilt is served as last built meanwhile (at most one build old, its `at`
-    /// saying what it reflects: see `Source::document`): a document that differs from the
-    /// model is asked for again, for up to 3 s, before the difference counts.
-    async fn settled<F>(&mut self, mut check: F) -> Check
-    where
-        F: for<'a> FnMut(
-            &'a mut Case,
-        )
-            -> std::pin::Pin<Box<dyn std::future::Future<Output = Check> + Send + 'a>>,
-    {
+    /// saying what it reflects: see `Source::document`): a list that differs from the model is
+    /// asked for again, for up to 3 s, before the difference counts.
+    async fn settled(&mut self, list: List) -> Check {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
         loop {
-            match check(self).await {
+            let r = match list {
+                List::Resources => self.check_resource_list_once().await,
+                List::Changes => self.check_change_lists_once().await,
+            };
+            match r {
                 Err(e) if e.starts_with(MISMATCH) && std::time::Instant::now() < deadline => {
                     tokio::time::sleep(std::time::Duration::from_millis(100)).await
                 }
@@ -897,13 +910,11 @@ impl Case {
     }
 
     async fn check_resource_list(&mut self) -> Check {
-        self.settled(|c| Box::pin(c.check_resource_list_once()))
-            .await
+        self.settled(List::Resources).await
     }
 
     async fn check_change_lists(&mut self) -> Check {
-        self.settled(|c| Box::pin(c.check_change_lists_once()))
-            .await
+        self.settled(List::Changes).await
     }
 
     async fn check_resource_list_once(&mut self) -> Check {
@@ -981,26 +992,8 @@ impl Case {
 
     async fn check_change_lists_once(&mut self) -> Check {
         let entries = self.entries(&format!("/sets/{SET}/changelist.xml")).await?;
-        let got: Vec<(u8, String, i64)> = entries
-            .iter()
-            .map(|e| {
-                let dt =
-                    e.md.get("datetime")
-                        .and_then(|d| Timestamp::parse(d).ok())
-                        .map_or(0, |t| t.0);
-                Ok((
-                    self.key_of(&e.loc)?,
-                    e.md.get("change").cloned().unwrap_or_default(),
-                    dt,
-                ))
-            })
-            .collect::<Result<_, String>>()?;
-        let want: Vec<(u8, String, i64)> = self
-            .model
-            .log
-            .iter()
-            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
-            .collect();
+        let got = self.listed_changes(&entries)?;
+        let want = self.model.listed();
         ensure!(
             got == want,
             "{MISMATCH}Change Lists:\n got {got:?}\nwant {want:?}"
@@ -1049,12 +1042,7 @@ impl Case {
                 "the activity stream runs on: {got:?}"
             );
         }
-        let want: Vec<(u8, String, i64)> = self
-            .model
-            .log
-            .iter()
-            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
-            .collect();
+        let want = self.model.listed();
         ensure!(got == want, "activity stream:\n got {got:?}\nwant {want:?}");
         ensure!(
             collection["totalItems"].as_u64() == Some(want.len() as u64),
@@ -1082,12 +1070,7 @@ impl Case {
                 if doc.is_index {
                     for e in doc.entries.iter().filter(|e| e.md.contains_key("until")) {
                         let p = Self::path_of(&e.loc).to_string();
-                        let no: u32 = p
-                            .rsplit('/')
-                            .next()
-                            .and_then(|f| f.strip_suffix(".xml"))
-                            .and_then(|n| n.parse().ok())
-                            .ok_or_else(|| format!("{p} is no numbered Change List"))?;
+                        let no = numbered(&p, "Change List")?;
                         let (_, list) = self.get(&p).await?;
                         let entries = resourcesync_hub::sitemap::parse(list.as_bytes())
                             .map_err(|e| format!("{p}: {e}"))?
@@ -1152,12 +1135,7 @@ impl Case {
                     .map_err(|e| format!("the Change Dump index: {e}"))?;
                 for e in &doc.entries {
                     let p = Self::path_of(&e.loc).to_string();
-                    let no: u32 = p
-                        .rsplit('/')
-                        .next()
-                        .and_then(|f| f.strip_suffix(".xml"))
-                        .and_then(|n| n.parse().ok())
-                        .ok_or_else(|| format!("{p} is no numbered Change Dump"))?;
+                    let no = numbered(&p, "Change Dump")?;
                     cds.insert(no, p);
                 }
             }
@@ -1196,33 +1174,31 @@ impl Case {
         Ok(())
     }
 
-    /// (key, change, datetime) of a Change List's entries.
+    /// (key, change, datetime) of a Change List's (or a notification's) entries.
     fn listed_changes(
         &self,
         entries: &[resourcesync_hub::sitemap::ParsedEntry],
-    ) -> Result<Vec<(u8, String, i64)>, String> {
-        entries
-            .iter()
-            .map(|e| {
-                let dt =
-                    e.md.get("datetime")
-                        .and_then(|d| Timestamp::parse(d).ok())
-                        .map_or(0, |t| t.0);
-                Ok((
-                    self.key_of(&e.loc)?,
-                    e.md.get("change").cloned().unwrap_or_default(),
-                    dt,
-                ))
-            })
-            .collect()
+    ) -> Result<Vec<Listed>, String> {
+        entries.iter().map(|e| self.listed(e)).collect()
+    }
+
+    /// An entry that lists a change: (key, change, datetime; an empty change and 0 for what
+    /// the entry lacks).
+    fn listed(&self, e: &resourcesync_hub::sitemap::ParsedEntry) -> Result<Listed, String> {
+        let dt =
+            e.md.get("datetime")
+                .and_then(|d| Timestamp::parse(d).ok())
+                .map_or(0, |t| t.0);
+        Ok((
+            self.key_of(&e.loc)?,
+            e.md.get("change").cloned().unwrap_or_default(),
+            dt,
+        ))
     }
 
     /// A dump package's manifest entries: (key, md5 hash, (key, change, datetime) for a Change
     /// Dump's), each bitstream checked against its hash and against the resource's versions.
-    async fn package(
-        &self,
-        loc: &str,
-    ) -> Result<Vec<(u8, String, Option<(u8, String, i64)>)>, String> {
+    async fn package(&self, loc: &str) -> Result<Vec<(u8, String, Option<Listed>)>, String> {
         let p = Self::path_of(loc).to_string();
         let r = self
             .client
@@ -1240,13 +1216,10 @@ impl Case {
         let mut out = Vec::new();
         for e in &doc.entries {
             let k = self.key_of(&e.loc)?;
-            let change = e.md.get("change").map(|c| {
-                let dt =
-                    e.md.get("datetime")
-                        .and_then(|d| Timestamp::parse(d).ok())
-                        .map_or(0, |t| t.0);
-                (k, c.clone(), dt)
-            });
+            let change =
+                e.md.contains_key("change")
+                    .then(|| self.listed(e))
+                    .transpose()?;
             let hash =
                 e.md.get("hash")
                     .map(|h| h.trim_start_matches("md5:").to_string())
@@ -1574,12 +1547,7 @@ impl Case {
         if self.model.log.is_empty() {
             return Ok(());
         }
-        let want: Vec<(u8, String, i64)> = self
-            .model
-            .log
-            .iter()
-            .map(|l| (l.key, l.kind.as_str().to_string(), l.datetime))
-            .collect();
+        let want = self.model.listed();
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let got = self.notified()?;
@@ -1591,7 +1559,7 @@ impl Case {
         }
     }
 
-    fn notified(&self) -> Result<Vec<(u8, String, i64)>, String> {
+    fn notified(&self) -> Result<Vec<Listed>, String> {
         let mut out = Vec::new();
         let mut seen = BTreeSet::new();
         for body in self.inbox.0.lock().unwrap().iter() {
@@ -1600,17 +1568,7 @@ impl Case {
             }
             let doc = resourcesync_hub::sitemap::parse(body.as_bytes())
                 .map_err(|e| format!("a notification: {e}"))?;
-            for e in doc.entries {
-                let dt =
-                    e.md.get("datetime")
-                        .and_then(|d| Timestamp::parse(d).ok())
-                        .map_or(0, |t| t.0);
-                out.push((
-                    self.key_of(&e.loc)?,
-                    e.md.get("change").cloned().unwrap_or_default(),
-                    dt,
-                ));
-            }
+            out.extend(self.listed_changes(&doc.entries)?);
         }
         Ok(out)
     }
@@ -1650,6 +1608,15 @@ impl Case {
 }
 
 /// A datetime as an OAI-PMH datestamp (seconds).
+/// The number of a numbered document (`…/<no>.xml`), a `what`.
+fn numbered(path: &str, what: &str) -> Result<u32, String> {
+    path.rsplit('/')
+        .next()
+        .and_then(|f| f.strip_suffix(".xml"))
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| format!("{path} is no numbered {what}"))
+}
+
 fn datestamp(t: i64) -> String {
     chrono::DateTime::from_timestamp_micros(t)
         .unwrap()
