@@ -6,7 +6,7 @@
 //! record the set never held.
 
 use super::oai::Record;
-use super::path::record_path;
+use crate::model::origin::record_path;
 use crate::model::{ChangeEvent, ChangeType, Link, Location, LocationType, Timestamp};
 
 /// Where records come from: the repository's base URL and the metadata format harvested.
@@ -35,17 +35,37 @@ impl Origin {
     }
 }
 
-/// An OAI-PMH datestamp as an instant: a day (`YYYY-MM-DD`) is its midnight, UTC; a
-/// date-time is read as sent (repositories add fractions or offsets the protocol does not
-/// have; they mean what they say).
+/// An OAI-PMH datestamp as an instant: a day is its midnight, UTC; a date-time is read as
+/// sent (repositories add fractions or offsets the protocol does not have; they mean what they
+/// say). Real repositories' other forms are read too: a compact day (`20210311`, served by a
+/// production endpoint DPLA harvests), a space for the `T`, a date-time without its `Z`, and
+/// ISO 8601's basic form (`20210311T101500Z`).
 pub fn datestamp(s: &str) -> Result<Timestamp, String> {
     let t = s.trim();
-    let full = if t.len() == 10 && t.as_bytes()[4] == b'-' && t.as_bytes()[7] == b'-' {
+    let b = t.as_bytes();
+    let digits =
+        |r: std::ops::Range<usize>| b.get(r).is_some_and(|d| d.iter().all(u8::is_ascii_digit));
+    let full = if b.len() == 10 && b[4] == b'-' && b[7] == b'-' {
         format!("{t}T00:00:00Z")
+    } else if b.len() == 8 && digits(0..8) {
+        format!("{}-{}-{}T00:00:00Z", &t[..4], &t[4..6], &t[6..8])
+    } else if b.len() >= 15 && digits(0..8) && b[8] == b'T' && digits(9..15) {
+        format!(
+            "{}-{}-{}T{}:{}:{}{}",
+            &t[..4],
+            &t[4..6],
+            &t[6..8],
+            &t[9..11],
+            &t[11..13],
+            &t[13..15],
+            &t[15..]
+        )
+    } else if b.len() > 10 && b[10] == b' ' {
+        format!("{}T{}", &t[..10], &t[11..])
     } else {
         t.to_string()
     };
-    Timestamp::parse(&full).map_err(|e| format!("datestamp {t:?}: {e}"))
+    Timestamp::parse(&full).map_err(|e| format!("datestamp {}: {e}", crate::cause::cut(t, 80)))
 }
 
 /// The change `rec` makes to a set whose resource for it has the md5 `held` (`None`: the set
@@ -69,17 +89,16 @@ pub fn change_for(
         md5: bytes.as_ref().map(|(_, m)| m.clone()),
         mime: bytes.as_ref().map(|_| "application/xml".to_string()),
         lastmod: bytes.as_ref().map(|_| datestamp),
-        ln: match &bytes {
-            Some(_) => vec![Link {
-                rel: "via".into(),
-                href: Location {
-                    kind: LocationType::Url,
-                    value: origin.get_record_url(&rec.header.identifier),
-                },
-                mime: Some("text/xml".into()),
-            }],
-            None => vec![],
-        },
+        // A deletion too: where it came from, and (with the sets the run adds) the sets a
+        // harvester of one of them must hear of it in.
+        ln: vec![Link {
+            rel: "via".into(),
+            href: Location {
+                kind: LocationType::Url,
+                value: origin.get_record_url(&rec.header.identifier),
+            },
+            mime: Some("text/xml".into()),
+        }],
         // Recorded at the time of arrival: the datestamp is the record's, not this store's
         // (a datestamp in the past would precede what was already notified).
         datetime: None,
@@ -162,6 +181,37 @@ mod tests {
         assert_eq!(h.event.change, ChangeType::Updated);
     }
 
+    /// The forms real repositories send, each the instant it means.
+    #[test]
+    fn datestamps_in_real_repositories_forms_are_read() {
+        for (sent, meant) in [
+            ("2021-03-11", "2021-03-11T00:00:00Z"),
+            ("20210311", "2021-03-11T00:00:00Z"),
+            ("2021-03-11T10:15:00Z", "2021-03-11T10:15:00Z"),
+            ("2021-03-11T10:15:00.485Z", "2021-03-11T10:15:00.485Z"),
+            ("2021-03-11T10:15:00+01:00", "2021-03-11T09:15:00Z"),
+            ("2021-03-11T10:15:00", "2021-03-11T10:15:00Z"),
+            ("2021-03-11 10:15:00", "2021-03-11T10:15:00Z"),
+            ("20210311T101500Z", "2021-03-11T10:15:00Z"),
+        ] {
+            assert_eq!(
+                datestamp(sent).unwrap(),
+                Timestamp::parse(meant).unwrap(),
+                "{sent}"
+            );
+        }
+        for bad in [
+            "2021031",
+            "202103111",
+            "2021-13-01",
+            "11/03/2021",
+            "",
+            "20211311",
+        ] {
+            assert!(datestamp(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn a_deletion_counts_only_for_a_record_the_set_holds() {
         let gone = record("oai:r:1", "2026-11-03", None);
@@ -169,6 +219,10 @@ mod tests {
         let h = change_for(&gone, &origin(), Some("x")).unwrap().unwrap();
         assert_eq!(h.event.change, ChangeType::Deleted);
         assert!(h.file.is_none() && h.event.md5.is_none());
+        assert_eq!(
+            h.event.ln[0].rel, "via",
+            "a deletion says where it came from"
+        );
         let bad = record("oai:r:2", "yesterday", Some("<dc/>"));
         assert!(change_for(&bad, &origin(), None)
             .unwrap_err()

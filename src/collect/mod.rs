@@ -1,6 +1,6 @@
 //! The collector: OAI-PMH repositories feeding resource sets. Each `[collect.NAME]` keeps the
 //! set NAME current: one resource per record ([`map`]), its file under the set's
-//! `resource_root_dir` ([`path`]), changes recorded through the same path as ingest (so
+//! `resource_root_dir` ([`crate::model::origin::record_path`]), changes recorded through the same path as ingest (so
 //! notifications, Change Lists and dumps follow), runs that follow the protocol's rules
 //! ([`run`], [`client`]) and state kept in the store ([`state`]) so a restart continues where
 //! the last page left off. On a shared store one process at a time holds a collector (a
@@ -13,7 +13,6 @@
 pub mod client;
 pub mod map;
 pub mod oai;
-pub mod path;
 pub mod run;
 pub mod state;
 
@@ -273,7 +272,9 @@ enum Work {
 /// Whether a reconcile pass is due: asked for, or on schedule for a repository that forgets
 /// deletions (after a first complete run).
 fn reconcile_due(e: &Entry, saved: &Saved, control: &Control) -> bool {
-    if control.reconcile_requests > saved.reconciles_answered {
+    if control.reconcile_requests > saved.reconciles_answered
+        || (saved.reconcile_owed && saved.from.is_some())
+    {
         return true;
     }
     let cfg = e.collector.config();
@@ -316,6 +317,7 @@ async fn work(
             words
         }),
         Work::Reconcile => c.reconcile(saved, cancel).await.map(|n| {
+            saved.reconcile_owed = false;
             format!("reconcile: {n} records the repository no longer lists marked deleted")
         }),
     };

@@ -200,6 +200,109 @@ pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
     })
 }
 
+/// A page of `ListSets`: each set as (setSpec, setName), those whose spec OAI-PMH does not
+/// allow left out (no record can be listed in them either), and the token of the rest.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SetsPage {
+    pub sets: Vec<(String, String)>,
+    pub token: Option<String>,
+}
+
+/// The longest setName kept (a peer's text).
+const MAX_SET_NAME: usize = 400;
+
+/// Reads a `ListSets` response (`noSetHierarchy` is the protocol error it is).
+pub fn parse_sets(xml: &[u8]) -> Result<SetsPage, OaiError> {
+    let text = std::str::from_utf8(xml).map_err(|e| not_oai(format!("not UTF-8: {e}")))?;
+    let mut r = Reader::from_str(text);
+    let mut path: Vec<Vec<u8>> = Vec::new();
+    let mut page = SetsPage::default();
+    let mut current: Option<(String, String)> = None;
+    let mut error: Option<(String, String)> = None;
+    let mut root_seen = false;
+    loop {
+        match r
+            .read_event()
+            .map_err(|e| not_oai(format!("at byte {}: {e}", r.error_position())))?
+        {
+            Event::Start(e) => {
+                let name = local(e.name().as_ref()).to_vec();
+                if path.is_empty() {
+                    if name != b"OAI-PMH" {
+                        return Err(not_oai(format!(
+                            "its root is <{}>",
+                            String::from_utf8_lossy(e.name().as_ref())
+                        )));
+                    }
+                    root_seen = true;
+                }
+                match name.as_slice() {
+                    b"error" => {
+                        error = Some((attr(&e, b"code").unwrap_or_default(), String::new()))
+                    }
+                    b"set" if path.len() == 2 => current = Some(Default::default()),
+                    b"resumptionToken" => page.token = Some(String::new()),
+                    _ => {}
+                }
+                path.push(name);
+            }
+            Event::Empty(e) => match local(e.name().as_ref()) {
+                b"error" => error = Some((attr(&e, b"code").unwrap_or_default(), String::new())),
+                b"resumptionToken" => page.token = Some(String::new()),
+                _ => {}
+            },
+            Event::Text(t) => {
+                let v = t.unescape().map_err(|e| not_oai(e.to_string()))?;
+                let v = v.trim();
+                match (path.last().map(Vec::as_slice), &mut current) {
+                    (Some(b"setSpec"), Some((spec, _))) if path.len() == 4 => spec.push_str(v),
+                    (Some(b"setName"), Some((_, name))) if path.len() == 4 => name.push_str(v),
+                    (Some(b"resumptionToken"), _) => {
+                        if let Some(t) = &mut page.token {
+                            t.push_str(v)
+                        }
+                    }
+                    (Some(b"error"), _) => {
+                        if let Some(err) = &mut error {
+                            err.1.push_str(v);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Event::End(_) => {
+                if path.len() == 3 && path.last().map(Vec::as_slice) == Some(b"set") {
+                    if let Some((spec, name)) = current.take() {
+                        if crate::model::origin::is_set_spec(&spec) {
+                            let mut end = name.len().min(MAX_SET_NAME);
+                            while !name.is_char_boundary(end) {
+                                end -= 1;
+                            }
+                            page.sets.push((spec, name[..end].to_string()));
+                        }
+                    }
+                }
+                path.pop();
+            }
+            Event::Eof => break,
+            _ => {}
+        }
+    }
+    if !root_seen {
+        return Err(not_oai("no <OAI-PMH> element"));
+    }
+    if !path.is_empty() {
+        return Err(not_oai(
+            "it ends before its elements are closed (truncated)",
+        ));
+    }
+    if let Some((code, message)) = error {
+        return Err(OaiError::Protocol { code, message });
+    }
+    page.token = page.token.filter(|t| !t.is_empty());
+    Ok(page)
+}
+
 /// `xml` as text with every byte of an invalid UTF-8 sequence replaced by U+0001 (so offsets
 /// stay those of the bytes), and where those bytes were.
 fn marked_utf8(xml: &[u8]) -> (std::borrow::Cow<'_, str>, Vec<usize>) {
@@ -427,6 +530,8 @@ fn record(
         deleted: false,
     };
     let mut metadata = None;
+    // The namespace of the metadata's root element (`None`: it has none).
+    let mut root_ns: Option<Option<Vec<u8>>> = None;
     let mut scope: Vec<(Vec<u8>, Vec<u8>)> = inherited.to_vec();
     loop {
         let before = r.buffer_position() as usize;
@@ -445,6 +550,7 @@ fn record(
                     r.read_to_end(end.name())
                         .map_err(|e| quarantine(identifier.clone(), e.to_string()))?;
                     let after = r.buffer_position() as usize;
+                    root_ns = Some(namespace_of(&e, &scope));
                     metadata = Some(standalone(&slice[before..after], &e, &scope));
                     continue;
                 }
@@ -459,6 +565,7 @@ fn record(
                 }
                 if path.last().map(Vec::as_slice) == Some(b"metadata") {
                     let raw = &slice[before..r.buffer_position() as usize];
+                    root_ns = Some(namespace_of(&e, &scope));
                     metadata = Some(standalone(raw, &e, &scope));
                 }
             }
@@ -495,6 +602,39 @@ fn record(
     if header.deleted {
         metadata = None;
     }
+    let named = || Some(crate::cause::outsider(&header.identifier));
+    if !header_only {
+        if let Some(bad) = header
+            .sets
+            .iter()
+            .find(|s| !crate::model::origin::is_set_spec(s))
+        {
+            return Err(quarantine(
+                named(),
+                format!(
+                    "its setSpec {:?} is not one OAI-PMH allows (names of A-Z a-z 0-9 - _ . ! ~ * ' ( ) joined by ':'), so /oai could not list it in that set",
+                    crate::cause::outsider(bad)
+                ),
+            ));
+        }
+    }
+    if metadata.is_some() {
+        match root_ns.flatten() {
+            None => {
+                return Err(quarantine(
+                    named(),
+                    "its metadata's root element has no namespace; OAI-PMH carries metadata in a namespace of its own, so /oai could not serve it".into(),
+                ))
+            }
+            Some(ns) if ns == OAI_NS.as_bytes() => {
+                return Err(quarantine(
+                    named(),
+                    "its metadata's root element lies in the OAI-PMH namespace, where OAI-PMH.xsd takes no metadata, so /oai could not serve it".into(),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
     // What is stored is the standalone document: checked as it will be stored.
     if let Some(m) = &metadata {
         let body = m.split_once('\n').map_or(m.as_str(), |(_, b)| b);
@@ -506,6 +646,26 @@ fn record(
         }
     }
     Ok(Record { header, metadata })
+}
+
+/// The OAI-PMH namespace.
+const OAI_NS: &str = "http://www.openarchives.org/OAI/2.0/";
+
+/// The namespace of the element `e`, its prefix looked up in its own declarations and then in
+/// `scope` (innermost last); `None` when it has none (or `xmlns=""` took it away).
+fn namespace_of(e: &BytesStart, scope: &[(Vec<u8>, Vec<u8>)]) -> Option<Vec<u8>> {
+    let qname = e.name();
+    let key = match qname.as_ref().iter().position(|b| *b == b':') {
+        Some(i) => [b"xmlns:".as_slice(), &qname.as_ref()[..i]].concat(),
+        None => b"xmlns".to_vec(),
+    };
+    declarations(e)
+        .into_iter()
+        .rev()
+        .chain(scope.iter().rev().cloned())
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_empty())
 }
 
 /// The metadata element `raw` (whose start tag is `start`) as a standalone document: the
@@ -563,6 +723,7 @@ mod tests {
             &format!("{HEAD}{}{}<resumptionToken cursor=\"0\">t1</resumptionToken>{TAIL}", rec("oai:x:1", DC), rec("oai:x:2", "<m:r xmlns:m=\"urn:m\"><m:c/></m:r>")),
             "<?xml version=\"1.0\"?><OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\"><responseDate>2026-01-01T00:00:00Z</responseDate><request>h</request><Identify><repositoryName>r</repositoryName><baseURL>http://h/oai</baseURL><protocolVersion>2.0</protocolVersion><adminEmail>a@h</adminEmail><earliestDatestamp>2001-01-01</earliestDatestamp><deletedRecord>no</deletedRecord><granularity>YYYY-MM-DD</granularity></Identify></OAI-PMH>",
             "<OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\"><responseDate>2026-01-01T00:00:00Z</responseDate><error code=\"badArgument\">no</error></OAI-PMH>",
+            "<OAI-PMH xmlns=\"http://www.openarchives.org/OAI/2.0/\"><responseDate>2026-01-01T00:00:00Z</responseDate><ListSets><set><setSpec>a:b</setSpec><setName>A &amp; B</setName></set><resumptionToken>t</resumptionToken></ListSets></OAI-PMH>",
         ])) {
             match parse_list(&xml) {
                 Ok(p) => {
@@ -580,6 +741,12 @@ mod tests {
                 Err(e) => proptest::prop_assert!(!e.to_string().is_empty()),
             }
             let _ = parse_identify(&xml);
+            if let Ok(p) = parse_sets(&xml) {
+                for (spec, name) in &p.sets {
+                    proptest::prop_assert!(crate::model::origin::is_set_spec(spec));
+                    proptest::prop_assert!(name.len() <= MAX_SET_NAME);
+                }
+            }
         }
     }
 
@@ -710,6 +877,68 @@ mod tests {
         assert!(q[1].1.contains("&#x1;"), "{q:?}");
         assert!(q[2].1.contains("not well-formed"), "{q:?}");
         assert_eq!(p.token.unwrap().value, "", "an empty token ends the list");
+    }
+
+    #[test]
+    fn list_sets_gives_specs_names_and_token() {
+        let xml = r#"<?xml version="1.0"?><OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/">
+<responseDate>2026-11-26T10:00:00Z</responseDate><request verb="ListSets">http://r/oai</request>
+<ListSets><set><setSpec>a</setSpec><setName>Alpha &amp; co</setName></set>
+<set><setSpec>a:b</setSpec><setName>Beta</setName><setDescription><x>no</x></setDescription></set>
+<set><setSpec>bad spec</setSpec><setName>Bad</setName></set>
+<resumptionToken cursor="0">t1</resumptionToken></ListSets></OAI-PMH>"#;
+        let p = parse_sets(xml.as_bytes()).unwrap();
+        assert_eq!(
+            p.sets,
+            [
+                ("a".into(), "Alpha & co".into()),
+                ("a:b".into(), "Beta".into())
+            ]
+        );
+        assert_eq!(p.token.as_deref(), Some("t1"));
+        let none = r#"<OAI-PMH xmlns="http://www.openarchives.org/OAI/2.0/"><responseDate>x</responseDate>
+<error code="noSetHierarchy">no sets</error></OAI-PMH>"#;
+        assert!(
+            matches!(parse_sets(none.as_bytes()), Err(OaiError::Protocol { code, .. }) if code == "noSetHierarchy")
+        );
+        assert!(parse_sets(b"<html>busy</html>").is_err());
+    }
+
+    /// What would make an `/oai` answer holding the record invalid is quarantined in words:
+    /// a metadata root in the OAI-PMH namespace (an old Zenodo `oai_datacite` record's, which
+    /// takes the envelope's default namespace), one in no namespace, a malformed setSpec.
+    #[test]
+    fn what_oai_pmh_xsd_would_refuse_is_quarantined() {
+        let zenodo = "<oai_datacite xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\" \
+            xsi:schemaLocation=\"http://schema.datacite.org/oai/oai-1.0/ http://schema.datacite.org/oai/oai-1.0/oai.xsd\">\
+            <isReferenceQuality>true</isReferenceQuality><schemaVersion>3</schemaVersion>\
+            <datacentreSymbol>CERN.ZENODO</datacentreSymbol><payload>\
+            <resource xmlns=\"http://datacite.org/schema/kernel-3\"><identifier identifierType=\"DOI\">10.5281/zenodo.1</identifier></resource>\
+            </payload></oai_datacite>";
+        let xml = format!(
+            "{HEAD}{}{}{}{}{}{TAIL}",
+            rec("oai:zenodo.org:1", zenodo),
+            rec("oai:x:2", "<dc xmlns=\"\"><title>none</title></dc>"),
+            rec("oai:x:3", DC),
+            "<record><header><identifier>oai:x:4</identifier><datestamp>2026-11-01</datestamp>\
+             <setSpec>a b</setSpec></header><metadata><x:y xmlns:x=\"urn:x\"/></metadata></record>",
+            rec("oai:x:5", "<oai:dc xmlns:oai=\"urn:not-oai\"/>"),
+        );
+        let p = parse_list(xml.as_bytes()).unwrap();
+        let ids: Vec<&str> = p
+            .records
+            .iter()
+            .map(|r| r.header.identifier.as_str())
+            .collect();
+        assert_eq!(ids, ["oai:x:3", "oai:x:5"], "{:?}", p.quarantined);
+        let reasons: Vec<&str> = p.quarantined.iter().map(|q| q.reason.as_str()).collect();
+        assert!(reasons[0].contains("OAI-PMH namespace"), "{reasons:?}");
+        assert!(reasons[1].contains("no namespace"), "{reasons:?}");
+        assert!(reasons[2].contains("setSpec \"a b\""), "{reasons:?}");
+        assert_eq!(
+            p.quarantined[0].identifier.as_deref(),
+            Some("oai:zenodo.org:1")
+        );
     }
 
     #[test]

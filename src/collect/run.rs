@@ -43,6 +43,11 @@ const MAX_RESTARTS: u32 = 3;
 pub const MAX_TOKEN_BYTES: usize = 16 * 1024;
 /// Pages a run reads at most (a repository that pages for ever ends here, with the reason).
 pub const MAX_RUN_PAGES: u64 = 1_000_000;
+/// The layout of collected records' paths (`crate::model::origin::record_path`): 2 reads
+/// like the identifier (`~XX` escapes); before it, `%XX` escapes and hashed long names.
+pub const PATH_LAYOUT: u32 = 2;
+/// `ListSets` pages read at most (a repository listing sets for ever ends there).
+const MAX_SET_PAGES: u32 = 100;
 /// Stored resources read per store call by the reconcile pass.
 const RECONCILE_PAGE: usize = 1000;
 
@@ -228,6 +233,16 @@ impl Collector {
             }
             .into(),
         });
+        if saved.layout < PATH_LAYOUT {
+            if saved.from.is_some() || saved.run.is_some() {
+                tracing::info!(collector = %self.name, "the set's records were collected under an older layout of file paths: collecting them all again, then reconciling (the old paths are recorded deleted)");
+                saved.from = None;
+                saved.run = None;
+                saved.reconcile_owed = true;
+            }
+            saved.layout = PATH_LAYOUT;
+        }
+        self.learn_sets(&id, &mut trace, cancel).await?;
         let mut run = match saved.run.take() {
             Some(r) => {
                 tracing::info!(collector = %self.name, pages = r.pages, "continuing the run under way");
@@ -386,6 +401,74 @@ impl Collector {
         Ok(report)
     }
 
+    /// Reads the repository's sets (`ListSets`, every page) and keeps them with its base URL
+    /// and granularity for `/oai` (`crate::model::origin::RepositoryFacts`), when they
+    /// changed. A repository without sets (`noSetHierarchy`) has none; one whose `ListSets`
+    /// fails otherwise keeps what was learned before (the run goes on: sets name records,
+    /// they do not hold them).
+    async fn learn_sets(
+        &self,
+        id: &oai::Identify,
+        trace: &mut Trace,
+        cancel: &CancellationToken,
+    ) -> Result<(), RunError> {
+        let key = crate::model::origin::facts_key(self.name.as_str());
+        let store = self.source.store();
+        let (old, version) =
+            state::load::<crate::model::origin::RepositoryFacts>(store, &key).await?;
+        let mut facts = crate::model::origin::RepositoryFacts {
+            base_url: self.cfg.url.clone(),
+            day_granularity: id.granularity == Granularity::Day,
+            sets: Vec::new(),
+        };
+        let mut token: Option<String> = None;
+        for page in 0.. {
+            if page == MAX_SET_PAGES {
+                tracing::warn!(collector = %self.name, "ListSets: more than {MAX_SET_PAGES} pages; the sets read so far are kept");
+                break;
+            }
+            let args: Vec<(&str, &str)> = match &token {
+                Some(t) => vec![("verb", "ListSets"), ("resumptionToken", t)],
+                None => vec![("verb", "ListSets")],
+            };
+            let answer = match self
+                .client
+                .call(&args, oai::parse_sets, trace, cancel)
+                .await
+            {
+                Ok(a) => a,
+                Err(Failure::GaveUp(why)) => {
+                    tracing::warn!(collector = %self.name, reason = %crate::cause::outsider(&why), "ListSets failed; the sets learned before are kept");
+                    facts.sets = old.sets.clone();
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            match answer {
+                Ok(p) => {
+                    facts.sets.extend(p.sets);
+                    match p.token {
+                        Some(t) if Some(&t) != token.as_ref() => token = Some(t),
+                        _ => break,
+                    }
+                }
+                Err((code, _)) if code == "noSetHierarchy" => break,
+                Err((code, message)) => {
+                    tracing::warn!(collector = %self.name, code = %crate::cause::outsider(&code), message = %crate::cause::outsider(&message), "ListSets failed; the sets learned before are kept");
+                    facts.sets = old.sets.clone();
+                    break;
+                }
+            }
+        }
+        facts.sets.sort();
+        facts.sets.dedup_by(|a, b| a.0 == b.0);
+        if facts != old {
+            // Another process's write in between is one of the same repository's: either stands.
+            let _ = state::save(store, &key, &facts, version).await?;
+        }
+        Ok(())
+    }
+
     /// One `ListRecords` request: the page after `token`, or the list's first page (from
     /// `from`, of the configured OAI set).
     async fn list(
@@ -439,6 +522,35 @@ impl Collector {
             .collect())
     }
 
+    /// Of `paths`, those another collector's set holds a live resource at (the same OAI
+    /// identifier), with that collector's name: one store call per other collector.
+    async fn claimed_elsewhere(
+        &self,
+        paths: &[String],
+    ) -> Result<HashMap<String, SetName>, StoreError> {
+        let mut out = HashMap::new();
+        if paths.is_empty() {
+            return Ok(out);
+        }
+        let config = self.source.config();
+        let keys: Vec<crate::model::ResourceKey> = paths
+            .iter()
+            .map(|p| crate::model::ResourceKey(format!("path:{p}")))
+            .collect();
+        for name in config.collect.keys().filter(|n| *n != self.name.as_str()) {
+            let Ok(other) = SetName::parse(name) else {
+                continue;
+            };
+            let found = self.source.store().resources_by_key(&other, &keys).await?;
+            for (p, r) in paths.iter().zip(found) {
+                if r.is_some() {
+                    out.entry(p.clone()).or_insert_with(|| other.clone());
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Applies a page's records: files first, then the changes in one batch through ingest,
     /// then the files of deleted records are removed.
     async fn apply(
@@ -456,15 +568,35 @@ impl Collector {
         }
         let paths: Vec<String> = records
             .iter()
-            .map(|r| super::path::record_path(&r.header.identifier))
+            .map(|r| crate::model::origin::record_path(&r.header.identifier))
             .collect();
         let mut held = self.held(paths.clone()).await?;
+        // Records new to this set that another collector's set serves already.
+        let fresh: Vec<String> = records
+            .iter()
+            .zip(&paths)
+            .filter(|(r, p)| !r.header.deleted && held.get(*p).is_none_or(Option::is_none))
+            .map(|(_, p)| p.clone())
+            .collect();
+        let claimed = self.claimed_elsewhere(&fresh).await?;
         let mut events = Vec::new();
         let mut files = Vec::new();
         let mut gone = Vec::new();
         let mut ids = Vec::new();
         for (rec, path) in records.iter().zip(paths) {
             let h = held.get(&path).cloned().flatten();
+            if let Some(other) = claimed.get(&path).filter(|_| h.is_none()) {
+                counts.quarantined += 1;
+                let entry = saved.quarantine(
+                    Some(rec.header.identifier.clone()),
+                    format!(
+                        "the collector {other} serves this OAI identifier already; /oai names one item by one identifier, so the first collector to hold it keeps it"
+                    ),
+                    at,
+                );
+                tracing::warn!(collector = %self.name, identifier = ?entry.identifier, reason = %entry.reason, "record quarantined");
+                continue;
+            }
             match change_for(rec, &self.origin, h.as_deref()) {
                 Ok(None) => counts.unchanged += 1,
                 Ok(Some(mut c)) => {
@@ -642,7 +774,9 @@ impl Collector {
             }
             pages += 1;
             for r in page.records.iter().filter(|r| !r.header.deleted) {
-                listed.insert(path_hash(&super::path::record_path(&r.header.identifier)));
+                listed.insert(path_hash(&crate::model::origin::record_path(
+                    &r.header.identifier,
+                )));
             }
             // A listing with a record that could not be read is not complete.
             if let Some(q) = page.quarantined.first() {

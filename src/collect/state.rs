@@ -108,6 +108,14 @@ pub struct Saved {
     /// Requests answered so far (see [`Control`]).
     pub runs_answered: u64,
     pub reconciles_answered: u64,
+    /// The layout of the set's file paths (`crate::model::origin`) the records were collected
+    /// under: a set collected under an older one is collected again, then reconciled.
+    #[serde(default)]
+    pub layout: u32,
+    /// A reconcile pass is owed once a complete run has collected the set again (the old
+    /// layout's resources are then the ones the repository no longer lists).
+    #[serde(default)]
+    pub reconcile_owed: bool,
 }
 
 impl Saved {

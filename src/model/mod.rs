@@ -2,6 +2,7 @@
 //! and the change events a harvester sends, validated before they reach the store.
 
 mod location;
+pub mod origin;
 mod secret;
 mod set;
 mod signature;
@@ -66,7 +67,7 @@ pub struct Resource {
 }
 
 /// A change document: one entry of a set's change log. `id` orders changes that share a
-/// `datetime`. Deletions carry no metadata.
+/// `datetime`. Deletions carry no metadata but their links.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Change {
     pub id: i64,
@@ -150,7 +151,12 @@ impl ChangeEvent {
             l.validate(set)?;
         }
         let meta = if self.change == ChangeType::Deleted {
-            ResourceMeta::default()
+            // A deletion keeps its links (where it came from, which collections held it); the
+            // rest describes bytes that are gone.
+            ResourceMeta {
+                ln: self.ln,
+                ..ResourceMeta::default()
+            }
         } else {
             ResourceMeta {
                 length: self.length,

@@ -16,6 +16,15 @@
 //!
 //! `ListRecords` pages are kept on disk as they are made and sent again to a list reaching the
 //! same position while their records are unchanged ([`cache`]).
+//!
+//! A set fed by an OAI-PMH collector (`[collect.NAME]`) keeps its records' identity: each is
+//! served under the repository's own OAI identifier (read back from its file's path,
+//! [`crate::model::origin`]; `GetRecord` takes it), in the repository's sets as sub-sets of the
+//! set (`NAME:spec`, hierarchical sets, with the repository's `setName`s in `ListSets`), and,
+//! in its own format, with an `<about>` in the OAI-PMH provenance schema (the repository's base
+//! URL, the identifier, its datestamp, the format's namespace, when it was harvested). Its
+//! datestamp stays this store's change time, so that a harvester's `from` never misses a
+//! record collected late.
 
 mod cache;
 mod token;
@@ -25,7 +34,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::OaiFormat;
-use crate::model::{ChangeType, ResourceKey, SetName, Timestamp};
+use crate::model::origin::{self, RepositoryFacts};
+use crate::model::{ChangeType, Link, ResourceKey, SetName, Timestamp};
 use crate::source::Source;
 use crate::store::StoreError;
 
@@ -251,6 +261,27 @@ fn window(
 pub struct OaiSet {
     pub name: SetName,
     pub format: OaiFormat,
+    /// Set when an OAI-PMH collector feeds it: where from, and what it learned there.
+    pub collected: Option<Arc<Collected>>,
+}
+
+/// What `/oai` knows of the repository a collected set comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Collected {
+    pub base_url: String,
+    pub facts: RepositoryFacts,
+}
+
+/// An item's origin, for its `<about>` (OAI-PMH provenance).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Provenance {
+    pub base_url: String,
+    pub identifier: String,
+    /// The record's datestamp at the repository, in the repository's granularity.
+    pub datestamp: String,
+    pub metadata_namespace: String,
+    /// When this server collected that version (its change's time).
+    pub harvest_date: Timestamp,
 }
 
 /// An item of a list or `GetRecord`.
@@ -264,6 +295,9 @@ pub struct Item {
     pub resource: Option<crate::model::Resource>,
     /// Its file under the set's `resource_root_dir`, when it has one.
     pub file: Option<std::path::PathBuf>,
+    /// The repository's sets holding it, for a collected set (each served as `set:spec`).
+    pub specs: Vec<String>,
+    pub provenance: Option<Provenance>,
 }
 
 /// What a list request answers: its items and the token of the rest.
@@ -287,7 +321,13 @@ pub struct Repository {
     /// Pages of ListRecords kept on disk (`None`: `oai.list_cache_max_bytes` is 0, or the
     /// folder could not be made).
     lists: Option<Arc<cache::ListCache>>,
+    /// What the collectors learned of their repositories, read from the store at most every
+    /// [`FACTS_FOR`].
+    facts: tokio::sync::Mutex<Option<(std::time::Instant, Arc<HashMap<String, RepositoryFacts>>)>>,
 }
+
+/// How long what the collectors learned is taken as read (a collector learns it once a run).
+const FACTS_FOR: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// An answer: small ones whole, lists streamed.
 pub enum Answer {
@@ -298,14 +338,24 @@ pub enum Answer {
 /// Changes read per store call while walking a list.
 const WALK_CHUNK: usize = 1000;
 
-/// A kept page's key: where in which list of which set it starts.
+/// A kept page's key: where in which list of which set (and sub-set) it starts.
 fn list_key(pos: &Position, page_size: usize, set: &SetName) -> String {
     // `from` only matters before the first change passed.
     let from = pos.after.is_none().then_some(pos.from).flatten();
+    let sub = pos.set.as_deref().and_then(|s| split_set(s).1);
     format!(
-        "{}\n{}\n{page_size}\n{set}\n{:?}\n{from:?}",
+        "{}\n{}\n{page_size}\n{set}\n{:?}\n{from:?}\n{sub:?}",
         pos.verb, pos.prefix, pos.after
     )
+}
+
+/// A `set` argument as (resource set, sub-set): `NAME` or `NAME:spec` (a collected
+/// repository's set `spec`, hierarchical itself).
+fn split_set(s: &str) -> (&str, Option<&str>) {
+    match s.split_once(':') {
+        Some((name, spec)) => (name, Some(spec)),
+        None => (s, None),
+    }
 }
 
 /// The token a page ends with: `None` for a list answered whole, `""` for the last page of a
@@ -338,6 +388,7 @@ impl Repository {
             source,
             key: tokio::sync::OnceCell::new(),
             lists,
+            facts: tokio::sync::Mutex::new(None),
         }
     }
 
@@ -355,16 +406,49 @@ impl Repository {
     /// The sets served over OAI-PMH, in name order.
     pub async fn sets(&self) -> Result<Vec<OaiSet>, StoreError> {
         let config = self.source.config();
+        let facts = self.facts().await?;
         let mut out = Vec::new();
         for info in self.source.store().sets().await? {
             if let Some(format) = config.oai_format(info.name.as_str()) {
+                let collected = config.collect.get(info.name.as_str()).map(|c| {
+                    Arc::new(Collected {
+                        base_url: c.url.clone(),
+                        facts: facts.get(info.name.as_str()).cloned().unwrap_or_default(),
+                    })
+                });
                 out.push(OaiSet {
                     name: info.name,
                     format,
+                    collected,
                 });
             }
         }
         Ok(out)
+    }
+
+    /// What each collector learned of its repository (none yet: no entry).
+    async fn facts(&self) -> Result<Arc<HashMap<String, RepositoryFacts>>, StoreError> {
+        let mut kept = self.facts.lock().await;
+        if let Some((at, f)) = kept.as_ref().filter(|(at, _)| at.elapsed() < FACTS_FOR) {
+            let _ = at;
+            return Ok(f.clone());
+        }
+        let mut map = HashMap::new();
+        for name in self.source.config().collect.keys() {
+            if let Some((json, _)) = self.source.store().state(&origin::facts_key(name)).await? {
+                match serde_json::from_str::<RepositoryFacts>(&json) {
+                    Ok(f) => {
+                        map.insert(name.clone(), f);
+                    }
+                    Err(e) => {
+                        tracing::warn!(collector = %name, error = %e, "OAI-PMH: what the collector learned of its repository cannot be read; its sets are served without names");
+                    }
+                }
+            }
+        }
+        let map = Arc::new(map);
+        *kept = Some((std::time::Instant::now(), map.clone()));
+        Ok(map)
     }
 
     /// The formats of a set's items: its own and, when that is not it, `oai_dc` made from what
@@ -393,34 +477,85 @@ impl Repository {
         Ok(earliest.unwrap_or_else(Timestamp::now).floor_secs())
     }
 
+    /// The item of `key` in `set` at its change of `datestamp`: `resource` as it is now (none
+    /// when deleted), `links` its change's (a deletion's own links name its sets).
     fn item(
         &self,
-        set: &SetName,
+        set: &OaiSet,
         key: &ResourceKey,
         datestamp: Timestamp,
         resource: Option<crate::model::Resource>,
+        links: &[Link],
     ) -> Item {
-        let sc = self.source.set_config(set);
-        let file = resource.as_ref().and_then(|_| {
-            let rel = key.0.strip_prefix("path:")?;
-            Some(sc.root_dir()?.join(rel))
-        });
-        Item {
+        let sc = self.source.set_config(&set.name);
+        let rel = key.0.strip_prefix("path:");
+        let file = resource
+            .as_ref()
+            .and_then(|_| Some(sc.root_dir()?.join(rel?)));
+        let own = set
+            .collected
+            .as_ref()
+            .and_then(|c| Some((c, rel.and_then(origin::identifier_of)?)));
+        let mut item = Item {
             identifier: key.url(&sc.url_prefix),
             datestamp,
-            set: set.clone(),
+            set: set.name.clone(),
             deleted: resource.is_none(),
-            resource,
             file,
+            specs: Vec::new(),
+            provenance: None,
+            resource,
+        };
+        if let Some((collected, identifier)) = own {
+            let links = item.resource.as_ref().map_or(links, |r| &r.meta.ln);
+            item.specs = origin::specs_of(links)
+                .into_iter()
+                .filter(|s| origin::is_set_spec(s))
+                .collect();
+            let lastmod = item.resource.as_ref().and_then(|r| r.meta.lastmod);
+            item.provenance = lastmod.map(|l| Provenance {
+                base_url: collected.base_url.clone(),
+                identifier: identifier.clone(),
+                datestamp: if collected.facts.day_granularity {
+                    l.to_string()[..10].to_string()
+                } else {
+                    l.floor_secs().to_string()
+                },
+                metadata_namespace: set.format.namespace.clone(),
+                harvest_date: datestamp,
+            });
+            item.identifier = identifier;
         }
+        item
+    }
+
+    /// Whether an item whose repository sets are `specs` is in the sub-set `want` (`spec` of
+    /// `NAME:spec`): in it, or in a set below it.
+    fn in_subset(specs: &[String], want: &str) -> bool {
+        specs.iter().any(|s| {
+            s == want
+                || (s.len() > want.len() && s.starts_with(want) && s.as_bytes()[want.len()] == b':')
+        })
     }
 
     /// The item an identifier names: the set whose URL prefix it lies under (the longest), and
     /// the resource there, live or deleted; `None` when no set knows it.
     pub async fn find(&self, identifier: &str) -> Result<Option<(Item, OaiSet)>, StoreError> {
         let mut sets = self.sets().await?;
-        sets.sort_by_key(|s| std::cmp::Reverse(self.source.set_config(&s.name).url_prefix.len()));
         let store = self.source.store();
+        // A collected set's record, by the repository's identifier (sets in name order: the
+        // collectors see to it that one holds it).
+        let key = ResourceKey(format!("path:{}", origin::record_path(identifier)));
+        for s in sets.iter().filter(|s| s.collected.is_some()) {
+            let latest = store
+                .latest_changes(&s.name, std::slice::from_ref(&key), Timestamp(i64::MAX))
+                .await?;
+            if let Some((dt, _)) = latest.get(&key) {
+                let r = store.resource(&s.name, &key).await?;
+                return Ok(Some((self.item(s, &key, *dt, r, &[]), s.clone())));
+            }
+        }
+        sets.sort_by_key(|s| std::cmp::Reverse(self.source.set_config(&s.name).url_prefix.len()));
         for s in sets {
             let sc = self.source.set_config(&s.name);
             let mut keys = vec![ResourceKey(format!("url:{identifier}"))];
@@ -434,7 +569,7 @@ impl Repository {
             for key in keys {
                 if let Some((dt, _)) = latest.get(&key) {
                     let r = store.resource(&s.name, &key).await?;
-                    return Ok(Some((self.item(&s.name, &key, *dt, r), s)));
+                    return Ok(Some((self.item(&s, &key, *dt, r, &[]), s)));
                 }
             }
         }
@@ -467,13 +602,20 @@ impl Repository {
                 };
                 let set = req.args.get("set").cloned();
                 if let Some(s) = &set {
-                    if !sets.iter().any(|o| o.name.as_str() == s) {
+                    let (name, sub) = split_set(s);
+                    let known = sets.iter().any(|o| {
+                        o.name.as_str() == name && (sub.is_none() || o.collected.is_some())
+                    });
+                    if !known {
                         return Ok(Err(err("noRecordsMatch", format!("there is no set {s:?}"))));
                     }
                 }
                 let scope: Vec<&OaiSet> = sets
                     .iter()
-                    .filter(|o| set.as_ref().is_none_or(|s| o.name.as_str() == s))
+                    .filter(|o| {
+                        set.as_ref()
+                            .is_none_or(|s| o.name.as_str() == split_set(s).0)
+                    })
                     .collect();
                 if !scope
                     .iter()
@@ -502,9 +644,18 @@ impl Repository {
         let store = self.source.store();
         // Every change dated before the bound that this process is writing, in the log first.
         store.settle(Timestamp(pos.bound)).await;
+        let sub: Option<String> = pos
+            .set
+            .as_deref()
+            .and_then(|s| split_set(s).1)
+            .map(str::to_string);
         let scope: Vec<&OaiSet> = sets
             .iter()
-            .filter(|o| pos.set.as_ref().is_none_or(|s| o.name.as_str() == s))
+            .filter(|o| {
+                pos.set
+                    .as_ref()
+                    .is_none_or(|s| o.name.as_str() == split_set(s).0)
+            })
             .filter(|o| {
                 Self::formats(o)
                     .iter()
@@ -617,7 +768,11 @@ impl Repository {
                     }
                     scanned += 1;
                     pos.after = Some((c.datetime.0, c.id));
-                    if latest.get(&c.key) == Some(&(c.datetime, c.id)) {
+                    let wanted = sub.as_deref().is_none_or(|want| {
+                        let specs = origin::specs_of(&c.meta.ln);
+                        Self::in_subset(&specs, want)
+                    });
+                    if wanted && latest.get(&c.key) == Some(&(c.datetime, c.id)) {
                         taken.push(c.clone());
                         if items.len() + taken.len() >= page_size {
                             break;
@@ -637,7 +792,7 @@ impl Repository {
                     .collect();
                 for c in taken {
                     let r = now.remove(&c.key);
-                    items.push(self.item(&s.name, &c.key, c.datetime.floor_secs(), r));
+                    items.push(self.item(s, &c.key, c.datetime.floor_secs(), r, &c.meta.ln));
                     if lists.is_some() {
                         item_keys.push((c.key.0, c.datetime.0, c.id));
                     }
@@ -815,6 +970,10 @@ impl Repository {
         let mut newest = Timestamp(0);
         for s in self.sets().await? {
             h.update(format!("|{}:{}", s.name, s.format.metadata_prefix).as_bytes());
+            if let Some(c) = &s.collected {
+                // Its repository's sets and their names (ListSets), and what provenance says.
+                h.update(format!("{:?}", (&c.base_url, &c.facts)).as_bytes());
+            }
             if let Some(c) = self.source.store().latest_change(&s.name).await? {
                 h.update(format!(":{}:{}", c.datetime.0, c.id).as_bytes());
                 newest = newest.max(c.datetime);

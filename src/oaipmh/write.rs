@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use bytes::Bytes;
 
-use super::{Item, ListPage, OaiError, OaiSet, Request, Verb};
+use super::{Item, ListPage, OaiError, OaiSet, Provenance, Request, Verb};
 use crate::config::{OaiConfig, OaiFormat};
 use crate::model::Timestamp;
 
@@ -112,6 +112,28 @@ pub fn list_sets(base: &str, req: &Request, sets: &[OaiSet]) -> String {
             "<set><setSpec>{0}</setSpec><setName>{0}</setName></set>",
             escape(set.name.as_str())
         );
+        let Some(c) = &set.collected else {
+            continue;
+        };
+        // The repository's sets below the set, each parent of a hierarchical one listed too.
+        let mut subs: std::collections::BTreeMap<&str, &str> = std::collections::BTreeMap::new();
+        for (spec, name) in &c.facts.sets {
+            subs.insert(spec, name);
+        }
+        for (spec, _) in &c.facts.sets {
+            for (i, _) in spec.match_indices(':') {
+                subs.entry(&spec[..i]).or_insert(&spec[..i]);
+            }
+        }
+        for (spec, name) in subs {
+            let _ = write!(
+                s,
+                "<set><setSpec>{}:{}</setSpec><setName>{}</setName></set>",
+                escape(set.name.as_str()),
+                escape(spec),
+                escape(if name.is_empty() { spec } else { name })
+            );
+        }
     }
     s.push_str("</ListSets>\n");
     s.push_str(END);
@@ -126,10 +148,37 @@ fn header(item: &Item, out: &mut String) {
     }
     let _ = write!(
         out,
-        "<identifier>{}</identifier><datestamp>{}</datestamp><setSpec>{}</setSpec></header>",
+        "<identifier>{}</identifier><datestamp>{}</datestamp><setSpec>{}</setSpec>",
         escape(item.identifier.as_str()),
         date(item.datestamp),
         escape(item.set.as_str())
+    );
+    for spec in &item.specs {
+        let _ = write!(
+            out,
+            "<setSpec>{}:{}</setSpec>",
+            escape(item.set.as_str()),
+            escape(spec.as_str())
+        );
+    }
+    out.push_str("</header>");
+}
+
+/// A collected record's `<about>`: where it came from, in the OAI-PMH provenance schema
+/// (unaltered: its metadata are the repository's bytes).
+fn about(p: &Provenance, out: &mut String) {
+    let _ = write!(
+        out,
+        "<about><provenance xmlns=\"http://www.openarchives.org/OAI/2.0/provenance\" \
+         xmlns:xsi=\"http://www.w3.org/2001/XMLSchema-instance\" \
+         xsi:schemaLocation=\"http://www.openarchives.org/OAI/2.0/provenance http://www.openarchives.org/OAI/2.0/provenance.xsd\">\
+         <originDescription harvestDate=\"{}\" altered=\"false\"><baseURL>{}</baseURL><identifier>{}</identifier>\
+         <datestamp>{}</datestamp><metadataNamespace>{}</metadataNamespace></originDescription></provenance></about>",
+        date(p.harvest_date),
+        escape(p.base_url.as_str()),
+        escape(p.identifier.as_str()),
+        escape(p.datestamp.as_str()),
+        escape(p.metadata_namespace.as_str())
     );
 }
 
@@ -177,7 +226,40 @@ fn embeddable(bytes: &[u8]) -> Result<&str, String> {
     if let Some(why) = crate::sitemap::element::bad_character(text) {
         return Err(why);
     }
-    crate::sitemap::element::check_element(text).map(|()| text)
+    crate::sitemap::element::check_element(text)?;
+    // OAI-PMH.xsd takes metadata in a namespace of its own (`##other`): not in none, not in
+    // the protocol's.
+    match root_namespace(text).as_deref() {
+        None => Err("its root element has no namespace".into()),
+        Some(OAI_NS) => Err("its root element lies in the OAI-PMH namespace".into()),
+        Some(_) => Ok(text),
+    }
+}
+
+const OAI_NS: &str = "http://www.openarchives.org/OAI/2.0/";
+
+/// The namespace of a standalone document's root element (declared on it: nothing is above).
+fn root_namespace(text: &str) -> Option<String> {
+    let mut r = quick_xml::Reader::from_str(text);
+    loop {
+        match r.read_event().ok()? {
+            quick_xml::events::Event::Start(e) | quick_xml::events::Event::Empty(e) => {
+                let qname = e.name();
+                let key = match qname.as_ref().iter().position(|b| *b == b':') {
+                    Some(i) => [b"xmlns:".as_slice(), &qname.as_ref()[..i]].concat(),
+                    None => b"xmlns".to_vec(),
+                };
+                return e
+                    .attributes()
+                    .flatten()
+                    .find(|a| a.key.as_ref() == key.as_slice())
+                    .and_then(|a| a.unescape_value().ok().map(|v| v.into_owned()))
+                    .filter(|v| !v.is_empty());
+            }
+            quick_xml::events::Event::Eof => return None,
+            _ => {}
+        }
+    }
 }
 
 /// Writes a record (read on a blocking thread: its file); `false` when it is left out.
@@ -230,7 +312,15 @@ fn record(item: &Item, prefix: &str, native: &OaiFormat, out: &mut String) -> bo
     header(item, out);
     out.push_str("<metadata>");
     out.push_str(metadata);
-    out.push_str("</metadata></record>");
+    out.push_str("</metadata>");
+    if let Some(p) = item
+        .provenance
+        .as_ref()
+        .filter(|_| prefix == native.metadata_prefix)
+    {
+        about(p, out);
+    }
+    out.push_str("</record>");
     true
 }
 
@@ -481,8 +571,19 @@ mod tests {
     #[test]
     fn only_one_well_formed_element_is_embedded() {
         assert_eq!(
-            embeddable(b"<?xml version=\"1.0\"?>\n<a x=\"1\"><b/></a>\n").unwrap(),
-            "<a x=\"1\"><b/></a>\n"
+            embeddable(b"<?xml version=\"1.0\"?>\n<a xmlns=\"urn:a\" x=\"1\"><b/></a>\n").unwrap(),
+            "<a xmlns=\"urn:a\" x=\"1\"><b/></a>\n"
+        );
+        assert!(embeddable(b"<p:a xmlns:p=\"urn:a\"/>").is_ok());
+        // What OAI-PMH.xsd would refuse inside <metadata>.
+        assert!(embeddable(b"<a x=\"1\"/>")
+            .unwrap_err()
+            .contains("no namespace"));
+        assert!(embeddable(b"<p:a xmlns=\"urn:a\" xmlns:p=\"\"/>").is_err());
+        assert!(
+            embeddable(b"<a xmlns=\"http://www.openarchives.org/OAI/2.0/\"/>")
+                .unwrap_err()
+                .contains("OAI-PMH namespace")
         );
         assert!(embeddable(b"<!DOCTYPE a [<!ENTITY e \"x\">]><a>&e;</a>").is_err());
         assert!(embeddable(b"<a><b></a>").is_err());

@@ -292,12 +292,16 @@ async fn a_repository_becomes_a_resource_set() {
     assert_eq!(res.len(), 22);
     for k in (0..25).filter(|k| k % 7 != 6) {
         let id = format!("oai:test:{k}");
-        let rel = resourcesync_hub::collect::path::record_path(&id);
+        let rel = resourcesync_hub::model::origin::record_path(&id);
         let url = res
             .keys()
-            .find(|u| u.ends_with(&rel.replace('%', "%25")))
+            .find(|u| u.ends_with(&rel))
             .unwrap_or_else(|| panic!("{rel} not in {:?}", res.keys().take(3).collect::<Vec<_>>()))
             .clone();
+        assert!(
+            !url.contains('%') && url.ends_with(&format!("/{id}.xml")),
+            "the URL reads like the identifier: {url}"
+        );
         let body = c
             .app
             .client
@@ -422,7 +426,7 @@ pub fn now_datestamp() -> String {
 }
 
 /// Compares the set's files with the repository's records as canonical XML (lxml).
-fn c14n_compare(c: &Collecting, fixture: &serde_json::Value) -> serde_json::Value {
+pub fn c14n_compare(c: &Collecting, fixture: &serde_json::Value) -> serde_json::Value {
     let root = c.app.config.collected_dir("papers");
     let map: serde_json::Map<String, serde_json::Value> = fixture["records"]
         .as_array()
@@ -430,7 +434,7 @@ fn c14n_compare(c: &Collecting, fixture: &serde_json::Value) -> serde_json::Valu
         .iter()
         .filter_map(|r| {
             let id = r["id"].as_str().unwrap();
-            let p = root.join(resourcesync_hub::collect::path::record_path(id));
+            let p = root.join(resourcesync_hub::model::origin::record_path(id));
             p.exists()
                 .then(|| (id.to_string(), p.display().to_string().into()))
         })
@@ -521,7 +525,7 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
                 &format!(
                     "{}/files/papers/{}",
                     c.app.config.base_url(),
-                    resourcesync_hub::collect::path::record_path("oai:big:7").replace('%', "%25")
+                    resourcesync_hub::model::origin::record_path("oai:big:7")
                 ),
             )
             .unwrap()
@@ -833,13 +837,13 @@ async fn reconcile_marks_exactly_the_records_a_forgetful_repository_dropped() {
     let left = c.resources().await;
     assert_eq!(left.len(), 200);
     for id in &gone {
-        let rel = resourcesync_hub::collect::path::record_path(id).replace('%', "%25");
+        let rel = resourcesync_hub::model::origin::record_path(id);
         assert!(!left.keys().any(|u| u.ends_with(&rel)), "{id} still held");
         assert!(!c
             .app
             .config
             .collected_dir("papers")
-            .join(resourcesync_hub::collect::path::record_path(id))
+            .join(resourcesync_hub::model::origin::record_path(id))
             .exists());
     }
     c.app.stop().await;
@@ -1199,7 +1203,7 @@ async fn a_latin1_repository_is_decoded() {
         .app
         .config
         .collected_dir("papers")
-        .join(resourcesync_hub::collect::path::record_path("oai:test:0"));
+        .join(resourcesync_hub::model::origin::record_path("oai:test:0"));
     let text = std::fs::read_to_string(file).expect("a UTF-8 file");
     assert!(text.contains("Café Müller"), "{text}");
     c.app.stop().await;

@@ -32,7 +32,8 @@ fn py_json(args: &[&std::ffi::OsStr]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
-/// identifier (the resource's URL) -> its file, for every live resource of `papers`.
+/// identifier (the repository's OAI identifier, which `/oai` serves) -> its file, for every
+/// live resource of `papers`.
 async fn expected(c: &Collecting) -> BTreeMap<String, String> {
     let root = c.app.config.collected_dir("papers");
     let prefix = c.app.config.set_config("papers").url_prefix;
@@ -43,7 +44,9 @@ async fn expected(c: &Collecting) -> BTreeMap<String, String> {
             let rel = percent_encoding::percent_decode_str(url.strip_prefix(&prefix).unwrap())
                 .decode_utf8_lossy()
                 .to_string();
-            (url, root.join(rel).display().to_string())
+            let id = resourcesync_hub::model::origin::identifier_of(&rel)
+                .unwrap_or_else(|| panic!("{rel} is a collected record's path"));
+            (id, root.join(rel).display().to_string())
         })
         .collect()
 }
@@ -628,4 +631,218 @@ async fn a_change_dated_into_a_kept_page_is_listed_once_and_as_it_is() {
     assert_eq!((now.len(), unique.len()), (1_201, 1_201));
     assert!(unique.contains(&format!("{prefix}r/5000.xml")));
     app.stop().await;
+}
+
+/// The collected fixture of the faithful-bridge acceptance: `oai:example.org:rec-K` in three
+/// sets (`s2` records in `s0` too), every sixth deleted, datestamped on days of March 2021.
+fn bridge_repository(n: usize) -> serde_json::Value {
+    let records: Vec<serde_json::Value> = (0..n)
+        .map(|k| {
+            let sets = match k % 3 {
+                0 => vec!["s0"],
+                1 => vec!["s1"],
+                _ => vec!["s2", "s0"],
+            };
+            serde_json::json!({
+                "id": format!("oai:example.org:rec-{k:04}"),
+                "datestamp": format!("2021-03-{:02}T00:00:00Z", k + 1),
+                "sets": sets,
+                "deleted": k % 6 == 5,
+                "dc": {"title": [format!("Record {k}")], "identifier": [format!("https://example.org/rec/{k}")]},
+            })
+        })
+        .collect();
+    // Day granularity; its datestamps sent as days (`2021-03-01`) and, every other one, in
+    // the compact form a production endpoint DPLA harvests uses (`20210302`).
+    let replace: Vec<serde_json::Value> = (0..n)
+        .map(|k| {
+            let day = k + 1;
+            let to = if k % 2 == 0 {
+                format!("<datestamp>2021-03-{day:02}</datestamp>")
+            } else {
+                format!("<datestamp>202103{day:02}</datestamp>")
+            };
+            serde_json::json!([
+                format!("<datestamp>2021-03-{day:02}T00:00:00Z</datestamp>"),
+                to
+            ])
+        })
+        .collect();
+    let mut fx = serde_json::json!({
+        "granularity": "YYYY-MM-DD",
+        "deletedRecord": "persistent",
+        "sets": [["s0", "Zero"], ["s1", "One"], ["s2", "Two & more"]],
+        "records": records,
+        "faults": {"replace": replace},
+    });
+    // An old Zenodo `oai_datacite` record: its root takes the envelope's namespace, OAI-PMH's.
+    fx["records"].as_array_mut().unwrap().push(serde_json::json!({
+        "id": "oai:zenodo.org:1", "datestamp": "2021-03-28T00:00:00Z", "sets": ["s1"],
+        "raw": "<oai_datacite xmlns=\"http://www.openarchives.org/OAI/2.0/\"><schemaVersion>3</schemaVersion>\
+                <payload><resource xmlns=\"http://datacite.org/schema/kernel-3\"><title>Z</title></resource></payload></oai_datacite>",
+    }));
+    fx
+}
+
+/// Each live record's expected header sets at `/oai`, by identifier.
+fn bridge_sets(fx: &serde_json::Value) -> BTreeMap<String, Vec<String>> {
+    fx["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r.get("raw").is_none() && r["deleted"] != true)
+        .map(|r| {
+            let mut sets = vec!["papers".to_string()];
+            for s in r["sets"].as_array().unwrap() {
+                sets.push(format!("papers:{}", s.as_str().unwrap()));
+            }
+            sets.sort();
+            (r["id"].as_str().unwrap().to_string(), sets)
+        })
+        .collect()
+}
+
+async fn validate(c: &Collecting) -> serde_json::Value {
+    let base = c.app.url("/oai");
+    let schemas = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/schemas");
+    tokio::task::spawn_blocking(move || {
+        py_json(&[
+            tool("oai_validate.py").as_os_str(),
+            base.as_ref(),
+            schemas.join("OAI-PMH.xsd").as_os_str(),
+            "--provenance".as_ref(),
+            schemas.join("provenance.xsd").as_os_str(),
+            "--sets".as_ref(),
+        ])
+    })
+    .await
+    .unwrap()
+}
+
+/// The faithful bridge, end to end: a repository (PyPI `oaipmh`) with three sets, deleted
+/// records and datestamps in the day and compact forms, collected, then harvested from `/oai`
+/// by pyoai and oaipmh-scythe: every record under the repository's own identifier, in the
+/// repository's sets as `papers:spec` (named as the repository names them), its metadata the
+/// repository's, with an XSD-valid provenance `<about>`; a record whose metadata root lies in
+/// the OAI-PMH namespace is quarantined and every answer validates. Then 5 updates, 1 creation
+/// and 1 deletion upstream reach each harvester coming back with `from` as exactly those 7.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collected_repository_keeps_its_identifiers_sets_and_provenance() {
+    let n = 24;
+    let mut fx = bridge_repository(n);
+    let repo = OaiServer::start(&fx, 7);
+    let (cfg, dir) = collect_config(&repo.base);
+    let app = TestApp::start_with(cfg).await;
+    let c = Collecting { repo, app };
+    let v = c.wait_ended(None).await;
+    no_error(&v);
+    let live = bridge_sets(&fx);
+    assert_eq!(v["last"]["created"], live.len(), "{v:#}");
+    assert_eq!(v["last"]["quarantined"], 1, "{v:#}");
+    let q = &v["quarantine"][0];
+    assert_eq!(q["identifier"], "oai:zenodo.org:1", "{v:#}");
+    assert!(
+        q["reason"].as_str().unwrap().contains("OAI-PMH namespace"),
+        "{v:#}"
+    );
+    let cmp = crate::collect::c14n_compare(&c, &fx);
+    assert_eq!(
+        cmp["equal"],
+        live.len(),
+        "the files are the repository's records: {cmp}"
+    );
+
+    // Both harvesters: the repository's identifiers, sets and metadata.
+    let states: Vec<_> = ["pyoai", "scythe"]
+        .iter()
+        .map(|k| (k.to_string(), dir.path().join(format!("{k}.json"))))
+        .collect();
+    for (client, state) in &states {
+        let h = harvest(&c, client, state, None).await;
+        assert!(clean(&h) && h["equal"] == live.len(), "{client}: {h}");
+        let sets: BTreeMap<String, Vec<String>> =
+            serde_json::from_value(h["sets"].clone()).unwrap();
+        assert_eq!(sets, live, "{client}: identifiers and set membership");
+    }
+    let v = validate(&c).await;
+    assert_eq!(v["invalid"], serde_json::json!([]), "{v}");
+    assert!(
+        v["provenance"].as_u64().unwrap() > live.len() as u64,
+        "every record has its provenance: {v}"
+    );
+    let in_set = |s: &str| live.values().filter(|v| v.iter().any(|x| x == s)).count();
+    for spec in ["papers", "papers:s0", "papers:s1", "papers:s2"] {
+        assert_eq!(v["set_records"][spec], in_set(spec), "{spec}: {v}");
+    }
+    let sets = c.app.get_text("/oai?verb=ListSets").await;
+    assert!(
+        sets.contains("<setSpec>papers:s2</setSpec><setName>Two &amp; more</setName>"),
+        "{sets}"
+    );
+    // GetRecord by the repository's identifier; the provenance says where and when, the
+    // compact datestamp given as the day it is.
+    let rec = c
+        .app
+        .get_text("/oai?verb=GetRecord&metadataPrefix=oai_dc&identifier=oai:example.org:rec-0001")
+        .await;
+    for part in [
+        "<identifier>oai:example.org:rec-0001</identifier>",
+        "<setSpec>papers:s1</setSpec>",
+        &format!("<baseURL>{}</baseURL>", c.repo.base),
+        "<datestamp>2021-03-02</datestamp>",
+        "<metadataNamespace>http://www.openarchives.org/OAI/2.0/oai_dc/</metadataNamespace>",
+        "altered=\"false\"",
+    ] {
+        assert!(rec.contains(part), "{part} in {rec}");
+    }
+
+    // Upstream: 5 updates, 1 creation, 1 deletion.
+    let since = crate::collect::now_datestamp();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    let now = crate::collect::now_datestamp();
+    let recs = fx["records"].as_array_mut().unwrap();
+    let mut changed = Vec::new();
+    for k in [0, 1, 2, 3, 4] {
+        recs[k]["dc"]["title"] = serde_json::json!([format!("Record {k}, second version")]);
+        recs[k]["datestamp"] = now.clone().into();
+        changed.push(recs[k]["id"].as_str().unwrap().to_string());
+    }
+    recs[6]["deleted"] = true.into();
+    recs[6]["datestamp"] = now.clone().into();
+    changed.push(recs[6]["id"].as_str().unwrap().to_string());
+    recs.push(serde_json::json!({
+        "id": "oai:example.org:new-1", "datestamp": now, "sets": ["s1"],
+        "dc": {"title": ["A new record"]},
+    }));
+    changed.push("oai:example.org:new-1".into());
+    changed.sort();
+    rewrite(&c.repo, &fx);
+    let v = c.run_now().await;
+    no_error(&v);
+    let live = bridge_sets(&fx);
+    for (client, state) in &states {
+        let h = harvest(&c, client, state, Some(&since)).await;
+        let mut listed: Vec<String> = serde_json::from_value(h["listed"].clone()).unwrap();
+        listed.sort();
+        assert_eq!(listed, changed, "{client}: exactly the 7 changes: {h}");
+        assert!(
+            clean(&h) && h["equal"] == live.len() && h["deleted"] == 1,
+            "{client}: {h}"
+        );
+    }
+    // The deletion is heard in the sets the record was in.
+    let gone = c
+        .app
+        .get_text(&format!(
+            "/oai?verb=ListIdentifiers&metadataPrefix=oai_dc&set=papers:s0&from={since}"
+        ))
+        .await;
+    assert!(
+        gone.contains(
+            "<header status=\"deleted\"><identifier>oai:example.org:rec-0006</identifier>"
+        ),
+        "{gone}"
+    );
+    assert_eq!(validate(&c).await["invalid"], serde_json::json!([]));
+    c.app.stop().await;
 }

@@ -5,7 +5,9 @@ Usage: oai_harvest.py pyoai|scythe BASE_URL STATE.json EXPECT.json [--from DATES
 
 STATE.json (created when missing): {identifier: sha256 of the record's metadata in exclusive
 C14N, or "deleted"}. EXPECT.json: {identifier: path of the resource file} for every live
-record. Prints one JSON object: {"seen", "equal", "differ", "missing", "extra", "deleted"}.
+record. Prints one JSON object: {"seen", "equal", "differ", "missing", "extra", "deleted",
+"sets": {identifier: [setSpec...] of each record this harvest listed}, "listed": [identifiers
+this harvest listed, in order]}.
 """
 
 import datetime
@@ -23,6 +25,8 @@ expect = json.load(open(expect_path))
 c14n = lambda el: hashlib.sha256(etree.tostring(el, method="c14n", exclusive=True)).hexdigest()
 OAI = "{http://www.openarchives.org/OAI/2.0/}"
 seen = 0
+sets = {}
+listed = []
 
 if client_kind == "pyoai":
     from oaipmh import error
@@ -38,6 +42,8 @@ if client_kind == "pyoai":
     try:
         for header, metadata, _ in client.listRecords(**kw):
             seen += 1
+            sets[header.identifier()] = sorted(header.setSpec())
+            listed.append(header.identifier())
             if header.isDeleted():
                 state[header.identifier()] = "deleted"
             else:
@@ -52,6 +58,8 @@ else:
         try:
             for record in scythe.list_records(metadata_prefix="oai_dc", from_=since):
                 seen += 1
+                sets[record.header.identifier] = sorted(record.header.setSpecs)
+                listed.append(record.header.identifier)
                 if record.header.deleted:
                     state[record.header.identifier] = "deleted"
                 else:
@@ -63,7 +71,7 @@ json.dump(state, open(state_path, "w"))
 # scythe parses answers dropping whitespace-only text (remove_blank_text): the files are read
 # the same way for it.
 parser = etree.XMLParser(remove_blank_text=client_kind == "scythe")
-out = {"seen": seen, "equal": 0, "differ": [], "missing": [], "extra": [], "deleted": 0}
+out = {"seen": seen, "equal": 0, "differ": [], "missing": [], "extra": [], "deleted": 0, "sets": sets, "listed": listed}
 for ident, path in expect.items():
     got = state.get(ident)
     if got is None or got == "deleted":

@@ -6,7 +6,8 @@ Usage: oai_server.py FIXTURE.json [--batch N]
 The fixture: {"granularity": "YYYY-MM-DDThh:mm:ssZ" | "YYYY-MM-DD", "deletedRecord":
 "persistent" | "transient" | "no", "earliest": "2001-01-01T00:00:00Z", "sets": [[spec, name],
 ...], "records": [{"id", "datestamp" (ISO, Z), "sets": [...], "deleted": bool, "dc": {"title":
-[...], ...}}], "faults": {...}}. Records are listed in fixture order. The file is read again
+[...], ...}, "raw": "<xml/>" (optional: this element is the record's metadata instead of its
+Dublin Core, as a repository that writes its own XML sends it)}], "faults": {...}}. Records are listed in fixture order. The file is read again
 whenever it changes (a test rewrites it to change the repository), which also resets the
 faults' counters. Prints one JSON line with its port, then serves (GET and POST) until its
 standard input closes.
@@ -117,6 +118,8 @@ class Repository:
         )
 
     def _record(self, r):
+        if r.get("raw") and not r.get("deleted"):
+            return (self._header(r), common.Metadata(None, {"raw": r["raw"]}), None)
         meta = None if r.get("deleted") else common.Metadata(None, r.get("dc", {}))
         return (self._header(r), meta, None)
 
@@ -135,8 +138,18 @@ class Repository:
         raise error.IdDoesNotExistError(identifier)
 
 
+def writer(element, metadata):
+    raw = metadata.getMap().get("raw")
+    if raw:
+        from lxml import etree
+
+        element.append(etree.fromstring(raw))
+    else:
+        oai_dc_writer(element, metadata)
+
+
 registry = MetadataRegistry()
-registry.registerWriter("oai_dc", oai_dc_writer)
+registry.registerWriter("oai_dc", writer)
 server = BatchingServer(Repository(), metadata_registry=registry, resumption_batch_size=batch)
 
 

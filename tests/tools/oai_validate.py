@@ -1,9 +1,14 @@
 """Walks our /oai with plain HTTP and checks every answer against OAI-PMH.xsd (lxml), and the
 error codes of the protocol's error cases.
 
-Usage: oai_validate.py BASE_URL SCHEMA.xsd
+Usage: oai_validate.py BASE_URL SCHEMA.xsd [--provenance PROVENANCE.xsd] [--sets]
 Prints one JSON object: {"answers": n checked, "invalid": [[query, reason]...],
-"errors": {case: code answered}, "records": records listed, "identifiers": headers listed}.
+"errors": {case: code answered}, "records": records listed, "identifiers": headers listed,
+"provenance": <about> containers checked, "set_records": {setSpec: records ListRecords lists in
+it} (with --sets, every set of ListSets walked)}.
+
+With --provenance, every element inside a record's <about> is checked against that schema too
+(OAI-PMH.xsd skips what <about> holds).
 """
 
 import json
@@ -15,8 +20,11 @@ from lxml import etree
 
 base, xsd = sys.argv[1], sys.argv[2]
 schema = etree.XMLSchema(etree.parse(xsd))
+prov = None
+if "--provenance" in sys.argv:
+    prov = etree.XMLSchema(etree.parse(sys.argv[sys.argv.index("--provenance") + 1]))
 OAI = "{http://www.openarchives.org/OAI/2.0/}"
-out = {"answers": 0, "invalid": [], "errors": {}, "records": 0, "identifiers": 0}
+out = {"answers": 0, "invalid": [], "errors": {}, "records": 0, "identifiers": 0, "provenance": 0, "set_records": {}}
 
 
 def get(query, post=False):
@@ -35,6 +43,12 @@ def get(query, post=False):
     out["answers"] += 1
     if not schema.validate(doc):
         out["invalid"].append([data, str(schema.error_log.last_error)])
+    if prov is not None:
+        for about in doc.iter(OAI + "about"):
+            for el in about:
+                out["provenance"] += 1
+                if not prov.validate(etree.ElementTree(el)):
+                    out["invalid"].append([data, "about: %s" % prov.error_log.last_error])
     return doc
 
 
@@ -46,7 +60,7 @@ def error_code(doc):
 get({"verb": "Identify"})
 get({"verb": "Identify"}, post=True)
 get({"verb": "ListMetadataFormats"})
-get({"verb": "ListSets"})
+sets_doc = get({"verb": "ListSets"})
 first = None
 for verb, key in (("ListRecords", "records"), ("ListIdentifiers", "identifiers")):
     q = {"verb": verb, "metadataPrefix": "oai_dc"}
@@ -64,6 +78,20 @@ for verb, key in (("ListRecords", "records"), ("ListIdentifiers", "identifiers")
         if not token:
             break
         q = {"verb": verb, "resumptionToken": token}
+if "--sets" in sys.argv:
+    for spec in [e.text for e in sets_doc.iter(OAI + "setSpec")]:
+        n = 0
+        q = {"verb": "ListRecords", "metadataPrefix": "oai_dc", "set": spec}
+        while True:
+            doc = get(q)
+            if error_code(doc):
+                break
+            n += len(doc.findall(".//" + OAI + "header"))
+            token = doc.findtext(".//" + OAI + "resumptionToken")
+            if not token:
+                break
+            q = {"verb": "ListRecords", "resumptionToken": token}
+        out["set_records"][spec] = n
 if first:
     get({"verb": "GetRecord", "identifier": first, "metadataPrefix": "oai_dc"})
     get({"verb": "ListMetadataFormats", "identifier": first})
