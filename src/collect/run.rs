@@ -46,6 +46,8 @@ pub const MAX_RUN_PAGES: u64 = 1_000_000;
 /// The layout of collected records' paths (`crate::model::origin::record_path`): 2 reads
 /// like the identifier (`~XX` escapes); before it, `%XX` escapes and hashed long names.
 pub const PATH_LAYOUT: u32 = 2;
+/// Held by a collector from its check of what other collectors hold to its recording.
+static CLAIM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 /// `ListSets` pages read at most (a repository listing sets for ever ends there).
 const MAX_SET_PAGES: u32 = 100;
 /// Stored resources read per store call by the reconcile pass.
@@ -570,6 +572,14 @@ impl Collector {
             .iter()
             .map(|r| crate::model::origin::record_path(&r.header.identifier))
             .collect();
+        // Whether another collector holds a record and this one's recording of it are one
+        // step among this process's collectors (on a shared store, two processes' collectors
+        // taking a brand-new identifier in the same moment may both keep it).
+        let _claim = if self.source.config().collect.len() > 1 {
+            Some(CLAIM.lock().await)
+        } else {
+            None
+        };
         let mut held = self.held(paths.clone()).await?;
         // Records new to this set that another collector's set serves already.
         let fresh: Vec<String> = records

@@ -381,6 +381,48 @@ impl Harvester {
             .await
     }
 
+    /// For a source followed with `sets = []` (every set it lists), at each check: reads its
+    /// Source Description again; a set it lists now and did not before is followed from here
+    /// on (subscribed now; its baseline and catch-up follow in this check), and a set it no
+    /// longer lists stops being followed, its row saying so (`harvest status`, the console)
+    /// until it comes back. A source that cannot be read now changes nothing. Whether the
+    /// sets followed changed.
+    async fn refresh_sets(&self, sets: &mut Vec<Followed>) -> anyhow::Result<bool> {
+        let found = match self.discover().await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(source = %self.label(), error = %format!("{e:#}"), "cannot read the source's sets now; following the ones known");
+                return Ok(false);
+            }
+        };
+        let mut changed = false;
+        let listed: std::collections::HashSet<i64> = found.iter().map(|f| f.row.id).collect();
+        let now = crate::model::Timestamp::now();
+        for s in sets.iter().filter(|s| !listed.contains(&s.row.id)) {
+            tracing::warn!(source = %self.label(), set = %s.info.name, "the source no longer lists this set: not followed until it does again");
+            let (id, why) = (
+                s.row.id,
+                format!("the source no longer lists this set (checked {}); it is not followed until it does again", now.floor_secs()),
+            );
+            self.state().run(move |st| st.set_error(id, Some(&why))).await?;
+            changed = true;
+        }
+        sets.retain(|s| listed.contains(&s.row.id));
+        for f in found {
+            if sets.iter().any(|s| s.row.id == f.row.id) {
+                continue;
+            }
+            tracing::info!(source = %self.label(), set = %f.info.name, "the source lists a new set: following it");
+            let id = f.row.id;
+            // A set that came back: what was said of its absence no longer holds.
+            self.state().run(move |st| st.set_error(id, None)).await?;
+            self.push.keep_subscribed(&f, false).await;
+            sets.push(f);
+            changed = true;
+        }
+        Ok(changed)
+    }
+
     /// Records a refusal of `uri` for a set; logged the first time only.
     async fn refuse(&self, set: &str, set_id: i64, uri: &str, reason: &str) -> anyhow::Result<()> {
         let (set, uri, reason) = (set.to_string(), uri.to_string(), reason.to_string());
@@ -784,7 +826,8 @@ async fn follow_source(
     // sources finishing baselines left thousands open at once).
     h.fetcher().rest();
     h.housekeeping(&sets, &keeping);
-    let bell = wakes.listen(sets.iter().map(|s| s.row.id));
+    let mut sets = sets;
+    let mut bell = wakes.listen(sets.iter().map(|s| s.row.id));
     let mut tick = tokio::time::interval(Duration::from_secs(cfg.follow.check_interval_secs));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -794,6 +837,9 @@ async fn follow_source(
         tokio::select! {
             _ = bell.notified() => {}
             _ = tick.tick() => {
+                if cfg.source.sets.is_empty() && h.refresh_sets(&mut sets).await? {
+                    bell = wakes.listen(sets.iter().map(|s| s.row.id));
+                }
                 for s in &sets {
                     if !h.baselined(s, None).await? {
                         continue;

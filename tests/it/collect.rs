@@ -1325,3 +1325,163 @@ async fn on_elasticsearch_runs_record_each_change_once() {
     assert_eq!(c.resources().await.len() as u64, live);
     c.app.stop().await;
 }
+
+/// The path an older version gave a record's file: `%XX` for every byte but letters, digits,
+/// `-` and `_` (what the migration below starts from).
+fn old_record_path(identifier: &str) -> String {
+    use sha2::Digest as _;
+    let hash = sha2::Sha256::digest(identifier.as_bytes());
+    let name: String = identifier
+        .bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect();
+    format!("{:02x}/{name}.xml", hash[0])
+}
+
+/// A set collected by an older version (files at `%XX`-escaped paths) is collected again
+/// under paths that read like the identifiers and then reconciled: each record is held once,
+/// at its new path, and the old paths are recorded deleted (subscribers hear both).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_collected_under_the_old_paths_moves_to_the_new_ones() {
+    use resourcesync_hub::model::{
+        ChangeType, Location, NewChange, ResourceKey, ResourceMeta, SetName, Timestamp,
+    };
+    let fx = fixture(10);
+    let repo = OaiServer::start(&fx, 10);
+    let (cfg, _dir) = collect_config(&repo.base);
+    let app = TestApp::start_with(cfg.clone()).await;
+    let c = Collecting { repo, app };
+    no_error(&c.wait_ended(None).await);
+    let live: Vec<String> = (0..10)
+        .filter(|k| k % 7 != 6)
+        .map(|k| format!("oai:test:{k}"))
+        .collect();
+    let Collecting { repo, app } = c;
+    app.stop().await;
+
+    // What an older version left: the same records at the old paths, and its saved state.
+    let store = resourcesync_hub::app::open_store(&cfg).await.unwrap();
+    let set = SetName::parse("papers").unwrap();
+    let root = cfg.collected_dir("papers");
+    let mut changes = Vec::new();
+    for id in &live {
+        let (new, old) = (
+            resourcesync_hub::model::origin::record_path(id),
+            old_record_path(id),
+        );
+        let bytes = std::fs::read(root.join(&new)).unwrap();
+        std::fs::remove_file(root.join(&new)).unwrap();
+        std::fs::create_dir_all(root.join(&old).parent().unwrap()).unwrap();
+        std::fs::write(root.join(&old), &bytes).unwrap();
+        for (rel, change) in [(new, ChangeType::Deleted), (old, ChangeType::Created)] {
+            changes.push(NewChange {
+                key: ResourceKey(format!("path:{rel}")),
+                location: Location::rel_path(rel),
+                change,
+                datetime: None,
+                meta: ResourceMeta {
+                    length: (change == ChangeType::Created).then_some(bytes.len() as u64),
+                    md5: (change == ChangeType::Created).then(|| md5_hex(&bytes)),
+                    ..ResourceMeta::default()
+                },
+            });
+        }
+    }
+    store
+        .apply(
+            &set,
+            changes,
+            resourcesync_hub::source::list_policy(&cfg, &set),
+            Timestamp::now(),
+        )
+        .await
+        .unwrap();
+    let (json, v) = store.state("collect:papers").await.unwrap().unwrap();
+    let mut saved: serde_json::Value = serde_json::from_str(&json).unwrap();
+    saved.as_object_mut().unwrap().remove("layout");
+    store
+        .save_state("collect:papers", &saved.to_string(), Some(v))
+        .await
+        .unwrap();
+    drop(store);
+
+    let app = TestApp::start_with(cfg).await;
+    let c = Collecting { repo, app };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let v = loop {
+        let v = c.status().await;
+        if v["last_reconcile"].is_string() {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "no reconcile: {v:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert_eq!(v["last_reconcile_deleted"], live.len(), "{v:#}");
+    let held = c.resources().await;
+    let prefix = c.app.config.set_config("papers").url_prefix;
+    let mut ids: Vec<String> = held
+        .keys()
+        .map(|u| {
+            resourcesync_hub::model::origin::identifier_of(u.strip_prefix(&prefix).unwrap())
+                .unwrap_or_else(|| panic!("{u} is at a new path"))
+        })
+        .collect();
+    ids.sort();
+    let mut want = live.clone();
+    want.sort();
+    assert_eq!(ids, want);
+    c.app.stop().await;
+}
+
+/// Two collectors whose repositories serve the same OAI identifier: `/oai` names one item
+/// by one identifier, so the first to hold a record keeps it and the other quarantines it,
+/// saying which collector has it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_collector_of_the_same_identifiers_is_refused_them() {
+    let repo = OaiServer::start(&fixture(10), 10);
+    let (mut cfg, _dir) = collect_config(&repo.base);
+    let first = cfg.collect["papers"].clone();
+    cfg.collect.insert("copy".into(), first);
+    let app = TestApp::start_with(cfg).await;
+    let c = Collecting { repo, app };
+    no_error(&c.wait_ended(None).await);
+    // Both ran at once: the check and the recording are one step among this process's
+    // collectors.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let copy = loop {
+        let (s, v) = admin_call(
+            &c.app,
+            ADMIN,
+            reqwest::Method::GET,
+            "/admin/v1/collect/copy",
+            None,
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        if v["last_ended"].is_string() && v["state"] != "running" {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "copy never ran: {v:#}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let papers = c.status().await;
+    let created = |v: &serde_json::Value| v["last"]["created"].as_u64().unwrap();
+    let refused = |v: &serde_json::Value| v["last"]["quarantined"].as_u64().unwrap();
+    assert_eq!(created(&papers) + created(&copy), 9, "{papers:#} {copy:#}");
+    assert_eq!(refused(&papers) + refused(&copy), 9, "{papers:#} {copy:#}");
+    let loser = if refused(&copy) > 0 { &copy } else { &papers };
+    let reason = loser["quarantine"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("serves this OAI identifier already"), "{reason}");
+    let one = c
+        .app
+        .get_text("/oai?verb=ListIdentifiers&metadataPrefix=oai_dc")
+        .await;
+    assert_eq!(one.matches("<identifier>oai:test:0</identifier>").count(), 1, "{one}");
+    c.app.stop().await;
+}
