@@ -453,11 +453,8 @@ async fn step(
     // A set collected under an older layout of paths is collected again at once (once: a
     // failed run waits as any other).
     let relayout = saved.layout < run::PATH_LAYOUT && !failed;
-    let due = interrupted
-        || resumed
-        || relayout
-        || next.is_none_or(|t| t <= Timestamp::now())
-        || asked;
+    let due =
+        interrupted || resumed || relayout || next.is_none_or(|t| t <= Timestamp::now()) || asked;
     let what = if due {
         saved.runs_answered = control.run_requests;
         Work::Run

@@ -404,7 +404,9 @@ impl Harvester {
                 s.row.id,
                 format!("the source no longer lists this set (checked {}); it is not followed until it does again", now.floor_secs()),
             );
-            self.state().run(move |st| st.set_error(id, Some(&why))).await?;
+            self.state()
+                .run(move |st| st.set_error(id, Some(&why)))
+                .await?;
             changed = true;
         }
         sets.retain(|s| listed.contains(&s.row.id));

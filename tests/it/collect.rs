@@ -1467,7 +1467,10 @@ async fn a_second_collector_of_the_same_identifiers_is_refused_them() {
         if v["last_ended"].is_string() && v["state"] != "running" {
             break v;
         }
-        assert!(std::time::Instant::now() < deadline, "copy never ran: {v:#}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "copy never ran: {v:#}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     };
     let papers = c.status().await;
@@ -1477,11 +1480,18 @@ async fn a_second_collector_of_the_same_identifiers_is_refused_them() {
     assert_eq!(refused(&papers) + refused(&copy), 9, "{papers:#} {copy:#}");
     let loser = if refused(&copy) > 0 { &copy } else { &papers };
     let reason = loser["quarantine"][0]["reason"].as_str().unwrap();
-    assert!(reason.contains("serves this OAI identifier already"), "{reason}");
+    assert!(
+        reason.contains("serves this OAI identifier already"),
+        "{reason}"
+    );
     let one = c
         .app
         .get_text("/oai?verb=ListIdentifiers&metadataPrefix=oai_dc")
         .await;
-    assert_eq!(one.matches("<identifier>oai:test:0</identifier>").count(), 1, "{one}");
+    assert_eq!(
+        one.matches("<identifier>oai:test:0</identifier>").count(),
+        1,
+        "{one}"
+    );
     c.app.stop().await;
 }

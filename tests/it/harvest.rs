@@ -1010,3 +1010,114 @@ async fn killed_mid_baseline_between_files_and_their_record_it_loses_nothing() {
     assert!(ok && report.contains("IN SYNC"), "{report}");
     app.stop().await;
 }
+
+const RS: &str = r#"xmlns="http://www.sitemaps.org/schemas/sitemap/0.9" xmlns:rs="http://www.openarchives.org/rs/terms/""#;
+
+/// A static source's set `name` in `site`: a Capability List, a Resource List of `n` files and
+/// an empty Change List.
+fn static_set(site: &Path, base: &str, name: &str, n: usize) {
+    let dir = site.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut urls = String::new();
+    for i in 0..n {
+        let body = format!("{name} file {i}\n");
+        std::fs::write(dir.join(format!("f{i}.txt")), &body).unwrap();
+        urls.push_str(&format!(
+            "<url><loc>{base}/{name}/f{i}.txt</loc><lastmod>2026-01-01T00:00:00Z</lastmod><rs:md length=\"{}\" hash=\"md5:{}\"/></url>",
+            body.len(),
+            md5_hex(body.as_bytes())
+        ));
+    }
+    let up = format!("<rs:ln rel=\"up\" href=\"{base}/{name}/capabilitylist.xml\"/>");
+    for (file, body) in [
+        (
+            "capabilitylist.xml",
+            format!(
+                "<rs:ln rel=\"up\" href=\"{base}/sourcedescription.xml\"/><rs:md capability=\"capabilitylist\"/>\
+                 <url><loc>{base}/{name}/resourcelist.xml</loc><rs:md capability=\"resourcelist\"/></url>\
+                 <url><loc>{base}/{name}/changelist.xml</loc><rs:md capability=\"changelist\"/></url>"
+            ),
+        ),
+        (
+            "resourcelist.xml",
+            format!("{up}<rs:md capability=\"resourcelist\" at=\"2026-01-01T00:00:00Z\"/>{urls}"),
+        ),
+        (
+            "changelist.xml",
+            format!("{up}<rs:md capability=\"changelist\" from=\"2026-01-01T00:00:00Z\"/>"),
+        ),
+    ] {
+        std::fs::write(
+            dir.join(file),
+            format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<urlset {RS}>{body}</urlset>\n"),
+        )
+        .unwrap();
+    }
+}
+
+/// The static source's Source Description, listing `sets`.
+fn static_description(site: &Path, base: &str, sets: &[&str]) {
+    let urls: String = sets
+        .iter()
+        .map(|s| {
+            format!("<url><loc>{base}/{s}/capabilitylist.xml</loc><rs:md capability=\"capabilitylist\"/></url>")
+        })
+        .collect();
+    let tmp = site.join("sourcedescription.new");
+    std::fs::write(
+        &tmp,
+        format!("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<urlset {RS}><rs:md capability=\"description\"/>{urls}</urlset>\n"),
+    )
+    .unwrap();
+    std::fs::rename(&tmp, site.join("sourcedescription.xml")).unwrap();
+}
+
+/// A harvester following every set of its source (`sets = []`) follows a set the source
+/// lists after it started, within a check, and says of a set the source stopped listing that
+/// it is no longer followed; neither needs a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_listed_later_is_followed_and_one_dropped_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("site");
+    let base = static_server(site.clone()).await;
+    static_set(&site, &base, "a", 3);
+    static_description(&site, &base, &["a"]);
+    let mut hc = harvest_config(dir.path(), &format!("{base}/sourcedescription.xml"));
+    hc.push.enabled = false;
+    hc.follow.check_interval_secs = 1;
+    assert!(hc.source.sets.is_empty(), "every set the source lists");
+    let h = TestHarvester::start(hc.clone()).await;
+    wait_state(&h, "set a", 30, |s| set_done(s, 3)).await;
+
+    // A second set appears at the source.
+    static_set(&site, &base, "b", 4);
+    static_description(&site, &base, &["a", "b"]);
+    let listed = std::time::Instant::now();
+    wait_state(&h, "set b mirrored", 30, |s| {
+        let sets = s.sets().unwrap();
+        sets.len() == 2 && sets[1].baseline_done && s.count_held(sets[1].id).unwrap() == 4
+    })
+    .await;
+    let took = listed.elapsed();
+    assert!(
+        h.state()
+            .held(2, &format!("{base}/b/f3.txt"))
+            .unwrap()
+            .is_some(),
+        "b's files mirrored"
+    );
+    eprintln!("set b mirrored {took:?} after it was listed (check interval 1 s)");
+
+    // Set a is no longer listed: it is said, and b goes on.
+    static_description(&site, &base, &["b"]);
+    wait_state(&h, "set a reported gone", 30, |s| {
+        s.sets().unwrap()[0]
+            .last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no longer lists this set"))
+    })
+    .await;
+    let status = destination::status(&hc).unwrap();
+    assert!(status.contains("no longer lists this set"), "{status}");
+    h.stop().await;
+}
