@@ -609,7 +609,7 @@ impl OaiServer {
 }
 
 /// The fixture with its faults set to `faults`.
-fn with_faults(mut fx: serde_json::Value, faults: serde_json::Value) -> serde_json::Value {
+pub fn with_faults(mut fx: serde_json::Value, faults: serde_json::Value) -> serde_json::Value {
     fx["faults"] = faults;
     fx
 }

@@ -571,3 +571,71 @@ async fn the_harvesters_console_without_a_token_refuses_other_host_names() {
         .contains("SameSite=Strict"));
     h.stop().await;
 }
+
+/// Every link of every page of both consoles answers 2xx in Chromium, with no error in the
+/// browser's console: the server's (signed in; subscriptions active and failing, a collector
+/// idle and one stopped by its repository's 403, sets and their documents) and the
+/// harvester's (its single `[source]` following the server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_link_of_both_consoles_answers() {
+    use crate::collect::{fixture, with_faults, OaiServer};
+    browser_present();
+    let repo = OaiServer::start(&fixture(12), 5);
+    let refusing = OaiServer::start(
+        &with_faults(fixture(2), serde_json::json!({"refuse": 403})),
+        5,
+    );
+    let (mut c, _dir) = hub_config();
+    c.admin.token = TOKEN.into();
+    for (name, base) in [("papers", &repo.base), ("closed", &refusing.base)] {
+        let mut cc = resourcesync_hub::config::CollectConfig::new(base);
+        cc.retry_base_ms = 20;
+        cc.attempts = 2;
+        c.collect.insert(name.into(), cc);
+    }
+    let app = TestApp::start_with(c).await;
+    let sub = TestSubscriber::start().await;
+    let topic = format!("{}/console", app.config.topic_base());
+    subscribed(&app, &sub, &topic, "/ok", &[]).await;
+    sub.answer("/bad", 500);
+    subscribed(&app, &sub, &topic, "/bad", &[]).await;
+    let (status, text) = fat_ping(&app, &topic, "a message").await;
+    assert!(status < 300, "{text}");
+    sub.wait_until("the failing subscriber was tried", |s| {
+        !s.deliveries("/bad").is_empty()
+    })
+    .await;
+    wait_until("both collectors ran", || async {
+        let mut ended = 0;
+        for name in ["papers", "closed"] {
+            let (_, v) = admin_call(
+                &app,
+                TOKEN,
+                reqwest::Method::GET,
+                &format!("/admin/v1/collect/{name}"),
+                None,
+            )
+            .await;
+            ended += usize::from(v["last_ended"].is_string() && v["state"] != "running");
+        }
+        ended == 2
+    })
+    .await;
+
+    let hdir = tempfile::tempdir().unwrap();
+    let hc = crate::harvest::harvest_config(hdir.path(), &app.url("/.well-known/resourcesync"));
+    let h = crate::harvest::TestHarvester::start(hc).await;
+    crate::harvest::wait_state(&h, "the harvester's baselines", 60, |s| {
+        let sets = s.sets().unwrap();
+        !sets.is_empty() && sets.iter().all(|r| r.baseline_done)
+    })
+    .await;
+
+    for (base, token) in [(app.url(""), TOKEN), (format!("http://{}", h.addr), "-")] {
+        let f = browse(&["crawl", &base, token], |_| {}).await;
+        assert_eq!(f["bad"], serde_json::json!([]), "{base}: {f}");
+        assert!(f["visited"].as_u64().unwrap() >= 2, "{base}: {f}");
+    }
+    h.stop().await;
+    app.stop().await;
+}

@@ -3,6 +3,13 @@ Selenium, as their users would, for tests/it/console.rs.
 
     console_browser.py hub BASE_URL TOKEN FAILING_ID SCREENSHOT_DIR
     console_browser.py harvest BASE_URL SLOW_SOURCE DOWN_SOURCE AUDITED_SOURCE SCREENSHOT_DIR
+    console_browser.py crawl BASE_URL TOKEN|- SCREENSHOT_DIR
+
+`crawl` signs in (with TOKEN, unless `-`), then follows every link of every console page
+(same origin; a link out of /console/ is fetched from the page, not followed further) and
+reports in its findings `visited` (pages loaded), `checked` (other links fetched) and `bad`
+([url, status, the page linking it]) for every answer that is not 2xx; the browser's console
+errors are reported as in the other modes.
 
 Talks to the test over stdin/stdout: prints a word when it needs the test to act (`FIX`: the
 hub's failing subscriber has been seen, mend it; `MORE`: the slow source's progress was read,
@@ -248,8 +255,55 @@ def harvest_flow(SLOW, DOWN, AUDITED):
         fail("%s: %s" % (type(e).__name__, e))
 
 
+def crawl(TOKEN):
+    try:
+        if TOKEN != "-":
+            d.get(BASE + "/console/login")
+            d.find_element(By.ID, "token").send_keys(TOKEN + Keys.ENTER)
+            wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "h1")))
+        findings.update({"visited": 0, "checked": 0, "bad": [], "pages_seen": []})
+        todo, seen = [(BASE + "/console/", "start")], set()
+        while todo and findings["visited"] < 200:
+            url, via = todo.pop(0)
+            if url in seen:
+                continue
+            seen.add(url)
+            path = url[len(BASE):]
+            if not path.startswith("/console/"):
+                # Fetched from the page: a document, a feed, an API answer.
+                status = d.execute_async_script(
+                    "var done = arguments[arguments.length - 1];"
+                    "fetch(arguments[0], {credentials: 'same-origin'}).then(function (r) { done(r.status); }, function (e) { done(String(e)); });",
+                    url,
+                )
+                findings["checked"] += 1
+                if not (isinstance(status, int) and 200 <= status < 300):
+                    findings["bad"].append([url, status, via])
+                continue
+            d.get(url)
+            findings["visited"] += 1
+            findings["pages_seen"].append(path)
+            status = d.execute_script(
+                "var n = performance.getEntriesByType('navigation')[0]; return n ? n.responseStatus : null;"
+            )
+            if not (isinstance(status, int) and 200 <= status < 300):
+                findings["bad"].append([url, status, via])
+            console_log(path)
+            hrefs = d.execute_script(
+                "return Array.prototype.map.call(document.querySelectorAll('a[href]'), function (a) { return a.href; });"
+            )
+            for h in hrefs:
+                h = h.split("#")[0]
+                if h.startswith(BASE + "/") and h not in seen:
+                    todo.append((h, path))
+    except Exception as e:  # noqa: BLE001 - any failure is the test's failure, with the page
+        fail("%s: %s" % (type(e).__name__, e))
+
+
 if MODE == "hub":
     hub_flow(sys.argv[3], sys.argv[4])
+elif MODE == "crawl":
+    crawl(sys.argv[3])
 else:
     harvest_flow(sys.argv[3], sys.argv[4], sys.argv[5])
 d.quit()
