@@ -238,7 +238,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                         "callback",
                         "lease_expires",
                         "delivered",
-                        "failed",
+                        "given_up",
                         "pending",
                     ]
                     .iter()
@@ -256,7 +256,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                         "CALLBACK",
                         "EXPIRES",
                         "DELIVERED",
-                        "FAILED",
+                        "GIVEN UP",
                         "PENDING"
                     ],
                     &rows
@@ -284,7 +284,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
                 "secret_set",
                 "signature_algorithm",
                 "delivered",
-                "failed",
+                "given_up",
                 "pending",
                 "retry_attempts",
                 "next_attempt_at",
@@ -537,7 +537,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             .iter()
             .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
             .collect();
-            for k in ["delivered", "failed", "queue_depth"] {
+            for k in ["delivered", "given_up", "queue_depth"] {
                 rows.push(vec![k.to_string(), cell(&s[k])]);
             }
             if let Some(m) = s["attempts_by_outcome"].as_object() {

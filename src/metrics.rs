@@ -55,7 +55,7 @@ pub struct Metrics {
     pub collect_failing: Family<CollectorLabel, Gauge>,
     /// 1 while a collector works in this process.
     pub collect_running: Family<CollectorLabel, Gauge>,
-    /// Delivery attempts by outcome: delivered, retry, failed, gone.
+    /// Delivery attempts by outcome: delivered, retry, given_up, gone.
     pub deliveries: Family<OutcomeLabel, Counter>,
     /// Duration of delivery attempts.
     pub delivery_seconds: Histogram,

@@ -181,8 +181,12 @@ pub struct SubscriptionView {
     /// The HMAC of `X-Hub-Signature`; null when the subscriber gave no secret (its
     /// deliveries are not signed).
     pub signature_algorithm: Option<String>,
+    /// Messages delivered.
     pub delivered: u64,
-    pub failed: u64,
+    /// Messages given up: every attempt failed, to the end of the retry schedule (they are
+    /// tried again only on `retry` or a redelivery). An attempt that failed and is retried
+    /// later is a failed attempt (`retry_attempts`, the `retry` outcome), not this.
+    pub given_up: u64,
     /// Messages still to deliver.
     pub pending: u64,
     /// Failed attempts at the message now at the head of the queue.
@@ -225,7 +229,7 @@ pub(super) fn view(s: Subscription, st: SubscriptionStats) -> SubscriptionView {
         secret_set: s.secret.is_some(),
         signature_algorithm: s.secret.is_some().then(|| s.alg.to_string()),
         delivered: st.delivered,
-        failed: st.failed,
+        given_up: st.failed,
         pending: st.pending,
         retry_attempts: s.attempts,
         next_attempt_at: s.next_attempt_at.map(ts),
@@ -261,7 +265,7 @@ fn pending_view(i: Intent) -> SubscriptionView {
         secret_set: i.secret.is_some(),
         signature_algorithm: i.secret.is_some().then(|| i.alg.to_string()),
         delivered: 0,
-        failed: 0,
+        given_up: 0,
         pending: 0,
         retry_attempts: 0,
         next_attempt_at: None,
@@ -451,7 +455,7 @@ pub struct Requeued {
     pub requeued: usize,
 }
 
-/// Retries now: queues the subscription's failed deliveries again and ends the wait before
+/// Retries now: queues the subscription's given-up messages again and ends the wait before
 /// the next retry of its current one.
 #[utoipa::path(post, path = "/admin/v1/subscriptions/{id}/retry", params(("id" = String, Path, description = "Subscription id")), responses(
     (status = 200, body = Requeued), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody)))]
@@ -876,7 +880,8 @@ pub struct AttemptView {
     pub subscription_id: String,
     pub topic: String,
     pub message_id: i64,
-    /// delivered, retry, failed or gone.
+    /// delivered, retry (a failed attempt, tried again later), given_up (a failed attempt
+    /// that was the schedule's last) or gone (410: the subscription ends).
     pub outcome: String,
     pub status: Option<u16>,
     pub error: Option<String>,
@@ -905,7 +910,8 @@ pub struct DeliveryParams {
     #[param(pattern = r"^[0-9]{0,18}$")]
     pub subscription: Option<String>,
     pub topic: Option<String>,
-    /// delivered, retry, failed or gone.
+    /// delivered, retry (a failed attempt, tried again later), given_up (a failed attempt
+    /// that was the schedule's last) or gone (410: the subscription ends).
     pub outcome: Option<String>,
     #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<u32>,
@@ -967,9 +973,9 @@ pub struct PollerView {
 #[derive(Serialize, ToSchema)]
 pub struct StatsView {
     pub subscriptions: SubscriptionCounts,
-    /// Delivered and failed (retry schedule exhausted) over all time.
+    /// Messages delivered, and given up (the retry schedule exhausted), over all time.
     pub delivered: u64,
-    pub failed: u64,
+    pub given_up: u64,
     /// Attempts since the server started, by outcome.
     pub attempts_by_outcome: BTreeMap<String, u64>,
     /// Messages waiting for delivery over all live subscriptions.
@@ -1030,7 +1036,7 @@ pub(super) async fn collect_stats(st: &AppState) -> Result<StatsView, AppError> 
             pending_verification: t.pending_verification,
         },
         delivered: t.delivered,
-        failed: t.failed,
+        given_up: t.failed,
         attempts_by_outcome,
         queue_depth: t.queue_depth,
         pollers,

@@ -111,7 +111,7 @@ pub(super) fn state_of(
     (state, None)
 }
 
-fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
+pub(super) fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
     let c = e.collector.config();
     let live = e.live();
     let (state, waiting_until) = state_of(e, saved, &control);

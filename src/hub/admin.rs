@@ -21,7 +21,7 @@ pub struct AttemptRecord {
     pub message_id: MessageId,
     /// The message's `webhook-id` header.
     pub webhook_id: String,
-    /// `delivered`, `retry`, `failed` or `gone`.
+    /// `delivered`, `retry`, `given_up` or `gone`.
     pub outcome: &'static str,
     pub status: Option<u16>,
     pub error: Option<String>,
@@ -36,8 +36,8 @@ pub const MINUTES: usize = 60;
 pub struct Minute {
     pub minute: i64,
     pub delivered: u64,
-    /// Attempts that did not deliver (`retry`, `failed`, `gone`).
-    pub failed: u64,
+    /// Failed attempts: those that did not deliver (`retry`, `given_up`, `gone`).
+    pub failed_attempts: u64,
 }
 
 /// Which attempts to show.
@@ -74,7 +74,7 @@ impl Hub {
             if let Some(b) = m.iter_mut().rev().find(|b| b.minute == minute) {
                 match a.outcome {
                     "delivered" => b.delivered += 1,
-                    _ => b.failed += 1,
+                    _ => b.failed_attempts += 1,
                 }
             }
         }
@@ -180,8 +180,8 @@ impl Hub {
         Ok(true)
     }
 
-    /// Queues a subscription's failed deliveries again and ends any wait before its next retry.
-    /// Returns how many failed deliveries were queued, or `None` for no such subscription.
+    /// Queues a subscription's given-up messages again and ends any wait before its next retry.
+    /// Returns how many given-up messages were queued, or `None` for no such subscription.
     pub async fn retry_now(&self, id: SubscriptionId) -> Result<Option<usize>, StoreError> {
         if !self.lanes().contains_key(&id) {
             if self.store.is_shared()

@@ -527,7 +527,7 @@ impl LaneState {
             } => {
                 self.sub.failing_since.get_or_insert(at);
                 let wait = settings.retry_delay(attempts, retry_after, random_unit());
-                record.outcome = if wait.is_some() { "retry" } else { "failed" };
+                record.outcome = if wait.is_some() { "retry" } else { "given_up" };
                 (record.status, record.error) = (status, Some(error.clone()));
                 match wait {
                     Some(wait) => {

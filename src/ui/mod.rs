@@ -30,6 +30,7 @@ impl Pages {
     /// compiled in: the tests render every one).
     pub fn new(own: &[(&'static str, &'static str)], site: serde_json::Value) -> Pages {
         let mut env = minijinja::Environment::new();
+        env.add_filter("when", when);
         for (name, source) in SHARED.iter().chain(own) {
             env.add_template(name, source)
                 .unwrap_or_else(|e| panic!("console template {name}: {e}"));
@@ -164,6 +165,29 @@ pub fn asset(file: &str) -> Option<Response> {
 pub const SESSION_HOURS: i64 = 8;
 
 /// Seconds as people read them (a lag, a time left).
+/// The `when` filter: an instant (RFC 3339) as people read it, to the second and in UTC
+/// (`2026-11-28 20:41:18 UTC`), its exact value in the tooltip and the `datetime` attribute;
+/// nothing as `—`, and text that is not an instant as itself.
+fn when(v: minijinja::Value) -> minijinja::Value {
+    let text = match v.as_str() {
+        Some(t) if !t.is_empty() => t.to_string(),
+        _ if v.is_none() || v.is_undefined() || v.as_str() == Some("") => {
+            return minijinja::Value::from("—")
+        }
+        _ => v.to_string(),
+    };
+    let esc = |s: &str| minijinja::HtmlEscape(s).to_string();
+    match chrono::DateTime::parse_from_rfc3339(&text) {
+        Ok(t) => minijinja::Value::from_safe_string(format!(
+            "<time datetime=\"{0}\" title=\"{0}\">{1}</time>",
+            esc(&text),
+            t.with_timezone(&chrono::Utc)
+                .format("%Y-%m-%d %H:%M:%S UTC")
+        )),
+        Err(_) => minijinja::Value::from(text),
+    }
+}
+
 pub fn span(secs: f64) -> String {
     match secs {
         s if s < 1.0 => "0 s".into(),

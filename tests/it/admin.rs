@@ -219,7 +219,7 @@ async fn every_endpoint_answers_and_no_secret_ever_appears() {
     assert_eq!(deliveries.as_array().unwrap().len(), 1);
     assert_eq!(deliveries[0]["outcome"], "delivered");
     assert_eq!(
-        admin_json(&app, "/admin/v1/deliveries?outcome=failed")
+        admin_json(&app, "/admin/v1/deliveries?outcome=given_up")
             .await
             .as_array()
             .unwrap()

@@ -9,6 +9,8 @@
 //! and no framing. Pages are rendered on the server (minijinja templates compiled into the
 //! binary) and read without JavaScript; a small script swaps in fresh parts while one is open.
 
+mod collectors;
+
 use std::collections::BTreeMap;
 
 use axum::extract::{Form, Path, Query, State};
@@ -42,6 +44,8 @@ fn pages() -> &'static ui::Pages {
                 ("subscription.html", include_str!("templates/subscription.html")),
                 ("confirm.html", include_str!("templates/confirm.html")),
                 ("sets.html", include_str!("templates/sets.html")),
+                ("collectors.html", include_str!("templates/collectors.html")),
+                ("collector.html", include_str!("templates/collector.html")),
             ],
             json!({
                 "brand": "resourcesync-hub",
@@ -50,6 +54,7 @@ fn pages() -> &'static ui::Pages {
                     {"key": "overview", "href": "/console/", "label": "Overview"},
                     {"key": "subscriptions", "href": "/console/subscriptions", "label": "Subscriptions"},
                     {"key": "sets", "href": "/console/sets", "label": "Sets and topics"},
+                    {"key": "collectors", "href": "/console/collectors", "label": "Collectors"},
                 ],
             }),
         )
@@ -73,6 +78,9 @@ pub fn routes() -> Router<AppState> {
         .route("/console/subscriptions/{id}", get(subscription))
         .route("/console/subscriptions/{id}/{action}", post(act))
         .route("/console/sets", get(sets))
+        .route("/console/collectors", get(collectors::list))
+        .route("/console/collectors/{name}", get(collectors::show))
+        .route("/console/collectors/{name}/{action}", post(collectors::act))
         .route("/console/static/{file}", get(asset))
         .layer(axum::middleware::map_response(ui::secure))
 }
@@ -301,7 +309,7 @@ struct Row {
     callback: String,
     pending: u64,
     delivered: u64,
-    failed: u64,
+    given_up: u64,
     failing_since: Option<String>,
     last_error: Option<String>,
 }
@@ -322,7 +330,7 @@ fn row(v: SubscriptionView) -> Row {
         callback: v.callback,
         pending: v.pending,
         delivered: v.delivered,
-        failed: v.failed,
+        given_up: v.given_up,
         failing_since: v.failing_since,
     }
 }
@@ -343,7 +351,7 @@ fn chart(minutes: &[crate::hub::admin::Minute]) -> serde_json::Value {
     let (bar, gap, height) = (12.0, 3.0, 120.0);
     let peak = minutes
         .iter()
-        .map(|m| m.delivered + m.failed)
+        .map(|m| m.delivered + m.failed_attempts)
         .max()
         .unwrap_or(0);
     let scale = if peak == 0 { 0.0 } else { height / peak as f64 };
@@ -352,7 +360,7 @@ fn chart(minutes: &[crate::hub::admin::Minute]) -> serde_json::Value {
         .enumerate()
         .map(|(i, m)| {
             let h_ok = m.delivered as f64 * scale;
-            let h_fail = m.failed as f64 * scale;
+            let h_fail = m.failed_attempts as f64 * scale;
             let at = Timestamp(m.minute * 60_000_000).to_string();
             Bar {
                 x: i as f64 * (bar + gap),
@@ -361,24 +369,24 @@ fn chart(minutes: &[crate::hub::admin::Minute]) -> serde_json::Value {
                 y_fail: height - h_ok - h_fail,
                 h_fail,
                 label: format!(
-                    "{}: {} delivered, {} failed",
+                    "{}: {} delivered, {} failed attempts",
                     &at[..16.min(at.len())],
                     m.delivered,
-                    m.failed
+                    m.failed_attempts
                 ),
             }
         })
         .collect();
     let (ok, failed): (u64, u64) = minutes
         .iter()
-        .fold((0, 0), |(a, b), m| (a + m.delivered, b + m.failed));
+        .fold((0, 0), |(a, b), m| (a + m.delivered, b + m.failed_attempts));
     json!({
         "width": minutes.len() as f64 * (bar + gap),
         "height": height,
         "bar": bar,
         "bars": bars,
         "peak": peak,
-        "summary": format!("{ok} delivered and {failed} failed in the last hour"),
+        "summary": format!("{ok} delivered and {failed} failed attempts in the last hour"),
     })
 }
 
@@ -439,6 +447,7 @@ async fn overview(
             ])
         })
         .collect();
+    let collectors = collectors::rows(&st).await?;
     Ok(render(
         "overview.html",
         json!({
@@ -450,11 +459,13 @@ async fn overview(
             "states": states,
             "queue_depth": stats.queue_depth,
             "delivered": stats.delivered,
-            "failed": stats.failed,
+            "given_up": stats.given_up,
             "chart": chart(&st.hub.attempts_per_minute(Timestamp::now())),
             "failing": failing,
             "pollers": pollers,
             "processes": processes,
+            "collectors_total": collectors.len(),
+            "collectors_look": collectors.into_iter().filter(|c| c["needs_look"] == true).collect::<Vec<_>>(),
         }),
     ))
 }
@@ -655,7 +666,9 @@ async fn subscription(
             "{n} message(s) already sent queued again; {} pending sent now.",
             q.p.unwrap_or(0)
         )),
-        "retry" => Some(format!("{n} failed message(s) queued to retry now.")),
+        "retry" => Some(format!(
+            "{n} given-up message(s) queued to be tried again now."
+        )),
         "verify" => Some("A new verification of intent was sent.".to_string()),
         _ => None,
     };
@@ -752,7 +765,7 @@ async fn act(
         }
         "retry" => (
             "Retry now",
-            format!("Retry the failed messages of subscription #{id} at once?"),
+            format!("Try the given-up messages of subscription #{id} again at once?"),
             "Retry now",
             "",
         ),
