@@ -108,40 +108,36 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
         }
         for s in all_sets.iter().filter(|s| s.source == source.name) {
             sets.push(s.clone());
-            let lag = match (s.source_latest, s.position) {
-                (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
-                (Some(_), Some(_)) => "0 s (up to date)".into(),
-                _ => "unknown".into(),
-            };
+            let f = set_facts(&state, s)?;
             out.push_str(&format!(
-            "set {}\n  capability list:  {}\n  baseline:         {}\n  position:         {}\n  newest at source: {}\n  lag:              {lag}\n  resources held:   {}\n  changes applied:  {}\n  pending:          {}\n  last check:       {}\n  last push:        {}\n",
-            s.name,
-            s.capability,
-            if s.baseline_done { "done" } else { "not finished" },
-            s.position.map_or("-".into(), |p| p.to_string()),
-            s.source_latest.map_or("-".into(), |p| p.to_string()),
-            state.count_held(s.id)?,
-            state.applied_count(s.id)?,
-            state.count_pending(s.id)?,
-            s.checked_at.map_or("-".into(), |p| p.to_string()),
-            s.last_push_at.map_or("-".into(), |p| p.to_string()),
+            "set {}\n  capability list:  {}\n  baseline:         {}\n  position:         {}\n  newest at source: {}\n  lag:              {}\n  resources held:   {}\n  changes applied:  {}\n  pending:          {}\n  last check:       {}\n  last push:        {}\n",
+            f.name,
+            f.capability,
+            f.baseline,
+            f.position.as_deref().unwrap_or("-"),
+            f.newest_at_source.as_deref().unwrap_or("-"),
+            f.lag,
+            f.held,
+            f.applied,
+            f.pending,
+            f.last_check.as_deref().unwrap_or("-"),
+            f.last_push.as_deref().unwrap_or("-"),
         ));
-            if let Some(e) = &s.last_error {
-                out.push_str(&format!("  last error:       {}\n", short(e)));
+            if let Some(e) = &f.last_error {
+                out.push_str(&format!("  last error:       {e}\n"));
             }
-            match state.subscription(s.id)? {
+            match &f.subscription {
                 Some(sub) => {
-                    let expires = sub
-                        .verified_at
-                        .zip(sub.lease_secs)
-                        .map(|(v, l)| v.plus_secs(l).to_string())
-                        .unwrap_or("-".into());
                     out.push_str(&format!(
-                    "  subscription:     {} at {} (topic {}, callback {}, lease until {expires})\n",
-                    sub.state, sub.hub, sub.topic, sub.callback,
-                ));
-                    if let Some(r) = sub.reason {
-                        out.push_str(&format!("  no push because:  {}\n", scope::cut(&r, 800)));
+                        "  subscription:     {} at {} (topic {}, callback {}, lease until {})\n",
+                        sub.state,
+                        sub.hub,
+                        sub.topic,
+                        sub.callback,
+                        sub.lease_until.as_deref().unwrap_or("-"),
+                    ));
+                    if let Some(r) = &sub.no_push_because {
+                        out.push_str(&format!("  no push because:  {r}\n"));
                     }
                 }
                 None => out.push_str("  subscription:     none\n"),
@@ -225,6 +221,93 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
         ));
     }
     Ok(out)
+}
+
+/// One set as `harvest status` and the console's source page show it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct SetFacts {
+    pub name: String,
+    pub capability: String,
+    /// `done` or `not finished`.
+    pub baseline: String,
+    pub position: Option<String>,
+    pub newest_at_source: Option<String>,
+    pub lag: String,
+    pub held: u64,
+    pub applied: u64,
+    pub pending: u64,
+    pub last_check: Option<String>,
+    pub last_push: Option<String>,
+    pub last_error: Option<String>,
+    pub subscription: Option<SubscriptionFacts>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub(crate) struct SubscriptionFacts {
+    pub state: String,
+    pub hub: String,
+    pub topic: String,
+    pub callback: String,
+    pub lease_until: Option<String>,
+    pub no_push_because: Option<String>,
+}
+
+/// What the state says of set `s`.
+pub(crate) fn set_facts(state: &State, s: &state::SetRow) -> anyhow::Result<SetFacts> {
+    let lag = match (s.source_latest, s.position) {
+        (Some(l), Some(p)) if l >= p => format!("{:.1} s", (l.0 - p.0) as f64 / 1e6),
+        (Some(_), Some(_)) => "0 s (up to date)".into(),
+        _ => "unknown".into(),
+    };
+    let time = |t: Option<crate::model::Timestamp>| t.map(|t| t.to_string());
+    Ok(SetFacts {
+        name: s.name.clone(),
+        capability: s.capability.clone(),
+        baseline: if s.baseline_done {
+            "done"
+        } else {
+            "not finished"
+        }
+        .into(),
+        position: time(s.position),
+        newest_at_source: time(s.source_latest),
+        lag,
+        held: state.count_held(s.id)?,
+        applied: state.applied_count(s.id)?,
+        pending: state.count_pending(s.id)?,
+        last_check: time(s.checked_at),
+        last_push: time(s.last_push_at),
+        last_error: s.last_error.as_deref().map(|e| short(e).into_owned()),
+        subscription: state.subscription(s.id)?.map(|sub| SubscriptionFacts {
+            state: sub.state.to_string(),
+            lease_until: sub
+                .verified_at
+                .zip(sub.lease_secs)
+                .map(|(v, l)| v.plus_secs(l).to_string()),
+            no_push_because: sub
+                .reason
+                .as_deref()
+                .map(|r| scope::cut(r, 800).into_owned()),
+            hub: sub.hub,
+            topic: sub.topic,
+            callback: sub.callback,
+        }),
+    })
+}
+
+/// The sets of source `name`, for the console's source page.
+pub(crate) fn sets_of(cfg: &HarvestConfig, name: &str) -> anyhow::Result<Vec<SetFacts>> {
+    let db = cfg.database_path();
+    if !db.exists() {
+        return Ok(Vec::new());
+    }
+    let state = State::open(&db)?;
+    state
+        .sets()?
+        .iter()
+        .filter(|s| s.source == name)
+        .map(|s| set_facts(&state, s))
+        .collect()
 }
 
 /// One source as an aggregator's status shows it (a line of `harvest status`, a row of the

@@ -1,6 +1,7 @@
 //! The harvester's console (`/console/`): one row per source (up or down, a running
 //! baseline's progress with an estimate, position, lag, held, queued, push, the last error in
-//! words) and a page per source (its `harvest status`, the last audit and a button to run one),
+//! words) and a page per source (its sets as a table, its whole `harvest status`, the last
+//! audit and a button to run one),
 //! refreshed while open. The same state `harvest status` reads; the same audit `harvest audit`
 //! runs.
 //!
@@ -296,9 +297,10 @@ async fn source(
         Err(r) => return r.into_response(),
     };
     let only = src.name.clone();
-    let status = match read(&c, move |c| {
+    let (status, sets) = match read(&c, move |c| {
+        let sets = super::report::sets_of(&c.cfg, &only)?;
         let only = (!c.cfg.sources.is_empty()).then_some(only.as_str());
-        super::report::status_of(&c.cfg, only)
+        Ok((super::report::status_of(&c.cfg, only)?, sets))
     })
     .await
     {
@@ -321,7 +323,7 @@ async fn source(
             "title": if src.name.is_empty() { "The source" } else { src.name.as_str() },
             "nav": "sources", "signed_in": true, "csrf": s.csrf, "live": LIVE_SECS,
             "name": if src.name.is_empty() { "-" } else { src.name.as_str() },
-            "url": src.url, "status": status, "audit": audit,
+            "url": src.url, "status": status, "sets": sets, "audit": audit,
             "audit_running": started.is_some(),
             "audit_started": started.map(|t| t.to_string()),
         }),
