@@ -356,8 +356,7 @@ async fn latency(records: usize, changes: usize, page: usize, dir: &Path) -> any
             commits.push((
                 format!(
                     "http://{addr}/files/bench/{}",
-                    resourcesync_hub::collect::path::record_path(&format!("oai:bench:{k}"))
-                        .replace('%', "%25")
+                    resourcesync_hub::model::origin::record_path(&format!("oai:bench:{k}"))
                 ),
                 at,
             ));

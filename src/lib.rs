@@ -15,7 +15,9 @@
 //!    [`dump`], [`collect`], [`oaipmh`]; 8. [`http`]; 9. [`app`].
 //!
 //! - [`model`]: the seeds' document model: sets and their effective configuration, locations,
-//!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]).
+//!   resources, changes, change events; the WebSub records and signatures ([`model::websub`]);
+//!   a collected record's identity (its path from its OAI identifier and back, its sets and
+//!   origin from its links: [`model::origin`]).
 //! - [`config`]: layered configuration (compiled-in commented defaults, `--config`, `RSHUB_*`, flags).
 //! - [`store`]: the storage contract (the `SetStore` and `HubStore` traits, the pure planner of
 //!   applying a change) and its backends (the embedded SQLite store; Elasticsearch, shareable by

@@ -323,8 +323,11 @@ pub struct Repository {
     lists: Option<Arc<cache::ListCache>>,
     /// What the collectors learned of their repositories, read from the store at most every
     /// [`FACTS_FOR`].
-    facts: tokio::sync::Mutex<Option<(std::time::Instant, Arc<HashMap<String, RepositoryFacts>>)>>,
+    facts: tokio::sync::Mutex<Option<(std::time::Instant, Facts)>>,
 }
+
+/// What each collector learned of its repository, by collector.
+type Facts = Arc<HashMap<String, RepositoryFacts>>;
 
 /// How long what the collectors learned is taken as read (a collector learns it once a run).
 const FACTS_FOR: std::time::Duration = std::time::Duration::from_secs(5);
@@ -427,7 +430,7 @@ impl Repository {
     }
 
     /// What each collector learned of its repository (none yet: no entry).
-    async fn facts(&self) -> Result<Arc<HashMap<String, RepositoryFacts>>, StoreError> {
+    async fn facts(&self) -> Result<Facts, StoreError> {
         let mut kept = self.facts.lock().await;
         if let Some((at, f)) = kept.as_ref().filter(|(at, _)| at.elapsed() < FACTS_FOR) {
             let _ = at;
