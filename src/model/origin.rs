@@ -5,7 +5,7 @@
 //! repository's OAI sets hold it (`collection`: the repository's listing of each set, whose
 //! `set` argument is the set's spec, [`specs_of`]); what the collector learned of the
 //! repository (base URL, granularity, its sets and their names) is kept in the store under
-//! [`facts_key`], for `/oai` to serve (`crate::oaipmh`).
+//! [`facts_key`], for `/oai` to serve.
 //!
 //! The path: every byte but ASCII letters, digits, `-`, `_`, `.` and `:` is written `~XX` (so
 //! `/`, `\`, `%` and `~` itself never appear as themselves, and a plain identifier such as
