@@ -641,3 +641,157 @@ async fn every_link_of_both_consoles_answers() {
     h.stop().await;
     app.stop().await;
 }
+
+/// A collector stopped by its repository's 403 is shown stopped, with the reason, on the
+/// overview and its page; "Resume" asks to confirm, refuses a forged CSRF token, and once
+/// confirmed reaches the collector (it runs again: here the repository still refuses, so it
+/// stops again, saying so); "Run now" on an idle one runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_collector_is_resumed_and_an_idle_one_run_from_the_console() {
+    use crate::collect::{fixture, with_faults, OaiServer};
+    let open = OaiServer::start(&fixture(3), 5);
+    let closed = OaiServer::start(
+        &with_faults(fixture(2), serde_json::json!({"refuse": 403})),
+        5,
+    );
+    let (mut c, _dir) = hub_config();
+    c.admin.token = TOKEN.into();
+    for (name, base) in [("papers", &open.base), ("closed", &closed.base)] {
+        let mut cc = resourcesync_hub::config::CollectConfig::new(base);
+        cc.retry_base_ms = 20;
+        cc.attempts = 2;
+        c.collect.insert(name.into(), cc);
+    }
+    let app = TestApp::start_with(c).await;
+    let status = |name: &'static str| {
+        let app = &app;
+        async move {
+            admin_call(
+                app,
+                TOKEN,
+                reqwest::Method::GET,
+                &format!("/admin/v1/collect/{name}"),
+                None,
+            )
+            .await
+            .1
+        }
+    };
+    wait_until("closed stopped, papers idle", || async {
+        status("closed").await["state"] == "stopped" && status("papers").await["state"] == "idle"
+    })
+    .await;
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(app.url("/console/login"))
+        .form(&[("token", TOKEN)])
+        .send()
+        .await
+        .unwrap();
+    let session = r.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    let page = |path: &str| {
+        let (client, session, url) = (client.clone(), session.clone(), app.url(path));
+        async move {
+            let r = client
+                .get(url)
+                .header("cookie", session)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+            r.text().await.unwrap()
+        }
+    };
+    let overview = page("/console/").await;
+    assert!(
+        overview.contains("Collectors needing a look")
+            && overview.contains("/console/collectors/closed"),
+        "{overview}"
+    );
+    let closed_page = page("/console/collectors/closed").await;
+    assert!(
+        closed_page.contains("stopped: 403 Forbidden"),
+        "{closed_page}"
+    );
+    let csrf = closed_page
+        .split("name=\"csrf\" value=\"")
+        .nth(1)
+        .and_then(|s| s.split('"').next())
+        .unwrap()
+        .to_string();
+    let post = |path: &str, form: Vec<(&'static str, String)>| {
+        let (client, session, url) = (client.clone(), session.clone(), app.url(path));
+        async move {
+            client
+                .post(url)
+                .header("cookie", session)
+                .form(&form)
+                .send()
+                .await
+                .unwrap()
+        }
+    };
+    let forged = post(
+        "/console/collectors/closed/resume",
+        vec![("csrf", "forged".into()), ("confirm", "yes".into())],
+    )
+    .await;
+    assert_eq!(forged.status(), 403);
+    let asked = post(
+        "/console/collectors/closed/resume",
+        vec![("csrf", csrf.clone())],
+    )
+    .await;
+    assert_eq!(asked.status(), 200);
+    assert!(asked
+        .text()
+        .await
+        .unwrap()
+        .contains("Resume collector closed?"));
+    assert_eq!(
+        status("closed").await["control"]["resumes"],
+        0,
+        "nothing before the confirmation"
+    );
+    let started = status("closed").await["last_started"].clone();
+    let done = post(
+        "/console/collectors/closed/resume",
+        vec![("csrf", csrf.clone()), ("confirm", "yes".into())],
+    )
+    .await;
+    assert_eq!(done.status(), 303);
+    assert_eq!(
+        done.headers()["location"],
+        "/console/collectors/closed?done=resume"
+    );
+    assert_eq!(status("closed").await["control"]["resumes"], 1);
+    wait_until("the resumed collector ran and stopped again", || async {
+        let v = status("closed").await;
+        v["state"] == "stopped" && v["last_started"] != started
+    })
+    .await;
+
+    let before = status("papers").await["last_ended"].clone();
+    let done = post(
+        "/console/collectors/papers/run",
+        vec![("csrf", csrf), ("confirm", "yes".into())],
+    )
+    .await;
+    assert_eq!(done.status(), 303);
+    wait_until("papers ran again", || async {
+        let v = status("papers").await;
+        v["last_ended"] != before && v["state"] == "idle"
+    })
+    .await;
+    app.stop().await;
+}
