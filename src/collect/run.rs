@@ -334,8 +334,7 @@ impl Collector {
             for q in page.quarantined {
                 run.counts.quarantined += 1;
                 run.counts.seen += 1;
-                let entry = saved.quarantine(q.identifier, q.reason, &at);
-                tracing::warn!(collector = %self.name, identifier = ?entry.identifier, reason = %entry.reason, "record quarantined");
+                self.quarantine(saved, q.identifier, q.reason, &at);
             }
             if page.records.is_empty() {
                 empty += 1;
@@ -524,6 +523,13 @@ impl Collector {
             .collect())
     }
 
+    /// Keeps a record aside with its reason, and says so in one WARN line (identifier and
+    /// reason cut to a few hundred bytes, as kept).
+    fn quarantine(&self, saved: &mut Saved, identifier: Option<String>, reason: String, at: &str) {
+        let entry = saved.quarantine(identifier, reason, at);
+        tracing::warn!(collector = %self.name, identifier = ?entry.identifier, reason = %entry.reason, "record quarantined");
+    }
+
     /// Of `paths`, those another collector's set holds a live resource at (the same OAI
     /// identifier), with that collector's name: one store call per other collector.
     async fn claimed_elsewhere(
@@ -597,14 +603,14 @@ impl Collector {
             let h = held.get(&path).cloned().flatten();
             if let Some(other) = claimed.get(&path).filter(|_| h.is_none()) {
                 counts.quarantined += 1;
-                let entry = saved.quarantine(
+                self.quarantine(
+                    saved,
                     Some(rec.header.identifier.clone()),
                     format!(
                         "the collector {other} serves this OAI identifier already; /oai names one item by one identifier, so the first collector to hold it keeps it"
                     ),
                     at,
                 );
-                tracing::warn!(collector = %self.name, identifier = ?entry.identifier, reason = %entry.reason, "record quarantined");
                 continue;
             }
             match change_for(rec, &self.origin, h.as_deref()) {
@@ -639,7 +645,7 @@ impl Collector {
                 }
                 Err(reason) => {
                     counts.quarantined += 1;
-                    saved.quarantine(Some(rec.header.identifier.clone()), reason, at);
+                    self.quarantine(saved, Some(rec.header.identifier.clone()), reason, at);
                 }
             }
         }
@@ -695,7 +701,8 @@ impl Collector {
                     let bad: HashSet<usize> = errors.iter().map(|e| e.line).collect();
                     for e in errors {
                         counts.quarantined += 1;
-                        saved.quarantine(
+                        self.quarantine(
+                            saved,
                             ids.get(e.line - 1).cloned(),
                             format!("the store refused it: {}", e.reason),
                             at,
