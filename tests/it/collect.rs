@@ -518,21 +518,24 @@ async fn baseline_then_incremental_runs_record_each_change_once_and_push_it() {
             .is_some_and(|sub| sub.state == resourcesync_hub::destination::state::SubState::Active)
     })
     .await;
-    let mirrored = std::fs::read_to_string(
-        h.state()
-            .held(
-                1,
-                &format!(
-                    "{}/files/papers/{}",
-                    c.app.config.base_url(),
-                    resourcesync_hub::model::origin::record_path("oai:big:7")
-                ),
-            )
-            .unwrap()
-            .expect("record 7 mirrored")
-            .path,
-    )
-    .unwrap();
+    let held = h
+        .state()
+        .held(
+            1,
+            &format!(
+                "{}/files/papers/{}",
+                c.app.config.base_url(),
+                resourcesync_hub::model::origin::record_path("oai:big:7")
+            ),
+        )
+        .unwrap()
+        .expect("record 7 mirrored");
+    assert_eq!(
+        std::path::Path::new(&held.path).file_name().unwrap(),
+        "oai:big:7.xml",
+        "the mirror's file name reads like the identifier"
+    );
+    let mirrored = std::fs::read_to_string(&held.path).unwrap();
     assert!(mirrored.contains("Record 7 &amp; co"), "{mirrored}");
 
     // The repository changes.
