@@ -10,7 +10,7 @@
 //! so the clients are measured alone: resources/s and µs of client CPU per resource, ours
 //! (in-process, the idle server beside it) and resync-sync's (a child process). The push part
 //! is skipped then (nginx is no hub). `--ours-only` leaves resync-sync out (for profiling:
-//! a figure for the README needs the peer in the same run).
+//! a figure for docs/benchmarks.md needs the peer in the same run).
 //!
 //! Starts our server on loopback with a set of N small files, then baselines it twice: with
 //! our destination (`harvest`, in-process) and with `resync-sync --baseline` (PyPI `resync`:

@@ -191,16 +191,21 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 .await?;
                 tracing::info!(created = r.created, updated = r.updated, deleted = r.deleted, dir = %dir.display(), "demo set imported");
                 let base = config.base_url();
+                // The program as it was started (`target/release/resourcesync-hub` after `cargo
+                // run`), so that the commands below run as printed before anything is installed.
+                let me = std::env::args()
+                    .next()
+                    .unwrap_or_else(|| "resourcesync-hub".into());
                 println!("Demo: open {base}/console/ (the console: sign in with the token below), {base}/ (the sets and their documents) or {base}/.well-known/resourcesync");
                 println!(
                     "Admin API: {base}/admin/v1/openapi.json, with the token {}:
-  resourcesync-hub admin stats --url {base} --token {}",
+  {me} admin stats --url {base} --token {}",
                     // Shown once, on the terminal that started the demo, to sign in with.
                     config.admin.token.expose(),
                     config.admin.token.expose()
                 );
                 println!(
-                    "Harvest it: resourcesync-hub harvest config > harvest.toml, set source.url = \"{base}/.well-known/resourcesync\", then resourcesync-hub harvest --config harvest.toml"
+                    "Harvest it: {me} harvest config > harvest.toml (its source.url is {base}/.well-known/resourcesync when the demo listens on its default address), then {me} harvest --config harvest.toml"
                 );
             }
             app::run(config, listener, app::shutdown_signal()).await

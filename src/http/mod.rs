@@ -368,7 +368,7 @@ pub fn getting_started(config: &Config) -> String {
          - send change events: curl -H 'Content-Type: application/x-ndjson' --data-binary @changes.ndjson {ingest}\n\
          - import a folder:    resourcesync-hub import DIR --set NAME --data-dir {}  (then serve its files: [sets.NAME] resource_root_dir = \"DIR\")\n\
          - or try the demo:    resourcesync-hub serve --demo\n\
-         See the README, \"Feeding it: ingest and import\".\n",
+         See docs/source.md, \"Feeding it: ingest and import\".\n",
         config.server.data_dir.display()
     )
 }

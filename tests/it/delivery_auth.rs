@@ -37,7 +37,7 @@ async fn admin(
 }
 
 /// Records a verified subscription of `callback` to [`TOPIC`] in the store directly (the
-/// receivers here cannot answer the hub's first verification: see the README).
+/// receivers here cannot answer the hub's first verification: see docs/hub.md).
 async fn subscription_in_store(store: &Store, callback: &str) -> i64 {
     let intent = Intent {
         id: 0,

@@ -357,12 +357,12 @@ async fn no_request_splits_a_resource_from_its_change() {
     assert_eq!(counts.changes as usize, changes);
 }
 
-/// The README's ingest example, run as written next to `serve --demo`: its shell lines in the
+/// The source guide's ingest example (docs/source.md), run as written next to `serve --demo`: its shell lines in the
 /// folder the server was started from, its curl line as curl sends it. The new paper is listed
 /// and served as the event says (a harvester gets it, in sync).
 #[test]
 fn the_readme_ingest_example_works_as_written() {
-    let script = readme_sh_block("## Feeding it");
+    let script = doc_sh_block("docs/source.md", "## Feeding it");
     let curl = script
         .lines()
         .find(|l| l.starts_with("curl ") && l.contains("@change.json"))

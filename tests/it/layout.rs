@@ -208,3 +208,148 @@ fn no_backend_type_is_named_outside_the_store() {
         found.join("\n")
     );
 }
+
+fn repo_file(rel: &str) -> String {
+    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
+        .unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The configuration reference cannot drift: every key of the compiled-in defaults
+/// (`config.default.toml`) is in `docs/configuration.md`'s table, by its whole name or, on a
+/// row grouping a table's keys (`hub.lease_default_secs`, `lease_min_secs`), by its own; and
+/// the table names no key the defaults lack.
+#[test]
+fn the_configuration_reference_names_every_key_and_no_other() {
+    fn flat(prefix: &str, v: &toml::Value, out: &mut Vec<String>) {
+        for (k, x) in v.as_table().unwrap() {
+            match x {
+                toml::Value::Table(_) => flat(&format!("{prefix}{k}."), x, out),
+                _ => out.push(format!("{prefix}{k}")),
+            }
+        }
+    }
+    let defaults: toml::Value = repo_file("config.default.toml").parse().unwrap();
+    let mut keys = Vec::new();
+    flat("", &defaults, &mut keys);
+    let doc = repo_file("docs/configuration.md");
+    let rows: Vec<&str> = doc.lines().filter(|l| l.starts_with("| `")).collect();
+    let missing: Vec<&String> = keys
+        .iter()
+        .filter(|k| {
+            let (section, name) = k.rsplit_once('.').unwrap();
+            !doc.contains(&format!("`{k}`"))
+                && !rows.iter().any(|r| {
+                    r.starts_with(&format!("| `{section}.")) && r.contains(&format!("`{name}`"))
+                })
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "keys of config.default.toml missing from docs/configuration.md: {missing:?}"
+    );
+    let mut unknown = Vec::new();
+    for r in &rows {
+        let first = r.split('|').nth(1).unwrap();
+        for name in first.split('`').skip(1).step_by(2) {
+            let dotted = name.contains('.') && !name.contains(['[', '*', ' ']);
+            if dotted && !keys.iter().any(|k| k == name) {
+                unknown.push(name.to_string());
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "docs/configuration.md names keys config.default.toml does not have: {unknown:?}"
+    );
+}
+
+/// `docs/architecture.md`, the one map of the code, lists the floors this test checks.
+#[test]
+fn the_architecture_page_has_the_floors_this_test_checks() {
+    let doc = repo_file("docs/architecture.md");
+    let floors: Vec<Vec<String>> = doc
+        .split("## Floors")
+        .nth(1)
+        .expect("a Floors section")
+        .lines()
+        .filter_map(|l| {
+            let (n, rest) = l.split_once(". ")?;
+            n.parse::<usize>().ok()?;
+            Some(
+                rest.split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect(),
+            )
+        })
+        .collect();
+    let want: Vec<Vec<String>> = FLOORS
+        .iter()
+        .map(|f| f.iter().map(|m| m.to_string()).collect())
+        .collect();
+    assert_eq!(floors, want, "docs/architecture.md's floors");
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces `-`.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim_start_matches('#')
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | ' '))
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// Every link of the README and the guides leads somewhere: each relative link to a file that
+/// exists, each `#anchor` to a heading of its page; and the README stays a guide (at most 400
+/// lines: the rest is in `docs/`).
+#[test]
+fn the_readme_and_guides_link_to_what_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut pages = vec![root.join("README.md")];
+    for e in std::fs::read_dir(root.join("docs")).unwrap() {
+        pages.push(e.unwrap().path());
+    }
+    let headings = |p: &Path| -> Vec<String> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with('#'))
+            .map(anchor)
+            .collect()
+    };
+    let mut broken = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let dir = page.parent().unwrap();
+        for part in text.split("](").skip(1) {
+            let target = part.split([')', ' ']).next().unwrap();
+            if target.contains("://") || target.starts_with("mailto:") || target.starts_with('/') {
+                continue;
+            }
+            let (file, frag) = target.split_once('#').unwrap_or((target, ""));
+            let file = if file.is_empty() {
+                page.clone()
+            } else {
+                dir.join(file)
+            };
+            if !file.exists() {
+                broken.push(format!("{}: {target} (no such file)", page.display()));
+            } else if !frag.is_empty() && !headings(&file).iter().any(|h| h == frag) {
+                broken.push(format!("{}: {target} (no such heading)", page.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    let lines = std::fs::read_to_string(root.join("README.md"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(
+        lines <= 400,
+        "the README has {lines} lines: guides go to docs/"
+    );
+}

@@ -21,7 +21,7 @@ fn seed(fixed: u64) -> Option<u64> {
 
 /// What the suite compares: everything but the subscriber's notifications and baselines
 /// brought up to date from their `at`, where the oracle still finds differences (open, see
-/// the README's exactness section).
+/// docs/exactness.md).
 const SUITE: model::Scope = model::Scope {
     windows: true,
     notifications: false,

@@ -129,23 +129,16 @@ async fn resync_client_baseline_incremental_audit() {
     app.stop().await;
 }
 
-/// The README's `resync` block, run as written (with the server's address) next to
+/// The source guide's `resync` block (docs/source.md), run as written (with the server's address) next to
 /// `serve --demo`: baseline, incremental from the open Change List after a change, audit IN
 /// SYNC, every demo file in the mirror folder it names.
 #[test]
 fn the_readme_resync_example_runs_as_written() {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
-    let at = readme
-        .find("**Pulling with the Python `resync` client**")
-        .expect("the resync paragraph");
-    let script = readme[at..]
-        .split("```sh\n")
-        .nth(1)
-        .unwrap()
-        .split("```")
-        .next()
-        .unwrap();
+    let script = crate::support::doc_sh_block(
+        "docs/source.md",
+        "**Pulling with the Python `resync` client**",
+    );
+    let script = script.as_str();
     let tmp = tempfile::tempdir().unwrap();
     let server = ChildServer::demo(tmp.path());
     let base = format!("http://{}", server.addr);

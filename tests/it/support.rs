@@ -600,13 +600,14 @@ pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
     r.text().await.unwrap()
 }
 
-/// The first ```sh block of the README after the line containing `marker`.
-pub fn readme_sh_block(marker: &str) -> String {
-    let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+/// The first ```sh block of the guide `doc` (a path from the repository's root, such as
+/// `docs/source.md`) after the line containing `marker`.
+pub fn doc_sh_block(doc: &str, marker: &str) -> String {
+    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(doc))
+        .unwrap_or_else(|e| panic!("{doc}: {e}"));
     let at = readme
         .find(marker)
-        .unwrap_or_else(|| panic!("no {marker:?} in the README"));
+        .unwrap_or_else(|| panic!("no {marker:?} in {doc}"));
     readme[at..]
         .split("```sh\n")
         .nth(1)
