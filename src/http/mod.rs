@@ -1,7 +1,6 @@
 //! HTTP handlers only: extract, call the domain, render. The router is assembled here.
 
 mod admin;
-mod collect;
 mod console;
 mod documents;
 mod files;

@@ -11,7 +11,7 @@ use serde_json::json;
 
 use super::{bad, posted, render, session, ConsoleError, LIVE_SECS};
 use crate::collect::Action;
-use crate::http::collect::{view, CollectorView};
+use crate::http::admin::collect::{view, CollectorView};
 use crate::http::AppState;
 
 /// A collector as the console shows it: the admin API's view, its state in words, whether it

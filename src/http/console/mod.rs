@@ -902,7 +902,7 @@ async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response
         let c = e.collector.config();
         let (state, last) = match e.collector.status().await {
             Ok((saved, control)) => (
-                match super::collect::state_of(e, &saved, &control) {
+                match super::admin::collect::state_of(e, &saved, &control) {
                     (_, Some(until)) => {
                         format!("waiting until {until} (the repository's Retry-After)")
                     }

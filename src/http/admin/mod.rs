@@ -1,5 +1,9 @@
 //! The admin API (`/admin/v1/…`, bearer `admin.token`), its OpenAPI document, and `/metrics`.
-//! JSON in and out; every error is `{"error": "..."}` with the status from `error.rs`.
+//! JSON in and out; every error is `{"error": "..."}` with the status from `error.rs`. What
+//! guards it is [`guard`]; the collectors' part is [`collect`].
+
+pub(super) mod collect;
+mod guard;
 
 use std::collections::BTreeMap;
 
@@ -20,12 +24,14 @@ use crate::model::websub::{
     DeliveryAuth, Intent, SubState, Subscription, SubscriptionFilter, SubscriptionStats, Topic,
 };
 use crate::model::Timestamp;
+pub(super) use guard::authorize;
+use guard::{throttle_guesses, ErrorBody};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub; the OAI-PMH collectors."),
-    paths(super::collect::list_collectors, super::collect::show_collector, super::collect::act, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(super::collect::CollectorView, super::collect::CollectorDetail, super::collect::CollectorList, super::collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
+    paths(collect::list_collectors, collect::show_collector, collect::act, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(collect::CollectorView, collect::CollectorDetail, collect::CollectorList, collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -82,46 +88,11 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/topics/latest", get(latest_payload))
         .route("/admin/v1/deliveries", get(list_deliveries))
         .route("/admin/v1/stats", get(stats))
-        .merge(super::collect::routes())
+        .merge(collect::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle_guesses,
         ))
-}
-
-/// Every admin request's bearer token is counted when wrong (per client address, see
-/// [`crate::ui::Guesses`]); an address past its budget is answered 429 before anything else.
-async fn throttle_guesses(
-    State(st): State<AppState>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> axum::response::Response {
-    let Some(given) = super::bearer_token(req.headers()) else {
-        // No token: nothing is guessed (the handler answers 401).
-        return next.run(req).await;
-    };
-    let ip = super::client_ip(req.extensions());
-    if let Err(wait) = st.guesses.check(ip) {
-        return crate::ui::too_many_guesses(wait);
-    }
-    if !crate::ui::token_matches(given, st.config.admin.token.expose()) {
-        if let Err(wait) = st.guesses.failed(ip) {
-            tracing::warn!(client = ?ip, "admin API: too many wrong tokens from one address; refusing it for {wait} s");
-            return crate::ui::too_many_guesses(wait);
-        }
-    }
-    next.run(req).await
-}
-
-pub(super) fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), AppError> {
-    let given = super::bearer_token(headers).ok_or_else(|| {
-        AppError::Unauthorized("the admin API needs Authorization: Bearer <admin token>".into())
-    })?;
-    if crate::ui::token_matches(given, st.config.admin.token.expose()) {
-        Ok(())
-    } else {
-        Err(AppError::Forbidden("the admin token is wrong".into()))
-    }
 }
 
 fn query<T>(q: Result<Query<T>, QueryRejection>) -> Result<T, AppError> {
@@ -144,11 +115,6 @@ fn sub_id(p: Result<Path<String>, PathRejection>) -> Result<i64, AppError> {
         .ok()
         .filter(|n| *n > 0)
         .ok_or_else(|| AppError::NotFound(format!("no subscription {id:?}")))
-}
-
-#[derive(Serialize, ToSchema)]
-pub struct ErrorBody {
-    pub error: String,
 }
 
 #[derive(Serialize, ToSchema)]

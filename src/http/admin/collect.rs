@@ -9,11 +9,11 @@ use axum::{Json, Router};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use super::admin::{authorize, ErrorBody};
-use super::AppState;
+use super::guard::{authorize, ErrorBody};
 use crate::collect::state::{Control, Counts, Identified, QuarantineEntry, RunPoint, Saved};
 use crate::collect::{Action, Entry, Live};
 use crate::error::AppError;
+use crate::http::AppState;
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -81,7 +81,7 @@ pub struct CollectAccepted {
 
 /// A collector's state in one word, and until when it waits out a `Retry-After` (the admin
 /// API, the CLI and the console say the same).
-pub(super) fn state_of(
+pub(in crate::http) fn state_of(
     e: &Entry,
     saved: &Saved,
     control: &Control,
@@ -111,7 +111,7 @@ pub(super) fn state_of(
     (state, None)
 }
 
-pub(super) fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
+pub(in crate::http) fn view(e: &Entry, saved: &Saved, control: Control) -> CollectorView {
     let c = e.collector.config();
     let live = e.live();
     let (state, waiting_until) = state_of(e, saved, &control);
