@@ -220,356 +220,417 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<()> {
             callback,
             state,
             limit,
-        }) => {
-            let mut q = vec![("limit", limit.to_string())];
-            q.extend(topic.map(|t| ("topic", t)));
-            q.extend(callback.map(|c| ("callback", c)));
-            q.extend(state.map(|s| ("state", s)));
-            let page = api.get("/admin/v1/subscriptions", &q).await?;
-            let rows: Vec<Vec<String>> = page["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|s| {
-                    [
-                        "id",
-                        "state",
-                        "topic",
-                        "callback",
-                        "lease_expires",
-                        "delivered",
-                        "given_up",
-                        "pending",
-                    ]
-                    .iter()
-                    .map(|k| cell(&s[*k]))
-                    .collect()
-                })
-                .collect();
-            print!(
-                "{}",
-                table(
-                    &[
-                        "ID",
-                        "STATE",
-                        "TOPIC",
-                        "CALLBACK",
-                        "EXPIRES",
-                        "DELIVERED",
-                        "GIVEN UP",
-                        "PENDING"
-                    ],
-                    &rows
-                )
-            );
-            if let Some(next) = page["next_cursor"].as_str() {
-                println!("(more: the API's cursor is {next})");
-            }
-        }
+        }) => subscriptions_list(&api, topic, callback, state, limit).await?,
         AdminCommand::Subscriptions(SubscriptionsCommand::Show { id }) => {
-            let s = api
-                .get(&format!("/admin/v1/subscriptions/{id}"), &[])
-                .await?;
-            let mut rows = Vec::new();
-            for k in [
+            subscription_show(&api, id).await?
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Delete { id, deny }) => {
+            subscription_delete(&api, id, deny).await?
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Redeliver { id, since, until }) => {
+            subscription_redeliver(&api, id, since, until).await?
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Pause { id }) => {
+            subscription_hold(&api, id, "pause").await?
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Resume { id }) => {
+            subscription_hold(&api, id, "resume").await?
+        }
+        AdminCommand::Subscriptions(SubscriptionsCommand::Limit { id, per_sec }) => {
+            subscription_limit(&api, id, per_sec).await?
+        }
+        AdminCommand::Collect { name: None, .. } => collectors_list(&api).await?,
+        AdminCommand::Collect {
+            name: Some(name),
+            action: None,
+        } => collector_show(&api, name).await?,
+        AdminCommand::Collect {
+            name: Some(name),
+            action: Some(action),
+        } => collector_act(&api, name, action).await?,
+        AdminCommand::Topics => topics(&api).await?,
+        AdminCommand::Stats => stats(&api).await?,
+    }
+    Ok(())
+}
+
+/// The subscriptions, filtered, as a table.
+async fn subscriptions_list(
+    api: &Api,
+    topic: Option<String>,
+    callback: Option<String>,
+    state: Option<String>,
+    limit: u32,
+) -> anyhow::Result<()> {
+    let mut q = vec![("limit", limit.to_string())];
+    q.extend(topic.map(|t| ("topic", t)));
+    q.extend(callback.map(|c| ("callback", c)));
+    q.extend(state.map(|s| ("state", s)));
+    let page = api.get("/admin/v1/subscriptions", &q).await?;
+    let rows: Vec<Vec<String>> = page["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|s| {
+            [
                 "id",
                 "state",
                 "topic",
                 "callback",
-                "lease_seconds",
-                "lease_start",
                 "lease_expires",
-                "verified_at",
-                "created_at",
-                "secret_set",
-                "signature_algorithm",
                 "delivered",
                 "given_up",
                 "pending",
-                "retry_attempts",
-                "next_attempt_at",
-                "failing_since",
-                "held_since",
-            ] {
-                rows.push(vec![k.to_string(), cell(&s[k])]);
-            }
-            rows.push(vec![
-                "last_success".into(),
-                format!(
-                    "{} {}",
-                    cell(&s["last_success"]["at"]),
-                    cell(&s["last_success"]["status"])
-                ),
-            ]);
-            rows.push(vec![
-                "last_failure".into(),
-                format!(
-                    "{} {} {}",
-                    cell(&s["last_failure"]["at"]),
-                    cell(&s["last_failure"]["status"]),
-                    cell(&s["last_failure"]["error"])
-                ),
-            ]);
-            print!("{}", table(&["FIELD", "VALUE"], &rows));
-        }
-        AdminCommand::Subscriptions(SubscriptionsCommand::Delete { id, deny }) => {
-            let mut q = Vec::new();
-            if let Some(reason) = &deny {
-                q.push(("deny", "true".to_string()));
-                q.push(("reason", reason.clone()));
-            }
-            api.call(
-                reqwest::Method::DELETE,
-                &format!("/admin/v1/subscriptions/{id}"),
-                &q,
-            )
-            .await?;
-            println!(
-                "subscription {id} deleted{}",
-                if deny.is_some() {
-                    "; the subscriber was told"
-                } else {
-                    ""
-                }
-            );
-        }
-        AdminCommand::Subscriptions(SubscriptionsCommand::Redeliver { id, since, until }) => {
-            let mut body = serde_json::json!({ "since": since });
-            if let Some(u) = &until {
-                body["until"] = Value::String(u.clone());
-            }
-            let r = api
-                .send(
-                    reqwest::Method::POST,
-                    &format!("/admin/v1/subscriptions/{id}/redeliver"),
-                    &[],
-                    Some(body),
-                )
-                .await?
-                .unwrap_or(Value::Null);
-            println!(
-                "subscription {id}: {} messages queued for delivery again",
-                cell(&r["queued"])
-            );
-        }
-        AdminCommand::Subscriptions(
-            ref c @ (SubscriptionsCommand::Pause { ref id }
-            | SubscriptionsCommand::Resume { ref id }),
-        ) => {
-            let verb = match c {
-                SubscriptionsCommand::Pause { .. } => "pause",
-                _ => "resume",
-            };
-            let r = api
-                .send(
-                    reqwest::Method::POST,
-                    &format!("/admin/v1/subscriptions/{id}/{verb}"),
-                    &[],
-                    None,
-                )
-                .await?
-                .unwrap_or(Value::Null);
-            println!(
-                "subscription {id}: {} ({} messages waiting)",
-                cell(&r["state"]),
-                cell(&r["pending"])
-            );
-        }
-        AdminCommand::Subscriptions(SubscriptionsCommand::Limit { id, per_sec }) => {
-            let limit = match per_sec.as_str() {
-                "default" => Value::Null,
-                n => match n.parse::<f64>() {
-                    Ok(n) if n.is_finite() => serde_json::json!(n),
-                    _ => anyhow::bail!(
-                        "{per_sec:?} is not a number of deliveries a second (or \"default\")"
-                    ),
-                },
-            };
-            let r = api
-                .send(
-                    reqwest::Method::PATCH,
-                    &format!("/admin/v1/subscriptions/{id}"),
-                    &[],
-                    Some(serde_json::json!({ "max_per_sec": limit })),
-                )
-                .await?
-                .unwrap_or(Value::Null);
-            println!(
-                "subscription {id}: at most {} deliveries a second",
-                match &r["max_per_sec"] {
-                    Value::Null => "the hub's default number of".to_string(),
-                    v if v.as_f64() == Some(0.0) => "any number of".to_string(),
-                    v => cell(v),
-                }
-            );
-        }
-        AdminCommand::Collect { name: None, .. } => {
-            let v = api.get("/admin/v1/collect", &[]).await?;
-            let rows: Vec<Vec<String>> = v["collectors"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|c| {
-                    vec![
-                        cell(&c["name"]),
-                        collector_state(c),
-                        cell(&c["last_ended"]),
-                        cell(&c["live"]["next_run"]),
-                        cell(&c["totals"]["seen"]),
-                        cell(&c["quarantined"]),
-                        cell(&c["last_error"]),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                table(
-                    &[
-                        "COLLECTOR",
-                        "STATE",
-                        "LAST RUN ENDED",
-                        "NEXT RUN",
-                        "RECORDS",
-                        "QUARANTINED",
-                        "LAST ERROR"
-                    ],
-                    &rows
-                )
-            );
-        }
-        AdminCommand::Collect {
-            name: Some(name),
-            action: None,
-        } => {
-            let c = api.get(&format!("/admin/v1/collect/{name}"), &[]).await?;
-            let mut rows = Vec::new();
-            for (k, v) in [
-                ("repository", &c["url"]),
-                ("metadata prefix", &c["metadata_prefix"]),
-                ("OAI set", &c["oai_set"]),
-                ("state", &serde_json::Value::String(collector_state(&c))),
-                ("window from", &c["window_from"]),
-                ("last run started", &c["last_started"]),
-                ("last run ended", &c["last_ended"]),
-                ("last outcome", &c["last_outcome"]),
-                ("last error", &c["last_error"]),
-                ("next run", &c["live"]["next_run"]),
-                ("last reconcile", &c["last_reconcile"]),
-                ("marked deleted by it", &c["last_reconcile_deleted"]),
-            ] {
-                rows.push(vec![k.to_string(), cell(v)]);
-            }
-            if !c["run"].is_null() {
-                rows.push(vec![
-                    "run under way: pages".into(),
-                    cell(&c["run"]["pages"]),
-                ]);
-            }
-            for k in [
-                "seen",
-                "created",
-                "updated",
-                "deleted",
-                "unchanged",
-                "quarantined",
-            ] {
-                rows.push(vec![
-                    format!("{k} (last run / all)"),
-                    format!("{} / {}", cell(&c["last"][k]), cell(&c["totals"][k])),
-                ]);
-            }
-            print!("{}", table(&["WHAT", "VALUE"], &rows));
-            let q: Vec<Vec<String>> = c["quarantine"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|e| vec![cell(&e["at"]), cell(&e["identifier"]), cell(&e["reason"])])
-                .collect();
-            if !q.is_empty() {
-                println!();
-                print!("{}", table(&["QUARANTINED AT", "IDENTIFIER", "REASON"], &q));
-            }
-        }
-        AdminCommand::Collect {
-            name: Some(name),
-            action: Some(action),
-        } => {
-            let r = api
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/admin/v1/collect/{name}/{action}"),
-                    &[],
-                )
-                .await?
-                .unwrap_or(Value::Null);
-            println!("collector {name}: {}", cell(&r["message"]));
-        }
-        AdminCommand::Topics => {
-            let topics = api.get("/admin/v1/topics", &[]).await?;
-            let rows: Vec<Vec<String>> = topics
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|t| {
-                    vec![
-                        cell(&t["topic"]),
-                        cell(&t["subscribers"]),
-                        cell(&t["last_publish"]),
-                    ]
-                })
-                .collect();
-            print!(
-                "{}",
-                table(&["TOPIC", "SUBSCRIBERS", "LAST PUBLISH"], &rows)
-            );
-        }
-        AdminCommand::Stats => {
-            let s = api.get("/admin/v1/stats", &[]).await?;
-            let subs = &s["subscriptions"];
-            let mut rows: Vec<Vec<String>> = [
-                "active",
-                "failing",
-                "paused",
-                "disabled",
-                "expired",
-                "pending_verification",
             ]
             .iter()
-            .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
-            .collect();
-            for k in ["delivered", "given_up", "queue_depth"] {
-                rows.push(vec![k.to_string(), cell(&s[k])]);
-            }
-            if let Some(m) = s["attempts_by_outcome"].as_object() {
-                for (k, v) in m {
-                    rows.push(vec![format!("attempts {k} (since start)"), cell(v)]);
-                }
-            }
-            print!("{}", table(&["WHAT", "COUNT"], &rows));
-            let pollers: Vec<Vec<String>> = s["pollers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    vec![
-                        cell(&p["set"]),
-                        cell(&p["watermark"]),
-                        cell(&p["oldest_pending"]),
-                        format!("{:.1}", p["lag_seconds"].as_f64().unwrap_or(0.0)),
-                    ]
-                })
-                .collect();
-            if !pollers.is_empty() {
-                println!();
-                print!(
-                    "{}",
-                    table(
-                        &["SET", "NOTIFIED UP TO", "OLDEST PENDING", "LAG S"],
-                        &pollers
-                    )
-                );
-            }
+            .map(|k| cell(&s[*k]))
+            .collect()
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &[
+                "ID",
+                "STATE",
+                "TOPIC",
+                "CALLBACK",
+                "EXPIRES",
+                "DELIVERED",
+                "GIVEN UP",
+                "PENDING"
+            ],
+            &rows
+        )
+    );
+    if let Some(next) = page["next_cursor"].as_str() {
+        println!("(more: the API's cursor is {next})");
+    }
+    Ok(())
+}
+
+/// One subscription, field by field.
+async fn subscription_show(api: &Api, id: String) -> anyhow::Result<()> {
+    let s = api
+        .get(&format!("/admin/v1/subscriptions/{id}"), &[])
+        .await?;
+    let mut rows = Vec::new();
+    for k in [
+        "id",
+        "state",
+        "topic",
+        "callback",
+        "lease_seconds",
+        "lease_start",
+        "lease_expires",
+        "verified_at",
+        "created_at",
+        "secret_set",
+        "signature_algorithm",
+        "delivered",
+        "given_up",
+        "pending",
+        "retry_attempts",
+        "next_attempt_at",
+        "failing_since",
+        "held_since",
+    ] {
+        rows.push(vec![k.to_string(), cell(&s[k])]);
+    }
+    rows.push(vec![
+        "last_success".into(),
+        format!(
+            "{} {}",
+            cell(&s["last_success"]["at"]),
+            cell(&s["last_success"]["status"])
+        ),
+    ]);
+    rows.push(vec![
+        "last_failure".into(),
+        format!(
+            "{} {} {}",
+            cell(&s["last_failure"]["at"]),
+            cell(&s["last_failure"]["status"]),
+            cell(&s["last_failure"]["error"])
+        ),
+    ]);
+    print!("{}", table(&["FIELD", "VALUE"], &rows));
+    Ok(())
+}
+
+/// Deletes a subscription, telling the subscriber when `deny` says why.
+async fn subscription_delete(api: &Api, id: String, deny: Option<String>) -> anyhow::Result<()> {
+    let mut q = Vec::new();
+    if let Some(reason) = &deny {
+        q.push(("deny", "true".to_string()));
+        q.push(("reason", reason.clone()));
+    }
+    api.call(
+        reqwest::Method::DELETE,
+        &format!("/admin/v1/subscriptions/{id}"),
+        &q,
+    )
+    .await?;
+    println!(
+        "subscription {id} deleted{}",
+        if deny.is_some() {
+            "; the subscriber was told"
+        } else {
+            ""
         }
+    );
+    Ok(())
+}
+
+/// Delivers a window of a subscription's messages again.
+async fn subscription_redeliver(
+    api: &Api,
+    id: String,
+    since: String,
+    until: Option<String>,
+) -> anyhow::Result<()> {
+    let mut body = serde_json::json!({ "since": since });
+    if let Some(u) = &until {
+        body["until"] = Value::String(u.clone());
+    }
+    let r = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/admin/v1/subscriptions/{id}/redeliver"),
+            &[],
+            Some(body),
+        )
+        .await?
+        .unwrap_or(Value::Null);
+    println!(
+        "subscription {id}: {} messages queued for delivery again",
+        cell(&r["queued"])
+    );
+    Ok(())
+}
+
+/// Pauses or resumes a subscription (`verb`: `pause` or `resume`).
+async fn subscription_hold(api: &Api, id: String, verb: &str) -> anyhow::Result<()> {
+    let r = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/admin/v1/subscriptions/{id}/{verb}"),
+            &[],
+            None,
+        )
+        .await?
+        .unwrap_or(Value::Null);
+    println!(
+        "subscription {id}: {} ({} messages waiting)",
+        cell(&r["state"]),
+        cell(&r["pending"])
+    );
+    Ok(())
+}
+
+/// Sets a subscription's own rate limit.
+async fn subscription_limit(api: &Api, id: String, per_sec: String) -> anyhow::Result<()> {
+    let limit = match per_sec.as_str() {
+        "default" => Value::Null,
+        n => match n.parse::<f64>() {
+            Ok(n) if n.is_finite() => serde_json::json!(n),
+            _ => {
+                anyhow::bail!("{per_sec:?} is not a number of deliveries a second (or \"default\")")
+            }
+        },
+    };
+    let r = api
+        .send(
+            reqwest::Method::PATCH,
+            &format!("/admin/v1/subscriptions/{id}"),
+            &[],
+            Some(serde_json::json!({ "max_per_sec": limit })),
+        )
+        .await?
+        .unwrap_or(Value::Null);
+    println!(
+        "subscription {id}: at most {} deliveries a second",
+        match &r["max_per_sec"] {
+            Value::Null => "the hub's default number of".to_string(),
+            v if v.as_f64() == Some(0.0) => "any number of".to_string(),
+            v => cell(v),
+        }
+    );
+    Ok(())
+}
+
+/// Every collector, as a table.
+async fn collectors_list(api: &Api) -> anyhow::Result<()> {
+    let v = api.get("/admin/v1/collect", &[]).await?;
+    let rows: Vec<Vec<String>> = v["collectors"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            vec![
+                cell(&c["name"]),
+                collector_state(c),
+                cell(&c["last_ended"]),
+                cell(&c["live"]["next_run"]),
+                cell(&c["totals"]["seen"]),
+                cell(&c["quarantined"]),
+                cell(&c["last_error"]),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(
+            &[
+                "COLLECTOR",
+                "STATE",
+                "LAST RUN ENDED",
+                "NEXT RUN",
+                "RECORDS",
+                "QUARANTINED",
+                "LAST ERROR"
+            ],
+            &rows
+        )
+    );
+    Ok(())
+}
+
+/// One collector, with its quarantined records.
+async fn collector_show(api: &Api, name: String) -> anyhow::Result<()> {
+    let c = api.get(&format!("/admin/v1/collect/{name}"), &[]).await?;
+    let mut rows = Vec::new();
+    for (k, v) in [
+        ("repository", &c["url"]),
+        ("metadata prefix", &c["metadata_prefix"]),
+        ("OAI set", &c["oai_set"]),
+        ("state", &serde_json::Value::String(collector_state(&c))),
+        ("window from", &c["window_from"]),
+        ("last run started", &c["last_started"]),
+        ("last run ended", &c["last_ended"]),
+        ("last outcome", &c["last_outcome"]),
+        ("last error", &c["last_error"]),
+        ("next run", &c["live"]["next_run"]),
+        ("last reconcile", &c["last_reconcile"]),
+        ("marked deleted by it", &c["last_reconcile_deleted"]),
+    ] {
+        rows.push(vec![k.to_string(), cell(v)]);
+    }
+    if !c["run"].is_null() {
+        rows.push(vec![
+            "run under way: pages".into(),
+            cell(&c["run"]["pages"]),
+        ]);
+    }
+    for k in [
+        "seen",
+        "created",
+        "updated",
+        "deleted",
+        "unchanged",
+        "quarantined",
+    ] {
+        rows.push(vec![
+            format!("{k} (last run / all)"),
+            format!("{} / {}", cell(&c["last"][k]), cell(&c["totals"][k])),
+        ]);
+    }
+    print!("{}", table(&["WHAT", "VALUE"], &rows));
+    let q: Vec<Vec<String>> = c["quarantine"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| vec![cell(&e["at"]), cell(&e["identifier"]), cell(&e["reason"])])
+        .collect();
+    if !q.is_empty() {
+        println!();
+        print!("{}", table(&["QUARANTINED AT", "IDENTIFIER", "REASON"], &q));
+    }
+    Ok(())
+}
+
+/// Asks a collector to run, reconcile, pause or resume.
+async fn collector_act(api: &Api, name: String, action: String) -> anyhow::Result<()> {
+    let r = api
+        .call(
+            reqwest::Method::POST,
+            &format!("/admin/v1/collect/{name}/{action}"),
+            &[],
+        )
+        .await?
+        .unwrap_or(Value::Null);
+    println!("collector {name}: {}", cell(&r["message"]));
+    Ok(())
+}
+
+/// The hub's topics, as a table.
+async fn topics(api: &Api) -> anyhow::Result<()> {
+    let topics = api.get("/admin/v1/topics", &[]).await?;
+    let rows: Vec<Vec<String>> = topics
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            vec![
+                cell(&t["topic"]),
+                cell(&t["subscribers"]),
+                cell(&t["last_publish"]),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        table(&["TOPIC", "SUBSCRIBERS", "LAST PUBLISH"], &rows)
+    );
+    Ok(())
+}
+
+/// The hub's counts and each set's notifier.
+async fn stats(api: &Api) -> anyhow::Result<()> {
+    let s = api.get("/admin/v1/stats", &[]).await?;
+    let subs = &s["subscriptions"];
+    let mut rows: Vec<Vec<String>> = [
+        "active",
+        "failing",
+        "paused",
+        "disabled",
+        "expired",
+        "pending_verification",
+    ]
+    .iter()
+    .map(|k| vec![format!("subscriptions {k}"), cell(&subs[*k])])
+    .collect();
+    for k in ["delivered", "given_up", "queue_depth"] {
+        rows.push(vec![k.to_string(), cell(&s[k])]);
+    }
+    if let Some(m) = s["attempts_by_outcome"].as_object() {
+        for (k, v) in m {
+            rows.push(vec![format!("attempts {k} (since start)"), cell(v)]);
+        }
+    }
+    print!("{}", table(&["WHAT", "COUNT"], &rows));
+    let pollers: Vec<Vec<String>> = s["pollers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            vec![
+                cell(&p["set"]),
+                cell(&p["watermark"]),
+                cell(&p["oldest_pending"]),
+                format!("{:.1}", p["lag_seconds"].as_f64().unwrap_or(0.0)),
+            ]
+        })
+        .collect();
+    if !pollers.is_empty() {
+        println!();
+        print!(
+            "{}",
+            table(
+                &["SET", "NOTIFIED UP TO", "OLDEST PENDING", "LAG S"],
+                &pollers
+            )
+        );
     }
     Ok(())
 }
