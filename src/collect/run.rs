@@ -116,6 +116,123 @@ pub fn window_start(saved: &str, g: Granularity) -> Option<String> {
     Some(oai_date(Timestamp(t.0 - step), g))
 }
 
+/// A run's walk through its list as pure decisions (the driver, [`Collector::run`], fetches,
+/// applies and saves): what it remembers of the tokens and pages seen (by digest, with the
+/// run's own keys) and of pages without a record, and what each answer leads to.
+#[derive(Debug, Default)]
+pub(crate) struct Walk {
+    tokens: HashSet<u64>,
+    pages: HashSet<u64>,
+    empty: u32,
+}
+
+/// What a page leads to, once its records are applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum PageStep {
+    /// Go on with this token.
+    Next(String),
+    /// The list is over: the run is complete.
+    Complete,
+    /// The run ends here, with the reason; the next run starts the window again.
+    EndEarly(String),
+}
+
+/// What an OAI-PMH error answer leads to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// `noRecordsMatch`: an empty window, a complete run.
+    Empty,
+    /// A refused or expired token: the window again from the saved `from`.
+    Restart,
+    /// The run fails with the reason; `forget_run`: the next run starts the window again.
+    Fail { reason: String, forget_run: bool },
+}
+
+impl Walk {
+    /// A page with `records` records, the token it ends with (non-empty, with its digest),
+    /// the digest of what it holds (`None`: nothing), after `pages` pages of this run.
+    pub(crate) fn on_page(
+        &mut self,
+        records: usize,
+        token: Option<(&str, u64)>,
+        page_digest: Option<u64>,
+        pages: u64,
+    ) -> PageStep {
+        if records == 0 {
+            self.empty += 1;
+        } else {
+            self.empty = 0;
+        }
+        let Some((t, token_digest)) = token else {
+            return PageStep::Complete;
+        };
+        if t.len() > MAX_TOKEN_BYTES {
+            PageStep::EndEarly(format!(
+                "the repository sent a resumption token of {} bytes (more than {MAX_TOKEN_BYTES}): {}; the run ends here",
+                t.len(),
+                crate::cause::cut(t, 80)
+            ))
+        } else if !self.tokens.insert(token_digest) {
+            PageStep::EndEarly(format!(
+                "the repository sent the resumption token {:?} twice; the run ends here",
+                crate::cause::outsider(t)
+            ))
+        } else if page_digest.is_some_and(|d| !self.pages.insert(d)) {
+            PageStep::EndEarly(
+                "the repository sent the same records again under a new resumption token; the run ends here".into(),
+            )
+        } else if self.empty > MAX_EMPTY_PAGES {
+            PageStep::EndEarly(format!(
+                "{} pages in a row came without a record; the run ends here",
+                self.empty
+            ))
+        } else if pages + 1 >= MAX_RUN_PAGES {
+            PageStep::EndEarly(format!(
+                "{MAX_RUN_PAGES} pages in one run; the run ends here"
+            ))
+        } else {
+            PageStep::Next(t.to_string())
+        }
+    }
+
+    /// An error answer `code`/`message`; `had_token`: the request carried a token;
+    /// `restarts`: the run's restarts so far (counted here).
+    pub(crate) fn on_refusal(
+        &mut self,
+        restarts: &mut u32,
+        code: &str,
+        message: &str,
+        had_token: bool,
+    ) -> Refusal {
+        match code {
+            "noRecordsMatch" => Refusal::Empty,
+            "badResumptionToken" if had_token => {
+                *restarts += 1;
+                if *restarts > MAX_RESTARTS {
+                    return Refusal::Fail {
+                        reason: format!(
+                            "the repository refused its own resumption tokens {MAX_RESTARTS} times ({}); the next run starts the window again",
+                            crate::cause::outsider(message)
+                        ),
+                        forget_run: true,
+                    };
+                }
+                self.tokens.clear();
+                self.pages.clear();
+                Refusal::Restart
+            }
+            _ => Refusal::Fail {
+                reason: format!(
+                    "ListRecords was answered {}: {}",
+                    crate::cause::outsider(code),
+                    crate::cause::outsider(message)
+                ),
+                forget_run: false,
+            },
+        }
+    }
+}
+
 impl Collector {
     pub fn new(
         name: SetName,
@@ -264,9 +381,7 @@ impl Collector {
         let mut report = Report::default();
         // Digests (with this run's own random keys: a peer cannot aim at a collision).
         let digest = std::collections::hash_map::RandomState::new();
-        let mut tokens: HashSet<u64> = HashSet::new();
-        let mut pages: HashSet<u64> = HashSet::new();
-        let mut empty = 0u32;
+        let mut walk = Walk::default();
         loop {
             if cancel.is_cancelled() {
                 saved.run = Some(run);
@@ -282,32 +397,25 @@ impl Collector {
                 .await;
             let page = match answer {
                 Ok(Ok(p)) => p,
-                Ok(Err((code, _))) if code == "noRecordsMatch" => break,
-                Ok(Err((code, message))) if code == "badResumptionToken" && run.token.is_some() => {
-                    run.restarts += 1;
-                    if run.restarts > MAX_RESTARTS {
-                        saved.run = None;
-                        self.save(saved).await?;
-                        return Err(RunError::Protocol(format!(
-                            "the repository refused its own resumption tokens {MAX_RESTARTS} times ({}); the next run starts the window again",
-                            crate::cause::outsider(&message)
-                        )));
-                    }
-                    let message = crate::cause::outsider(&message);
-                    tracing::warn!(collector = %self.name, %message, "the repository refused the resumption token: starting the window again from the saved from");
-                    run.token = None;
-                    tokens.clear();
-                    pages.clear();
-                    saved.run = Some(run.clone());
-                    self.save(saved).await?;
-                    continue;
-                }
                 Ok(Err((code, message))) => {
-                    return Err(RunError::Protocol(format!(
-                        "ListRecords was answered {}: {}",
-                        crate::cause::outsider(&code),
-                        crate::cause::outsider(&message)
-                    )))
+                    match walk.on_refusal(&mut run.restarts, &code, &message, run.token.is_some()) {
+                        Refusal::Empty => break,
+                        Refusal::Restart => {
+                            let message = crate::cause::outsider(&message);
+                            tracing::warn!(collector = %self.name, %message, "the repository refused the resumption token: starting the window again from the saved from");
+                            run.token = None;
+                            saved.run = Some(run.clone());
+                            self.save(saved).await?;
+                            continue;
+                        }
+                        Refusal::Fail { reason, forget_run } => {
+                            if forget_run {
+                                saved.run = None;
+                                self.save(saved).await?;
+                            }
+                            return Err(RunError::Protocol(reason));
+                        }
+                    }
                 }
                 Err(e) => {
                     saved.run = Some(run);
@@ -336,59 +444,40 @@ impl Collector {
                 run.counts.seen += 1;
                 self.quarantine(saved, q.identifier, q.reason, &at);
             }
-            if page.records.is_empty() {
-                empty += 1;
-            } else {
-                empty = 0;
-            }
-            let next = page.token.map(|t| t.value).filter(|v| !v.is_empty());
-            let mut ended = None;
-            if let Some(t) = &next {
-                if t.len() > MAX_TOKEN_BYTES {
-                    ended = Some(format!(
-                        "the repository sent a resumption token of {} bytes (more than {MAX_TOKEN_BYTES}): {}; the run ends here",
-                        t.len(),
-                        crate::cause::cut(t, 80)
-                    ));
-                } else if !tokens.insert(digest.hash_one(t)) {
-                    ended = Some(format!(
-                        "the repository sent the resumption token {:?} twice; the run ends here",
-                        crate::cause::outsider(t)
-                    ));
-                } else if page_digest.is_some_and(|d| !pages.insert(d)) {
-                    ended = Some(
-                        "the repository sent the same records again under a new resumption token; the run ends here".into(),
-                    );
-                } else if empty > MAX_EMPTY_PAGES {
-                    ended = Some(format!(
-                        "{empty} pages in a row came without a record; the run ends here"
-                    ));
-                } else if run.pages + 1 >= MAX_RUN_PAGES {
-                    ended = Some(format!(
-                        "{MAX_RUN_PAGES} pages in one run; the run ends here"
-                    ));
-                }
-            }
+            let token = page.token.map(|t| t.value).filter(|v| !v.is_empty());
+            let step = walk.on_page(
+                page.records.len(),
+                token.as_deref().map(|t| (t, digest.hash_one(t))),
+                page_digest,
+                run.pages,
+            );
             // Fetching the next page while this one is applied gained 0-20% (bench_collect),
             // but a process killed meanwhile would fetch two pages again: not done.
             let counts = self.apply(page.records, saved, &at).await?;
             run.counts.add(&counts);
             run.pages += 1;
-            if let Some(why) = ended {
-                tracing::warn!(collector = %self.name, reason = %why, "run ended early");
-                report.ended_early = Some(why);
-                // The next run starts the window again (it is not saved as complete).
-                saved.run = None;
-                saved.totals.add(&run.counts);
-                report.counts = run.counts;
-                self.save(saved).await?;
-                return Ok(report);
-            }
-            run.token = next;
-            saved.run = Some(run.clone());
-            self.save(saved).await?;
-            if run.token.is_none() {
-                break;
+            match step {
+                PageStep::EndEarly(why) => {
+                    tracing::warn!(collector = %self.name, reason = %why, "run ended early");
+                    report.ended_early = Some(why);
+                    // The next run starts the window again (it is not saved as complete).
+                    saved.run = None;
+                    saved.totals.add(&run.counts);
+                    report.counts = run.counts;
+                    self.save(saved).await?;
+                    return Ok(report);
+                }
+                PageStep::Next(t) => {
+                    run.token = Some(t);
+                    saved.run = Some(run.clone());
+                    self.save(saved).await?;
+                }
+                PageStep::Complete => {
+                    run.token = None;
+                    saved.run = Some(run.clone());
+                    self.save(saved).await?;
+                    break;
+                }
             }
         }
         saved.from = Some(run.started.clone());
@@ -912,6 +1001,98 @@ fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>, bool)>) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The walk's decisions, page by page: a list that ends, a token seen twice, the same
+    /// records under a new token, pages without records, a token too long, a refused token
+    /// (restarted, then given up), an empty window, another error.
+    #[test]
+    fn the_walk_decides_each_answer_as_the_rules_say() {
+        let next = |t: &str| PageStep::Next(t.into());
+        let ends =
+            |s: &PageStep, says: &str| matches!(s, PageStep::EndEarly(w) if w.contains(says));
+        // (records, token, token digest, page digest, pages so far) -> what then.
+        let mut w = Walk::default();
+        assert_eq!(w.on_page(10, Some(("t1", 1)), Some(100), 0), next("t1"));
+        assert_eq!(w.on_page(10, Some(("t2", 2)), Some(200), 1), next("t2"));
+        assert_eq!(w.on_page(3, None, Some(300), 2), PageStep::Complete);
+        let mut w = Walk::default();
+        w.on_page(10, Some(("t1", 1)), Some(100), 0);
+        assert!(ends(&w.on_page(10, Some(("t1", 1)), Some(101), 1), "twice"));
+        let mut w = Walk::default();
+        w.on_page(10, Some(("t1", 1)), Some(100), 0);
+        assert!(ends(
+            &w.on_page(10, Some(("t2", 2)), Some(100), 1),
+            "same records"
+        ));
+        let mut w = Walk::default();
+        for k in 0..MAX_EMPTY_PAGES as u64 {
+            assert_eq!(
+                w.on_page(0, Some(("t", 10 + k)), None, k),
+                next("t"),
+                "page {k}"
+            );
+        }
+        assert!(ends(
+            &w.on_page(0, Some(("t", 99)), None, 20),
+            "without a record"
+        ));
+        let mut w = Walk::default();
+        assert_eq!(
+            w.on_page(1, Some(("t", 1)), None, 5),
+            next("t"),
+            "a record resets the count"
+        );
+        let long = "x".repeat(MAX_TOKEN_BYTES + 1);
+        assert!(ends(
+            &Walk::default().on_page(1, Some((&long, 7)), None, 0),
+            "bytes"
+        ));
+        assert!(ends(
+            &Walk::default().on_page(1, Some(("t", 7)), None, MAX_RUN_PAGES - 1),
+            "pages in one run"
+        ));
+
+        let mut w = Walk::default();
+        let mut restarts = 0;
+        w.on_page(10, Some(("t1", 1)), Some(100), 0);
+        for n in 1..=MAX_RESTARTS {
+            assert_eq!(
+                w.on_refusal(&mut restarts, "badResumptionToken", "expired", true),
+                Refusal::Restart
+            );
+            assert_eq!(restarts, n);
+        }
+        assert_eq!(
+            w.on_page(10, Some(("t1", 1)), Some(100), 0),
+            next("t1"),
+            "a restart forgets what was seen"
+        );
+        assert!(matches!(
+            w.on_refusal(&mut restarts, "badResumptionToken", "expired", true),
+            Refusal::Fail {
+                forget_run: true,
+                ..
+            }
+        ));
+        assert!(
+            matches!(
+                Walk::default().on_refusal(&mut 0, "badResumptionToken", "x", false),
+                Refusal::Fail { forget_run: false, ref reason } if reason.contains("badResumptionToken")
+            ),
+            "a refused first request is an error"
+        );
+        assert_eq!(
+            Walk::default().on_refusal(&mut 0, "noRecordsMatch", "", true),
+            Refusal::Empty
+        );
+        assert!(matches!(
+            Walk::default().on_refusal(&mut 0, "badArgument", "no", false),
+            Refusal::Fail {
+                forget_run: false,
+                ..
+            }
+        ));
+    }
 
     #[test]
     fn the_window_starts_one_step_before_the_last_response_date() {
