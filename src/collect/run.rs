@@ -116,6 +116,40 @@ pub fn window_start(saved: &str, g: Granularity) -> Option<String> {
     Some(oai_date(Timestamp(t.0 - step), g))
 }
 
+/// What the repository said of itself, as the collector keeps it.
+fn identified(id: &oai::Identify) -> Identified {
+    Identified {
+        repository_name: id.repository_name.clone(),
+        granularity: match id.granularity {
+            Granularity::Day => "YYYY-MM-DD".into(),
+            Granularity::Seconds => "YYYY-MM-DDThh:mm:ssZ".into(),
+        },
+        earliest_datestamp: id.earliest_datestamp.clone(),
+        deleted_record: match id.deleted_record {
+            DeletedRecord::No => "no",
+            DeletedRecord::Transient => "transient",
+            DeletedRecord::Persistent => "persistent",
+        }
+        .into(),
+    }
+}
+
+/// Moves `saved` to today's layout of paths ([`PATH_LAYOUT`]): a set collected under an older
+/// one is collected again from the start, then reconciled. Whether it was.
+fn relayout(saved: &mut Saved) -> bool {
+    if saved.layout >= PATH_LAYOUT {
+        return false;
+    }
+    saved.layout = PATH_LAYOUT;
+    if saved.from.is_none() && saved.run.is_none() {
+        return false;
+    }
+    saved.from = None;
+    saved.run = None;
+    saved.reconcile_owed = true;
+    true
+}
+
 /// A run's walk through its list as pure decisions (the driver, [`Collector::run`], fetches,
 /// applies and saves): what it remembers of the tokens and pages seen (by digest, with the
 /// run's own keys) and of pages without a record, and what each answer leads to.
@@ -338,28 +372,9 @@ impl Collector {
         let mut trace = Trace::default();
         saved.last_started = Some(now_text());
         let id = self.identify(&mut trace, cancel).await?;
-        saved.identify = Some(Identified {
-            repository_name: id.repository_name.clone(),
-            granularity: match id.granularity {
-                Granularity::Day => "YYYY-MM-DD".into(),
-                Granularity::Seconds => "YYYY-MM-DDThh:mm:ssZ".into(),
-            },
-            earliest_datestamp: id.earliest_datestamp.clone(),
-            deleted_record: match id.deleted_record {
-                DeletedRecord::No => "no",
-                DeletedRecord::Transient => "transient",
-                DeletedRecord::Persistent => "persistent",
-            }
-            .into(),
-        });
-        if saved.layout < PATH_LAYOUT {
-            if saved.from.is_some() || saved.run.is_some() {
-                tracing::info!(collector = %self.name, "the set's records were collected under an older layout of file paths: collecting them all again, then reconciling (the old paths are recorded deleted)");
-                saved.from = None;
-                saved.run = None;
-                saved.reconcile_owed = true;
-            }
-            saved.layout = PATH_LAYOUT;
+        saved.identify = Some(identified(&id));
+        if relayout(saved) {
+            tracing::info!(collector = %self.name, "the set's records were collected under an older layout of file paths: collecting them all again, then reconciling (the old paths are recorded deleted)");
         }
         self.learn_sets(&id, &mut trace, cancel).await?;
         let mut run = match saved.run.take() {
