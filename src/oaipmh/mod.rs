@@ -28,6 +28,7 @@
 
 mod cache;
 mod token;
+mod walk;
 mod write;
 
 use std::collections::HashMap;
@@ -579,81 +580,60 @@ impl Repository {
         Ok(None)
     }
 
-    /// A page of `ListIdentifiers` / `ListRecords`, from its arguments or its token.
-    pub async fn list(
-        &self,
-        req: &Request,
-        page_size: usize,
-        sets: &[OaiSet],
-    ) -> Result<Result<ListPage, OaiError>, Failure> {
-        let key = *self.key().await?;
-        let pos = match req.args.get("resumptionToken") {
-            Some(t) => match Position::open(&key, t) {
-                Some(p) if p.verb == req.verb.as_str() => p,
-                _ => {
-                    return Ok(Err(err(
-                        "badResumptionToken",
-                        "the resumption token is not one of this repository's for this verb",
-                    )))
-                }
-            },
-            None => {
-                let prefix = req.args.get("metadataPrefix").cloned().unwrap_or_default();
-                let (from, until) = match window(&req.args) {
-                    Ok(w) => w,
-                    Err(e) => return Ok(Err(e)),
-                };
-                let set = req.args.get("set").cloned();
-                if let Some(s) = &set {
-                    let (name, sub) = split_set(s);
-                    let known = sets.iter().any(|o| {
-                        o.name.as_str() == name && (sub.is_none() || o.collected.is_some())
-                    });
-                    if !known {
-                        return Ok(Err(err("noRecordsMatch", format!("there is no set {s:?}"))));
-                    }
-                }
-                let scope: Vec<&OaiSet> = sets
-                    .iter()
-                    .filter(|o| {
-                        set.as_ref()
-                            .is_none_or(|s| o.name.as_str() == split_set(s).0)
-                    })
-                    .collect();
-                if !scope
-                    .iter()
-                    .any(|o| Self::formats(o).iter().any(|f| f.metadata_prefix == prefix))
-                {
-                    return Ok(Err(err(
-                        "cannotDisseminateFormat",
-                        format!("no item is available as {prefix:?}"),
-                    )));
-                }
-                let now = Timestamp::now();
-                Position {
-                    verb: req.verb.as_str().into(),
-                    prefix,
-                    from: from.map(|t| t.0),
-                    bound: until.map_or(now.0, |u| u.0.min(now.0)),
-                    set,
-                    at_set: None,
-                    after: None,
-                    cursor: 0,
-                }
+    /// Where a list request starts: its token's position, or a new list's from its arguments
+    /// (bounded by `until` or now); the protocol's error when neither holds.
+    fn position(req: &Request, sets: &[OaiSet], key: &[u8; 32]) -> Result<Position, OaiError> {
+        if let Some(t) = req.args.get("resumptionToken") {
+            return match Position::open(key, t) {
+                Some(p) if p.verb == req.verb.as_str() => Ok(p),
+                _ => Err(err(
+                    "badResumptionToken",
+                    "the resumption token is not one of this repository's for this verb",
+                )),
+            };
+        }
+        let prefix = req.args.get("metadataPrefix").cloned().unwrap_or_default();
+        let (from, until) = window(&req.args)?;
+        let set = req.args.get("set").cloned();
+        if let Some(s) = &set {
+            let (name, sub) = split_set(s);
+            let known = sets
+                .iter()
+                .any(|o| o.name.as_str() == name && (sub.is_none() || o.collected.is_some()));
+            if !known {
+                return Err(err("noRecordsMatch", format!("there is no set {s:?}")));
             }
-        };
-        let mut pos = pos;
-        let mut items = Vec::new();
-        let store = self.source.store();
-        // Every change dated before the bound that this process is writing, in the log first.
-        store.settle(Timestamp(pos.bound)).await;
-        let sub: Option<String> = pos
-            .set
-            .as_deref()
-            .and_then(|s| split_set(s).1)
-            .map(str::to_string);
-        let scope: Vec<&OaiSet> = sets
+        }
+        let servable = sets
             .iter()
+            .filter(|o| {
+                set.as_ref()
+                    .is_none_or(|s| o.name.as_str() == split_set(s).0)
+            })
+            .any(|o| Self::formats(o).iter().any(|f| f.metadata_prefix == prefix));
+        if !servable {
+            return Err(err(
+                "cannotDisseminateFormat",
+                format!("no item is available as {prefix:?}"),
+            ));
+        }
+        let now = Timestamp::now();
+        Ok(Position {
+            verb: req.verb.as_str().into(),
+            prefix,
+            from: from.map(|t| t.0),
+            bound: until.map_or(now.0, |u| u.0.min(now.0)),
+            set,
+            at_set: None,
+            after: None,
+            cursor: 0,
+        })
+    }
+
+    /// The sets a list at `pos` walks, in name order: those of its `set` (a sub-set's parent),
+    /// served in its format, from the one it stands in on.
+    fn scope<'a>(sets: &'a [OaiSet], pos: &Position) -> Vec<&'a OaiSet> {
+        sets.iter()
             .filter(|o| {
                 pos.set
                     .as_ref()
@@ -669,7 +649,85 @@ impl Repository {
                     .as_ref()
                     .is_none_or(|a| o.name.as_str() >= a.as_str())
             })
-            .collect();
+            .collect()
+    }
+
+    /// The kept page found at `pos` in set `s`, when it is still what the list would make
+    /// there: the page to send (`last`: `s` is the list's last set). `Err` gives back the
+    /// stretch a page made again must stop at, when the kept one was not the set's last.
+    #[allow(clippy::too_many_arguments)]
+    async fn kept_page(
+        &self,
+        lists: &Arc<cache::ListCache>,
+        page_key: &str,
+        e: Arc<cache::Entry>,
+        s: &OaiSet,
+        pos: &mut Position,
+        last: bool,
+        had_token: bool,
+        key: &[u8; 32],
+    ) -> Result<Result<ListPage, Option<(i64, i64)>>, Failure> {
+        let Some(file) = self.still(lists, page_key, &s.name, &e, pos.bound).await? else {
+            // Made again over the same stretch of the log: the pages after it keep their keys.
+            return Ok(Err((!e.exhausted).then_some(e.next_after)));
+        };
+        self.source.metrics().oai_list_pages_kept.inc();
+        let store = self.source.store();
+        // The set's last page then: is it still?
+        let exhausted = e.exhausted
+            && store
+                .changes(
+                    &s.name,
+                    Timestamp(0),
+                    Some(Timestamp(pos.bound)),
+                    Some(store.change_cursor(Timestamp(e.next_after.0), e.next_after.1)),
+                    1,
+                )
+                .await?
+                .items
+                .is_empty();
+        let more = !exhausted || !last;
+        pos.after = if exhausted {
+            Some((i64::MAX, i64::MAX))
+        } else {
+            Some(e.next_after)
+        };
+        let cursor = pos.cursor;
+        pos.cursor += e.items as u64;
+        Ok(Ok(ListPage {
+            items: Vec::new(),
+            token: token(more, had_token, pos, key),
+            cursor,
+            prefix: pos.prefix.clone(),
+            kept: Some((e, file)),
+            fill: None,
+        }))
+    }
+
+    /// A page of `ListIdentifiers` / `ListRecords`, from its arguments or its token: the sets
+    /// in scope walked in name order from the position, each a chunk of its change log at a
+    /// time ([`walk::Scan`] decides what a chunk gives the page), or a kept page sent instead.
+    pub async fn list(
+        &self,
+        req: &Request,
+        page_size: usize,
+        sets: &[OaiSet],
+    ) -> Result<Result<ListPage, OaiError>, Failure> {
+        let key = *self.key().await?;
+        let mut pos = match Self::position(req, sets, &key) {
+            Ok(p) => p,
+            Err(e) => return Ok(Err(e)),
+        };
+        let mut items = Vec::new();
+        let store = self.source.store();
+        // Every change dated before the bound that this process is writing, in the log first.
+        store.settle(Timestamp(pos.bound)).await;
+        let sub: Option<String> = pos
+            .set
+            .as_deref()
+            .and_then(|s| split_set(s).1)
+            .map(str::to_string);
+        let scope = Self::scope(sets, &pos);
         let had_token = req.args.contains_key("resumptionToken");
         // Pages of ListRecords are kept (see [`cache`]): the page's key where it starts, the
         // keys of its items, how it ended, and whether it took items from more than one set
@@ -684,8 +742,7 @@ impl Repository {
         let mut item_keys: Vec<(String, i64, i64)> = Vec::new();
         let mut end: Option<(bool, Option<(i64, i64)>)> = None;
         let mut crossed = false;
-        let mut stop_at: Option<(i64, i64)>;
-        let mut scanned = 0usize;
+        let mut scan = walk::Scan::new(page_size);
         let mut more = false;
         let last = scope.len().saturating_sub(1);
         'sets: for (n, s) in scope.into_iter().enumerate() {
@@ -693,138 +750,54 @@ impl Repository {
                 pos.at_set = Some(s.name.to_string());
                 pos.after = None;
             }
-            stop_at = None;
+            scan.stop_at = None;
             if !items.is_empty() {
                 crossed = true;
             } else if let Some(lists) = lists {
                 let page_key = list_key(&pos, page_size, &s.name);
                 if let Some(e) = lists.get(&page_key) {
-                    if let Some(file) = self.still(lists, &page_key, &s.name, &e, pos.bound).await?
-                    {
-                        self.source.metrics().oai_list_pages_kept.inc();
-                        // The set's last page then: is it still?
-                        let exhausted =
-                            e.exhausted
-                                && store
-                                    .changes(
-                                        &s.name,
-                                        Timestamp(0),
-                                        Some(Timestamp(pos.bound)),
-                                        Some(store.change_cursor(
-                                            Timestamp(e.next_after.0),
-                                            e.next_after.1,
-                                        )),
-                                        1,
-                                    )
-                                    .await?
-                                    .items
-                                    .is_empty();
-                        more = !exhausted || n != last;
-                        pos.after = if exhausted {
-                            Some((i64::MAX, i64::MAX))
-                        } else {
-                            Some(e.next_after)
-                        };
-                        let cursor = pos.cursor;
-                        pos.cursor += e.items as u64;
-                        return Ok(Ok(ListPage {
-                            items: Vec::new(),
-                            token: token(more, had_token, &pos, &key),
-                            cursor,
-                            prefix: pos.prefix,
-                            kept: Some((e, file)),
-                            fill: None,
-                        }));
-                    }
-                    if !e.exhausted {
-                        // Made again over the same stretch of the log: the pages after it
-                        // keep their keys.
-                        stop_at = Some(e.next_after);
+                    let kept = self
+                        .kept_page(lists, &page_key, e, s, &mut pos, n == last, had_token, &key)
+                        .await?;
+                    match kept {
+                        Ok(page) => return Ok(Ok(page)),
+                        Err(stop_at) => scan.stop_at = stop_at,
                     }
                 }
                 mark = store.recorded_through(&s.name).await?;
                 start_key = Some(page_key);
             }
             loop {
-                let after = pos
-                    .after
-                    .map(|(dt, id)| store.change_cursor(Timestamp(dt), id));
-                let page = store
-                    .changes(
-                        &s.name,
-                        Timestamp(pos.from.unwrap_or(0)),
-                        Some(Timestamp(pos.bound)),
-                        after,
-                        WALK_CHUNK,
-                    )
-                    .await?;
-                let keys: Vec<ResourceKey> = page.items.iter().map(|c| c.key.clone()).collect();
-                let latest = store
-                    .latest_changes(&s.name, &keys, Timestamp(pos.bound))
-                    .await?;
-                let mut taken = Vec::new();
-                let mut reached = false;
-                for c in &page.items {
-                    if stop_at.is_some_and(|at| (c.datetime.0, c.id) > at) {
-                        reached = true;
-                        break;
-                    }
-                    scanned += 1;
-                    pos.after = Some((c.datetime.0, c.id));
-                    let wanted = sub.as_deref().is_none_or(|want| {
-                        let specs = origin::specs_of(&c.meta.ln);
-                        Self::in_subset(&specs, want)
-                    });
-                    if wanted && latest.get(&c.key) == Some(&(c.datetime, c.id)) {
-                        taken.push(c.clone());
-                        if items.len() + taken.len() >= page_size {
-                            break;
-                        }
-                    }
-                }
-                let live_keys: Vec<ResourceKey> = taken
-                    .iter()
-                    .filter(|c| c.change != ChangeType::Deleted)
-                    .map(|c| c.key.clone())
-                    .collect();
-                let now = store.resources_by_key(&s.name, &live_keys).await?;
-                let mut now: HashMap<ResourceKey, crate::model::Resource> = live_keys
-                    .into_iter()
-                    .zip(now)
-                    .filter_map(|(k, r)| Some((k, r?)))
-                    .collect();
-                for c in taken {
-                    let r = now.remove(&c.key);
-                    items.push(self.item(s, &c.key, c.datetime.floor_secs(), r, &c.meta.ln));
+                let (changes, seen, last_chunk) = self.read_chunk(s, &pos, sub.as_deref()).await?;
+                let (taken, chunk_end) = scan.chunk(&mut pos.after, &seen, items.len(), last_chunk);
+                let taken: Vec<&crate::model::Change> =
+                    taken.into_iter().map(|i| &changes[i]).collect();
+                for (item, c) in self.items_of(s, &taken).await?.into_iter().zip(&taken) {
+                    items.push(item);
                     if lists.is_some() {
-                        item_keys.push((c.key.0, c.datetime.0, c.id));
+                        item_keys.push((c.key.0.clone(), c.datetime.0, c.id));
                     }
                 }
-                if reached {
-                    if items.is_empty() {
-                        // Nothing left in that stretch: a page of its own from here on.
-                        stop_at = None;
-                        continue;
+                match chunk_end {
+                    walk::ChunkEnd::More | walk::ChunkEnd::StretchEmpty => {}
+                    walk::ChunkEnd::Stretch => {
+                        end = Some((false, scan.stop_at));
+                        more = true;
+                        break 'sets;
                     }
-                    pos.after = stop_at;
-                    end = Some((false, stop_at));
-                    more = true;
-                    break 'sets;
-                }
-                let exhausted = page.next.is_none()
-                    && pos.after == page.items.last().map(|c| (c.datetime.0, c.id));
-                if items.len() >= page_size || scanned >= 20 * page_size {
-                    end = Some((exhausted, pos.after));
-                    more = !(exhausted && n == last);
-                    if exhausted {
-                        // Next time, the next set.
-                        pos.after = Some((i64::MAX, i64::MAX));
+                    walk::ChunkEnd::Full { exhausted } => {
+                        end = Some((exhausted, pos.after));
+                        more = !(exhausted && n == last);
+                        if exhausted {
+                            // Next time, the next set.
+                            pos.after = Some((i64::MAX, i64::MAX));
+                        }
+                        break 'sets;
                     }
-                    break 'sets;
-                }
-                if page.next.is_none() {
-                    end = Some((true, pos.after));
-                    continue 'sets;
+                    walk::ChunkEnd::SetDone => {
+                        end = Some((true, pos.after));
+                        continue 'sets;
+                    }
                 }
             }
         }
@@ -836,24 +809,23 @@ impl Repository {
                 "no item matches these arguments",
             )));
         }
-        // Kept when the stretch it covers had settled (see [`cache`]).
+        // Kept when it holds one set's items and the stretch it covers had settled.
         let settled = pos.bound - self.visibility_lag();
         let fill = match (lists, start_key, end, mark) {
             (Some(lists), Some(page_key), Some((exhausted, Some(next_after))), Some(mark))
                 if !crossed && !items.is_empty() && next_after.0 < settled =>
             {
-                Some((
-                    lists.clone(),
-                    cache::Fill {
-                        key: page_key,
-                        bound: pos.bound,
-                        next_after,
-                        mark,
-                        exhausted,
-                        items: items.len(),
-                        keys: item_keys,
-                    },
-                ))
+                let keys = item_keys;
+                let fill = cache::Fill {
+                    key: page_key,
+                    bound: pos.bound,
+                    next_after,
+                    mark,
+                    exhausted,
+                    items: items.len(),
+                    keys,
+                };
+                Some((lists.clone(), fill))
             }
             _ => None,
         };
@@ -866,6 +838,75 @@ impl Repository {
             kept: None,
             fill,
         }))
+    }
+
+    /// The next chunk of set `s`'s change log after `pos` (within its window), each change
+    /// weighed as [`walk::Scan`] needs it (its resource's newest before the bound? in the
+    /// sub-set `sub`?), and whether the store has none after it.
+    async fn read_chunk(
+        &self,
+        s: &OaiSet,
+        pos: &Position,
+        sub: Option<&str>,
+    ) -> Result<(Vec<crate::model::Change>, Vec<walk::Seen>, bool), StoreError> {
+        let store = self.source.store();
+        let after = pos
+            .after
+            .map(|(dt, id)| store.change_cursor(Timestamp(dt), id));
+        let page = store
+            .changes(
+                &s.name,
+                Timestamp(pos.from.unwrap_or(0)),
+                Some(Timestamp(pos.bound)),
+                after,
+                WALK_CHUNK,
+            )
+            .await?;
+        let keys: Vec<ResourceKey> = page.items.iter().map(|c| c.key.clone()).collect();
+        let latest = store
+            .latest_changes(&s.name, &keys, Timestamp(pos.bound))
+            .await?;
+        let seen = page
+            .items
+            .iter()
+            .map(|c| walk::Seen {
+                at: (c.datetime.0, c.id),
+                newest: latest.get(&c.key) == Some(&(c.datetime, c.id)),
+                wanted: sub.is_none_or(|want| Self::in_subset(&origin::specs_of(&c.meta.ln), want)),
+            })
+            .collect();
+        Ok((page.items, seen, page.next.is_none()))
+    }
+
+    /// The items of the changes `taken` from set `s`: each resource as it is now (read in one
+    /// store call; none for a deletion).
+    async fn items_of(
+        &self,
+        s: &OaiSet,
+        taken: &[&crate::model::Change],
+    ) -> Result<Vec<Item>, StoreError> {
+        let live_keys: Vec<ResourceKey> = taken
+            .iter()
+            .filter(|c| c.change != ChangeType::Deleted)
+            .map(|c| c.key.clone())
+            .collect();
+        let now = self
+            .source
+            .store()
+            .resources_by_key(&s.name, &live_keys)
+            .await?;
+        let mut now: HashMap<ResourceKey, crate::model::Resource> = live_keys
+            .into_iter()
+            .zip(now)
+            .filter_map(|(k, r)| Some((k, r?)))
+            .collect();
+        Ok(taken
+            .iter()
+            .map(|c| {
+                let r = now.remove(&c.key);
+                self.item(s, &c.key, c.datetime.floor_secs(), r, &c.meta.ln)
+            })
+            .collect())
     }
 
     /// The kept page's file, open, when the page is still what the list bounded by `bound`
