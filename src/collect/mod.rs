@@ -130,6 +130,7 @@ impl Collectors {
         for (name, cfg) in &config.collect {
             let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
             let collector = Collector::new(set, cfg.clone(), source.clone(), poke.clone())
+                // The client's refusal of its configuration is words (a String): no cause to keep.
                 .map_err(|e| anyhow::anyhow!("[collect.{name}]: {e}"))?;
             entries.push(Arc::new(Entry {
                 collector,

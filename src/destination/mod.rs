@@ -624,9 +624,9 @@ pub async fn run_reloading(
         server = Some(follow::serve(listener, app, cancel.clone()));
     }
     if let config::ConsoleAt::Own(addr) = console_at {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on console.listen {addr}: {e}"))?;
+        let listener = TcpListener::bind(addr).await.map_err(|e| {
+            anyhow::Error::new(e).context(format!("cannot listen on console.listen {addr}"))
+        })?;
         tracing::info!(url = %format!("http://{}/console/", listener.local_addr()?), "console");
         console_server = Some(follow::serve(listener, console()?, cancel.clone()));
     }

@@ -95,7 +95,8 @@ pub(super) fn router(
     token: Option<String>,
 ) -> anyhow::Result<Router> {
     let mut key = [0u8; 32];
-    getrandom::fill(&mut key).map_err(|e| anyhow::anyhow!("no randomness for the console: {e}"))?;
+    getrandom::fill(&mut key)
+        .map_err(|e| anyhow::Error::new(e).context("no randomness for the console"))?;
     let ctx = Arc::new(Console {
         cfg,
         parts,

@@ -103,7 +103,7 @@ impl Output for Mirror {
                 "{} is a folder (another resource's path lies under this one's)",
                 target.display()
             ),
-            Err(e) => anyhow::bail!("cannot move into {}: {e}", target.display()),
+            Err(e) => Err(e).with_context(|| format!("cannot move into {}", target.display())),
         }
     }
 
