@@ -150,6 +150,94 @@ fn relayout(saved: &mut Saved) -> bool {
     true
 }
 
+/// The reconcile pass's listing (`ListIdentifiers`) as pure decisions: which identifiers the
+/// repository lists (by digest of their paths), and whether the listing is complete. Only a
+/// complete one lets the pass mark anything deleted, so every doubt ends it.
+#[derive(Debug, Default)]
+pub(crate) struct Listing {
+    pub listed: HashSet<u128>,
+    tokens: HashSet<u64>,
+    empty: u32,
+    pages: u64,
+    restarts: u32,
+}
+
+/// What one answer leads the listing to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ListingStep {
+    /// Go on with this token.
+    Next(String),
+    /// The listing is complete.
+    Complete,
+    /// The token was refused: list again from the start (why, in the repository's words).
+    Again(String),
+    /// The listing cannot be complete: nothing is marked deleted.
+    Fail(String),
+}
+
+impl Listing {
+    /// A page of `headers` headers whose live ones' path digests are `live`; the reason of
+    /// its first header that could not be read; the token it ends with (non-empty, with its
+    /// digest).
+    pub(crate) fn on_page(
+        &mut self,
+        headers: usize,
+        live: impl Iterator<Item = u128>,
+        unreadable: Option<&str>,
+        token: Option<(&str, u64)>,
+    ) -> ListingStep {
+        if headers == 0 {
+            self.empty += 1;
+        } else {
+            self.empty = 0;
+        }
+        self.pages += 1;
+        self.listed.extend(live);
+        // A listing with a header that could not be read is not complete.
+        if let Some(why) = unreadable {
+            return ListingStep::Fail(format!(
+                "ListIdentifiers held a header that could not be read ({why}); nothing was marked deleted"
+            ));
+        }
+        match token {
+            None => ListingStep::Complete,
+            Some((t, _)) if t.len() > MAX_TOKEN_BYTES || self.pages >= MAX_RUN_PAGES => {
+                ListingStep::Fail(format!(
+                    "the listing went past {MAX_RUN_PAGES} pages or sent a token of {} bytes (at most {MAX_TOKEN_BYTES}); nothing was marked deleted",
+                    t.len()
+                ))
+            }
+            Some((t, d)) if !self.tokens.insert(d) => ListingStep::Fail(format!(
+                "the repository sent the resumption token {:?} twice; the listing is not complete and nothing was marked deleted",
+                crate::cause::outsider(t)
+            )),
+            Some(_) if self.empty > MAX_EMPTY_PAGES => ListingStep::Fail(format!(
+                "{} pages in a row came without a header; nothing was marked deleted",
+                self.empty
+            )),
+            Some((t, _)) => ListingStep::Next(t.to_string()),
+        }
+    }
+
+    /// An error answer `code`/`message`.
+    pub(crate) fn on_refusal(&mut self, code: &str, message: &str) -> ListingStep {
+        match code {
+            "noRecordsMatch" => ListingStep::Complete,
+            "badResumptionToken" if self.restarts < MAX_RESTARTS => {
+                self.restarts += 1;
+                self.listed.clear();
+                self.tokens.clear();
+                ListingStep::Again(crate::cause::outsider(message))
+            }
+            _ => ListingStep::Fail(format!(
+                "ListIdentifiers was answered {}: {}; nothing was marked deleted",
+                crate::cause::outsider(code),
+                crate::cause::outsider(message)
+            )),
+        }
+    }
+}
+
 /// A run's walk through its list as pure decisions (the driver, [`Collector::run`], fetches,
 /// applies and saves): what it remembers of the tokens and pages seen (by digest, with the
 /// run's own keys) and of pages without a record, and what each answer leads to.
@@ -843,13 +931,9 @@ impl Collector {
         cancel: &CancellationToken,
     ) -> Result<u64, RunError> {
         let mut trace = Trace::default();
-        let mut listed: HashSet<u128> = HashSet::new();
         let mut token: Option<String> = None;
         let digest = std::collections::hash_map::RandomState::new();
-        let mut tokens: HashSet<u64> = HashSet::new();
-        let mut restarts = 0;
-        let mut empty = 0;
-        let mut pages = 0u64;
+        let mut listing = Listing::default();
         loop {
             let args: Vec<(&str, &str)> = match &token {
                 Some(t) => vec![("verb", "ListIdentifiers"), ("resumptionToken", t)],
@@ -864,70 +948,36 @@ impl Collector {
                     a
                 }
             };
-            let page = match self
+            let step = match self
                 .client
                 .call(&args, oai::parse_list, &mut trace, cancel)
                 .await?
             {
-                Ok(p) => p,
-                Err((code, _)) if code == "noRecordsMatch" => break,
-                Err((code, message)) if code == "badResumptionToken" && restarts < MAX_RESTARTS => {
-                    let message = crate::cause::outsider(&message);
-                    tracing::warn!(collector = %self.name, %message, "reconcile: the token was refused; listing again from the start");
-                    restarts += 1;
-                    token = None;
-                    listed.clear();
-                    tokens.clear();
-                    continue;
+                Ok(page) => {
+                    let live = page.records.iter().filter(|r| !r.header.deleted).map(|r| {
+                        path_hash(&crate::model::origin::record_path(&r.header.identifier))
+                    });
+                    let t = page.token.map(|t| t.value).filter(|v| !v.is_empty());
+                    listing.on_page(
+                        page.records.len(),
+                        live,
+                        page.quarantined.first().map(|q| q.reason.as_str()),
+                        t.as_deref().map(|t| (t, digest.hash_one(t))),
+                    )
                 }
-                Err((code, message)) => {
-                    return Err(RunError::Protocol(format!(
-                        "ListIdentifiers was answered {}: {}; nothing was marked deleted",
-                        crate::cause::outsider(&code),
-                        crate::cause::outsider(&message)
-                    )))
-                }
+                Err((code, message)) => listing.on_refusal(&code, &message),
             };
-            if page.records.is_empty() {
-                empty += 1;
-            } else {
-                empty = 0;
-            }
-            pages += 1;
-            for r in page.records.iter().filter(|r| !r.header.deleted) {
-                listed.insert(path_hash(&crate::model::origin::record_path(
-                    &r.header.identifier,
-                )));
-            }
-            // A listing with a record that could not be read is not complete.
-            if let Some(q) = page.quarantined.first() {
-                return Err(RunError::Protocol(format!(
-                    "ListIdentifiers held a header that could not be read ({}); nothing was marked deleted",
-                    q.reason
-                )));
-            }
-            match page.token.map(|t| t.value).filter(|v| !v.is_empty()) {
-                None => break,
-                Some(t) if t.len() > MAX_TOKEN_BYTES || pages >= MAX_RUN_PAGES => {
-                    return Err(RunError::Protocol(format!(
-                        "the listing went past {MAX_RUN_PAGES} pages or sent a token of {} bytes (at most {MAX_TOKEN_BYTES}); nothing was marked deleted",
-                        t.len()
-                    )))
+            match step {
+                ListingStep::Next(t) => token = Some(t),
+                ListingStep::Complete => break,
+                ListingStep::Again(why) => {
+                    tracing::warn!(collector = %self.name, message = %why, "reconcile: the token was refused; listing again from the start");
+                    token = None;
                 }
-                Some(t) if !tokens.insert(digest.hash_one(&t)) => {
-                    return Err(RunError::Protocol(format!(
-                        "the repository sent the resumption token {:?} twice; the listing is not complete and nothing was marked deleted",
-                        crate::cause::outsider(&t)
-                    )))
-                }
-                Some(_) if empty > MAX_EMPTY_PAGES => {
-                    return Err(RunError::Protocol(format!(
-                        "{empty} pages in a row came without a header; nothing was marked deleted"
-                    )))
-                }
-                Some(t) => token = Some(t),
+                ListingStep::Fail(why) => return Err(RunError::Protocol(why)),
             }
         }
+        let listed = listing.listed;
         // The listing is complete: what the set holds and the repository no longer lists.
         let store = self.source.store();
         let mut after = None;
@@ -1016,6 +1066,69 @@ fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>, bool)>) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reconcile listing's decisions: complete lists what it saw; a refused token lists
+    /// again from the start (three times at most, forgetting what was seen); every doubt (a
+    /// header that cannot be read, a token seen twice, too long, too many empty pages)
+    /// fails it, so nothing is marked deleted.
+    #[test]
+    fn the_reconcile_listing_is_complete_or_fails() {
+        let mut l = Listing::default();
+        assert_eq!(
+            l.on_page(2, [1, 2].into_iter(), None, Some(("t1", 1))),
+            ListingStep::Next("t1".into())
+        );
+        assert_eq!(
+            l.on_page(1, [3].into_iter(), None, None),
+            ListingStep::Complete
+        );
+        assert_eq!(l.listed, [1, 2, 3].into_iter().collect());
+        let mut l = Listing::default();
+        l.on_page(2, [1, 2].into_iter(), None, Some(("t1", 1)));
+        for _ in 0..MAX_RESTARTS {
+            assert!(matches!(
+                l.on_refusal("badResumptionToken", "gone"),
+                ListingStep::Again(_)
+            ));
+            assert!(l.listed.is_empty(), "what was seen is forgotten");
+        }
+        assert!(matches!(
+            l.on_refusal("badResumptionToken", "gone"),
+            ListingStep::Fail(_)
+        ));
+        assert_eq!(
+            Listing::default().on_refusal("noRecordsMatch", ""),
+            ListingStep::Complete
+        );
+        assert!(matches!(
+            Listing::default().on_refusal("badArgument", "no"),
+            ListingStep::Fail(_)
+        ));
+        assert!(matches!(
+            Listing::default().on_page(1, [1].into_iter(), Some("not UTF-8"), None),
+            ListingStep::Fail(w) if w.contains("not UTF-8")
+        ));
+        let mut l = Listing::default();
+        l.on_page(1, [1].into_iter(), None, Some(("t", 9)));
+        assert!(
+            matches!(l.on_page(1, [2].into_iter(), None, Some(("t", 9))), ListingStep::Fail(w) if w.contains("twice"))
+        );
+        let long = "x".repeat(MAX_TOKEN_BYTES + 1);
+        assert!(matches!(
+            Listing::default().on_page(1, [1].into_iter(), None, Some((&long, 1))),
+            ListingStep::Fail(_)
+        ));
+        let mut l = Listing::default();
+        for k in 0..MAX_EMPTY_PAGES as u64 {
+            assert_eq!(
+                l.on_page(0, [].into_iter(), None, Some(("t", k))),
+                ListingStep::Next("t".into())
+            );
+        }
+        assert!(
+            matches!(l.on_page(0, [].into_iter(), None, Some(("t", 99))), ListingStep::Fail(w) if w.contains("without a header"))
+        );
+    }
 
     /// The walk's decisions, page by page: a list that ends, a token seen twice, the same
     /// records under a new token, pages without records, a token too long, a refused token
