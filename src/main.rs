@@ -152,7 +152,9 @@ fn main() -> std::process::ExitCode {
     match rt.block_on(real_main(cli)) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            // Each cause once: an error whose words already hold its source's (a
+            // `#[error("…: {0}")]`) is not followed by that source again, as `{e:#}` would.
+            eprintln!("error: {}", resourcesync_hub::cause::chain(e.as_ref()));
             std::process::ExitCode::FAILURE
         }
     }
