@@ -114,12 +114,31 @@ fn declarations(e: &BytesStart) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
-/// Reads an `Identify` response.
-pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
+/// What [`read_small`] hands its caller: a start tag (with the names of the elements above
+/// it; `empty`: `<x/>`), an element's text (unescaped, with the names down to it), or an
+/// element's end (with the names down to it).
+enum Visit<'a> {
+    Start {
+        above: &'a [Vec<u8>],
+        name: &'a [u8],
+        empty: bool,
+    },
+    Text {
+        path: &'a [Vec<u8>],
+        text: &'a str,
+    },
+    End {
+        path: &'a [Vec<u8>],
+    },
+}
+
+/// Reads a small OAI-PMH answer (`Identify`, `ListSets`) whole: it must be UTF-8 with an
+/// `<OAI-PMH>` root (and, with `closed`, every element closed: not truncated); an `<error>`
+/// is the protocol error it is, its code and words. Everything else goes to `visit`.
+fn read_small(xml: &[u8], closed: bool, mut visit: impl FnMut(Visit<'_>)) -> Result<(), OaiError> {
     let text = std::str::from_utf8(xml).map_err(|e| not_oai(format!("not UTF-8: {e}")))?;
     let mut r = Reader::from_str(text);
     let mut path: Vec<Vec<u8>> = Vec::new();
-    let mut f = std::collections::HashMap::<&'static str, String>::new();
     let mut error: Option<(String, String)> = None;
     let mut root_seen = false;
     loop {
@@ -141,34 +160,41 @@ pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
                 if name == b"error" {
                     error = Some((attr(&e, b"code").unwrap_or_default(), String::new()));
                 }
+                visit(Visit::Start {
+                    above: &path,
+                    name: &name,
+                    empty: false,
+                });
                 path.push(name);
             }
-            Event::Empty(e) if local(e.name().as_ref()) == b"error" => {
-                error = Some((attr(&e, b"code").unwrap_or_default(), String::new()));
+            Event::Empty(e) => {
+                let qname = e.name();
+                let name = local(qname.as_ref());
+                if name == b"error" {
+                    error = Some((attr(&e, b"code").unwrap_or_default(), String::new()));
+                }
+                visit(Visit::Start {
+                    above: &path,
+                    name,
+                    empty: true,
+                });
             }
             Event::Text(t) => {
-                let v = t
-                    .unescape()
-                    .map_err(|e| not_oai(e.to_string()))?
-                    .trim()
-                    .to_string();
-                let key = match path.last().map(Vec::as_slice) {
-                    Some(b"responseDate") => "responseDate",
-                    Some(b"repositoryName") => "repositoryName",
-                    Some(b"granularity") => "granularity",
-                    Some(b"earliestDatestamp") => "earliestDatestamp",
-                    Some(b"deletedRecord") => "deletedRecord",
-                    Some(b"error") => {
-                        if let Some(err) = &mut error {
-                            err.1.push_str(&v);
-                        }
-                        continue;
+                let v = t.unescape().map_err(|e| not_oai(e.to_string()))?;
+                let v = v.trim();
+                if path.last().map(Vec::as_slice) == Some(b"error") {
+                    if let Some(err) = &mut error {
+                        err.1.push_str(v);
                     }
-                    _ => continue,
-                };
-                f.entry(key).or_default().push_str(&v);
+                    continue;
+                }
+                visit(Visit::Text {
+                    path: &path,
+                    text: v,
+                });
             }
             Event::End(_) => {
+                visit(Visit::End { path: &path });
                 path.pop();
             }
             Event::Eof => break,
@@ -178,9 +204,34 @@ pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
     if !root_seen {
         return Err(not_oai("no <OAI-PMH> element"));
     }
+    if closed && !path.is_empty() {
+        return Err(not_oai(
+            "it ends before its elements are closed (truncated)",
+        ));
+    }
     if let Some((code, message)) = error {
         return Err(OaiError::Protocol { code, message });
     }
+    Ok(())
+}
+
+/// Reads an `Identify` response.
+pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
+    let mut f = std::collections::HashMap::<&'static str, String>::new();
+    read_small(xml, false, |v| {
+        let Visit::Text { path, text } = v else {
+            return;
+        };
+        let key = match path.last().map(Vec::as_slice) {
+            Some(b"responseDate") => "responseDate",
+            Some(b"repositoryName") => "repositoryName",
+            Some(b"granularity") => "granularity",
+            Some(b"earliestDatestamp") => "earliestDatestamp",
+            Some(b"deletedRecord") => "deletedRecord",
+            _ => return,
+        };
+        f.entry(key).or_default().push_str(text);
+    })?;
     let get = |k: &str| f.get(k).cloned().unwrap_or_default();
     Ok(Identify {
         repository_name: get("repositoryName"),
@@ -213,92 +264,38 @@ const MAX_SET_NAME: usize = 400;
 
 /// Reads a `ListSets` response (`noSetHierarchy` is the protocol error it is).
 pub fn parse_sets(xml: &[u8]) -> Result<SetsPage, OaiError> {
-    let text = std::str::from_utf8(xml).map_err(|e| not_oai(format!("not UTF-8: {e}")))?;
-    let mut r = Reader::from_str(text);
-    let mut path: Vec<Vec<u8>> = Vec::new();
     let mut page = SetsPage::default();
     let mut current: Option<(String, String)> = None;
-    let mut error: Option<(String, String)> = None;
-    let mut root_seen = false;
-    loop {
-        match r
-            .read_event()
-            .map_err(|e| not_oai(format!("at byte {}: {e}", r.error_position())))?
-        {
-            Event::Start(e) => {
-                let name = local(e.name().as_ref()).to_vec();
-                if path.is_empty() {
-                    if name != b"OAI-PMH" {
-                        return Err(not_oai(format!(
-                            "its root is <{}>",
-                            String::from_utf8_lossy(e.name().as_ref())
-                        )));
-                    }
-                    root_seen = true;
-                }
-                match name.as_slice() {
-                    b"error" => {
-                        error = Some((attr(&e, b"code").unwrap_or_default(), String::new()))
-                    }
-                    b"set" if path.len() == 2 => current = Some(Default::default()),
-                    b"resumptionToken" => page.token = Some(String::new()),
-                    _ => {}
-                }
-                path.push(name);
-            }
-            Event::Empty(e) => match local(e.name().as_ref()) {
-                b"error" => error = Some((attr(&e, b"code").unwrap_or_default(), String::new())),
-                b"resumptionToken" => page.token = Some(String::new()),
-                _ => {}
-            },
-            Event::Text(t) => {
-                let v = t.unescape().map_err(|e| not_oai(e.to_string()))?;
-                let v = v.trim();
-                match (path.last().map(Vec::as_slice), &mut current) {
-                    (Some(b"setSpec"), Some((spec, _))) if path.len() == 4 => spec.push_str(v),
-                    (Some(b"setName"), Some((_, name))) if path.len() == 4 => name.push_str(v),
-                    (Some(b"resumptionToken"), _) => {
-                        if let Some(t) = &mut page.token {
-                            t.push_str(v)
-                        }
-                    }
-                    (Some(b"error"), _) => {
-                        if let Some(err) = &mut error {
-                            err.1.push_str(v);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            Event::End(_) => {
-                if path.len() == 3 && path.last().map(Vec::as_slice) == Some(b"set") {
-                    if let Some((spec, name)) = current.take() {
-                        if crate::model::origin::is_set_spec(&spec) {
-                            let mut end = name.len().min(MAX_SET_NAME);
-                            while !name.is_char_boundary(end) {
-                                end -= 1;
-                            }
-                            page.sets.push((spec, name[..end].to_string()));
-                        }
-                    }
-                }
-                path.pop();
-            }
-            Event::Eof => break,
+    read_small(xml, true, |v| match v {
+        Visit::Start { above, name, empty } => match name {
+            b"set" if !empty && above.len() == 2 => current = Some(Default::default()),
+            b"resumptionToken" => page.token = Some(String::new()),
             _ => {}
+        },
+        Visit::Text { path, text } => match (path.last().map(Vec::as_slice), &mut current) {
+            (Some(b"setSpec"), Some((spec, _))) if path.len() == 4 => spec.push_str(text),
+            (Some(b"setName"), Some((_, name))) if path.len() == 4 => name.push_str(text),
+            (Some(b"resumptionToken"), _) => {
+                if let Some(t) = &mut page.token {
+                    t.push_str(text)
+                }
+            }
+            _ => {}
+        },
+        Visit::End { path } => {
+            if path.len() == 3 && path.last().map(Vec::as_slice) == Some(b"set") {
+                if let Some((spec, name)) = current.take() {
+                    if crate::model::origin::is_set_spec(&spec) {
+                        let mut end = name.len().min(MAX_SET_NAME);
+                        while !name.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        page.sets.push((spec, name[..end].to_string()));
+                    }
+                }
+            }
         }
-    }
-    if !root_seen {
-        return Err(not_oai("no <OAI-PMH> element"));
-    }
-    if !path.is_empty() {
-        return Err(not_oai(
-            "it ends before its elements are closed (truncated)",
-        ));
-    }
-    if let Some((code, message)) = error {
-        return Err(OaiError::Protocol { code, message });
-    }
+    })?;
     page.token = page.token.filter(|t| !t.is_empty());
     Ok(page)
 }
