@@ -574,28 +574,37 @@ async fn the_harvesters_console_without_a_token_refuses_other_host_names() {
     h.stop().await;
 }
 
+/// A hub with its console on and two collectors: `papers`, of a repository of `records`
+/// records, and `closed`, whose repository answers 403. The repositories and the data folder
+/// live as long as what is returned.
+async fn collecting_hub(
+    records: usize,
+) -> (TestApp, [crate::collect::OaiServer; 2], tempfile::TempDir) {
+    use crate::collect::{fixture, with_faults, OaiServer};
+    let open = OaiServer::start(&fixture(records), 5);
+    let closed = OaiServer::start(
+        &with_faults(fixture(2), serde_json::json!({"refuse": 403})),
+        5,
+    );
+    let (mut c, dir) = hub_config();
+    c.admin.token = TOKEN.into();
+    for (name, base) in [("papers", &open.base), ("closed", &closed.base)] {
+        let mut cc = resourcesync_hub::config::CollectConfig::new(base);
+        cc.retry_base_ms = 20;
+        cc.attempts = 2;
+        c.collect.insert(name.into(), cc);
+    }
+    (TestApp::start_with(c).await, [open, closed], dir)
+}
+
 /// Every link of every page of both consoles answers 2xx in Chromium, with no error in the
 /// browser's console: the server's (signed in; subscriptions active and failing, a collector
 /// idle and one stopped by its repository's 403, sets and their documents) and the
 /// harvester's (its single `[source]` following the server).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_link_of_both_consoles_answers() {
-    use crate::collect::{fixture, with_faults, OaiServer};
     browser_present();
-    let repo = OaiServer::start(&fixture(12), 5);
-    let refusing = OaiServer::start(
-        &with_faults(fixture(2), serde_json::json!({"refuse": 403})),
-        5,
-    );
-    let (mut c, _dir) = hub_config();
-    c.admin.token = TOKEN.into();
-    for (name, base) in [("papers", &repo.base), ("closed", &refusing.base)] {
-        let mut cc = resourcesync_hub::config::CollectConfig::new(base);
-        cc.retry_base_ms = 20;
-        cc.attempts = 2;
-        c.collect.insert(name.into(), cc);
-    }
-    let app = TestApp::start_with(c).await;
+    let (app, _repos, _dir) = collecting_hub(12).await;
     let sub = TestSubscriber::start().await;
     let topic = format!("{}/console", app.config.topic_base());
     subscribed(&app, &sub, &topic, "/ok", &[]).await;
@@ -648,21 +657,7 @@ async fn every_link_of_both_consoles_answers() {
 /// stops again, saying so); "Run now" on an idle one runs it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_collector_is_resumed_and_an_idle_one_run_from_the_console() {
-    use crate::collect::{fixture, with_faults, OaiServer};
-    let open = OaiServer::start(&fixture(3), 5);
-    let closed = OaiServer::start(
-        &with_faults(fixture(2), serde_json::json!({"refuse": 403})),
-        5,
-    );
-    let (mut c, _dir) = hub_config();
-    c.admin.token = TOKEN.into();
-    for (name, base) in [("papers", &open.base), ("closed", &closed.base)] {
-        let mut cc = resourcesync_hub::config::CollectConfig::new(base);
-        cc.retry_base_ms = 20;
-        cc.attempts = 2;
-        c.collect.insert(name.into(), cc);
-    }
-    let app = TestApp::start_with(c).await;
+    let (app, _repos, _dir) = collecting_hub(3).await;
     let status = |name: &'static str| {
         let app = &app;
         async move {
@@ -681,24 +676,7 @@ async fn a_stopped_collector_is_resumed_and_an_idle_one_run_from_the_console() {
         status("closed").await["state"] == "stopped" && status("papers").await["state"] == "idle"
     })
     .await;
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let r = client
-        .post(app.url("/console/login"))
-        .form(&[("token", TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    let session = r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string();
+    let (client, session) = console_session(&app.url("/console/login"), TOKEN).await;
     let page = |path: &str| {
         let (client, session, url) = (client.clone(), session.clone(), app.url(path));
         async move {

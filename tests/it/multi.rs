@@ -37,20 +37,8 @@ const CONSOLE_TOKEN: &str = "multi-console-token";
 /// The partitions of each live process as `server`'s console lists them (signed in), once it
 /// lists two.
 async fn console_processes(server: &ChildServer) -> Vec<u64> {
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap();
-    let r = client
-        .post(server.url("/console/login"))
-        .form(&[("token", CONSOLE_TOKEN)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303);
-    let cookie = r.headers()["set-cookie"].to_str().unwrap();
-    let session = cookie.split(';').next().unwrap().to_string();
+    let (client, session) =
+        crate::support::console_session(&server.url("/console/login"), CONSOLE_TOKEN).await;
     let shares = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     crate::support::wait_until("the console lists both processes", || {
         let (client, session) = (client.clone(), session.clone());

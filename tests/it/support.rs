@@ -600,6 +600,26 @@ pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
     r.text().await.unwrap()
 }
 
+/// Signs in to a console at `login_url` (its `/console/login`) with `token`: a client that does
+/// not follow redirects, and the session cookie (`name=value`) to send with it.
+pub async fn console_session(login_url: &str, token: &str) -> (reqwest::Client, String) {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let r = client
+        .post(login_url)
+        .form(&[("token", token)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 303, "signing in to {login_url}");
+    let cookie = r.headers()["set-cookie"].to_str().unwrap();
+    let session = cookie.split(';').next().unwrap().to_string();
+    (client, session)
+}
+
 /// The first ```sh block of the guide `doc` (a path from the repository's root, such as
 /// `docs/source.md`) after the line containing `marker`.
 pub fn doc_sh_block(doc: &str, marker: &str) -> String {
