@@ -92,12 +92,8 @@ fn a_change_dated_into_kept_pages_agrees_with_the_model() {
 /// must be of those bytes (not the first change's md5).
 #[test]
 fn a_change_dump_of_a_resource_changed_twice_in_one_batch_agrees_with_the_model() {
-    use model::{Ev, Kind, Op, When};
-    let ev = |key, kind| Ev {
-        key,
-        kind,
-        when: When::Arrival,
-    };
+    use model::{Ev, Kind, Op};
+    let ev = Ev::arrival;
     let mut batch = vec![ev(0, Kind::Create), ev(0, Kind::Update)];
     batch.extend((1..7).map(|k| ev(k, Kind::Create)));
     let ops = vec![Op::Ingest(batch), Op::Dumps];
@@ -109,12 +105,8 @@ fn a_change_dump_of_a_resource_changed_twice_in_one_batch_agrees_with_the_model(
 /// written record's old version must not be sent to it (found by the example).
 #[test]
 fn a_walk_after_one_across_a_write_agrees_with_the_model() {
-    use model::{Ev, Kind, Op, When};
-    let ev = |key, kind| Ev {
-        key,
-        kind,
-        when: When::Arrival,
-    };
+    use model::{Ev, Kind, Op};
+    let ev = Ev::arrival;
     let ops = vec![
         Op::Ingest((0..12).map(|k| ev(k, Kind::Create)).collect()),
         Op::Settle,
@@ -130,13 +122,9 @@ fn a_walk_after_one_across_a_write_agrees_with_the_model() {
 /// notifications in the background, and started again: every surface still agrees.
 #[test]
 fn a_killed_server_agrees_with_the_model() {
-    use model::{Ev, Kind, Op, When};
+    use model::{Ev, Kind, Op};
     model::use_binary(env!("CARGO_BIN_EXE_resourcesync-hub").into());
-    let ev = |key, kind| Ev {
-        key,
-        kind,
-        when: When::Arrival,
-    };
+    let ev = Ev::arrival;
     let ops = vec![
         Op::Ingest((0..12).map(|k| ev(k, Kind::Create)).collect()),
         Op::Settle,

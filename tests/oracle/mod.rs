@@ -67,6 +67,17 @@ pub struct Ev {
     pub when: When,
 }
 
+impl Ev {
+    /// A change of resource `key` dated on arrival.
+    pub fn arrival(key: u8, kind: Kind) -> Ev {
+        Ev {
+            key,
+            kind,
+            when: When::Arrival,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub enum Op {
     Ingest(Vec<Ev>),
