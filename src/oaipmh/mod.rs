@@ -546,17 +546,12 @@ impl Repository {
     /// the resource there, live or deleted; `None` when no set knows it.
     pub async fn find(&self, identifier: &str) -> Result<Option<(Item, OaiSet)>, StoreError> {
         let mut sets = self.sets().await?;
-        let store = self.source.store();
         // A collected set's record, by the repository's identifier (sets in name order: the
         // collectors see to it that one holds it).
         let key = ResourceKey(format!("path:{}", origin::record_path(identifier)));
         for s in sets.iter().filter(|s| s.collected.is_some()) {
-            let latest = store
-                .latest_changes(&s.name, std::slice::from_ref(&key), Timestamp(i64::MAX))
-                .await?;
-            if let Some((dt, _)) = latest.get(&key) {
-                let r = store.resource(&s.name, &key).await?;
-                return Ok(Some((self.item(s, &key, *dt, r, &[]), s.clone())));
+            if let Some(item) = self.first_held(s, std::slice::from_ref(&key)).await? {
+                return Ok(Some((item, s.clone())));
             }
         }
         sets.sort_by_key(|s| std::cmp::Reverse(self.source.set_config(&s.name).url_prefix.len()));
@@ -567,14 +562,27 @@ impl Repository {
                 let rel = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
                 keys.insert(0, ResourceKey(format!("path:{rel}")));
             }
-            let latest = store
-                .latest_changes(&s.name, &keys, Timestamp(i64::MAX))
-                .await?;
-            for key in keys {
-                if let Some((dt, _)) = latest.get(&key) {
-                    let r = store.resource(&s.name, &key).await?;
-                    return Ok(Some((self.item(&s, &key, *dt, r, &[]), s)));
-                }
+            if let Some(item) = self.first_held(&s, &keys).await? {
+                return Ok(Some((item, s)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// The item of the first of `keys` set `s` has a change of (live or deleted), if any.
+    async fn first_held(
+        &self,
+        s: &OaiSet,
+        keys: &[ResourceKey],
+    ) -> Result<Option<Item>, StoreError> {
+        let store = self.source.store();
+        let latest = store
+            .latest_changes(&s.name, keys, Timestamp(i64::MAX))
+            .await?;
+        for key in keys {
+            if let Some((dt, _)) = latest.get(key) {
+                let r = store.resource(&s.name, key).await?;
+                return Ok(Some(self.item(s, key, *dt, r, &[])));
             }
         }
         Ok(None)
