@@ -70,6 +70,11 @@ pub fn status(cfg: &HarvestConfig) -> anyhow::Result<String> {
 
 /// `harvest status [--source NAME]`: [`status`] of one source, or of every source.
 pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<String> {
+    status_in(cfg, &open_state(cfg)?, only)
+}
+
+/// The harvest state, which must exist (a harvester has run).
+fn open_state(cfg: &HarvestConfig) -> anyhow::Result<State> {
     let db = cfg.database_path();
     if !db.exists() {
         anyhow::bail!(
@@ -77,12 +82,16 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
             db.display()
         );
     }
-    let state = State::open(&db)?;
+    Ok(State::open(&db)?)
+}
+
+/// [`status_of`] read from `state`.
+fn status_in(cfg: &HarvestConfig, state: &State, only: Option<&str>) -> anyhow::Result<String> {
     let mut out = open_files(cfg);
     let all_sets = state.sets()?;
     let sources = chosen(cfg, only)?;
     if !cfg.sources.is_empty() && only.is_none() {
-        out.push_str(&summary(&state, &sources, &all_sets)?);
+        out.push_str(&summary(state, &sources, &all_sets)?);
         return Ok(out);
     }
     let shares = shares(&cfg.source_list());
@@ -108,7 +117,7 @@ pub fn status_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Stri
         }
         for s in all_sets.iter().filter(|s| s.source == source.name) {
             sets.push(s.clone());
-            let f = set_facts(&state, s)?;
+            let f = set_facts(state, s)?;
             out.push_str(&format!(
             "set {}\n  capability list:  {}\n  baseline:         {}\n  position:         {}\n  newest at source: {}\n  lag:              {}\n  resources held:   {}\n  changes applied:  {}\n  pending:          {}\n  last check:       {}\n  last push:        {}\n",
             f.name,
@@ -295,19 +304,22 @@ pub(crate) fn set_facts(state: &State, s: &state::SetRow) -> anyhow::Result<SetF
     })
 }
 
-/// The sets of source `name`, for the console's source page.
-pub(crate) fn sets_of(cfg: &HarvestConfig, name: &str) -> anyhow::Result<Vec<SetFacts>> {
-    let db = cfg.database_path();
-    if !db.exists() {
-        return Ok(Vec::new());
-    }
-    let state = State::open(&db)?;
-    state
+/// The console's page of source `name`: its `harvest status` (of it alone when the
+/// configuration names several sources) and its sets, from one reading of the state.
+pub(crate) fn source_page(
+    cfg: &HarvestConfig,
+    name: &str,
+) -> anyhow::Result<(String, Vec<SetFacts>)> {
+    let state = open_state(cfg)?;
+    let only = (!cfg.sources.is_empty()).then_some(name);
+    let status = status_in(cfg, &state, only)?;
+    let sets = state
         .sets()?
         .iter()
         .filter(|s| s.source == name)
         .map(|s| set_facts(&state, s))
-        .collect()
+        .collect::<anyhow::Result<_>>()?;
+    Ok((status, sets))
 }
 
 /// One source as an aggregator's status shows it (a line of `harvest status`, a row of the

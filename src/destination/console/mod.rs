@@ -298,13 +298,7 @@ async fn source(
         Err(r) => return r.into_response(),
     };
     let only = src.name.clone();
-    let (status, sets) = match read(&c, move |c| {
-        let sets = super::report::sets_of(&c.cfg, &only)?;
-        let only = (!c.cfg.sources.is_empty()).then_some(only.as_str());
-        Ok((super::report::status_of(&c.cfg, only)?, sets))
-    })
-    .await
-    {
+    let (status, sets) = match read(&c, move |c| super::report::source_page(&c.cfg, &only)).await {
         Ok(t) => t,
         Err(r) => return r.into_response(),
     };
