@@ -252,7 +252,7 @@ pub fn parse_identify(xml: &[u8]) -> Result<Identify, OaiError> {
 }
 
 /// A page of `ListSets`: each set as (setSpec, setName), those whose spec OAI-PMH does not
-/// allow left out (no record can be listed in them either), and the token of the rest.
+/// allow (or that is longer than [`MAX_SET_NAME`]) left out (no record can be listed in them either), and the token of the rest.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SetsPage {
     pub sets: Vec<(String, String)>,
@@ -285,7 +285,7 @@ pub fn parse_sets(xml: &[u8]) -> Result<SetsPage, OaiError> {
         Visit::End { path } => {
             if path.len() == 3 && path.last().map(Vec::as_slice) == Some(b"set") {
                 if let Some((spec, name)) = current.take() {
-                    if crate::model::origin::is_set_spec(&spec) {
+                    if spec.len() <= MAX_SET_NAME && crate::model::origin::is_set_spec(&spec) {
                         let mut end = name.len().min(MAX_SET_NAME);
                         while !name.is_char_boundary(end) {
                             end -= 1;
@@ -883,7 +883,9 @@ mod tests {
 <ListSets><set><setSpec>a</setSpec><setName>Alpha &amp; co</setName></set>
 <set><setSpec>a:b</setSpec><setName>Beta</setName><setDescription><x>no</x></setDescription></set>
 <set><setSpec>bad spec</setSpec><setName>Bad</setName></set>
+<set><setSpec>{long}</setSpec><setName>Long</setName></set>
 <resumptionToken cursor="0">t1</resumptionToken></ListSets></OAI-PMH>"#;
+        let xml = xml.replace("{long}", &"x".repeat(MAX_SET_NAME + 1));
         let p = parse_sets(xml.as_bytes()).unwrap();
         assert_eq!(
             p.sets,

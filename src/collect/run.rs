@@ -48,6 +48,8 @@ pub const MAX_RUN_PAGES: u64 = 1_000_000;
 pub const PATH_LAYOUT: u32 = 2;
 /// Held by a collector from its check of what other collectors hold to its recording.
 static CLAIM: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// The repository's sets kept at most (what `ListSets` sends is a peer's: bounded).
+const MAX_SETS: usize = 10_000;
 /// `ListSets` pages read at most (a repository listing sets for ever ends there).
 const MAX_SET_PAGES: u32 = 100;
 /// Stored resources read per store call by the reconcile pass.
@@ -114,6 +116,14 @@ pub fn window_start(saved: &str, g: Granularity) -> Option<String> {
         Granularity::Seconds => 1_000_000,
     };
     Some(oai_date(Timestamp(t.0 - step), g))
+}
+
+/// Adds a `ListSets` page's sets to `sets`, up to [`MAX_SETS`]; `false` when some did not fit.
+fn keep_sets(sets: &mut Vec<(String, String)>, page: Vec<(String, String)>) -> bool {
+    let room = MAX_SETS.saturating_sub(sets.len());
+    let all = page.len() <= room;
+    sets.extend(page.into_iter().take(room));
+    all
 }
 
 /// What the repository said of itself, as the collector keeps it.
@@ -639,9 +649,14 @@ impl Collector {
             };
             match answer {
                 Ok(p) => {
-                    facts.sets.extend(p.sets);
+                    if !keep_sets(&mut facts.sets, p.sets) {
+                        tracing::warn!(collector = %self.name, "ListSets: more than {MAX_SETS} sets; the first {MAX_SETS} are kept");
+                        break;
+                    }
                     match p.token {
-                        Some(t) if Some(&t) != token.as_ref() => token = Some(t),
+                        Some(t) if t.len() <= MAX_TOKEN_BYTES && Some(&t) != token.as_ref() => {
+                            token = Some(t)
+                        }
                         _ => break,
                     }
                 }
@@ -1066,6 +1081,20 @@ fn write_files(root: &std::path::Path, files: Vec<(String, Vec<u8>, bool)>) -> s
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A repository listing sets for ever gives at most [`MAX_SETS`] of them.
+    #[test]
+    fn a_repositorys_sets_are_kept_up_to_a_bound() {
+        let page = |n: usize| -> Vec<(String, String)> {
+            (0..n).map(|k| (format!("s{k}"), String::new())).collect()
+        };
+        let mut sets = Vec::new();
+        assert!(keep_sets(&mut sets, page(MAX_SETS - 1)));
+        assert!(!keep_sets(&mut sets, page(5)));
+        assert_eq!(sets.len(), MAX_SETS);
+        assert!(!keep_sets(&mut sets, page(1)));
+        assert_eq!(sets.len(), MAX_SETS);
+    }
 
     /// The reconcile listing's decisions: complete lists what it saw; a refused token lists
     /// again from the start (three times at most, forgetting what was seen); every doubt (a
