@@ -633,6 +633,17 @@ async fn a_change_dated_into_a_kept_page_is_listed_once_and_as_it_is() {
     app.stop().await;
 }
 
+/// Waits until the clock shows a second after `t` (`YYYY-MM-DDThh:mm:ssZ`), and returns it.
+async fn next_second(t: &str) -> String {
+    loop {
+        let now = crate::collect::now_datestamp();
+        if now.as_str() > t {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// The collected fixture of the faithful-bridge acceptance: `oai:example.org:rec-K` in three
 /// sets (`s2` records in `s0` too), every sixth deleted, datestamped on days of March 2021.
 fn bridge_repository(n: usize) -> serde_json::Value {
@@ -735,6 +746,8 @@ async fn a_collected_repository_keeps_its_identifiers_sets_and_provenance() {
     let app = TestApp::start_with(cfg).await;
     let c = Collecting { repo, app };
     let v = c.wait_ended(None).await;
+    // The second the collection ended in: a harvest `from` a later one must not list it.
+    let collected = crate::collect::now_datestamp();
     no_error(&v);
     let live = bridge_sets(&fx);
     assert_eq!(v["last"]["created"], live.len(), "{v:#}");
@@ -797,9 +810,10 @@ async fn a_collected_repository_keeps_its_identifiers_sets_and_provenance() {
     }
 
     // Upstream: 5 updates, 1 creation, 1 deletion.
-    let since = crate::collect::now_datestamp();
-    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
-    let now = crate::collect::now_datestamp();
+    // `from` is inclusive, to the second: `since` is a second after the collection, and the
+    // changes come a second after `since` (the harvests above may all fit in one second).
+    let since = next_second(&collected).await;
+    let now = next_second(&since).await;
     let recs = fx["records"].as_array_mut().unwrap();
     let mut changed = Vec::new();
     for k in [0, 1, 2, 3, 4] {
