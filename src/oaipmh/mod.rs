@@ -433,8 +433,7 @@ impl Repository {
     /// What each collector learned of its repository (none yet: no entry).
     async fn facts(&self) -> Result<Facts, StoreError> {
         let mut kept = self.facts.lock().await;
-        if let Some((at, f)) = kept.as_ref().filter(|(at, _)| at.elapsed() < FACTS_FOR) {
-            let _ = at;
+        if let Some((_, f)) = kept.as_ref().filter(|(at, _)| at.elapsed() < FACTS_FOR) {
             return Ok(f.clone());
         }
         let mut map = HashMap::new();
