@@ -692,22 +692,5 @@ pub fn proc_mb(pid: u32, field: &str) -> f64 {
 
 /// Signs in to the hub's console with `token`: the session cookie (`name=value`).
 pub async fn console_cookie(app: &TestApp, token: &str) -> String {
-    let r = reqwest::Client::builder()
-        .no_proxy()
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-        .post(app.url("/console/login"))
-        .form(&[("token", token)])
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status(), 303, "signed in");
-    r.headers()["set-cookie"]
-        .to_str()
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_string()
+    console_session(&app.url("/console/login"), token).await.1
 }

@@ -898,8 +898,28 @@ async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response
             "topics": set_topics,
         }));
     }
-    // The collectors as the Collectors page says them (one set of words for their states).
-    let collectors = collectors::rows(&st).await?;
+    let mut collectors = Vec::new();
+    for e in st.collectors.entries() {
+        let c = e.collector.config();
+        let (state, last) = match e.collector.status().await {
+            Ok((saved, control)) => (
+                match super::admin::collect::state_of(e, &saved, &control) {
+                    (_, Some(until)) => {
+                        format!("waiting until {until} (the repository's Retry-After)")
+                    }
+                    (state, None) => state.to_string(),
+                },
+                saved
+                    .last_outcome
+                    .map(|o| format!("{}: {o}", saved.last_ended.unwrap_or_default()))
+                    .unwrap_or_else(|| "no run has ended yet".into()),
+            ),
+            Err(err) => ("unknown".into(), crate::cause::chain(&err)),
+        };
+        collectors.push(json!({
+            "name": e.collector.name.to_string(), "url": c.url.clone(), "state": state, "last": last,
+        }));
+    }
     Ok(render(
         "sets.html",
         json!({
