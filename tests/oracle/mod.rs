@@ -349,6 +349,15 @@ fn record(key: u8, version: u32) -> String {
     )
 }
 
+/// Replaces a resource's file as a careful publisher does (docs/source.md): written beside it,
+/// then renamed over it, so that the server (a dump being packed, `/files`) never reads it
+/// half written.
+fn put(path: &std::path::Path, bytes: &[u8]) {
+    let tmp = path.with_extension("xml.part");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
 fn md5_hex(b: &[u8]) -> String {
     use md5::Digest as _;
     resourcesync_hub::digest::hex_digest(md5::Md5::digest(b))
@@ -687,7 +696,7 @@ impl Case {
                     }
                 };
                 let body = record(e.key, version);
-                std::fs::write(&path, &body).unwrap();
+                put(&path, body.as_bytes());
                 written.push(Some(version));
                 wrote.insert(e.key, Some(version));
                 format!(
@@ -738,7 +747,7 @@ impl Case {
             for k in wrote.keys() {
                 let path = self.root.join(format!("r/{k}.xml"));
                 match self.model.live.get(k) {
-                    Some(v) => std::fs::write(&path, record(*k, *v)).unwrap(),
+                    Some(v) => put(&path, record(*k, *v).as_bytes()),
                     None => {
                         let _ = std::fs::remove_file(&path);
                     }
