@@ -197,16 +197,13 @@ async fn main() -> anyhow::Result<()> {
             Timestamp::now(),
         )
         .await?;
-    let source = Arc::new(resourcesync_hub::source::Source::open(
+    let ctx = Arc::new(resourcesync_hub::context::Context::new(
         config.clone(),
         store,
-    )?);
-    let collectors = resourcesync_hub::collect::Collectors::new(
-        &config,
-        source,
-        Arc::new(|_| {}),
-        "bench".into(),
-    )?;
+        Default::default(),
+    ));
+    let collectors =
+        resourcesync_hub::collect::Collectors::new(&config, ctx, Arc::new(|_| {}), "bench".into())?;
     reset_peak();
     let rss0 = common::proc_status_mb("self", "VmRSS:");
     let (t, cpu0) = (Instant::now(), common::proc_cpu_secs("self"));

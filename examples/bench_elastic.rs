@@ -78,7 +78,7 @@ async fn populate(config: &Config, store: &Store, set: &SetName, n: u64) -> anyh
         return Ok(0.0);
     }
     let t = Instant::now();
-    let policy = resourcesync_hub::source::list_policy(config, set);
+    let policy = resourcesync_hub::context::list_policy(config, set);
     let sc = config.set_config(set.as_str());
     for start in (0..n).step_by(5000) {
         let batch = (start..(start + 5000).min(n))
@@ -123,7 +123,11 @@ async fn measure(
             let cache = tempfile::tempdir()?;
             let mut c = (**config).clone();
             c.source.cache_dir = cache.path().to_string_lossy().into_owned();
-            let source = Source::open(Arc::new(c), store.clone())?;
+            let source = Source::open(Arc::new(resourcesync_hub::context::Context::new(
+                Arc::new(c),
+                store.clone(),
+                Default::default(),
+            )))?;
             let (c0, s0, r0, t) = (
                 cpu_secs(&me),
                 server_pid.map_or(0.0, cpu_secs),

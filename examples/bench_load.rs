@@ -109,7 +109,7 @@ async fn populate(c: &Config, n: u64, lists: u64) -> anyhow::Result<()> {
         c.server.data_dir.display()
     );
     let t = Instant::now();
-    let policy = resourcesync_hub::source::list_policy(c, &set);
+    let policy = resourcesync_hub::context::list_policy(c, &set);
     let sc = c.set_config(SET);
     let per = n / lists;
     let start = Timestamp::now().0 - (lists as i64 + 1) * 3_601_000_000;

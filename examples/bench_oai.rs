@@ -403,7 +403,7 @@ mod depth {
                 dir.display()
             );
             let sc = config.set_config(name);
-            let policy = resourcesync_hub::source::list_policy(&config, &set);
+            let policy = resourcesync_hub::context::list_policy(&config, &set);
             let t = Instant::now();
             for start in (0..n).step_by(20_000) {
                 let mut batch = Vec::with_capacity(20_000);

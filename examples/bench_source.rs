@@ -47,7 +47,11 @@ async fn main() -> anyhow::Result<()> {
     let config = Arc::new(config);
     let store = Store::open_embedded(&config.database_path())?;
     let set = SetName::parse("bench").map_err(anyhow::Error::msg)?;
-    let source = Source::open(config.clone(), store.clone())?;
+    let source = Source::open(Arc::new(resourcesync_hub::context::Context::new(
+        config.clone(),
+        store.clone(),
+        Default::default(),
+    )))?;
 
     if std::env::var_os("RSHUB_BENCH_PHASE").is_none() {
         let have = store.counts(&set).await?.resources;
@@ -59,7 +63,7 @@ async fn main() -> anyhow::Result<()> {
                 );
             }
             let t = Instant::now();
-            let policy = source.list_policy(&set);
+            let policy = source.context().list_policy(&set);
             let md5 = "0cc175b9c0f1b6a831c399e269772661".to_string();
             for start in (0..n).step_by(20_000) {
                 let batch = (start..(start + 20_000).min(n))
@@ -67,7 +71,7 @@ async fn main() -> anyhow::Result<()> {
                         let location =
                             Location::rel_path(format!("collection-{}/paper-{i:08}.pdf", i % 100));
                         NewChange {
-                            key: location.key(&source.set_config(&set)).unwrap(),
+                            key: location.key(&source.context().set_config(&set)).unwrap(),
                             location,
                             change: ChangeType::Created,
                             datetime: None,

@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::Config;
+use crate::context::Context;
 use crate::http::{self, AppState, Shared};
 use crate::hub::Hub;
 use crate::model::{SetName, Timestamp};
@@ -109,11 +110,8 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let addr = listener.local_addr()?;
     let store_is_shared = store.is_shared();
-    let source = Arc::new(Source::open_with_metrics(
-        config.clone(),
-        store,
-        hub.metrics().clone(),
-    )?);
+    let ctx = Arc::new(Context::new(config.clone(), store, hub.metrics().clone()));
+    let source = Arc::new(Source::open(ctx.clone())?);
     if config.ingest.token.is_empty() {
         tracing::warn!("ingest.token is not set: the ingest API answers only loopback clients");
         if !config.server.accel_redirect.is_empty() {
@@ -127,7 +125,7 @@ async fn serve(
     // Each loop of the server under a supervisor: one that ends unexpectedly is logged,
     // counted and started again, never lost while the process lives on.
     let restarted = hub.metrics().workers_restarted.clone();
-    let (s, c) = (source.clone(), cancel.clone());
+    let (s, c) = (ctx.clone(), cancel.clone());
     tasks.spawn(workers::supervise(
         "rollover",
         restarted.clone(),
@@ -138,7 +136,7 @@ async fn serve(
     let notifier = config
         .notify
         .enabled
-        .then(|| Notifier::new(config.clone(), source.clone(), hub.clone()));
+        .then(|| Notifier::new(config.clone(), ctx.clone(), hub.clone()));
     if let Some(n) = &notifier {
         let (n, c) = (n.clone(), cancel.clone());
         tasks.spawn(workers::supervise(
@@ -151,12 +149,7 @@ async fn serve(
     // External writers' documents are adopted by a worker of their own (only a shared store
     // has external writers), which hands what it adopted to the notifier.
     if store_is_shared {
-        let (poke, s, h, c) = (
-            notifier.clone(),
-            source.clone(),
-            hub.clone(),
-            cancel.clone(),
-        );
+        let (poke, s, h, c) = (notifier.clone(), ctx.clone(), hub.clone(), cancel.clone());
         tasks.spawn(workers::supervise(
             "adoption",
             restarted.clone(),
@@ -180,7 +173,7 @@ async fn serve(
     let poke = notifier.clone();
     let collectors = crate::collect::Collectors::new(
         &config,
-        source.clone(),
+        ctx.clone(),
         Arc::new(move |n| {
             if let Some(p) = &poke {
                 p.poke(n)
@@ -199,7 +192,7 @@ async fn serve(
     let dumps = if config.dumps.enabled {
         Some(crate::dump::Dumps::open(
             config.clone(),
-            source.clone(),
+            ctx.clone(),
             hub.clone(),
         )?)
     } else {
@@ -220,9 +213,10 @@ async fn serve(
     let oai = config
         .oai
         .enabled
-        .then(|| Arc::new(crate::oaipmh::Repository::new(source.clone())));
+        .then(|| Arc::new(crate::oaipmh::Repository::new(ctx.clone())));
     let app = http::router(AppState::new(Shared {
         config: config.clone(),
+        ctx,
         source,
         hub,
         notifier,

@@ -154,10 +154,16 @@ impl From<SourceError> for AppError {
     fn from(e: SourceError) -> Self {
         match e {
             SourceError::NotFound(m) => AppError::NotFound(m),
-            SourceError::Busy(m) => AppError::Busy(m),
+            SourceError::Busy(b) => AppError::Busy(b.to_string()),
             SourceError::Store(e) => e.into(),
             SourceError::Cache(m) => AppError::Unavailable(m),
         }
+    }
+}
+
+impl From<crate::context::Busy> for AppError {
+    fn from(b: crate::context::Busy) -> Self {
+        AppError::Busy(b.to_string())
     }
 }
 

@@ -9,8 +9,8 @@
 
 use serde::Serialize;
 
+use crate::context::Context;
 use crate::model::{ChangeEvent, NewChange, SetName, Timestamp};
-use crate::source::Source;
 use crate::store::{ApplyError, StoreError};
 
 /// How the body is framed.
@@ -180,11 +180,11 @@ pub fn parse_body(body: &[u8], framing: Framing) -> Result<Vec<(usize, ChangeEve
 
 /// Validates and applies a parsed batch to a set, creating the set on its first change.
 pub async fn ingest(
-    source: &Source,
+    ctx: &Context,
     set: &SetName,
     events: Vec<(usize, ChangeEvent)>,
 ) -> Result<IngestReport, IngestError> {
-    let sc = source.set_config(set);
+    let sc = ctx.set_config(set);
     let mut lines = Vec::with_capacity(events.len());
     let mut changes: Vec<NewChange> = Vec::with_capacity(events.len());
     let mut errors = Vec::new();
@@ -200,9 +200,9 @@ pub async fn ingest(
     if !errors.is_empty() {
         return Err(IngestError::Invalid(errors));
     }
-    let outcome = match source
+    let outcome = match ctx
         .store()
-        .apply(set, changes, source.list_policy(set), Timestamp::now())
+        .apply(set, changes, ctx.list_policy(set), Timestamp::now())
         .await
     {
         Ok(o) => o,
@@ -215,7 +215,7 @@ pub async fn ingest(
         Err(ApplyError::Store(e)) => return Err(e.into()),
     };
     if outcome.set_created {
-        source.set_created();
+        ctx.set_created();
         tracing::info!(set = %set, "resource set created by its first change");
     }
     Ok(IngestReport {

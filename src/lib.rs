@@ -13,6 +13,7 @@ pub mod cause;
 pub mod collect;
 pub mod config;
 pub mod conn;
+pub mod context;
 pub mod demo;
 pub mod destination;
 pub mod digest;

@@ -186,7 +186,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                 let r = import::import_dir(
                     &store,
                     &config.set_config(demo::DEMO_SET),
-                    resourcesync_hub::source::list_policy(&config, &set),
+                    resourcesync_hub::context::list_policy(&config, &set),
                     &dir,
                     false,
                 )
@@ -231,7 +231,7 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
             let report = import::import_dir(
                 &store,
                 &config.set_config(&set),
-                resourcesync_hub::source::list_policy(&config, &name),
+                resourcesync_hub::context::list_policy(&config, &name),
                 &dir,
                 std::io::stderr().is_terminal(),
             )
@@ -272,14 +272,15 @@ async fn collect_once(common: Common, name: Option<String>) -> anyhow::Result<()
         let set = resourcesync_hub::model::SetName::parse(n).map_err(anyhow::Error::msg)?;
         store.ensure_set(&set, now).await?;
     }
-    let source = std::sync::Arc::new(resourcesync_hub::source::Source::open(
+    let ctx = std::sync::Arc::new(resourcesync_hub::context::Context::new(
         config.clone(),
         store,
-    )?);
+        Default::default(),
+    ));
     let owner = format!("collect-once-{}", std::process::id());
     let collectors = resourcesync_hub::collect::Collectors::new(
         &config,
-        source,
+        ctx,
         std::sync::Arc::new(|_| {}),
         owner,
     )?;

@@ -28,8 +28,8 @@ pub use run::{Collector, Poke, Report, RunError};
 use state::{Control, Saved};
 
 use crate::config::Config;
+use crate::context::Context;
 use crate::model::{SetName, Timestamp};
-use crate::source::Source;
 use crate::store::StoreError;
 
 /// How often an idle collector looks at its admins' requests and its lease (more often when
@@ -76,7 +76,7 @@ impl Entry {
 #[derive(Clone)]
 pub struct Collectors {
     entries: Arc<Vec<Arc<Entry>>>,
-    source: Arc<Source>,
+    ctx: Arc<Context>,
     owner: String,
     /// A collector's lease on a shared store (`hub.partition_lease_secs`: how long a killed
     /// process's work waits before another takes it over).
@@ -93,7 +93,7 @@ impl Collectors {
     /// or an admin pauses it (the work then ends at its next step, saving where it stands).
     /// Never resolves.
     async fn hold(&self, name: &str, stop: &CancellationToken) {
-        let store = self.source.store();
+        let store = self.ctx.store();
         let lease = format!("collect:{name}");
         loop {
             tokio::time::sleep(self.check()).await;
@@ -122,14 +122,14 @@ impl Collectors {
     /// The collectors `[collect.NAME]` configures; `owner` names this process in leases.
     pub fn new(
         config: &Config,
-        source: Arc<Source>,
+        ctx: Arc<Context>,
         poke: Poke,
         owner: String,
     ) -> anyhow::Result<Collectors> {
         let mut entries = Vec::new();
         for (name, cfg) in &config.collect {
             let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
-            let collector = Collector::new(set, cfg.clone(), source.clone(), poke.clone())
+            let collector = Collector::new(set, cfg.clone(), ctx.clone(), poke.clone())
                 // The client's refusal of its configuration is words (a String): no cause to keep.
                 .map_err(|e| anyhow::anyhow!("[collect.{name}]: {e}"))?;
             entries.push(Arc::new(Entry {
@@ -140,7 +140,7 @@ impl Collectors {
         }
         Ok(Collectors {
             entries: Arc::new(entries),
-            source,
+            ctx,
             owner,
             lease_secs: config.hub.partition_lease_secs,
         })
@@ -163,7 +163,7 @@ impl Collectors {
     /// Records an admin's request in the store (where the process holding the collector
     /// sees it) and wakes the collector if it is held here.
     pub async fn ask(&self, name: &str, action: Action) -> Result<Control, StoreError> {
-        let c = state::control(self.source.store(), name, |c| match action {
+        let c = state::control(self.ctx.store(), name, |c| match action {
             Action::Run => c.run_requests += 1,
             Action::Reconcile => c.reconcile_requests += 1,
             Action::Pause => c.paused = true,
@@ -219,7 +219,7 @@ impl Collectors {
     }
 
     async fn once_one(&self, e: &Entry, cancel: &CancellationToken) -> Result<String, String> {
-        let store = self.source.store();
+        let store = self.ctx.store();
         let lease = format!("collect:{}", e.collector.name);
         if !store
             .lease(&lease, &self.owner, self.lease_secs)
@@ -374,7 +374,7 @@ async fn work(
 /// One collector's loop: hold it (a lease on a shared store), answer admins' requests, run
 /// when due, reconcile when due.
 async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
-    let store = all.source.store().clone();
+    let store = all.ctx.store().clone();
     let name = e.collector.name.to_string();
     let lease = format!("collect:{name}");
     let mut was_held = false;
@@ -420,7 +420,7 @@ async fn step(
     all: &Collectors,
     cancel: &CancellationToken,
 ) -> Result<Option<Duration>, StoreError> {
-    let store = all.source.store();
+    let store = all.ctx.store();
     let c = &e.collector;
     let (control, _) = state::load::<Control>(store, &state::control_key(c.name.as_str())).await?;
     let mut saved = c.adopt().await?;

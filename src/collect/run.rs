@@ -29,9 +29,9 @@ use super::map::{change_for, Origin};
 use super::oai::{self, DeletedRecord, Granularity, Record};
 use super::state::{self, Control, Counts, Identified, RunPoint, Saved};
 use crate::config::CollectConfig;
+use crate::context::Context;
 use crate::ingest::{self, IngestError};
 use crate::model::{ChangeEvent, ChangeType, Location, LocationType, SetName, Timestamp};
-use crate::source::Source;
 use crate::store::StoreError;
 
 /// Pages in a row without a record before a run ends (a repository that pages forever).
@@ -89,7 +89,7 @@ pub struct Collector {
     cfg: CollectConfig,
     client: Client,
     origin: Origin,
-    source: Arc<Source>,
+    ctx: Arc<Context>,
     poke: Poke,
     /// The saved document's version as this process last wrote or read it.
     version: tokio::sync::Mutex<Option<i64>>,
@@ -369,13 +369,13 @@ impl Collector {
     pub fn new(
         name: SetName,
         cfg: CollectConfig,
-        source: Arc<Source>,
+        ctx: Arc<Context>,
         poke: Poke,
     ) -> Result<Collector, String> {
         let product = format!(
             "resourcesync-hub/{} (OAI-PMH collector; +{})",
             env!("CARGO_PKG_VERSION"),
-            source.config().base_url()
+            ctx.config().base_url()
         );
         Ok(Collector {
             client: Client::new(&cfg, &product)?,
@@ -385,7 +385,7 @@ impl Collector {
             },
             name,
             cfg,
-            source,
+            ctx,
             poke,
             version: tokio::sync::Mutex::new(None),
         })
@@ -401,12 +401,12 @@ impl Collector {
     }
 
     pub fn store(&self) -> &crate::store::Store {
-        self.source.store()
+        self.ctx.store()
     }
 
     /// The saved document and the admins' one, as the store has them now.
     pub async fn status(&self) -> Result<(Saved, Control), StoreError> {
-        let store = self.source.store();
+        let store = self.ctx.store();
         let (saved, _) = state::load::<Saved>(store, &state::saved_key(self.name.as_str())).await?;
         let (control, _) =
             state::load::<Control>(store, &state::control_key(self.name.as_str())).await?;
@@ -417,8 +417,7 @@ impl Collector {
     /// collector's holder).
     pub async fn adopt(&self) -> Result<Saved, StoreError> {
         let (saved, v) =
-            state::load::<Saved>(self.source.store(), &state::saved_key(self.name.as_str()))
-                .await?;
+            state::load::<Saved>(self.ctx.store(), &state::saved_key(self.name.as_str())).await?;
         *self.version.lock().await = v;
         Ok(saved)
     }
@@ -428,7 +427,7 @@ impl Collector {
     pub async fn save(&self, saved: &Saved) -> Result<(), RunError> {
         let mut v = self.version.lock().await;
         match state::save(
-            self.source.store(),
+            self.ctx.store(),
             &state::saved_key(self.name.as_str()),
             saved,
             *v,
@@ -616,7 +615,7 @@ impl Collector {
         cancel: &CancellationToken,
     ) -> Result<(), RunError> {
         let key = crate::model::origin::facts_key(self.name.as_str());
-        let store = self.source.store();
+        let store = self.ctx.store();
         let (old, version) =
             state::load::<crate::model::origin::RepositoryFacts>(store, &key).await?;
         let mut facts = crate::model::origin::RepositoryFacts {
@@ -709,7 +708,7 @@ impl Collector {
         &self,
         paths: Vec<String>,
     ) -> Result<HashMap<String, Option<String>>, StoreError> {
-        let sc = self.source.set_config(&self.name);
+        let sc = self.ctx.set_config(&self.name);
         let keys = paths
             .iter()
             .map(|p| {
@@ -718,11 +717,7 @@ impl Collector {
                     .map_err(StoreError::Corrupt)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let found = self
-            .source
-            .store()
-            .resources_by_key(&self.name, &keys)
-            .await?;
+        let found = self.ctx.store().resources_by_key(&self.name, &keys).await?;
         Ok(paths
             .into_iter()
             .zip(found)
@@ -747,7 +742,7 @@ impl Collector {
         if paths.is_empty() {
             return Ok(out);
         }
-        let config = self.source.config();
+        let config = self.ctx.config();
         let keys: Vec<crate::model::ResourceKey> = paths
             .iter()
             .map(|p| crate::model::ResourceKey(format!("path:{p}")))
@@ -756,7 +751,7 @@ impl Collector {
             let Ok(other) = SetName::parse(name) else {
                 continue;
             };
-            let found = self.source.store().resources_by_key(&other, &keys).await?;
+            let found = self.ctx.store().resources_by_key(&other, &keys).await?;
             for (p, r) in paths.iter().zip(found) {
                 if r.is_some() {
                     out.entry(p.clone()).or_insert_with(|| other.clone());
@@ -788,7 +783,7 @@ impl Collector {
         // Whether another collector holds a record and this one's recording of it are one
         // step among this process's collectors (on a shared store, two processes' collectors
         // taking a brand-new identifier in the same moment may both keep it).
-        let _claim = if self.source.config().collect.len() > 1 {
+        let _claim = if self.ctx.config().collect.len() > 1 {
             Some(CLAIM.lock().await)
         } else {
             None
@@ -871,7 +866,7 @@ impl Collector {
 
     /// The folder of the set's files (a collected set always has one: config.rs gives it).
     fn root(&self) -> std::path::PathBuf {
-        self.source
+        self.ctx
             .set_config(&self.name)
             .resource_root_dir
             .expect("a collected set has a resource_root_dir")
@@ -902,7 +897,7 @@ impl Collector {
         at: &str,
     ) -> Result<usize, RunError> {
         loop {
-            match ingest::ingest(&self.source, &self.name, events.clone()).await {
+            match ingest::ingest(&self.ctx, &self.name, events.clone()).await {
                 Ok(r) => return Ok(r.applied),
                 Err(IngestError::Invalid(errors)) => {
                     let bad: HashSet<usize> = errors.iter().map(|e| e.line).collect();
@@ -994,7 +989,7 @@ impl Collector {
         }
         let listed = listing.listed;
         // The listing is complete: what the set holds and the repository no longer lists.
-        let store = self.source.store();
+        let store = self.ctx.store();
         let mut after = None;
         let mut marked = 0u64;
         let at = now_text();

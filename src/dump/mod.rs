@@ -43,13 +43,13 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::context::{Context, Urls};
 use crate::hub::{AddressPolicy, Hub};
 use crate::model::websub::Topic;
 use crate::model::{ChangeType, ResourceKey, SetConfig, SetName, Timestamp};
 use crate::notify::render::{framework_notification, FrameworkEntry};
 use crate::package::{Body, Kind, Options, Package, Packer};
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
-use crate::source::{Source, Urls};
 use crate::store::{ChangeListInfo, Counts, Store};
 
 /// How much earlier than the store recorded a file must the file's modification time be for
@@ -123,7 +123,7 @@ impl From<crate::store::StoreError> for BuildError {
 
 pub struct Dumps {
     config: Arc<Config>,
-    source: Arc<Source>,
+    ctx: Arc<Context>,
     hub: Arc<Hub>,
     dir: PathBuf,
     /// Fetches resources at other URLs (`dumps.fetch_remote`).
@@ -159,7 +159,7 @@ fn plain_name(s: &str) -> bool {
 impl Dumps {
     pub fn open(
         config: Arc<Config>,
-        source: Arc<Source>,
+        ctx: Arc<Context>,
         hub: Arc<Hub>,
     ) -> anyhow::Result<Arc<Dumps>> {
         let dir = config.dumps_dir();
@@ -181,7 +181,7 @@ impl Dumps {
         };
         Ok(Arc::new(Dumps {
             config,
-            source,
+            ctx,
             hub,
             dir,
             remote,
@@ -191,11 +191,11 @@ impl Dumps {
     }
 
     fn store(&self) -> &Store {
-        self.source.store()
+        self.ctx.store()
     }
 
     fn urls(&self) -> &Urls {
-        self.source.urls()
+        self.ctx.urls()
     }
 
     fn set_dir(&self, set: &SetName) -> PathBuf {
@@ -305,8 +305,8 @@ impl Dumps {
             .join("cd/index.xml")
             .is_file()
             .then(|| self.urls().change_dump(set));
-        let a = self.source.advertise(set, "resourcedump", rd);
-        let b = self.source.advertise(set, "changedump", cd);
+        let a = self.ctx.advertise(set, "resourcedump", rd);
+        let b = self.ctx.advertise(set, "changedump", cd);
         a || b
     }
 
@@ -579,7 +579,7 @@ impl Dumps {
         at: Timestamp,
         changes: u64,
     ) -> Result<ResourceDumpInfo, BuildError> {
-        let sc = self.source.set_config(set);
+        let sc = self.ctx.set_config(set);
         let up = self.urls().capability_list(set);
         let mut packer = Packer::new(dir, self.options(), Kind::Resources, up.clone(), None);
         let (mut resources, mut missing) = (0u64, 0u64);
@@ -674,7 +674,7 @@ impl Dumps {
         packages: &[Package],
         up: &str,
     ) -> std::io::Result<()> {
-        let per_doc = self.source.set_config(set).max_items_in_list.max(1) as usize;
+        let per_doc = self.ctx.set_config(set).max_items_in_list.max(1) as usize;
         let top = Md {
             capability: Some("resourcedump"),
             at: Some(at),
@@ -729,7 +729,7 @@ impl Dumps {
         list: &ChangeListInfo,
     ) -> Result<Option<ChangeDumpInfo>, BuildError> {
         let until = list.until.expect("a closed list");
-        let sc = self.source.set_config(set);
+        let sc = self.ctx.set_config(set);
         let up = self.urls().capability_list(set);
         let cd = self.set_dir(set).join("cd");
         let building = cd.join(format!(".building-{}", list.no));

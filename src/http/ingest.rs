@@ -25,7 +25,7 @@ pub async fn post_changes(
         .and_then(|v| v.to_str().ok());
     let framing = Framing::from_content_type(ct).map_err(AppError::UnsupportedMediaType)?;
     let events = ingest::parse_body(&body, framing)?;
-    let report = ingest::ingest(&st.source, &set, events).await?;
+    let report = ingest::ingest(&st.ctx, &set, events).await?;
     if let Some(n) = &st.notifier {
         n.poke(report.applied);
     }

@@ -46,6 +46,9 @@ impl std::ops::Deref for AppState {
 /// The parts of [`AppState`].
 pub struct Shared {
     pub config: Arc<Config>,
+    /// What the server's parts share (store, metrics, URLs, build slots).
+    pub ctx: Arc<crate::context::Context>,
+    /// The documents' generator and page cache.
     pub source: Arc<Source>,
     pub hub: Arc<Hub>,
     /// The notification poller, when `notify.enabled`.
@@ -267,7 +270,7 @@ async fn json_errors(
 }
 
 async fn readyz(State(st): State<AppState>) -> axum::response::Response {
-    match st.source.store().ping().await {
+    match st.ctx.store().ping().await {
         Ok(()) => (StatusCode::OK, "ready\n".to_string()).into_response(),
         Err(e) => (
             StatusCode::SERVICE_UNAVAILABLE,
@@ -280,14 +283,14 @@ async fn readyz(State(st): State<AppState>) -> axum::response::Response {
 
 /// A plain-text map of the server for people who open it in a browser. Advertises the hub.
 async fn home(State(st): State<AppState>) -> impl IntoResponse {
-    let urls = st.source.urls();
+    let urls = st.ctx.urls();
     let hub_url = st.config.hub_url();
     let mut s = format!(
         "resourcesync-hub {}\n\nSource Description: {}\nWebSub hub (POST):  {hub_url}\n",
         env!("CARGO_PKG_VERSION"),
         urls.source_description()
     );
-    if let Ok(sets) = st.source.store().sets().await {
+    if let Ok(sets) = st.ctx.store().sets().await {
         if sets.is_empty() {
             s.push('\n');
             s.push_str(&getting_started(&st.config));

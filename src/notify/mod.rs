@@ -22,10 +22,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
+use crate::context::Context;
 use crate::hub::Hub;
 use crate::model::websub::Topic;
 use crate::model::{Change, ChangeType, SetName, Timestamp};
-use crate::source::Source;
 use crate::store::{ChangeListInfo, NotifyState, PartInfo, Store, StoreError};
 use render::{change_notification, framework_notification, FrameworkEntry};
 
@@ -33,7 +33,7 @@ const XML: &str = "application/xml";
 
 pub struct Notifier {
     config: Arc<Config>,
-    source: Arc<Source>,
+    ctx: Arc<Context>,
     hub: Arc<Hub>,
     wake: Notify,
     /// Changes ingested since the last sweep (to cut at max_entries without waiting).
@@ -50,10 +50,10 @@ pub struct Step {
 }
 
 impl Notifier {
-    pub fn new(config: Arc<Config>, source: Arc<Source>, hub: Arc<Hub>) -> Arc<Notifier> {
+    pub fn new(config: Arc<Config>, ctx: Arc<Context>, hub: Arc<Hub>) -> Arc<Notifier> {
         Arc::new(Notifier {
             config,
-            source,
+            ctx,
             hub,
             wake: Notify::new(),
             poked: AtomicUsize::new(0),
@@ -61,7 +61,7 @@ impl Notifier {
     }
 
     fn store(&self) -> &Store {
-        self.source.store()
+        self.ctx.store()
     }
 
     /// Tells the poller that `n` changes were just committed by this process.
@@ -169,8 +169,8 @@ impl Notifier {
         next.version += 1;
         let mut payloads: Vec<(Topic, String, Bytes)> = Vec::new();
         let (change_topic, framework_topic) = self.topics(set);
-        let urls = self.source.urls();
-        let sc = self.source.set_config(set);
+        let urls = self.ctx.urls();
+        let sc = self.ctx.set_config(set);
         let mut step = Step {
             more,
             ..Step::default()
@@ -309,7 +309,7 @@ impl Notifier {
         lists: &[ChangeListInfo],
         now: Timestamp,
     ) -> Vec<FrameworkEntry> {
-        let urls = self.source.urls();
+        let urls = self.ctx.urls();
         let mut out = Vec::new();
         let live: Vec<&PartInfo> = parts.iter().filter(|p| p.count > 0).collect();
         let rl_indexed = live.len() > 1;

@@ -4,8 +4,8 @@
 
 use crate::model::SetConfig;
 use crate::model::{Change, ChangeType, Timestamp};
+use crate::sitemap::entry::write_change;
 use crate::sitemap::{Ln, Md, Root, SitemapWriter};
-use crate::source::write_change;
 
 /// Change notification of `changes` (in forward chronological order) for [from, until).
 pub fn change_notification(

@@ -35,9 +35,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::config::OaiFormat;
+use crate::context::Context;
 use crate::model::origin::{self, RepositoryFacts};
 use crate::model::{ChangeType, Link, ResourceKey, SetName, Timestamp};
-use crate::source::Source;
 use crate::store::StoreError;
 
 pub use token::Position;
@@ -63,7 +63,7 @@ pub enum Failure {
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
-    Busy(#[from] crate::source::SourceError),
+    Busy(#[from] crate::context::Busy),
 }
 
 /// The verbs.
@@ -317,7 +317,7 @@ pub struct ListPage {
 }
 
 pub struct Repository {
-    source: Arc<Source>,
+    ctx: Arc<Context>,
     key: tokio::sync::OnceCell<[u8; 32]>,
     /// Pages of ListRecords kept on disk (`None`: `oai.list_cache_max_bytes` is 0, or the
     /// folder could not be made).
@@ -375,8 +375,8 @@ fn token(more: bool, had_token: bool, pos: &Position, key: &[u8; 32]) -> Option<
 }
 
 impl Repository {
-    pub fn new(source: Arc<Source>) -> Repository {
-        let config = source.config();
+    pub fn new(ctx: Arc<Context>) -> Repository {
+        let config = ctx.config();
         let lists = (config.oai.list_cache_max_bytes > 0)
             .then(|| {
                 let dir = config.page_cache_dir().join("oai-lists");
@@ -389,30 +389,30 @@ impl Repository {
             })
             .flatten();
         Repository {
-            source,
+            ctx,
             key: tokio::sync::OnceCell::new(),
             lists,
             facts: tokio::sync::Mutex::new(None),
         }
     }
 
-    pub fn source(&self) -> &Source {
-        &self.source
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
     }
 
     /// The key signing tokens, kept in the store so every process and restart shares it.
     async fn key(&self) -> Result<&[u8; 32], StoreError> {
         self.key
-            .get_or_try_init(|| crate::store::shared_key(self.source.store(), "oai-token-key"))
+            .get_or_try_init(|| crate::store::shared_key(self.ctx.store(), "oai-token-key"))
             .await
     }
 
     /// The sets served over OAI-PMH, in name order.
     pub async fn sets(&self) -> Result<Vec<OaiSet>, StoreError> {
-        let config = self.source.config();
+        let config = self.ctx.config();
         let facts = self.facts().await?;
         let mut out = Vec::new();
-        for info in self.source.store().sets().await? {
+        for info in self.ctx.store().sets().await? {
             if let Some(format) = config.oai_format(info.name.as_str()) {
                 let collected = config.collect.get(info.name.as_str()).map(|c| {
                     Arc::new(Collected {
@@ -437,8 +437,8 @@ impl Repository {
             return Ok(f.clone());
         }
         let mut map = HashMap::new();
-        for name in self.source.config().collect.keys() {
-            if let Some((json, _)) = self.source.store().state(&origin::facts_key(name)).await? {
+        for name in self.ctx.config().collect.keys() {
+            if let Some((json, _)) = self.ctx.store().state(&origin::facts_key(name)).await? {
                 match serde_json::from_str::<RepositoryFacts>(&json) {
                     Ok(f) => {
                         map.insert(name.clone(), f);
@@ -469,7 +469,7 @@ impl Repository {
         let mut earliest: Option<Timestamp> = None;
         for s in self.sets().await? {
             let page = self
-                .source
+                .ctx
                 .store()
                 .changes(&s.name, Timestamp(0), None, None, 1)
                 .await?;
@@ -490,7 +490,7 @@ impl Repository {
         resource: Option<crate::model::Resource>,
         links: &[Link],
     ) -> Item {
-        let sc = self.source.set_config(&set.name);
+        let sc = self.ctx.set_config(&set.name);
         let rel = key.0.strip_prefix("path:");
         let file = resource
             .as_ref()
@@ -553,9 +553,9 @@ impl Repository {
                 return Ok(Some((item, s.clone())));
             }
         }
-        sets.sort_by_key(|s| std::cmp::Reverse(self.source.set_config(&s.name).url_prefix.len()));
+        sets.sort_by_key(|s| std::cmp::Reverse(self.ctx.set_config(&s.name).url_prefix.len()));
         for s in sets {
-            let sc = self.source.set_config(&s.name);
+            let sc = self.ctx.set_config(&s.name);
             let mut keys = vec![ResourceKey(format!("url:{identifier}"))];
             if let Some(rest) = identifier.strip_prefix(&sc.url_prefix) {
                 let rel = percent_encoding::percent_decode_str(rest).decode_utf8_lossy();
@@ -574,7 +574,7 @@ impl Repository {
         s: &OaiSet,
         keys: &[ResourceKey],
     ) -> Result<Option<Item>, StoreError> {
-        let store = self.source.store();
+        let store = self.ctx.store();
         let latest = store
             .latest_changes(&s.name, keys, Timestamp(i64::MAX))
             .await?;
@@ -678,8 +678,8 @@ impl Repository {
             // Made again over the same stretch of the log: the pages after it keep their keys.
             return Ok(Err((!e.exhausted).then_some(e.next_after)));
         };
-        self.source.metrics().oai_list_pages_kept.inc();
-        let store = self.source.store();
+        self.ctx.metrics().oai_list_pages_kept.inc();
+        let store = self.ctx.store();
         // The set's last page then: is it still?
         let exhausted = e.exhausted
             && store
@@ -726,7 +726,7 @@ impl Repository {
             Err(e) => return Ok(Err(e)),
         };
         let mut items = Vec::new();
-        let store = self.source.store();
+        let store = self.ctx.store();
         // Every change dated before the bound that this process is writing, in the log first.
         store.settle(Timestamp(pos.bound)).await;
         let sub: Option<String> = pos
@@ -856,7 +856,7 @@ impl Repository {
         pos: &Position,
         sub: Option<&str>,
     ) -> Result<(Vec<crate::model::Change>, Vec<walk::Seen>, bool), StoreError> {
-        let store = self.source.store();
+        let store = self.ctx.store();
         let after = pos
             .after
             .map(|(dt, id)| store.change_cursor(Timestamp(dt), id));
@@ -898,7 +898,7 @@ impl Repository {
             .map(|c| c.key.clone())
             .collect();
         let now = self
-            .source
+            .ctx
             .store()
             .resources_by_key(&s.name, &live_keys)
             .await?;
@@ -926,7 +926,7 @@ impl Repository {
         e: &Arc<cache::Entry>,
         bound: i64,
     ) -> Result<Option<std::fs::File>, StoreError> {
-        let store = self.source.store();
+        let store = self.ctx.store();
         let made = e.bound();
         // Whether a change is dated between the page's bound and the list's, either way round.
         let dated_between = || async {
@@ -994,8 +994,8 @@ impl Repository {
     /// How long after its datetime a change may still become visible (µs): the store's own
     /// lag, or `notify.hold_back_secs` when the operator says writers may be later.
     fn visibility_lag(&self) -> i64 {
-        let hold_back = self.source.config().notify.hold_back_secs as i64 * 1_000_000;
-        self.source.store().visibility_lag_micros().max(hold_back)
+        let hold_back = self.ctx.config().notify.hold_back_secs as i64 * 1_000_000;
+        self.ctx.store().visibility_lag_micros().max(hold_back)
     }
 
     /// A weak validator of the answer to `pairs` and when what it depends on last changed:
@@ -1007,7 +1007,7 @@ impl Repository {
         pairs: &[(String, String)],
     ) -> Result<(String, Timestamp), StoreError> {
         use sha2::Digest as _;
-        let config = self.source.config();
+        let config = self.ctx.config();
         let mut h = sha2::Sha256::new();
         let mut sorted: Vec<&(String, String)> = pairs.iter().collect();
         sorted.sort();
@@ -1025,7 +1025,7 @@ impl Repository {
                 // Its repository's sets and their names (ListSets), and what provenance says.
                 h.update(format!("{:?}", (&c.base_url, &c.facts)).as_bytes());
             }
-            if let Some(c) = self.source.store().latest_change(&s.name).await? {
+            if let Some(c) = self.ctx.store().latest_change(&s.name).await? {
                 h.update(format!(":{}:{}", c.datetime.0, c.id).as_bytes());
                 newest = newest.max(c.datetime);
             }
@@ -1037,7 +1037,7 @@ impl Repository {
 
     /// Answers one request (the pairs of its query or form).
     pub async fn answer(&self, pairs: &[(String, String)]) -> Result<Answer, Failure> {
-        let config = self.source.config();
+        let config = self.ctx.config();
         let base = format!("{}/oai", config.base_url());
         let req = match parse_request(pairs) {
             Ok(r) => r,
@@ -1113,11 +1113,11 @@ impl Repository {
                 // a build slot is taken (the list waits again, briefly, for those dated up to
                 // its bound). A token's bound is older.
                 if !req.args.contains_key("resumptionToken") {
-                    self.source.store().settle(Timestamp::now()).await;
+                    self.ctx.store().settle(Timestamp::now()).await;
                 }
                 // A page is made on the documents' bounded build slots, held until it is
                 // written out.
-                let slot = self.source.build_slot().await?;
+                let slot = self.ctx.build_slot().await?;
                 let sets = self.sets().await?;
                 match self.list(&req, page_size, &sets).await? {
                     Ok(page) => {

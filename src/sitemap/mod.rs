@@ -3,6 +3,7 @@
 //! back (used by tests and by anything that consumes ResourceSync documents).
 
 pub mod element;
+pub mod entry;
 mod read;
 
 pub use read::{parse, Bounded, Document, EntryReader, ParsedEntry, ReadError};

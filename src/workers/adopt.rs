@@ -7,19 +7,19 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::context::Context;
 use crate::hub::Hub;
-use crate::source::Source;
 
 pub async fn run(
-    source: Arc<Source>,
+    ctx: Arc<Context>,
     hub: Arc<Hub>,
     adopted: impl Fn(usize) + Send + 'static,
     cancel: CancellationToken,
 ) {
-    let every = Duration::from_millis(source.config().notify.poll_interval_ms.max(1));
+    let every = Duration::from_millis(ctx.config().notify.poll_interval_ms.max(1));
     loop {
         if hub.is_delivering() {
-            match source.store().adopt_external(source.as_ref()).await {
+            match ctx.store().adopt_external(ctx.as_ref()).await {
                 Ok(a) => {
                     if a.adopted > 0 {
                         tracing::debug!(changes = a.adopted, "external documents adopted");

@@ -1400,7 +1400,7 @@ async fn a_set_collected_under_the_old_paths_moves_to_the_new_ones() {
         .apply(
             &set,
             changes,
-            resourcesync_hub::source::list_policy(&cfg, &set),
+            resourcesync_hub::context::list_policy(&cfg, &set),
             Timestamp::now(),
         )
         .await

@@ -414,7 +414,7 @@ async fn an_idle_open_change_list_closes_when_its_period_is_over() {
         .await
         .unwrap();
     let set = SetName::parse("s").unwrap();
-    let policy = resourcesync_hub::source::list_policy(&app.config, &set);
+    let policy = resourcesync_hub::context::list_policy(&app.config, &set);
     assert_eq!(
         store
             .rollover_if_due(&set, policy, Timestamp::now())

@@ -18,6 +18,7 @@ const FLOORS: &[&[&str]] = &[
     &["model"],
     &["config"],
     &["store", "sitemap"],
+    &["context"],
     &["source", "hub", "package"],
     &["notify", "ingest", "import", "workers", "destination"],
     &["error", "demo", "dump", "collect", "oaipmh"],
@@ -352,4 +353,94 @@ fn the_readme_and_guides_link_to_what_exists() {
         lines <= 400,
         "the README has {lines} lines: guides go to docs/"
     );
+}
+
+/// The non-test functions of a file and their lengths in lines: a `fn` from its signature to
+/// the closing brace at its own indentation; a file's `#[cfg(test)] mod tests` is left out.
+fn function_lengths(text: &str) -> Vec<(String, usize)> {
+    let text = text.split("#[cfg(test)]\nmod tests").next().unwrap_or(text);
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        let t = l.trim_start();
+        let indent = l.len() - t.len();
+        let sig = t
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(crate) ")
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("async ");
+        let Some(name) = sig.strip_prefix("fn ") else {
+            continue;
+        };
+        let name: String = name
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        let close = format!("{}}}", " ".repeat(indent));
+        if let Some(end) = lines[i..].iter().position(|l| l.starts_with(&close)) {
+            out.push((name, end + 1));
+        }
+    }
+    out
+}
+
+#[test]
+fn function_lengths_are_read() {
+    let text = "fn a() {\n    x();\n}\n\nimpl X {\n    pub async fn b(\n        y: u8,\n    ) {\n        if y {\n        }\n    }\n}\n#[cfg(test)]\nmod tests {\n    fn long() {\n    }\n}\n";
+    assert_eq!(
+        function_lengths(text),
+        [("a".to_string(), 3), ("b".to_string(), 6)]
+    );
+}
+
+/// The house's counts (issue 59): no file of `src/source/` over 600 lines, no non-test
+/// function over 150 lines in the protocol code (`oaipmh/`, `collect/`, `hub/`,
+/// `admin_cli.rs`), and the parts the server hands a context never reach for the page
+/// generator (`crate::source`).
+#[test]
+fn the_house_keeps_its_counts() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut problems = Vec::new();
+    let mut files = Vec::new();
+    rust_files(&src.join("source"), &mut files);
+    for f in &files {
+        let n = std::fs::read_to_string(f).unwrap().lines().count();
+        if n > 600 {
+            problems.push(format!("{}: {n} lines (at most 600)", f.display()));
+        }
+    }
+    let mut files = Vec::new();
+    for d in ["oaipmh", "collect", "hub", "admin_cli.rs"] {
+        rust_files(&src.join(d), &mut files);
+    }
+    for f in &files {
+        for (name, n) in function_lengths(&std::fs::read_to_string(f).unwrap()) {
+            if n > 150 {
+                problems.push(format!(
+                    "{}: fn {name} is {n} lines (at most 150)",
+                    f.display()
+                ));
+            }
+        }
+    }
+    let mut files = Vec::new();
+    for d in [
+        "collect",
+        "oaipmh",
+        "notify",
+        "dump",
+        "ingest.rs",
+        "workers",
+    ] {
+        rust_files(&src.join(d), &mut files);
+    }
+    for f in &files {
+        if crate_uses(&std::fs::read_to_string(f).unwrap()).contains(&"source".to_string()) {
+            problems.push(format!(
+                "{} uses crate::source: it is handed the context",
+                f.display()
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
 }

@@ -848,7 +848,7 @@ struct TopicRow {
 
 async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response, ConsoleError> {
     let s = session(&st, &headers).await?;
-    let store = st.source.store();
+    let store = st.ctx.store();
     let topics = st.hub.store().hub_topics().await?;
     let stats = collect_stats(&st).await?;
     let mut out = Vec::new();
@@ -885,7 +885,7 @@ async fn sets(State(st): State<AppState>, headers: HeaderMap) -> Result<Response
         })
         .collect();
         out.push(json!({
-            "capability_list": st.source.urls().capability_list(&set.name),
+            "capability_list": st.ctx.urls().capability_list(&set.name),
             "name": name,
             "resources": counts.resources,
             "changes": counts.changes,
