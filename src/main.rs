@@ -92,7 +92,11 @@ enum HarvestCommand {
         source: Option<String>,
     },
     /// Print the commented default harvest configuration.
-    Config,
+    Config {
+        /// The source's URL to write in it (`source.url`; its Source Description).
+        #[arg(long, value_name = "URL")]
+        url: Option<String>,
+    },
     /// Ingestion 3 output: write a new complete snapshot now (previous snapshot + the changes
     /// journaled since); prints what it wrote as JSON (a line per provider).
     Snapshot {
@@ -207,7 +211,9 @@ async fn real_main(cli: Cli) -> anyhow::Result<()> {
                     config.admin.token.expose()
                 );
                 println!(
-                    "Harvest it: {me} harvest config > harvest.toml (its source.url is {base}/.well-known/resourcesync when the demo listens on its default address), then {me} harvest --config harvest.toml"
+                    "Harvest it into ./mirror:
+  {me} harvest config --url {base}/.well-known/resourcesync > harvest.toml
+  {me} harvest --config harvest.toml"
                 );
             }
             app::run(config, listener, app::shutdown_signal()).await
@@ -373,8 +379,8 @@ fn warn_unserved(config: &Config, set: &str, dir: &std::path::Path) {
 async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
     use resourcesync_hub::destination::{self, config::HarvestConfig};
     let command = args.command.unwrap_or(HarvestCommand::Run);
-    if let HarvestCommand::Config = command {
-        print!("{}", destination::config::HARVEST_DEFAULTS_TOML);
+    if let HarvestCommand::Config { url } = &command {
+        print!("{}", destination::config::defaults_for(url.as_deref()));
         return Ok(());
     }
     let cfg = HarvestConfig::load(args.config.as_deref())?;
@@ -408,6 +414,6 @@ async fn harvest(args: HarvestArgs) -> anyhow::Result<()> {
             );
             Ok(())
         }
-        HarvestCommand::Config => unreachable!(),
+        HarvestCommand::Config { .. } => unreachable!(),
     }
 }

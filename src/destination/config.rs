@@ -11,6 +11,28 @@ use serde::{Deserialize, Serialize};
 /// The commented defaults, the first layer (and the reference).
 pub const HARVEST_DEFAULTS_TOML: &str = include_str!("harvest.default.toml");
 
+/// The commented defaults (`harvest config`), with `source.url` set to `url` when given.
+pub fn defaults_for(url: Option<&str>) -> String {
+    let Some(url) = url else {
+        return HARVEST_DEFAULTS_TOML.to_string();
+    };
+    let mut done = false;
+    HARVEST_DEFAULTS_TOML
+        .lines()
+        .map(|l| {
+            if !done && l.starts_with("url = ") {
+                done = true;
+                // A JSON string is a TOML basic string (the same escapes).
+                format!("url = {}", serde_json::Value::from(url))
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+        + "\n"
+}
+
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HarvestConfig {
@@ -604,6 +626,18 @@ fn is_provider_token(p: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_defaults_with_a_url_name_that_source_and_change_nothing_else() {
+        let url = "http://127.0.0.1:41234/.well-known/resourcesync?a=\"b\"";
+        let text = defaults_for(Some(url));
+        let cfg: toml::Value = toml::from_str(&text).unwrap();
+        assert_eq!(cfg["source"]["url"].as_str(), Some(url));
+        let plain: toml::Value = toml::from_str(HARVEST_DEFAULTS_TOML).unwrap();
+        let mut other = cfg.clone();
+        other["source"]["url"] = plain["source"]["url"].clone();
+        assert_eq!(other, plain);
+        assert_eq!(defaults_for(None), HARVEST_DEFAULTS_TOML);
+    }
 
     #[test]
     fn a_console_other_hosts_can_reach_needs_a_token() {

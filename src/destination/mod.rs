@@ -106,6 +106,12 @@ struct Parts {
     hosts: fetch::Hosts,
     /// The baselines running now, for the console.
     baselines: Baselines,
+    /// Every task of the process: the sources, their housekeeping, the console's audits.
+    /// Shutdown cancels `cancel` and waits for them all.
+    tasks: tokio_util::task::TaskTracker,
+    /// Cancelled at shutdown; each source runs under a child of it, which SIGHUP cancels when
+    /// the source leaves the configuration.
+    cancel: tokio_util::sync::CancellationToken,
 }
 
 /// The baselines running now: (source, set) -> their progress bar (position and length kept
@@ -192,6 +198,8 @@ impl Parts {
             checks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             hosts: fetch::Hosts::default(),
             baselines: Baselines::default(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            cancel: tokio_util::sync::CancellationToken::new(),
         }))
     }
 
@@ -584,13 +592,13 @@ pub async fn run_reloading(
         anyhow::bail!(why);
     }
     let inbox = follow::Wakes::default();
-    let cancel = tokio_util::sync::CancellationToken::new();
+    let parts = Parts::open(&cfg)?;
+    let cancel = parts.cancel.clone();
     let stop = cancel.clone();
     tokio::spawn(async move {
         shutdown.await;
         stop.cancel();
     });
-    let parts = Parts::open(&cfg)?;
     let (console_at, console_token) = cfg.console_at()?;
     let console = || console::router(cfg.clone(), parts.clone(), console_token.clone());
     let mut callback_base = cfg.push.callback_url.clone();
@@ -633,29 +641,43 @@ pub async fn run_reloading(
     if console_at == config::ConsoleAt::Off {
         tracing::info!("no console (console.listen = \"off\", or push.listen is not a loopback address: give console.listen one)");
     }
-    let mut sources = tokio::task::JoinSet::new();
-    let housekeeping = tokio_util::task::TaskTracker::new();
-    // By source name: what it was started with and its task.
+    // A source's task ends with an error only for what stops the harvester: its
+    // configuration asks for what the source does not offer (at start), or the state failed.
+    let (failed, mut failures) = tokio::sync::mpsc::unbounded_channel::<anyhow::Error>();
+    // By source name: what it was started with and the token that stops it.
     let mut running: std::collections::HashMap<String, Running> = Default::default();
     // `fatal`: a configuration error of the source (a set it does not offer) stops the
     // harvester (at start); a source added by SIGHUP only stops itself, and says why.
-    let start = |source: &config::NamedSource,
-                 sources: &mut tokio::task::JoinSet<anyhow::Result<()>>,
-                 fatal: bool|
-     -> anyhow::Result<Running> {
+    let start = |source: &config::NamedSource, fatal: bool| -> anyhow::Result<Running> {
         let h = Arc::new(Harvester::new(&cfg, source, callback_base.clone(), &parts)?);
         let keeping = Housekeeping {
-            tracker: housekeeping.clone(),
+            tracker: parts.tasks.clone(),
             busy: Default::default(),
         };
-        let task = sources.spawn(follow_source(h, inbox.clone(), keeping, fatal));
+        let stop = parts.cancel.child_token();
+        let (until, failed, wakes) = (stop.clone(), failed.clone(), inbox.clone());
+        parts.tasks.spawn(async move {
+            let label = h.label().to_string();
+            // Cancelled (SIGHUP, shutdown): the source's work ends at the step it waits on;
+            // what it applied is in the state, and its next start goes on from there.
+            let r = tokio::select! {
+                r = follow_source(h, wakes, keeping, fatal) => r,
+                _ = until.cancelled() => Ok(()),
+            };
+            match r {
+                Ok(()) => tracing::debug!(source = %label, "source stopped"),
+                Err(e) => {
+                    let _ = failed.send(e);
+                }
+            }
+        });
         Ok(Running {
             source: source.clone(),
-            task,
+            stop,
         })
     };
     for source in cfg.source_list() {
-        running.insert(source.name.clone(), start(&source, &mut sources, true)?);
+        running.insert(source.name.clone(), start(&source, true)?);
     }
     #[cfg(unix)]
     let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
@@ -666,15 +688,8 @@ pub async fn run_reloading(
             #[cfg(not(unix))]
             let hup = std::future::pending::<Option<()>>();
             tokio::select! {
-                // A source's loop ends only with an error of configuration (a set it does not
-                // offer): that stops the harvester. (A stopped one ends cancelled.)
-                Some(r) = sources.join_next() => {
-                    match r {
-                        Ok(r) => r?,
-                        Err(e) if e.is_cancelled() => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                // A source's loop ends with an error only for what stops the harvester.
+                Some(e) = failures.recv() => return Err(e),
                 _ = hup => {
                     let Some(path) = &reload else {
                         tracing::info!("SIGHUP: no configuration file to read again");
@@ -693,7 +708,7 @@ pub async fn run_reloading(
                                 let keep = wanted.iter().any(|w| w == &r.source);
                                 if !keep {
                                     tracing::info!(source = %name, "SIGHUP: source stopped");
-                                    r.task.abort();
+                                    r.stop.cancel();
                                     stopped += 1;
                                 }
                                 keep
@@ -701,7 +716,7 @@ pub async fn run_reloading(
                             let mut started = 0;
                             for w in wanted {
                                 if !running.contains_key(&w.name) {
-                                    match start(&w, &mut sources, false) {
+                                    match start(&w, false) {
                                         Ok(r) => {
                                             tracing::info!(source = %w.name, "SIGHUP: source started");
                                             running.insert(w.name.clone(), r);
@@ -724,13 +739,14 @@ pub async fn run_reloading(
         r = work => r?,
         _ = cancel.cancelled() => {}
     }
-    sources.abort_all();
-    // Blocking work stops at its next step: a package being unpacked at its next entry, a
-    // snapshot being written at its next record (redone at the next start).
+    // Every source, housekeeping task and audit is told to stop, and waited for. Blocking
+    // work stops at its next step: a package being unpacked at its next entry, a snapshot
+    // being written at its next record (redone at the next start).
+    cancel.cancel();
     parts.stop.store(true, Ordering::Relaxed);
     parts.interrupt();
-    housekeeping.close();
-    housekeeping.wait().await;
+    parts.tasks.close();
+    parts.tasks.wait().await;
     for mut s in [server, console_server].into_iter().flatten() {
         // A delivery still being read (a hub trickling its body) does not hold the exit.
         if tokio::time::timeout(Duration::from_secs(1), &mut s)
@@ -743,10 +759,10 @@ pub async fn run_reloading(
     Ok(())
 }
 
-/// A source being followed: what it was started with, its task and its housekeeping.
+/// A source being followed: what it was started with, and the token that stops it.
 struct Running {
     source: config::NamedSource,
-    task: tokio::task::AbortHandle,
+    stop: tokio_util::sync::CancellationToken,
 }
 
 /// A source's housekeeping (Ingestion 3 exports and snapshots): its tasks are owned by the

@@ -308,16 +308,16 @@ pub(crate) fn set_facts(state: &State, s: &state::SetRow) -> anyhow::Result<SetF
 /// configuration names several sources) and its sets, from one reading of the state.
 pub(crate) fn source_page(
     cfg: &HarvestConfig,
+    state: &State,
     name: &str,
 ) -> anyhow::Result<(String, Vec<SetFacts>)> {
-    let state = open_state(cfg)?;
     let only = (!cfg.sources.is_empty()).then_some(name);
-    let status = status_in(cfg, &state, only)?;
+    let status = status_in(cfg, state, only)?;
     let sets = state
         .sets()?
         .iter()
         .filter(|s| s.source == name)
-        .map(|s| set_facts(&state, s))
+        .map(|s| set_facts(state, s))
         .collect::<anyhow::Result<_>>()?;
     Ok((status, sets))
 }
@@ -540,13 +540,22 @@ fn chosen(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Vec<config:
 
 /// `harvest audit [--source NAME]`: [`audit`] of one source, or of every source.
 pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<(String, bool)> {
+    audit_with(&Parts::open(cfg)?, cfg, only).await
+}
+
+/// [`audit_of`] on a process's parts (the running harvester's, for its console: its fetch
+/// limits and its state).
+pub(crate) async fn audit_with(
+    parts: &Arc<Parts>,
+    cfg: &HarvestConfig,
+    only: Option<&str>,
+) -> anyhow::Result<(String, bool)> {
     let sources = chosen(cfg, only)?;
-    let parts = Parts::open(cfg)?;
     let mut out = String::new();
     let mut in_sync = true;
     let many = !cfg.sources.is_empty();
     for source in &sources {
-        let h = Harvester::new(cfg, source, String::new(), &parts)?;
+        let h = Harvester::new(cfg, source, String::new(), parts)?;
         if many {
             out.push_str(&format!("source {} ({}):\n", source.name, source.url));
         }

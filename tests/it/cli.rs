@@ -376,3 +376,87 @@ fn an_empty_server_says_what_to_do_next() {
         "{help}"
     );
 }
+
+/// The files under `dir`, at any depth (none when it does not exist).
+fn files_under(dir: &std::path::Path) -> usize {
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    rd.flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() {
+                files_under(&p)
+            } else {
+                usize::from(!e.file_name().to_string_lossy().starts_with('.'))
+            }
+        })
+        .sum()
+}
+
+/// The commands `serve --demo` prints after the README's first command run as printed, before
+/// anything is installed: the admin API's, and a harvest of the demo into `./mirror`.
+#[test]
+fn the_commands_the_demo_prints_run_as_printed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let work = tmp.path().join("work");
+    std::fs::create_dir(&work).unwrap();
+    let server = ChildServer::demo(tmp.path());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(crate::support::wait_until(
+        "the demo's commands printed",
+        || async { server.stdout().contains("harvest --config") },
+    ));
+    let printed = server.stdout();
+    let commands: Vec<&str> = printed
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter(|l| l.starts_with(BIN))
+        .collect();
+    assert_eq!(
+        commands.len(),
+        3,
+        "an admin and two harvest commands:\n{printed}"
+    );
+    let sh = |command: &str| {
+        let out = Command::new("sh")
+            .args(["-c", command])
+            .current_dir(&work)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{command}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stats = sh(commands[0]);
+    assert!(
+        stats.contains("demo"),
+        "admin stats names the demo set: {stats}"
+    );
+    sh(commands[1]);
+    assert!(work.join("harvest.toml").exists());
+    let mut harvest = Command::new("sh")
+        .args(["-c", &format!("exec {}", commands[2])])
+        .current_dir(&work)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    rt.block_on(crate::support::wait_until(
+        "the demo's 24 files in ./mirror",
+        || async { files_under(&work.join("mirror")) >= 24 },
+    ));
+    assert_eq!(files_under(&work.join("mirror")), 24);
+    let killed = Command::new("kill")
+        .args(["-TERM", &harvest.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    assert!(
+        harvest.wait().unwrap().success(),
+        "the harvester stops on SIGTERM"
+    );
+}

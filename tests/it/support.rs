@@ -369,6 +369,8 @@ pub struct ChildServer {
     pub child: std::process::Child,
     pub addr: String,
     pub log: std::sync::Arc<std::sync::Mutex<String>>,
+    /// What it printed on its standard output.
+    pub out: std::sync::Arc<std::sync::Mutex<String>>,
 }
 
 impl ChildServer {
@@ -399,10 +401,20 @@ impl ChildServer {
             cmd.env("RUST_LOG", "info");
         }
         let mut child = cmd
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let (stdout, sink) = (child.stdout.take().unwrap(), out.clone());
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let mut o = sink.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        });
         let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
         let (tx, rx) = std::sync::mpsc::channel();
         let stderr = child.stderr.take().unwrap();
@@ -431,7 +443,17 @@ impl ChildServer {
         let addr = rx
             .recv_timeout(std::time::Duration::from_secs(30))
             .unwrap_or_else(|_| panic!("no listening line in:\n{}", log.lock().unwrap()));
-        ChildServer { child, addr, log }
+        ChildServer {
+            child,
+            addr,
+            log,
+            out,
+        }
+    }
+
+    /// What it printed on its standard output so far.
+    pub fn stdout(&self) -> String {
+        self.out.lock().unwrap().clone()
     }
 
     /// `serve --demo` with its data in `<dir>/data`.

@@ -191,15 +191,16 @@ async fn login(
         .unwrap_or_else(|e| page_error(StatusCode::SERVICE_UNAVAILABLE, e))
 }
 
-/// Reads the state on the blocking pool.
+/// Reads the running harvester's state (its one handle, on the blocking pool).
 async fn read<T: Send + 'static>(
     c: &Ctx,
-    f: impl FnOnce(&Console) -> anyhow::Result<T> + Send + 'static,
+    f: impl FnOnce(&super::State, &Console) -> anyhow::Result<T> + Send + 'static,
 ) -> Result<T, Refusal> {
-    let c = c.clone();
-    tokio::task::spawn_blocking(move || f(&c))
+    let console = c.clone();
+    c.parts
+        .state
+        .run_any(move |s| f(s, &console))
         .await
-        .map_err(|e| Refusal::Page(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
         .map_err(|e| {
             Refusal::Page(
                 StatusCode::SERVICE_UNAVAILABLE,
@@ -213,10 +214,9 @@ async fn sources(AxState(c): AxState<Ctx>, headers: HeaderMap) -> Response {
         Ok(x) => x,
         Err(r) => return r.into_response(),
     };
-    let rows = match read(&c, |c| {
-        let state = super::State::open(&c.cfg.database_path())?;
+    let rows = match read(&c, |state, c| {
         let sets = state.sets()?;
-        super::report::source_rows(&state, &c.cfg.source_list(), &sets)
+        super::report::source_rows(state, &c.cfg.source_list(), &sets)
     })
     .await
     {
@@ -298,7 +298,11 @@ async fn source(
         Err(r) => return r.into_response(),
     };
     let only = src.name.clone();
-    let (status, sets) = match read(&c, move |c| super::report::source_page(&c.cfg, &only)).await {
+    let (status, sets) = match read(&c, move |state, c| {
+        super::report::source_page(&c.cfg, state, &only)
+    })
+    .await
+    {
         Ok(t) => t,
         Err(r) => return r.into_response(),
     };
@@ -365,9 +369,16 @@ async fn audit(
         entry.running_since = Some(Timestamp::now());
     }
     let ctx = c.clone();
-    tokio::spawn(async move {
+    // On the harvester's own parts (its fetch limits, its state) and its task tracker: the
+    // audit takes its place among the walks, and shutdown stops it.
+    c.parts.tasks.spawn(async move {
         let only = (!ctx.cfg.sources.is_empty()).then_some(src.name.as_str());
-        let result = match super::report::audit_of(&ctx.cfg, only).await {
+        let audit = super::report::audit_with(&ctx.parts, &ctx.cfg, only);
+        let done = tokio::select! {
+            r = audit => r,
+            _ = ctx.parts.cancel.cancelled() => return,
+        };
+        let result = match done {
             Ok((report, in_sync)) => Audit {
                 at: Timestamp::now().to_string(),
                 in_sync,
