@@ -8,7 +8,9 @@ use std::time::Duration;
 use serde::Deserialize;
 use tokio::time::Instant;
 
-use super::Hub;
+use std::sync::Arc;
+
+use super::policy::AddressPolicy;
 use crate::model::websub::{DeliveryAuth, Subscription};
 
 /// The most of a token endpoint's answer read.
@@ -39,18 +41,18 @@ struct TokenAnswer {
 }
 
 impl Link {
-    pub fn new(hub: &Hub, sub: &Subscription) -> Link {
+    pub fn new(clients: &Clients, sub: &Subscription) -> Link {
         Link {
             auth: sub.auth.clone(),
-            client: hub.client_for(sub.auth.as_ref()),
+            client: clients.client_for(sub.auth.as_ref()),
             token: None,
         }
     }
 
     /// Follows a change of the subscription's auth (a new client, no token).
-    pub fn update(&mut self, hub: &Hub, sub: &Subscription) {
+    pub fn update(&mut self, clients: &Clients, sub: &Subscription) {
         if sub.auth != self.auth {
-            *self = Link::new(hub, sub);
+            *self = Link::new(clients, sub);
         }
     }
 
@@ -60,7 +62,11 @@ impl Link {
 
     /// The bearer token to send, if the subscription uses OAuth2: the one held unless it is
     /// about to expire or `fresh` is asked for (after a 401), else one fetched now.
-    pub async fn bearer(&mut self, hub: &Hub, fresh: bool) -> Result<Option<String>, String> {
+    pub async fn bearer(
+        &mut self,
+        clients: &Clients,
+        fresh: bool,
+    ) -> Result<Option<String>, String> {
         let Some(DeliveryAuth::Oauth2 {
             token_url,
             client_id,
@@ -78,13 +84,13 @@ impl Link {
         self.token = None;
         let what = "the OAuth2 token URL";
         let url = url::Url::parse(token_url).map_err(|e| format!("{what} {token_url}: {e}"))?;
-        hub.policy.check_before_sending(&url, what).await?;
-        check_secret_transport(&hub.policy, &url)?;
+        clients.policy.check_before_sending(&url, what).await?;
+        check_secret_transport(&clients.policy, &url)?;
         let mut form = vec![("grant_type", "client_credentials")];
         if let Some(s) = scope {
             form.push(("scope", s.as_str()));
         }
-        let mut resp = hub
+        let mut resp = clients
             .client
             .post(url)
             .basic_auth(client_id, Some(client_secret))
@@ -92,7 +98,7 @@ impl Link {
             .send()
             .await
             .map_err(|e| format!("{what} {token_url}: {}", crate::cause::chain(&e)))?;
-        hub.policy.check_peer(&resp)?;
+        clients.policy.check_peer(&resp)?;
         let status = resp.status();
         let mut body = Vec::new();
         while let Some(c) = resp
@@ -161,7 +167,34 @@ fn token_life(expires_in: Option<u64>) -> Duration {
     life - TOKEN_MARGIN.min(life / 10)
 }
 
-impl Hub {
+/// The hub's HTTP clients: its own, and for a mutual-TLS subscription one made with its
+/// certificate, all through the address policy; and what a subscription's auth must satisfy.
+pub struct Clients {
+    policy: Arc<AddressPolicy>,
+    client: reqwest::Client,
+    timeout: Duration,
+}
+
+impl Clients {
+    pub(super) fn new(policy: Arc<AddressPolicy>, timeout: Duration) -> reqwest::Result<Clients> {
+        let client = super::client_builder(&policy, timeout).build()?;
+        Ok(Clients {
+            policy,
+            client,
+            timeout,
+        })
+    }
+
+    /// The address policy every request of the hub goes through.
+    pub fn policy(&self) -> &Arc<AddressPolicy> {
+        &self.policy
+    }
+
+    /// The hub's own client.
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
     /// The client a subscription's deliveries go through: the hub's, or for mutual TLS one
     /// with its client certificate (and the CA it trusts for that receiver).
     pub(super) fn client_for(
@@ -183,7 +216,7 @@ impl Hub {
                     crate::cause::chain(&e)
                 )
             })?;
-        let mut b = self.client_builder().identity(identity);
+        let mut b = super::client_builder(&self.policy, self.timeout).identity(identity);
         if let Some(ca) = ca {
             for c in reqwest::Certificate::from_pem_bundle(ca.as_bytes())
                 .map_err(|e| format!("the CA: {}", crate::cause::chain(&e)))?
@@ -197,7 +230,7 @@ impl Hub {
 
     /// Whether `auth` can be used for `sub`: a client certificate and key that make a client,
     /// an https callback for mutual TLS, a token URL the address policy permits.
-    pub fn check_auth(&self, sub: &Subscription, auth: &DeliveryAuth) -> Result<(), String> {
+    pub fn check(&self, sub: &Subscription, auth: &DeliveryAuth) -> Result<(), String> {
         match auth {
             DeliveryAuth::Mtls { .. } => {
                 if sub.callback.url().scheme() != "https" {

@@ -640,7 +640,7 @@ async fn run_lane(
 ) {
     // A subscription's callback never changes (a new callback is a new subscription).
     let target = target(&hub, &sub);
-    let mut link = Link::new(&hub, &sub);
+    let mut link = Link::new(&hub.clients, &sub);
     let mut st = LaneState::new(sub, suspect);
     loop {
         loop {
@@ -652,7 +652,7 @@ async fn run_lane(
         }
         if std::mem::take(&mut st.updated) {
             // Its delivery auth may have changed (a new client, no token).
-            link.update(&hub, &st.sub);
+            link.update(&hub.clients, &st.sub);
         }
         st.note_missed(signals);
         let wake = match st.next(Instant::now(), Timestamp::now()) {
@@ -752,7 +752,8 @@ async fn run_lane(
                 if !hub.record(outcome, &grant).await || hub.cancel.is_cancelled() {
                     return;
                 }
-                if st.sub.failing_since.is_some() && hub.due_for_disable(&st.sub, Timestamp::now())
+                if st.sub.failing_since.is_some()
+                    && hub.steering.due_for_disable(&st.sub, Timestamp::now())
                 {
                     let error = error.unwrap_or_default();
                     match hub.disable(&st.sub, &error).await {
@@ -880,7 +881,10 @@ fn write_webhook_id(out: &mut impl std::fmt::Write, m: &Message) -> std::fmt::Re
 /// The callback URL, parsed and checked against the address policy once per subscription.
 fn target(hub: &Hub, sub: &Subscription) -> Result<url::Url, String> {
     let url = sub.callback.url();
-    hub.policy.check_url(&url, "callback").map(|()| url)
+    hub.clients
+        .policy()
+        .check_url(&url, "callback")
+        .map(|()| url)
 }
 
 async fn deliver(
@@ -905,12 +909,17 @@ async fn deliver(
     };
     // The target was checked against the policy once for the lane; behind a proxy (which
     // resolves names itself) its addresses are checked before each request.
-    if hub.policy.is_proxied() {
-        if let Err(e) = hub.policy.check_before_sending(&url, "callback").await {
+    if hub.clients.policy().is_proxied() {
+        if let Err(e) = hub
+            .clients
+            .policy()
+            .check_before_sending(&url, "callback")
+            .await
+        {
             return failed(e);
         }
     }
-    let token = match link.bearer(hub, false).await {
+    let token = match link.bearer(&hub.clients, false).await {
         Ok(t) => t,
         Err(e) => return failed(e),
     };
@@ -920,7 +929,7 @@ async fn deliver(
     };
     if link.uses_oauth2() && matches!(&sent, Ok(r) if r.status() == StatusCode::UNAUTHORIZED) {
         // The token was revoked or expired early: one fresh token, one more try.
-        match link.bearer(hub, true).await {
+        match link.bearer(&hub.clients, true).await {
             Ok(t) => match request(hub, &url, sub, m, t.as_deref()) {
                 Ok(r) => sent = client.execute(r).await,
                 Err(e) => return failed(e),
@@ -1030,9 +1039,9 @@ fn request(
 /// What a delivery's answer (or failure to get one) comes to.
 async fn settle_response(hub: &Hub, sent: reqwest::Result<reqwest::Response>) -> Attempt {
     match sent {
-        Ok(resp) if hub.policy.check_peer(&resp).is_err() => Attempt::Failed {
+        Ok(resp) if hub.clients.policy().check_peer(&resp).is_err() => Attempt::Failed {
             status: None,
-            error: hub.policy.check_peer(&resp).unwrap_err(),
+            error: hub.clients.policy().check_peer(&resp).unwrap_err(),
             retry_after: None,
         },
         Ok(mut resp) => {

@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use crate::model::websub::{signature, SignatureAlg};
+pub use auth::Clients;
 pub use policy::{guarded_client, is_internal, AddressPolicy};
 pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest, MAX_SECRET_BYTES};
 
@@ -301,8 +302,8 @@ impl Drop for Ticket {
 pub struct Hub {
     settings: HubSettings,
     store: Store,
-    policy: Arc<AddressPolicy>,
-    client: reqwest::Client,
+    /// Its HTTP clients and the address policy they go through.
+    clients: auth::Clients,
     /// The lanes: a plain mutex, never held across I/O (only to look lanes up, start, stop
     /// or feed them).
     lanes: Mutex<HashMap<SubscriptionId, Lane>>,
@@ -340,8 +341,8 @@ pub struct Hub {
     minutes: Mutex<std::collections::VecDeque<admin::Minute>>,
     /// How this process shares the store with others: leadership and delivery partitions.
     sharing: partition::Sharing,
-    /// Where disable events go (`hub.operator_webhook`).
-    operator: Option<steer::Operator>,
+    /// When a failing subscription is disabled, and whom that is told (`hub.operator_webhook`).
+    steering: steer::Steering,
     /// Lanes of this process that ended unexpectedly and were started again.
     lane_failures: Mutex<HashMap<model::SubscriptionId, LaneFailure>>,
 }
@@ -368,7 +369,7 @@ const RENEW_EVERY: Duration = Duration::from_secs(2);
 const SYNC_EVERY: Duration = Duration::from_millis(250);
 
 /// How the hub's HTTP clients are made (deliveries, verifications, topic fetches, tokens).
-fn client_builder(policy: &Arc<AddressPolicy>, settings: &HubSettings) -> reqwest::ClientBuilder {
+fn client_builder(policy: &Arc<AddressPolicy>, timeout: Duration) -> reqwest::ClientBuilder {
     policy::guarded_client(
         policy,
         concat!(
@@ -381,17 +382,12 @@ fn client_builder(policy: &Arc<AddressPolicy>, settings: &HubSettings) -> reqwes
     // The hub retries on its own schedule; reqwest's retries are for HTTP/2's refusals (not
     // spoken here), and its policy copies every request's headers in case it retries.
     .retry(reqwest::retry::never().max_retries_per_request(0))
-    .timeout(settings.request_timeout)
-    .connect_timeout(settings.request_timeout.min(Duration::from_secs(5)))
+    .timeout(timeout)
+    .connect_timeout(timeout.min(Duration::from_secs(5)))
     .pool_idle_timeout(Duration::from_secs(60))
 }
 
 impl Hub {
-    /// A builder for a client like the hub's (for one with a subscription's certificate).
-    fn client_builder(&self) -> reqwest::ClientBuilder {
-        client_builder(&self.policy, &self.settings)
-    }
-
     /// Builds the hub, restores every subscription's queue from the store and restarts
     /// verifications that were under way.
     pub async fn start(config: &Config, store: Store) -> anyhow::Result<Arc<Hub>> {
@@ -400,7 +396,8 @@ impl Hub {
             .then(|| url::Url::parse(&config.hub.egress_proxy))
             .transpose()?;
         let policy = Arc::new(AddressPolicy::new(&config.hub.allow_networks).through(proxy));
-        let client = client_builder(&policy, &settings).build()?;
+        let clients = auth::Clients::new(policy, settings.request_timeout)?;
+        let steering = steer::Steering::from_config(config, settings.disable_after)?;
         let (tx, rx) = mpsc::channel(OUTCOME_BUFFER);
         let writer_stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
@@ -422,8 +419,7 @@ impl Hub {
             verifying: Default::default(),
             settings,
             store,
-            policy,
-            client,
+            clients,
             lanes: Mutex::new(HashMap::new()),
             publish_order: tokio::sync::Mutex::new(()),
             outcomes: tx,
@@ -436,7 +432,7 @@ impl Hub {
             lane_failures: Mutex::new(HashMap::new()),
             minutes: Mutex::new(std::collections::VecDeque::new()),
             sharing: partition::Sharing::new(),
-            operator: steer::Operator::from_config(config)?,
+            steering,
         });
         if hub.store.is_shared() {
             let leader = hub.clone();
@@ -648,6 +644,11 @@ impl Hub {
         &self.store
     }
 
+    /// Its HTTP clients, the address policy they go through and the check of a delivery auth.
+    pub fn clients(&self) -> &Clients {
+        &self.clients
+    }
+
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.metrics
     }
@@ -660,11 +661,13 @@ impl Hub {
         req: SubscribeRequest,
     ) -> Result<(), HubError> {
         let cb_url = req.callback.url();
-        self.policy
+        self.clients
+            .policy()
             .check_url(&cb_url, "hub.callback")
             .map_err(HubError::BadRequest)?;
         if !self.settings.is_own_topic(&req.topic) {
-            self.policy
+            self.clients
+                .policy()
                 .check_url(&req.topic.url(), "hub.topic")
                 .map_err(HubError::BadRequest)?;
         }
@@ -887,7 +890,8 @@ impl Hub {
         }
         for t in &topics {
             {
-                self.policy
+                self.clients
+                    .policy()
                     .check_url(&t.url(), "hub.topic")
                     .map_err(HubError::BadRequest)?;
             }
@@ -917,8 +921,8 @@ impl Hub {
             }
         }
         match delivery::fetch(
-            &self.client,
-            &self.policy,
+            self.clients.client(),
+            self.clients.policy(),
             &topic,
             self.settings.max_body_bytes,
         )

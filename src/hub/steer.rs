@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::CONTENT_TYPE;
+use tokio_util::task::TaskTracker;
 
 use super::Hub;
 use crate::config::Config;
@@ -23,13 +24,68 @@ pub(super) struct Operator {
     client: reqwest::Client,
 }
 
+/// How subscriptions are steered beyond an admin's word: when one failing is disabled
+/// (`hub.disable_after_secs`) and whom that is told (`hub.operator_webhook`).
+pub(super) struct Steering {
+    disable_after: Option<Duration>,
+    operator: Option<Arc<Operator>>,
+}
+
+impl Steering {
+    pub(super) fn from_config(
+        c: &Config,
+        disable_after: Option<Duration>,
+    ) -> anyhow::Result<Steering> {
+        Ok(Steering {
+            disable_after,
+            operator: Operator::from_config(c)?.map(Arc::new),
+        })
+    }
+
+    /// Whether a lane's subscription has failed long enough to be disabled.
+    pub(super) fn due_for_disable(&self, sub: &Subscription, now: Timestamp) -> bool {
+        match (self.disable_after, sub.failing_since, sub.held) {
+            (Some(after), Some(since), None) => {
+                now.micros() - since.micros() >= after.as_micros() as i64
+            }
+            _ => false,
+        }
+    }
+
+    /// Says that `sub` was disabled by `hold` after failing since `since`: logged, and sent to
+    /// the operator webhook (on `tasks`, tried again a few times) when there is one.
+    fn disabled(&self, tasks: &TaskTracker, sub: &Subscription, hold: Hold, last_error: &str) {
+        let since = sub.failing_since.unwrap_or(hold.since);
+        tracing::warn!(
+            subscription = sub.id,
+            callback = %sub.callback,
+            failing_since = %since,
+            error = last_error,
+            "every delivery failed for hub.disable_after_secs: subscription disabled (resume it to deliver what it missed)"
+        );
+        let Some(op) = self.operator.clone() else {
+            return;
+        };
+        let data = serde_json::json!({
+            "subscription_id": sub.id.to_string(),
+            "topic": sub.topic.to_string(),
+            "callback": sub.callback.to_string(),
+            "failing_since": since.to_string(),
+            "disabled_at": hold.since.to_string(),
+            "last_error": last_error,
+        });
+        let id = format!("evt_disabled_{}_{}", sub.id, hold.since.0);
+        tasks.spawn(async move { op.send("subscription.disabled", id, data).await });
+    }
+}
+
 /// Attempts at an operator event (1, 2, 4, 8 s apart); then it is given up (and logged).
 const OPERATOR_ATTEMPTS: u32 = 5;
 
 impl Operator {
     /// The operator webhook configured, if any. It is the admin's own address (not a
     /// subscriber's), so the callback address policy does not apply; redirects are not followed.
-    pub(super) fn from_config(c: &Config) -> anyhow::Result<Option<Operator>> {
+    fn from_config(c: &Config) -> anyhow::Result<Option<Operator>> {
         let h = &c.hub;
         if h.operator_webhook.is_empty() {
             return Ok(None);
@@ -142,21 +198,11 @@ impl Hub {
         }
     }
 
-    /// Whether a lane's subscription has failed long enough to be disabled.
-    pub(super) fn due_for_disable(&self, sub: &Subscription, now: Timestamp) -> bool {
-        match (self.settings.disable_after, sub.failing_since, sub.held) {
-            (Some(after), Some(since), None) => {
-                now.micros() - since.micros() >= after.as_micros() as i64
-            }
-            _ => false,
-        }
-    }
-
     /// Disables a subscription that has failed for `hub.disable_after_secs` (unless an admin
     /// held it meanwhile): logged, counted, and told to the operator webhook. Returns the
     /// subscription as it now stands.
     pub(super) async fn disable(
-        self: &Arc<Self>,
+        &self,
         sub: &Subscription,
         last_error: &str,
     ) -> Result<Option<Subscription>, StoreError> {
@@ -171,31 +217,7 @@ impl Hub {
             // Paused by an admin in between: that stands.
             return Ok(Some(now));
         }
-        let since = sub.failing_since.unwrap_or(hold.since);
-        tracing::warn!(
-            subscription = sub.id,
-            callback = %sub.callback,
-            failing_since = %since,
-            error = last_error,
-            "every delivery failed for hub.disable_after_secs: subscription disabled (resume it to deliver what it missed)"
-        );
-        if self.operator.is_some() {
-            let data = serde_json::json!({
-                "subscription_id": sub.id.to_string(),
-                "topic": sub.topic.to_string(),
-                "callback": sub.callback.to_string(),
-                "failing_since": since.to_string(),
-                "disabled_at": hold.since.to_string(),
-                "last_error": last_error,
-            });
-            let id = format!("evt_disabled_{}_{}", sub.id, hold.since.0);
-            let hub = self.clone();
-            self.tasks.spawn(async move {
-                if let Some(op) = &hub.operator {
-                    op.send("subscription.disabled", id, data).await;
-                }
-            });
-        }
+        self.steering.disabled(&self.tasks, sub, hold, last_error);
         Ok(Some(now))
     }
 }

@@ -47,7 +47,10 @@ pub(super) async fn verify(hub: &Arc<Hub>, intent: Intent) {
 /// Sends the verification (or denial) request; `Err(reason)` when the intent is not confirmed.
 async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
     let mut url = intent.callback.url();
-    hub.policy.check_before_sending(&url, "callback").await?;
+    hub.clients
+        .policy()
+        .check_before_sending(&url, "callback")
+        .await?;
     let token = challenge();
     {
         let mut q = url.query_pairs_mut();
@@ -78,8 +81,8 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         .hub_subscription(&intent.topic, &intent.callback)
         .await
     {
-        Ok(Some(s)) if s.auth.is_some() => hub.client_for(s.auth.as_ref())?,
-        _ => hub.client.clone(),
+        Ok(Some(s)) if s.auth.is_some() => hub.clients.client_for(s.auth.as_ref())?,
+        _ => hub.clients.client().clone(),
     };
     let sent_at = Timestamp::now();
     // Once more at once when the request failed short of a timeout: the usual cause is a
@@ -90,7 +93,7 @@ async fn check(hub: &Hub, intent: &Intent) -> Result<Resolution, String> {
         r => r,
     }
     .map_err(|e| format!("callback unreachable: {}", crate::cause::chain(&e)))
-    .and_then(|r| hub.policy.check_peer(&r).map(|_| r));
+    .and_then(|r| hub.clients.policy().check_peer(&r).map(|_| r));
     if intent.mode == IntentMode::Denied {
         match resp {
             Ok(r) => {

@@ -658,7 +658,8 @@ async fn put_auth(
         .await?
         .ok_or_else(|| AppError::NotFound(format!("no subscription {id}")))?;
     st.hub
-        .check_auth(&sub, &auth)
+        .clients()
+        .check(&sub, &auth)
         .map_err(AppError::BadRequest)?;
     set_auth(&st, id, Some(auth)).await
 }
