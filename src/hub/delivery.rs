@@ -853,7 +853,7 @@ impl Hub {
         match lanes.get_mut(&sub.id) {
             Some(lane) => lane.update(sub),
             None => {
-                let Some(grant) = self.grant_for(sub.id) else {
+                let Some(grant) = self.sharing.grant_for(sub.id) else {
                     return; // the partition's owner picks it up from the store
                 };
                 let id = sub.id;

@@ -401,6 +401,8 @@ impl Hub {
         let (tx, rx) = mpsc::channel(OUTCOME_BUFFER);
         let writer_stop = CancellationToken::new();
         let metrics = Arc::new(Metrics::default());
+        let sharing =
+            partition::Sharing::new(store.clone(), metrics.clone(), settings.partition_lease);
         let writer = tokio::spawn(delivery::run_writer(
             store.clone(),
             rx,
@@ -431,7 +433,7 @@ impl Hub {
             attempts: Mutex::new(std::collections::VecDeque::new()),
             lane_failures: Mutex::new(HashMap::new()),
             minutes: Mutex::new(std::collections::VecDeque::new()),
-            sharing: partition::Sharing::new(),
+            sharing,
             steering,
         });
         if hub.store.is_shared() {
@@ -595,7 +597,7 @@ impl Hub {
             let grants: Vec<(model::Subscription, Option<Arc<partition::Grant>>)> = subs
                 .into_iter()
                 .map(|s| {
-                    let g = self.grant_for(s.id);
+                    let g = self.sharing.grant_for(s.id);
                     (s, g)
                 })
                 .collect();
@@ -642,6 +644,17 @@ impl Hub {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    /// On a shared store, the live delivering processes as this one last saw them, each with
+    /// the partitions it is assigned (this process's name is [`Hub::owner`]); empty alone.
+    pub fn processes(&self) -> Vec<(String, usize)> {
+        self.sharing.processes()
+    }
+
+    /// Delivery partitions held now (1 on the embedded store).
+    pub fn partitions_held(&self) -> usize {
+        self.sharing.partitions_held()
     }
 
     /// Its HTTP clients, the address policy they go through and the check of a delivery auth.
@@ -981,7 +994,7 @@ impl Hub {
         }
         // Outcomes are written: another process may take over at once.
         if self.store.is_shared() {
-            self.release_partitions().await;
+            self.sharing.release_all().await;
             if let Err(e) = self
                 .store
                 .release(DELIVERY_LEASE, &self.sharing.owner)

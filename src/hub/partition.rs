@@ -15,6 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::metrics::Metrics;
+use crate::store::Store;
+
 use sha2::Digest;
 
 use super::Hub;
@@ -94,10 +97,15 @@ pub(super) struct Sharing {
     pub owner: String,
     /// The live delivering processes as this one last read them (shared store).
     pub live: std::sync::Mutex<Vec<String>>,
+    /// Where the leases are kept, and the store errors counted.
+    store: Store,
+    metrics: Arc<Metrics>,
+    /// `hub.partition_lease_secs`.
+    lease: Duration,
 }
 
 impl Sharing {
-    pub fn new() -> Sharing {
+    pub fn new(store: Store, metrics: Arc<Metrics>, lease: Duration) -> Sharing {
         Sharing {
             delivering: AtomicBool::new(false),
             everything: Grant::everything(),
@@ -106,6 +114,159 @@ impl Sharing {
             synced_through: Default::default(),
             owner: format!("{}-{}", std::process::id(), super::challenge()),
             live: Default::default(),
+            store,
+            metrics,
+            lease,
+        }
+    }
+
+    /// The grant a lane for subscription `id` delivers under, if this process delivers it.
+    pub(super) fn grant_for(&self, id: SubscriptionId) -> Option<Arc<Grant>> {
+        if !self.store.is_shared() {
+            return Some(self.everything.clone());
+        }
+        let count = self.count.load(Ordering::SeqCst);
+        if count == 0 {
+            return None;
+        }
+        let held = self.held.lock().expect("held partitions");
+        held.get(&partition_of(id, count))
+            .map(|h| h.grant.clone())
+            .filter(|g| !g.is_lost())
+    }
+
+    /// On a shared store, the live delivering processes as this one last saw them, each with
+    /// the partitions it is assigned (this process's name is `owner`); empty alone.
+    pub fn processes(&self) -> Vec<(String, usize)> {
+        if !self.store.is_shared() {
+            return vec![];
+        }
+        let live = self.live.lock().expect("live").clone();
+        let count = self.count.load(Ordering::SeqCst);
+        let mut out: Vec<(String, usize)> = live.iter().map(|n| (n.clone(), 0)).collect();
+        for owner in assign(&live, count).into_iter().flatten() {
+            if let Some(e) = out.iter_mut().find(|(n, _)| n == owner) {
+                e.1 += 1;
+            }
+        }
+        out
+    }
+
+    /// Partitions held now.
+    pub fn partitions_held(&self) -> usize {
+        if !self.store.is_shared() {
+            return 1;
+        }
+        self.held.lock().expect("held partitions").len()
+    }
+
+    /// The partitions `assign` gives this process among `live`.
+    fn wanted(&self, live: &[String], count: u32) -> HashSet<u32> {
+        assign(live, count)
+            .into_iter()
+            .enumerate()
+            .filter(|(_, o)| *o == Some(self.owner.as_str()))
+            .map(|(p, _)| p as u32)
+            .collect()
+    }
+
+    /// Takes those of `wanted` no one holds: raises their epochs, stamps the epochs on their
+    /// subscriptions (fencing a paused ex-owner; one pass for all of them), and only then
+    /// counts them held. Partitions taken but not fenced are left to lapse and taken again.
+    async fn take(&self, wanted: &[u32], count: u32) {
+        let (lease, secs) = (self.lease, self.lease.as_secs());
+        let mut taken = Vec::new();
+        for &p in wanted {
+            let sent = Instant::now();
+            match self.store.take_partition(p, &self.owner, secs).await {
+                Ok(Some(l)) => taken.push((p, l, sent)),
+                Ok(None) => {}
+                Err(e) => {
+                    self.metrics.store_errors.inc();
+                    tracing::warn!(partition = p, error = %e, "taking a partition failed");
+                }
+            }
+        }
+        if taken.is_empty() {
+            return;
+        }
+        let epochs: Vec<(u32, u64)> = taken.iter().map(|(p, l, _)| (*p, l.epoch)).collect();
+        if let Err(e) = self.store.fence(&epochs, count).await {
+            self.metrics.store_errors.inc();
+            tracing::warn!(error = %e, "stamping taken partitions' epochs failed; taking them again later");
+            return;
+        }
+        let mut held = self.held.lock().expect("held");
+        for (p, l, sent) in taken {
+            let grant = Grant::new(p, l.epoch, sent + lease - margin(lease));
+            held.insert(p, Held { grant, lease: l });
+        }
+        let mut nos: Vec<u32> = epochs.iter().map(|(p, _)| *p).collect();
+        nos.sort();
+        tracing::info!(partitions = ?nos, "delivering these partitions now");
+    }
+
+    /// Renews every held partition, side by side; a partition someone else wrote is lost.
+    async fn renew_all(&self) {
+        let (lease, secs) = (self.lease, self.lease.as_secs());
+        let held: Vec<(u32, PartitionLease, Arc<Grant>)> = self
+            .held
+            .lock()
+            .expect("held")
+            .iter()
+            .map(|(p, h)| (*p, h.lease.clone(), h.grant.clone()))
+            .collect();
+        let renewals = held.into_iter().map(|(p, l, grant)| async move {
+            let sent = Instant::now();
+            let r = self.store.renew_partition(p, &l, &self.owner, secs).await;
+            (p, grant, sent, r)
+        });
+        use futures_util::StreamExt;
+        let done: Vec<_> = futures_util::stream::iter(renewals.collect::<Vec<_>>())
+            .buffer_unordered(16)
+            .collect()
+            .await;
+        let mut held = self.held.lock().expect("held");
+        for (p, grant, sent, r) in done {
+            match r {
+                Ok(Some(l)) => {
+                    grant.extend(sent + lease - margin(lease));
+                    if let Some(h) = held.get_mut(&p) {
+                        h.lease = l;
+                    }
+                }
+                Ok(None) => {
+                    tracing::warn!(
+                        partition = p,
+                        epoch = grant.epoch,
+                        "partition lease taken by another process: its lanes stop"
+                    );
+                    grant.lose();
+                }
+                Err(e) => {
+                    self.metrics.store_errors.inc();
+                    // The grant lapses by itself if renewals keep failing.
+                    tracing::warn!(partition = p, error = %e, "renewing a partition lease failed");
+                }
+            }
+        }
+    }
+
+    /// Forgets the partitions whose grant was lost (fenced or taken over); whether any was.
+    fn forget_lost(&self) -> bool {
+        let mut held = self.held.lock().expect("held");
+        let before = held.len();
+        held.retain(|_, h| !h.grant.is_lost());
+        held.len() != before
+    }
+
+    /// At a clean stop (lanes ended, outcomes written): every partition released at once.
+    pub(super) async fn release_all(&self) {
+        let held: Vec<(u32, Held)> = self.held.lock().expect("held").drain().collect();
+        for (p, h) in held {
+            if let Err(e) = self.store.release_partition(p, &h.lease).await {
+                tracing::warn!(partition = p, error = %e, "releasing a partition failed; its lease lapses by itself");
+            }
         }
     }
 }
@@ -159,46 +320,6 @@ fn margin(lease: Duration) -> Duration {
 }
 
 impl Hub {
-    /// The grant a lane for subscription `id` delivers under, if this process delivers it.
-    pub(super) fn grant_for(&self, id: SubscriptionId) -> Option<Arc<Grant>> {
-        if !self.store.is_shared() {
-            return Some(self.sharing.everything.clone());
-        }
-        let count = self.sharing.count.load(Ordering::SeqCst);
-        if count == 0 {
-            return None;
-        }
-        let held = self.sharing.held.lock().expect("held partitions");
-        held.get(&partition_of(id, count))
-            .map(|h| h.grant.clone())
-            .filter(|g| !g.is_lost())
-    }
-
-    /// On a shared store, the live delivering processes as this one last saw them, each with
-    /// the partitions it is assigned (this process's name is [`Hub::owner`]); empty alone.
-    pub fn processes(&self) -> Vec<(String, usize)> {
-        if !self.store.is_shared() {
-            return vec![];
-        }
-        let live = self.sharing.live.lock().expect("live").clone();
-        let count = self.sharing.count.load(Ordering::SeqCst);
-        let mut out: Vec<(String, usize)> = live.iter().map(|n| (n.clone(), 0)).collect();
-        for owner in assign(&live, count).into_iter().flatten() {
-            if let Some(e) = out.iter_mut().find(|(n, _)| n == owner) {
-                e.1 += 1;
-            }
-        }
-        out
-    }
-
-    /// Partitions held now.
-    pub fn partitions_held(&self) -> usize {
-        if !self.store.is_shared() {
-            return 1;
-        }
-        self.sharing.held.lock().expect("held partitions").len()
-    }
-
     /// On a shared store: keeps this process's heartbeat, takes the partitions it wins and
     /// no one holds, renews those it holds, gives up those another live process wins, and
     /// keeps the lanes of its partitions in step with the store.
@@ -257,15 +378,13 @@ impl Hub {
                         tracing::warn!(error = %e, "heartbeat failed");
                     }
                 }
-                self.renew_all(secs, lease).await;
+                self.sharing.renew_all().await;
             }
-            self.drop_lost();
-            let wanted: HashSet<u32> = assign(&live, count)
-                .into_iter()
-                .enumerate()
-                .filter(|(_, o)| *o == Some(self.sharing.owner.as_str()))
-                .map(|(p, _)| p as u32)
-                .collect();
+            if self.sharing.forget_lost() {
+                // Their lanes stop.
+                self.lanes().retain(|_, lane| !lane.grant.is_lost());
+            }
+            let wanted = self.sharing.wanted(&live, count);
             let held: Vec<u32> = self
                 .sharing
                 .held
@@ -289,124 +408,17 @@ impl Hub {
                 if self.cancel.is_cancelled() {
                     return;
                 }
-                self.take(&free, count, secs, lease).await;
+                self.sharing.take(&free, count).await;
             }
             self.metrics
                 .partitions_held
-                .set(self.partitions_held() as i64);
+                .set(self.sharing.partitions_held() as i64);
             if !self.sharing.held.lock().expect("held").is_empty() {
                 if let Err(e) = self.sync().await {
                     self.metrics.store_errors.inc();
                     tracing::warn!(error = %e, "hub: reading subscriptions and messages failed");
                 }
             }
-        }
-    }
-
-    /// Takes those of `wanted` no one holds: raises their epochs, stamps the epochs on their
-    /// subscriptions (fencing a paused ex-owner; one pass for all of them), and only then
-    /// counts them held. Partitions taken but not fenced are left to lapse and taken again.
-    async fn take(&self, wanted: &[u32], count: u32, secs: u64, lease: Duration) {
-        let mut taken = Vec::new();
-        for &p in wanted {
-            let sent = Instant::now();
-            match self
-                .store
-                .take_partition(p, &self.sharing.owner, secs)
-                .await
-            {
-                Ok(Some(l)) => taken.push((p, l, sent)),
-                Ok(None) => {}
-                Err(e) => {
-                    self.metrics.store_errors.inc();
-                    tracing::warn!(partition = p, error = %e, "taking a partition failed");
-                }
-            }
-        }
-        if taken.is_empty() {
-            return;
-        }
-        let epochs: Vec<(u32, u64)> = taken.iter().map(|(p, l, _)| (*p, l.epoch)).collect();
-        if let Err(e) = self.store.fence(&epochs, count).await {
-            self.metrics.store_errors.inc();
-            tracing::warn!(error = %e, "stamping taken partitions' epochs failed; taking them again later");
-            return;
-        }
-        let mut held = self.sharing.held.lock().expect("held");
-        for (p, l, sent) in taken {
-            let grant = Grant::new(p, l.epoch, sent + lease - margin(lease));
-            held.insert(p, Held { grant, lease: l });
-        }
-        let mut nos: Vec<u32> = epochs.iter().map(|(p, _)| *p).collect();
-        nos.sort();
-        tracing::info!(partitions = ?nos, "delivering these partitions now");
-    }
-
-    /// Renews every held partition, side by side; a partition someone else wrote is lost.
-    async fn renew_all(&self, secs: u64, lease: Duration) {
-        let held: Vec<(u32, PartitionLease, Arc<Grant>)> = self
-            .sharing
-            .held
-            .lock()
-            .expect("held")
-            .iter()
-            .map(|(p, h)| (*p, h.lease.clone(), h.grant.clone()))
-            .collect();
-        let renewals = held.into_iter().map(|(p, l, grant)| async move {
-            let sent = Instant::now();
-            let r = self
-                .store
-                .renew_partition(p, &l, &self.sharing.owner, secs)
-                .await;
-            (p, grant, sent, r)
-        });
-        use futures_util::StreamExt;
-        let done: Vec<_> = futures_util::stream::iter(renewals.collect::<Vec<_>>())
-            .buffer_unordered(16)
-            .collect()
-            .await;
-        let mut held = self.sharing.held.lock().expect("held");
-        for (p, grant, sent, r) in done {
-            match r {
-                Ok(Some(l)) => {
-                    grant.extend(sent + lease - margin(lease));
-                    if let Some(h) = held.get_mut(&p) {
-                        h.lease = l;
-                    }
-                }
-                Ok(None) => {
-                    tracing::warn!(
-                        partition = p,
-                        epoch = grant.epoch,
-                        "partition lease taken by another process: its lanes stop"
-                    );
-                    grant.lose();
-                }
-                Err(e) => {
-                    self.metrics.store_errors.inc();
-                    // The grant lapses by itself if renewals keep failing.
-                    tracing::warn!(partition = p, error = %e, "renewing a partition lease failed");
-                }
-            }
-        }
-    }
-
-    /// Forgets partitions whose grant was lost (fenced or taken over) and stops their lanes.
-    fn drop_lost(&self) {
-        let lost: Vec<u32> = {
-            let mut held = self.sharing.held.lock().expect("held");
-            let lost: Vec<u32> = held
-                .iter()
-                .filter(|(_, h)| h.grant.is_lost())
-                .map(|(p, _)| *p)
-                .collect();
-            for p in &lost {
-                held.remove(p);
-            }
-            lost
-        };
-        if !lost.is_empty() {
-            self.lanes().retain(|_, lane| !lane.grant.is_lost());
         }
     }
 
@@ -433,16 +445,6 @@ impl Hub {
                 }
             }
         });
-    }
-
-    /// At a clean stop (lanes ended, outcomes written): every partition released at once.
-    pub(super) async fn release_partitions(&self) {
-        let held: Vec<(u32, Held)> = self.sharing.held.lock().expect("held").drain().collect();
-        for (p, h) in held {
-            if let Err(e) = self.store.release_partition(p, &h.lease).await {
-                tracing::warn!(partition = p, error = %e, "releasing a partition failed; its lease lapses by itself");
-            }
-        }
     }
 
     /// Lanes per partition (for logs and tests).
