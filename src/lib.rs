@@ -9,6 +9,7 @@
 
 pub mod admin_cli;
 pub mod app;
+pub mod backoff;
 pub mod cause;
 pub mod collect;
 pub mod config;

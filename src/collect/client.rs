@@ -143,11 +143,14 @@ impl Client {
                     "{failed} (after {attempt} attempts)"
                 )));
             }
-            let base = self
-                .cfg
-                .retry_base_ms
-                .saturating_mul(1 << (attempt - 1).min(16));
-            let d = Duration::from_millis((base as f64 * (0.5 + crate::hub::random_unit())) as u64);
+            let d = crate::backoff::jittered(
+                crate::backoff::Backoff::nth(
+                    Duration::from_millis(self.cfg.retry_base_ms),
+                    Duration::from_millis(self.cfg.retry_base_ms).saturating_mul(1 << 16),
+                    attempt,
+                ),
+                crate::hub::random_unit(),
+            );
             tracing::warn!(reason = %failed, attempt, retry_in_ms = d.as_millis() as u64, "OAI-PMH request failed; retrying");
             tokio::select! {
                 _ = tokio::time::sleep(d) => {}

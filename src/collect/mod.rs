@@ -130,8 +130,8 @@ impl Collectors {
         for (name, cfg) in &config.collect {
             let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
             let collector = Collector::new(set, cfg.clone(), ctx.clone(), poke.clone())
-                // The client's refusal of its configuration is words (a String): no cause to keep.
-                .map_err(|e| anyhow::anyhow!("[collect.{name}]: {e}"))?;
+                // The client's refusal of its configuration is words (a String).
+                .map_err(|e| anyhow::Error::msg(e).context(format!("[collect.{name}]")))?;
             entries.push(Arc::new(Entry {
                 collector,
                 wake: Notify::new(),

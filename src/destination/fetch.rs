@@ -293,21 +293,19 @@ impl Fetcher {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<T, FetchError>>,
     {
-        let mut wait = Duration::from_millis(self.cfg.backoff_initial_ms);
-        let max = Duration::from_millis(self.cfg.backoff_max_ms);
+        let mut backoff = crate::backoff::Backoff::new(
+            Duration::from_millis(self.cfg.backoff_initial_ms),
+            Duration::from_millis(self.cfg.backoff_max_ms),
+        );
         let mut attempt = 1;
         loop {
             match op().await {
                 Ok(v) => return Ok(v),
                 Err(e) if e.retry && attempt < self.cfg.attempts => {
-                    let pause = e
-                        .retry_after
-                        .unwrap_or(wait)
-                        .max(wait)
-                        .min(max.max(e.retry_after.unwrap_or_default()));
+                    // The schedule's pause, or longer when the server's Retry-After says so.
+                    let pause = backoff.pause().max(e.retry_after.unwrap_or_default());
                     tracing::debug!(error = %crate::cause::chain(&e), attempt, pause_ms = pause.as_millis() as u64, "retrying");
                     tokio::time::sleep(pause).await;
-                    wait = (wait * 2).min(max);
                     attempt += 1;
                 }
                 Err(e) => return Err(e),

@@ -305,7 +305,7 @@ impl Harvester {
     ) -> anyhow::Result<Harvester> {
         let cfg = cfg.for_source(source);
         let output = parts.output_for(&cfg)?;
-        let scope = cfg.scope().map_err(|e| anyhow::anyhow!(e))?;
+        let scope = cfg.scope().map_err(anyhow::Error::msg)?;
         let mut fetcher = Fetcher::new(&cfg.fetch, scope, parts.hosts.clone());
         if !source.token_env.is_empty() {
             let token = std::env::var(&source.token_env).map_err(|_| {
@@ -786,7 +786,10 @@ async fn follow_source(
     let cfg = &h.cfg;
     // A source that cannot be read yet (down, restarting, overloaded) is tried again with
     // growing pauses: a long-lived harvester does not give up at start.
-    let mut pause = Duration::from_secs(1);
+    let mut pauses = crate::backoff::Backoff::new(
+        Duration::from_secs(1),
+        Duration::from_secs(cfg.follow.check_interval_secs.max(1)),
+    );
     let (sets, mut turn) = loop {
         // Discovery too takes a walk's place: hundreds of sources starting at once open
         // their connections a few dozen at a time.
@@ -814,9 +817,9 @@ async fn follow_source(
                 drop(turn);
                 let e = format!("{e:#}");
                 h.source_error(Some(e.clone())).await?;
+                let pause = pauses.pause();
                 tracing::warn!(source = %h.label(), error = %e, retry_in_secs = pause.as_secs(), "cannot read the source yet (harvest status shows it)");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(cfg.follow.check_interval_secs.max(1)));
             }
         }
     };

@@ -495,7 +495,7 @@ impl Dumps {
         // The address policy's refusal is words only: no cause is lost.
         policy
             .check_peer(&resp)
-            .map_err(|e| anyhow::anyhow!("fetching {url}: {e}"))?;
+            .map_err(|e| anyhow::Error::msg(e).context(format!("fetching {url}")))?;
         if resp.status() == reqwest::StatusCode::NOT_FOUND
             || resp.status() == reqwest::StatusCode::GONE
         {

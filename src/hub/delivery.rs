@@ -568,7 +568,7 @@ impl LaneState {
 /// stops or the partition is lost.
 /// How long a lane that ended unexpectedly waits before it starts again (its `n`th restart).
 fn restart_wait(n: u32) -> Duration {
-    Duration::from_secs(1u64 << n.min(6))
+    crate::backoff::Backoff::nth(Duration::from_secs(1), Duration::from_secs(64), n + 1)
 }
 
 /// A lane that never dies silently: one that ends unexpectedly (a defect) is logged, counted

@@ -26,13 +26,11 @@ mod steer;
 mod verify;
 
 use std::collections::{HashMap, HashSet};
-use std::num::NonZeroUsize;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use lru::LruCache;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -213,35 +211,44 @@ pub fn challenge() -> String {
     crate::digest::random_hex().expect("the OS random source works")
 }
 
-/// Subscribe requests per callback per minute, in fixed one-minute windows.
+/// Keys (callbacks, callback addresses) tracked at most by a [`RateLimiter`]: past this, those
+/// not heard from lately are forgotten first, and at the cap a new key shares one budget with
+/// every other newcomer (a flood of fresh keys costs a fixed amount of memory).
+const LIMITED_KEYS_MAX: usize = 100_000;
+
+/// Requests a minute per key, by `governor` (a burst of the minute's budget, then one as
+/// each share of the minute passes).
 struct RateLimiter {
-    per_minute: u32,
-    windows: Mutex<LruCache<String, (Instant, u32)>>,
+    keyed: governor::DefaultKeyedRateLimiter<String>,
 }
 
 impl RateLimiter {
     fn new(per_minute: u32) -> RateLimiter {
+        let quota = governor::Quota::per_minute(
+            std::num::NonZeroU32::MIN.saturating_add(per_minute.saturating_sub(1)),
+        );
         RateLimiter {
-            per_minute,
-            windows: Mutex::new(LruCache::new(NonZeroUsize::new(100_000).expect("nonzero"))),
+            keyed: governor::RateLimiter::keyed(quota),
         }
     }
 
-    /// Counts a request; `Err(seconds until the window ends)` when over the limit.
+    /// Counts a request; `Err(seconds until one more is allowed)` when over the limit.
     fn check(&self, key: &str) -> Result<(), u64> {
-        let mut w = self.windows.lock().expect("rate limiter");
-        let now = Instant::now();
-        let entry = w.get_or_insert_mut(key.to_string(), || (now, 0));
-        if now.duration_since(entry.0) >= Duration::from_secs(60) {
-            *entry = (now, 0);
+        let mut key = key;
+        if self.keyed.len() >= LIMITED_KEYS_MAX {
+            self.keyed.retain_recent();
+            if self.keyed.len() >= LIMITED_KEYS_MAX {
+                key = "";
+            }
         }
-        if entry.1 >= self.per_minute {
-            return Err(60u64
-                .saturating_sub(now.duration_since(entry.0).as_secs())
-                .max(1));
-        }
-        entry.1 += 1;
-        Ok(())
+        let Err(not_until) = self.keyed.check_key(&key.to_string()) else {
+            return Ok(());
+        };
+        use governor::clock::{Clock as _, DefaultClock};
+        Err(not_until
+            .wait_time_from(DefaultClock::default().now())
+            .as_secs()
+            .max(1))
     }
 }
 

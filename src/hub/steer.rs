@@ -112,7 +112,8 @@ impl Operator {
         let now = Timestamp::now();
         let body = serde_json::json!({"type": kind, "timestamp": now.to_string(), "data": data})
             .to_string();
-        let mut wait = Duration::from_secs(1);
+        let mut backoff =
+            crate::backoff::Backoff::new(Duration::from_secs(1), Duration::from_secs(8));
         for attempt in 1..=OPERATOR_ATTEMPTS {
             let at = Timestamp::now().0.div_euclid(1_000_000);
             let mut req = self
@@ -138,8 +139,7 @@ impl Operator {
             };
             tracing::warn!(event = kind, %id, attempt, %error, "operator webhook not reached");
             if attempt < OPERATOR_ATTEMPTS {
-                tokio::time::sleep(wait).await;
-                wait *= 2;
+                tokio::time::sleep(backoff.pause()).await;
             }
         }
         tracing::error!(event = kind, %id, "operator webhook given up");

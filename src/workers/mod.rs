@@ -29,9 +29,15 @@ pub async fn supervise<F, Fut>(
         tracing::error!(worker = name, reason = %reason, restarts, "a worker ended unexpectedly: starting it again");
         tokio::select! {
             _ = cancel.cancelled() => return,
-            _ = tokio::time::sleep(std::time::Duration::from_secs(1 << restarts.min(6))) => {}
+            _ = tokio::time::sleep(restart_pause(restarts)) => {}
         }
     }
+}
+
+/// The pause before a worker's `restarts`th start again: 2 s, doubled each time, at most 64 s.
+fn restart_pause(restarts: u32) -> std::time::Duration {
+    use std::time::Duration;
+    crate::backoff::Backoff::nth(Duration::from_secs(2), Duration::from_secs(64), restarts)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use std::path::Path;
 const FLOORS: &[&[&str]] = &[
     &[
         "digest",
+        "backoff",
         "cause",
         "metrics",
         "admin_cli",
