@@ -214,6 +214,16 @@ async fn serve(
         .oai
         .enabled
         .then(|| Arc::new(crate::oaipmh::Repository::new(ctx.clone())));
+    let inbox = if config.inbox.enabled {
+        Some(Arc::new(crate::inbox::Inbox::new(
+            ctx.clone(),
+            collectors.clone(),
+            tasks.clone(),
+            cancel.clone(),
+        )?))
+    } else {
+        None
+    };
     let app = http::router(AppState::new(Shared {
         config: config.clone(),
         ctx,
@@ -223,6 +233,7 @@ async fn serve(
         dumps,
         collectors,
         oai,
+        inbox,
         console_key: Default::default(),
         guesses: Arc::new(crate::ui::Guesses::per_minute(
             config.admin.wrong_tokens_per_minute,

@@ -41,6 +41,46 @@ pub struct Config {
     /// `[collect.NAME]`: OAI-PMH repositories feeding the resource set NAME.
     #[serde(default)]
     pub collect: BTreeMap<String, CollectConfig>,
+    /// The LDN inbox for COAR Notify announcements (`/inbox`).
+    pub inbox: InboxConfig,
+}
+
+/// `[inbox]`: the LDN inbox taking COAR Notify announcements from declared services.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct InboxConfig {
+    pub enabled: bool,
+    /// The largest notification taken, in bytes (413 beyond).
+    pub max_notification_bytes: usize,
+    /// Notifications kept (the oldest go first).
+    pub keep: u32,
+    /// Days a notification is kept.
+    pub keep_days: u64,
+    /// Notifications a minute from one sender (429 beyond).
+    pub per_sender_per_minute: u32,
+    /// Notifications per page of the inbox's listing.
+    pub page_size: u32,
+    /// `[inbox.senders.NAME]`: the services whose notifications are taken.
+    #[serde(default)]
+    pub senders: BTreeMap<String, SenderConfig>,
+}
+
+/// `[inbox.senders.NAME]`: a service that announces, tied to the collector of its repository.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SenderConfig {
+    /// Its `origin.id` in the notifications it sends.
+    pub id: String,
+    /// Its LDN inbox, where the answers go.
+    pub inbox: String,
+    /// The `[collect.NAME]` collecting its repository.
+    pub collect: String,
+    /// The networks it posts from (CIDRs); empty: any, when a token is required.
+    #[serde(default)]
+    pub networks: Vec<ipnet::IpNet>,
+    /// The environment variable holding the bearer token it sends (`""`: none asked).
+    #[serde(default)]
+    pub token_env: String,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -650,7 +690,8 @@ impl Config {
                 ));
             }
         }
-        self.validate_collect()
+        self.validate_collect()?;
+        self.validate_inbox()
     }
 
     fn validate_collect(&self) -> Result<(), ConfigError> {
@@ -713,6 +754,45 @@ impl Config {
             if c.max_response_bytes < 64 * 1024 {
                 return bad(format!(
                     "collect.{name}.max_response_bytes must be at least 65536 (one page of records)"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_inbox(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        let i = &self.inbox;
+        if i.max_notification_bytes < 1024 || i.keep == 0 || i.keep_days == 0 {
+            return bad("inbox.max_notification_bytes must be at least 1024, inbox.keep and inbox.keep_days at least 1".into());
+        }
+        if i.page_size == 0 || i.page_size > 1000 || i.per_sender_per_minute == 0 {
+            return bad("inbox.page_size must be between 1 and 1000, inbox.per_sender_per_minute at least 1".into());
+        }
+        for (name, s) in &i.senders {
+            if url::Url::parse(&s.id).is_err() {
+                return bad(format!("inbox.senders.{name}.id {:?} is not an absolute URI (the origin.id its notifications carry)", s.id));
+            }
+            if !matches!(
+                url::Url::parse(&s.inbox)
+                    .map(|u| u.scheme().to_string())
+                    .as_deref(),
+                Ok("http" | "https")
+            ) {
+                return bad(format!(
+                    "inbox.senders.{name}.inbox {:?} is not an http(s) URL (where answers go)",
+                    s.inbox
+                ));
+            }
+            if !self.collect.contains_key(&s.collect) {
+                return bad(format!(
+                    "inbox.senders.{name}.collect {:?} names no [collect.NAME] (the collector of the sender's repository)",
+                    s.collect
+                ));
+            }
+            if s.networks.is_empty() && s.token_env.is_empty() {
+                return bad(format!(
+                    "inbox.senders.{name}: give networks (the addresses it posts from) or token_env (the token it sends), or both: COAR Notify carries no signature, so anyone could claim its origin.id"
                 ));
             }
         }

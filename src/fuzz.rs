@@ -127,3 +127,56 @@ pub fn config() -> ProptestConfig {
         ..ProptestConfig::default()
     }
 }
+
+/// Any JSON value up to a few levels deep, its strings and keys drawn mostly from the
+/// vocabulary of COAR Notify (so that a parser of notifications is taken deep), else random.
+pub fn json_value() -> impl Strategy<Value = serde_json::Value> {
+    use serde_json::Value;
+    const WORDS: &[&str] = &[
+        "https://www.w3.org/ns/activitystreams",
+        "https://coar-notify.net",
+        "Offer",
+        "Announce",
+        "coar-notify:IngestAction",
+        "coar-notify:ReviewAction",
+        "Service",
+        "https://repo.example.edu/item/1",
+        "urn:uuid:0370c0fb-bb78-4a9b-87f5-bed307a509dd",
+        "oai:repo:1",
+        "",
+    ];
+    const KEYS: &[&str] = &[
+        "@context",
+        "id",
+        "type",
+        "origin",
+        "target",
+        "object",
+        "actor",
+        "inbox",
+        "context",
+        "inReplyTo",
+        "ietf:cite-as",
+        "ietf:item",
+        "as:subject",
+        "as:object",
+    ];
+    let leaf = prop_oneof![
+        1 => Just(Value::Null),
+        1 => any::<bool>().prop_map(Value::Bool),
+        1 => any::<i64>().prop_map(Value::from),
+        1 => ".{0,16}".prop_map(Value::String),
+        4 => prop::sample::select(WORDS).prop_map(Value::from),
+    ];
+    leaf.prop_recursive(5, 96, 8, |inner| {
+        prop_oneof![
+            1 => prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+            3 => prop::collection::btree_map(
+                prop_oneof![4 => prop::sample::select(KEYS).prop_map(String::from), 1 => ".{0,8}"],
+                inner,
+                0..9
+            )
+            .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}

@@ -25,6 +25,7 @@ pub mod fuzz;
 pub mod http;
 pub mod hub;
 pub mod import;
+pub mod inbox;
 pub mod ingest;
 pub mod metrics;
 pub mod model;

@@ -179,6 +179,36 @@ impl Collectors {
         Ok(c)
     }
 
+    /// Collects the one record `identifier` at collector `name` at once (an announcement
+    /// named it): its change recorded and notified when the set did not hold these bytes.
+    /// Refused in words when there is no such collector or another process holds it (its next
+    /// run brings the record).
+    pub async fn collect_one(
+        &self,
+        name: &str,
+        identifier: &str,
+        cancel: &CancellationToken,
+    ) -> Result<state::Counts, String> {
+        let e = self
+            .get(name)
+            .ok_or_else(|| format!("no collector named {name:?}"))?;
+        let held = self
+            .ctx
+            .store()
+            .lease(&format!("collect:{name}"), &self.owner, self.lease_secs)
+            .await
+            .map_err(|e| crate::cause::chain(&e))?;
+        if !held {
+            return Err(format!(
+                "another process holds collector {name}: its next run brings the record"
+            ));
+        }
+        e.collector
+            .collect_one(identifier, cancel)
+            .await
+            .map_err(|e| crate::cause::chain(&e))
+    }
+
     /// Starts one loop per collector on `tasks`, each under a supervisor (`restarted` counts
     /// the loops that ended unexpectedly and were started again).
     pub fn spawn(

@@ -93,6 +93,9 @@ pub struct Collector {
     poke: Poke,
     /// The saved document's version as this process last wrote or read it.
     version: tokio::sync::Mutex<Option<i64>>,
+    /// Held while records are applied: a run's page and an announced record (see
+    /// [`Collector::collect_one`]) are applied one after the other, never interleaved.
+    applying: tokio::sync::Mutex<()>,
 }
 
 fn now_text() -> String {
@@ -387,6 +390,7 @@ impl Collector {
             cfg,
             ctx,
             poke,
+            applying: Default::default(),
             version: tokio::sync::Mutex::new(None),
         })
     }
@@ -761,6 +765,55 @@ impl Collector {
         Ok(out)
     }
 
+    /// Fetches the record `identifier` (`GetRecord`) and applies it as a run applies a page:
+    /// a change recorded and notified when the set did not hold these bytes, nothing when it
+    /// did (an announcement for a record already current). What a run would quarantine is
+    /// quarantined, logged, and said in the answer; the collector's saved document (its window
+    /// and its quarantine list) is not touched, so a run under way is not disturbed.
+    pub async fn collect_one(
+        &self,
+        identifier: &str,
+        cancel: &CancellationToken,
+    ) -> Result<Counts, RunError> {
+        let args = [
+            ("verb", "GetRecord"),
+            ("identifier", identifier),
+            ("metadataPrefix", self.cfg.metadata_prefix.as_str()),
+        ];
+        let mut trace = Trace::default();
+        let page = match self
+            .client
+            .call(&args, oai::parse_list, &mut trace, cancel)
+            .await?
+        {
+            Ok(p) => p,
+            Err((code, message)) => {
+                return Err(RunError::Protocol(format!(
+                    "the repository answered GetRecord {identifier}: {code}: {}",
+                    crate::cause::outsider(&message)
+                )))
+            }
+        };
+        let at = now_text();
+        let (mut scratch, _) =
+            state::load::<Saved>(self.ctx.store(), &state::saved_key(self.name.as_str())).await?;
+        let mut counts = Counts::default();
+        for q in page.quarantined {
+            counts.quarantined += 1;
+            counts.seen += 1;
+            self.quarantine(&mut scratch, q.identifier, q.reason, &at);
+        }
+        // One record is asked for; a repository answering with others is not trusted.
+        let records: Vec<Record> = page
+            .records
+            .into_iter()
+            .filter(|r| r.header.identifier == identifier)
+            .take(1)
+            .collect();
+        counts.add(&self.apply(records, &mut scratch, &at).await?);
+        Ok(counts)
+    }
+
     /// Applies a page's records: files first, then the changes in one batch through ingest,
     /// then the files of deleted records are removed.
     async fn apply(
@@ -769,6 +822,7 @@ impl Collector {
         saved: &mut Saved,
         at: &str,
     ) -> Result<Counts, RunError> {
+        let _one = self.applying.lock().await;
         let mut counts = Counts {
             seen: records.len() as u64,
             ..Counts::default()

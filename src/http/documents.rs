@@ -23,7 +23,11 @@ pub async fn capability_list(
     Path(set): Path<String>,
     h: HeaderMap,
 ) -> Result<Response, AppError> {
-    serve(&st, DocKind::CapabilityList(set_name(&set)?), &h).await
+    let mut r = serve(&st, DocKind::CapabilityList(set_name(&set)?), &h).await?;
+    if let Some(l) = super::inbox::link(&st) {
+        r.headers_mut().append(axum::http::header::LINK, l);
+    }
+    Ok(r)
 }
 
 pub async fn resource_list(

@@ -60,22 +60,32 @@ pub fn authorize(token: &str, headers: &HeaderMap, peer: Peer) -> Result<(), App
     }
 }
 
+/// The address a proxy's forwarding header names: `[::1]:4711`, `127.0.0.1:80`, `::1`,
+/// `127.0.0.1` (quoted or not); `None` for anything else (`unknown`, an obfuscated name).
+fn named_address(v: &str) -> Option<std::net::IpAddr> {
+    let v = v.trim().trim_matches('"');
+    let host = match v.strip_prefix('[') {
+        Some(rest) => rest.split(']').next().unwrap_or(""),
+        None if v.matches(':').count() == 1 => v.split(':').next().unwrap_or(""),
+        None => v,
+    };
+    host.parse::<std::net::IpAddr>()
+        .ok()
+        .map(|ip| ip.to_canonical())
+}
+
+/// The client a proxy on this host names for a request (the first that is not loopback),
+/// when it is an address.
+pub(super) fn forwarded_client(headers: &HeaderMap) -> Option<std::net::IpAddr> {
+    forwarded_for_someone_else(headers).and_then(|c| named_address(&c))
+}
+
 /// The first client named in `X-Forwarded-For`, `X-Real-IP` or `Forwarded` (RFC 7239 `for=`)
 /// that is not a loopback address (anything that is not an address, such as `unknown` or an
 /// obfuscated name, counts as someone else). Every entry is looked at: a client that sends
 /// `X-Forwarded-For: 127.0.0.1` itself still has its own address appended by the proxy.
 fn forwarded_for_someone_else(headers: &HeaderMap) -> Option<String> {
-    let local = |v: &str| {
-        let v = v.trim().trim_matches('"');
-        // `[::1]:4711`, `127.0.0.1:80`, `::1`, `127.0.0.1`.
-        let host = match v.strip_prefix('[') {
-            Some(rest) => rest.split(']').next().unwrap_or(""),
-            None if v.matches(':').count() == 1 => v.split(':').next().unwrap_or(""),
-            None => v,
-        };
-        host.parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.to_canonical().is_loopback())
-    };
+    let local = |v: &str| named_address(v).is_some_and(|ip| ip.is_loopback());
     let named = |name: &str| {
         headers
             .get_all(name)

@@ -5,6 +5,7 @@ mod console;
 mod documents;
 mod files;
 mod hub;
+mod inbox;
 mod ingest;
 mod oai;
 
@@ -59,6 +60,8 @@ pub struct Shared {
     pub collectors: crate::collect::Collectors,
     /// The OAI-PMH repository at `/oai`, when `oai.enabled`.
     pub oai: Option<Arc<crate::oaipmh::Repository>>,
+    /// The LDN inbox at `/inbox`, when `inbox.enabled`.
+    pub inbox: Option<Arc<crate::inbox::Inbox>>,
     /// The console's session key, read from the store on first use.
     pub console_key: Arc<tokio::sync::OnceCell<[u8; 32]>>,
     /// Wrong admin tokens per client address (the console's sign-in, the admin API).
@@ -70,6 +73,11 @@ pub fn router(state: AppState) -> Router {
         .route("/", get(home))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/oai", get(oai::get).post(oai::post))
+        .route(
+            "/inbox",
+            get(inbox::list).post(inbox::post).options(inbox::options),
+        )
+        .route("/inbox/{n}", get(inbox::item))
         .route("/readyz", get(readyz))
         .route(
             "/.well-known/resourcesync",
@@ -282,7 +290,7 @@ async fn readyz(State(st): State<AppState>) -> axum::response::Response {
 }
 
 /// A plain-text map of the server for people who open it in a browser. Advertises the hub.
-async fn home(State(st): State<AppState>) -> impl IntoResponse {
+async fn home(State(st): State<AppState>) -> axum::response::Response {
     let urls = st.ctx.urls();
     let hub_url = st.config.hub_url();
     let mut s = format!(
@@ -353,13 +361,18 @@ collector {} (OAI-PMH {} metadataPrefix={}{}): {last}
                 .unwrap_or_default()
         ));
     }
-    (
+    let mut r = (
         [(
             axum::http::header::LINK,
             format!("<{hub_url}>; rel=\"hub\""),
         )],
         s,
     )
+        .into_response();
+    if let Some(l) = inbox::link(&st) {
+        r.headers_mut().append(axum::http::header::LINK, l);
+    }
+    r
 }
 
 /// What to do on an empty store: the three ways to get a first resource set.

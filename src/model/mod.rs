@@ -1,6 +1,7 @@
 //! The seeds' document model: resource sets, resources (current state), changes (the log),
 //! and the change events a harvester sends, validated before they reach the store.
 
+pub mod coar;
 mod location;
 pub mod origin;
 mod secret;

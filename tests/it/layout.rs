@@ -23,6 +23,7 @@ const FLOORS: &[&[&str]] = &[
     &["source", "hub", "package"],
     &["notify", "ingest", "import", "workers", "destination"],
     &["error", "demo", "dump", "collect", "oaipmh"],
+    &["inbox"],
     &["http"],
     &["app"],
 ];

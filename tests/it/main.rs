@@ -21,6 +21,7 @@ mod harvest;
 mod hostile;
 mod hub;
 mod hub_crash;
+mod inbox;
 mod ingest;
 mod ingestion3;
 mod layout;
