@@ -217,6 +217,7 @@ async fn serve(
     let inbox = if config.inbox.enabled {
         Some(Arc::new(crate::inbox::Inbox::new(
             ctx.clone(),
+            hub.clients(),
             collectors.clone(),
             tasks.clone(),
             cancel.clone(),

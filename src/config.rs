@@ -60,6 +60,8 @@ pub struct InboxConfig {
     pub per_sender_per_minute: u32,
     /// Notifications per page of the inbox's listing.
     pub page_size: u32,
+    /// Tries of an answer to a sender's inbox (pauses from 1 s, doubling, at most 5 min).
+    pub reply_attempts: u32,
     /// `[inbox.senders.NAME]`: the services whose notifications are taken.
     #[serde(default)]
     pub senders: BTreeMap<String, SenderConfig>,

@@ -16,6 +16,7 @@
 //! and each notification stays readable at its URL until its slot is reused or it is older
 //! than `inbox.keep_days`.
 
+mod reply;
 mod ring;
 
 use std::net::IpAddr;
@@ -33,7 +34,7 @@ use crate::model::coar::{self, Notification};
 use crate::model::Timestamp;
 use crate::store::StoreError;
 
-pub use ring::Kept;
+pub use ring::{Kept, Reply};
 
 /// The `rel` of the Link header that advertises the inbox.
 pub const INBOX_REL: &str = "http://www.w3.org/ns/ldp#inbox";
@@ -88,6 +89,9 @@ pub enum Outcome {
 /// The inbox of one server.
 pub struct Inbox {
     ctx: Arc<Context>,
+    /// The hub's guarded client and its address policy: answers go through them.
+    client: reqwest::Client,
+    policy: Arc<crate::hub::AddressPolicy>,
     cfg: InboxConfig,
     senders: Vec<Sender>,
     collectors: Collectors,
@@ -109,6 +113,7 @@ impl Inbox {
     /// The inbox `[inbox]` configures; each sender's `token_env` must be set.
     pub fn new(
         ctx: Arc<Context>,
+        clients: &crate::hub::Clients,
         collectors: Collectors,
         tasks: TaskTracker,
         cancel: CancellationToken,
@@ -141,6 +146,8 @@ impl Inbox {
         let n = cfg.per_sender_per_minute;
         Ok(Inbox {
             ring: ring::Ring::new(ctx.store().clone(), cfg.keep),
+            client: clients.client().clone(),
+            policy: clients.policy().clone(),
             ctx,
             cfg,
             senders,
@@ -274,17 +281,25 @@ impl Inbox {
                 pattern: n.pattern,
                 notification: value,
                 outcome: Outcome::Received,
+                replies: Vec::new(),
             })
             .await?;
         tracing::info!(seq, sender = %sender.name, pattern = n.pattern.as_str(), id = %crate::cause::outsider(&n.id), "notification received");
-        let (inbox, collector) = (self.clone(), sender.cfg.collect.clone());
+        let (inbox, sender) = (self.clone(), sender.cfg.clone());
         self.tasks.spawn(async move {
             let outcome = tokio::select! {
-                o = inbox.act(&collector, &n) => o,
+                o = inbox.act(&sender.collect, &n) => o,
                 _ = inbox.cancel.cancelled() => return,
             };
-            if let Err(e) = inbox.ring.settle(seq, outcome).await {
+            let settled = outcome.clone();
+            if let Err(e) = inbox.ring.update(seq, |k| k.outcome = settled).await {
                 tracing::warn!(seq, error = %crate::cause::chain(&e), "the notification's outcome could not be kept");
+            }
+            if n.pattern.is_offer() {
+                tokio::select! {
+                    _ = inbox.answer(seq, &sender, &n, &outcome) => {}
+                    _ = inbox.cancel.cancelled() => {}
+                }
             }
         });
         Ok(seq)
@@ -338,24 +353,35 @@ impl Inbox {
         age > self.cfg.keep_days as i64 * 86_400_000_000
     }
 
-    /// Page `page` (from 1, newest first) of the inbox as an LDP container in JSON-LD: its
-    /// notifications' URLs (`ldp:contains`), and the next page's number when there is one.
-    pub async fn listing(&self, page: u64) -> Result<(Value, Option<u64>), InboxError> {
+    /// Page `page` (from 1, newest first) of the notifications kept, and the next page's
+    /// number when there is one.
+    pub async fn page(&self, page: u64) -> Result<(Vec<Kept>, Option<u64>), InboxError> {
         let size = u64::from(self.cfg.page_size);
         let next = self.ring.next().await?;
         let newest = next.saturating_sub(1 + (page.max(1) - 1) * size);
         let oldest = next.saturating_sub(u64::from(self.cfg.keep)).max(1);
-        let mut contains = Vec::new();
+        let mut kept = Vec::new();
         let mut seq = newest;
-        while seq >= oldest && seq > 0 && (contains.len() as u64) < size {
+        while seq >= oldest && seq > 0 && (kept.len() as u64) < size {
             if let Some(k) = self.ring.get(seq).await? {
                 if !self.expired(&k) {
-                    contains.push(json!({"@id": self.item_url(seq)}));
+                    kept.push(k);
                 }
             }
             seq -= 1;
         }
         let more = seq >= oldest && seq > 0;
+        Ok((kept, more.then_some(page.max(1) + 1)))
+    }
+
+    /// Page `page` of the inbox as an LDP container in JSON-LD: its notifications' URLs
+    /// (`ldp:contains`), and the next page's number when there is one.
+    pub async fn listing(&self, page: u64) -> Result<(Value, Option<u64>), InboxError> {
+        let (kept, next) = self.page(page).await?;
+        let contains: Vec<Value> = kept
+            .iter()
+            .map(|k| json!({"@id": self.item_url(k.seq)}))
+            .collect();
         Ok((
             json!({
                 "@context": {"ldp": "http://www.w3.org/ns/ldp#"},
@@ -363,7 +389,7 @@ impl Inbox {
                 "@type": ["ldp:Container", "ldp:BasicContainer"],
                 "ldp:contains": contains,
             }),
-            more.then_some(page.max(1) + 1),
+            next,
         ))
     }
 }

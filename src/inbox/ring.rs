@@ -23,6 +23,24 @@ pub struct Kept {
     /// The notification as it was posted (parsed JSON).
     pub notification: serde_json::Value,
     pub outcome: Outcome,
+    /// The answers sent to the sender's inbox (an offer's `Accept` and `Announce`, or its
+    /// `Reject`), and how each went.
+    #[serde(default)]
+    pub replies: Vec<Reply>,
+}
+
+/// An answer to the sender, and how sending it went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reply {
+    /// `Accept`, `Reject` or `Announce`.
+    pub kind: String,
+    /// Its own id (`urn:uuid:…`).
+    pub id: String,
+    /// `pending`, `sent` (the inbox answered 2xx) or `given_up`.
+    pub state: String,
+    pub attempts: u32,
+    /// The last attempt's answer or error.
+    pub last: Option<String>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -141,12 +159,12 @@ impl Ring {
             .filter(|k| k.seq == seq))
     }
 
-    /// Records what became of notification `seq` (unless it is gone).
-    pub async fn settle(&self, seq: u64, outcome: Outcome) -> Result<(), StoreError> {
+    /// Changes notification `seq` with `f` (unless it is gone).
+    pub async fn update(&self, seq: u64, f: impl FnOnce(&mut Kept)) -> Result<(), StoreError> {
         let Some(mut k) = self.get(seq).await? else {
             return Ok(());
         };
-        k.outcome = outcome;
+        f(&mut k);
         self.write(&k).await
     }
 }

@@ -10,10 +10,62 @@ use crate::collect::{collect_config, fixture, now_datestamp, rewrite, OaiServer}
 use crate::hostile::Canary;
 use crate::hub::subscribed;
 use crate::subscriber::TestSubscriber;
-use crate::support::{PyEnv, TestApp};
+use crate::support::{admin_call, PyEnv, TestApp};
 
 const ORIGIN: &str = "https://repository.example.edu";
 const ORIGIN_INBOX: &str = "https://repository.example.edu/ldn/inbox";
+
+/// The sender's own inbox, receiving the server's answers with COAR's library
+/// (`tests/tools/coar_inbox.py`: each answer parsed and validated by its models).
+pub struct CoarInbox {
+    child: std::process::Child,
+    pub url: String,
+}
+
+impl CoarInbox {
+    pub fn start(hang: bool) -> CoarInbox {
+        use std::io::BufRead as _;
+        let mut cmd = std::process::Command::new(PyEnv::get().python());
+        cmd.arg(std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/tools/coar_inbox.py"));
+        if hang {
+            cmd.arg("--hang");
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = serde_json::from_str::<serde_json::Value>(&line)
+            .unwrap_or_else(|e| panic!("coar_inbox.py did not start: {e}: {line:?}"))["port"]
+            .clone();
+        CoarInbox {
+            child,
+            url: format!("http://127.0.0.1:{port}/inbox"),
+        }
+    }
+
+    /// What it received so far: [{type, pattern, valid, error, body}].
+    pub async fn received(&self) -> Vec<serde_json::Value> {
+        reqwest::get(self.url.replace("/inbox", "/_received"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for CoarInbox {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
 
 /// A server collecting `repo` into `papers`, its inbox taking notifications from one sender,
 /// the repository, posting from loopback.
@@ -169,7 +221,12 @@ async fn coars_library_posts_its_patterns_and_each_is_kept_and_listed() {
 async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     let mut fx = fixture(5);
     let repo = OaiServer::start(&fx, 10);
-    let (app, _d) = start(&repo, |_| {}).await;
+    let answers = CoarInbox::start(false);
+    let inbox_url = answers.url.clone();
+    let (app, _d) = start(&repo, |c| {
+        c.inbox.senders.get_mut("repo").unwrap().inbox = inbox_url;
+    })
+    .await;
     let c = crate::collect::Collecting { repo, app };
     let (repo, app) = (&c.repo, &c.app);
     let first = c.wait_ended(None).await;
@@ -195,12 +252,16 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     )
     .await;
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let got = crate::support::wait_until("the change notification of oai:test:3", || async {
-        crate::notify::docs(&sub, "/changes")
-            .iter()
-            .any(|(t, _)| t.contains("oai:test:3.xml"))
-    });
-    got.await;
+    // The notification of its update (the first run's creations may still be arriving).
+    crate::support::wait_until("the update of oai:test:3 notified", || async {
+        crate::notify::docs(&sub, "/changes").iter().any(|(_, d)| {
+            d.entries.iter().any(|e| {
+                e.loc.ends_with("oai:test:3.xml")
+                    && e.md.get("change").map(String::as_str) == Some("updated")
+            })
+        })
+    })
+    .await;
     let took = t.elapsed();
     assert!(took < Duration::from_secs(10), "{took:?}");
     assert_eq!(
@@ -244,6 +305,87 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
         changes_before + 1,
         "nothing more recorded"
     );
+    // Each offer was answered at the sender's inbox, Accept then the service result's
+    // Announce, every answer valid for COAR's library; an offer naming no record it can
+    // collect gets a Reject with the reason.
+    let r = post(
+        app,
+        &offer("https://repository.example.edu/handle/1/2").to_string(),
+        "application/ld+json",
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    crate::support::wait_until("five answers at the sender's inbox", || async {
+        answers.received().await.len() >= 5
+    })
+    .await;
+    let got = answers.received().await;
+    let patterns: Vec<&str> = got
+        .iter()
+        .map(|a| a["pattern"].as_str().unwrap_or("refused"))
+        .collect();
+    assert_eq!(
+        patterns,
+        [
+            "Accept",
+            "AnnounceServiceResult",
+            "Accept",
+            "AnnounceServiceResult",
+            "Reject"
+        ],
+        "{got:#?}"
+    );
+    assert!(got.iter().all(|a| a["valid"] == true), "{got:#?}");
+    let announce = &got[1]["body"];
+    let record_url = announce["object"]["id"].as_str().unwrap();
+    assert!(record_url.ends_with("oai:test:3.xml"), "{announce}");
+    let served = reqwest::get(record_url.replace(&app.config.base_url(), &app.url("")))
+        .await
+        .unwrap();
+    assert_eq!(
+        served.status(),
+        200,
+        "the announced record is served at its URL"
+    );
+    assert!(served.text().await.unwrap().contains("Record 3, revised"));
+    assert!(got[4]["body"]["summary"]
+        .as_str()
+        .unwrap()
+        .contains("OAI identifier"));
+    // The admin API shows each notification, its outcome and its answers.
+    crate::support::wait_until("every answer recorded as sent", || async {
+        let (_, v) = admin_call(
+            app,
+            crate::collect::ADMIN,
+            reqwest::Method::GET,
+            "/admin/v1/inbox",
+            None,
+        )
+        .await;
+        v["notifications"].as_array().is_some_and(|n| {
+            n.len() == 3
+                && n.iter().all(|e| {
+                    e["replies"]
+                        .as_array()
+                        .is_some_and(|r| !r.is_empty() && r.iter().all(|r| r["state"] == "sent"))
+                })
+        })
+    })
+    .await;
+    let (s, v) = admin_call(
+        app,
+        crate::collect::ADMIN,
+        reqwest::Method::GET,
+        "/admin/v1/inbox",
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let newest = &v["notifications"][0];
+    assert_eq!(newest["outcome"]["state"], "not_collected", "{v:#}");
+    assert_eq!(newest["replies"][0]["kind"], "Reject");
+    assert_eq!(v["notifications"][2]["outcome"]["state"], "collected");
+    assert_eq!(v["notifications"][2]["outcome"]["changed"], true);
     c.app.stop().await;
 }
 
@@ -384,5 +526,71 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
         5,
         "the ring keeps 5: {listing}"
     );
+    app.stop().await;
+}
+
+/// A sender's inbox that never answers: each answer is tried `inbox.reply_attempts` times
+/// within the hub's request timeout, then given up (and said so beside the notification),
+/// while the inbox goes on taking notifications at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_that_never_answers_costs_bounded_tries() {
+    let repo = OaiServer::start(&fixture(2), 10);
+    let hung = CoarInbox::start(true);
+    let url = hung.url.clone();
+    let (app, _d) = start(&repo, |c| {
+        c.hub.request_timeout_secs = 1;
+        c.inbox.reply_attempts = 2;
+        c.inbox.senders.get_mut("repo").unwrap().inbox = url;
+    })
+    .await;
+    let r = post(
+        &app,
+        &offer("https://repository.example.edu/handle/9/9").to_string(),
+        "application/ld+json",
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let seq: u64 = r.headers()["location"]
+        .to_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let t = Instant::now();
+    let r = post(
+        &app,
+        &offer("https://repository.example.edu/handle/9/10").to_string(),
+        "application/ld+json",
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    assert!(
+        t.elapsed() < Duration::from_secs(1),
+        "taken at once: {:?}",
+        t.elapsed()
+    );
+    let store = resourcesync_hub::app::open_store(&app.config)
+        .await
+        .unwrap();
+    let replies = || async {
+        let (json, _) = store
+            .state(&format!(
+                "inbox/slot/{}",
+                seq % u64::from(app.config.inbox.keep)
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()["replies"].clone()
+    };
+    crate::support::wait_until("the Reject given up", || async {
+        replies().await[0]["state"] == "given_up"
+    })
+    .await;
+    let r = replies().await;
+    assert_eq!(r[0]["kind"], "Reject");
+    assert_eq!(r[0]["attempts"], 2, "{r}");
     app.stop().await;
 }

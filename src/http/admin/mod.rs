@@ -1,9 +1,10 @@
 //! The admin API (`/admin/v1/…`, bearer `admin.token`), its OpenAPI document, and `/metrics`.
 //! JSON in and out; every error is `{"error": "..."}` with the status from `error.rs`. What
-//! guards it is [`guard`]; the collectors' part is [`collect`].
+//! guards it is [`guard`]; the collectors' part is [`collect`], the inbox's [`inbox`].
 
 pub(super) mod collect;
 mod guard;
+mod inbox;
 
 use std::collections::BTreeMap;
 
@@ -30,8 +31,8 @@ use guard::{throttle_guesses, ErrorBody};
 #[derive(OpenApi)]
 #[openapi(
     info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub; the OAI-PMH collectors."),
-    paths(collect::list_collectors, collect::show_collector, collect::act, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(collect::CollectorView, collect::CollectorDetail, collect::CollectorList, collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
+    paths(collect::list_collectors, collect::show_collector, collect::act, inbox::list_inbox, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(inbox::InboxPage, inbox::InboxEntry, inbox::ReplyView, collect::CollectorView, collect::CollectorDetail, collect::CollectorList, collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
@@ -89,6 +90,7 @@ pub fn routes(state: &AppState) -> Router<AppState> {
         .route("/admin/v1/deliveries", get(list_deliveries))
         .route("/admin/v1/stats", get(stats))
         .merge(collect::routes())
+        .merge(inbox::routes())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             throttle_guesses,
