@@ -48,7 +48,13 @@ pub struct Client {
     cfg: CollectConfig,
     /// Until when a 503's `Retry-After` is being waited out, while it is.
     waiting: std::sync::Mutex<Option<crate::model::Timestamp>>,
+    /// Requests to the repository in flight at once, a run's and announced records' together
+    /// ([`IN_FLIGHT`]): a burst of announcements queues here instead of hammering it.
+    in_flight: tokio::sync::Semaphore,
 }
+
+/// Requests in flight at once to one repository.
+pub const IN_FLIGHT: usize = 2;
 
 impl Client {
     pub fn new(cfg: &CollectConfig, product: &str) -> Result<Client, String> {
@@ -76,6 +82,7 @@ impl Client {
             base,
             cfg: cfg.clone(),
             waiting: Default::default(),
+            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT),
         })
     }
 
@@ -106,7 +113,10 @@ impl Client {
         loop {
             trace.requests += 1;
             let answer = tokio::select! {
-                a = self.once(&url) => a,
+                a = async {
+                    let _turn = self.in_flight.acquire().await.expect("never closed");
+                    self.once(&url).await
+                } => a,
                 _ = cancel.cancelled() => return Err(Failure::Cancelled),
             };
             let failed = match answer {
