@@ -594,3 +594,57 @@ async fn an_inbox_that_never_answers_costs_bounded_tries() {
     assert_eq!(r[0]["attempts"], 2, "{r}");
     app.stop().await;
 }
+
+/// On Elasticsearch (osmem-server) the inbox keeps its notifications too, and a second
+/// process on the same store reads them at their URLs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn notifications_are_kept_on_elasticsearch_and_read_by_another_process() {
+    let repo = OaiServer::start(&fixture(2), 10);
+    let (mut c, _d) = collect_config(&repo.base);
+    crate::support::use_elasticsearch(&mut c).await;
+    c.inbox.enabled = true;
+    c.inbox.senders.insert(
+        "repo".into(),
+        SenderConfig {
+            id: ORIGIN.into(),
+            inbox: ORIGIN_INBOX.into(),
+            collect: "papers".into(),
+            networks: vec!["127.0.0.0/8".parse().unwrap()],
+            token_env: String::new(),
+        },
+    );
+    let (_, other_dir) = crate::support::test_config();
+    let mut c2 = c.clone();
+    c2.server.data_dir = other_dir.path().to_path_buf();
+    let one = TestApp::start_with(c).await;
+    let two = TestApp::start_with(c2).await;
+    let r = post(
+        &one,
+        &offer("oai:test:1").to_string(),
+        "application/ld+json",
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let loc = r.headers()["location"].to_str().unwrap().to_string();
+    let path = &loc[loc.find("/inbox/").unwrap()..];
+    let got: serde_json::Value = reqwest::get(two.url(path))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(got["object"]["id"], "oai:test:1");
+    let listing: serde_json::Value = reqwest::get(two.url("/inbox"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        listing["ldp:contains"].as_array().unwrap().len(),
+        1,
+        "{listing}"
+    );
+    two.stop().await;
+    one.stop().await;
+}
