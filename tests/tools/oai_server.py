@@ -155,6 +155,9 @@ server = BatchingServer(Repository(), metadata_registry=registry, resumption_bat
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes: with Nagle on, a keep-alive client's delayed
+    # ACK held every answer 40 ms (a real repository's server sets TCP_NODELAY).
+    disable_nagle_algorithm = True
 
     def log_message(self, *args):
         pass
