@@ -99,6 +99,13 @@ async fn main() -> anyhow::Result<()> {
     let records = common::arg("--records", 1000) as usize;
     let announcements = (common::arg("--announcements", 1000) as usize).min(records);
     let rate = common::arg("--rate", 100).max(1);
+    // RUST_LOG=warn (for instance) shows the server's log on stderr.
+    if std::env::var_os("RUST_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .init();
+    }
 
     let tmp = tempfile::tempdir()?;
     let fixture_path = tmp.path().join("repo.json");
@@ -132,7 +139,8 @@ async fn main() -> anyhow::Result<()> {
         "repo".into(),
         SenderConfig {
             id: ORIGIN.into(),
-            inbox: format!("{ORIGIN}/ldn/inbox"),
+            inbox: std::env::var("BENCH_SENDER_INBOX")
+                .unwrap_or_else(|_| format!("{ORIGIN}/ldn/inbox")),
             collect: "bench".into(),
             networks: vec!["127.0.0.0/8".parse()?],
             token_env: String::new(),
@@ -231,6 +239,24 @@ async fn main() -> anyhow::Result<()> {
         .map(|(k, p)| at[k].saturating_duration_since(*p))
         .collect();
     lat.sort();
+    let mut slowest: Vec<(Duration, usize, Duration)> = posted
+        .iter()
+        .map(|(k, p)| {
+            (
+                at[k].saturating_duration_since(*p),
+                *k,
+                p.duration_since(start),
+            )
+        })
+        .collect();
+    slowest.sort();
+    for (l, k, offset) in slowest.iter().rev().take(5) {
+        println!(
+            "slow: record {k}, posted at +{:.2} s, notified after {:.0} ms",
+            offset.as_secs_f64(),
+            l.as_secs_f64() * 1e3
+        );
+    }
     let asked: serde_json::Value = client
         .get(format!("http://127.0.0.1:{port}/_requests"))
         .send()

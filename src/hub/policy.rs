@@ -48,7 +48,7 @@ impl AddressPolicy {
             return Ok(());
         };
         let port = url.port_or_known_default().unwrap_or(80);
-        let found: Vec<SocketAddr> = tokio::net::lookup_host((d, port))
+        let found: Vec<SocketAddr> = lookup(d, port)
             .await
             .map_err(|e| format!("{what} {url}: {d} does not resolve ({e})"))?
             .collect();
@@ -224,7 +224,7 @@ pub async fn budget_key(url: &Url) -> String {
             let d = d.strip_suffix('.').unwrap_or(d);
             let found = tokio::time::timeout(
                 std::time::Duration::from_secs(2),
-                tokio::net::lookup_host((d, url.port_or_known_default().unwrap_or(80))),
+                lookup(d, url.port_or_known_default().unwrap_or(80)),
             )
             .await;
             let addrs: Vec<IpAddr> = match found {
@@ -252,6 +252,25 @@ pub async fn budget_key(url: &Url) -> String {
     }
 }
 
+/// Name lookups under way at once, process-wide. A lookup runs `getaddrinfo` on tokio's
+/// blocking pool, which the store's calls share: a burst of slow lookups (a resolver that
+/// times out, names a peer chose) must never take every blocking thread from the store.
+const LOOKUPS_AT_ONCE: usize = 32;
+
+/// `tokio::net::lookup_host`, at most [`LOOKUPS_AT_ONCE`] at a time.
+pub async fn lookup(host: &str, port: u16) -> std::io::Result<std::vec::IntoIter<SocketAddr>> {
+    static LOOKUPS: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    let _turn = LOOKUPS
+        .get_or_init(|| tokio::sync::Semaphore::new(LOOKUPS_AT_ONCE))
+        .acquire()
+        .await
+        .expect("never closed");
+    Ok(tokio::net::lookup_host((host, port))
+        .await?
+        .collect::<Vec<_>>()
+        .into_iter())
+}
+
 /// A resolver for the hub's HTTP client that drops every address the policy refuses and fails
 /// when none is left.
 pub struct SafeResolver {
@@ -263,8 +282,7 @@ impl Resolve for SafeResolver {
         let policy = self.policy.clone();
         Box::pin(async move {
             let host = name.as_str().to_string();
-            let found: Vec<SocketAddr> =
-                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let found: Vec<SocketAddr> = lookup(host.as_str(), 0).await?.collect();
             let ok: Vec<SocketAddr> = found
                 .iter()
                 .copied()
