@@ -386,6 +386,24 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     assert_eq!(newest["replies"][0]["kind"], "Reject");
     assert_eq!(v["notifications"][2]["outcome"]["state"], "collected");
     assert_eq!(v["notifications"][2]["outcome"]["changed"], true);
+    // The console's Inbox page says the same in words.
+    let cookie = crate::support::console_cookie(app, crate::collect::ADMIN).await;
+    let page = reqwest::Client::new()
+        .get(app.url("/console/inbox"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("oai:test:3 collected: a change recorded and pushed"),
+        "{page}"
+    );
+    assert!(page.contains("oai:test:3 collected: already current"));
+    assert!(page.contains("not collected: none of"));
+    assert!(page.contains("Reject: sent"));
     c.app.stop().await;
 }
 

@@ -10,6 +10,7 @@
 //! binary) and read without JavaScript; a small script swaps in fresh parts while one is open.
 
 mod collectors;
+mod inbox;
 
 use std::collections::BTreeMap;
 
@@ -47,6 +48,7 @@ fn pages() -> &'static ui::Pages {
                 ("collectors.html", include_str!("templates/collectors.html")),
                 ("collector.html", include_str!("templates/collector.html")),
                 ("collector_cells.html", include_str!("templates/collector_cells.html")),
+                ("inbox.html", include_str!("templates/inbox.html")),
             ],
             json!({
                 "brand": "resourcesync-hub",
@@ -56,6 +58,7 @@ fn pages() -> &'static ui::Pages {
                     {"key": "subscriptions", "href": "/console/subscriptions", "label": "Subscriptions"},
                     {"key": "sets", "href": "/console/sets", "label": "Sets and topics"},
                     {"key": "collectors", "href": "/console/collectors", "label": "Collectors"},
+                    {"key": "inbox", "href": "/console/inbox", "label": "Inbox"},
                 ],
             }),
         )
@@ -82,6 +85,7 @@ pub fn routes() -> Router<AppState> {
         .route("/console/collectors", get(collectors::list))
         .route("/console/collectors/{name}", get(collectors::show))
         .route("/console/collectors/{name}/{action}", post(collectors::act))
+        .route("/console/inbox", get(inbox::list))
         .route("/console/static/{file}", get(asset))
         .layer(axum::middleware::map_response(ui::secure))
 }
