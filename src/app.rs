@@ -225,6 +225,15 @@ async fn serve(
     } else {
         None
     };
+    if let Some(i) = &inbox {
+        let (i, c) = (i.clone(), cancel.clone());
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = i.resume() => {}
+                _ = c.cancelled() => {}
+            }
+        });
+    }
     let app = http::router(AppState::new(Shared {
         config: config.clone(),
         ctx,

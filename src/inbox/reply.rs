@@ -58,19 +58,64 @@ impl Inbox {
             )],
             Outcome::Received => return,
         };
-        for (kind, doc) in answers {
-            let reply = Reply {
+        // All kept as pending first: a stop before they are sent loses none (see `resume`).
+        let replies: Vec<Reply> = answers
+            .into_iter()
+            .map(|(kind, doc)| Reply {
                 kind: kind.into(),
                 id: doc["id"].as_str().unwrap_or_default().to_string(),
                 state: "pending".into(),
                 attempts: 0,
                 last: None,
+                doc: Some(doc),
+            })
+            .collect();
+        let keep = replies.clone();
+        let _ = self.ring.update(seq, |k| k.replies.extend(keep)).await;
+        for r in replies {
+            if let Some(doc) = &r.doc {
+                self.send(seq, &sender.inbox, &r.id, doc, 0).await;
+            }
+        }
+    }
+
+    /// After a start: the answers a stopped process left `pending` are sent, in order, to
+    /// their sender's inbox as configured now (each with the tries it has left).
+    pub async fn resume(&self) {
+        let mut pending = Vec::new();
+        let mut page = Some(1);
+        while let Some(p) = page {
+            let Ok((kept, next)) = self.page(p).await else {
+                break;
             };
-            let _ = self
-                .ring
-                .update(seq, |k| k.replies.push(reply.clone()))
-                .await;
-            self.send(seq, &sender.inbox, &reply.id, &doc).await;
+            for k in &kept {
+                for r in &k.replies {
+                    if let (true, Some(doc)) = (r.state == "pending", &r.doc) {
+                        pending.push((
+                            k.seq,
+                            k.sender.clone(),
+                            r.id.clone(),
+                            doc.clone(),
+                            r.attempts,
+                        ));
+                    }
+                }
+            }
+            page = next;
+        }
+        // Oldest first, as they were due.
+        pending.sort_by_key(|p| p.0);
+        if !pending.is_empty() {
+            tracing::info!(
+                answers = pending.len(),
+                "sending the answers a stopped process left pending"
+            );
+        }
+        for (seq, sender, id, doc, tried) in pending {
+            let Some(s) = self.ctx.config().inbox.senders.get(&sender) else {
+                continue;
+            };
+            self.send(seq, &s.inbox, &id, &doc, tried).await;
         }
     }
 
@@ -157,16 +202,17 @@ impl Inbox {
         })
     }
 
-    /// Sends `doc` to `inbox` until it is taken (2xx), tried `inbox.reply_attempts` times.
-    async fn send(&self, seq: u64, inbox: &str, id: &str, doc: &Value) {
+    /// Sends `doc` to `inbox` until it is taken (2xx), tried `inbox.reply_attempts` times in
+    /// all (`tried` of them already).
+    async fn send(&self, seq: u64, inbox: &str, id: &str, doc: &Value, tried: u32) {
         let body = doc.to_string();
         let mut pauses = Backoff::new(std::time::Duration::from_secs(1), MAX_PAUSE);
         let attempts = self.cfg.reply_attempts.max(1);
-        for attempt in 1..=attempts {
+        for attempt in (tried + 1)..=attempts.max(tried + 1) {
             let result = self.send_once(inbox, &body).await;
             let (state, last) = match &result {
                 Ok(status) => ("sent", format!("answered {status}")),
-                Err(e) if attempt == attempts => ("given_up", e.clone()),
+                Err(e) if attempt >= attempts => ("given_up", e.clone()),
                 Err(e) => ("pending", e.clone()),
             };
             let _ = self
@@ -176,6 +222,10 @@ impl Inbox {
                         r.state = state.into();
                         r.attempts = attempt;
                         r.last = Some(last.clone());
+                        if state != "pending" {
+                            // Sent or given up: the answer itself is no longer needed.
+                            r.doc = None;
+                        }
                     }
                 })
                 .await;

@@ -41,6 +41,9 @@ pub struct Reply {
     pub attempts: u32,
     /// The last attempt's answer or error.
     pub last: Option<String>,
+    /// The answer itself, kept until it is sent (a restart sends it then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub doc: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]

@@ -666,3 +666,62 @@ async fn notifications_are_kept_on_elasticsearch_and_read_by_another_process() {
     two.stop().await;
     one.stop().await;
 }
+
+/// Answers still pending when the server stops are sent after it starts again, to the
+/// sender's inbox as configured then, with the tries they have left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_left_pending_is_sent_after_a_restart() {
+    let repo = OaiServer::start(&fixture(3), 10);
+    let (app, dir) = start(&repo, |c| {
+        // Nothing listens there: each try fails at once, and the answer waits for the next.
+        c.inbox.senders.get_mut("repo").unwrap().inbox = "http://127.0.0.1:1/inbox".into();
+    })
+    .await;
+    let config = app.config.clone();
+    let r = post(
+        &app,
+        &offer("oai:test:1").to_string(),
+        "application/ld+json",
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let seq: u64 = r.headers()["location"]
+        .to_str()
+        .unwrap()
+        .rsplit('/')
+        .next()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let store = resourcesync_hub::app::open_store(&config).await.unwrap();
+    let slot = format!("inbox/slot/{}", seq % u64::from(config.inbox.keep));
+    let kept = || async {
+        let (json, _) = store.state(&slot).await.unwrap().unwrap();
+        serde_json::from_str::<serde_json::Value>(&json).unwrap()
+    };
+    crate::support::wait_until("the Accept tried and pending", || async {
+        let k = kept().await;
+        k["replies"][0]["state"] == "pending" && k["replies"][0]["attempts"].as_u64() >= Some(1)
+    })
+    .await;
+    app.stop().await;
+    drop(store);
+
+    let answers = CoarInbox::start(false);
+    let mut config = config;
+    config.inbox.senders.get_mut("repo").unwrap().inbox = answers.url.clone();
+    let app = TestApp::start_with(config).await;
+    crate::support::wait_until(
+        "the Accept and the Announce at the sender's inbox",
+        || async { answers.received().await.len() >= 2 },
+    )
+    .await;
+    let got = answers.received().await;
+    let patterns: Vec<&str> = got
+        .iter()
+        .map(|a| a["pattern"].as_str().unwrap_or("refused"))
+        .collect();
+    assert_eq!(patterns, ["Accept", "AnnounceServiceResult"], "{got:#?}");
+    app.stop().await;
+    drop(dir);
+}
