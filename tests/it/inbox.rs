@@ -174,6 +174,12 @@ async fn coars_library_posts_its_patterns_and_each_is_kept_and_listed() {
             .to_str()
             .unwrap()
             .starts_with("application/ld+json"));
+        // A sender's bytes: never run by a browser as this origin.
+        assert!(r.headers()["content-security-policy"]
+            .to_str()
+            .unwrap()
+            .contains("sandbox"));
+        assert_eq!(r.headers()["x-content-type-options"], "nosniff");
         let body: serde_json::Value = r.json().await.unwrap();
         assert_eq!(body["id"], s["id"]);
         assert_eq!(body["origin"]["id"], ORIGIN);
@@ -446,6 +452,24 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
     })
     .await;
     let canary = Canary::start().await;
+    // Markup in what a sender writes is shown as text on the console's Inbox page.
+    let mut marked = offer("oai:test:1");
+    marked["id"] = serde_json::json!("urn:x:<img src=x onerror=alert(1)>");
+    marked["object"]["ietf:cite-as"] = serde_json::json!("https://e.org/<script>alert(2)</script>");
+    let r = post(&app, &marked.to_string(), "application/ld+json").await;
+    assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
+    let cookie = crate::support::console_cookie(&app, crate::collect::ADMIN).await;
+    let page = reqwest::Client::new()
+        .get(app.url("/console/inbox"))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(page.contains("&lt;img src=x onerror=alert(1)&gt;"), "{page}");
+    assert!(!page.contains("<img src=x") && !page.contains("<script>alert"));
     let big = offer(&format!(
         "https://repository.example.edu/{}",
         "x".repeat(5000)
@@ -513,7 +537,7 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
         0,
         "nothing a notification names is contacted"
     );
-    // The sender's budget: 10 a minute, one spent on the lure.
+    // The sender's budget: 10 a minute, two spent (the marked notification, the lure).
     let mut statuses = Vec::new();
     for _ in 0..30 {
         let r = post(
@@ -529,10 +553,10 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
     }
     assert_eq!(
         statuses.iter().filter(|s| **s == 201).count(),
-        9,
+        8,
         "{statuses:?}"
     );
-    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 21);
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 22);
     let listing: serde_json::Value = reqwest::get(app.url("/inbox"))
         .await
         .unwrap()
