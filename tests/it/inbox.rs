@@ -468,7 +468,10 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
         .text()
         .await
         .unwrap();
-    assert!(page.contains("&lt;img src=x onerror=alert(1)&gt;"), "{page}");
+    assert!(
+        page.contains("&lt;img src=x onerror=alert(1)&gt;"),
+        "{page}"
+    );
     assert!(!page.contains("<img src=x") && !page.contains("<script>alert"));
     let big = offer(&format!(
         "https://repository.example.edu/{}",
