@@ -9,6 +9,38 @@ use super::oai::Record;
 use crate::model::origin::record_path;
 use crate::model::{ChangeEvent, ChangeType, Link, Location, LocationType, Timestamp};
 
+/// Other names of a record, from its metadata: each `identifier` element's (`dc:identifier`,
+/// `dcterms:identifier`, …) value that is an http(s) URL, such as its landing page or its
+/// persistent identifier's resolver URL. An announcement names the record by one of these.
+/// At most 16, each at most 2,048 bytes; malformed metadata gives those read before the fault.
+pub fn aliases(metadata: &str) -> Vec<String> {
+    use quick_xml::events::Event;
+    let mut r = quick_xml::Reader::from_str(metadata);
+    let mut out: Vec<String> = Vec::new();
+    let mut inside = false;
+    loop {
+        match r.read_event() {
+            Ok(Event::Start(e)) => inside = e.local_name().as_ref() == b"identifier",
+            Ok(Event::Text(t)) if inside => {
+                if let Ok(v) = t.unescape() {
+                    let v = v.trim();
+                    let web = v.starts_with("https://") || v.starts_with("http://");
+                    if web && v.len() <= 2048 && !out.iter().any(|o| o == v) {
+                        out.push(v.to_string());
+                        if out.len() == 16 {
+                            break;
+                        }
+                    }
+                }
+            }
+            Ok(Event::End(_)) => inside = false,
+            Ok(Event::Eof) | Err(_) => break,
+            _ => {}
+        }
+    }
+    out
+}
+
 /// Where records come from: the repository's base URL and the metadata format harvested.
 #[derive(Debug, Clone)]
 pub struct Origin {
@@ -129,6 +161,31 @@ pub fn change_for(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_records_web_identifiers_are_its_aliases() {
+        let m = r#"<oai_dc:dc xmlns:oai_dc="http://www.openarchives.org/OAI/2.0/oai_dc/" xmlns:dc="http://purl.org/dc/elements/1.1/">
+<dc:title>https://not.an/identifier</dc:title>
+<dc:identifier>https://repo.example.edu/handle/1/2</dc:identifier>
+<dc:identifier> https://hdl.handle.net/1/2 </dc:identifier>
+<dc:identifier>urn:isbn:123</dc:identifier>
+<dc:identifier>https://repo.example.edu/handle/1/2</dc:identifier>
+<dc:identifier>http://a.org/?x=1&amp;y=2</dc:identifier>
+</oai_dc:dc>"#;
+        assert_eq!(
+            aliases(m),
+            [
+                "https://repo.example.edu/handle/1/2",
+                "https://hdl.handle.net/1/2",
+                "http://a.org/?x=1&y=2"
+            ]
+        );
+        assert!(aliases("<not closed").is_empty());
+        let many: String = (0..40)
+            .map(|i| format!("<identifier>https://a.org/{i}</identifier>"))
+            .collect();
+        assert_eq!(aliases(&format!("<r>{many}</r>")).len(), 16);
+    }
+
     use super::super::oai::Header;
     use super::*;
 

@@ -855,6 +855,8 @@ impl Collector {
         let mut files = Vec::new();
         let mut gone = Vec::new();
         let mut ids = Vec::new();
+        // The other names of the records this set holds (see `map::aliases`), for the inbox.
+        let mut aliases = Vec::new();
         for (rec, path) in records.iter().zip(paths) {
             let h = held.get(&path).cloned().flatten();
             if let Some(other) = claimed.get(&path).filter(|_| h.is_none()) {
@@ -869,7 +871,17 @@ impl Collector {
                 );
                 continue;
             }
-            match change_for(rec, &self.origin, h.as_deref()) {
+            let change = change_for(rec, &self.origin, h.as_deref());
+            if change.is_ok() && !rec.header.deleted {
+                if let Some(m) = &rec.metadata {
+                    aliases.extend(
+                        super::map::aliases(m)
+                            .into_iter()
+                            .map(|a| (a, rec.header.identifier.clone())),
+                    );
+                }
+            }
+            match change {
                 Ok(None) => counts.unchanged += 1,
                 Ok(Some(mut c)) => {
                     // Where the store can carry them: the record's OAI sets, as `collection` links.
@@ -905,6 +917,10 @@ impl Collector {
                 }
             }
         }
+        self.ctx
+            .store()
+            .put_aliases(self.name.as_str(), &aliases)
+            .await?;
         if events.is_empty() {
             return Ok(counts);
         }

@@ -305,17 +305,34 @@ impl Inbox {
         Ok(seq)
     }
 
-    /// Collects the record the notification names, at the sender's collector: the first
-    /// of its names that is an OAI identifier.
+    /// The OAI identifier of the record a notification names at `collector`: the first of its
+    /// names that is an OAI identifier, else the first that is another name of a record the
+    /// collector holds (its landing page, its persistent identifier's URL: see
+    /// `collect::map::aliases`).
+    async fn identify(&self, collector: &str, n: &Notification) -> Result<String, String> {
+        if let Some(id) = n.names.iter().find(|s| s.starts_with("oai:")) {
+            return Ok(id.clone());
+        }
+        for name in &n.names {
+            match self.ctx.store().find_alias(name).await {
+                Ok(Some((c, id))) if c == collector => return Ok(id),
+                Ok(_) => {}
+                Err(e) => return Err(crate::cause::chain(&e)),
+            }
+        }
+        Err(format!(
+            "none of {:?} is an OAI identifier or another name of a record collector {collector} holds",
+            n.names
+        ))
+    }
+
+    /// Collects the record the notification names, at the sender's collector.
     async fn act(&self, collector: &str, n: &Notification) -> Outcome {
-        let Some(identifier) = n.names.iter().find(|s| s.starts_with("oai:")) else {
-            return Outcome::NotCollected {
-                why: format!(
-                    "none of {:?} is an OAI identifier of collector {collector}",
-                    n.names
-                ),
-            };
+        let identifier = match self.identify(collector, n).await {
+            Ok(id) => id,
+            Err(why) => return Outcome::NotCollected { why },
         };
+        let identifier = &identifier;
         match self
             .collectors
             .collect_one(collector, identifier, &self.cancel)

@@ -68,6 +68,18 @@ pub trait HubStore: Send + Sync {
         expected: Option<i64>,
     ) -> Result<Option<i64>, StoreError>;
 
+    /// Keeps the other names of collected records (landing pages, persistent identifiers):
+    /// each `(alias, identifier)` for collector `collector`, a later write of an alias
+    /// replacing an earlier one. One write for the lot.
+    async fn put_aliases(
+        &self,
+        collector: &str,
+        aliases: &[(String, String)],
+    ) -> Result<(), StoreError>;
+
+    /// The `(collector, OAI identifier)` of the record known as `alias`.
+    async fn find_alias(&self, alias: &str) -> Result<Option<(String, String)>, StoreError>;
+
     /// Records a request awaiting verification (or a denial to send); returns its id.
     async fn hub_add_intent(&self, intent: Intent) -> Result<i64, StoreError>;
 

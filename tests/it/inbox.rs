@@ -220,12 +220,18 @@ async fn coars_library_posts_its_patterns_and_each_is_kept_and_listed() {
     app.stop().await;
 }
 
-/// A DSpace-shaped offer naming a record of the repository by its OAI identifier: the record
-/// is fetched at once by `GetRecord` (no run in between) and its change reaches a subscriber;
-/// the same offer again, the record being current, records nothing.
+/// A DSpace-shaped offer naming a record of the repository by its landing page (which the
+/// record's `dc:identifier` carries): the record is fetched at once by `GetRecord` (no run in
+/// between) and its change reaches a subscriber; an offer naming it by its OAI identifier,
+/// the record being current, records nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     let mut fx = fixture(5);
+    // Its landing page and its handle, as DSpace's oai_dc carries them.
+    fx["records"][3]["dc"]["identifier"] = serde_json::json!([
+        "https://repository.example.edu/handle/123/3",
+        "https://hdl.handle.net/123/3"
+    ]);
     let repo = OaiServer::start(&fx, 10);
     let answers = CoarInbox::start(false);
     let inbox_url = answers.url.clone();
@@ -253,7 +259,7 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     let t = Instant::now();
     let r = post(
         app,
-        &offer("oai:test:3").to_string(),
+        &offer("https://repository.example.edu/handle/123/3").to_string(),
         "application/ld+json; profile=\"https://www.w3.org/ns/activitystreams\"",
     )
     .await;
@@ -644,7 +650,10 @@ async fn an_inbox_that_never_answers_costs_bounded_tries() {
 /// process on the same store reads them at their URLs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn notifications_are_kept_on_elasticsearch_and_read_by_another_process() {
-    let repo = OaiServer::start(&fixture(2), 10);
+    let mut fx = fixture(2);
+    fx["records"][1]["dc"]["identifier"] =
+        serde_json::json!(["https://repository.example.edu/handle/123/1"]);
+    let repo = OaiServer::start(&fx, 10);
     let (mut c, _d) = collect_config(&repo.base);
     crate::support::use_elasticsearch(&mut c).await;
     c.inbox.enabled = true;
@@ -679,6 +688,26 @@ async fn notifications_are_kept_on_elasticsearch_and_read_by_another_process() {
         .await
         .unwrap();
     assert_eq!(got["object"]["id"], "oai:test:1");
+    // A record's other names are kept there too: an offer by its landing page finds it.
+    let store = resourcesync_hub::app::open_store(&one.config)
+        .await
+        .unwrap();
+    let landing = "https://repository.example.edu/handle/123/1";
+    crate::support::wait_until("the record's landing page known", || async {
+        store.find_alias(landing).await.unwrap().is_some()
+    })
+    .await;
+    assert_eq!(
+        store.find_alias(landing).await.unwrap(),
+        Some(("papers".to_string(), "oai:test:1".to_string()))
+    );
+    assert_eq!(
+        store
+            .find_alias("https://elsewhere.example.org/")
+            .await
+            .unwrap(),
+        None
+    );
     let listing: serde_json::Value = reqwest::get(two.url("/inbox"))
         .await
         .unwrap()

@@ -44,6 +44,30 @@ pub async fn contract_suite(store: Store) {
     assert_eq!(store.counts(&set).await.unwrap().resources, 0);
     assert!(store.latest_change(&set).await.unwrap().is_none());
 
+    // Collected records' other names: written in one call, a later write of one replacing it.
+    let a = |x: &str, y: &str| (x.to_string(), y.to_string());
+    store
+        .put_aliases(
+            "c1",
+            &[a("https://l/1", "oai:r:1"), a("https://h/1", "oai:r:1")],
+        )
+        .await
+        .unwrap();
+    store
+        .put_aliases("c2", &[a("https://l/1", "oai:s:9")])
+        .await
+        .unwrap();
+    store.put_aliases("c2", &[]).await.unwrap();
+    assert_eq!(
+        store.find_alias("https://h/1").await.unwrap(),
+        Some(a("c1", "oai:r:1"))
+    );
+    assert_eq!(
+        store.find_alias("https://l/1").await.unwrap(),
+        Some(a("c2", "oai:s:9"))
+    );
+    assert_eq!(store.find_alias("https://l/2").await.unwrap(), None);
+
     // 7 creates with max 3 per list: parts [3, 3, 1], lists closed at 3 and 6.
     let batch: Vec<_> = (0..7)
         .map(|i| change(ChangeType::Created, &format!("http://x/{i}"), i, None))

@@ -728,6 +728,48 @@ impl HubStore for ElasticStore {
             .then_some(version))
     }
 
+    async fn put_aliases(
+        &self,
+        collector: &str,
+        aliases: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        if aliases.is_empty() {
+            return Ok(());
+        }
+        let mut ops = String::new();
+        for (alias, identifier) in aliases {
+            let head = json!({"index": {"_index": self.hub, "_id": format!("alias:{}", digest(&[alias]))}});
+            let doc = json!({"kind": "alias", "doc": {"alias": alias, "collector": collector, "identifier": identifier}});
+            ops.push_str(&format!("{head}\n{doc}\n"));
+        }
+        let answer = self.es.bulk(ops).await?;
+        if answer["errors"].as_bool() == Some(true) {
+            return Err(StoreError::Unavailable(
+                "Elasticsearch refused some of the records' aliases".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn find_alias(&self, alias: &str) -> Result<Option<(String, String)>, StoreError> {
+        let Some(v) = self
+            .es
+            .get_doc(&self.hub, &format!("alias:{}", digest(&[alias])))
+            .await?
+        else {
+            return Ok(None);
+        };
+        let d = &v.source["doc"];
+        Ok((d["alias"].as_str() == Some(alias))
+            .then(|| {
+                Some((
+                    d["collector"].as_str()?.to_string(),
+                    d["identifier"].as_str()?.to_string(),
+                ))
+            })
+            .flatten())
+    }
+
     async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         let doc = IntentDoc {
             id: random_id(),

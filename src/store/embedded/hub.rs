@@ -235,6 +235,44 @@ impl HubStore for EmbeddedStore {
         .await
     }
 
+    async fn put_aliases(
+        &self,
+        collector: &str,
+        aliases: &[(String, String)],
+    ) -> Result<(), StoreError> {
+        if aliases.is_empty() {
+            return Ok(());
+        }
+        let (collector, aliases) = (collector.to_string(), aliases.to_vec());
+        self.write(move |c| {
+            let tx = c.transaction()?;
+            {
+                let mut st = tx.prepare_cached(
+                    "INSERT OR REPLACE INTO aliases (alias, collector, identifier) VALUES (?1, ?2, ?3)",
+                )?;
+                for (alias, identifier) in &aliases {
+                    st.execute(params![alias, collector, identifier])?;
+                }
+            }
+            tx.commit()?;
+            Ok(())
+        })
+        .await
+    }
+
+    async fn find_alias(&self, alias: &str) -> Result<Option<(String, String)>, StoreError> {
+        let alias = alias.to_string();
+        self.read(move |c| {
+            Ok(c.query_row(
+                "SELECT collector, identifier FROM aliases WHERE alias = ?1",
+                [alias],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+        })
+        .await
+    }
+
     async fn hub_add_intent(&self, i: Intent) -> Result<i64, StoreError> {
         self.write(move |c| {
             c.execute(

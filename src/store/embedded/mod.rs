@@ -109,6 +109,9 @@ CREATE TABLE IF NOT EXISTS notify_state (
 CREATE TABLE IF NOT EXISTS saved_state (
     key TEXT PRIMARY KEY, json TEXT NOT NULL, version INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS aliases (
+    alias TEXT PRIMARY KEY, collector TEXT NOT NULL, identifier TEXT NOT NULL
+);
 "#;
 
 #[derive(Clone)]
