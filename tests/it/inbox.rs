@@ -781,3 +781,46 @@ async fn an_answer_left_pending_is_sent_after_a_restart() {
     app.stop().await;
     drop(dir);
 }
+
+/// A sender declared with a token (and no networks) must send it: none or a wrong one is
+/// refused with 401 in words, and the right one is taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sender_declared_with_a_token_must_send_it() {
+    const VAR: &str = "INBOX_TEST_SENDER_TOKEN";
+    std::env::set_var(VAR, "a-sender-token-of-some-length");
+    let repo = OaiServer::start(&fixture(2), 10);
+    let (app, _d) = start(&repo, |c| {
+        let s = c.inbox.senders.get_mut("repo").unwrap();
+        s.networks.clear();
+        s.token_env = VAR.into();
+    })
+    .await;
+    let send = |token: Option<&'static str>| {
+        let mut r = reqwest::Client::new()
+            .post(app.url("/inbox"))
+            .header("content-type", "application/ld+json")
+            .body(offer("oai:test:1").to_string());
+        if let Some(t) = token {
+            r = r.bearer_auth(t);
+        }
+        r.send()
+    };
+    let r = send(None).await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert!(r.text().await.unwrap().contains("sends its bearer token"));
+    assert_eq!(
+        send(Some("a-sender-token-of-some-lengtH"))
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
+    assert_eq!(
+        send(Some("a-sender-token-of-some-length"))
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    app.stop().await;
+}
