@@ -371,23 +371,30 @@ impl Inbox {
     }
 
     /// Page `page` (from 1, newest first) of the notifications kept, and the next page's
-    /// number when there is one.
+    /// number when there is one. Page N is the window of `inbox.page_size` numbers below the
+    /// newest (N−1 windows down): pages never overlap, and a page may hold fewer when some of
+    /// its numbers are gone. Numbers grow with time, so the first notification found too old
+    /// ends the listing (no page reads more than its window).
     pub async fn page(&self, page: u64) -> Result<(Vec<Kept>, Option<u64>), InboxError> {
         let size = u64::from(self.cfg.page_size);
         let next = self.ring.next().await?;
-        let newest = next.saturating_sub(1 + (page.max(1) - 1) * size);
         let oldest = next.saturating_sub(u64::from(self.cfg.keep)).max(1);
+        let top = next.saturating_sub(1 + (page.max(1) - 1).saturating_mul(size));
+        let bottom = top.saturating_sub(size - 1).max(oldest);
         let mut kept = Vec::new();
-        let mut seq = newest;
-        while seq >= oldest && seq > 0 && (kept.len() as u64) < size {
+        let mut ended = top < oldest;
+        let mut seq = top;
+        while !ended && seq >= bottom && seq > 0 {
             if let Some(k) = self.ring.get(seq).await? {
-                if !self.expired(&k) {
-                    kept.push(k);
+                if self.expired(&k) {
+                    ended = true;
+                    break;
                 }
+                kept.push(k);
             }
             seq -= 1;
         }
-        let more = seq >= oldest && seq > 0;
+        let more = !ended && bottom > oldest;
         Ok((kept, more.then_some(page.max(1) + 1)))
     }
 

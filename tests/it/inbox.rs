@@ -824,3 +824,44 @@ async fn a_sender_declared_with_a_token_must_send_it() {
     );
     app.stop().await;
 }
+
+/// The listing's pages hold each notification kept once, newest first, each page linking the
+/// next with `Link: rel="next"` until the last.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_listing_pages_hold_each_notification_once() {
+    let repo = OaiServer::start(&fixture(2), 10);
+    let (app, _d) = start(&repo, |c| c.inbox.page_size = 2).await;
+    let mut posted = Vec::new();
+    for _ in 0..5 {
+        let r = post(
+            &app,
+            &offer("oai:test:1").to_string(),
+            "application/ld+json",
+        )
+        .await;
+        assert_eq!(r.status(), 201);
+        posted.push(r.headers()["location"].to_str().unwrap().to_string());
+    }
+    let mut listed = Vec::new();
+    let mut url = Some(app.url("/inbox"));
+    let mut pages = 0;
+    while let Some(u) = url.take() {
+        pages += 1;
+        let r = reqwest::get(&u).await.unwrap();
+        url = r
+            .headers()
+            .get("link")
+            .and_then(|l| l.to_str().ok())
+            .and_then(|l| l.strip_prefix('<'))
+            .and_then(|l| l.split('>').next())
+            .map(|l| l.replace(&app.config.base_url(), &app.url("")));
+        let doc: serde_json::Value = r.json().await.unwrap();
+        for e in doc["ldp:contains"].as_array().unwrap() {
+            listed.push(e["@id"].as_str().unwrap().to_string());
+        }
+    }
+    posted.reverse();
+    assert_eq!(listed, posted, "newest first, each once");
+    assert_eq!(pages, 3);
+    app.stop().await;
+}
