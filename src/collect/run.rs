@@ -795,8 +795,8 @@ impl Collector {
             }
         };
         let at = now_text();
-        let (mut scratch, _) =
-            state::load::<Saved>(self.ctx.store(), &state::saved_key(self.name.as_str())).await?;
+        // Where `apply` notes quarantines (logged, and counted in the answer); not saved.
+        let mut scratch = Saved::default();
         let mut counts = Counts::default();
         for q in page.quarantined {
             counts.quarantined += 1;

@@ -217,13 +217,13 @@ pub fn challenge() -> String {
 const LIMITED_KEYS_MAX: usize = 100_000;
 
 /// Requests a minute per key, by `governor` (a burst of the minute's budget, then one as
-/// each share of the minute passes).
-struct RateLimiter {
+/// each share of the minute passes), with at most [`LIMITED_KEYS_MAX`] keys tracked.
+pub struct RateLimiter {
     keyed: governor::DefaultKeyedRateLimiter<String>,
 }
 
 impl RateLimiter {
-    fn new(per_minute: u32) -> RateLimiter {
+    pub fn new(per_minute: u32) -> RateLimiter {
         let quota = governor::Quota::per_minute(
             std::num::NonZeroU32::MIN.saturating_add(per_minute.saturating_sub(1)),
         );
@@ -233,7 +233,7 @@ impl RateLimiter {
     }
 
     /// Counts a request; `Err(seconds until one more is allowed)` when over the limit.
-    fn check(&self, key: &str) -> Result<(), u64> {
+    pub fn check(&self, key: &str) -> Result<(), u64> {
         let mut key = key;
         if self.keyed.len() >= LIMITED_KEYS_MAX {
             self.keyed.retain_recent();

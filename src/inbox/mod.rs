@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 use crate::collect::Collectors;
 use crate::config::{InboxConfig, SenderConfig};
 use crate::context::Context;
+use crate::hub::RateLimiter;
 use crate::model::coar::{self, Notification};
 use crate::model::Timestamp;
 use crate::store::StoreError;
@@ -96,8 +97,8 @@ pub struct Inbox {
     senders: Vec<Sender>,
     collectors: Collectors,
     ring: ring::Ring,
-    per_sender: governor::DefaultKeyedRateLimiter<String>,
-    per_address: governor::DefaultKeyedRateLimiter<IpAddr>,
+    per_sender: RateLimiter,
+    per_address: RateLimiter,
     tasks: TaskTracker,
     cancel: CancellationToken,
 }
@@ -105,9 +106,6 @@ pub struct Inbox {
 /// An address's budget, in senders' budgets (`inbox.per_sender_per_minute`): every post from
 /// it counts, refused ones too.
 const PER_ADDRESS: u32 = 4;
-
-/// Addresses tracked at most by the per-address limit (past this, one shared budget).
-const ADDRESSES_MAX: usize = 100_000;
 
 impl Inbox {
     /// The inbox `[inbox]` configures; each sender's `token_env` must be set.
@@ -138,11 +136,6 @@ impl Inbox {
                 token,
             });
         }
-        let per_minute = |n: u32| {
-            governor::Quota::per_minute(
-                std::num::NonZeroU32::MIN.saturating_add(n.saturating_sub(1)),
-            )
-        };
         let n = cfg.per_sender_per_minute;
         Ok(Inbox {
             ring: ring::Ring::new(ctx.store().clone(), cfg.keep),
@@ -152,9 +145,9 @@ impl Inbox {
             cfg,
             senders,
             collectors,
-            per_sender: governor::RateLimiter::keyed(per_minute(n)),
+            per_sender: RateLimiter::new(n),
             // Every post counts here, refused ones too: a budget of four senders' worth.
-            per_address: governor::RateLimiter::keyed(per_minute(n.saturating_mul(PER_ADDRESS))),
+            per_address: RateLimiter::new(n.saturating_mul(PER_ADDRESS)),
             tasks,
             cancel,
         })
@@ -173,21 +166,6 @@ impl Inbox {
     /// The largest body read.
     pub fn max_bytes(&self) -> usize {
         self.cfg.max_notification_bytes
-    }
-
-    /// Counts a request against a budget; `Err(seconds to wait)` past it.
-    fn spend<K: Clone + std::hash::Hash + Eq>(
-        limiter: &governor::DefaultKeyedRateLimiter<K>,
-        key: &K,
-    ) -> Result<(), u64> {
-        let Err(not_until) = limiter.check_key(key) else {
-            return Ok(());
-        };
-        use governor::clock::{Clock as _, DefaultClock};
-        Err(not_until
-            .wait_time_from(DefaultClock::default().now())
-            .as_secs()
-            .max(1))
     }
 
     /// Takes a POSTed notification: `content_type` and `body` as received, `bearer` the
@@ -213,14 +191,8 @@ impl Inbox {
             )));
         }
         let address = peer.map(|a| a.to_canonical());
-        let key = match address {
-            Some(a) if self.per_address.len() < ADDRESSES_MAX => a,
-            _ => IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
-        };
-        if self.per_address.len() >= ADDRESSES_MAX {
-            self.per_address.retain_recent();
-        }
-        Self::spend(&self.per_address, &key).map_err(|wait| {
+        let key = address.map(|a| a.to_string()).unwrap_or_default();
+        self.per_address.check(&key).map_err(|wait| {
             InboxError::TooMany(
                 format!("too many notifications from this address; try again in {wait} seconds"),
                 wait,
@@ -263,7 +235,7 @@ impl Inbox {
                 )));
             }
         }
-        Self::spend(&self.per_sender, &sender.name).map_err(|wait| {
+        self.per_sender.check(&sender.name).map_err(|wait| {
             InboxError::TooMany(
                 format!(
                     "too many notifications from {} (inbox.per_sender_per_minute); try again in {wait} seconds",
@@ -272,19 +244,18 @@ impl Inbox {
                 wait,
             )
         })?;
-        let seq = self
-            .ring
-            .put(&Kept {
-                seq: 0,
-                received_us: Timestamp::now().0,
-                sender: sender.name.clone(),
-                pattern: n.pattern,
-                notification: value,
-                outcome: Outcome::Received,
-                replies: Vec::new(),
-            })
-            .await?;
+        let kept = Kept {
+            seq: 0,
+            received_us: Timestamp::now().0,
+            sender: sender.name.clone(),
+            pattern: n.pattern,
+            notification: value,
+            outcome: Outcome::Received,
+            replies: Vec::new(),
+        };
+        let seq = self.ring.put(&kept).await?;
         tracing::info!(seq, sender = %sender.name, pattern = n.pattern.as_str(), id = %crate::cause::outsider(&n.id), "notification received");
+        let offer = kept.notification;
         let (inbox, sender) = (self.clone(), sender.cfg.clone());
         self.tasks.spawn(async move {
             let outcome = tokio::select! {
@@ -297,7 +268,7 @@ impl Inbox {
             }
             if n.pattern.is_offer() {
                 tokio::select! {
-                    _ = inbox.answer(seq, &sender, &n, &outcome) => {}
+                    _ = inbox.answer(seq, &sender, &n, &offer, &outcome) => {}
                     _ = inbox.cancel.cancelled() => {}
                 }
             }

@@ -33,28 +33,27 @@ fn new_id() -> String {
 }
 
 impl Inbox {
-    /// The answers to offer `n` (kept at `seq`) after `outcome`, each sent in turn.
+    /// The answers to offer `n` (kept at `seq`, `offer` as it was posted) after `outcome`,
+    /// each sent in turn.
     pub(super) async fn answer(
         &self,
         seq: u64,
         sender: &SenderConfig,
         n: &Notification,
+        offer: &Value,
         outcome: &Outcome,
     ) {
-        let Ok(offer) = self.get(seq).await.map(|k| k.notification) else {
-            return;
-        };
         let answers: Vec<(&str, Value)> = match outcome {
             Outcome::Collected { identifier, .. } => vec![
                 (
                     "Accept",
-                    self.accept_or_reject("Accept", sender, n, &offer, None),
+                    self.accept_or_reject("Accept", sender, n, offer, None),
                 ),
                 ("Announce", self.service_result(sender, n, identifier)),
             ],
             Outcome::NotCollected { why } => vec![(
                 "Reject",
-                self.accept_or_reject("Reject", sender, n, &offer, Some(why)),
+                self.accept_or_reject("Reject", sender, n, offer, Some(why)),
             )],
             Outcome::Received => return,
         };

@@ -125,14 +125,16 @@ impl Ring {
         let key = slot_key(k.seq % self.keep);
         let json = serde_json::to_string(k).expect("serializes");
         for _ in 0..TRIES {
-            let v = self.store.state(&key).await?.map(|(_, v)| v);
-            if let Some(old) = self.read(&key).await? {
+            let held = self.store.state(&key).await?;
+            if let Some((old, _)) = &held {
+                let old: Kept = serde_json::from_str(old).map_err(|e| corrupt(&key, e))?;
                 // A newer notification took the slot meanwhile (the ring went round): this one
                 // is gone already.
                 if old.seq > k.seq {
                     return Ok(());
                 }
             }
+            let v = held.map(|(_, v)| v);
             if self.store.save_state(&key, &json, v).await?.is_some() {
                 return Ok(());
             }
