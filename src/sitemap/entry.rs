@@ -27,20 +27,7 @@ pub fn write_resource(w: &mut SitemapWriter, sc: &SetConfig, r: &Resource, loc: 
         mime: r.meta.mime.as_deref(),
         ..Md::default()
     };
-    if r.meta.ln.is_empty() {
-        w.entry(loc, r.meta.lastmod, &md, &[]);
-    } else {
-        let links = link_urls(sc, &r.meta.ln);
-        let lns: Vec<Ln> = links
-            .iter()
-            .map(|(rel, href, mime)| Ln {
-                rel,
-                href,
-                mime: mime.as_deref(),
-            })
-            .collect();
-        w.entry(loc, r.meta.lastmod, &md, &lns);
-    }
+    entry(w, sc, loc, r.meta.lastmod, &md, &r.meta.ln);
 }
 
 /// Writes a change entry: `datetime` always, `lastmod` and resource metadata for
@@ -62,18 +49,36 @@ pub fn write_change(w: &mut SitemapWriter, sc: &SetConfig, c: &Change, loc: &mut
         ..Md::default()
     };
     let lastmod = if deleted { None } else { c.meta.lastmod };
-    if c.meta.ln.is_empty() || deleted {
-        w.entry(loc, lastmod, &md, &[]);
-    } else {
-        let links = link_urls(sc, &c.meta.ln);
-        let lns: Vec<Ln> = links
-            .iter()
-            .map(|(rel, href, mime)| Ln {
-                rel,
-                href,
-                mime: mime.as_deref(),
-            })
-            .collect();
-        w.entry(loc, lastmod, &md, &lns);
+    entry(
+        w,
+        sc,
+        loc,
+        lastmod,
+        &md,
+        if deleted { &[] } else { &c.meta.ln },
+    );
+}
+
+/// Writes one entry with its links resolved (none allocated when it has none).
+fn entry(
+    w: &mut SitemapWriter,
+    sc: &SetConfig,
+    loc: &str,
+    lastmod: Option<crate::model::Timestamp>,
+    md: &Md,
+    ln: &[Link],
+) {
+    if ln.is_empty() {
+        return w.entry(loc, lastmod, md, &[]);
     }
+    let links = link_urls(sc, ln);
+    let lns: Vec<Ln> = links
+        .iter()
+        .map(|(rel, href, mime)| Ln {
+            rel,
+            href,
+            mime: mime.as_deref(),
+        })
+        .collect();
+    w.entry(loc, lastmod, md, &lns);
 }
