@@ -302,8 +302,7 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     // Current now: the same offer records nothing.
     let r = post(app, &offer("oai:test:3").to_string(), "application/ld+json").await;
     assert_eq!(r.status(), 201);
-    let loc = r.headers()["location"].to_str().unwrap().to_string();
-    let seq: u64 = loc.rsplit('/').next().unwrap().parse().unwrap();
+    let seq = seq_of(&r);
     crate::support::wait_until("the second offer settled", || async {
         outcome(app, seq)
             .await
@@ -419,18 +418,31 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     c.app.stop().await;
 }
 
-/// What became of notification `seq`, read from the store as the inbox kept it.
-pub async fn outcome(app: &TestApp, seq: u64) -> Option<serde_json::Value> {
-    let store = resourcesync_hub::app::open_store(&app.config)
-        .await
-        .unwrap();
-    let keep = u64::from(app.config.inbox.keep);
+/// The number of the notification a 201 answer's `Location` names.
+fn seq_of(r: &reqwest::Response) -> u64 {
+    let loc = r.headers()["location"].to_str().unwrap();
+    loc.rsplit('/').next().unwrap().parse().unwrap()
+}
+
+/// Notification `seq` as the inbox kept it in the store (its outcome, its answers), unless
+/// its slot holds another.
+pub async fn kept(
+    config: &resourcesync_hub::config::Config,
+    seq: u64,
+) -> Option<serde_json::Value> {
+    let store = resourcesync_hub::app::open_store(config).await.unwrap();
+    let keep = u64::from(config.inbox.keep);
     let (json, _) = store
         .state(&format!("inbox/slot/{}", seq % keep))
         .await
         .unwrap()?;
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    (v["seq"] == seq).then(|| v["outcome"].clone())
+    (v["seq"] == seq).then_some(v)
+}
+
+/// What became of notification `seq`, read from the store as the inbox kept it.
+pub async fn outcome(app: &TestApp, seq: u64) -> Option<serde_json::Value> {
+    kept(&app.config, seq).await.map(|v| v["outcome"].clone())
 }
 
 /// Hostile senders: an oversized notification (413), one nested past any reason (400), one
@@ -527,14 +539,7 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
     lure["object"]["ietf:cite-as"] = serde_json::json!(canary.url("/cite"));
     let r = post(&app, &lure.to_string(), "application/ld+json").await;
     assert_eq!(r.status(), 201, "taken: its context is read, never fetched");
-    let seq: u64 = r.headers()["location"]
-        .to_str()
-        .unwrap()
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let seq = seq_of(&r);
     crate::support::wait_until("the lure settled", || async {
         outcome(&app, seq)
             .await
@@ -601,14 +606,7 @@ async fn an_inbox_that_never_answers_costs_bounded_tries() {
     )
     .await;
     assert_eq!(r.status(), 201);
-    let seq: u64 = r.headers()["location"]
-        .to_str()
-        .unwrap()
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let seq = seq_of(&r);
     let t = Instant::now();
     let r = post(
         &app,
@@ -622,20 +620,7 @@ async fn an_inbox_that_never_answers_costs_bounded_tries() {
         "taken at once: {:?}",
         t.elapsed()
     );
-    let store = resourcesync_hub::app::open_store(&app.config)
-        .await
-        .unwrap();
-    let replies = || async {
-        let (json, _) = store
-            .state(&format!(
-                "inbox/slot/{}",
-                seq % u64::from(app.config.inbox.keep)
-            ))
-            .await
-            .unwrap()
-            .unwrap();
-        serde_json::from_str::<serde_json::Value>(&json).unwrap()["replies"].clone()
-    };
+    let replies = || async { kept(&app.config, seq).await.unwrap()["replies"].clone() };
     crate::support::wait_until("the Reject given up", || async {
         replies().await[0]["state"] == "given_up"
     })
@@ -741,27 +726,14 @@ async fn an_answer_left_pending_is_sent_after_a_restart() {
     )
     .await;
     assert_eq!(r.status(), 201);
-    let seq: u64 = r.headers()["location"]
-        .to_str()
-        .unwrap()
-        .rsplit('/')
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
-    let store = resourcesync_hub::app::open_store(&config).await.unwrap();
-    let slot = format!("inbox/slot/{}", seq % u64::from(config.inbox.keep));
-    let kept = || async {
-        let (json, _) = store.state(&slot).await.unwrap().unwrap();
-        serde_json::from_str::<serde_json::Value>(&json).unwrap()
-    };
+    let seq = seq_of(&r);
+    let kept = || async { kept(&config, seq).await.unwrap() };
     crate::support::wait_until("the Accept tried and pending", || async {
         let k = kept().await;
         k["replies"][0]["state"] == "pending" && k["replies"][0]["attempts"].as_u64() >= Some(1)
     })
     .await;
     app.stop().await;
-    drop(store);
 
     let answers = CoarInbox::start(false);
     let mut config = config;
