@@ -203,7 +203,8 @@ async fn main() -> anyhow::Result<()> {
         Default::default(),
     ));
     let collectors =
-        resourcesync_hub::collect::Collectors::new(&config, ctx, Arc::new(|_| {}), "bench".into())?;
+        resourcesync_hub::collect::Collectors::new(&config, ctx, Arc::new(|_| {}), "bench".into())
+            .await?;
     reset_peak();
     let rss0 = common::proc_status_mb("self", "VmRSS:");
     let (t, cpu0) = (Instant::now(), common::proc_cpu_secs("self"));

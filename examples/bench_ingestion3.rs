@@ -52,6 +52,7 @@ fn journal(o: &Ingestion3, from: u64, to: u64, size: usize, version: u64) -> any
             md5: "",
             length: 0,
             mime: Some("application/xml"),
+            lastmod: None,
         };
         o.put(&item, &path)?;
     }

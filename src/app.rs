@@ -180,8 +180,17 @@ async fn serve(
             }
         }),
         hub.owner().to_string(),
-    )?;
+    )
+    .await?;
     collectors.spawn(tasks, cancel.clone(), restarted.clone());
+    {
+        // The harvest engine's sources stop with the process, their state saved.
+        let (c, stop) = (collectors.clone(), cancel.clone());
+        tasks.spawn(async move {
+            stop.cancelled().await;
+            c.shutdown().await;
+        });
+    }
 
     if config.admin.token.is_empty() {
         tracing::warn!("admin.token is not set: the admin API (/admin/v1) is disabled");

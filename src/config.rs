@@ -312,8 +312,21 @@ pub struct SetOverrides {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CollectConfig {
-    /// The repository's base URL (`http(s)://…`, without a query).
+    /// The source's URL: an OAI-PMH base URL (without a query), a ResourceSync Source
+    /// Description or Capability List, an activity stream, a sitemap (or sitemap index), or
+    /// a site's base URL to discover one of these from.
     pub url: String,
+    /// What `url` is: `oai-pmh`, `resourcesync`, `activity` (IIIF Change Discovery) or
+    /// `sitemap`; absent: discovered from `url` (see `admin collect NAME`).
+    #[serde(default)]
+    pub kind: Option<CollectKind>,
+    /// ResourceSync, activity stream and sitemap sources: `mirror` (the default) keeps each
+    /// resource's bytes under the set's folder and serves them from this server (checked
+    /// against the source's md5 and length, with a `via` link to the original); `link` keeps
+    /// the original's URL as the resource's location (its bytes are still fetched once to
+    /// check and measure them).
+    #[serde(default)]
+    pub bytes: CollectBytes,
     /// The metadata format harvested.
     #[serde(default = "CollectConfig::default_prefix")]
     pub metadata_prefix: String,
@@ -346,6 +359,39 @@ pub struct CollectConfig {
     pub max_retry_after_secs: u64,
 }
 
+/// What a `[collect.NAME]` source is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum CollectKind {
+    OaiPmh,
+    Resourcesync,
+    /// An activity stream: IIIF Change Discovery 1.0 (`OrderedCollection` of pages of
+    /// Create/Update/Delete/Remove/Move activities).
+    Activity,
+    /// A sitemap or sitemap index (sitemaps.org), read whole with its `lastmod`s.
+    Sitemap,
+}
+
+impl CollectKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CollectKind::OaiPmh => "oai-pmh",
+            CollectKind::Resourcesync => "resourcesync",
+            CollectKind::Activity => "activity",
+            CollectKind::Sitemap => "sitemap",
+        }
+    }
+}
+
+/// Where a collected resource's bytes are served from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CollectBytes {
+    #[default]
+    Mirror,
+    Link,
+}
+
 impl CollectConfig {
     fn default_prefix() -> String {
         "oai_dc".into()
@@ -376,6 +422,8 @@ impl CollectConfig {
     pub fn new(url: &str) -> CollectConfig {
         CollectConfig {
             url: url.into(),
+            kind: None,
+            bytes: CollectBytes::Mirror,
             metadata_prefix: Self::default_prefix(),
             set: None,
             interval_secs: Self::default_interval(),
@@ -428,6 +476,8 @@ const SET_KEYS: &[&str] = &[
 /// The keys of a `[collect.NAME]` table.
 const COLLECT_KEYS: &[&str] = &[
     "url",
+    "kind",
+    "bytes",
     "metadata_prefix",
     "set",
     "interval_secs",
@@ -736,9 +786,18 @@ impl Config {
             }
             match url::Url::parse(&c.url) {
                 Ok(u) if (u.scheme() == "http" || u.scheme() == "https") && u.query().is_none() => {}
-                _ => {
+                Ok(u)
+                    if (u.scheme() == "http" || u.scheme() == "https")
+                        && c.kind.is_some_and(|k| k != CollectKind::OaiPmh) => {}
+                _ if c.kind == Some(CollectKind::OaiPmh) => {
                     return bad(format!(
                         "collect.{name}.url {:?} is not an OAI-PMH base URL: http(s), without a query (the verbs are added to it)",
+                        c.url
+                    ))
+                }
+                _ => {
+                    return bad(format!(
+                        "collect.{name}.url {:?} is not a source's URL: http(s), and without a query unless kind names what it is",
                         c.url
                     ))
                 }
@@ -966,7 +1025,9 @@ impl Config {
         }
         self.collect
             .get(set)
-            .filter(|c| c.metadata_prefix == "oai_dc")
+            .filter(|c| {
+                c.metadata_prefix == "oai_dc" && c.kind.is_none_or(|k| k == CollectKind::OaiPmh)
+            })
             .map(|_| OaiFormat::oai_dc())
     }
 

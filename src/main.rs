@@ -289,7 +289,8 @@ async fn collect_once(common: Common, name: Option<String>) -> anyhow::Result<()
         ctx,
         std::sync::Arc::new(|_| {}),
         owner,
-    )?;
+    )
+    .await?;
     let cancel = tokio_util::sync::CancellationToken::new();
     let stop = cancel.clone();
     tokio::spawn(async move {

@@ -11,6 +11,9 @@
 //! checked on its own so that a repository's bad input costs one record, never the page.
 
 pub mod client;
+pub mod discover;
+pub mod into_set;
+pub mod listing;
 pub mod map;
 pub mod oai;
 pub mod run;
@@ -81,7 +84,14 @@ pub struct Collectors {
     /// A collector's lease on a shared store (`hub.partition_lease_secs`: how long a killed
     /// process's work waits before another takes it over).
     lease_secs: u64,
+    /// The routes of the harvest engine's callbacks (push from ResourceSync sources), served
+    /// at [`CALLBACKS`].
+    callbacks: Option<axum::Router>,
+    engine: Option<Arc<crate::destination::engine::Engine>>,
 }
+
+/// Where the server serves the callbacks of its ResourceSync collectors' subscriptions.
+pub const CALLBACKS: &str = "/collect/push";
 
 impl Collectors {
     /// How often the lease is renewed and requests looked at.
@@ -114,24 +124,71 @@ impl Collectors {
     }
 }
 
+/// The harvest engine's configuration for the server's collectors: its state under the data
+/// folder, push on (callbacks on the server's own port), a periodic check every interval of
+/// the quickest ResourceSync collector, and each host's requests limited as the OAI-PMH
+/// collectors' are.
+fn engine_config(config: &Config) -> crate::destination::config::HarvestConfig {
+    let mut h = crate::destination::config::HarvestConfig::defaults();
+    h.state.dir = config.server.data_dir.join("collect-engine");
+    h.push.enabled = true;
+    h.push.callback_url = format!("{}{CALLBACKS}", config.base_url().trim_end_matches('/'));
+    let rs = config.collect.values().filter(|c| {
+        c.kind
+            .is_none_or(|k| k == crate::config::CollectKind::Resourcesync)
+    });
+    if let Some(i) = rs.clone().map(|c| c.interval_secs).min() {
+        h.follow.check_interval_secs = i.max(1);
+    }
+    if let Some(t) = rs.map(|c| c.request_timeout_secs).min() {
+        h.fetch.timeout_secs = t;
+    }
+    h.fetch.per_host_concurrency = client::IN_FLIGHT;
+    h.fetch.user_agent = format!("collector; +{}", config.base_url());
+    h
+}
+
 fn parse_time(s: &Option<String>) -> Option<Timestamp> {
     s.as_deref().and_then(|t| Timestamp::parse(t).ok())
 }
 
 impl Collectors {
     /// The collectors `[collect.NAME]` configures; `owner` names this process in leases.
-    pub fn new(
+    /// The harvest engine is opened when a collector may read a ResourceSync source (its
+    /// `kind` says so, or is left to discovery).
+    pub async fn new(
         config: &Config,
         ctx: Arc<Context>,
         poke: Poke,
         owner: String,
     ) -> anyhow::Result<Collectors> {
         let mut entries = Vec::new();
+        let (engine, callbacks) = if config.collect.values().any(|c| {
+            c.kind
+                .is_none_or(|k| k == crate::config::CollectKind::Resourcesync)
+        }) {
+            let (e, r) = crate::destination::engine::Engine::open(
+                engine_config(config),
+                format!("{}{CALLBACKS}", config.base_url().trim_end_matches('/')),
+            )
+            .await?;
+            (Some(Arc::new(e)), Some(r))
+        } else {
+            (None, None)
+        };
+        let hosts = crate::destination::fetch::Hosts::default();
         for (name, cfg) in &config.collect {
             let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
-            let collector = Collector::new(set, cfg.clone(), ctx.clone(), poke.clone())
-                // The client's refusal of its configuration is words (a String).
-                .map_err(|e| anyhow::Error::msg(e).context(format!("[collect.{name}]")))?;
+            let collector = Collector::new(
+                set,
+                cfg.clone(),
+                ctx.clone(),
+                poke.clone(),
+                engine.clone(),
+                hosts.clone(),
+            )
+            // The client's refusal of its configuration is words (a String).
+            .map_err(|e| anyhow::Error::msg(e).context(format!("[collect.{name}]")))?;
             entries.push(Arc::new(Entry {
                 collector,
                 wake: Notify::new(),
@@ -143,7 +200,21 @@ impl Collectors {
             ctx,
             owner,
             lease_secs: config.hub.partition_lease_secs,
+            callbacks,
+            engine,
         })
+    }
+
+    /// The routes of the harvest engine's callbacks, when it is open (served at [`CALLBACKS`]).
+    pub fn callbacks(&self) -> Option<axum::Router> {
+        self.callbacks.clone()
+    }
+
+    /// Stops the harvest engine's work (at shutdown).
+    pub async fn shutdown(&self) {
+        if let Some(e) = &self.engine {
+            e.shutdown().await;
+        }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -263,6 +334,9 @@ impl Collectors {
                 .await
                 .map_err(|e| e.to_string())?;
         let mut saved = e.collector.adopt().await.map_err(|e| e.to_string())?;
+        if e.collector.kind_known(&saved) == Some(crate::config::CollectKind::Resourcesync) {
+            return Err("a ResourceSync source is followed by the running server (baseline, Change Lists and push), not by --once".into());
+        }
         if control.paused {
             return Err("paused (resume it with `admin collect resume`)".into());
         }
@@ -337,6 +411,9 @@ async fn work(
     });
     let result = match what {
         Work::Run => c.run(saved, cancel).await.map(|r| {
+            if let Some(w) = r.words {
+                return w;
+            }
             let k = r.counts;
             let mut words = format!(
                 "{} records read: {} created, {} updated, {} deleted, {} unchanged, {} quarantined",
@@ -417,6 +494,9 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
             }
         };
         e.set_live(|l| l.held_here = held);
+        if !held {
+            e.collector.let_go();
+        }
         if held && !was_held && store.is_shared() {
             tracing::info!(collector = %name, owner = %all.owner, "this process now holds the collector");
         }
@@ -440,6 +520,7 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
             _ = cancel.cancelled() => break,
         }
     }
+    e.collector.let_go();
     let _ = store.release(&lease, &all.owner).await;
 }
 
@@ -469,6 +550,7 @@ async fn step(
         saved.run.is_some() && parse_time(&saved.last_ended) < parse_time(&saved.last_started);
     e.set_live(|l| l.next_run = next.map(|t| t.to_string()));
     if control.paused {
+        c.let_go();
         return Ok(Some(all.check()));
     }
     // Resumed after it stopped itself: it runs at once.

@@ -28,7 +28,7 @@ use super::client::{Client, Failure, Trace};
 use super::map::{change_for, Origin};
 use super::oai::{self, DeletedRecord, Granularity, Record};
 use super::state::{self, Control, Counts, Identified, RunPoint, Saved};
-use crate::config::CollectConfig;
+use crate::config::{CollectConfig, CollectKind};
 use crate::context::Context;
 use crate::ingest::{self, IngestError};
 use crate::model::{ChangeEvent, ChangeType, Location, LocationType, SetName, Timestamp};
@@ -79,6 +79,8 @@ pub struct Report {
     pub requests: u64,
     /// Set when the run ended early on its own terms (a repeated token, endless empty pages).
     pub ended_early: Option<String>,
+    /// The outcome in words, for a kind whose counts do not tell it.
+    pub words: Option<String>,
 }
 
 /// Called with the number of changes just committed (the notifier's poke).
@@ -96,6 +98,13 @@ pub struct Collector {
     /// Held while records are applied: a run's page and an announced record (see
     /// [`Collector::collect_one`]) are applied one after the other, never interleaved.
     applying: tokio::sync::Mutex<()>,
+    /// The harvest engine that follows ResourceSync sources (shared by the process's
+    /// collectors; none when every collector is an OAI-PMH one).
+    engine: Option<Arc<crate::destination::engine::Engine>>,
+    /// What this process's collectors have in flight at each host (see [`Collector::fetcher`]).
+    hosts: crate::destination::fetch::Hosts,
+    /// The set as the output of resources (made at first use).
+    into: std::sync::Mutex<Option<super::into_set::IntoSet>>,
 }
 
 fn now_text() -> String {
@@ -374,6 +383,8 @@ impl Collector {
         cfg: CollectConfig,
         ctx: Arc<Context>,
         poke: Poke,
+        engine: Option<Arc<crate::destination::engine::Engine>>,
+        hosts: crate::destination::fetch::Hosts,
     ) -> Result<Collector, String> {
         let product = format!(
             "resourcesync-hub/{} (OAI-PMH collector; +{})",
@@ -392,6 +403,118 @@ impl Collector {
             poke,
             applying: Default::default(),
             version: tokio::sync::Mutex::new(None),
+            engine,
+            hosts,
+            into: Default::default(),
+        })
+    }
+
+    /// A fetcher of documents and resources within `url`'s origin, with the collector's
+    /// bounds: its timeout, attempts, retry pauses, `Retry-After`, response limit, and two
+    /// requests in flight per host over the process's collectors.
+    pub fn fetcher(&self, url: &str) -> Result<crate::destination::fetch::Fetcher, RunError> {
+        let mut f = crate::destination::config::HarvestConfig::defaults().fetch;
+        f.timeout_secs = self.cfg.request_timeout_secs;
+        f.idle_timeout_secs = self.cfg.request_timeout_secs.min(f.idle_timeout_secs);
+        f.attempts = self.cfg.attempts;
+        f.backoff_initial_ms = self.cfg.retry_base_ms;
+        f.backoff_max_ms = self.cfg.max_retry_after_secs.saturating_mul(1000);
+        f.max_document_bytes = self.cfg.max_response_bytes;
+        f.per_host_concurrency = super::client::IN_FLIGHT;
+        f.user_agent = format!("collector; +{}", self.ctx.config().base_url());
+        let scope = crate::destination::scope::Scope::new(url, &[], f.max_url_length)
+            .map_err(RunError::Protocol)?;
+        Ok(crate::destination::fetch::Fetcher::new(
+            &f,
+            scope,
+            self.hosts.clone(),
+        ))
+    }
+
+    /// The set as an output of resources.
+    pub fn into_set(&self) -> Result<super::into_set::IntoSet, RunError> {
+        let mut into = self.into.lock().expect("not poisoned");
+        if let Some(i) = into.as_ref() {
+            return Ok(i.clone());
+        }
+        let i = super::into_set::IntoSet::new(
+            self.ctx.clone(),
+            self.name.clone(),
+            self.cfg.bytes,
+            self.poke.clone(),
+        )
+        .map_err(|e| RunError::Protocol(format!("{e:#}")))?;
+        *into = Some(i.clone());
+        Ok(i)
+    }
+
+    /// What the collector reads and where: its `kind`, or what discovery found at its URL
+    /// (discovering now, and keeping the answer, when nothing was found yet).
+    pub async fn resolve(&self, saved: &mut Saved) -> Result<(CollectKind, String), RunError> {
+        if let Some(k) = self.cfg.kind {
+            return Ok((k, self.cfg.url.clone()));
+        }
+        if let Some((k, url)) = saved
+            .discovered
+            .as_ref()
+            .and_then(|d| Some((d.kind()?, d.url.clone())))
+        {
+            return Ok((k, url));
+        }
+        let fetcher = self.fetcher(&self.cfg.url)?;
+        let d = super::discover::discover(&fetcher, &self.cfg.url)
+            .await
+            .map_err(RunError::Protocol)?;
+        tracing::info!(collector = %self.name, kind = %d.kind, url = %crate::cause::outsider(&d.url), why = %d.why, "discovered what the source offers");
+        let found = (d.kind().expect("discovery names a kind"), d.url.clone());
+        saved.discovered = Some(d);
+        self.save(saved).await?;
+        Ok(found)
+    }
+
+    /// Stops following a ResourceSync source here (the collector was let go or paused).
+    pub fn let_go(&self) {
+        if let Some(e) = &self.engine {
+            e.stop(self.name.as_str());
+        }
+    }
+
+    /// The ResourceSync source as the engine follows it.
+    pub fn engine_source(&self, url: &str) -> crate::destination::config::NamedSource {
+        crate::destination::config::NamedSource {
+            name: self.name.to_string(),
+            url: url.to_string(),
+            sets: Vec::new(),
+            baseline: crate::destination::config::BaselineFrom::ResourceList,
+            allow_hosts: Vec::new(),
+            token_env: String::new(),
+            provider: String::new(),
+            weight: 1,
+        }
+    }
+
+    /// The engine following this collector's ResourceSync source, with its source.
+    pub fn engine(&self) -> Option<&Arc<crate::destination::engine::Engine>> {
+        self.engine.as_ref()
+    }
+
+    /// A ResourceSync source: followed by the engine from now on (baseline, Change Lists,
+    /// push), into the set; a run only makes sure it is.
+    async fn follow(&self, url: &str) -> Result<Report, RunError> {
+        let engine = self.engine.as_ref().ok_or_else(|| {
+            RunError::Protocol("no harvest engine in this process (a restart opens it)".into())
+        })?;
+        let out = Arc::new(self.into_set()?);
+        engine
+            .start(&self.engine_source(url), out)
+            .map_err(|e| RunError::Protocol(format!("{e:#}")))?;
+        Ok(Report {
+            words: Some(format!(
+                "following the ResourceSync source {} (baseline, Change Lists and push: `admin collect {}` shows where it stands)",
+                crate::cause::outsider(url),
+                self.name
+            )),
+            ..Report::default()
         })
     }
 
@@ -463,9 +586,35 @@ impl Collector {
         }
     }
 
-    /// One incremental run, continuing the run under way if there is one. Updates `saved`
-    /// (and the store) as it goes.
+    /// One run of whatever the source is (discovered first when its kind is not given).
     pub async fn run(
+        &self,
+        saved: &mut Saved,
+        cancel: &CancellationToken,
+    ) -> Result<Report, RunError> {
+        saved.last_started = Some(now_text());
+        let (kind, url) = self.resolve(saved).await?;
+        if kind != CollectKind::OaiPmh {
+            // The layout of paths is the OAI-PMH records' (`relayout`): others have their own.
+            saved.layout = PATH_LAYOUT;
+        }
+        match kind {
+            CollectKind::OaiPmh => self.run_oai(saved, cancel).await,
+            CollectKind::Resourcesync => self.follow(&url).await,
+            kind => super::listing::run(self, kind, &url, saved, cancel).await,
+        }
+    }
+
+    /// What the collector is known to read now: its `kind`, or what discovery found.
+    pub fn kind_known(&self, saved: &Saved) -> Option<CollectKind> {
+        self.cfg
+            .kind
+            .or_else(|| saved.discovered.as_ref().and_then(|d| d.kind()))
+    }
+
+    /// One incremental OAI-PMH run, continuing the run under way if there is one. Updates
+    /// `saved` (and the store) as it goes.
+    async fn run_oai(
         &self,
         saved: &mut Saved,
         cancel: &CancellationToken,
@@ -731,7 +880,13 @@ impl Collector {
 
     /// Keeps a record aside with its reason, and says so in one WARN line (identifier and
     /// reason cut to a few hundred bytes, as kept).
-    fn quarantine(&self, saved: &mut Saved, identifier: Option<String>, reason: String, at: &str) {
+    pub(super) fn quarantine(
+        &self,
+        saved: &mut Saved,
+        identifier: Option<String>,
+        reason: String,
+        at: &str,
+    ) {
         let entry = saved.quarantine(identifier, reason, at);
         tracing::warn!(collector = %self.name, identifier = ?entry.identifier, reason = %entry.reason, "record quarantined");
     }
@@ -775,6 +930,13 @@ impl Collector {
         identifier: &str,
         cancel: &CancellationToken,
     ) -> Result<Counts, RunError> {
+        if self.cfg.kind.is_some_and(|k| k != CollectKind::OaiPmh) {
+            return Err(RunError::Protocol(format!(
+                "the collector {} reads a {} source, not an OAI-PMH repository: its next run brings the record",
+                self.name,
+                self.cfg.kind.map_or("", |k| k.as_str())
+            )));
+        }
         let args = [
             ("verb", "GetRecord"),
             ("identifier", identifier),
@@ -1010,6 +1172,19 @@ impl Collector {
         saved: &mut Saved,
         cancel: &CancellationToken,
     ) -> Result<u64, RunError> {
+        match self.kind_known(saved) {
+            None | Some(CollectKind::OaiPmh) => {}
+            // The engine's periodic checks and audits keep a ResourceSync set in step.
+            Some(CollectKind::Resourcesync) => return Ok(0),
+            // A sitemap's or stream's reconcile is a run that fetches every resource.
+            Some(_) => {
+                saved.reconcile_owed = true;
+                let r = self.run(saved, cancel).await?;
+                saved.last_reconcile = Some(now_text());
+                saved.last_reconcile_deleted = r.counts.deleted;
+                return Ok(r.counts.deleted);
+            }
+        }
         let mut trace = Trace::default();
         let mut token: Option<String> = None;
         let digest = std::collections::hash_map::RandomState::new();

@@ -116,6 +116,13 @@ pub struct Saved {
     /// layout's resources are then the ones the repository no longer lists).
     #[serde(default)]
     pub reconcile_owed: bool,
+    /// What discovery found at the collector's URL and chose (a collector without `kind`).
+    #[serde(default)]
+    pub discovered: Option<super::discover::Discovered>,
+    /// An activity stream: the newest activity read so far (its `endTime` and `id`); the
+    /// next run reads back from the stream's last page until it.
+    #[serde(default)]
+    pub newest_activity: Option<(String, String)>,
 }
 
 impl Saved {

@@ -645,6 +645,7 @@ impl Work {
                     md5: &md5,
                     length,
                     mime: e.md.get("type").map(String::as_str),
+                    lastmod: c.lastmod.or(Some(at)),
                 };
                 match self.output.put(&item, &dest) {
                     Ok(path) => {

@@ -18,7 +18,7 @@ use reqwest::StatusCode;
 use tokio::time::Instant;
 
 use super::config::FetchSection;
-use super::scope::{short, Refusal, Scope};
+use super::scope::{cut, short, Refusal, Scope};
 use crate::digest::hex_digest;
 
 /// The HTTP clients of a source, replaced by [`Fetcher::rest`].
@@ -165,6 +165,15 @@ impl Hosts {
             "the server asked to slow down: paused"
         );
     }
+}
+
+/// A page read by [`Fetcher::probe`].
+#[derive(Debug, Clone, Default)]
+pub struct Probe {
+    pub content_type: Option<String>,
+    /// The `Link` header values, each cut to a few hundred bytes.
+    pub links: Vec<String>,
+    pub body: Vec<u8>,
 }
 
 /// A resource on disk, with what it measured.
@@ -438,6 +447,37 @@ impl Fetcher {
             Ok(out)
         })
         .await
+    }
+
+    /// A page read to learn what a site offers (discovery): its `Content-Type`, its `Link`
+    /// headers (at most 32) and its body, at most `max` bytes; one try, no retry (a page
+    /// that is not there is an answer). A status other than 2xx is the error.
+    pub async fn probe(&self, url: &str, max: u64) -> Result<Probe, FetchError> {
+        let (mut r, _slot) = self.send(url, |u| self.clients().documents.get(u)).await?;
+        let header =
+            |v: &reqwest::header::HeaderValue, max| cut(v.to_str().unwrap_or(""), max).into_owned();
+        let content_type = r
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .map(|v| header(v, 200));
+        let links = r
+            .headers()
+            .get_all(reqwest::header::LINK)
+            .iter()
+            .take(32)
+            .map(|v| header(v, 4096))
+            .collect();
+        let mut body = Vec::new();
+        self.read_body(url, &mut r, max, "the discovery limit", |c| {
+            body.extend_from_slice(c);
+            Ok(())
+        })
+        .await?;
+        Ok(Probe {
+            content_type,
+            links,
+            body,
+        })
     }
 
     /// A document streamed into a temporary file under `dir` (Resource List parts and Change

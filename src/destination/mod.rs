@@ -35,6 +35,7 @@
 
 pub mod config;
 pub mod discover;
+pub mod engine;
 pub mod fetch;
 pub mod follow;
 pub mod output;
@@ -182,8 +183,11 @@ impl Baselines {
 }
 
 impl Parts {
-    fn open(cfg: &HarvestConfig) -> anyhow::Result<Arc<Parts>> {
+    /// The parts of a process configured by `cfg`; `given`: each source's output is given
+    /// when it starts (the engine embedded, see [`Engine`]), none is opened here.
+    fn open(cfg: &HarvestConfig, given: bool) -> anyhow::Result<Arc<Parts>> {
         let mirror: Option<Arc<dyn Output>> = match cfg.output.kind {
+            _ if given => None,
             config::OutputKind::Mirror => Some(Arc::new(Mirror::new(&cfg.output)?)),
             config::OutputKind::Ingestion3 => None,
         };
@@ -296,15 +300,20 @@ fn refuse(state: &State, set: &str, set_id: i64, uri: &str, reason: &str) -> any
 }
 
 impl Harvester {
-    /// The harvester of `source` (of the process configured by `cfg`), on the shared parts.
+    /// The harvester of `source` (of the process configured by `cfg`), on the shared parts;
+    /// its output is `output` when given, else the process's for it.
     fn new(
         cfg: &HarvestConfig,
         source: &config::NamedSource,
         callback_base: String,
         parts: &Arc<Parts>,
+        output: Option<Arc<dyn Output>>,
     ) -> anyhow::Result<Harvester> {
         let cfg = cfg.for_source(source);
-        let output = parts.output_for(&cfg)?;
+        let output = match output {
+            Some(o) => o,
+            None => parts.output_for(&cfg)?,
+        };
         let scope = cfg.scope().map_err(anyhow::Error::msg)?;
         let mut fetcher = Fetcher::new(&cfg.fetch, scope, parts.hosts.clone());
         if !source.token_env.is_empty() {
@@ -592,7 +601,7 @@ pub async fn run_reloading(
         anyhow::bail!(why);
     }
     let inbox = follow::Wakes::default();
-    let parts = Parts::open(&cfg)?;
+    let parts = Parts::open(&cfg, false)?;
     let cancel = parts.cancel.clone();
     let stop = cancel.clone();
     tokio::spawn(async move {
@@ -649,7 +658,13 @@ pub async fn run_reloading(
     // `fatal`: a configuration error of the source (a set it does not offer) stops the
     // harvester (at start); a source added by SIGHUP only stops itself, and says why.
     let start = |source: &config::NamedSource, fatal: bool| -> anyhow::Result<Running> {
-        let h = Arc::new(Harvester::new(&cfg, source, callback_base.clone(), &parts)?);
+        let h = Arc::new(Harvester::new(
+            &cfg,
+            source,
+            callback_base.clone(),
+            &parts,
+            None,
+        )?);
         let keeping = Housekeeping {
             tracker: parts.tasks.clone(),
             busy: Default::default(),

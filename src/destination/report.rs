@@ -86,7 +86,11 @@ fn open_state(cfg: &HarvestConfig) -> anyhow::Result<State> {
 }
 
 /// [`status_of`] read from `state`.
-fn status_in(cfg: &HarvestConfig, state: &State, only: Option<&str>) -> anyhow::Result<String> {
+pub(super) fn status_in(
+    cfg: &HarvestConfig,
+    state: &State,
+    only: Option<&str>,
+) -> anyhow::Result<String> {
     let mut out = open_files(cfg);
     let all_sets = state.sets()?;
     let sources = chosen(cfg, only)?;
@@ -540,22 +544,24 @@ fn chosen(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Vec<config:
 
 /// `harvest audit [--source NAME]`: [`audit`] of one source, or of every source.
 pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<(String, bool)> {
-    audit_with(&Parts::open(cfg)?, cfg, only).await
+    audit_with(&Parts::open(cfg, false)?, cfg, only, None).await
 }
 
 /// [`audit_of`] on a process's parts (the running harvester's, for its console: its fetch
-/// limits and its state).
+/// limits and its state); `given`: the output audited (the embedded engine's), else each
+/// source's own.
 pub(crate) async fn audit_with(
     parts: &Arc<Parts>,
     cfg: &HarvestConfig,
     only: Option<&str>,
+    given: Option<Arc<dyn super::Output>>,
 ) -> anyhow::Result<(String, bool)> {
     let sources = chosen(cfg, only)?;
     let mut out = String::new();
     let mut in_sync = true;
     let many = !cfg.sources.is_empty();
     for source in &sources {
-        let h = Harvester::new(cfg, source, String::new(), parts)?;
+        let h = Harvester::new(cfg, source, String::new(), parts, given.clone())?;
         if many {
             out.push_str(&format!("source {} ({}):\n", source.name, source.url));
         }

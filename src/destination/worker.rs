@@ -139,6 +139,7 @@ impl Work {
             d.mime.clone(),
         );
         let length = d.length;
+        let lastmod = c.lastmod.or(Some(c.datetime));
         let put = move || {
             let r = output.put(
                 &Item {
@@ -147,6 +148,7 @@ impl Work {
                     md5: &md5,
                     length,
                     mime: mime.as_deref(),
+                    lastmod,
                 },
                 &path,
             );

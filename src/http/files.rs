@@ -30,6 +30,8 @@ pub fn resolve(root: &std::path::Path, rel: &str) -> Option<PathBuf> {
             "" | "." => {}
             ".." => return None,
             s if s.contains(['\0', '\\']) => return None,
+            // A collector's downloads under way and scratch files, never a resource.
+            s if s.starts_with(".rshub-") => return None,
             s => {
                 path.push(s);
                 any = true;

@@ -138,6 +138,10 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(admin::metrics))
         .merge(admin::routes(&state))
         .merge(console::routes());
+    // The callbacks of the collectors' subscriptions at ResourceSync sources' hubs.
+    if let Some(cb) = state.collectors.callbacks() {
+        app = app.nest_service(crate::collect::CALLBACKS, cb);
+    }
     // Resource files of sets whose url_prefix lies under our own base URL.
     let base = state.config.base_url();
     for name in state.config.configured_sets() {

@@ -373,7 +373,7 @@ async fn audit(
     // audit takes its place among the walks, and shutdown stops it.
     c.parts.tasks.spawn(async move {
         let only = (!ctx.cfg.sources.is_empty()).then_some(src.name.as_str());
-        let audit = super::report::audit_with(&ctx.parts, &ctx.cfg, only);
+        let audit = super::report::audit_with(&ctx.parts, &ctx.cfg, only, None);
         let done = tokio::select! {
             r = audit => r,
             _ = ctx.parts.cancel.cancelled() => return,

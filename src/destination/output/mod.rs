@@ -18,6 +18,8 @@ pub struct Item<'a> {
     pub length: u64,
     /// The resource's media type (the `Content-Type` it was served with).
     pub mime: Option<&'a str>,
+    /// When the source says the resource last changed (its `lastmod`, else the change's time).
+    pub lastmod: Option<crate::model::Timestamp>,
 }
 
 /// An output. Calls are blocking (file or object I/O) and made off the async threads; each

@@ -1,0 +1,285 @@
+//! Where a ResourceSync, activity stream or sitemap source's resources go: the collector's
+//! set, as changes recorded through ingest (so notifications, Change Lists and dumps follow).
+//! It is the harvest engine's [`Output`] for the server's collectors, and what the listing
+//! collectors ([`super::listing`]) hand each fetched resource to.
+//!
+//! - `bytes = "mirror"`: the file lies under the set's folder at the path the harvester's
+//!   mirror gives a URI (`<host>[_<port>]/<path>`), served by this server at the set's URL
+//!   prefix; the entry carries the original's md5, length and `lastmod`, and a `via` link to
+//!   the original (ResourceSync 1.1 §12.4, republishing).
+//! - `bytes = "link"`: the entry's location is the original's URL (its bytes were fetched
+//!   once, to check and measure them, and are not kept).
+//!
+//! Recording is idempotent: a resource the set holds with the same md5 (and location)
+//! records nothing, so a restart, a takeover by another process or a second reading of a
+//! list records no change twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::Context as _;
+
+use super::run::Poke;
+use crate::config::CollectBytes;
+use crate::context::Context;
+use crate::destination::output::{Auditor, Holding, Item, Mirror, Output};
+use crate::ingest::{self, IngestError};
+use crate::model::{ChangeEvent, ChangeType, Link, Location, SetName};
+
+/// A collector's set as an output.
+#[derive(Clone)]
+pub struct IntoSet {
+    ctx: Arc<Context>,
+    set: SetName,
+    root: PathBuf,
+    mirror: Mirror,
+    bytes: CollectBytes,
+    poke: Poke,
+    rt: tokio::runtime::Handle,
+}
+
+/// What a listing collector knows of a resource beside its bytes.
+#[derive(Debug, Clone, Default)]
+pub struct Facts {
+    pub mime: Option<String>,
+    pub lastmod: Option<crate::model::Timestamp>,
+}
+
+impl IntoSet {
+    /// The output into `set`'s folder (made when missing). Call from within the runtime.
+    pub fn new(
+        ctx: Arc<Context>,
+        set: SetName,
+        bytes: CollectBytes,
+        poke: Poke,
+    ) -> anyhow::Result<IntoSet> {
+        let root = ctx
+            .set_config(&set)
+            .resource_root_dir
+            .ok_or_else(|| anyhow::anyhow!("the collected set {set} has no folder"))?;
+        let mut section = crate::destination::config::HarvestConfig::defaults().output;
+        section.dir = root.clone();
+        section.map = Vec::new();
+        section.keep_deleted = false;
+        Ok(IntoSet {
+            mirror: Mirror::new(&section)?,
+            root,
+            ctx,
+            set,
+            bytes,
+            poke,
+            rt: tokio::runtime::Handle::current(),
+        })
+    }
+
+    /// Where the set keeps `uri`: its path under the set's folder, or its URL.
+    pub fn location(&self, uri: &str) -> anyhow::Result<Location> {
+        Ok(match self.bytes {
+            CollectBytes::Link => Location::url(uri),
+            CollectBytes::Mirror => {
+                let path = self.mirror.locate(uri)?;
+                let rel = path
+                    .strip_prefix(&self.root)
+                    .context("a mirrored path lies outside the set's folder")?;
+                let rel: Vec<String> = rel
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                Location::rel_path(rel.join("/"))
+            }
+        })
+    }
+
+    /// The resource the set holds for `uri`, if any.
+    pub async fn held(&self, uri: &str) -> anyhow::Result<Option<crate::model::Resource>> {
+        let loc = self.location(uri)?;
+        let key = loc
+            .key(&self.ctx.set_config(&self.set))
+            .map_err(anyhow::Error::msg)?;
+        Ok(self.ctx.store().resource(&self.set, &key).await?)
+    }
+
+    /// Records `uri`'s verified bytes at `file` (moved into place or removed): a change when
+    /// the set did not hold these bytes there. Whether a change was recorded.
+    pub async fn put_async(
+        &self,
+        uri: &str,
+        md5: &str,
+        length: u64,
+        facts: Facts,
+        file: &Path,
+    ) -> anyhow::Result<bool> {
+        let location = self.location(uri)?;
+        let held = self.held(uri).await?;
+        if held
+            .as_ref()
+            .is_some_and(|h| h.meta.md5.as_deref() == Some(md5) && h.location == location)
+        {
+            let _ = std::fs::remove_file(file);
+            return Ok(false);
+        }
+        match self.bytes {
+            CollectBytes::Mirror => {
+                let (m, f) = (self.mirror.clone(), file.to_path_buf());
+                let (set, uri, md5) = (self.set.to_string(), uri.to_string(), md5.to_string());
+                let (mime, lastmod) = (facts.mime.clone(), facts.lastmod);
+                tokio::task::spawn_blocking(move || {
+                    let item = Item {
+                        set: &set,
+                        uri: &uri,
+                        md5: &md5,
+                        length,
+                        mime: mime.as_deref(),
+                        lastmod,
+                    };
+                    m.put(&item, &f)
+                })
+                .await??;
+            }
+            CollectBytes::Link => {
+                let _ = std::fs::remove_file(file);
+            }
+        }
+        let ln = match self.bytes {
+            CollectBytes::Mirror => vec![Link {
+                rel: "via".into(),
+                href: Location::url(uri),
+                mime: facts.mime.clone(),
+            }],
+            CollectBytes::Link => Vec::new(),
+        };
+        let event = ChangeEvent {
+            change: if held.is_some() {
+                ChangeType::Updated
+            } else {
+                ChangeType::Created
+            },
+            location,
+            length: Some(length),
+            md5: Some(md5.to_string()),
+            mime: facts.mime,
+            lastmod: facts.lastmod,
+            ln,
+            datetime: None,
+            resource_set: None,
+            timestamp: None,
+        };
+        self.record(event).await
+    }
+
+    /// Records `uri` deleted when the set holds it, and removes its file. Whether a change
+    /// was recorded.
+    pub async fn delete_async(&self, uri: &str) -> anyhow::Result<bool> {
+        let location = self.location(uri)?;
+        if self.held(uri).await?.is_none() {
+            return Ok(false);
+        }
+        let ln = match self.bytes {
+            CollectBytes::Mirror => vec![Link {
+                rel: "via".into(),
+                href: Location::url(uri),
+                mime: None,
+            }],
+            CollectBytes::Link => Vec::new(),
+        };
+        let event = ChangeEvent {
+            change: ChangeType::Deleted,
+            location,
+            length: None,
+            md5: None,
+            mime: None,
+            lastmod: None,
+            ln,
+            datetime: None,
+            resource_set: None,
+            timestamp: None,
+        };
+        let recorded = self.record(event).await?;
+        if self.bytes == CollectBytes::Mirror {
+            let (m, set, uri) = (self.mirror.clone(), self.set.to_string(), uri.to_string());
+            tokio::task::spawn_blocking(move || m.delete(&set, &uri)).await??;
+        }
+        Ok(recorded)
+    }
+
+    /// Records one change through ingest; the store's refusal is the error, in words.
+    async fn record(&self, event: ChangeEvent) -> anyhow::Result<bool> {
+        match ingest::ingest(&self.ctx, &self.set, vec![(1, event)]).await {
+            Ok(r) => {
+                (self.poke)(r.applied);
+                Ok(r.applied > 0)
+            }
+            Err(IngestError::Invalid(errors)) => Err(anyhow::anyhow!(
+                "the set cannot hold it: {}",
+                errors
+                    .iter()
+                    .map(|e| e.reason.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )),
+            Err(IngestError::Empty) => Ok(false),
+            Err(IngestError::Store(e)) => Err(e.into()),
+        }
+    }
+}
+
+impl Output for IntoSet {
+    fn put(&self, item: &Item, file: &Path) -> anyhow::Result<String> {
+        let facts = Facts {
+            mime: item.mime.map(str::to_string),
+            lastmod: item.lastmod,
+        };
+        self.rt
+            .block_on(self.put_async(item.uri, item.md5, item.length, facts, file))?;
+        Ok(self.location(item.uri)?.value)
+    }
+
+    fn delete(&self, _set: &str, uri: &str) -> anyhow::Result<()> {
+        self.rt.block_on(self.delete_async(uri)).map(|_| ())
+    }
+
+    fn temp_dir(&self) -> &Path {
+        self.mirror.temp_dir()
+    }
+
+    fn download_path(&self, uri: &str) -> anyhow::Result<PathBuf> {
+        match self.bytes {
+            CollectBytes::Mirror => self.mirror.download_path(uri),
+            CollectBytes::Link => {
+                use sha2::Digest;
+                let h = crate::digest::hex_digest(sha2::Sha256::digest(uri.as_bytes()));
+                Ok(self.mirror.temp_dir().join(format!("link-{}", &h[..24])))
+            }
+        }
+    }
+
+    fn target(&self, uri: &str) -> anyhow::Result<Option<(PathBuf, PathBuf)>> {
+        match self.bytes {
+            CollectBytes::Mirror => self.mirror.target(uri),
+            CollectBytes::Link => Ok(None),
+        }
+    }
+
+    fn auditor(&self) -> anyhow::Result<Box<dyn Auditor + Send>> {
+        Ok(Box::new(self.clone()))
+    }
+}
+
+impl Auditor for IntoSet {
+    /// What the set holds for `uri` (called on the runtime's threads: the store's answer is
+    /// waited for in place).
+    fn holding(&mut self, uri: &str) -> anyhow::Result<Holding> {
+        let held = tokio::task::block_in_place(|| self.rt.block_on(self.held(uri)))?;
+        Ok(match held {
+            Some(r) => Holding::Held {
+                length: r.meta.length.unwrap_or(0),
+                md5: r.meta.md5.unwrap_or_default(),
+            },
+            None => Holding::Missing,
+        })
+    }
+
+    fn unlisted(&mut self) -> anyhow::Result<Option<Vec<String>>> {
+        Ok(None)
+    }
+}
