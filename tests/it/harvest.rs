@@ -718,7 +718,7 @@ async fn killed_mid_stream_it_resumes_from_the_change_lists_and_applies_nothing_
 
 /// Serves `dir` as plain static files on 127.0.0.1:0 (what a py-resourcesync deployment
 /// puts behind a web server); returns the base URL.
-async fn static_server(dir: PathBuf) -> String {
+pub async fn static_server(dir: PathBuf) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let app = axum::Router::new().fallback_service(tower_http::services::ServeDir::new(dir));

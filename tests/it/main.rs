@@ -10,6 +10,7 @@ mod support;
 
 mod cli;
 mod collect;
+mod collect_any;
 mod console;
 mod delivery_auth;
 mod documents;

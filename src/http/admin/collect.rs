@@ -28,6 +28,11 @@ pub struct CollectorView {
     /// The resource set it feeds (its `[collect.NAME]`).
     pub name: String,
     pub url: String,
+    /// What the source is (`oai-pmh`, `resourcesync`, `activity`, `sitemap`): configured, or
+    /// discovered; absent until discovery has run.
+    pub kind: Option<String>,
+    /// What discovery found at `url`, what it chose and why (a collector without `kind`).
+    pub discovered: Option<crate::collect::discover::Discovered>,
     pub metadata_prefix: String,
     /// The OAI set harvested, if not the whole repository.
     pub oai_set: Option<String>,
@@ -64,6 +69,9 @@ pub struct CollectorDetail {
     #[serde(flatten)]
     pub collector: CollectorView,
     pub quarantine: Vec<QuarantineEntry>,
+    /// A ResourceSync source: where the harvest engine stands with it (`harvest status`:
+    /// sets, positions, queue, refusals, subscriptions), when this process follows it.
+    pub following: Option<String>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -118,6 +126,11 @@ pub(in crate::http) fn view(e: &Entry, saved: &Saved, control: Control) -> Colle
     CollectorView {
         name: e.collector.name.to_string(),
         url: c.url.clone(),
+        kind: e
+            .collector
+            .kind_known(saved)
+            .map(|k| k.as_str().to_string()),
+        discovered: saved.discovered.clone(),
         metadata_prefix: c.metadata_prefix.clone(),
         oai_set: c.set.clone(),
         interval_secs: c.interval_secs,
@@ -182,9 +195,25 @@ pub async fn show_collector(
     authorize(&st, &headers)?;
     let e = entry(&st, p)?;
     let (saved, control) = e.collector.status().await?;
+    let following = match e.collector.engine() {
+        Some(engine) if engine.is_running(e.collector.name.as_str()) => {
+            let url = saved
+                .discovered
+                .as_ref()
+                .map_or(e.collector.config().url.clone(), |d| d.url.clone());
+            Some(
+                engine
+                    .status(&e.collector.engine_source(&url))
+                    .await
+                    .unwrap_or_else(|err| format!("cannot read the engine's state: {err:#}")),
+            )
+        }
+        _ => None,
+    };
     Ok(Json(CollectorDetail {
         collector: view(e, &saved, control),
         quarantine: saved.quarantine.iter().rev().cloned().collect(),
+        following,
     }))
 }
 
