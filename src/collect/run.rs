@@ -504,10 +504,15 @@ impl Collector {
         let engine = self.engine.as_ref().ok_or_else(|| {
             RunError::Protocol("no harvest engine in this process (a restart opens it)".into())
         })?;
-        let out = Arc::new(self.into_set()?);
-        engine
-            .start(&self.engine_source(url), out)
-            .map_err(|e| RunError::Protocol(format!("{e:#}")))?;
+        let source = self.engine_source(url);
+        if engine.is_running(&source.name) {
+            engine.check_now(&source.name);
+        } else {
+            let out = Arc::new(self.into_set()?);
+            engine
+                .start(&source, out)
+                .map_err(|e| RunError::Protocol(format!("{e:#}")))?;
+        }
         Ok(Report {
             words: Some(format!(
                 "following the ResourceSync source {} (baseline, Change Lists and push: `admin collect {}` shows where it stands)",

@@ -24,7 +24,7 @@ pub struct Engine {
     parts: Arc<Parts>,
     wakes: follow::Wakes,
     callback_base: String,
-    running: Mutex<HashMap<String, Running>>,
+    running: Mutex<HashMap<String, (Running, Arc<tokio::sync::Notify>)>>,
 }
 
 impl Engine {
@@ -62,7 +62,7 @@ impl Engine {
     /// configuration goes on untouched, one with another is restarted.
     pub fn start(&self, source: &NamedSource, output: Arc<dyn Output>) -> anyhow::Result<()> {
         let mut running = self.running.lock().expect("engine lock");
-        if let Some(r) = running.get(&source.name) {
+        if let Some((r, _)) = running.get(&source.name) {
             if &r.source == source && !r.stop.is_cancelled() {
                 return Ok(());
             }
@@ -82,10 +82,12 @@ impl Engine {
         };
         let stop = self.parts.cancel.child_token();
         let (until, wakes) = (stop.clone(), self.wakes.clone());
+        let asked = Arc::new(tokio::sync::Notify::new());
+        let ask = asked.clone();
         self.parts.tasks.spawn(async move {
             let label = h.label().to_string();
             let r = tokio::select! {
-                r = follow_source(h, wakes, keeping, false) => r,
+                r = follow_source(h, wakes, keeping, false, ask) => r,
                 _ = until.cancelled() => Ok(()),
             };
             if let Err(e) = r {
@@ -94,10 +96,13 @@ impl Engine {
         });
         running.insert(
             source.name.clone(),
-            Running {
-                source: source.clone(),
-                stop,
-            },
+            (
+                Running {
+                    source: source.clone(),
+                    stop,
+                },
+                asked,
+            ),
         );
         Ok(())
     }
@@ -105,7 +110,7 @@ impl Engine {
     /// Stops following `name` (its work ends at the step it waits on; what it applied is in
     /// the state, and its next start goes on from there).
     pub fn stop(&self, name: &str) {
-        if let Some(r) = self.running.lock().expect("engine lock").remove(name) {
+        if let Some((r, _)) = self.running.lock().expect("engine lock").remove(name) {
             r.stop.cancel();
         }
     }
@@ -116,7 +121,19 @@ impl Engine {
             .lock()
             .expect("engine lock")
             .get(name)
-            .is_some_and(|r| !r.stop.is_cancelled())
+            .is_some_and(|(r, _)| !r.stop.is_cancelled())
+    }
+
+    /// Asks the source `name` to read its Change Lists now, as at its periodic check (once
+    /// its baseline is done); whether it is followed here.
+    pub fn check_now(&self, name: &str) -> bool {
+        match self.running.lock().expect("engine lock").get(name) {
+            Some((r, asked)) if !r.stop.is_cancelled() => {
+                asked.notify_one();
+                true
+            }
+            _ => false,
+        }
     }
 
     /// `harvest status` of `source`: its sets, positions, queue, refusals and errors.

@@ -676,7 +676,7 @@ pub async fn run_reloading(
             // Cancelled (SIGHUP, shutdown): the source's work ends at the step it waits on;
             // what it applied is in the state, and its next start goes on from there.
             let r = tokio::select! {
-                r = follow_source(h, wakes, keeping, fatal) => r,
+                r = follow_source(h, wakes, keeping, fatal, Default::default()) => r,
                 _ = until.cancelled() => Ok(()),
             };
             match r {
@@ -797,6 +797,7 @@ async fn follow_source(
     wakes: follow::Wakes,
     keeping: Housekeeping,
     fatal: bool,
+    asked: Arc<tokio::sync::Notify>,
 ) -> anyhow::Result<()> {
     let cfg = &h.cfg;
     // A source that cannot be read yet (down, restarting, overloaded) is tried again with
@@ -870,28 +871,33 @@ async fn follow_source(
     loop {
         // Deliveries kept while the harvester was busy (or before a restart), in order.
         h.apply_inbox(&sets).await?;
-        tokio::select! {
-            _ = bell.notified() => {}
-            _ = tick.tick() => {
-                if cfg.source.sets.is_empty() && h.refresh_sets(&mut sets).await? {
-                    bell = wakes.listen(sets.iter().map(|s| s.row.id));
-                }
-                for s in &sets {
-                    if !h.baselined(s, None).await? {
-                        continue;
-                    }
-                    let _check = h.parts().checks.acquire().await?;
-                    match h.catch_up(s).await {
-                        Ok(found) => {
-                            let missed = h.push.missed(s, found).await;
-                            h.push.keep_subscribed(s, missed).await;
-                        }
-                        Err(e) => tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed"),
-                    }
-                }
-                h.fetcher().rest();
-                h.housekeeping(&sets, &keeping);
+        let check = tokio::select! {
+            _ = bell.notified() => false,
+            _ = tick.tick() => true,
+            // Its owner asks for a check now (an admin's "run now" of a collector).
+            _ = asked.notified() => true,
+        };
+        if check {
+            if cfg.source.sets.is_empty() && h.refresh_sets(&mut sets).await? {
+                bell = wakes.listen(sets.iter().map(|s| s.row.id));
             }
+            for s in &sets {
+                if !h.baselined(s, None).await? {
+                    continue;
+                }
+                let _check = h.parts().checks.acquire().await?;
+                match h.catch_up(s).await {
+                    Ok(found) => {
+                        let missed = h.push.missed(s, found).await;
+                        h.push.keep_subscribed(s, missed).await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(set = %s.info.name, error = %format!("{e:#}"), "periodic catch-up failed")
+                    }
+                }
+            }
+            h.fetcher().rest();
+            h.housekeeping(&sets, &keeping);
         }
     }
 }

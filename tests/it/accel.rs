@@ -12,7 +12,7 @@ use crate::support::*;
 
 /// nginx on a free loopback port in front of `upstream`, with the site configuration the
 /// `docker/` folder ships (its upstream and port replaced); stopped when dropped.
-struct Nginx {
+pub(crate) struct Nginx {
     child: Child,
     port: u16,
 }
@@ -36,10 +36,6 @@ impl Nginx {
     /// every file the server names is missing, as when a page is replaced between the
     /// server's answer and nginx's open, and every answer takes the fallback.
     fn start_with(dir: &Path, upstream: &str, files_gone: bool) -> Nginx {
-        assert!(
-            Path::new("/usr/sbin/nginx").exists(),
-            "this test runs Debian's nginx: apt-get install nginx (.ci/run does)"
-        );
         let port = crate::harvest::free_port();
         let site = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
@@ -54,6 +50,30 @@ impl Nginx {
             assert!(site.contains("alias /;"));
             site = site.replace("alias /;", "alias /nonexistent-rshub-test/;");
         }
+        Nginx::run(dir, &site, port)
+    }
+
+    /// Static sites: each (port, folder) served as files on 127.0.0.1:port (what a publisher
+    /// puts behind a web server).
+    pub(crate) fn static_sites(dir: &Path, sites: &[(u16, &Path)]) -> Nginx {
+        let site: String = sites
+            .iter()
+            .map(|(port, root)| {
+                format!(
+                    "server {{ listen 127.0.0.1:{port}; root {}; location / {{ try_files $uri $uri/index.html =404; }} }}\n",
+                    root.display()
+                )
+            })
+            .collect();
+        Nginx::run(dir, &site, sites[0].0)
+    }
+
+    /// nginx with `site` (server blocks) under `dir`, once it listens on `port`.
+    fn run(dir: &Path, site: &str, port: u16) -> Nginx {
+        assert!(
+            Path::new("/usr/sbin/nginx").exists(),
+            "this test runs Debian's nginx: apt-get install nginx (.ci/run does)"
+        );
         std::fs::create_dir_all(dir.join("tmp")).unwrap();
         std::fs::write(dir.join("site.conf"), site).unwrap();
         let d = dir.display();

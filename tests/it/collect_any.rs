@@ -2,6 +2,7 @@
 //! harvest engine (a chained server first, with push), sitemaps and activity streams.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::Duration;
 
 use resourcesync_hub::config::{CollectConfig, Config};
@@ -236,4 +237,455 @@ async fn a_base_url_offering_nothing_is_refused_in_words() {
     assert!(v["kind"].is_null(), "{v:#}");
     assert_eq!(changes(&b, "nothing").await, 0);
     b.stop().await;
+}
+
+/// A static site's file, written beside and renamed over (as a careful publisher does).
+fn put(root: &Path, rel: &str, body: &str) {
+    let p = root.join(rel);
+    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+    let tmp = p.with_extension("rshub-test-new");
+    std::fs::write(&tmp, body).unwrap();
+    std::fs::rename(&tmp, &p).unwrap();
+}
+
+fn md5_of(body: &str) -> (String, u64) {
+    (
+        resourcesync_hub::digest::md5_hex(body.as_bytes()),
+        body.len() as u64,
+    )
+}
+
+/// An IIIF Change Discovery stream of `pages` (each a list of (type, object, endTime)) at
+/// `/activity/`, found through the site's API catalog (RFC 9727).
+fn write_stream(root: &Path, base: &str, pages: &[Vec<(&str, String, String)>]) {
+    let n = pages.len();
+    put(
+        root,
+        ".well-known/api-catalog",
+        &serde_json::json!({"linkset": [{"anchor": format!("{base}/.well-known/api-catalog"),
+            "item": [{"href": format!("{base}/activity/all-changes.json")}]}]})
+        .to_string(),
+    );
+    put(
+        root,
+        "activity/all-changes.json",
+        &serde_json::json!({
+            "@context": "http://iiif.io/api/discovery/1/context.json",
+            "id": format!("{base}/activity/all-changes.json"), "type": "OrderedCollection",
+            "first": {"id": format!("{base}/activity/page-0.json"), "type": "OrderedCollectionPage"},
+            "last": {"id": format!("{base}/activity/page-{}.json", n - 1), "type": "OrderedCollectionPage"},
+        })
+        .to_string(),
+    );
+    for (i, items) in pages.iter().enumerate() {
+        let mut page = serde_json::json!({
+            "@context": "http://iiif.io/api/discovery/1/context.json",
+            "id": format!("{base}/activity/page-{i}.json"), "type": "OrderedCollectionPage",
+            "orderedItems": items.iter().map(|(t, o, e)| serde_json::json!({
+                "type": t, "object": {"id": format!("{base}/objects/{o}.json"), "type": "Manifest"}, "endTime": e,
+            })).collect::<Vec<_>>(),
+        });
+        if i > 0 {
+            page["prev"] = serde_json::json!({"id": format!("{base}/activity/page-{}.json", i - 1), "type": "OrderedCollectionPage"});
+        }
+        put(root, &format!("activity/page-{i}.json"), &page.to_string());
+    }
+}
+
+/// A sitemap index (named by `robots.txt`) over two sitemaps of `pages` (name, lastmod).
+fn write_sitemaps(root: &Path, base: &str, pages: &[(String, String)]) {
+    put(
+        root,
+        "robots.txt",
+        &format!("User-agent: *\nDisallow: /private/\nSitemap: {base}/sitemap_index.xml\n"),
+    );
+    put(
+        root,
+        "sitemap_index.xml",
+        &format!(
+            r#"<?xml version="1.0" encoding="UTF-8"?><sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9"><sitemap><loc>{base}/sm-1.xml</loc></sitemap><sitemap><loc>{base}/sm-2.xml</loc></sitemap></sitemapindex>"#
+        ),
+    );
+    let half = pages.len() / 2;
+    for (i, chunk) in [&pages[..half], &pages[half..]].iter().enumerate() {
+        let urls: String = chunk
+            .iter()
+            .map(|(name, lm)| {
+                format!("<url><loc>{base}/pages/{name}.html</loc><lastmod>{lm}</lastmod></url>")
+            })
+            .collect();
+        put(
+            root,
+            &format!("sm-{}.xml", i + 1),
+            &format!(
+                r#"<?xml version="1.0" encoding="UTF-8"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>"#
+            ),
+        );
+    }
+}
+
+async fn run_now(app: &TestApp, name: &str) {
+    let (s, v) = admin_call(
+        app,
+        ADMIN,
+        reqwest::Method::POST,
+        &format!("/admin/v1/collect/{name}/run"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 202, "{v}");
+}
+
+/// Waits until `set` holds exactly `want` (by the original's URL: md5, length).
+async fn wait_holds(app: &TestApp, set: &str, want: &BTreeMap<String, (String, u64)>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = held_by_origin(app, set).await;
+        if &got == want {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{set} never held what its source lists:\n got {got:?}\nwant {want:?}\n{:#}",
+            collector(app, set).await
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn audit_in_sync(app: &TestApp, name: &str) -> bool {
+    let (s, v) = admin_call(
+        app,
+        ADMIN,
+        reqwest::Method::GET,
+        &format!("/admin/v1/collect/{name}/audit"),
+        None,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    v["in_sync"].as_bool().unwrap() && v["report"].as_str().unwrap().ends_with("IN SYNC\n")
+}
+
+/// One server, given only base URLs: a PyPI `oaipmh` repository, a static ResourceSync source
+/// made by PyPI `resync`'s `resync-build` and served by nginx, a second resourcesync-hub (with
+/// push), an IIIF Change Discovery stream and a sitemap index over static files (nginx). Each
+/// kind is discovered and said; each set equals its source; after changes at every source,
+/// equal again (runs asked for; the chained server's by push).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_base_urls_alone_every_kind_of_source_is_collected_and_kept_equal() {
+    let dir = tempfile::tempdir().unwrap();
+    // The OAI-PMH repository (pyoai).
+    let mut oai_fx = crate::collect::fixture(12);
+    let repo = crate::collect::OaiServer::start(&oai_fx, 5);
+    // Three static sites on nginx.
+    let (p_rs, p_as, p_sm) = (
+        crate::harvest::free_port(),
+        crate::harvest::free_port(),
+        crate::harvest::free_port(),
+    );
+    let (rs_root, as_root, sm_root) = (
+        dir.path().join("rs"),
+        dir.path().join("as"),
+        dir.path().join("sm"),
+    );
+    let (rs_base, as_base, sm_base) = (
+        format!("http://127.0.0.1:{p_rs}"),
+        format!("http://127.0.0.1:{p_as}"),
+        format!("http://127.0.0.1:{p_sm}"),
+    );
+    // The resync-build source: files, its Resource List, Change List, Capability List and
+    // Source Description at /.well-known/resourcesync.
+    let files = rs_root.join("files");
+    for i in 0..8 {
+        put(&files, &format!("f{i}.txt"), &format!("static file {i}\n"));
+    }
+    let map = format!("{rs_base}/files/={}", files.display());
+    let build = {
+        let (rs_root, rs_base, map) = (rs_root.clone(), rs_base.clone(), map.clone());
+        move |changes: bool| {
+            let rl = rs_root.join("resourcelist.xml");
+            if changes {
+                let tmp = rs_root.join("changelist.new");
+                crate::harvest::resync_build(&[
+                    "--write-changelist",
+                    "--reference",
+                    rl.to_str().unwrap(),
+                    "--outfile",
+                    tmp.to_str().unwrap(),
+                    &map,
+                ]);
+                std::fs::rename(&tmp, rs_root.join("changelist.xml")).unwrap();
+                // The Resource List as the files are now (what an audit compares with).
+                let tmp = rs_root.join("resourcelist.new");
+                crate::harvest::resync_build(&[
+                    "--write-resourcelist",
+                    "--outfile",
+                    tmp.to_str().unwrap(),
+                    &map,
+                ]);
+                std::fs::rename(&tmp, &rl).unwrap();
+                return;
+            }
+            crate::harvest::resync_build(&[
+                "--write-resourcelist",
+                "--outfile",
+                rl.to_str().unwrap(),
+                &map,
+            ]);
+            let cl = rs_root.join("changelist.xml");
+            crate::harvest::resync_build(&[
+                "--write-changelist",
+                "--empty",
+                "--outfile",
+                cl.to_str().unwrap(),
+            ]);
+            let caps = format!(
+                "resourcelist={rs_base}/resourcelist.xml,changelist={rs_base}/changelist.xml"
+            );
+            let cap = rs_root.join("capabilitylist.xml");
+            crate::harvest::resync_build(&[
+                "--write-capabilitylist",
+                &caps,
+                "--outfile",
+                cap.to_str().unwrap(),
+            ]);
+            std::fs::create_dir_all(rs_root.join(".well-known")).unwrap();
+            let sd = rs_root.join(".well-known/resourcesync");
+            crate::harvest::resync_build(&[
+                "--write-sourcedescription",
+                &format!("{rs_base}/capabilitylist.xml"),
+                "--outfile",
+                sd.to_str().unwrap(),
+            ]);
+        }
+    };
+    tokio::task::spawn_blocking({
+        let b = build.clone();
+        move || b(false)
+    })
+    .await
+    .unwrap();
+    // The activity stream: five objects created, one of them updated.
+    for i in 0..5 {
+        put(
+            &as_root,
+            &format!("objects/o{i}.json"),
+            &format!("{{\"object\": {i}}}"),
+        );
+    }
+    let mut stream = vec![
+        (0..5)
+            .map(|i| ("Create", format!("o{i}"), format!("2026-01-01T00:00:0{i}Z")))
+            .collect::<Vec<_>>(),
+        vec![(
+            "Update",
+            "o1".to_string(),
+            "2026-01-02T00:00:00Z".to_string(),
+        )],
+    ];
+    write_stream(&as_root, &as_base, &stream);
+    // The sitemap index over six pages.
+    let mut pages: Vec<(String, String)> = (0..6)
+        .map(|i| (format!("p{i}"), "2026-01-01".to_string()))
+        .collect();
+    for (name, _) in &pages {
+        put(
+            &sm_root,
+            &format!("pages/{name}.html"),
+            &format!("<p>{name}</p>"),
+        );
+    }
+    write_sitemaps(&sm_root, &sm_base, &pages);
+    let _nginx = crate::accel::Nginx::static_sites(
+        &dir.path().join("nginx"),
+        &[(p_rs, &rs_root), (p_as, &as_root), (p_sm, &sm_root)],
+    );
+    // The chained resourcesync-hub.
+    let (mut a_cfg, a_dir) = hub_config();
+    let a_root = a_dir.path().join("root");
+    add_file_set(&mut a_cfg, "papers", &a_root, None);
+    let a = TestApp::start_with(a_cfg).await;
+    let lines: Vec<String> = (0..6)
+        .map(|i| {
+            file_line(
+                &a_root,
+                "created",
+                &format!("r{i}.txt"),
+                &format!("hub resource {i}\n"),
+            )
+        })
+        .collect();
+    a.ingest_ok("papers", &lines.join("\n")).await;
+
+    let (b_cfg, _b_dir) = collecting(&[
+        ("oai", &repo.base),
+        ("rs", &rs_base),
+        ("hub", &a.config.base_url()),
+        ("stream", &as_base),
+        ("site", &format!("{sm_base}/")),
+    ]);
+    let b = TestApp::start_with(b_cfg).await;
+
+    // Each kind discovered, and said why.
+    for (name, kind, how) in [
+        ("oai", "oai-pmh", "answers OAI-PMH Identify"),
+        (
+            "rs",
+            "resourcesync",
+            "/.well-known/resourcesync is a ResourceSync description",
+        ),
+        (
+            "hub",
+            "resourcesync",
+            "/.well-known/resourcesync is a ResourceSync description",
+        ),
+        ("stream", "activity", "is an activity stream"),
+        ("site", "sitemap", "is a sitemap index"),
+    ] {
+        wait_until(&format!("{name} discovered"), || async {
+            collector(&b, name).await["kind"] == kind
+        })
+        .await;
+        let v = collector(&b, name).await;
+        assert!(
+            v["discovered"]["why"].as_str().unwrap().contains(how),
+            "{name}: {v:#}"
+        );
+    }
+
+    // Each set equals its source.
+    let live_records = |fx: &serde_json::Value| {
+        fx["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["deleted"] != true)
+            .count()
+    };
+    let n = live_records(&oai_fx);
+    wait_until("the OAI-PMH set", || async {
+        held_by_origin(&b, "oai").await.len() == n
+    })
+    .await;
+    wait_until("the resync-build set in sync", || async {
+        audit_in_sync(&b, "rs").await
+    })
+    .await;
+    wait_equal(&a, "papers", &b, "hub", 60).await;
+    let objects = |live: &[usize]| -> BTreeMap<String, (String, u64)> {
+        live.iter()
+            .map(|i| {
+                let body =
+                    std::fs::read_to_string(as_root.join(format!("objects/o{i}.json"))).unwrap();
+                (format!("{as_base}/objects/o{i}.json"), md5_of(&body))
+            })
+            .collect()
+    };
+    wait_holds(&b, "stream", &objects(&[0, 1, 2, 3, 4])).await;
+    let site_pages = |pages: &[(String, String)]| -> BTreeMap<String, (String, u64)> {
+        pages
+            .iter()
+            .map(|(name, _)| {
+                let body =
+                    std::fs::read_to_string(sm_root.join(format!("pages/{name}.html"))).unwrap();
+                (format!("{sm_base}/pages/{name}.html"), md5_of(&body))
+            })
+            .collect()
+    };
+    wait_holds(&b, "site", &site_pages(&pages)).await;
+
+    // Changes at every source.
+    let now = crate::collect::now_datestamp();
+    oai_fx["records"][0]["dc"]["title"] = serde_json::json!(["Record 0, second version"]);
+    oai_fx["records"][0]["datestamp"] = now.clone().into();
+    oai_fx["records"][1]["deleted"] = true.into();
+    oai_fx["records"][1]["datestamp"] = now.into();
+    crate::collect::rewrite(&repo, &oai_fx);
+    crate::harvest::write_ahead(&files.join("f0.txt"), "static file 0, second version\n");
+    std::fs::remove_file(files.join("f7.txt")).unwrap();
+    put(&files, "new.txt", "a new static file\n");
+    tokio::task::spawn_blocking({
+        let b = build.clone();
+        move || b(true)
+    })
+    .await
+    .unwrap();
+    a.ingest_ok(
+        "papers",
+        &[
+            file_line(&a_root, "updated", "r0.txt", "hub resource 0, second\n"),
+            file_line(&a_root, "created", "r9.txt", "hub resource 9\n"),
+        ]
+        .join("\n"),
+    )
+    .await;
+    put(&as_root, "objects/o2.json", "{\"object\": 2, \"v\": 2}");
+    put(&as_root, "objects/o5.json", "{\"object\": 5}");
+    stream.push(vec![
+        ("Update", "o2".into(), "2026-02-01T00:00:00Z".into()),
+        ("Delete", "o3".into(), "2026-02-01T00:00:01Z".into()),
+        ("Create", "o5".into(), "2026-02-01T00:00:02Z".into()),
+    ]);
+    write_stream(&as_root, &as_base, &stream);
+    put(&sm_root, "pages/p0.html", "<p>p0, second version</p>");
+    pages[0].1 = "2026-02-01".into();
+    pages.pop();
+    pages.push(("p9".into(), "2026-02-01".into()));
+    put(&sm_root, "pages/p9.html", "<p>p9</p>");
+    write_sitemaps(&sm_root, &sm_base, &pages);
+    for name in ["oai", "rs", "stream", "site"] {
+        run_now(&b, name).await;
+    }
+
+    // Equal again.
+    let n = live_records(&oai_fx);
+    wait_until("the OAI-PMH set", || async {
+        held_by_origin(&b, "oai").await.len() == n
+    })
+    .await;
+    let oai_files = b.config.collected_dir("oai");
+    wait_until("record 0's second version", || async {
+        walkdir::WalkDir::new(&oai_files)
+            .into_iter()
+            .filter_map(Result::ok)
+            .any(|e| {
+                std::fs::read_to_string(e.path())
+                    .is_ok_and(|t| t.contains("Record 0, second version"))
+            })
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !(audit_in_sync(&b, "rs").await
+        && held_by_origin(&b, "rs")
+            .await
+            .contains_key(&format!("{rs_base}/files/new.txt")))
+    {
+        if std::time::Instant::now() > deadline {
+            let (_, v) = admin_call(
+                &b,
+                ADMIN,
+                reqwest::Method::GET,
+                "/admin/v1/collect/rs/audit",
+                None,
+            )
+            .await;
+            panic!(
+                "the resync-build set never in sync again:\n{}\n{}\n{}",
+                v["report"].as_str().unwrap_or(""),
+                collector(&b, "rs").await["following"]
+                    .as_str()
+                    .unwrap_or(""),
+                std::fs::read_to_string(rs_root.join("changelist.xml")).unwrap()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!held_by_origin(&b, "rs")
+        .await
+        .contains_key(&format!("{rs_base}/files/f7.txt")));
+    wait_equal(&a, "papers", &b, "hub", 30).await;
+    wait_holds(&b, "stream", &objects(&[0, 1, 2, 4, 5])).await;
+    wait_holds(&b, "site", &site_pages(&pages)).await;
+    b.stop().await;
+    a.stop().await;
 }

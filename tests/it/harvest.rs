@@ -728,7 +728,7 @@ pub async fn static_server(dir: PathBuf) -> String {
 
 /// Writes `body` to `path` with a modification time 5 s ahead (what `resync-build` reads as
 /// `lastmod`, to the second).
-fn write_ahead(path: &Path, body: &str) {
+pub fn write_ahead(path: &Path, body: &str) {
     std::fs::write(path, body).unwrap();
     std::fs::File::options()
         .write(true)
@@ -738,7 +738,7 @@ fn write_ahead(path: &Path, body: &str) {
         .unwrap();
 }
 
-fn resync_build(args: &[&str]) {
+pub fn resync_build(args: &[&str]) {
     let out = std::process::Command::new(PyEnv::get().bin("resync-build"))
         .args(args)
         .output()

@@ -19,6 +19,7 @@ pub fn routes() -> Router<AppState> {
     Router::new()
         .route("/admin/v1/collect", get(list_collectors))
         .route("/admin/v1/collect/{name}", get(show_collector))
+        .route("/admin/v1/collect/{name}/audit", get(audit))
         .route("/admin/v1/collect/{name}/{action}", post(act))
 }
 
@@ -214,6 +215,60 @@ pub async fn show_collector(
         collector: view(e, &saved, control),
         quarantine: saved.quarantine.iter().rev().cloned().collect(),
         following,
+    }))
+}
+
+/// A ResourceSync collector's audit, as `harvest audit` says it.
+#[derive(Serialize, ToSchema)]
+pub struct CollectAudit {
+    pub name: String,
+    /// Whether the set holds every resource the source's Resource List lists, as listed
+    /// (md5 and length; without them, not older than its `lastmod`), and nothing more.
+    pub in_sync: bool,
+    /// The report: per set of the source, what is listed, missing, different, held but no
+    /// longer listed, refused; the last line `IN SYNC` or `NOT IN SYNC`.
+    pub report: String,
+}
+
+#[utoipa::path(get, path = "/admin/v1/collect/{name}/audit", params(("name" = String, Path, description = "The collector (and resource set) name")), responses(
+    (status = 200, body = CollectAudit), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 429, body = ErrorBody, description = "Too many wrong admin tokens from this address (Retry-After)"), (status = 404, body = ErrorBody),
+    (status = 409, body = ErrorBody, description = "Not a ResourceSync collector, or not followed by this process")))]
+pub async fn audit(
+    State(st): State<AppState>,
+    headers: HeaderMap,
+    p: Result<Path<String>, PathRejection>,
+) -> Result<Json<CollectAudit>, AppError> {
+    authorize(&st, &headers)?;
+    let e = entry(&st, p)?;
+    let c = &e.collector;
+    let (saved, _) = c.status().await?;
+    if c.kind_known(&saved) != Some(crate::config::CollectKind::Resourcesync) {
+        return Err(AppError::Conflict(format!(
+            "{} is not a ResourceSync collector: an audit reads a source's Resource List; a sitemap's or activity stream's reconcile (POST …/reconcile) fetches every resource again",
+            c.name
+        )));
+    }
+    let (Some(engine), true) = (c.engine(), e.live().held_here) else {
+        return Err(AppError::Conflict(format!(
+            "another process follows {}: ask it (its admin API) for the audit",
+            c.name
+        )));
+    };
+    let url = saved
+        .discovered
+        .as_ref()
+        .map_or(c.config().url.clone(), |d| d.url.clone());
+    let out = c
+        .into_set()
+        .map_err(|err| AppError::Busy(crate::cause::chain(&err)))?;
+    let (report, in_sync) = engine
+        .audit(&c.engine_source(&url), std::sync::Arc::new(out))
+        .await
+        .map_err(|err| AppError::Busy(format!("the audit could not read the source: {err:#}")))?;
+    Ok(Json(CollectAudit {
+        name: c.name.to_string(),
+        in_sync,
+        report,
     }))
 }
 

@@ -30,9 +30,9 @@ use guard::{throttle_guesses, ErrorBody};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub; the OAI-PMH collectors."),
-    paths(collect::list_collectors, collect::show_collector, collect::act, inbox::list_inbox, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
-    components(schemas(inbox::InboxPage, inbox::InboxEntry, inbox::ReplyView, collect::CollectorView, collect::CollectorDetail, collect::CollectorList, collect::CollectAccepted, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
+    info(title = "resourcesync-hub admin API", description = "Subscriptions, topics, delivery attempts and statistics of the WebSub hub; the collectors (OAI-PMH, ResourceSync, activity streams, sitemaps)."),
+    paths(collect::list_collectors, collect::show_collector, collect::audit, collect::act, inbox::list_inbox, list_subscriptions, show_subscription, patch_subscription, put_auth, delete_auth, rotate_secret, delete_subscription, reverify, retry, redeliver, pause, resume, list_topics, latest_payload, list_deliveries, stats),
+    components(schemas(inbox::InboxPage, inbox::InboxEntry, inbox::ReplyView, collect::CollectorView, collect::CollectorDetail, collect::CollectorList, collect::CollectAccepted, collect::CollectAudit, crate::collect::discover::Discovered, crate::collect::state::Counts, crate::collect::state::Control, crate::collect::state::RunPoint, crate::collect::state::Identified, crate::collect::state::QuarantineEntry, crate::collect::Live, SubscriptionView, SubscriptionPage, LastSuccess, LastFailure, TopicView, TopicPayload, AttemptView, StatsView, SubscriptionCounts, PollerView, ErrorBody, Accepted, Requeued, RedeliverRequest, Redelivered, SubState, SubscriptionPatch, AuthView, DeliveryAuth, SecretRequest, crate::hub::LaneFailure)),
     modifiers(&Bearer),
     security(("bearer" = []))
 )]
