@@ -420,6 +420,8 @@ impl Collector {
         f.backoff_initial_ms = self.cfg.retry_base_ms;
         f.backoff_max_ms = self.cfg.max_retry_after_secs.saturating_mul(1000);
         f.max_document_bytes = self.cfg.max_response_bytes;
+        // A resource a sitemap or stream names carries no length: this is its limit.
+        f.max_resource_bytes = self.cfg.max_response_bytes;
         f.per_host_concurrency = super::client::IN_FLIGHT;
         f.user_agent = format!("collector; +{}", self.ctx.config().base_url());
         let scope = crate::destination::scope::Scope::new(url, &[], f.max_url_length)

@@ -689,3 +689,307 @@ async fn from_base_urls_alone_every_kind_of_source_is_collected_and_kept_equal()
     b.stop().await;
     a.stop().await;
 }
+
+/// A collector of `url` with small bounds: responses of at most 64 KB, a 2 s timeout, one try.
+fn hostile_collector(name: &str, url: &str) -> (Config, tempfile::TempDir) {
+    let (mut c, dir) = collecting(&[(name, url)]);
+    let cc = c.collect.get_mut(name).unwrap();
+    cc.max_response_bytes = 65536;
+    cc.request_timeout_secs = 2;
+    cc.attempts = 1;
+    (c, dir)
+}
+
+/// Runs the collector `name` now and waits for that run to end; its status.
+async fn run_and_wait(app: &TestApp, name: &str) -> serde_json::Value {
+    let before = collector(app, name).await["last_ended"]
+        .as_str()
+        .map(str::to_string);
+    run_now(app, name).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = collector(app, name).await;
+        let ended = v["last_ended"].as_str().map(str::to_string);
+        if ended.is_some() && ended != before && v["state"] != "running" {
+            return v;
+        }
+        assert!(std::time::Instant::now() < deadline, "no run ended: {v:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The largest file under `dir` (0 when none).
+fn largest_file(dir: &Path) -> u64 {
+    walkdir::WalkDir::new(dir)
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.metadata().ok())
+        .filter(|m| m.is_file())
+        .map(|m| m.len())
+        .max()
+        .unwrap_or(0)
+}
+
+/// A sitemap that misbehaves in every way costs bounded work and reaches nothing else: an
+/// index naming itself, a sitemap elsewhere (robots.txt and the index), one that never ends,
+/// one that trickles; entries elsewhere, a page that never ends, a `lastmod` in 2099. The
+/// pages it lists properly are collected; nothing is fetched from the canary; no file passes
+/// the limit; the page dated 2099 is fetched again at each run but records nothing twice; and
+/// a page dropped from the sitemap is recorded deleted only after a complete read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_sitemap_costs_bounded_work_and_reaches_nothing_else() {
+    use crate::hostile::{endless, trickle, Canary, Hostile};
+    let src = Hostile::start().await;
+    let canary = Canary::start().await;
+    let page = |p: &str, body: &'static str| {
+        src.on(p, move |_| {
+            ([("content-type", "text/html")], body).into_response()
+        });
+    };
+    use axum::response::IntoResponse;
+    page("/p/ok.html", "<p>ok</p>");
+    page("/p/future.html", "<p>from the future</p>");
+    page("/p/other.html", "<p>other</p>");
+    src.on("/p/huge.html", |_| endless());
+    let urlset = |entries: &[(String, &str)]| {
+        let urls: String = entries
+            .iter()
+            .map(|(loc, lm)| format!("<url><loc>{loc}</loc><lastmod>{lm}</lastmod></url>"))
+            .collect();
+        format!(
+            r#"<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>"#
+        )
+    };
+    let index = |locs: &[String]| {
+        let maps: String = locs
+            .iter()
+            .map(|l| format!("<sitemap><loc>{l}</loc></sitemap>"))
+            .collect();
+        format!(
+            r#"<?xml version="1.0"?><sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{maps}</sitemapindex>"#
+        )
+    };
+    src.xml(
+        "/sm-good.xml",
+        urlset(&[
+            (src.url("/p/ok.html"), "2026-01-01"),
+            (src.url("/p/other.html"), "2026-01-01"),
+            (src.url("/p/future.html"), "2099-01-01T00:00:00Z"),
+            (canary.url("/p/elsewhere.html"), "2026-01-01"),
+            (src.url("/p/huge.html"), "2026-01-01"),
+        ]),
+    );
+    src.xml(
+        "/sm-fewer.xml",
+        urlset(&[
+            (src.url("/p/ok.html"), "2026-01-01"),
+            (src.url("/p/future.html"), "2099-01-01T00:00:00Z"),
+        ]),
+    );
+    src.on("/sm-endless.xml", |_| endless());
+    src.on("/sm-trickle.xml", |_| trickle(b"<?xml version=\"1.0\"?><urlset xmlns=\"http://www.sitemaps.org/schemas/sitemap/0.9\"></urlset>", Duration::from_millis(700)));
+    let robots = format!(
+        "Sitemap: {}\nSitemap: {}\n",
+        canary.url("/sitemap.xml"),
+        src.url("/sitemap_index.xml")
+    );
+    src.on("/robots.txt", move |_| robots.clone().into_response());
+    let hostile_index = index(&[
+        src.url("/sitemap_index.xml"),
+        canary.url("/sm.xml"),
+        src.url("/sm-endless.xml"),
+        src.url("/sm-trickle.xml"),
+        src.url("/sm-fewer.xml"),
+    ]);
+    src.xml("/sitemap_index.xml", index(&[src.url("/sm-good.xml")]));
+
+    let (cfg, _d) = hostile_collector("site", &format!("{}/", src.base));
+    let b = TestApp::start_with(cfg).await;
+    wait_until("the first run", || async {
+        collector(&b, "site").await["last_ended"].is_string()
+    })
+    .await;
+    let v = collector(&b, "site").await;
+    assert_eq!(v["kind"], "sitemap", "{v:#}");
+    assert!(
+        v["discovered"]["looked"]
+            .to_string()
+            .contains("not followed, it is on another origin"),
+        "{v:#}"
+    );
+    let held = held_by_origin(&b, "site").await;
+    let want: Vec<String> = ["/p/future.html", "/p/ok.html", "/p/other.html"]
+        .iter()
+        .map(|p| src.url(p))
+        .collect();
+    assert_eq!(held.keys().cloned().collect::<Vec<_>>(), want, "{v:#}");
+    let quarantine = v["quarantine"].to_string();
+    assert!(
+        quarantine.contains("outside the source's authority"),
+        "{quarantine}"
+    );
+    assert!(
+        quarantine.contains("huge.html") && quarantine.contains("more than"),
+        "{quarantine}"
+    );
+    assert!(
+        v["last_outcome"].as_str().unwrap().contains("not complete"),
+        "{v:#}"
+    );
+    assert_eq!(changes(&b, "site").await, 3);
+    // The 2099 date is not kept: the page's lastmod is no later than now.
+    let store = resourcesync_hub::app::open_store(&b.config).await.unwrap();
+    let set = SetName::parse("site").unwrap();
+    let page = store.resources(&set, None, None, 10).await.unwrap();
+    let now = resourcesync_hub::model::Timestamp::now();
+    assert!(page
+        .items
+        .iter()
+        .all(|r| r.meta.lastmod.is_some_and(|l| l <= now)));
+
+    // The hostile index: the page missing from it is not deleted (the read is not complete).
+    src.xml("/sitemap_index.xml", hostile_index);
+    let v = run_and_wait(&b, "site").await;
+    assert!(
+        v["last_outcome"]
+            .as_str()
+            .unwrap()
+            .contains("not complete, so nothing is recorded deleted"),
+        "{v:#}"
+    );
+    assert!(held_by_origin(&b, "site")
+        .await
+        .contains_key(&src.url("/p/other.html")));
+    assert_eq!(
+        src.hits("/p/ok.html"),
+        1,
+        "a page whose lastmod says it is held is not fetched again"
+    );
+    assert_eq!(
+        src.hits("/p/future.html"),
+        2,
+        "a lastmod in the future is not believed"
+    );
+    assert_eq!(changes(&b, "site").await, 3, "nothing recorded twice");
+    // A complete read without it: deleted.
+    src.xml("/sitemap_index.xml", index(&[src.url("/sm-fewer.xml")]));
+    let v = run_and_wait(&b, "site").await;
+    assert!(
+        v["last_outcome"]
+            .as_str()
+            .unwrap()
+            .contains("complete: 1 resources no longer listed recorded deleted"),
+        "{v:#}"
+    );
+    assert!(!held_by_origin(&b, "site")
+        .await
+        .contains_key(&src.url("/p/other.html")));
+    assert_eq!(changes(&b, "site").await, 4);
+    assert_eq!(canary.connections(), 0, "nothing reached elsewhere");
+    assert!(
+        largest_file(&b.config.server.data_dir) < 20 * 1024 * 1024,
+        "no download past the limit lies around"
+    );
+    assert!(largest_file(&b.config.collected_dir("site")) <= 65537);
+    b.stop().await;
+}
+
+/// An activity stream that misbehaves: objects elsewhere, an object that never ends, an
+/// activity dated 2099, and then pages whose `prev` links go round. What it lists properly
+/// is collected; the canary sees nothing; the loop ends the run in words; the 2099 date does
+/// not make the next run skip what comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_activity_stream_costs_bounded_work_and_reaches_nothing_else() {
+    use crate::hostile::{endless, Canary, Hostile};
+    use axum::response::IntoResponse;
+    let src = Hostile::start().await;
+    let canary = Canary::start().await;
+    src.on("/o/a.json", |_| "{\"a\": 1}".into_response());
+    src.on("/o/b.json", |_| "{\"b\": 1}".into_response());
+    src.on("/o/huge.json", |_| endless());
+    let json = |v: serde_json::Value| {
+        let s = v.to_string();
+        move |_: &axum::http::HeaderMap| {
+            ([("content-type", "application/json")], s.clone()).into_response()
+        }
+    };
+    let act = |t: &str, o: String, e: &str| serde_json::json!({"type": t, "object": {"id": o}, "endTime": e});
+    src.on(
+        "/as",
+        json(serde_json::json!({"type": "OrderedCollection", "id": src.url("/as"), "last": {"id": src.url("/as/1")}})),
+    );
+    src.on(
+        "/as/0",
+        json(
+            serde_json::json!({"type": "OrderedCollectionPage", "orderedItems": [
+                act("Create", src.url("/o/a.json"), "2026-01-01T00:00:00Z"),
+                act("Create", canary.url("/o/x.json"), "2026-01-01T00:00:01Z"),
+            ]}),
+        ),
+    );
+    src.on(
+        "/as/1",
+        json(serde_json::json!({"type": "OrderedCollectionPage", "prev": {"id": src.url("/as/0")}, "orderedItems": [
+            act("Create", src.url("/o/huge.json"), "2026-01-02T00:00:00Z"),
+            act("Update", src.url("/o/a.json"), "2099-01-01T00:00:00Z"),
+        ]})),
+    );
+    let (cfg, _d) = hostile_collector("stream", &src.url("/as"));
+    let b = TestApp::start_with(cfg).await;
+    wait_until("the first run", || async {
+        collector(&b, "stream").await["last_ended"].is_string()
+    })
+    .await;
+    let v = collector(&b, "stream").await;
+    assert_eq!(v["kind"], "activity", "{v:#}");
+    assert_eq!(
+        held_by_origin(&b, "stream")
+            .await
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![src.url("/o/a.json")],
+        "{v:#}"
+    );
+    let q = v["quarantine"].to_string();
+    assert!(
+        q.contains("outside the source's authority") && q.contains("huge.json"),
+        "{q}"
+    );
+    // A later activity is read although one was dated 2099.
+    src.on(
+        "/as/2",
+        json(serde_json::json!({"type": "OrderedCollectionPage", "prev": {"id": src.url("/as/1")}, "orderedItems": [
+            act("Create", src.url("/o/b.json"), "2026-02-01T00:00:00Z"),
+        ]})),
+    );
+    src.on(
+        "/as",
+        json(serde_json::json!({"type": "OrderedCollection", "id": src.url("/as"), "last": {"id": src.url("/as/2")}})),
+    );
+    run_and_wait(&b, "stream").await;
+    assert!(held_by_origin(&b, "stream")
+        .await
+        .contains_key(&src.url("/o/b.json")));
+    // Pages that go round end the run in words.
+    src.on(
+        "/as/0",
+        json(serde_json::json!({"type": "OrderedCollectionPage", "prev": {"id": src.url("/as/2")}, "orderedItems": []})),
+    );
+    src.on(
+        "/as/2",
+        json(serde_json::json!({"type": "OrderedCollectionPage", "prev": {"id": src.url("/as/0")}, "orderedItems": [
+            act("Update", src.url("/o/b.json"), "2026-03-01T00:00:00Z"),
+        ]})),
+    );
+    // The newest activity is later than the last run's, so the run reads back, into the loop.
+    let v = run_and_wait(&b, "stream").await;
+    let outcome = v["last_outcome"].as_str().unwrap();
+    assert!(
+        outcome.starts_with("failed") && outcome.contains("go round"),
+        "{v:#}"
+    );
+    assert_eq!(canary.connections(), 0);
+    assert!(largest_file(&b.config.collected_dir("stream")) <= 65537);
+    b.stop().await;
+}
