@@ -993,3 +993,75 @@ async fn a_hostile_activity_stream_costs_bounded_work_and_reaches_nothing_else()
     assert!(largest_file(&b.config.collected_dir("stream")) <= 65537);
     b.stop().await;
 }
+
+/// A ResourceSync source found by a base URL that leads elsewhere: its page's `Link` headers
+/// and its API catalog name a canary (not followed), its Source Description names a Capability
+/// List elsewhere, its Resource List names resources elsewhere, one resource lies about its
+/// md5 and one never ends. The set holds exactly the resources served as listed; the canary
+/// sees no connection; nothing lies in the set's folder past its listed length.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_resourcesync_source_reaches_nothing_else_and_keeps_only_what_checks() {
+    use crate::hostile::{described, endless, entry, rl_md, urlset, Canary, Hostile};
+    use axum::response::IntoResponse;
+    let src = Hostile::start().await;
+    let canary = Canary::start().await;
+    let (lure, catalog) = (canary.url("/sd.xml"), canary.url("/oai"));
+    src.on("/", move |_| {
+        (
+            [("link", format!("<{lure}>; rel=\"resourcesync\""))],
+            "<html><body>a site</body></html>",
+        )
+            .into_response()
+    });
+    src.on("/.well-known/api-catalog", move |_| {
+        serde_json::json!({"linkset": [{"anchor": "x", "item": [{"href": catalog}]}]})
+            .to_string()
+            .into_response()
+    });
+    let good = src.resource("/r/good.txt", "good\n");
+    let liar = entry(&src.url("/r/liar.txt"), &described("what the list says\n"));
+    src.on("/r/liar.txt", |_| "something else\n".into_response());
+    let huge = entry(&src.url("/r/huge.txt"), r#"length="10""#);
+    src.on("/r/huge.txt", |_| endless());
+    let elsewhere = entry(&canary.url("/r/x.txt"), &described("x"));
+    src.xml(
+        "/s/resourcelist.xml",
+        urlset(&rl_md(), &[good, liar, huge, elsewhere]),
+    );
+    let cap = src.set(
+        "s",
+        &[("resourcelist", src.url("/s/resourcelist.xml"))],
+        false,
+    );
+    src.source(&[cap, canary.url("/other/capabilitylist.xml")]);
+
+    let (cfg, _d) = hostile_collector("rs", &format!("{}/", src.base));
+    let b = TestApp::start_with(cfg).await;
+    wait_until("the good resource", || async {
+        held_by_origin(&b, "rs")
+            .await
+            .contains_key(&src.url("/r/good.txt"))
+    })
+    .await;
+    let v = collector(&b, "rs").await;
+    assert_eq!(v["kind"], "resourcesync", "{v:#}");
+    let looked = v["discovered"]["looked"].to_string();
+    assert!(
+        looked.contains("not followed, it is on another origin"),
+        "{looked}"
+    );
+    wait_until("the liar and the endless resource tried", || async {
+        src.hits("/r/liar.txt") >= 1 && src.hits("/r/huge.txt") >= 1
+    })
+    .await;
+    let held = held_by_origin(&b, "rs").await;
+    assert_eq!(
+        held.keys().cloned().collect::<Vec<_>>(),
+        vec![src.url("/r/good.txt")]
+    );
+    let following = collector(&b, "rs").await["following"].to_string();
+    assert!(following.contains("refused"), "{following}");
+    assert_eq!(canary.connections(), 0, "nothing reached elsewhere");
+    assert!(largest_file(&b.config.collected_dir("rs")) <= 1024);
+    b.stop().await;
+}
