@@ -86,7 +86,7 @@ pub struct Collectors {
     lease_secs: u64,
     /// The routes of the harvest engine's callbacks (push from ResourceSync sources), served
     /// at [`CALLBACKS`].
-    callbacks: Option<axum::Router>,
+    callbacks: Option<crate::destination::follow::Callbacks>,
     engine: Option<Arc<crate::destination::engine::Engine>>,
 }
 
@@ -206,7 +206,7 @@ impl Collectors {
     }
 
     /// The routes of the harvest engine's callbacks, when it is open (served at [`CALLBACKS`]).
-    pub fn callbacks(&self) -> Option<axum::Router> {
+    pub fn callbacks(&self) -> Option<crate::destination::follow::Callbacks> {
         self.callbacks.clone()
     }
 

@@ -1,5 +1,5 @@
 //! The harvest engine embedded in another program: the server's ResourceSync collectors
-//! (`crate::collect`) follow their sources with it, each into an output of their own (the
+//! follow their sources with it, each into an output of their own (the
 //! server's store), its callbacks served on the server's own port.
 //!
 //! The engine is the one `harvest` runs: discovery, baseline from the Resource List or Dump,
@@ -11,8 +11,6 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-
-use axum::Router;
 
 use super::config::{HarvestConfig, NamedSource};
 use super::output::Output;
@@ -33,10 +31,11 @@ impl Engine {
     pub async fn open(
         cfg: HarvestConfig,
         callback_base: String,
-    ) -> anyhow::Result<(Engine, Router)> {
+    ) -> anyhow::Result<(Engine, follow::Callbacks)> {
         let parts = Parts::open(&cfg, true)?;
         let wakes = follow::Wakes::default();
-        let routes = follow::router(parts.state.clone(), wakes.clone(), &cfg.push).await?;
+        let routes =
+            follow::Callbacks(follow::router(parts.state.clone(), wakes.clone(), &cfg.push).await?);
         let mut cfg = cfg;
         cfg.sources = Vec::new();
         Ok((

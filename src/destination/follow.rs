@@ -108,6 +108,17 @@ pub async fn router(state: Handle, inbox: Wakes, cfg: &PushSection) -> anyhow::R
         }))
 }
 
+/// The callback routes of an embedded engine (see [`super::engine`]), served by its host.
+#[derive(Clone)]
+pub struct Callbacks(pub(super) Router);
+
+impl Callbacks {
+    /// The routes (`/cb/{set id}/{token}`), to be nested under the callback base's path.
+    pub fn router(&self) -> Router {
+        self.0.clone()
+    }
+}
+
 /// The callback URL of a set under the configured base, with its token.
 pub fn callback_url(base: &str, set_id: i64, token: &str) -> String {
     format!("{}/cb/{set_id}/{token}", base.trim_end_matches('/'))

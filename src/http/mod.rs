@@ -140,7 +140,7 @@ pub fn router(state: AppState) -> Router {
         .merge(console::routes());
     // The callbacks of the collectors' subscriptions at ResourceSync sources' hubs.
     if let Some(cb) = state.collectors.callbacks() {
-        app = app.nest_service(crate::collect::CALLBACKS, cb);
+        app = app.nest_service(crate::collect::CALLBACKS, cb.router());
     }
     // Resource files of sets whose url_prefix lies under our own base URL.
     let base = state.config.base_url();
