@@ -357,6 +357,11 @@ pub struct CollectConfig {
     /// The longest `Retry-After` honoured, in seconds (a longer one is waited for this long).
     #[serde(default = "CollectConfig::default_max_retry_after")]
     pub max_retry_after_secs: u64,
+    /// The most requests started per second at the source's host, over every process of the
+    /// server (with two in flight at most, always); 0 = no limit but that. Collectors at one
+    /// host keep the lowest of theirs.
+    #[serde(default)]
+    pub requests_per_sec: f64,
 }
 
 /// What a `[collect.NAME]` source is.
@@ -433,6 +438,7 @@ impl CollectConfig {
             attempts: Self::default_attempts(),
             retry_base_ms: Self::default_retry_base(),
             max_retry_after_secs: Self::default_max_retry_after(),
+            requests_per_sec: 0.0,
         }
     }
 }
@@ -487,6 +493,7 @@ const COLLECT_KEYS: &[&str] = &[
     "attempts",
     "retry_base_ms",
     "max_retry_after_secs",
+    "requests_per_sec",
 ];
 
 /// The open-ended tables, whose names the operator chooses, and the keys each name's table has.
@@ -810,6 +817,11 @@ impl Config {
             if c.interval_secs == 0 || c.request_timeout_secs == 0 || c.attempts == 0 {
                 return bad(format!(
                     "collect.{name}: interval_secs, request_timeout_secs and attempts must be at least 1"
+                ));
+            }
+            if !(c.requests_per_sec >= 0.0 && c.requests_per_sec <= 10_000.0) {
+                return bad(format!(
+                    "collect.{name}.requests_per_sec must be between 0 (no limit) and 10000"
                 ));
             }
             if c.max_response_bytes < 64 * 1024 {

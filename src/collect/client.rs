@@ -48,16 +48,24 @@ pub struct Client {
     cfg: CollectConfig,
     /// Until when a 503's `Retry-After` is being waited out, while it is.
     waiting: std::sync::Mutex<Option<crate::model::Timestamp>>,
-    /// Requests to the repository in flight at once, a run's and announced records' together
-    /// ([`IN_FLIGHT`]): a burst of announcements queues here instead of hammering it.
-    in_flight: tokio::sync::Semaphore,
+    /// Requests in flight at the repository's host, a run's and announced records' together,
+    /// and other collectors' at that host ([`IN_FLIGHT`], over every process on a shared
+    /// store): a burst of announcements queues here instead of hammering it.
+    hosts: crate::destination::fetch::Hosts,
+    /// The least time between two request starts at the host (`requests_per_sec`).
+    delay_ms: u64,
 }
 
-/// Requests in flight at once to one repository.
+/// Requests in flight at once at one host (a repository's, a site's).
 pub const IN_FLIGHT: usize = 2;
 
 impl Client {
-    pub fn new(cfg: &CollectConfig, product: &str) -> Result<Client, String> {
+    pub fn new(
+        cfg: &CollectConfig,
+        product: &str,
+        hosts: crate::destination::fetch::Hosts,
+        delay_ms: u64,
+    ) -> Result<Client, String> {
         let base = url::Url::parse(&cfg.url).map_err(|e| format!("{}: {e}", cfg.url))?;
         let origin = base.origin();
         let http = reqwest::Client::builder()
@@ -82,7 +90,8 @@ impl Client {
             base,
             cfg: cfg.clone(),
             waiting: Default::default(),
-            in_flight: tokio::sync::Semaphore::new(IN_FLIGHT),
+            hosts,
+            delay_ms,
         })
     }
 
@@ -114,7 +123,8 @@ impl Client {
             trace.requests += 1;
             let answer = tokio::select! {
                 a = async {
-                    let _turn = self.in_flight.acquire().await.expect("never closed");
+                    let authority = self.base.origin().ascii_serialization();
+                    let _turn = self.hosts.enter_with(&authority, IN_FLIGHT, self.delay_ms).await;
                     self.once(&url).await
                 } => a,
                 _ = cancel.cancelled() => return Err(Failure::Cancelled),

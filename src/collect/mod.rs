@@ -12,6 +12,7 @@
 
 pub mod client;
 pub mod discover;
+pub mod hosts;
 pub mod into_set;
 pub mod listing;
 pub mod map;
@@ -144,6 +145,12 @@ fn engine_config(config: &Config) -> crate::destination::config::HarvestConfig {
         h.fetch.timeout_secs = t;
     }
     h.fetch.per_host_concurrency = client::IN_FLIGHT;
+    h.fetch.per_host_delay_ms = config
+        .collect
+        .values()
+        .map(|c| hosts::delay_ms(config, &c.url))
+        .max()
+        .unwrap_or(0);
     h.fetch.user_agent = format!("collector; +{}", config.base_url());
     h
 }
@@ -163,6 +170,7 @@ impl Collectors {
         owner: String,
     ) -> anyhow::Result<Collectors> {
         let mut entries = Vec::new();
+        let hosts = hosts::hosts(config, ctx.store(), &owner);
         let (engine, callbacks) = if config.collect.values().any(|c| {
             c.kind
                 .is_none_or(|k| k == crate::config::CollectKind::Resourcesync)
@@ -170,13 +178,13 @@ impl Collectors {
             let (e, r) = crate::destination::engine::Engine::open(
                 engine_config(config),
                 format!("{}{CALLBACKS}", config.base_url().trim_end_matches('/')),
+                hosts.clone(),
             )
             .await?;
             (Some(Arc::new(e)), Some(r))
         } else {
             (None, None)
         };
-        let hosts = crate::destination::fetch::Hosts::default();
         for (name, cfg) in &config.collect {
             let set = SetName::parse(name).map_err(anyhow::Error::msg)?;
             let collector = Collector::new(

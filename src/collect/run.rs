@@ -25,6 +25,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{Client, Failure, Trace};
+use super::hosts;
 use super::map::{change_for, Origin};
 use super::oai::{self, DeletedRecord, Granularity, Record};
 use super::state::{self, Control, Counts, Identified, RunPoint, Saved};
@@ -391,8 +392,9 @@ impl Collector {
             env!("CARGO_PKG_VERSION"),
             ctx.config().base_url()
         );
+        let delay = hosts::delay_ms(ctx.config(), &cfg.url);
         Ok(Collector {
-            client: Client::new(&cfg, &product)?,
+            client: Client::new(&cfg, &product, hosts.clone(), delay)?,
             origin: Origin {
                 base_url: cfg.url.clone(),
                 metadata_prefix: cfg.metadata_prefix.clone(),
@@ -423,6 +425,7 @@ impl Collector {
         // A resource a sitemap or stream names carries no length: this is its limit.
         f.max_resource_bytes = self.cfg.max_response_bytes;
         f.per_host_concurrency = super::client::IN_FLIGHT;
+        f.per_host_delay_ms = super::hosts::delay_ms(self.ctx.config(), &self.cfg.url);
         f.user_agent = format!("collector; +{}", self.ctx.config().base_url());
         let scope = crate::destination::scope::Scope::new(url, &[], f.max_url_length)
             .map_err(RunError::Protocol)?;

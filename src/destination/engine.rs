@@ -28,11 +28,13 @@ pub struct Engine {
 impl Engine {
     /// Opens the engine configured by `cfg` (its `sources` are ignored: they are started one
     /// by one), and the routes of its callbacks, to be served at `callback_base`.
+    /// `hosts`: the limits at each authority the engine's requests keep, with its host's.
     pub async fn open(
         cfg: HarvestConfig,
         callback_base: String,
+        hosts: super::fetch::Hosts,
     ) -> anyhow::Result<(Engine, follow::Callbacks)> {
-        let parts = Parts::open(&cfg, true)?;
+        let parts = Parts::open(&cfg, true, hosts)?;
         let wakes = follow::Wakes::default();
         let routes =
             follow::Callbacks(follow::router(parts.state.clone(), wakes.clone(), &cfg.push).await?);

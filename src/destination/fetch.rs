@@ -110,6 +110,16 @@ impl std::error::Error for FetchError {
 #[derive(Clone, Default)]
 pub struct Hosts {
     gates: Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<Gate>>>>,
+    /// The slots this process shares with others at each authority, when it shares them
+    /// (the server's collectors on a shared store).
+    shared: Option<Arc<dyn SharedSlots>>,
+}
+
+/// Requests in flight at an authority, limited over several processes: a slot is entered
+/// after this process's own, and held until the request's body is read (the guard dropped).
+#[async_trait::async_trait]
+pub trait SharedSlots: Send + Sync {
+    async fn enter(&self, authority: &str) -> Box<dyn std::any::Any + Send>;
 }
 
 struct Gate {
@@ -119,9 +129,20 @@ struct Gate {
 }
 
 /// A request's place at its authority: held until its body is read.
-pub struct HostSlot(#[allow(dead_code)] tokio::sync::OwnedSemaphorePermit);
+pub struct HostSlot(
+    #[allow(dead_code)] tokio::sync::OwnedSemaphorePermit,
+    #[allow(dead_code)] Option<Box<dyn std::any::Any + Send>>,
+);
 
 impl Hosts {
+    /// Hosts whose limits hold over this process and others, through `shared`.
+    pub fn with_shared(shared: Arc<dyn SharedSlots>) -> Hosts {
+        Hosts {
+            shared: Some(shared),
+            ..Hosts::default()
+        }
+    }
+
     fn gate(&self, authority: &str, per_host: usize) -> Arc<Gate> {
         self.gates
             .lock()
@@ -138,7 +159,14 @@ impl Hosts {
 
     /// Waits for a slot at `authority` and for its turn.
     async fn enter(&self, authority: &str, cfg: &FetchSection) -> HostSlot {
-        let gate = self.gate(authority, cfg.per_host_concurrency);
+        self.enter_with(authority, cfg.per_host_concurrency, cfg.per_host_delay_ms)
+            .await
+    }
+
+    /// Waits for one of `per_host` slots at `authority` (and the processes' shared one) and
+    /// for its turn, request starts `delay_ms` apart.
+    pub async fn enter_with(&self, authority: &str, per_host: usize, delay_ms: u64) -> HostSlot {
+        let gate = self.gate(authority, per_host);
         let permit = gate
             .slots
             .clone()
@@ -150,8 +178,13 @@ impl Hosts {
         if *next > now {
             tokio::time::sleep_until(*next).await;
         }
-        *next = Instant::now().max(*next) + Duration::from_millis(cfg.per_host_delay_ms);
-        HostSlot(permit)
+        *next = Instant::now().max(*next) + Duration::from_millis(delay_ms);
+        drop(next);
+        let shared = match &self.shared {
+            Some(s) => Some(s.enter(authority).await),
+            None => None,
+        };
+        HostSlot(permit, shared)
     }
 
     /// `authority` asked for a pause: no request starts there before `for_` has passed.

@@ -185,7 +185,7 @@ impl Baselines {
 impl Parts {
     /// The parts of a process configured by `cfg`; `given`: each source's output is given
     /// when it starts (the engine embedded, see [`Engine`]), none is opened here.
-    fn open(cfg: &HarvestConfig, given: bool) -> anyhow::Result<Arc<Parts>> {
+    fn open(cfg: &HarvestConfig, given: bool, hosts: fetch::Hosts) -> anyhow::Result<Arc<Parts>> {
         let mirror: Option<Arc<dyn Output>> = match cfg.output.kind {
             _ if given => None,
             config::OutputKind::Mirror => Some(Arc::new(Mirror::new(&cfg.output)?)),
@@ -200,7 +200,7 @@ impl Parts {
             slots: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
             turns: turns::Turns::new(cfg.fetch.concurrency),
             checks: Arc::new(Semaphore::new(cfg.fetch.concurrency)),
-            hosts: fetch::Hosts::default(),
+            hosts,
             baselines: Baselines::default(),
             tasks: tokio_util::task::TaskTracker::new(),
             cancel: tokio_util::sync::CancellationToken::new(),
@@ -601,7 +601,7 @@ pub async fn run_reloading(
         anyhow::bail!(why);
     }
     let inbox = follow::Wakes::default();
-    let parts = Parts::open(&cfg, false)?;
+    let parts = Parts::open(&cfg, false, Default::default())?;
     let cancel = parts.cancel.clone();
     let stop = cancel.clone();
     tokio::spawn(async move {
