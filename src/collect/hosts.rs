@@ -2,8 +2,9 @@
 //! host, port) are limited over every process of the server together, by slots kept as leases
 //! in the store (`host:<authority>:<n>`, the same leases as the collectors' own and delivery's
 //! partitions). A request takes a free slot (or waits for one), holds it until its body is read,
-//! and gives it back; a killed process's slots come free when their lease runs out
-//! (`request_timeout_secs` and a margin: a request never outlives its slot). With
+//! and gives it back; the lease is renewed while the request is in flight, so a killed
+//! process's slots come free when their lease runs out (`hub.partition_lease_secs`, as its
+//! collectors). With
 //! `requests_per_sec`, a slot is held at least `slots / requests_per_sec` seconds, so that no
 //! more than that many requests start at the host in any second, whatever the processes.
 
@@ -58,10 +59,13 @@ struct Held {
     owner: String,
     since: Instant,
     min_hold: Duration,
+    /// Renews the lease while the request is in flight.
+    renew: tokio::task::AbortHandle,
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
+        self.renew.abort();
         let (store, name, owner) = (self.store.clone(), self.name.clone(), self.owner.clone());
         let left = self.min_hold.saturating_sub(self.since.elapsed());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
@@ -87,13 +91,27 @@ impl SharedSlots for StoreSlots {
                 let name = format!("host:{authority}:{n}");
                 match self.store.lease(&name, &owner, self.lease_secs).await {
                     Ok(true) => {
+                        let (store, n, o, secs) = (
+                            self.store.clone(),
+                            name.clone(),
+                            owner.clone(),
+                            self.lease_secs,
+                        );
+                        let renew = tokio::spawn(async move {
+                            loop {
+                                tokio::time::sleep(Duration::from_millis(secs * 1000 / 3)).await;
+                                let _ = store.lease(&n, &o, secs).await;
+                            }
+                        })
+                        .abort_handle();
                         return Box::new(Held {
+                            renew,
                             store: self.store.clone(),
                             name,
                             owner,
                             since: Instant::now(),
                             min_hold: self.min_hold.get(authority).copied().unwrap_or_default(),
-                        })
+                        });
                     }
                     Ok(false) => {}
                     Err(e) => {
@@ -113,7 +131,9 @@ pub fn per_sec(config: &crate::config::Config) -> std::collections::HashMap<Stri
     let mut out: std::collections::HashMap<String, f64> = Default::default();
     for c in config.collect.values().filter(|c| c.requests_per_sec > 0.0) {
         if let Ok(u) = url::Url::parse(&c.url) {
-            let r = out.entry(u.origin().ascii_serialization()).or_insert(f64::MAX);
+            let r = out
+                .entry(u.origin().ascii_serialization())
+                .or_insert(f64::MAX);
             *r = r.min(c.requests_per_sec);
         }
     }
@@ -122,23 +142,28 @@ pub fn per_sec(config: &crate::config::Config) -> std::collections::HashMap<Stri
 
 /// The limits at each host a process's collectors keep: this process's (two requests in
 /// flight, `requests_per_sec`), and on a shared store the same over every process.
-pub fn hosts(config: &crate::config::Config, store: &Store, owner: &str) -> crate::destination::fetch::Hosts {
+pub fn hosts(
+    config: &crate::config::Config,
+    store: &Store,
+    owner: &str,
+) -> crate::destination::fetch::Hosts {
     if !store.is_shared() {
         return Default::default();
     }
-    let longest = config.collect.values().map(|c| c.request_timeout_secs).max().unwrap_or(120);
     crate::destination::fetch::Hosts::with_shared(Arc::new(StoreSlots::new(
         store.clone(),
         owner.to_string(),
         super::client::IN_FLIGHT,
-        longest + 30,
+        config.hub.partition_lease_secs.max(1),
         &per_sec(config),
     )))
 }
 
 /// The least time between two request starts at `url`'s host in this process.
 pub fn delay_ms(config: &crate::config::Config, url: &str) -> u64 {
-    let Ok(u) = url::Url::parse(url) else { return 0 };
+    let Ok(u) = url::Url::parse(url) else {
+        return 0;
+    };
     per_sec(config)
         .get(&u.origin().ascii_serialization())
         .map_or(0, |r| (1000.0 / r).ceil() as u64)

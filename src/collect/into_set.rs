@@ -26,6 +26,52 @@ use crate::destination::output::{Auditor, Holding, Item, Mirror, Output};
 use crate::ingest::{self, IngestError};
 use crate::model::{ChangeEvent, ChangeType, Link, Location, SetName};
 
+/// Until when this process is known to hold its collector: its lease renewed within the
+/// lease's time (less a margin), by the monotonic clock. Changes are recorded only while it
+/// holds, as delivery's lanes send only while their grant holds: a process that lost the
+/// collector (paused, cut off from the store) records nothing beside its successor.
+#[derive(Debug, Default)]
+pub struct Fence {
+    until: std::sync::Mutex<Option<std::time::Instant>>,
+    /// On a store no other process shares, it always holds.
+    shared: bool,
+}
+
+impl Fence {
+    pub fn new(shared: bool) -> Fence {
+        Fence {
+            until: Default::default(),
+            shared,
+        }
+    }
+
+    /// The lease of `lease` was taken or renewed just now.
+    pub fn renewed(&self, lease: std::time::Duration) {
+        let margin = (lease / 10).max(std::time::Duration::from_millis(500));
+        *self.until.lock().expect("not poisoned") =
+            Some(std::time::Instant::now() + lease.saturating_sub(margin));
+    }
+
+    /// The lease was given up or not renewed.
+    pub fn lost(&self) {
+        *self.until.lock().expect("not poisoned") = None;
+    }
+
+    pub fn holds(&self) -> bool {
+        !self.shared
+            || self
+                .until
+                .lock()
+                .expect("not poisoned")
+                .is_some_and(|u| std::time::Instant::now() < u)
+    }
+}
+
+/// A change not recorded: this process no longer holds the collector.
+#[derive(Debug, thiserror::Error)]
+#[error("this process no longer holds the collector: nothing recorded")]
+pub struct NotHeld;
+
 /// A collector's set as an output.
 #[derive(Clone)]
 pub struct IntoSet {
@@ -36,6 +82,7 @@ pub struct IntoSet {
     bytes: CollectBytes,
     poke: Poke,
     rt: tokio::runtime::Handle,
+    fence: Arc<Fence>,
 }
 
 /// What a listing collector knows of a resource beside its bytes.
@@ -52,6 +99,7 @@ impl IntoSet {
         set: SetName,
         bytes: CollectBytes,
         poke: Poke,
+        fence: Arc<Fence>,
     ) -> anyhow::Result<IntoSet> {
         let root = ctx
             .set_config(&set)
@@ -69,6 +117,7 @@ impl IntoSet {
             bytes,
             poke,
             rt: tokio::runtime::Handle::current(),
+            fence,
         })
     }
 
@@ -110,6 +159,10 @@ impl IntoSet {
         file: &Path,
     ) -> anyhow::Result<bool> {
         let location = self.location(uri)?;
+        if !self.fence.holds() {
+            let _ = std::fs::remove_file(file);
+            return Err(NotHeld.into());
+        }
         let held = self.held(uri).await?;
         if held
             .as_ref()
@@ -204,6 +257,9 @@ impl IntoSet {
 
     /// Records one change through ingest; the store's refusal is the error, in words.
     async fn record(&self, event: ChangeEvent) -> anyhow::Result<bool> {
+        if !self.fence.holds() {
+            return Err(NotHeld.into());
+        }
         match ingest::ingest(&self.ctx, &self.set, vec![(1, event)]).await {
             Ok(r) => {
                 (self.poke)(r.applied);

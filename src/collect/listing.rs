@@ -121,6 +121,7 @@ impl Work<'_> {
                 Act::Delete(uri) => match self.into.delete_async(&uri).await {
                     Ok(true) => self.counts.deleted += 1,
                     Ok(false) => self.counts.unchanged += 1,
+                    Err(e) if e.is::<super::into_set::NotHeld>() => return Err(RunError::Lost),
                     Err(e) => self.quarantine(saved, &uri, format!("{e:#}")),
                 },
                 Act::Fetch(uri, lm) => fetches.push((uri, lm)),
@@ -172,6 +173,7 @@ impl Work<'_> {
                 Err(RunError::Fetch(super::client::Failure::Cancelled)) => {
                     return Err(super::client::Failure::Cancelled.into())
                 }
+                Err(RunError::Lost) => return Err(RunError::Lost),
                 Err(e) => {
                     self.complete = false;
                     let why = crate::cause::chain(&e);
@@ -206,6 +208,9 @@ async fn fetch_put(
         .await
         .map_err(|e| {
             let _ = std::fs::remove_file(&d.path);
+            if e.is::<super::into_set::NotHeld>() {
+                return RunError::Lost;
+            }
             RunError::Protocol(format!("{e:#}"))
         })
 }

@@ -89,12 +89,40 @@ pub struct Collectors {
     /// at [`CALLBACKS`].
     callbacks: Option<crate::destination::follow::Callbacks>,
     engine: Option<Arc<crate::destination::engine::Engine>>,
+    /// On a shared store: the collectors this process is to hold, and when that was reckoned.
+    share: Arc<tokio::sync::Mutex<Option<(std::time::Instant, std::collections::HashSet<String>)>>>,
 }
 
 /// Where the server serves the callbacks of its ResourceSync collectors' subscriptions.
 pub const CALLBACKS: &str = "/collect/push";
 
 impl Collectors {
+    /// Takes or renews the lease of `e`'s collector for this process, and keeps its fence in
+    /// step: whether it holds it.
+    async fn take(&self, e: &Collector) -> Result<bool, StoreError> {
+        let lease = format!("collect:{}", e.name);
+        let r = self
+            .ctx
+            .store()
+            .lease(&lease, &self.owner, self.lease_secs)
+            .await;
+        match r {
+            Ok(true) => e.fence.renewed(Duration::from_secs(self.lease_secs)),
+            _ => e.fence.lost(),
+        }
+        r
+    }
+
+    /// Gives the lease of `e`'s collector up.
+    async fn give_up(&self, e: &Collector) {
+        e.fence.lost();
+        let _ = self
+            .ctx
+            .store()
+            .release(&format!("collect:{}", e.name), &self.owner)
+            .await;
+    }
+
     /// How often the lease is renewed and requests looked at.
     fn check(&self) -> Duration {
         CHECK.min(Duration::from_millis(self.lease_secs * 1000 / 3))
@@ -103,15 +131,12 @@ impl Collectors {
     /// While a collector works: renews its lease, and cancels `stop` when the lease is lost
     /// or an admin pauses it (the work then ends at its next step, saving where it stands).
     /// Never resolves.
-    async fn hold(&self, name: &str, stop: &CancellationToken) {
+    async fn hold(&self, c: &Collector, stop: &CancellationToken) {
         let store = self.ctx.store();
-        let lease = format!("collect:{name}");
+        let name = c.name.as_str();
         loop {
             tokio::time::sleep(self.check()).await;
-            let held = store
-                .lease(&lease, &self.owner, self.lease_secs)
-                .await
-                .unwrap_or(false);
+            let held = self.take(c).await.unwrap_or(false);
             let paused = state::load::<Control>(store, &state::control_key(name))
                 .await
                 .map(|(c, _)| c.paused)
@@ -210,7 +235,49 @@ impl Collectors {
             lease_secs: config.hub.partition_lease_secs,
             callbacks,
             engine,
+            share: Default::default(),
         })
+    }
+
+    /// Whether this process is to hold the collector `name`: always on the embedded store; on
+    /// a shared one, when it wins it among the live processes (rendezvous hashing with
+    /// bounded loads over the collectors, as delivery's partitions are shared: each process
+    /// holds an even share, and a process joining or leaving moves few). Reckoned again at
+    /// most every check.
+    async fn is_mine(&self, name: &str) -> bool {
+        let store = self.ctx.store();
+        if !store.is_shared() {
+            return true;
+        }
+        let mut share = self.share.lock().await;
+        let fresh = share
+            .as_ref()
+            .is_some_and(|(at, _)| at.elapsed() < self.check());
+        if !fresh {
+            match store.heartbeat(&self.owner, self.lease_secs).await {
+                Ok(mut nodes) => {
+                    nodes.sort();
+                    let mut names: Vec<&str> = self
+                        .entries
+                        .iter()
+                        .map(|e| e.collector.name.as_str())
+                        .collect();
+                    names.sort();
+                    let won = crate::hub::assign(&nodes, names.len() as u32);
+                    let mine = names
+                        .into_iter()
+                        .zip(won)
+                        .filter(|(_, w)| *w == Some(self.owner.as_str()))
+                        .map(|(n, _)| n.to_string())
+                        .collect();
+                    *share = Some((std::time::Instant::now(), mine));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %crate::cause::chain(&e), "cannot reach the store for the live processes; collectors held are kept");
+                }
+            }
+        }
+        share.as_ref().is_none_or(|(_, m)| m.contains(name))
     }
 
     /// The routes of the harvest engine's callbacks, when it is open (served at [`CALLBACKS`]).
@@ -272,9 +339,7 @@ impl Collectors {
             .get(name)
             .ok_or_else(|| format!("no collector named {name:?}"))?;
         let held = self
-            .ctx
-            .store()
-            .lease(&format!("collect:{name}"), &self.owner, self.lease_secs)
+            .take(&e.collector)
             .await
             .map_err(|e| crate::cause::chain(&e))?;
         if !held {
@@ -329,12 +394,7 @@ impl Collectors {
 
     async fn once_one(&self, e: &Entry, cancel: &CancellationToken) -> Result<String, String> {
         let store = self.ctx.store();
-        let lease = format!("collect:{}", e.collector.name);
-        if !store
-            .lease(&lease, &self.owner, self.lease_secs)
-            .await
-            .map_err(|e| e.to_string())?
-        {
+        if !self.take(&e.collector).await.map_err(|e| e.to_string())? {
             return Err("another process holds this collector".into());
         }
         let (control, _) =
@@ -369,9 +429,9 @@ impl Collectors {
         };
         let result = tokio::select! {
             r = both => r,
-            _ = self.hold(e.collector.name.as_str(), &stop) => unreachable!("hold never resolves"),
+            _ = self.hold(&e.collector, &stop) => unreachable!("hold never resolves"),
         };
-        let _ = store.release(&lease, &self.owner).await;
+        self.give_up(&e.collector).await;
         result
     }
 }
@@ -491,15 +551,24 @@ async fn work(
 async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
     let store = all.ctx.store().clone();
     let name = e.collector.name.to_string();
-    let lease = format!("collect:{name}");
     let mut was_held = false;
     while !cancel.is_cancelled() {
-        let held = match store.lease(&lease, &all.owner, all.lease_secs).await {
-            Ok(h) => h,
-            Err(err) => {
-                tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "cannot reach the store for the collector's lease");
-                false
-            }
+        // Another live process wins it now: given up between runs, for that one to take.
+        let mine = all.is_mine(&name).await;
+        if !mine && was_held {
+            tracing::info!(collector = %name, "another live process is to hold this collector: given up between runs");
+            e.collector.let_go();
+            all.give_up(&e.collector).await;
+        }
+        let mut held = match mine {
+            false => false,
+            true => match all.take(&e.collector).await {
+                Ok(h) => h,
+                Err(err) => {
+                    tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "cannot reach the store for the collector's lease");
+                    false
+                }
+            },
         };
         e.set_live(|l| l.held_here = held);
         if !held {
@@ -507,6 +576,19 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
         }
         if held && !was_held && store.is_shared() {
             tracing::info!(collector = %name, owner = %all.owner, "this process now holds the collector");
+            // What a killed holder left half-written is finished before the set is read (its
+            // claim on the set may outlast its lease on the collector: the lease is renewed
+            // meanwhile).
+            let stop = cancel.child_token();
+            let recovered = tokio::select! {
+                r = store.recover_writes(&e.collector.name) => r,
+                _ = all.hold(&e.collector, &stop) => unreachable!("hold never resolves"),
+            };
+            if let Err(err) = recovered {
+                tracing::warn!(collector = %name, error = %crate::cause::chain(&err), "cannot finish what the last holder left of the set; trying again");
+                all.give_up(&e.collector).await;
+                held = false;
+            }
         }
         was_held = held;
         let mut wait = all.check();
@@ -529,7 +611,7 @@ async fn drive(e: Arc<Entry>, all: Collectors, cancel: CancellationToken) {
         }
     }
     e.collector.let_go();
-    let _ = store.release(&lease, &all.owner).await;
+    all.give_up(&e.collector).await;
 }
 
 /// Does what is due now, if anything: `Some(wait)` until the next thing is due, `None` to
@@ -588,7 +670,7 @@ async fn step(
     };
     // While it works: the lease renewed, and a pause (or a lost lease) stops it at once.
     let stop = cancel.child_token();
-    let guard = all.hold(c.name.as_str(), &stop);
+    let guard = all.hold(c, &stop);
     tokio::select! {
         _ = work(e, &mut saved, what, &stop) => {}
         _ = guard => {}

@@ -106,6 +106,8 @@ pub struct Collector {
     hosts: crate::destination::fetch::Hosts,
     /// The set as the output of resources (made at first use).
     into: std::sync::Mutex<Option<super::into_set::IntoSet>>,
+    /// Whether this process holds the collector now (see [`super::into_set::Fence`]).
+    pub fence: Arc<super::into_set::Fence>,
 }
 
 fn now_text() -> String {
@@ -393,6 +395,7 @@ impl Collector {
             ctx.config().base_url()
         );
         let delay = hosts::delay_ms(ctx.config(), &cfg.url);
+        let fence = Arc::new(super::into_set::Fence::new(ctx.store().is_shared()));
         Ok(Collector {
             client: Client::new(&cfg, &product, hosts.clone(), delay)?,
             origin: Origin {
@@ -405,6 +408,7 @@ impl Collector {
             poke,
             applying: Default::default(),
             version: tokio::sync::Mutex::new(None),
+            fence,
             engine,
             hosts,
             into: Default::default(),
@@ -447,6 +451,7 @@ impl Collector {
             self.name.clone(),
             self.cfg.bytes,
             self.poke.clone(),
+            self.fence.clone(),
         )
         .map_err(|e| RunError::Protocol(format!("{e:#}")))?;
         *into = Some(i.clone());
@@ -1095,6 +1100,9 @@ impl Collector {
             .await?;
         if events.is_empty() {
             return Ok(counts);
+        }
+        if !self.fence.holds() {
+            return Err(RunError::Lost);
         }
         let root = self.root();
         tokio::task::spawn_blocking(move || write_files(&root, files))

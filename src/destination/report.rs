@@ -544,7 +544,13 @@ fn chosen(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<Vec<config:
 
 /// `harvest audit [--source NAME]`: [`audit`] of one source, or of every source.
 pub async fn audit_of(cfg: &HarvestConfig, only: Option<&str>) -> anyhow::Result<(String, bool)> {
-    audit_with(&Parts::open(cfg, false, Default::default())?, cfg, only, None).await
+    audit_with(
+        &Parts::open(cfg, false, Default::default())?,
+        cfg,
+        only,
+        None,
+    )
+    .await
 }
 
 /// [`audit_of`] on a process's parts (the running harvester's, for its console: its fetch

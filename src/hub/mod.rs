@@ -38,6 +38,7 @@ use tokio_util::task::TaskTracker;
 
 pub use crate::model::websub::{signature, SignatureAlg};
 pub use auth::Clients;
+pub use partition::assign;
 pub use policy::{guarded_client, is_internal, AddressPolicy};
 pub use request::{link_targets, parse_form, HubRequest, SubscribeRequest, MAX_SECRET_BYTES};
 

@@ -317,6 +317,15 @@ pub trait SetStore: Send + Sync {
         now: Timestamp,
     ) -> Result<ApplyOutcome, ApplyError>;
 
+    /// Finishes what a writer that stopped mid-batch left of a set (its committed changes
+    /// applied to the resources), waiting for its claim to run out: after this, reading the
+    /// set's resources shows every committed change. A writer taking a set over from a killed
+    /// one (a collector) calls it before it reads what the set holds to decide what to record.
+    /// A no-op where batches are atomic transactions (the embedded store).
+    async fn recover_writes(&self, _set: &SetName) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Closes the open Change List if its period is over; returns the closed list's number.
     async fn rollover_if_due(
         &self,

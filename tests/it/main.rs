@@ -11,6 +11,7 @@ mod support;
 mod cli;
 mod collect;
 mod collect_any;
+mod collect_spread;
 mod console;
 mod delivery_auth;
 mod documents;

@@ -717,6 +717,21 @@ impl SetStore for ElasticStore {
         Ok(out)
     }
 
+    async fn recover_writes(&self, set: &SetName) -> Result<(), StoreError> {
+        // Only a claim left behind needs settling: taking the set's claim replays it.
+        let left = self
+            .load(set)
+            .await?
+            .is_some_and(|(st, _)| st.claimed_until.is_some());
+        if !left {
+            return Ok(());
+        }
+        let now = Timestamp::now();
+        let (st, _) = self.claim(set, now, now).await?;
+        let token = st.claimed_until;
+        self.release_claim(set, token, Some(st)).await
+    }
+
     async fn rollover_if_due(
         &self,
         set: &SetName,
