@@ -312,9 +312,20 @@ impl Findings {
     }
 }
 
+/// Why discovery found nothing to read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undiscovered {
+    /// The URL given answered 401 or 403: the source refuses this server (the collector
+    /// stops until an admin resumes it, as for a repository that refuses).
+    Refused(String),
+    /// Nothing a collector reads was found, in words naming each page looked at.
+    Nothing(String),
+}
+
 /// Discovers what `base` offers, through `fetcher` (its scope: `base`'s origin).
-pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, String> {
-    let b = url::Url::parse(base).map_err(|e| format!("{base:?} is not a URL: {e}"))?;
+pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Undiscovered> {
+    let b = url::Url::parse(base)
+        .map_err(|e| Undiscovered::Nothing(format!("{base:?} is not a URL: {e}")))?;
     let origin = b.origin();
     let root = |p: &str| b.join(p).map(|u| u.to_string()).unwrap_or_default();
     let mut identify = b.clone();
@@ -370,6 +381,17 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Strin
         probes += 1;
         let probe = match fetcher.probe(&url, MAX_PROBE_BYTES).await {
             Ok(p) => p,
+            Err(e) if how.starts_with("the URL given") && matches!(e.status, Some(401 | 403)) => {
+                let status = e.status.unwrap_or_default();
+                let reason = reqwest::StatusCode::from_u16(status)
+                    .ok()
+                    .and_then(|s| s.canonical_reason())
+                    .unwrap_or("");
+                return Err(Undiscovered::Refused(format!(
+                    "{status} {reason} at {}",
+                    short(&url)
+                )));
+            }
             Err(e) => {
                 f.looked.push(format!(
                     "{} ({how}): {}",
@@ -440,7 +462,7 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Strin
             queue.push_front((l, "a URL it links to"));
         }
     }
-    f.choose()
+    f.choose().map_err(Undiscovered::Nothing)
 }
 
 #[cfg(test)]

@@ -464,17 +464,22 @@ impl Collector {
         if let Some(k) = self.cfg.kind {
             return Ok((k, self.cfg.url.clone()));
         }
-        if let Some((k, url)) = saved
-            .discovered
-            .as_ref()
-            .and_then(|d| Some((d.kind()?, d.url.clone())))
-        {
+        if let Some(k) = self.kind_known(saved) {
+            let url = saved
+                .discovered
+                .as_ref()
+                .map_or(self.cfg.url.clone(), |d| d.url.clone());
             return Ok((k, url));
         }
         let fetcher = self.fetcher(&self.cfg.url)?;
         let d = super::discover::discover(&fetcher, &self.cfg.url)
             .await
-            .map_err(RunError::Protocol)?;
+            .map_err(|e| match e {
+                super::discover::Undiscovered::Refused(why) => {
+                    RunError::Fetch(Failure::Refused(why))
+                }
+                super::discover::Undiscovered::Nothing(why) => RunError::Protocol(why),
+            })?;
         tracing::info!(collector = %self.name, kind = %d.kind, url = %crate::cause::outsider(&d.url), why = %d.why, "discovered what the source offers");
         let found = (d.kind().expect("discovery names a kind"), d.url.clone());
         saved.discovered = Some(d);
@@ -620,11 +625,13 @@ impl Collector {
         }
     }
 
-    /// What the collector is known to read now: its `kind`, or what discovery found.
+    /// What the collector is known to read now: its `kind`, or what discovery found, or
+    /// OAI-PMH for a collector that collected from a repository before (before `kind` was).
     pub fn kind_known(&self, saved: &Saved) -> Option<CollectKind> {
         self.cfg
             .kind
             .or_else(|| saved.discovered.as_ref().and_then(|d| d.kind()))
+            .or_else(|| saved.identify.is_some().then_some(CollectKind::OaiPmh))
     }
 
     /// One incremental OAI-PMH run, continuing the run under way if there is one. Updates

@@ -1105,7 +1105,7 @@ async fn hostile_repositories_cost_a_run_never_the_server() {
     );
     for name in ["big", "slow", "away", "loop", "empty", "cut"] {
         toml.push_str(&format!(
-            "[collect.{name}]\nurl = \"{}\"\nretry_base_ms = 20\nattempts = 2\nrequest_timeout_secs = 2\nmax_response_bytes = 262144\n",
+            "[collect.{name}]\nurl = \"{}\"\nkind = \"oai-pmh\"\nretry_base_ms = 20\nattempts = 2\nrequest_timeout_secs = 2\nmax_response_bytes = 262144\n",
             src.url(&format!("/{name}/oai"))
         ));
     }
