@@ -90,8 +90,11 @@ pub struct Collectors {
     callbacks: Option<crate::destination::follow::Callbacks>,
     engine: Option<Arc<crate::destination::engine::Engine>>,
     /// On a shared store: the collectors this process is to hold, and when that was reckoned.
-    share: Arc<tokio::sync::Mutex<Option<(std::time::Instant, std::collections::HashSet<String>)>>>,
+    share: Arc<tokio::sync::Mutex<Option<Share>>>,
 }
+
+/// The collectors a process is to hold, and when that was reckoned.
+type Share = (std::time::Instant, std::collections::HashSet<String>);
 
 /// Where the server serves the callbacks of its ResourceSync collectors' subscriptions.
 pub const CALLBACKS: &str = "/collect/push";
