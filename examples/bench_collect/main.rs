@@ -15,8 +15,15 @@
 //! → file at the destination, p50/p99.
 //!
 //!     cargo run --release --example bench_collect [-- --records N --changes N --dir D --ours-only]
+//!
+//! With `--kind resourcesync|activity|sitemap`, a collector of that kind instead (see
+//! `kinds.rs`):
+//!
+//!     cargo run --release --example bench_collect -- --kind resourcesync [--resources N --push-sources 100 --changes 500]
 
+#[path = "../common/mod.rs"]
 mod common;
+mod kinds;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -163,6 +170,12 @@ async fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--serve-pages") {
         return serve_pages(PathBuf::from(&args[i + 1])).await;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--kind") {
+        let kind = args.get(i + 1).map_or("", String::as_str);
+        if kind != "oai-pmh" {
+            return kinds::run(kind, &args).await;
+        }
     }
     let records = arg("--records", 100_000) as usize;
     let page = arg("--page", 500) as usize;
