@@ -29,7 +29,8 @@ pub enum AdminCommand {
     Topics,
     /// Totals, queue depth, and the poller's position per set.
     Stats,
-    /// The OAI-PMH collectors: list them, show one (with its quarantined records), or act.
+    /// The collectors (OAI-PMH, ResourceSync, activity streams, sitemaps): list them, show one
+    /// (what it reads and why, its quarantined records), or act.
     Collect {
         /// One collector (its `[collect.NAME]`); without it, every one as a table.
         name: Option<String>,
@@ -501,7 +502,9 @@ async fn collector_show(api: &Api, name: String) -> anyhow::Result<()> {
     let c = api.get(&format!("/admin/v1/collect/{name}"), &[]).await?;
     let mut rows = Vec::new();
     for (k, v) in [
-        ("repository", &c["url"]),
+        ("source", &c["url"]),
+        ("kind", &c["kind"]),
+        ("reads", &c["discovered"]["url"]),
         ("metadata prefix", &c["metadata_prefix"]),
         ("OAI set", &c["oai_set"]),
         ("state", &serde_json::Value::String(collector_state(&c))),
@@ -536,6 +539,19 @@ async fn collector_show(api: &Api, name: String) -> anyhow::Result<()> {
         ]);
     }
     print!("{}", table(&["WHAT", "VALUE"], &rows));
+    if !c["discovered"].is_null() {
+        println!(
+            "\ndiscovered {}: {}",
+            cell(&c["discovered"]["at"]),
+            cell(&c["discovered"]["why"])
+        );
+        for l in c["discovered"]["looked"].as_array().into_iter().flatten() {
+            println!("  looked at {}", cell(l));
+        }
+    }
+    if let Some(f) = c["following"].as_str() {
+        println!("\n{f}");
+    }
     let q: Vec<Vec<String>> = c["quarantine"]
         .as_array()
         .into_iter()

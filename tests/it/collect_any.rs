@@ -158,6 +158,21 @@ async fn a_chained_server_collects_another_by_its_base_url_with_push() {
         "{why}"
     );
     assert_eq!(changes(&b, "mirror").await, 20);
+    // The console says what was found and why.
+    let (client, session) = crate::support::console_session(&b.url("/console/login"), ADMIN).await;
+    let page = client
+        .get(b.url("/console/collectors/mirror"))
+        .header("cookie", session)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("resourcesync") && page.contains("is a ResourceSync description"),
+        "{page}"
+    );
     // The bytes are served by the chained server, as the origin serves them.
     let port = a.addr.rsplit(':').next().unwrap();
     let served = b

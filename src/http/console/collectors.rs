@@ -44,6 +44,7 @@ fn row(v: &CollectorView) -> serde_json::Value {
         "can_resume": matches!(v.state.as_str(), "stopped" | "paused"),
         "identify": v.identify, "last": v.last, "totals": v.totals,
         "window_from": v.window_from, "last_reconcile": v.last_reconcile,
+        "kind": v.kind, "discovered": v.discovered,
     })
 }
 
