@@ -381,6 +381,18 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Undis
         probes += 1;
         let probe = match fetcher.probe(&url, MAX_PROBE_BYTES).await {
             Ok(p) => p,
+            // A source that asks to be left alone now is: discovery tries again at the next
+            // run (the host's pause holds for every request meanwhile).
+            Err(e) if matches!(e.status, Some(429 | 503)) => {
+                return Err(Undiscovered::Nothing(format!(
+                    "{} asked to wait ({}{}); discovery tries again at the next run",
+                    short(&url),
+                    e.status.unwrap_or_default(),
+                    e.retry_after
+                        .map(|d| format!(", Retry-After {} s", d.as_secs()))
+                        .unwrap_or_default()
+                )));
+            }
             Err(e) if how.starts_with("the URL given") && matches!(e.status, Some(401 | 403)) => {
                 let status = e.status.unwrap_or_default();
                 let reason = reqwest::StatusCode::from_u16(status)

@@ -21,6 +21,10 @@
 //!
 //! A `reconcile` (asked, or `admin collect NAME reconcile`) fetches every listed resource
 //! whatever its `lastmod` says.
+//!
+//! Every document is fetched to a temporary file (at most `max_response_bytes`) and read from
+//! it as it streams: a sitemap entry by entry, a stream page keeping only its activities' types,
+//! objects, targets and times.
 
 use std::collections::HashSet;
 use std::hash::BuildHasher as _;
@@ -96,6 +100,19 @@ struct Work<'a> {
 }
 
 impl Work<'_> {
+    /// Saves where the run stands (documents read, counts so far) for the admin API and the
+    /// console, as an OAI-PMH run saves each page; a process that lost the collector learns
+    /// it here.
+    async fn checkpoint(&self, saved: &mut Saved, docs: u64) -> Result<(), RunError> {
+        saved.run = Some(super::state::RunPoint {
+            started: self.at.clone(),
+            pages: docs,
+            counts: self.counts,
+            ..Default::default()
+        });
+        self.c.save(saved).await
+    }
+
     /// Whether `uri` was met already this run (and marks it met).
     fn first_time(&mut self, uri: &str) -> bool {
         self.seen.insert(self.digest.hash_one(uri))
@@ -242,6 +259,7 @@ pub async fn run(
         _ => unreachable!("listing runs read sitemaps and activity streams"),
     };
     let counts = w.counts;
+    saved.run = None;
     saved.last = counts;
     saved.totals.add(&counts);
     saved.from = Some(w.at.clone());
@@ -364,6 +382,7 @@ async fn sitemap_run(
                 }
             }
             w.apply(acts, saved, cancel).await?;
+            w.checkpoint(saved, read as u64).await?;
             if ended {
                 break;
             }
@@ -439,40 +458,96 @@ pub struct Activity {
     pub end: Option<Timestamp>,
 }
 
-/// A stream page's activities (in the page's order) and its `prev` page; `Err` in words
-/// when it is not an activity stream page.
-pub fn read_page(v: &serde_json::Value) -> Result<(Vec<Activity>, Option<String>), String> {
-    let items = v
-        .get("orderedItems")
-        .and_then(|i| i.as_array())
-        .ok_or("the page has no orderedItems")?;
+/// A link to another object: its URL, or an object with an `id`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum Ref {
+    Id(String),
+    Object { id: String },
+}
+
+impl Ref {
+    fn id(self) -> String {
+        match self {
+            Ref::Id(s) | Ref::Object { id: s } => s,
+        }
+    }
+}
+
+/// An activity as read: only what a collector uses (the rest of the page is skipped unread).
+#[derive(Debug, serde::Deserialize)]
+struct RawActivity {
+    #[serde(rename = "type")]
+    kind: String,
+    object: Ref,
+    target: Option<Ref>,
+    #[serde(rename = "endTime")]
+    end: Option<String>,
+}
+
+/// An item of a page: an activity, or something else (skipped, its page still read).
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum Item {
+    Activity(RawActivity),
+    Other(serde::de::IgnoredAny),
+}
+
+/// A stream's collection or one of its pages, as read.
+#[derive(Debug, serde::Deserialize)]
+struct RawPage {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    #[serde(rename = "orderedItems")]
+    items: Option<Vec<Item>>,
+    prev: Option<Ref>,
+    last: Option<Ref>,
+}
+
+/// A stream document read: its type, its activities (in the page's order), its `prev` and
+/// `last` pages. Read from JSON as it streams in, keeping only those: a page's size costs no
+/// memory beyond what it lists.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct StreamDoc {
+    pub kind: Option<String>,
+    pub activities: Vec<Activity>,
+    pub prev: Option<String>,
+    pub last: Option<String>,
+}
+
+/// Reads a stream document; `Err` in words when it is not JSON of that shape, or lists more
+/// than [`MAX_PAGE_ITEMS`] items.
+pub fn read_doc(r: impl std::io::Read) -> Result<StreamDoc, String> {
+    let raw: RawPage = serde_json::from_reader(r).map_err(|e| {
+        format!(
+            "not an activity stream document: {}",
+            crate::cause::cut(&e.to_string(), 200)
+        )
+    })?;
+    let items = raw.items.unwrap_or_default();
     if items.len() > MAX_PAGE_ITEMS {
         return Err(format!(
             "the page lists {} activities, more than {MAX_PAGE_ITEMS}",
             items.len()
         ));
     }
-    let id_of = |x: Option<&serde_json::Value>| -> Option<String> {
-        match x? {
-            serde_json::Value::String(s) => Some(s.clone()),
-            o => o.get("id").and_then(|i| i.as_str()).map(str::to_string),
-        }
-    };
-    let acts = items
-        .iter()
-        .filter_map(|a| {
-            Some(Activity {
-                kind: a.get("type")?.as_str()?.to_string(),
-                object: id_of(a.get("object"))?,
-                target: id_of(a.get("target")),
-                end: a
-                    .get("endTime")
-                    .and_then(|t| t.as_str())
-                    .and_then(|t| Timestamp::parse(t).ok()),
+    Ok(StreamDoc {
+        kind: raw.kind,
+        activities: items
+            .into_iter()
+            .filter_map(|i| match i {
+                Item::Activity(a) => Some(Activity {
+                    kind: a.kind,
+                    object: a.object.id(),
+                    target: a.target.map(Ref::id),
+                    end: a.end.and_then(|t| Timestamp::parse(&t).ok()),
+                }),
+                Item::Other(_) => None,
             })
-        })
-        .collect();
-    Ok((acts, id_of(v.get("prev"))))
+            .collect(),
+        prev: raw.prev.map(Ref::id),
+        last: raw.last.map(Ref::id),
+    })
 }
 
 /// What an activity asks of the set, as the newest about its object.
@@ -491,10 +566,16 @@ pub fn acts_of(a: &Activity) -> Vec<Act> {
     }
 }
 
-async fn json(w: &Work<'_>, url: &str) -> Result<serde_json::Value, String> {
-    let body = w.fetcher.document(url).await.map_err(|e| e.to_string())?;
-    serde_json::from_slice(&body)
-        .map_err(|e| format!("{} is not JSON: {}", short(url), short(&e.to_string())))
+/// A stream document fetched to a temporary file (at most `max_response_bytes`) and read.
+async fn stream_doc(w: &Work<'_>, url: &str) -> Result<StreamDoc, String> {
+    use crate::destination::output::Output as _;
+    let file = w
+        .fetcher
+        .document_to_file(url, w.into.temp_dir())
+        .await
+        .map_err(|e| e.to_string())?;
+    let f = std::fs::File::open(file.path()).map_err(|e| e.to_string())?;
+    read_doc(std::io::BufReader::new(f)).map_err(|e| format!("{}: {e}", short(url)))
 }
 
 async fn activity_run(
@@ -503,16 +584,10 @@ async fn activity_run(
     saved: &mut Saved,
     cancel: &CancellationToken,
 ) -> Result<String, RunError> {
-    let top = json(w, url).await.map_err(RunError::Protocol)?;
-    let id_of = |x: Option<&serde_json::Value>| -> Option<String> {
-        match x? {
-            serde_json::Value::String(s) => Some(s.clone()),
-            o => o.get("id").and_then(|i| i.as_str()).map(str::to_string),
-        }
-    };
-    let mut page_url = match top.get("type").and_then(|t| t.as_str()) {
+    let top = stream_doc(w, url).await.map_err(RunError::Protocol)?;
+    let mut page_url = match top.kind.as_deref() {
         Some("OrderedCollectionPage") => Some(url.to_string()),
-        _ => Some(id_of(top.get("last")).ok_or_else(|| {
+        _ => Some(top.last.ok_or_else(|| {
             RunError::Protocol(format!(
                 "the activity stream {} has no last page",
                 short(url)
@@ -549,9 +624,8 @@ async fn activity_run(
                 short(&p)
             )));
         }
-        let v = json(w, &p).await.map_err(RunError::Protocol)?;
-        let (items, prev) =
-            read_page(&v).map_err(|e| RunError::Protocol(format!("{}: {e}", short(&p))))?;
+        let doc = stream_doc(w, &p).await.map_err(RunError::Protocol)?;
+        let (items, prev) = (doc.activities, doc.prev);
         let mut acts = Vec::new();
         // Newest first: the page lists them oldest first.
         for a in items.iter().rev() {
@@ -579,6 +653,7 @@ async fn activity_run(
         for chunk in acts.chunks(BATCH) {
             w.apply(chunk.to_vec(), saved, cancel).await?;
         }
+        w.checkpoint(saved, pages).await?;
         if reached {
             break;
         }
@@ -658,7 +733,7 @@ mod tests {
 
     #[test]
     fn a_page_of_activities_is_read_and_each_asks_what_its_kind_says() {
-        let v: serde_json::Value = serde_json::from_str(r#"{
+        let v = r#"{
             "type":"OrderedCollectionPage","id":"http://s/p2","prev":{"id":"http://s/p1","type":"OrderedCollectionPage"},
             "orderedItems":[
               {"type":"Create","object":{"id":"http://s/a","type":"Manifest"},"endTime":"2026-01-01T00:00:00Z"},
@@ -667,10 +742,14 @@ mod tests {
               {"type":"Move","object":{"id":"http://s/d"},"target":{"id":"http://s/e"},"endTime":"2026-01-04T00:00:00Z"},
               {"type":"Remove","object":{"id":"http://s/f"}},
               {"type":"Like","object":{"id":"http://s/g"}},
-              {"object":{"id":"http://s/h"}}
-            ]}"#).unwrap();
-        let (items, prev) = read_page(&v).unwrap();
-        assert_eq!(prev.as_deref(), Some("http://s/p1"));
+              {"object":{"id":"http://s/h"}},
+              {"type":"Create","object":7},
+              "not an object"
+            ], "partOf": {"id": "http://s/all", "type": "OrderedCollection", "totalItems": 99}}"#;
+        let doc = read_doc(v.as_bytes()).unwrap();
+        assert_eq!(doc.prev.as_deref(), Some("http://s/p1"));
+        assert_eq!(doc.kind.as_deref(), Some("OrderedCollectionPage"));
+        let items = doc.activities;
         assert_eq!(items.len(), 6);
         let acts: Vec<Act> = items.iter().flat_map(acts_of).collect();
         let t = |s: &str| Some(Timestamp::parse(s).unwrap());
@@ -685,15 +764,27 @@ mod tests {
                 Act::Delete("http://s/f".into()),
             ]
         );
-        assert!(read_page(&serde_json::json!({"type": "OrderedCollectionPage"})).is_err());
+        assert_eq!(
+            read_doc(&br#"{"type": "OrderedCollectionPage"}"#[..])
+                .unwrap()
+                .activities,
+            vec![]
+        );
+        assert!(read_doc(&b"[1, 2"[..]).is_err());
+        assert!(read_doc(&b"{\"orderedItems\": 5}"[..]).is_err());
     }
 
     proptest::proptest! {
         #[test]
         fn any_json_page_is_read_without_panic(v in crate::fuzz::json_value()) {
-            if let Ok((items, _)) = read_page(&v) {
-                for a in &items { let _ = acts_of(a); }
+            if let Ok(doc) = read_doc(v.to_string().as_bytes()) {
+                for a in &doc.activities { let _ = acts_of(a); }
             }
+        }
+
+        #[test]
+        fn any_bytes_are_read_without_panic(b in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..500)) {
+            let _ = read_doc(&b[..]);
         }
     }
 }

@@ -1080,3 +1080,59 @@ async fn a_hostile_resourcesync_source_reaches_nothing_else_and_keeps_only_what_
     assert!(largest_file(&b.config.collected_dir("rs")) <= 1024);
     b.stop().await;
 }
+
+/// `bytes = "link"`: the set's resources are the originals' URLs (measured: md5 and length of
+/// what was fetched), no file is kept, and a page dropped from the sitemap is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_linked_collector_keeps_the_originals_urls_and_no_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let site = dir.path().join("site");
+    let mut pages: Vec<(String, String)> = (0..4)
+        .map(|i| (format!("p{i}"), "2026-01-01".to_string()))
+        .collect();
+    for (name, _) in &pages {
+        put(
+            &site,
+            &format!("pages/{name}.html"),
+            &format!("<p>{name}</p>"),
+        );
+    }
+    let base = crate::harvest::static_server(site.clone()).await;
+    write_sitemaps(&site, &base, &pages);
+    let (mut cfg, _d) = collecting(&[("linked", &format!("{base}/"))]);
+    cfg.collect.get_mut("linked").unwrap().bytes = resourcesync_hub::config::CollectBytes::Link;
+    let b = TestApp::start_with(cfg).await;
+    let want = |pages: &[(String, String)]| -> BTreeMap<String, (String, u64)> {
+        pages
+            .iter()
+            .map(|(n, _)| {
+                (
+                    format!("{base}/pages/{n}.html"),
+                    md5_of(&format!("<p>{n}</p>")),
+                )
+            })
+            .collect()
+    };
+    wait_holds(&b, "linked", &want(&pages)).await;
+    let store = resourcesync_hub::app::open_store(&b.config).await.unwrap();
+    let set = SetName::parse("linked").unwrap();
+    let page = store.resources(&set, None, None, 10).await.unwrap();
+    assert!(page
+        .items
+        .iter()
+        .all(|r| r.location.kind == resourcesync_hub::model::LocationType::Url));
+    let files: Vec<_> = walkdir::WalkDir::new(b.config.collected_dir("linked"))
+        .into_iter()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_file())
+        .map(|e| e.path().display().to_string())
+        // The scratch folder's lock (`.rshub-*` is never served).
+        .filter(|p| !p.contains("/.rshub-"))
+        .collect();
+    assert_eq!(files, Vec::<String>::new(), "no bytes kept");
+    pages.pop();
+    write_sitemaps(&site, &base, &pages);
+    run_and_wait(&b, "linked").await;
+    wait_holds(&b, "linked", &want(&pages)).await;
+    b.stop().await;
+}

@@ -26,6 +26,7 @@ async fn collecting(repo: &Hostile) -> (TestApp, tempfile::TempDir) {
     let (mut c, dir) = test_config();
     c.admin.token = ADMIN.into();
     let mut cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
+    cc.kind = Some(resourcesync_hub::config::CollectKind::OaiPmh);
     cc.retry_base_ms = 20;
     cc.attempts = 1;
     c.collect.insert("papers".into(), cc);
@@ -75,6 +76,7 @@ async fn outsiders_bytes_never_run_as_the_consoles_origin() {
     c.dumps.enabled = true;
     c.dumps.check_interval_secs = 1;
     let mut cc = resourcesync_hub::config::CollectConfig::new(&repo.url("/oai"));
+    cc.kind = Some(resourcesync_hub::config::CollectKind::OaiPmh);
     cc.retry_base_ms = 20;
     cc.attempts = 1;
     c.collect.insert("papers".into(), cc);
