@@ -1136,3 +1136,126 @@ async fn a_linked_collector_keeps_the_originals_urls_and_no_bytes() {
     wait_holds(&b, "linked", &want(&pages)).await;
     b.stop().await;
 }
+
+/// A sitemap holding a 40 MB `<loc>` among normal entries, and an activity stream whose page
+/// lists 90,000 items of junk after its activities (39 MB), both streamed without a
+/// Content-Length, cost the server (a child process) neither memory nor log: peak memory
+/// under 150 MB, the log under 1 MB; the normal entries and activities are collected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_documents_cost_neither_memory_nor_log() {
+    use crate::hostile::Hostile;
+    use axum::response::IntoResponse;
+    let src = Hostile::start().await;
+    use axum::body::Bytes;
+    let streamed = |head: String, junk: Bytes, times: usize, tail: String| {
+        move |_: &axum::http::HeaderMap| {
+            let parts: Vec<Bytes> = std::iter::once(Bytes::from(head.clone()))
+                .chain(std::iter::repeat_n(junk.clone(), times))
+                .chain(std::iter::once(Bytes::from(tail.clone())))
+                .collect();
+            axum::body::Body::from_stream(futures_util::stream::iter(
+                parts.into_iter().map(Ok::<_, std::io::Error>),
+            ))
+            .into_response()
+        }
+    };
+    for i in 0..3 {
+        src.on(&format!("/p/{i}.html"), move |_| {
+            format!("<p>{i}</p>").into_response()
+        });
+    }
+    let entry = |i: usize| format!("<url><loc>{}</loc></url>", src.url(&format!("/p/{i}.html")));
+    src.on(
+        "/sitemap.xml",
+        streamed(
+            format!(
+                r#"<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{}{}<url><loc>{}/"#,
+                entry(0),
+                entry(1),
+                src.base
+            ),
+            Bytes::from(vec![b'a'; 1 << 20]),
+            40,
+            format!("</loc></url>{}</urlset>", entry(2)),
+        ),
+    );
+    for i in 0..2 {
+        src.on(&format!("/o/{i}.json"), move |_| {
+            format!("{{\"o\": {i}}}").into_response()
+        });
+    }
+    let acts: Vec<String> = (0..2)
+        .map(|i| {
+            format!(
+                r#"{{"type":"Create","object":{{"id":"{}"}},"endTime":"2026-01-01T00:00:0{i}Z"}}"#,
+                src.url(&format!("/o/{i}.json"))
+            )
+        })
+        .collect();
+    let all = src.url("/as/1");
+    src.on("/as", move |_| {
+        format!(r#"{{"type":"OrderedCollection","last":{{"id":"{all}"}}}}"#).into_response()
+    });
+    let junk = Bytes::from(r#"{"type":"Like","object":{"id":"x"},"summary":"junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk junk"},"#.repeat(1000));
+    src.on(
+        "/as/1",
+        streamed(
+            format!(
+                r#"{{"type":"OrderedCollectionPage","orderedItems":[{},"#,
+                acts.join(",")
+            ),
+            junk,
+            90,
+            r#"{"type":"Like","object":"y"}]}"#.to_string(),
+        ),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("rshub.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\ndata_dir = {:?}\n[admin]\ntoken = \"{ADMIN}\"\n\
+             [collect.site]\nurl = \"{}\"\nkind = \"sitemap\"\nattempts = 1\n\
+             [collect.stream]\nurl = \"{}\"\nkind = \"activity\"\nattempts = 1\n",
+            dir.path().join("data"),
+            src.url("/sitemap.xml"),
+            src.url("/as")
+        ),
+    )
+    .unwrap();
+    let server = crate::support::ChildServer::serve(&["--config", cfg.to_str().unwrap()], &[]);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let status = |name: &'static str| {
+        let (client, url) = (
+            client.clone(),
+            server.url(&format!("/admin/v1/collect/{name}")),
+        );
+        async move {
+            client
+                .get(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .json::<serde_json::Value>()
+                .await
+                .unwrap()
+        }
+    };
+    crate::support::wait_until("both runs ended", || async {
+        status("site").await["last_ended"].is_string()
+            && status("stream").await["last_ended"].is_string()
+    })
+    .await;
+    let (site, stream) = (status("site").await, status("stream").await);
+    assert_eq!(site["last"]["created"], 3, "{site:#}");
+    assert!(
+        site["quarantine"].to_string().contains("bytes or more"),
+        "{site:#}"
+    );
+    assert_eq!(stream["last"]["created"], 2, "{stream:#}");
+    let peak = crate::support::proc_mb(server.child.id(), "VmHWM");
+    assert!(peak < 150.0, "peak memory {peak:.0} MB");
+    let log = server.log().len();
+    assert!(log < 1024 * 1024, "a log of {log} bytes");
+}
