@@ -30,6 +30,9 @@ use crate::destination::scope::short;
 pub const MAX_PROBES: usize = 12;
 /// The most of a page read.
 pub const MAX_PROBE_BYTES: u64 = 1024 * 1024;
+/// Answers asking to wait (429, 503) taken in one discovery before it gives up until the next
+/// run.
+const MAX_WAITS: u32 = 3;
 
 /// What a discovery found and chose, kept with the collector and shown to admins.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -267,6 +270,68 @@ impl Findings {
         }
     }
 
+    /// Notes what the page at `url` (reached as `how`) is; the URLs it leads on to are added
+    /// to `next`. What it is, in words.
+    fn note(
+        &mut self,
+        page: Page,
+        url: &str,
+        how: &str,
+        base: &url::Url,
+        next: &mut Vec<String>,
+    ) -> String {
+        match page {
+            Page::ResourceSync(c) => {
+                let c = short(&c).into_owned();
+                self.add(
+                    CollectKind::Resourcesync,
+                    url,
+                    format!("{how} is a ResourceSync {c}"),
+                );
+                format!("a ResourceSync {c}")
+            }
+            Page::OaiPmh => {
+                self.add(
+                    CollectKind::OaiPmh,
+                    base.as_str(),
+                    format!("{how} answers OAI-PMH Identify"),
+                );
+                "an OAI-PMH repository".into()
+            }
+            Page::Activity => {
+                self.add(
+                    CollectKind::Activity,
+                    url,
+                    format!("{how} is an activity stream"),
+                );
+                "an activity stream".into()
+            }
+            Page::Sitemap { index } => {
+                let what = if index {
+                    "a sitemap index"
+                } else {
+                    "a sitemap"
+                };
+                self.add(CollectKind::Sitemap, url, format!("{how} is {what}"));
+                what.into()
+            }
+            Page::Catalog(urls) => {
+                let n = urls.len();
+                next.extend(urls);
+                format!("a linkset naming {n} URLs")
+            }
+            Page::Robots(urls) => {
+                let n = urls.len();
+                next.extend(urls);
+                format!("robots.txt naming {n} sitemaps")
+            }
+            Page::Other(urls) => {
+                next.extend(urls);
+                "none of these".into()
+            }
+        }
+    }
+
     /// The preferred of what was found.
     fn choose(self) -> Result<Discovered, String> {
         let order = [
@@ -350,6 +415,7 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Undis
     let mut seen = std::collections::HashSet::new();
     let mut f = Findings::default();
     let mut probes = 0;
+    let mut waits = 0;
     while let Some((url, how)) = queue.pop_front() {
         if !seen.insert(url.clone()) {
             continue;
@@ -381,17 +447,21 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Undis
         probes += 1;
         let probe = match fetcher.probe(&url, MAX_PROBE_BYTES).await {
             Ok(p) => p,
-            // A source that asks to be left alone now is: discovery tries again at the next
-            // run (the host's pause holds for every request meanwhile).
+            // A source that asks to wait is asked again once the host's pause (its
+            // `Retry-After`, which holds for every request to it) is over, a few times at most.
             Err(e) if matches!(e.status, Some(429 | 503)) => {
-                return Err(Undiscovered::Nothing(format!(
-                    "{} asked to wait ({}{}); discovery tries again at the next run",
-                    short(&url),
-                    e.status.unwrap_or_default(),
-                    e.retry_after
-                        .map(|d| format!(", Retry-After {} s", d.as_secs()))
-                        .unwrap_or_default()
-                )));
+                waits += 1;
+                if waits > MAX_WAITS {
+                    return Err(Undiscovered::Nothing(format!(
+                        "{} asked to wait ({}) {waits} times; discovery tries again at the next run",
+                        short(&url),
+                        e.status.unwrap_or_default()
+                    )));
+                }
+                seen.remove(&url);
+                probes -= 1;
+                queue.push_front((url, how));
+                continue;
             }
             Err(e) if how.starts_with("the URL given") && matches!(e.status, Some(401 | 403)) => {
                 let status = e.status.unwrap_or_default();
@@ -413,56 +483,8 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Undis
                 continue;
             }
         };
-        let page = classify(&u, &probe);
         let mut next: Vec<String> = links_of(&probe.links, &u);
-        let said = match &page {
-            Page::ResourceSync(c) => {
-                let c = short(c);
-                f.add(
-                    CollectKind::Resourcesync,
-                    &url,
-                    format!("{how} is a ResourceSync {c}"),
-                );
-                format!("a ResourceSync {c}")
-            }
-            Page::OaiPmh => {
-                f.add(
-                    CollectKind::OaiPmh,
-                    b.as_str(),
-                    format!("{how} answers OAI-PMH Identify"),
-                );
-                "an OAI-PMH repository".into()
-            }
-            Page::Activity => {
-                f.add(
-                    CollectKind::Activity,
-                    &url,
-                    format!("{how} is an activity stream"),
-                );
-                "an activity stream".into()
-            }
-            Page::Sitemap { index } => {
-                let what = if *index {
-                    "a sitemap index"
-                } else {
-                    "a sitemap"
-                };
-                f.add(CollectKind::Sitemap, &url, format!("{how} is {what}"));
-                what.into()
-            }
-            Page::Catalog(urls) => {
-                next.extend(urls.iter().cloned());
-                format!("a linkset naming {} URLs", urls.len())
-            }
-            Page::Robots(urls) => {
-                next.extend(urls.iter().cloned());
-                format!("robots.txt naming {} sitemaps", urls.len())
-            }
-            Page::Other(urls) => {
-                next.extend(urls.iter().cloned());
-                "none of these".into()
-            }
-        };
+        let said = f.note(classify(&u, &probe), &url, how, &b, &mut next);
         let n = next.len();
         f.looked.push(if n > 0 {
             format!("{} ({how}): {said}, linking to {n}", short(&url))

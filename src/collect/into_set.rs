@@ -19,12 +19,14 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 
-use super::run::Poke;
 use crate::config::CollectBytes;
 use crate::context::Context;
 use crate::destination::output::{Auditor, Holding, Item, Mirror, Output};
 use crate::ingest::{self, IngestError};
 use crate::model::{ChangeEvent, ChangeType, Link, Location, SetName};
+
+/// Called with the number of changes just committed (the notifier's poke).
+pub type Poke = Arc<dyn Fn(usize) + Send + Sync>;
 
 /// Until when this process is known to hold its collector: its lease renewed within the
 /// lease's time (less a margin), by the monotonic clock. Changes are recorded only while it

@@ -14,6 +14,7 @@ pub mod client;
 pub mod discover;
 pub mod hosts;
 pub mod into_set;
+pub mod kinds;
 pub mod listing;
 pub mod map;
 pub mod oai;

@@ -84,8 +84,7 @@ pub struct Report {
     pub words: Option<String>,
 }
 
-/// Called with the number of changes just committed (the notifier's poke).
-pub type Poke = Arc<dyn Fn(usize) + Send + Sync>;
+pub use super::into_set::Poke;
 
 pub struct Collector {
     pub name: SetName,
@@ -515,7 +514,7 @@ impl Collector {
 
     /// A ResourceSync source: followed by the engine from now on (baseline, Change Lists,
     /// push), into the set; a run only makes sure it is.
-    async fn follow(&self, url: &str) -> Result<Report, RunError> {
+    pub(super) async fn follow(&self, url: &str) -> Result<Report, RunError> {
         let engine = self.engine.as_ref().ok_or_else(|| {
             RunError::Protocol("no harvest engine in this process (a restart opens it)".into())
         })?;
@@ -606,25 +605,6 @@ impl Collector {
         }
     }
 
-    /// One run of whatever the source is (discovered first when its kind is not given).
-    pub async fn run(
-        &self,
-        saved: &mut Saved,
-        cancel: &CancellationToken,
-    ) -> Result<Report, RunError> {
-        saved.last_started = Some(now_text());
-        let (kind, url) = self.resolve(saved).await?;
-        if kind != CollectKind::OaiPmh {
-            // The layout of paths is the OAI-PMH records' (`relayout`): others have their own.
-            saved.layout = PATH_LAYOUT;
-        }
-        match kind {
-            CollectKind::OaiPmh => self.run_oai(saved, cancel).await,
-            CollectKind::Resourcesync => self.follow(&url).await,
-            kind => super::listing::run(self, kind, &url, saved, cancel).await,
-        }
-    }
-
     /// What the collector is known to read now: its `kind`, or what discovery found, or
     /// OAI-PMH for a collector that collected from a repository before (before `kind` was).
     pub fn kind_known(&self, saved: &Saved) -> Option<CollectKind> {
@@ -636,7 +616,7 @@ impl Collector {
 
     /// One incremental OAI-PMH run, continuing the run under way if there is one. Updates
     /// `saved` (and the store) as it goes.
-    async fn run_oai(
+    pub(super) async fn run_oai(
         &self,
         saved: &mut Saved,
         cancel: &CancellationToken,
