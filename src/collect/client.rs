@@ -52,8 +52,6 @@ pub struct Client {
     /// and other collectors' at that host ([`IN_FLIGHT`], over every process on a shared
     /// store): a burst of announcements queues here instead of hammering it.
     hosts: crate::destination::fetch::Hosts,
-    /// The least time between two request starts at the host (`requests_per_sec`).
-    delay_ms: u64,
 }
 
 /// Requests in flight at once at one host (a repository's, a site's).
@@ -64,7 +62,6 @@ impl Client {
         cfg: &CollectConfig,
         product: &str,
         hosts: crate::destination::fetch::Hosts,
-        delay_ms: u64,
     ) -> Result<Client, String> {
         let base = url::Url::parse(&cfg.url).map_err(|e| format!("{}: {e}", cfg.url))?;
         let origin = base.origin();
@@ -91,7 +88,6 @@ impl Client {
             cfg: cfg.clone(),
             waiting: Default::default(),
             hosts,
-            delay_ms,
         })
     }
 
@@ -124,7 +120,7 @@ impl Client {
             let answer = tokio::select! {
                 a = async {
                     let authority = self.base.origin().ascii_serialization();
-                    let _turn = self.hosts.enter_with(&authority, IN_FLIGHT, self.delay_ms).await;
+                    let _turn = self.hosts.enter_with(&authority, IN_FLIGHT, 0).await;
                     self.once(&url).await
                 } => a,
                 _ = cancel.cancelled() => return Err(Failure::Cancelled),

@@ -140,31 +140,28 @@ pub fn per_sec(config: &crate::config::Config) -> std::collections::HashMap<Stri
     out
 }
 
-/// The limits at each host a process's collectors keep: this process's (two requests in
-/// flight, `requests_per_sec`), and on a shared store the same over every process.
+/// The limits at each host a process's collectors keep: two requests in flight and
+/// `requests_per_sec` in this process, and on a shared store the same over every process.
+/// Every fetcher of the collectors (OAI-PMH client, discovery, listing runs, the harvest
+/// engine) goes through them.
 pub fn hosts(
     config: &crate::config::Config,
     store: &Store,
     owner: &str,
 ) -> crate::destination::fetch::Hosts {
-    if !store.is_shared() {
-        return Default::default();
-    }
-    crate::destination::fetch::Hosts::with_shared(Arc::new(StoreSlots::new(
-        store.clone(),
-        owner.to_string(),
-        super::client::IN_FLIGHT,
-        config.hub.partition_lease_secs.max(1),
-        &per_sec(config),
-    )))
-}
-
-/// The least time between two request starts at `url`'s host in this process.
-pub fn delay_ms(config: &crate::config::Config, url: &str) -> u64 {
-    let Ok(u) = url::Url::parse(url) else {
-        return 0;
-    };
-    per_sec(config)
-        .get(&u.origin().ascii_serialization())
-        .map_or(0, |r| (1000.0 / r).ceil() as u64)
+    let per_sec = per_sec(config);
+    let delays = per_sec
+        .iter()
+        .map(|(a, r)| (a.clone(), Duration::from_secs_f64(1.0 / r)))
+        .collect();
+    let shared = store.is_shared().then(|| {
+        Arc::new(StoreSlots::new(
+            store.clone(),
+            owner.to_string(),
+            super::client::IN_FLIGHT,
+            config.hub.partition_lease_secs.max(1),
+            &per_sec,
+        )) as Arc<dyn SharedSlots>
+    });
+    crate::destination::fetch::Hosts::with(delays, shared)
 }

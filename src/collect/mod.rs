@@ -174,12 +174,6 @@ fn engine_config(config: &Config) -> crate::destination::config::HarvestConfig {
         h.fetch.timeout_secs = t;
     }
     h.fetch.per_host_concurrency = client::IN_FLIGHT;
-    h.fetch.per_host_delay_ms = config
-        .collect
-        .values()
-        .map(|c| hosts::delay_ms(config, &c.url))
-        .max()
-        .unwrap_or(0);
     h.fetch.user_agent = format!("collector; +{}", config.base_url());
     h
 }

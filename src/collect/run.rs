@@ -25,7 +25,6 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 use super::client::{Client, Failure, Trace};
-use super::hosts;
 use super::map::{change_for, Origin};
 use super::oai::{self, DeletedRecord, Granularity, Record};
 use super::state::{self, Control, Counts, Identified, RunPoint, Saved};
@@ -393,10 +392,9 @@ impl Collector {
             env!("CARGO_PKG_VERSION"),
             ctx.config().base_url()
         );
-        let delay = hosts::delay_ms(ctx.config(), &cfg.url);
         let fence = Arc::new(super::into_set::Fence::new(ctx.store().is_shared()));
         Ok(Collector {
-            client: Client::new(&cfg, &product, hosts.clone(), delay)?,
+            client: Client::new(&cfg, &product, hosts.clone())?,
             origin: Origin {
                 base_url: cfg.url.clone(),
                 metadata_prefix: cfg.metadata_prefix.clone(),
@@ -428,7 +426,6 @@ impl Collector {
         // A resource a sitemap or stream names carries no length: this is its limit.
         f.max_resource_bytes = self.cfg.max_response_bytes;
         f.per_host_concurrency = super::client::IN_FLIGHT;
-        f.per_host_delay_ms = super::hosts::delay_ms(self.ctx.config(), &self.cfg.url);
         f.user_agent = format!("collector; +{}", self.ctx.config().base_url());
         let scope = crate::destination::scope::Scope::new(url, &[], f.max_url_length)
             .map_err(RunError::Protocol)?;
@@ -460,15 +457,8 @@ impl Collector {
     /// What the collector reads and where: its `kind`, or what discovery found at its URL
     /// (discovering now, and keeping the answer, when nothing was found yet).
     pub async fn resolve(&self, saved: &mut Saved) -> Result<(CollectKind, String), RunError> {
-        if let Some(k) = self.cfg.kind {
-            return Ok((k, self.cfg.url.clone()));
-        }
         if let Some(k) = self.kind_known(saved) {
-            let url = saved
-                .discovered
-                .as_ref()
-                .map_or(self.cfg.url.clone(), |d| d.url.clone());
-            return Ok((k, url));
+            return Ok((k, self.source_url(saved)));
         }
         let fetcher = self.fetcher(&self.cfg.url)?;
         let d = super::discover::discover(&fetcher, &self.cfg.url)
@@ -493,7 +483,16 @@ impl Collector {
         }
     }
 
-    /// The ResourceSync source as the engine follows it.
+    /// The URL the collector reads: its `url` when its `kind` is given, else what discovery
+    /// chose (its `url` until discovery has run).
+    pub fn source_url(&self, saved: &Saved) -> String {
+        match (&self.cfg.kind, &saved.discovered) {
+            (None, Some(d)) => d.url.clone(),
+            _ => self.cfg.url.clone(),
+        }
+    }
+
+    /// The ResourceSync source as the engine follows it, reading `url`.
     pub fn engine_source(&self, url: &str) -> crate::destination::config::NamedSource {
         crate::destination::config::NamedSource {
             name: self.name.to_string(),

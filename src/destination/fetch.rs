@@ -113,6 +113,9 @@ pub struct Hosts {
     /// The slots this process shares with others at each authority, when it shares them
     /// (the server's collectors on a shared store).
     shared: Option<Arc<dyn SharedSlots>>,
+    /// The least time between two request starts at some authorities, whatever a fetcher's
+    /// own `per_host_delay_ms` (the server's collectors' `requests_per_sec`).
+    delays: Arc<std::collections::HashMap<String, Duration>>,
 }
 
 /// Requests in flight at an authority, limited over several processes: a slot is entered
@@ -135,10 +138,15 @@ pub struct HostSlot(
 );
 
 impl Hosts {
-    /// Hosts whose limits hold over this process and others, through `shared`.
-    pub fn with_shared(shared: Arc<dyn SharedSlots>) -> Hosts {
+    /// Hosts with their own least times between request starts (`delays`, by authority), and
+    /// limits that hold over this process and others through `shared`, when given.
+    pub fn with(
+        delays: std::collections::HashMap<String, Duration>,
+        shared: Option<Arc<dyn SharedSlots>>,
+    ) -> Hosts {
         Hosts {
-            shared: Some(shared),
+            shared,
+            delays: Arc::new(delays),
             ..Hosts::default()
         }
     }
@@ -164,7 +172,7 @@ impl Hosts {
     }
 
     /// Waits for one of `per_host` slots at `authority` (and the processes' shared one) and
-    /// for its turn, request starts `delay_ms` apart.
+    /// for its turn, request starts `delay_ms` apart (or the authority's own delay, when longer).
     pub async fn enter_with(&self, authority: &str, per_host: usize, delay_ms: u64) -> HostSlot {
         let gate = self.gate(authority, per_host);
         let permit = gate
@@ -178,7 +186,9 @@ impl Hosts {
         if *next > now {
             tokio::time::sleep_until(*next).await;
         }
-        *next = Instant::now().max(*next) + Duration::from_millis(delay_ms);
+        let delay = Duration::from_millis(delay_ms)
+            .max(self.delays.get(authority).copied().unwrap_or_default());
+        *next = Instant::now().max(*next) + delay;
         drop(next);
         let shared = match &self.shared {
             Some(s) => Some(s.enter(authority).await),

@@ -198,10 +198,7 @@ pub async fn show_collector(
     let (saved, control) = e.collector.status().await?;
     let following = match e.collector.engine() {
         Some(engine) if engine.is_running(e.collector.name.as_str()) => {
-            let url = saved
-                .discovered
-                .as_ref()
-                .map_or(e.collector.config().url.clone(), |d| d.url.clone());
+            let url = e.collector.source_url(&saved);
             Some(
                 engine
                     .status(&e.collector.engine_source(&url))
@@ -254,10 +251,7 @@ pub async fn audit(
             c.name
         )));
     };
-    let url = saved
-        .discovered
-        .as_ref()
-        .map_or(c.config().url.clone(), |d| d.url.clone());
+    let url = c.source_url(&saved);
     let out = c
         .into_set()
         .map_err(|err| AppError::Busy(crate::cause::chain(&err)))?;
