@@ -141,13 +141,49 @@ impl IntoSet {
         })
     }
 
-    /// The resource the set holds for `uri`, if any.
-    pub async fn held(&self, uri: &str) -> anyhow::Result<Option<crate::model::Resource>> {
-        let loc = self.location(uri)?;
-        let key = loc
+    fn key(&self, location: &Location) -> anyhow::Result<crate::model::ResourceKey> {
+        location
             .key(&self.ctx.set_config(&self.set))
-            .map_err(anyhow::Error::msg)?;
-        Ok(self.ctx.store().resource(&self.set, &key).await?)
+            .map_err(anyhow::Error::msg)
+    }
+
+    /// The resource the set holds at `location`, if any.
+    async fn held_at(&self, location: &Location) -> anyhow::Result<Option<crate::model::Resource>> {
+        Ok(self
+            .ctx
+            .store()
+            .resource(&self.set, &self.key(location)?)
+            .await?)
+    }
+
+    /// The resources the set holds for `uris`, in one store call, in order: each `None` where
+    /// it holds none, or why `uri` cannot be one of its resources.
+    pub async fn held_many(
+        &self,
+        uris: &[String],
+    ) -> Result<Vec<Result<Option<crate::model::Resource>, String>>, crate::store::StoreError> {
+        let keys: Vec<Result<crate::model::ResourceKey, String>> = uris
+            .iter()
+            .map(|u| {
+                self.location(u)
+                    .and_then(|l| self.key(&l))
+                    .map_err(|e| format!("{e:#}"))
+            })
+            .collect();
+        let asked: Vec<crate::model::ResourceKey> = keys
+            .iter()
+            .filter_map(|k| k.as_ref().ok().cloned())
+            .collect();
+        let mut found = self
+            .ctx
+            .store()
+            .resources_by_key(&self.set, &asked)
+            .await?
+            .into_iter();
+        Ok(keys
+            .into_iter()
+            .map(|k| k.map(|_| found.next().flatten()))
+            .collect())
     }
 
     /// Records `uri`'s verified bytes at `file` (moved into place or removed): a change when
@@ -161,11 +197,24 @@ impl IntoSet {
         file: &Path,
     ) -> anyhow::Result<bool> {
         let location = self.location(uri)?;
+        self.put_at(uri, location, md5, length, facts, file).await
+    }
+
+    /// [`IntoSet::put_async`] at `location`, `uri`'s place in the set.
+    async fn put_at(
+        &self,
+        uri: &str,
+        location: Location,
+        md5: &str,
+        length: u64,
+        facts: Facts,
+        file: &Path,
+    ) -> anyhow::Result<bool> {
         if !self.fence.holds() {
             let _ = std::fs::remove_file(file);
             return Err(NotHeld.into());
         }
-        let held = self.held(uri).await?;
+        let held = self.held_at(&location).await?;
         if held
             .as_ref()
             .is_some_and(|h| h.meta.md5.as_deref() == Some(md5) && h.location == location)
@@ -226,7 +275,7 @@ impl IntoSet {
     /// was recorded.
     pub async fn delete_async(&self, uri: &str) -> anyhow::Result<bool> {
         let location = self.location(uri)?;
-        if self.held(uri).await?.is_none() {
+        if self.held_at(&location).await?.is_none() {
             return Ok(false);
         }
         let ln = match self.bytes {
@@ -287,9 +336,11 @@ impl Output for IntoSet {
             mime: item.mime.map(str::to_string),
             lastmod: item.lastmod,
         };
+        let location = self.location(item.uri)?;
+        let at = location.value.clone();
         self.rt
-            .block_on(self.put_async(item.uri, item.md5, item.length, facts, file))?;
-        Ok(self.location(item.uri)?.value)
+            .block_on(self.put_at(item.uri, location, item.md5, item.length, facts, file))?;
+        Ok(at)
     }
 
     fn delete(&self, _set: &str, uri: &str) -> anyhow::Result<()> {
@@ -327,7 +378,8 @@ impl Auditor for IntoSet {
     /// What the set holds for `uri` (called on the runtime's threads: the store's answer is
     /// waited for in place).
     fn holding(&mut self, uri: &str) -> anyhow::Result<Holding> {
-        let held = tokio::task::block_in_place(|| self.rt.block_on(self.held(uri)))?;
+        let location = self.location(uri)?;
+        let held = tokio::task::block_in_place(|| self.rt.block_on(self.held_at(&location)))?;
         Ok(match held {
             Some(r) => Holding::Held {
                 length: r.meta.length.unwrap_or(0),

@@ -144,13 +144,15 @@ impl Work<'_> {
                 Act::Fetch(uri, lm) => fetches.push((uri, lm)),
             }
         }
-        // Which of them the set holds already, and from when.
+        // Which of them the set holds already, and from when: one store call.
+        let uris: Vec<String> = fetches.iter().map(|(u, _)| u.clone()).collect();
+        let held = self.into.held_many(&uris).await?;
         let mut todo = Vec::new();
-        for (uri, lm) in fetches {
-            let held = match self.into.held(&uri).await {
+        for ((uri, lm), held) in fetches.into_iter().zip(held) {
+            let held = match held {
                 Ok(h) => h,
-                Err(e) => {
-                    self.quarantine(saved, &uri, format!("{e:#}"));
+                Err(why) => {
+                    self.quarantine(saved, &uri, why);
                     continue;
                 }
             };
