@@ -633,7 +633,7 @@ mod tests {
         #[test]
         fn any_page_is_read_without_panic(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2000), robots in proptest::prelude::any::<bool>()) {
             let u = at(if robots { "http://s.example/robots.txt" } else { "http://s.example/x" });
-            let p = Probe { body, links: vec![], content_type: None };
+            let p = Probe { body, links: vec![] };
             match classify(&u, &p) {
                 Page::Catalog(v) | Page::Robots(v) | Page::Other(v) => {
                     for l in v { proptest::prop_assert!(url::Url::parse(&l).is_ok()); }

@@ -276,7 +276,23 @@ pub async fn run(
     })
 }
 
-/// A list document fetched whole to a temporary file and opened for reading.
+/// A document fetched whole to a temporary file (at most `max_response_bytes`), opened for
+/// reading from the start; the file lives as long as the returned handle.
+async fn fetch_to_file(
+    w: &Work<'_>,
+    url: &str,
+) -> Result<(std::fs::File, tempfile::NamedTempFile), String> {
+    use crate::destination::output::Output as _;
+    let file = w
+        .fetcher
+        .document_to_file(url, w.into.temp_dir())
+        .await
+        .map_err(|e| e.to_string())?;
+    let f = std::fs::File::open(file.path()).map_err(|e| e.to_string())?;
+    Ok((f, file))
+}
+
+/// A sitemap (or index) fetched and opened for reading entry by entry.
 async fn open(
     w: &Work<'_>,
     url: &str,
@@ -287,13 +303,7 @@ async fn open(
     ),
     String,
 > {
-    use crate::destination::output::Output as _;
-    let file = w
-        .fetcher
-        .document_to_file(url, w.into.temp_dir())
-        .await
-        .map_err(|e| e.to_string())?;
-    let f = std::fs::File::open(file.path()).map_err(|e| e.to_string())?;
+    let (f, file) = fetch_to_file(w, url).await?;
     let r = EntryReader::new(std::io::BufReader::new(sitemap::Bounded::new(f, 64 * 1024)))
         .map_err(|e| format!("{}: {}", short(url), short(&e.to_string())))?;
     Ok((r, file))
@@ -568,15 +578,9 @@ pub fn acts_of(a: &Activity) -> Vec<Act> {
     }
 }
 
-/// A stream document fetched to a temporary file (at most `max_response_bytes`) and read.
+/// A stream document fetched and read.
 async fn stream_doc(w: &Work<'_>, url: &str) -> Result<StreamDoc, String> {
-    use crate::destination::output::Output as _;
-    let file = w
-        .fetcher
-        .document_to_file(url, w.into.temp_dir())
-        .await
-        .map_err(|e| e.to_string())?;
-    let f = std::fs::File::open(file.path()).map_err(|e| e.to_string())?;
+    let (f, _file) = fetch_to_file(w, url).await?;
     read_doc(std::io::BufReader::new(f)).map_err(|e| format!("{}: {e}", short(url)))
 }
 
@@ -599,7 +603,7 @@ async fn activity_run(
     let since = saved
         .newest_activity
         .as_ref()
-        .and_then(|(t, _)| Timestamp::parse(t).ok());
+        .and_then(|t| Timestamp::parse(t).ok());
     let mut newest: Option<Timestamp> = None;
     let mut pages_seen: HashSet<u64> = HashSet::new();
     let mut pages = 0u64;
@@ -662,7 +666,7 @@ async fn activity_run(
         page_url = prev;
     }
     if let Some(n) = newest {
-        saved.newest_activity = Some((n.to_string(), String::new()));
+        saved.newest_activity = Some(n.to_string());
     }
     Ok(format!(
         "{pages} pages read{}",

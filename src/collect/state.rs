@@ -119,10 +119,10 @@ pub struct Saved {
     /// What discovery found at the collector's URL and chose (a collector without `kind`).
     #[serde(default)]
     pub discovered: Option<super::discover::Discovered>,
-    /// An activity stream: the newest activity read so far (its `endTime` and `id`); the
-    /// next run reads back from the stream's last page until it.
+    /// An activity stream: the `endTime` of the newest activity the last complete run read;
+    /// the next run reads back from the stream's last page until it.
     #[serde(default)]
-    pub newest_activity: Option<(String, String)>,
+    pub newest_activity: Option<String>,
 }
 
 impl Saved {

@@ -213,8 +213,7 @@ impl Hosts {
 /// A page read by [`Fetcher::probe`].
 #[derive(Debug, Clone, Default)]
 pub struct Probe {
-    pub content_type: Option<String>,
-    /// The `Link` header values, each cut to a few hundred bytes.
+    /// The `Link` header values, each cut to 4 KB.
     pub links: Vec<String>,
     pub body: Vec<u8>,
 }
@@ -492,23 +491,17 @@ impl Fetcher {
         .await
     }
 
-    /// A page read to learn what a site offers (discovery): its `Content-Type`, its `Link`
-    /// headers (at most 32) and its body, at most `max` bytes; one try, no retry (a page
+    /// A page read to learn what a site offers (discovery): its `Link` headers (at most 32,
+    /// each cut to 4 KB) and its body, at most `max` bytes; one try, no retry (a page
     /// that is not there is an answer). A status other than 2xx is the error.
     pub async fn probe(&self, url: &str, max: u64) -> Result<Probe, FetchError> {
         let (mut r, _slot) = self.send(url, |u| self.clients().documents.get(u)).await?;
-        let header =
-            |v: &reqwest::header::HeaderValue, max| cut(v.to_str().unwrap_or(""), max).into_owned();
-        let content_type = r
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .map(|v| header(v, 200));
         let links = r
             .headers()
             .get_all(reqwest::header::LINK)
             .iter()
             .take(32)
-            .map(|v| header(v, 4096))
+            .map(|v| cut(v.to_str().unwrap_or(""), 4096).into_owned())
             .collect();
         let mut body = Vec::new();
         self.read_body(url, &mut r, max, "the discovery limit", |c| {
@@ -516,11 +509,7 @@ impl Fetcher {
             Ok(())
         })
         .await?;
-        Ok(Probe {
-            content_type,
-            links,
-            body,
-        })
+        Ok(Probe { links, body })
     }
 
     /// A document streamed into a temporary file under `dir` (Resource List parts and Change
