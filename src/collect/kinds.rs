@@ -18,10 +18,6 @@ impl Collector {
     ) -> Result<Report, RunError> {
         saved.last_started = Some(Timestamp::now().to_string());
         let (kind, url) = self.resolve(saved).await?;
-        if kind != CollectKind::OaiPmh {
-            // The layout of paths is the OAI-PMH records' (`relayout`): others have their own.
-            saved.layout = super::run::PATH_LAYOUT;
-        }
         match kind {
             CollectKind::OaiPmh => self.run_oai(saved, cancel).await,
             CollectKind::Resourcesync => self.follow(&url).await,

@@ -651,9 +651,12 @@ async fn step(
         resumed = true;
     }
     let asked = control.run_requests > saved.runs_answered;
-    // A set collected under an older layout of paths is collected again at once (once: a
-    // failed run waits as any other).
-    let relayout = saved.layout < run::PATH_LAYOUT && !failed;
+    // A set of OAI-PMH records collected under an older layout of paths is collected again at
+    // once (once: a failed run waits as any other). Other kinds have their own paths.
+    let oai = c
+        .kind_known(&saved)
+        .is_none_or(|k| k == crate::config::CollectKind::OaiPmh);
+    let relayout = oai && saved.layout < run::PATH_LAYOUT && !failed;
     let due =
         interrupted || resumed || relayout || next.is_none_or(|t| t <= Timestamp::now()) || asked;
     let what = if due {
