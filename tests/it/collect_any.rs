@@ -10,7 +10,7 @@ use resourcesync_hub::model::SetName;
 
 use crate::harvest::file_line;
 use crate::hub::hub_config;
-use crate::support::{add_file_set, admin_call, wait_until, TestApp};
+use crate::support::{admin_call, wait_until, TestApp};
 
 const ADMIN: &str = "collect-any-admin-token-0123456789";
 
@@ -131,21 +131,7 @@ async fn wait_equal(source: &TestApp, src_set: &str, mirror: &TestApp, set: &str
 /// server notifies its own subscribers in turn.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chained_server_collects_another_by_its_base_url_with_push() {
-    let (mut a_cfg, a_dir) = hub_config();
-    let root = a_dir.path().join("root");
-    add_file_set(&mut a_cfg, "papers", &root, None);
-    let a = TestApp::start_with(a_cfg).await;
-    let lines: Vec<String> = (0..20)
-        .map(|i| {
-            file_line(
-                &root,
-                "created",
-                &format!("d/r{i}.txt"),
-                &format!("resource {i}\n"),
-            )
-        })
-        .collect();
-    a.ingest_ok("papers", &lines.join("\n")).await;
+    let (a, _a_dir, root) = crate::harvest::small_source(20, |_| {}).await;
 
     let (b_cfg, _b_dir) = collecting(&[("mirror", &a.config.base_url())]);
     let b = TestApp::start_with(b_cfg).await;
@@ -159,16 +145,7 @@ async fn a_chained_server_collects_another_by_its_base_url_with_push() {
     );
     assert_eq!(changes(&b, "mirror").await, 20);
     // The console says what was found and why.
-    let (client, session) = crate::support::console_session(&b.url("/console/login"), ADMIN).await;
-    let page = client
-        .get(b.url("/console/collectors/mirror"))
-        .header("cookie", session)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = crate::support::console_page(&b, ADMIN, "/console/collectors/mirror").await;
     assert!(
         page.contains("resourcesync") && page.contains("is a ResourceSync description"),
         "{page}"
@@ -178,7 +155,7 @@ async fn a_chained_server_collects_another_by_its_base_url_with_push() {
     let served = b
         .client
         .get(b.url(&format!(
-            "/files/mirror/127.0.0.1_{port}/files/papers/d/r7.txt"
+            "/files/mirror/127.0.0.1_{port}/files/papers/r7.txt"
         )))
         .send()
         .await
@@ -199,7 +176,7 @@ async fn a_chained_server_collects_another_by_its_base_url_with_push() {
         batch.push(file_line(
             &root,
             "created",
-            &format!("d/new{i}.txt"),
+            &format!("new{i}.txt"),
             &format!("new {i}\n"),
         ));
     }
@@ -207,14 +184,14 @@ async fn a_chained_server_collects_another_by_its_base_url_with_push() {
         batch.push(file_line(
             &root,
             "updated",
-            &format!("d/r{i}.txt"),
+            &format!("r{i}.txt"),
             &format!("second {i}\n"),
         ));
     }
     for i in 18..20 {
-        std::fs::remove_file(root.join(format!("d/r{i}.txt"))).unwrap();
+        std::fs::remove_file(root.join(format!("r{i}.txt"))).unwrap();
         batch.push(format!(
-            r#"{{"change":"deleted","location":{{"type":"rel_path","value":"d/r{i}.txt"}}}}"#
+            r#"{{"change":"deleted","location":{{"type":"rel_path","value":"r{i}.txt"}}}}"#
         ));
     }
     a.ingest_ok("papers", &batch.join("\n")).await;
@@ -516,21 +493,7 @@ async fn from_base_urls_alone_every_kind_of_source_is_collected_and_kept_equal()
         &[(p_rs, &rs_root), (p_as, &as_root), (p_sm, &sm_root)],
     );
     // The chained resourcesync-hub.
-    let (mut a_cfg, a_dir) = hub_config();
-    let a_root = a_dir.path().join("root");
-    add_file_set(&mut a_cfg, "papers", &a_root, None);
-    let a = TestApp::start_with(a_cfg).await;
-    let lines: Vec<String> = (0..6)
-        .map(|i| {
-            file_line(
-                &a_root,
-                "created",
-                &format!("r{i}.txt"),
-                &format!("hub resource {i}\n"),
-            )
-        })
-        .collect();
-    a.ingest_ok("papers", &lines.join("\n")).await;
+    let (a, _a_dir, a_root) = crate::harvest::small_source(6, |_| {}).await;
 
     let (b_cfg, _b_dir) = collecting(&[
         ("oai", &repo.base),

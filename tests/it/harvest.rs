@@ -253,7 +253,7 @@ async fn active_subscription(
 }
 
 /// A small set served by our server, its files in `root`.
-async fn small_source(
+pub async fn small_source(
     n: usize,
     tweak: impl FnOnce(&mut resourcesync_hub::config::Config),
 ) -> (TestApp, tempfile::TempDir, PathBuf) {

@@ -398,16 +398,7 @@ async fn an_offer_has_its_record_collected_at_once_and_pushed() {
     assert_eq!(v["notifications"][2]["outcome"]["state"], "collected");
     assert_eq!(v["notifications"][2]["outcome"]["changed"], true);
     // The console's Inbox page says the same in words.
-    let cookie = crate::support::console_cookie(app, crate::collect::ADMIN).await;
-    let page = reqwest::Client::new()
-        .get(app.url("/console/inbox"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = crate::support::console_page(app, crate::collect::ADMIN, "/console/inbox").await;
     assert!(
         page.contains("oai:test:3 collected: a change recorded and pushed"),
         "{page}"

@@ -712,6 +712,19 @@ pub fn proc_mb(pid: u32, field: &str) -> f64 {
         .unwrap()
 }
 
+/// The console page at `path`, signed in with `token` (it must answer 200).
+pub async fn console_page(app: &TestApp, token: &str, path: &str) -> String {
+    let cookie = console_cookie(app, token).await;
+    let r = reqwest::Client::new()
+        .get(app.url(path))
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200, "{path}");
+    r.text().await.unwrap()
+}
+
 /// Signs in to the hub's console with `token`: the session cookie (`name=value`).
 pub async fn console_cookie(app: &TestApp, token: &str) -> String {
     console_session(&app.url("/console/login"), token).await.1
