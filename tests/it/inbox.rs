@@ -127,6 +127,14 @@ async fn post(app: &TestApp, body: &str, content_type: &str) -> reqwest::Respons
         .unwrap()
 }
 
+/// POSTs `body` as JSON-LD and asserts it is refused with `status`, saying `words`.
+async fn refused(app: &TestApp, body: &str, status: u16, words: &str) {
+    let r = post(app, body, "application/ld+json").await;
+    assert_eq!(r.status(), status);
+    let text = r.text().await.unwrap();
+    assert!(text.contains(words), "{text}");
+}
+
 /// COAR's own library sends each Announce pattern it models with its client: each is taken
 /// (201 + Location, as its test inbox expects), listed in the inbox (`ldp:contains`), and
 /// retrievable at its URL as sent. The inbox is advertised on `/` and on the Capability List,
@@ -467,16 +475,7 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
     marked["object"]["ietf:cite-as"] = serde_json::json!("https://e.org/<script>alert(2)</script>");
     let r = post(&app, &marked.to_string(), "application/ld+json").await;
     assert_eq!(r.status(), 201, "{}", r.text().await.unwrap());
-    let cookie = crate::support::console_cookie(&app, crate::collect::ADMIN).await;
-    let page = reqwest::Client::new()
-        .get(app.url("/console/inbox"))
-        .header("cookie", cookie)
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let page = crate::support::console_page(&app, crate::collect::ADMIN, "/console/inbox").await;
     assert!(
         page.contains("&lt;img src=x onerror=alert(1)&gt;"),
         "{page}"
@@ -489,36 +488,28 @@ async fn hostile_senders_are_refused_in_words_and_reach_nothing() {
     let r = post(&app, &big.to_string(), "application/ld+json").await;
     assert_eq!(r.status(), 413);
     let nested = format!("{}{}", "[".repeat(2000), "]".repeat(2000));
-    let r = post(&app, &nested, "application/ld+json").await;
-    assert_eq!(r.status(), 400);
-    assert!(r.text().await.unwrap().contains("not JSON"));
+    refused(&app, &nested, 400, "not JSON").await;
     let mut not_pattern = offer("oai:test:1");
     not_pattern["type"] = serde_json::json!(["Offer", "coar-notify:ReviewAction"]);
-    let r = post(&app, &not_pattern.to_string(), "application/ld+json").await;
-    assert_eq!(r.status(), 400);
-    assert!(r
-        .text()
-        .await
-        .unwrap()
-        .contains("not a pattern this inbox takes"));
+    refused(
+        &app,
+        &not_pattern.to_string(),
+        400,
+        "not a pattern this inbox takes",
+    )
+    .await;
     let mut stranger = offer("oai:test:1");
     stranger["origin"]["id"] = serde_json::json!("https://stranger.example.net");
-    let r = post(&app, &stranger.to_string(), "application/ld+json").await;
-    assert_eq!(r.status(), 403);
-    assert!(r
-        .text()
-        .await
-        .unwrap()
-        .contains("is not a sender this inbox takes"));
+    refused(
+        &app,
+        &stranger.to_string(),
+        403,
+        "is not a sender this inbox takes",
+    )
+    .await;
     let mut far = offer("oai:test:1");
     far["origin"]["id"] = serde_json::json!("https://far.example.org");
-    let r = post(&app, &far.to_string(), "application/ld+json").await;
-    assert_eq!(r.status(), 403);
-    assert!(r
-        .text()
-        .await
-        .unwrap()
-        .contains("posts from its networks only"));
+    refused(&app, &far.to_string(), 403, "posts from its networks only").await;
     let r = post(&app, &offer("oai:test:1").to_string(), "text/html").await;
     assert_eq!(r.status(), 415);
     let mut lure = offer(&canary.url("/item"));
