@@ -47,6 +47,8 @@ pub const MAX_SITEMAPS: usize = 50_000;
 pub const MAX_PAGES: u64 = 100_000;
 /// Activities of one page taken at most.
 pub const MAX_PAGE_ITEMS: usize = 100_000;
+/// Quarantined resources logged one by one in a run; the others are kept and counted.
+const LOGGED: u64 = 100;
 /// Entries looked up in the set per store call.
 const BATCH: usize = 256;
 /// Resources fetched side by side (the host's limit holds over them: two in flight).
@@ -118,10 +120,17 @@ impl Work<'_> {
         self.seen.insert(self.digest.hash_one(uri))
     }
 
+    /// Keeps a resource aside with its reason; the first [`LOGGED`] of a run are logged each
+    /// in a line, the rest only kept (a source listing a million bad entries writes a million
+    /// lines nowhere: the run's outcome counts them).
     fn quarantine(&mut self, saved: &mut Saved, uri: &str, why: String) {
         self.counts.quarantined += 1;
-        self.c
-            .quarantine(saved, Some(uri.to_string()), why, &self.at);
+        let uri = Some(uri.to_string());
+        if self.counts.quarantined <= LOGGED {
+            self.c.quarantine(saved, uri, why, &self.at);
+        } else {
+            saved.quarantine(uri, why, &self.at);
+        }
     }
 
     /// Applies a batch of acts: fetches side by side, records one by one.
@@ -261,6 +270,9 @@ pub async fn run(
         _ => unreachable!("listing runs read sitemaps and activity streams"),
     };
     let counts = w.counts;
+    if counts.quarantined > LOGGED {
+        tracing::warn!(collector = %c.name, quarantined = counts.quarantined, "more resources quarantined than logged one by one (the newest are listed by the admin API)");
+    }
     saved.run = None;
     saved.last = counts;
     saved.totals.add(&counts);
