@@ -486,6 +486,9 @@ pub async fn discover(fetcher: &Fetcher, base: &str) -> Result<Discovered, Undis
         let mut next: Vec<String> = links_of(&probe.links, &u);
         let said = f.note(classify(&u, &probe), &url, how, &b, &mut next);
         let n = next.len();
+        // What one page leads on to is bounded as the pages are: the words kept (`looked`)
+        // stay a few kilobytes whatever a catalog lists.
+        next.truncate(MAX_PROBES);
         f.looked.push(if n > 0 {
             format!("{} ({how}): {said}, linking to {n}", short(&url))
         } else {

@@ -772,6 +772,15 @@ async fn a_hostile_sitemap_costs_bounded_work_and_reaches_nothing_else() {
         src.url("/sitemap_index.xml")
     );
     src.on("/robots.txt", move |_| robots.clone().into_response());
+    // An API catalog naming 5,000 URLs elsewhere: none followed, and what is said of them stays
+    // short.
+    let items: Vec<serde_json::Value> = (0..5000)
+        .map(|i| serde_json::json!({"href": canary.url(&format!("/api/{i}"))}))
+        .collect();
+    let catalog = serde_json::json!({"linkset": [{"anchor": "x", "item": items}]}).to_string();
+    src.on("/.well-known/api-catalog", move |_| {
+        catalog.clone().into_response()
+    });
     let hostile_index = index(&[
         src.url("/sitemap_index.xml"),
         canary.url("/sm.xml"),
@@ -795,6 +804,8 @@ async fn a_hostile_sitemap_costs_bounded_work_and_reaches_nothing_else() {
             .contains("not followed, it is on another origin"),
         "{v:#}"
     );
+    let looked = v["discovered"]["looked"].as_array().unwrap().len();
+    assert!(looked < 200, "{looked} pages said looked at");
     let held = held_by_origin(&b, "site").await;
     let want: Vec<String> = ["/p/future.html", "/p/ok.html", "/p/other.html"]
         .iter()
